@@ -1,0 +1,20 @@
+//! `nyala._native`: the only crate that knows about Python.
+//!
+//! Each submodule converts arguments, releases the GIL around work (`gil::detach`) and maps
+//! errors through `errors::to_py`. No logic lives here that a Rust test could not reach
+//! through the core crates.
+
+use pyo3::prelude::*;
+
+mod errors;
+mod storage;
+mod wal;
+
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    m.add_function(wrap_pyfunction!(errors::error_classes, m)?)?;
+    wal::register(m)?;
+    storage::register(m)?;
+    Ok(())
+}

@@ -1,0 +1,7 @@
+//! Bindings for the tablet storage engine.
+
+use pyo3::prelude::*;
+
+pub fn register(_m: &Bound<'_, PyModule>) -> PyResult<()> {
+    Ok(())
+}

@@ -1,0 +1,12 @@
+"""nyala: a replicated, Arrow-native tablet store in the shape of Apache Kudu.
+
+The public API grows issue by issue; see README.md for the tour. This module re-exports the
+names users reach for and must not import heavy optional dependencies (pyspark, pandas).
+"""
+
+from __future__ import annotations
+
+from nyala import errors
+from nyala._native import __version__
+
+__all__ = ["__version__", "errors"]

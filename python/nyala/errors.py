@@ -1,0 +1,144 @@
+"""The nyala exception tree.
+
+Every error nyala raises is a ``NyalaError``. Errors split into two families:
+
+* ``RetriableError``: the operation did not happen (or its outcome will be settled by a retry
+  of the same request id) and the same call may succeed later, against another server or after
+  a back-off: ``NotLeaderError``, ``ServiceUnavailableError``, ``TabletNotFoundError``,
+  ``NetworkError``.
+* everything else is final for that request: retrying the same input gives the same answer.
+
+``TimedOutError`` is neither: the outcome is unknown (indeterminate). Clients that attach a
+request id can retry it safely; others must read to find out.
+
+Native (Rust) errors arrive here through one mapping (``pyext/src/errors.rs``): each Rust error
+kind names one class below. Keep ``ErrorKind::python_class`` and this module in step.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+
+class NyalaError(Exception):
+    """Base class of every error nyala raises."""
+
+    retriable: ClassVar[bool] = False
+
+
+class RetriableError(NyalaError):
+    """The operation may succeed if retried (possibly elsewhere, after a back-off)."""
+
+    retriable: ClassVar[bool] = True
+
+
+# --- retriable -----------------------------------------------------------------------------
+
+
+class NotLeaderError(RetriableError):
+    """The server is not the leader of the tablet (or of the master catalog).
+
+    ``leader_uuid``/``leader_addr`` carry the hint, when the server knows one.
+    """
+
+    def __init__(
+        self, message: str = "", *, leader_uuid: str | None = None, leader_addr: str | None = None
+    ) -> None:
+        super().__init__(message)
+        self.leader_uuid = leader_uuid
+        self.leader_addr = leader_addr
+
+
+class ServiceUnavailableError(RetriableError):
+    """The server is overloaded, throttled, or not ready yet; retry after a back-off."""
+
+
+class TabletNotFoundError(RetriableError):
+    """The server does not host a running replica of the tablet (refresh locations)."""
+
+
+class NetworkError(RetriableError):
+    """The server could not be reached, or the connection broke before an answer."""
+
+
+# --- indeterminate -------------------------------------------------------------------------
+
+
+class TimedOutError(NyalaError):
+    """The deadline passed before an answer: the operation may or may not have happened."""
+
+
+# --- final ---------------------------------------------------------------------------------
+
+
+class InvalidArgumentError(NyalaError):
+    """Bad input: malformed data, a schema mismatch, an out-of-range setting."""
+
+
+class CorruptionError(NyalaError):
+    """Persisted data failed a checksum or invariant. Nothing was deleted or truncated."""
+
+
+class DiskError(NyalaError):
+    """The operating system refused an I/O operation."""
+
+
+class DiskFullError(DiskError):
+    """No space left on the device. Nothing acknowledged was lost."""
+
+
+class NotFoundError(NyalaError):
+    """The named object (table, tablet, entry, file, server) does not exist."""
+
+
+class AlreadyPresentError(NyalaError):
+    """The object already exists."""
+
+
+class IllegalStateError(NyalaError):
+    """The call is not valid in the object's current state."""
+
+
+class AbortedError(NyalaError):
+    """The operation was cancelled or aborted before it completed."""
+
+
+class NotSupportedError(NyalaError):
+    """The feature or on-disk format version is not supported by this build."""
+
+
+class CasFailedError(IllegalStateError):
+    """A compare-and-set on the committed Raft config failed: the config moved.
+
+    ``committed_opid_index`` is the committed config's op index at the time of the refusal.
+    """
+
+    def __init__(self, message: str = "", *, committed_opid_index: int | None = None) -> None:
+        super().__init__(message)
+        self.committed_opid_index = committed_opid_index
+
+
+class WrongServerUuidError(NyalaError):
+    """The request named a server UUID that is not the receiving server's."""
+
+
+__all__ = [
+    "AbortedError",
+    "AlreadyPresentError",
+    "CasFailedError",
+    "CorruptionError",
+    "DiskError",
+    "DiskFullError",
+    "IllegalStateError",
+    "InvalidArgumentError",
+    "NetworkError",
+    "NotFoundError",
+    "NotLeaderError",
+    "NotSupportedError",
+    "NyalaError",
+    "RetriableError",
+    "ServiceUnavailableError",
+    "TabletNotFoundError",
+    "TimedOutError",
+    "WrongServerUuidError",
+]

@@ -1,0 +1,1 @@
+//! The Raft AppendEntries hot path and the leader log cache.

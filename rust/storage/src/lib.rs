@@ -1,0 +1,1 @@
+//! The tablet storage engine: Arrow row operations, MemRowSet, Parquet DiskRowSets.

@@ -1,0 +1,1 @@
+//! The tablet write-ahead log (see docs/wal-format.md).
