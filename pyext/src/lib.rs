@@ -6,6 +6,7 @@
 
 use pyo3::prelude::*;
 
+mod checksum;
 mod errors;
 mod storage;
 mod wal;
@@ -14,6 +15,7 @@ mod wal;
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add_function(wrap_pyfunction!(errors::error_classes, m)?)?;
+    m.add_function(wrap_pyfunction!(checksum::crc32c, m)?)?;
     wal::register(m)?;
     storage::register(m)?;
     Ok(())

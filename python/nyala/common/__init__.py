@@ -1,0 +1,1 @@
+"""Shared foundations importable from every layer: ids, clock, metadata files, config."""
