@@ -44,13 +44,22 @@ setup: $(STAMPS)/deps build
 build: $(STAMPS)/deps
 	cd $(CURDIR) && maturin develop --release --quiet
 
-lint: $(STAMPS)/deps
+lint: $(STAMPS)/deps proto-check
 	cargo fmt --all --check
 	cargo clippy --workspace --all-targets --quiet -- -D warnings
 	ruff check python tests benches
 	ruff format --check python tests benches
 	mypy
 	$(PY) -m mypy.stubtest nyala._native --allowlist .stubtest-allowlist
+
+# Generated protobuf/gRPC code is committed (python/nyala/_proto); CI checks it is current.
+proto: $(STAMPS)/deps
+	bash scripts/gen_proto.sh
+
+proto-check: $(STAMPS)/deps
+	@tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT && bash scripts/gen_proto.sh "$$tmp" \
+		&& diff -r -x __pycache__ "$$tmp" python/nyala/_proto \
+		|| { echo "python/nyala/_proto is stale: run make proto" >&2; exit 1; }
 
 # pyext is excluded: its code is exercised through Python (linking libpython into a Rust test
 # binary would need a shared libpython, which pyenv-built interpreters may not have).
