@@ -61,6 +61,18 @@ class NetworkError(RetriableError):
     """The server could not be reached, or the connection broke before an answer."""
 
 
+class TabletNotRunningError(ServiceUnavailableError):
+    """The replica exists but is bootstrapping or stopping; retry after a back-off."""
+
+
+class ThrottledError(ServiceUnavailableError):
+    """The server refused the work to protect itself (queue or memory limit)."""
+
+
+class AlreadyInProgressError(ServiceUnavailableError):
+    """The same operation (e.g. a tablet copy of this tablet) is already running there."""
+
+
 # --- indeterminate -------------------------------------------------------------------------
 
 
@@ -122,8 +134,21 @@ class WrongServerUuidError(NyalaError):
     """The request named a server UUID that is not the receiving server's."""
 
 
+class TabletFailedError(IllegalStateError):
+    """The replica failed to start or hit an unrecoverable error and is offline."""
+
+
+class SchemaMismatchError(InvalidArgumentError):
+    """The request was encoded for another schema version; refresh the schema and retry."""
+
+
+class ScannerExpiredError(NotFoundError):
+    """The scanner is unknown to the server: it expired or was never opened."""
+
+
 __all__ = [
     "AbortedError",
+    "AlreadyInProgressError",
     "AlreadyPresentError",
     "CasFailedError",
     "CorruptionError",
@@ -137,8 +162,13 @@ __all__ = [
     "NotSupportedError",
     "NyalaError",
     "RetriableError",
+    "ScannerExpiredError",
+    "SchemaMismatchError",
     "ServiceUnavailableError",
+    "TabletFailedError",
     "TabletNotFoundError",
+    "TabletNotRunningError",
+    "ThrottledError",
     "TimedOutError",
     "WrongServerUuidError",
 ]

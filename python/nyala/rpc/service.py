@@ -1,0 +1,136 @@
+"""Server-side plumbing shared by every RPC handler: the ``dest_uuid`` check, turning
+exceptions into ``ErrorPB`` answers, and per-method metrics.
+
+A handler is an ``async def`` method of a ``ServiceBase`` subclass decorated with ``@unary``
+(or ``@server_stream``). It raises ``nyala.errors`` exceptions; the decorator answers them as
+the response's ``error`` field, so handlers never build error responses by hand.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
+
+from nyala._proto import common_pb2
+from nyala.common.metrics import MetricsRegistry
+from nyala.errors import InvalidArgumentError, NyalaError, WrongServerUuidError
+from nyala.rpc.errors import error_to_pb
+
+log = logging.getLogger(__name__)
+
+_S = TypeVar("_S", bound="ServiceBase")
+
+
+def check_dest_uuid(dest_uuid: str, server_uuid: str, *, allow_empty: bool = False) -> None:
+    """Refuses a request meant for another server (DESIGN.md §1).
+
+    An empty ``dest_uuid`` is accepted only where the caller cannot know the UUID yet (Ping).
+    """
+    if not dest_uuid:
+        if allow_empty:
+            return
+        raise InvalidArgumentError("request has no dest_uuid")
+    if dest_uuid != server_uuid:
+        raise WrongServerUuidError(
+            f"request is for server {dest_uuid}, but this is server {server_uuid}"
+        )
+
+
+class RpcMetrics:
+    """Request counts by method and outcome, and latency by method."""
+
+    def __init__(self, registry: MetricsRegistry) -> None:
+        self.requests = registry.counter(
+            "nyala_rpc_requests_total",
+            "RPCs handled, by method and result code",
+            ("method", "code"),
+        )
+        self.duration = registry.histogram(
+            "nyala_rpc_duration_seconds", "Time to handle an RPC, by method", ("method",)
+        )
+
+    def record(self, method: str, code: str, elapsed_s: float) -> None:
+        self.requests.inc(method=method, code=code)
+        self.duration.observe(elapsed_s, method=method)
+
+
+class ServiceBase:
+    """Base of every servicer: knows the server's UUID and where to record metrics."""
+
+    def __init__(self, server_uuid: str, metrics: RpcMetrics) -> None:
+        self.server_uuid = server_uuid
+        self.rpc_metrics = metrics
+
+
+def _error_response(response_cls: Any, method: str, exc: BaseException) -> Any:
+    if not isinstance(exc, NyalaError):
+        # A bug, not a refusal: keep the traceback in the server log.
+        log.exception("%s failed with an unexpected error", method, exc_info=exc)
+    return response_cls(error=error_to_pb(exc))
+
+
+def _code_name(response: Any) -> str:
+    if not response.HasField("error"):
+        return "OK"
+    return str(common_pb2.ErrorCode.Name(response.error.code))
+
+
+def unary(
+    response_cls: Any, *, allow_empty_dest: bool = False
+) -> Callable[[Callable[[_S, Any, Any], Awaitable[Any]]], Callable[[_S, Any, Any], Awaitable[Any]]]:
+    """Decorates a unary handler ``async def M(self, request, context) -> response``."""
+
+    def decorate(
+        fn: Callable[[_S, Any, Any], Awaitable[Any]],
+    ) -> Callable[[_S, Any, Any], Awaitable[Any]]:
+        method = fn.__name__
+
+        @functools.wraps(fn)
+        async def handle(self: _S, request: Any, context: Any) -> Any:
+            start_s = time.monotonic()
+            try:
+                check_dest_uuid(request.dest_uuid, self.server_uuid, allow_empty=allow_empty_dest)
+                response = await fn(self, request, context)
+            except Exception as exc:  # every failure becomes an answer
+                response = _error_response(response_cls, method, exc)
+            self.rpc_metrics.record(method, _code_name(response), time.monotonic() - start_s)
+            return response
+
+        return handle
+
+    return decorate
+
+
+def server_stream(
+    response_cls: Any,
+) -> Callable[
+    [Callable[[_S, Any, Any], AsyncIterator[Any]]], Callable[[_S, Any, Any], AsyncIterator[Any]]
+]:
+    """Decorates a streaming handler; a failure ends the stream with one error message."""
+
+    def decorate(
+        fn: Callable[[_S, Any, Any], AsyncIterator[Any]],
+    ) -> Callable[[_S, Any, Any], AsyncIterator[Any]]:
+        method = fn.__name__
+
+        @functools.wraps(fn)
+        async def handle(self: _S, request: Any, context: Any) -> AsyncIterator[Any]:
+            start_s = time.monotonic()
+            code = "OK"
+            try:
+                check_dest_uuid(request.dest_uuid, self.server_uuid)
+                async for response in fn(self, request, context):
+                    yield response
+            except Exception as exc:  # every failure becomes an answer
+                response = _error_response(response_cls, method, exc)
+                code = _code_name(response)
+                yield response
+            finally:
+                self.rpc_metrics.record(method, code, time.monotonic() - start_s)
+
+        return handle
+
+    return decorate

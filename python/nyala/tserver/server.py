@@ -1,0 +1,142 @@
+"""The tablet server process: one asyncio event loop, one TaskGroup, RPC and HTTP servers.
+
+Start-up order: open the fs root (refusing a foreign or damaged one), bind RPC and HTTP, then
+announce readiness. SIGTERM or SIGINT starts a graceful shutdown: health turns 503, the RPC
+server stops accepting and gives running calls ``shutdown_grace_ms`` to finish, and ``run``
+returns normally (exit code 0).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import signal
+import time
+
+from nyala._proto import tserver_admin_pb2_grpc, tserver_pb2_grpc
+from nyala.common.metrics import MetricsRegistry
+from nyala.rpc import HttpResponse, HttpServer, RpcMetrics, RpcServer
+from nyala.tserver.fs_manager import FsManager, InstanceInfo
+from nyala.tserver.services import AdminService, TabletService
+from nyala.tserver.settings import TabletServerSettings
+from nyala.tserver.tablet_meta import TabletReport, list_tablet_meta
+
+log = logging.getLogger(__name__)
+
+
+class TabletServer:
+    """One tablet server. ``run`` serves until ``request_stop`` (or a signal)."""
+
+    def __init__(self, settings: TabletServerSettings) -> None:
+        self.settings = settings
+        self.fs = FsManager(settings.fs_root)
+        self.metrics = MetricsRegistry()
+        self._rpc_metrics = RpcMetrics(self.metrics)
+        self._stop = asyncio.Event()
+        self._stopping = False
+        self._started_s = time.monotonic()
+        self.instance: InstanceInfo | None = None
+        self.rpc: RpcServer | None = None
+        self.http: HttpServer | None = None
+
+    @property
+    def uuid(self) -> str:
+        assert self.instance is not None, "the fs root is opened by run()"
+        return self.instance.uuid
+
+    def request_stop(self) -> None:
+        """Starts a graceful shutdown; safe to call more than once."""
+        self._stop.set()
+
+    async def run(self) -> None:
+        """Opens the fs root, serves until stopped, shuts down gracefully."""
+        self.instance = self.fs.open(self.settings.uuid)
+        self._register_metrics()
+        self.rpc = self._build_rpc_server()
+        self.http = HttpServer(
+            self.settings.http_bind,
+            {"/healthz": self._healthz, "/metrics": self._metrics_page, "/tablets": self._tablets},
+        )
+        await self.rpc.start()
+        try:
+            await self.http.start()
+        except BaseException:
+            await self.rpc.stop(0)
+            raise
+        self._install_signal_handlers()
+        log.info(
+            "tserver %s ready: rpc %s, http %s, fs root %s",
+            self.uuid,
+            self.rpc.address,
+            self.http.address,
+            self.settings.fs_root,
+        )
+        async with asyncio.TaskGroup() as tasks:
+            tasks.create_task(self.rpc.wait_for_termination(), name="rpc-server")
+            tasks.create_task(self.http.wait_closed(), name="http-server")
+            tasks.create_task(self._shutdown_when_stopped(), name="shutdown")
+        log.info("tserver %s stopped", self.uuid)
+
+    def list_tablets(self) -> list[TabletReport]:
+        return list_tablet_meta(self.fs.dir("tablet-meta"))
+
+    def _build_rpc_server(self) -> RpcServer:
+        server = RpcServer(self.settings.rpc_bind, self.settings.rpc_settings())
+        server.add_service(
+            tserver_pb2_grpc.add_TabletServiceServicer_to_server,
+            TabletService(self.uuid, self._rpc_metrics, self._started_s),
+        )
+        server.add_service(
+            tserver_admin_pb2_grpc.add_TabletServerAdminServiceServicer_to_server,
+            AdminService(self.uuid, self._rpc_metrics, self.list_tablets),
+        )
+        return server
+
+    def _install_signal_handlers(self) -> None:
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, self._on_signal, signum)
+
+    def _on_signal(self, signum: int) -> None:
+        log.info("received %s, shutting down", signal.Signals(signum).name)
+        self.request_stop()
+
+    async def _shutdown_when_stopped(self) -> None:
+        await self._stop.wait()
+        self._stopping = True
+        assert self.rpc is not None
+        assert self.http is not None
+        await self.rpc.stop(self.settings.shutdown_grace_ms / 1000)
+        await self.http.stop()
+
+    def _register_metrics(self) -> None:
+        self.metrics.gauge(
+            "nyala_server_uptime_seconds", "Seconds since the server started"
+        ).set_callback(lambda: [({}, time.monotonic() - self._started_s)])
+        tablets = self.metrics.gauge(
+            "nyala_tablets", "Tablet replicas on this server, by state", ("state",)
+        )
+        tablets.set_callback(self._tablet_counts)
+
+    def _tablet_counts(self) -> list[tuple[dict[str, str], float]]:
+        counts: dict[str, int] = {}
+        for report in self.list_tablets():
+            counts[report.state] = counts.get(report.state, 0) + 1
+        return [({"state": state}, float(n)) for state, n in sorted(counts.items())]
+
+    async def _healthz(self) -> HttpResponse:
+        if self._stopping:
+            return HttpResponse(503, b"stopping\n")
+        return HttpResponse(200, b"ok\n")
+
+    async def _metrics_page(self) -> HttpResponse:
+        body = self.metrics.render().encode()
+        return HttpResponse(200, body, "text/plain; version=0.0.4; charset=utf-8")
+
+    async def _tablets(self) -> HttpResponse:
+        body = json.dumps(
+            {"server_uuid": self.uuid, "tablets": [r.to_json() for r in self.list_tablets()]},
+            indent=1,
+        )
+        return HttpResponse(200, body.encode() + b"\n", "application/json")
