@@ -1,0 +1,64 @@
+"""The Raft control plane of a tablet replica: roles, elections (pre-vote, vote withholding),
+failure detection, replication and commit, leadership transfer, ReadIndex reads and one-by-one
+membership change. Sans-I/O: ``RaftCore`` takes messages and ticks and returns effects; the log
+(``RaftLog``), cmeta store (``CmetaStore``) and clock are injected. It must not open sockets,
+read the clock, or look inside WRITE payloads.
+"""
+
+from __future__ import annotations
+
+from nyala.consensus.core import RaftCore, ReplicaStatus, bootstrap_cmeta
+from nyala.consensus.effects import (
+    Apply,
+    ConfigCommitted,
+    Effect,
+    LogTruncated,
+    ReadFailed,
+    ReadReady,
+    RoleChanged,
+    Send,
+)
+from nyala.consensus.log import AppendResult, EntryBatch, RaftLog
+from nyala.consensus.membership import ChangeType, ConfigChange
+from nyala.consensus.memory_log import MemoryLog
+from nyala.consensus.messages import Message
+from nyala.consensus.metadata import (
+    CmetaStore,
+    ConsensusMetadata,
+    FileCmetaStore,
+    MemoryCmetaStore,
+)
+from nyala.consensus.options import RaftOptions
+from nyala.consensus.types import EntryKind, MemberType, OpId, RaftConfig, RaftPeer, Role
+
+__all__ = [
+    "AppendResult",
+    "Apply",
+    "ChangeType",
+    "CmetaStore",
+    "ConfigChange",
+    "ConfigCommitted",
+    "ConsensusMetadata",
+    "Effect",
+    "EntryBatch",
+    "EntryKind",
+    "FileCmetaStore",
+    "LogTruncated",
+    "MemberType",
+    "MemoryCmetaStore",
+    "MemoryLog",
+    "Message",
+    "OpId",
+    "RaftConfig",
+    "RaftCore",
+    "RaftLog",
+    "RaftOptions",
+    "RaftPeer",
+    "ReadFailed",
+    "ReadReady",
+    "ReplicaStatus",
+    "Role",
+    "RoleChanged",
+    "Send",
+    "bootstrap_cmeta",
+]

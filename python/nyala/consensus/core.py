@@ -1,0 +1,960 @@
+"""``RaftCore``: the sans-I/O Raft state machine of one tablet replica.
+
+Inputs are messages (``step``), clock ticks (``tick``), durability reports
+(``on_log_durable``) and requests (``propose``, ``read``, ``transfer_leadership``,
+``change_config``, ...). Outputs are ``Effect``s collected with ``drain_effects``. The core
+reads time only from its injected ``Clock``, randomness only from its injected ``Random``, and
+touches storage only through its ``RaftLog`` and ``CmetaStore``; the runtime does all network
+I/O. Role dispatch lives in ``step`` (``_step_leader``/``_step_follower``/``_step_candidate``);
+each message kind has one ``_on_<message>`` handler.
+
+Safety rules enforced here (DESIGN.md §7): term and vote are saved before any message that
+depends on them is emitted (``_send`` flushes cmeta first); a leader commits only entries of its
+own term, counting VOTERs' *durable* match indexes; committed entries are applied in order,
+each once; one config change at a time, only after an op of the leader's term committed.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+
+from nyala.common.clock import Clock
+from nyala.consensus import membership
+from nyala.consensus.effects import (
+    Apply,
+    ConfigCommitted,
+    Effect,
+    LogTruncated,
+    ReadFailed,
+    ReadReady,
+    RoleChanged,
+    Send,
+)
+from nyala.consensus.log import RaftLog
+from nyala.consensus.membership import ConfigChange
+from nyala.consensus.messages import (
+    AppendRequest,
+    AppendResponse,
+    AppendStatus,
+    Message,
+    TimeoutNow,
+    VoteDenial,
+    VoteRequest,
+    VoteResponse,
+)
+from nyala.consensus.metadata import CmetaStore, ConsensusMetadata
+from nyala.consensus.options import RaftOptions
+from nyala.consensus.progress import PeerProgress
+from nyala.consensus.types import (
+    MIN_OP_ID,
+    EntryKind,
+    MemberType,
+    OpId,
+    RaftConfig,
+    Role,
+    decode_config,
+    encode_config,
+)
+from nyala.errors import (
+    CasFailedError,
+    IllegalStateError,
+    InvalidArgumentError,
+    NotFoundError,
+    NotLeaderError,
+    ServiceUnavailableError,
+    WrongServerUuidError,
+)
+
+
+@dataclass(slots=True)
+class _Election:
+    """A (pre-)election this replica runs."""
+
+    term: int  # the term campaigned for (current + 1 for a pre-election)
+    pre: bool
+    granted: set[str] = field(default_factory=set)
+    denied: set[str] = field(default_factory=set)
+
+
+@dataclass(slots=True)
+class _Transfer:
+    """A graceful leadership transfer in progress."""
+
+    target: str
+    deadline_ms: int
+    nudged: bool = False  # TimeoutNow was sent
+
+
+@dataclass(slots=True)
+class _PendingRead:
+    """A ReadIndex read waiting for its heartbeat round and for apply."""
+
+    read_id: int
+    seq: int  # confirmed once a majority answered a heartbeat of this round or later
+    index: int | None  # the commit index to serve at; None until an own-term op committed
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaStatus:
+    """A snapshot of a replica's consensus state."""
+
+    uuid: str
+    role: Role
+    term: int
+    leader_uuid: str | None
+    voted_for: str | None
+    last_op_id: OpId
+    durable_index: int
+    commit_index: int
+    last_applied: int
+    committed_config: RaftConfig
+    pending_config: RaftConfig | None
+    transfer_target: str | None
+
+
+def bootstrap_cmeta(store: CmetaStore, config: RaftConfig) -> None:
+    """Writes the first cmeta of a new replica (term 0, no vote, ``config`` committed)."""
+    store.save(ConsensusMetadata(current_term=0, voted_for=None, committed_config=config))
+
+
+class RaftCore:
+    """The Raft state machine of one replica (see the module docstring)."""
+
+    def __init__(
+        self,
+        uuid: str,
+        log: RaftLog,
+        store: CmetaStore,
+        clock: Clock,
+        rng: random.Random,
+        options: RaftOptions | None = None,
+        *,
+        last_applied_index: int = 0,
+    ) -> None:
+        meta = store.load()
+        self.uuid = uuid
+        self._log = log
+        self._store = store
+        self._clock = clock
+        self._rng = rng
+        self._opts = options or RaftOptions()
+        self._term = meta.current_term
+        self._voted_for = meta.voted_for  # the vote cast in _term; saved before it is sent
+        self._committed_config = meta.committed_config
+        self._pending_config = self._pending_from_log()  # appended, not committed, newest
+        self._meta_dirty = False  # _term/_voted_for/_committed_config differ from the store
+        self._effects: list[Effect] = []
+        assert last_applied_index <= log.last_op_id().index
+        self._commit_index = last_applied_index  # invariant: last_applied <= commit_index
+        self._last_applied = last_applied_index
+        self._leader: str | None = None
+        self._role = self._passive_role()
+        self._announced: tuple[Role, int, str | None] | None = None
+        self._last_leader_contact_ms: int | None = None
+        self._failed_elections = 0
+        self._election: _Election | None = None
+        self._election_deadline_ms = 0
+        self._reset_election_timer()
+        # Follower side: entries <= _leader_match match the current leader's log.
+        self._leader_match = 0
+        self._reported_durable = 0
+        # Leader side.
+        self._progress: dict[str, PeerProgress] = {}
+        self._seq = 0
+        self._next_heartbeat_ms = 0
+        self._own_term_committed = False
+        self._transfer: _Transfer | None = None
+        self._reads: list[_PendingRead] = []
+        self._announce_role()
+
+    # --- read-only state --------------------------------------------------------------------
+
+    @property
+    def role(self) -> Role:
+        """This replica's role."""
+        return self._role
+
+    @property
+    def term(self) -> int:
+        """The current term."""
+        return self._term
+
+    @property
+    def leader_uuid(self) -> str | None:
+        """The leader of the current term, if known."""
+        return self._leader
+
+    @property
+    def commit_index(self) -> int:
+        """Highest index known committed."""
+        return self._commit_index
+
+    @property
+    def last_applied(self) -> int:
+        """Highest index handed to the state machine (``Apply``)."""
+        return self._last_applied
+
+    @property
+    def active_config(self) -> RaftConfig:
+        """The config in use: the pending one if any, else the committed one."""
+        return self._pending_config or self._committed_config
+
+    @property
+    def committed_config(self) -> RaftConfig:
+        """The committed config (the one in cmeta)."""
+        return self._committed_config
+
+    @property
+    def pending_config(self) -> RaftConfig | None:
+        """An appended but uncommitted config, if any."""
+        return self._pending_config
+
+    def status(self) -> ReplicaStatus:
+        """A snapshot of the state."""
+        return ReplicaStatus(
+            uuid=self.uuid,
+            role=self._role,
+            term=self._term,
+            leader_uuid=self._leader,
+            voted_for=self._voted_for,
+            last_op_id=self._log.last_op_id(),
+            durable_index=self._log.durable_index(),
+            commit_index=self._commit_index,
+            last_applied=self._last_applied,
+            committed_config=self._committed_config,
+            pending_config=self._pending_config,
+            transfer_target=self._transfer.target if self._transfer else None,
+        )
+
+    def peer_progress(self, uuid: str) -> PeerProgress | None:
+        """The leader's replication state for ``uuid`` (None when not leader)."""
+        return self._progress.get(uuid)
+
+    def drain_effects(self) -> list[Effect]:
+        """The effects produced since the last call, in the order they must be executed."""
+        self._flush_meta()
+        out, self._effects = self._effects, []
+        return out
+
+    # --- inputs -----------------------------------------------------------------------------
+
+    def tick(self) -> None:
+        """Lets timers fire: heartbeats and transfer deadline (leader), elections (others)."""
+        now = self._clock.now_ms()
+        if self._role is Role.LEADER:
+            if now >= self._next_heartbeat_ms:
+                self._heartbeat_round(now)
+            if self._transfer is not None and now >= self._transfer.deadline_ms:
+                self._transfer = None  # give up; writes resume
+        elif now >= self._election_deadline_ms:
+            if self._can_campaign():
+                if self._election is not None:
+                    self._failed_elections += 1
+                self._start_pre_election()
+            else:
+                self._reset_election_timer()
+        self._flush_meta()
+
+    def step(self, msg: Message) -> None:
+        """Handles one message from another replica."""
+        if msg.dest != self.uuid:
+            raise WrongServerUuidError(f"message for {msg.dest} delivered to {self.uuid}")
+        if self._admit_term(msg):
+            if self._role is Role.LEADER:
+                self._step_leader(msg)
+            elif self._role is Role.CANDIDATE:
+                self._step_candidate(msg)
+            else:
+                self._step_follower(msg)
+        self._flush_meta()
+
+    def on_log_durable(self, index: int) -> None:
+        """The runtime reports that the log is durable up to ``index``."""
+        assert index <= self._log.durable_index()
+        if self._role is Role.LEADER:
+            self._leader_update_commit()
+        elif self._leader is not None:
+            self._send_durable_ack()
+        self._flush_meta()
+
+    def propose(self, payload: bytes) -> OpId:
+        """Appends a WRITE (opaque ``payload``) as leader; ``Apply`` reports its commit."""
+        self._require_leader()
+        if self._transfer is not None:
+            raise ServiceUnavailableError(
+                f"leadership transfer to {self._transfer.target} in progress; writes paused"
+            )
+        op_id = self._log.append(self._term, EntryKind.WRITE, payload)
+        self._replicate_all()
+        self._flush_meta()
+        return op_id
+
+    def read(self, read_id: int) -> None:
+        """Starts a linearizable read (ReadIndex): ``ReadReady`` or ``ReadFailed`` follows."""
+        self._require_leader()
+        self._seq += 1
+        index = self._commit_index if self._own_term_committed else None
+        self._reads.append(_PendingRead(read_id, self._seq, index))
+        for progress in self._progress.values():
+            self._send_heartbeat(progress)
+        self._check_reads()
+        self._flush_meta()
+
+    def campaign(self) -> None:
+        """Starts an election now, as if the failure detector fired (pre-vote first)."""
+        if self._role is Role.LEADER:
+            return
+        self._require_can_campaign()
+        self._start_pre_election()
+        self._flush_meta()
+
+    def run_leader_election(self) -> None:
+        """RunLeaderElection: a real election now, asking voters to ignore a live leader."""
+        if self._role is Role.LEADER:
+            return
+        self._require_can_campaign()
+        self._start_election(ignore_live_leader=True)
+        self._flush_meta()
+
+    def step_down(self) -> None:
+        """Abrupt step-down: advance the term, become follower, snooze the failure detector."""
+        self._require_leader()
+        self._become_follower(self._term + 1, None)
+        self._reset_election_timer(snooze_ms=self._opts.step_down_snooze_ms)
+        self._flush_meta()
+
+    def transfer_leadership(self, target: str | None = None) -> str:
+        """Graceful transfer to ``target`` or the most caught-up VOTER; returns the successor.
+
+        Writes are refused until the transfer ends (successor elected, or the timeout passed).
+        """
+        self._require_leader()
+        if self._transfer is not None:
+            raise IllegalStateError(
+                f"a leadership transfer to {self._transfer.target} is already in progress"
+            )
+        successor = self._choose_successor(target)
+        deadline = self._clock.now_ms() + self._opts.transfer_timeout_ms
+        self._transfer = _Transfer(successor, deadline)
+        self._replicate(self._progress[successor])
+        self._check_transfer()
+        self._flush_meta()
+        return successor
+
+    def change_config(self, change: ConfigChange) -> OpId:
+        """ChangeConfig on the leader: validates, appends the new config, returns its OpId."""
+        self._require_leader()
+        if self._transfer is not None:
+            raise ServiceUnavailableError("leadership transfer in progress")
+        if not self._own_term_committed:
+            raise ServiceUnavailableError(
+                f"leader has not committed an op of term {self._term} yet; retry"
+            )
+        if self._pending_config is not None:
+            raise IllegalStateError(
+                f"config change at index {self._pending_config.opid_index} is still pending"
+            )
+        committed_index = self._committed_config.opid_index
+        cas = change.cas_config_opid_index
+        if cas is not None and cas != committed_index:
+            raise CasFailedError(
+                f"committed config is at op index {committed_index}, request expected {cas}",
+                committed_opid_index=committed_index,
+            )
+        new = membership.apply_change(self._committed_config, change)
+        if not new.is_voter(self.uuid):
+            self._step_aside_for(change)
+        self._check_voter_change(new)
+        op_id = self._append_config(new)
+        self._flush_meta()
+        return op_id
+
+    def unsafe_change_config(self, voter_uuids: Sequence[str]) -> OpId:
+        """UnsafeChangeConfig (DANGEROUS; see ``membership.unsafe_config``): this replica adopts
+        a config of only ``voter_uuids`` via a synthetic config entry at term + 1."""
+        if self.uuid not in voter_uuids:
+            raise InvalidArgumentError(f"the unsafe config must include this replica {self.uuid}")
+        new = membership.unsafe_config(self._committed_config, voter_uuids)
+        self._become_follower(self._term + 1, None)
+        index = self._log.last_op_id().index + 1
+        config = new.with_opid_index(index)
+        op_id = self._log.append(self._term, EntryKind.CONFIG_CHANGE, encode_config(config))
+        assert op_id.index == index
+        self._pending_config = config
+        self._refresh_passive_role()
+        self._flush_meta()
+        return op_id
+
+    # --- term handling and role dispatch ------------------------------------------------------
+
+    def _admit_term(self, msg: Message) -> bool:
+        """Applies Raft's term rules; returns whether the message is processed further."""
+        if msg.term > self._term:
+            if isinstance(msg, VoteRequest):
+                if msg.pre_election:
+                    return True  # a pre-vote never changes the voter's term
+                if self._withholds_vote(msg):
+                    self._deny_vote(msg, VoteDenial.LEADER_IS_ALIVE)
+                    return False
+            if isinstance(msg, VoteResponse) and msg.granted:
+                return True  # a granted pre-vote echoes the term campaigned for
+            leader = msg.src if isinstance(msg, AppendRequest) else None
+            self._become_follower(msg.term, leader)
+            return True
+        if msg.term < self._term:
+            if isinstance(msg, AppendRequest):
+                self._send(self._append_response(msg, AppendStatus.TERM_TOO_OLD))
+            elif isinstance(msg, VoteRequest):
+                self._deny_vote(msg, VoteDenial.TERM_TOO_OLD)
+            return False
+        return True
+
+    def _step_leader(self, msg: Message) -> None:
+        match msg:
+            case AppendResponse():
+                self._on_append_response(msg)
+            case VoteRequest():
+                self._on_vote_request(msg)
+            case AppendRequest():
+                raise AssertionError(f"two leaders in term {self._term}: {self.uuid}, {msg.src}")
+            case VoteResponse() | TimeoutNow():
+                pass  # stale: this replica already won
+
+    def _step_candidate(self, msg: Message) -> None:
+        match msg:
+            case AppendRequest():
+                self._become_follower(msg.term, msg.src)  # someone else won this term
+                self._on_append_request(msg)
+            case VoteRequest():
+                self._on_vote_request(msg)
+            case VoteResponse():
+                self._on_vote_response(msg)
+            case TimeoutNow():
+                self._on_timeout_now(msg)
+            case AppendResponse():
+                pass
+
+    def _step_follower(self, msg: Message) -> None:
+        match msg:
+            case AppendRequest():
+                self._on_append_request(msg)
+            case VoteRequest():
+                self._on_vote_request(msg)
+            case TimeoutNow():
+                self._on_timeout_now(msg)
+            case VoteResponse() | AppendResponse():
+                pass  # answers to a role this replica no longer has
+
+    # --- elections --------------------------------------------------------------------------
+
+    def _on_vote_request(self, req: VoteRequest) -> None:
+        denial = self._vote_denial(req)
+        if denial is not None:
+            self._deny_vote(req, denial)
+            return
+        if not req.pre_election:
+            self._voted_for = req.src
+            self._meta_dirty = True
+            self._reset_election_timer()
+        self._send(VoteResponse(self.uuid, req.src, req.term, True, req.pre_election))
+
+    def _vote_denial(self, req: VoteRequest) -> VoteDenial | None:
+        me = self.active_config.peer(self.uuid)
+        if me is not None and not me.is_voter:
+            return VoteDenial.NOT_A_VOTER
+        if self._withholds_vote(req):
+            return VoteDenial.LEADER_IS_ALIVE
+        if req.term == self._term and self._voted_for not in (None, req.src):
+            return VoteDenial.ALREADY_VOTED
+        if req.last_op_id < self._log.last_op_id():
+            return VoteDenial.LAST_OPID_TOO_OLD
+        return None
+
+    def _withholds_vote(self, req: VoteRequest) -> bool:
+        if req.ignore_live_leader:
+            return False
+        if self._role is Role.LEADER:
+            return True
+        heard = self._last_leader_contact_ms
+        return heard is not None and (
+            self._clock.now_ms() - heard < self._opts.election_timeout_min_ms
+        )
+
+    def _deny_vote(self, req: VoteRequest, denial: VoteDenial) -> None:
+        self._send(VoteResponse(self.uuid, req.src, self._term, False, req.pre_election, denial))
+
+    def _on_vote_response(self, resp: VoteResponse) -> None:
+        election = self._election
+        if election is None or resp.pre_election != election.pre:
+            return
+        if resp.granted:
+            if resp.term == election.term:
+                election.granted.add(resp.src)
+        else:
+            election.denied.add(resp.src)
+        self._check_election()
+
+    def _on_timeout_now(self, msg: TimeoutNow) -> None:
+        if self._can_campaign():
+            self._start_election(ignore_live_leader=True)
+
+    def _start_pre_election(self) -> None:
+        self._election = _Election(term=self._term + 1, pre=True, granted={self.uuid})
+        self._set_role(Role.CANDIDATE, None)
+        self._reset_election_timer()
+        self._request_votes(pre=True, ignore_live_leader=False)
+        self._check_election()
+
+    def _start_election(self, *, ignore_live_leader: bool) -> None:
+        self._term += 1
+        self._voted_for = self.uuid
+        self._meta_dirty = True
+        self._election = _Election(term=self._term, pre=False, granted={self.uuid})
+        self._leader_match = 0
+        self._set_role(Role.CANDIDATE, None)
+        self._reset_election_timer()
+        self._request_votes(pre=False, ignore_live_leader=ignore_live_leader)
+        self._check_election()
+
+    def _request_votes(self, *, pre: bool, ignore_live_leader: bool) -> None:
+        assert self._election is not None
+        last = self._log.last_op_id()
+        for voter in self.active_config.voters():
+            if voter != self.uuid:
+                self._send(
+                    VoteRequest(
+                        self.uuid, voter, self._election.term, last, pre, ignore_live_leader
+                    )
+                )
+
+    def _check_election(self) -> None:
+        election = self._election
+        assert election is not None
+        config = self.active_config
+        voters = set(config.voters())
+        if len(election.granted & voters) >= config.majority():
+            if election.pre:
+                self._start_election(ignore_live_leader=False)
+            else:
+                self._become_leader()
+        elif len(election.denied & voters) >= config.majority():
+            self._failed_elections += 1
+            self._election = None
+            self._set_role(self._passive_role(), None)
+            self._reset_election_timer()
+
+    def _can_campaign(self) -> bool:
+        return self.active_config.is_voter(self.uuid)
+
+    def _election_timeout_ms(self) -> int:
+        base = self._opts.election_timeout_base_ms
+        cap = max(base, self._opts.election_backoff_max_ms)
+        backoff = min(base * (2 ** min(self._failed_elections, 20)), cap)
+        jitter = self._opts.election_jitter_fraction
+        return int(backoff * self._rng.uniform(1.0 - jitter, 1.0 + jitter))
+
+    def _reset_election_timer(self, *, snooze_ms: int | None = None) -> None:
+        delay = self._election_timeout_ms() if snooze_ms is None else snooze_ms
+        self._election_deadline_ms = self._clock.now_ms() + delay
+
+    # --- role transitions -------------------------------------------------------------------
+
+    def _become_follower(self, term: int, leader: str | None) -> None:
+        assert term >= self._term
+        if term > self._term:
+            self._term = term
+            self._voted_for = None
+            self._meta_dirty = True
+        if self._role is Role.LEADER:
+            self._stop_leading()
+        if leader != self._leader or self._election is not None:
+            self._leader_match = 0
+            self._reported_durable = 0
+        self._election = None
+        self._set_role(self._passive_role(), leader)
+        self._reset_election_timer()
+
+    def _become_leader(self) -> None:
+        self._election = None
+        self._failed_elections = 0
+        self._own_term_committed = False
+        self._transfer = None
+        self._progress = {}
+        self._seq = 0
+        self._set_role(Role.LEADER, self.uuid)
+        self._sync_progress()
+        self._log.append(self._term, EntryKind.NO_OP, b"")
+        self._next_heartbeat_ms = self._clock.now_ms() + self._opts.heartbeat_interval_ms
+        self._replicate_all()
+        self._leader_update_commit()
+
+    def _stop_leading(self) -> None:
+        for read in self._reads:
+            self._effects.append(ReadFailed(read.read_id, "NOT_THE_LEADER"))
+        self._reads = []
+        self._progress = {}
+        self._transfer = None
+        self._own_term_committed = False
+
+    def _passive_role(self) -> Role:
+        me = self.active_config.peer(self.uuid)
+        if me is None:
+            return Role.NON_PARTICIPANT
+        return Role.FOLLOWER if me.is_voter else Role.LEARNER
+
+    def _refresh_passive_role(self) -> None:
+        if self._role not in (Role.LEADER, Role.CANDIDATE):
+            self._set_role(self._passive_role(), self._leader)
+
+    def _set_role(self, role: Role, leader: str | None) -> None:
+        self._role = role
+        self._leader = leader
+        self._announce_role()
+
+    def _announce_role(self) -> None:
+        now = (self._role, self._term, self._leader)
+        if now != self._announced:
+            self._announced = now
+            self._effects.append(RoleChanged(*now))
+
+    # --- follower: UpdateConsensus ------------------------------------------------------------
+
+    def _on_append_request(self, req: AppendRequest) -> None:
+        if self._leader != req.src:
+            self._leader_match = 0
+            self._reported_durable = 0
+            self._set_role(self._role, req.src)
+        self._last_leader_contact_ms = self._clock.now_ms()
+        self._failed_elections = 0
+        self._reset_election_timer()
+        result = self._log.append_replicated(req.preceding, req.entries, self._commit_index)
+        if result.truncated_from is not None:
+            self._on_truncated(result.truncated_from)
+        if not result.matched:
+            self._send(self._append_response(req, AppendStatus.LOG_MISMATCH, result.hint_index))
+            return
+        if req.entries is not None:
+            self._adopt_config_entries(req.entries.config_entries(), result.last_received.index)
+        self._leader_match = max(self._leader_match, result.last_received.index)
+        self._advance_commit(min(req.committed_index, result.last_received.index))
+        durable = min(self._log.durable_index(), self._leader_match)
+        self._reported_durable = max(self._reported_durable, durable)
+        self._send(
+            AppendResponse(
+                self.uuid,
+                req.src,
+                self._term,
+                AppendStatus.OK,
+                result.last_received,
+                durable,
+                seq=req.seq,
+            )
+        )
+
+    def _append_response(
+        self, req: AppendRequest, status: AppendStatus, hint_index: int = 0
+    ) -> AppendResponse:
+        return AppendResponse(
+            self.uuid, req.src, self._term, status, MIN_OP_ID, 0, hint_index, seq=req.seq
+        )
+
+    def _on_truncated(self, from_index: int) -> None:
+        self._effects.append(LogTruncated(from_index))
+        self._leader_match = min(self._leader_match, from_index - 1)
+        self._reported_durable = min(self._reported_durable, from_index - 1)
+        pending = self._pending_config
+        if pending is not None and pending.opid_index >= from_index:
+            self._pending_config = None  # back to the committed config
+            self._refresh_passive_role()
+
+    def _adopt_config_entries(self, entries: Sequence[tuple[OpId, bytes]], up_to: int) -> None:
+        for op_id, payload in entries:
+            if self._committed_config.opid_index < op_id.index <= up_to:
+                config = decode_config(payload)
+                assert config.opid_index == op_id.index, (config.opid_index, op_id)
+                self._pending_config = config
+        self._refresh_passive_role()
+
+    def _send_durable_ack(self) -> None:
+        durable = min(self._log.durable_index(), self._leader_match)
+        if durable <= self._reported_durable or self._leader is None:
+            return
+        self._reported_durable = durable
+        term_at = self._log.term_at(self._leader_match)
+        assert term_at is not None
+        last = OpId(term_at, self._leader_match)
+        self._send(
+            AppendResponse(self.uuid, self._leader, self._term, AppendStatus.OK, last, durable)
+        )
+
+    # --- commit and apply -------------------------------------------------------------------
+
+    def _advance_commit(self, index: int) -> None:
+        if index <= self._commit_index:
+            return
+        assert index <= self._log.last_op_id().index
+        self._commit_index = index
+        pending = self._pending_config
+        if pending is not None and pending.opid_index <= index:
+            self._committed_config = pending
+            self._pending_config = None
+            self._meta_dirty = True
+            self._effects.append(ConfigCommitted(pending))
+        self._effects.append(Apply(self._last_applied + 1, index))
+        self._last_applied = index
+
+    def _leader_update_commit(self) -> None:
+        config = self.active_config
+        durable = sorted((self._durable_index_of(voter) for voter in config.voters()), reverse=True)
+        candidate = durable[config.majority() - 1]
+        if candidate <= self._commit_index or self._log.term_at(candidate) != self._term:
+            return  # Raft: only entries of the leader's own term commit by counting
+        self._advance_commit(candidate)
+        self._own_term_committed = True
+        for read in self._reads:
+            if read.index is None:
+                read.index = self._commit_index
+        self._check_reads()
+        for progress in self._progress.values():
+            if not progress.inflight:
+                self._send_heartbeat(progress)  # tell followers the new commit index now
+            self._maybe_promote(progress)
+
+    def _durable_index_of(self, uuid: str) -> int:
+        if uuid == self.uuid:
+            return self._log.durable_index()
+        progress = self._progress.get(uuid)
+        return progress.durable_index if progress else 0
+
+    # --- leader: replication ----------------------------------------------------------------
+
+    def _on_append_response(self, resp: AppendResponse) -> None:
+        progress = self._progress.get(resp.src)
+        if progress is None:
+            return  # no longer a member
+        progress.last_ack_ms = self._clock.now_ms()
+        progress.acked_seq = max(progress.acked_seq, resp.seq)
+        if resp.status is AppendStatus.LOG_MISMATCH:
+            progress.mismatched(resp.hint_index)
+        elif resp.status is AppendStatus.OK:
+            progress.acked(resp.last_received.index, resp.durable_index)
+        self._replicate(progress)
+        self._leader_update_commit()
+        self._check_reads()
+        self._check_transfer()
+        self._maybe_promote(progress)
+
+    def _replicate_all(self) -> None:
+        for progress in self._progress.values():
+            self._replicate(progress)
+
+    def _replicate(self, progress: PeerProgress) -> bool:
+        """Sends batches to one follower while its window allows; returns whether any went."""
+        sent = False
+        now = self._clock.now_ms()
+        while not (progress.probing and progress.inflight):
+            if progress.inflight_bytes >= self._opts.peer_inflight_bytes_max:
+                break
+            after = progress.next_index - 1
+            preceding_term = self._log.term_at(after)
+            assert preceding_term is not None, f"entry {after} is gone (tablet copy needed)"
+            batch = self._log.read_batch(after, self._opts.batch_bytes_max)
+            if batch is None:
+                break
+            self._send(
+                AppendRequest(
+                    self.uuid,
+                    progress.uuid,
+                    self._term,
+                    OpId(preceding_term, after),
+                    batch,
+                    self._commit_index,
+                    self._seq,
+                )
+            )
+            progress.sent(batch.last_op_id.index, batch.size_bytes, now)
+            sent = True
+        return sent
+
+    def _send_heartbeat(self, progress: PeerProgress) -> None:
+        """An empty AppendEntries at the known match point: never a spurious mismatch."""
+        match_term = self._log.term_at(progress.match_index)
+        assert match_term is not None
+        preceding = OpId(match_term, progress.match_index)
+        self._send(
+            AppendRequest(
+                self.uuid,
+                progress.uuid,
+                self._term,
+                preceding,
+                None,
+                min(self._commit_index, progress.match_index),
+                self._seq,
+            )
+        )
+
+    def _heartbeat_round(self, now: int) -> None:
+        self._next_heartbeat_ms = now + self._opts.heartbeat_interval_ms
+        for progress in self._progress.values():
+            oldest = progress.oldest_inflight_ms()
+            if oldest is not None and now - oldest >= self._opts.heartbeat_interval_ms:
+                progress.lost()
+            if not self._replicate(progress):
+                self._send_heartbeat(progress)
+
+    def _sync_progress(self) -> None:
+        """Tracks exactly the peers of the active config (a removed peer gets nothing more)."""
+        members = {p.uuid for p in self.active_config.peers if p.uuid != self.uuid}
+        for uuid in list(self._progress):
+            if uuid not in members:
+                del self._progress[uuid]
+        next_index = self._log.last_op_id().index + 1
+        for uuid in sorted(members - self._progress.keys()):
+            self._progress[uuid] = PeerProgress(uuid=uuid, next_index=next_index)
+
+    # --- leader: reads and transfer ---------------------------------------------------------
+
+    def _check_reads(self) -> None:
+        if not self._reads:
+            return
+        config = self.active_config
+        acked = sorted(
+            (
+                self._seq if voter == self.uuid else self._acked_seq_of(voter)
+                for voter in config.voters()
+            ),
+            reverse=True,
+        )
+        confirmed_seq = acked[config.majority() - 1]
+        waiting = []
+        for read in self._reads:
+            if (
+                read.seq <= confirmed_seq
+                and read.index is not None
+                and read.index <= self._last_applied
+            ):
+                self._effects.append(ReadReady(read.read_id, read.index))
+            else:
+                waiting.append(read)
+        self._reads = waiting
+
+    def _acked_seq_of(self, uuid: str) -> int:
+        progress = self._progress.get(uuid)
+        return progress.acked_seq if progress else 0
+
+    def _choose_successor(self, target: str | None) -> str:
+        config = self.active_config
+        if target is not None:
+            peer = config.peer(target)
+            if peer is None:
+                raise NotFoundError(f"transfer target {target} is not in the config")
+            if target == self.uuid:
+                raise InvalidArgumentError(f"{target} is already the leader")
+            if not peer.is_voter:
+                raise InvalidArgumentError(f"transfer target {target} is a NON_VOTER")
+            return target
+        voters = [v for v in config.voters() if v != self.uuid]
+        if not voters:
+            raise IllegalStateError("no other VOTER to transfer leadership to")
+        return max(voters, key=lambda v: (self._progress[v].match_index, [-ord(c) for c in v]))
+
+    def _check_transfer(self) -> None:
+        transfer = self._transfer
+        if transfer is None or transfer.nudged:
+            return
+        progress = self._progress.get(transfer.target)
+        if progress is not None and progress.match_index == self._log.last_op_id().index:
+            transfer.nudged = True
+            self._send(TimeoutNow(self.uuid, transfer.target, self._term))
+
+    # --- membership -------------------------------------------------------------------------
+
+    def _step_aside_for(self, change: ConfigChange) -> None:
+        """The leader cannot remove or demote itself: it hands leadership over instead."""
+        if self._transfer is None:
+            self.transfer_leadership()
+        raise NotLeaderError(
+            f"{self.uuid} is stepping down to let {change.change_type.value} of itself proceed;"
+            " retry at the new leader"
+        )
+
+    def _check_voter_change(self, new: RaftConfig) -> None:
+        if not membership.voters_changed(self._committed_config, new):
+            return
+        now = self._clock.now_ms()
+        live = {self.uuid}
+        for uuid, progress in self._progress.items():
+            heard = progress.last_ack_ms
+            if heard is not None and now - heard < self._opts.failed_follower_timeout_ms:
+                live.add(uuid)
+        if not membership.keeps_live_majority(new, live):
+            raise IllegalStateError(
+                f"the new config's VOTERs {list(new.voters())} would have only "
+                f"{sorted(live & set(new.voters()))} live: no majority could commit"
+            )
+
+    def _append_config(self, new: RaftConfig) -> OpId:
+        index = self._log.last_op_id().index + 1
+        config = new.with_opid_index(index)
+        op_id = self._log.append(self._term, EntryKind.CONFIG_CHANGE, encode_config(config))
+        assert op_id.index == index
+        self._pending_config = config
+        self._sync_progress()
+        self._replicate_all()
+        return op_id
+
+    def _maybe_promote(self, progress: PeerProgress) -> None:
+        """Promotes a caught-up NON_VOTER with ``promote`` (one batch behind the commit index,
+        answered in this term)."""
+        if self._role is not Role.LEADER or self._pending_config is not None:
+            return
+        if not self._own_term_committed or self._transfer is not None:
+            return
+        peer = self.active_config.peer(progress.uuid)
+        if peer is None or peer.is_voter or not peer.promote or progress.last_ack_ms is None:
+            return
+        batch = self._log.read_batch(progress.match_index, self._opts.batch_bytes_max)
+        if batch is not None and batch.last_op_id.index < self._commit_index:
+            return
+        promoted = replace(peer, member_type=MemberType.VOTER, promote=False)
+        config = self._committed_config
+        new = replace(
+            config, peers=tuple(promoted if p.uuid == peer.uuid else p for p in config.peers)
+        )
+        self._append_config(new)
+
+    def _pending_from_log(self) -> RaftConfig | None:
+        entries = self._log.config_entries_after(self._committed_config.opid_index)
+        if not entries:
+            return None
+        op_id, payload = entries[-1]
+        config = decode_config(payload)
+        assert config.opid_index == op_id.index
+        return config
+
+    # --- helpers ----------------------------------------------------------------------------
+
+    def _require_leader(self) -> None:
+        if self._role is not Role.LEADER:
+            leader = self._leader
+            peer = self.active_config.peer(leader) if leader else None
+            raise NotLeaderError(
+                f"{self.uuid} is not the leader (role {self._role.value}, term {self._term})",
+                leader_uuid=leader,
+                leader_addr=peer.address if peer else None,
+            )
+
+    def _require_can_campaign(self) -> None:
+        if not self._can_campaign():
+            raise IllegalStateError(f"{self.uuid} is not a VOTER of its config")
+
+    def _send(self, msg: Message) -> None:
+        self._flush_meta()  # persist term/vote before anything that depends on them leaves
+        self._effects.append(Send(msg))
+
+    def _flush_meta(self) -> None:
+        if self._meta_dirty:
+            self._store.save(ConsensusMetadata(self._term, self._voted_for, self._committed_config))
+            self._meta_dirty = False

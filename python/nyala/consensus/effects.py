@@ -1,0 +1,71 @@
+"""What the Raft core asks its runtime to do. The runtime executes effects in order.
+
+Order matters in one place: a ``Send`` is only emitted after the cmeta it depends on has been
+saved (the core saves through its ``CmetaStore`` before queuing the message), so a runtime that
+executes effects in order never answers a vote before the vote is durable.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from nyala.consensus.messages import Message
+from nyala.consensus.types import RaftConfig, Role
+
+
+@dataclass(frozen=True, slots=True)
+class Send:
+    """Deliver ``message`` to ``message.dest`` (best effort; loss is tolerated)."""
+
+    message: Message
+
+
+@dataclass(frozen=True, slots=True)
+class Apply:
+    """Apply the committed entries ``first_index..last_index`` (inclusive) to the state machine,
+    in order. Each index is named exactly once per incarnation of the replica."""
+
+    first_index: int
+    last_index: int
+
+
+@dataclass(frozen=True, slots=True)
+class LogTruncated:
+    """Entries from ``from_index`` on were discarded: their proposals did not commit."""
+
+    from_index: int
+
+
+@dataclass(frozen=True, slots=True)
+class RoleChanged:
+    """The replica's role, term or known leader changed."""
+
+    role: Role
+    term: int
+    leader_uuid: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigCommitted:
+    """A config entry committed (and was written to cmeta)."""
+
+    config: RaftConfig
+
+
+@dataclass(frozen=True, slots=True)
+class ReadReady:
+    """A linearizable read may be served: leadership was confirmed and ``index`` is applied."""
+
+    read_id: int
+    index: int
+
+
+@dataclass(frozen=True, slots=True)
+class ReadFailed:
+    """A read could not be confirmed (the leader lost leadership): retry at the new leader."""
+
+    read_id: int
+    reason: str
+
+
+Effect = Send | Apply | LogTruncated | RoleChanged | ConfigCommitted | ReadReady | ReadFailed

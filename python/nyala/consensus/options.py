@@ -1,0 +1,37 @@
+"""Tunables of the Raft core, each with its unit in the name (DESIGN.md §8 defaults)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class RaftOptions:
+    """Timing and flow-control limits of one Raft replica."""
+
+    heartbeat_interval_ms: int = 500
+    missed_heartbeats_before_election: int = 3  # the base election timeout, in heartbeats
+    election_jitter_fraction: float = 0.25  # each timeout is base * [1 - j, 1 + j)
+    election_backoff_max_ms: int = 12_000  # cap of the exponential back-off (before jitter)
+    batch_bytes_max: int = 1024 * 1024  # payload bytes in one AppendEntries
+    peer_inflight_bytes_max: int = 4 * 1024 * 1024  # unacknowledged bytes per follower
+    transfer_timeout_ms: int = 3_000  # a leadership transfer gives up after this long
+    failed_follower_timeout_ms: int = 300_000  # a silent follower counts as down for removal
+    step_down_snooze_ms: int = 6_000  # failure-detector pause after an abrupt step-down
+
+    def __post_init__(self) -> None:
+        assert self.heartbeat_interval_ms > 0
+        assert self.missed_heartbeats_before_election >= 1
+        assert 0.0 <= self.election_jitter_fraction < 1.0
+        assert self.batch_bytes_max > 0
+        assert self.peer_inflight_bytes_max >= self.batch_bytes_max
+
+    @property
+    def election_timeout_base_ms(self) -> int:
+        """Heartbeat interval times the missed periods: the timeout before jitter and back-off."""
+        return self.heartbeat_interval_ms * self.missed_heartbeats_before_election
+
+    @property
+    def election_timeout_min_ms(self) -> int:
+        """The shortest timeout any replica can draw; a leader heard within it is alive."""
+        return int(self.election_timeout_base_ms * (1.0 - self.election_jitter_fraction))

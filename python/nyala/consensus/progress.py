@@ -1,0 +1,62 @@
+"""``PeerProgress``: what a leader knows about one follower's log, and its replication window."""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+
+@dataclass(slots=True)
+class PeerProgress:
+    """Replication state of one follower, owned by the leader for one term.
+
+    In *probe* mode at most one AppendEntries with entries is in flight (after a mismatch, a
+    restart, or a lost message); in *replicate* mode batches are pipelined up to a byte window.
+    """
+
+    uuid: str
+    next_index: int  # next entry to send; invariant: match_index < next_index
+    match_index: int = 0  # highest index known to match the leader's log
+    durable_index: int = 0  # highest index known durable on the follower; invariant: <= match
+    probing: bool = True
+    inflight: deque[tuple[int, int, int]] = field(default_factory=deque)  # (last, bytes, sent_ms)
+    inflight_bytes: int = 0  # invariant: == sum of inflight bytes
+    acked_seq: int = 0  # highest heartbeat round the follower answered in this term
+    last_ack_ms: int | None = None  # None: not heard from in this term
+
+    def sent(self, last_index: int, size_bytes: int, now_ms: int) -> None:
+        """A batch ending at ``last_index`` went out."""
+        assert last_index >= self.next_index
+        self.next_index = last_index + 1
+        self.inflight.append((last_index, size_bytes, now_ms))
+        self.inflight_bytes += size_bytes
+
+    def acked(self, last_index: int, durable_index: int) -> None:
+        """The follower matched our log up to ``last_index`` (durable up to ``durable_index``)."""
+        self.match_index = max(self.match_index, last_index)
+        self.durable_index = max(self.durable_index, min(durable_index, self.match_index))
+        if self.probing and self.match_index >= self.next_index - 1:
+            self.probing = False
+        self.next_index = max(self.next_index, self.match_index + 1)
+        while self.inflight and self.inflight[0][0] <= self.match_index:
+            self.inflight_bytes -= self.inflight.popleft()[1]
+        assert self.durable_index <= self.match_index < self.next_index
+
+    def mismatched(self, hint_index: int) -> None:
+        """The follower lacks our preceding entry; retry from ``hint_index`` at the latest."""
+        self.next_index = max(self.match_index + 1, min(hint_index, self.next_index))
+        self._clear_inflight()
+
+    def lost(self) -> None:
+        """What is in flight went unanswered too long: probe again right after the match."""
+        self.next_index = self.match_index + 1
+        self._clear_inflight()
+
+    def _clear_inflight(self) -> None:
+        self.probing = True
+        self.inflight.clear()
+        self.inflight_bytes = 0
+
+    def oldest_inflight_ms(self) -> int | None:
+        """When the oldest unacknowledged batch was sent."""
+        return self.inflight[0][2] if self.inflight else None
