@@ -1,1 +1,40 @@
-//! The tablet write-ahead log (see docs/wal-format.md).
+//! The tablet write-ahead log (format: docs/wal-format.md).
+//!
+//! This crate owns one tablet's log directory: segment files, framing and checksums, group
+//! commit, preallocation, the in-memory index, recovery, truncation, anchors and GC. It knows
+//! nothing of Raft beyond (term, index) and nothing of Python; payloads are opaque bytes.
+//!
+//! ```no_run
+//! use nyala_wal::{EntryRef, EntryType, Log, LogOptions};
+//! let log = Log::open("/tmp/wal-demo", "t1", LogOptions::default())?;
+//! let ticket = log.append(&[EntryRef::new(1, 1, EntryType::NoOp, b"")])?;
+//! log.wait(ticket.ticket)?;
+//! assert_eq!(log.durable_index(), 1);
+//! log.close()?;
+//! # Ok::<(), nyala_wal::WalError>(())
+//! ```
+
+mod appender;
+mod background;
+mod entry;
+mod error;
+mod faults;
+pub mod format;
+mod gc;
+mod index;
+mod log;
+mod metrics;
+mod notify;
+mod options;
+mod reader;
+mod recovery;
+mod segment;
+
+pub use entry::{Entry, EntryRef, EntryType};
+pub use error::{Result, WalError};
+pub use faults::FaultInjection;
+pub use log::{AnchorId, AppendTicket, GcReport, Log, Ticket};
+pub use metrics::{MetricsSnapshot, HISTOGRAM_BUCKETS};
+pub use options::{LogOptions, SyncPolicy, QUEUE_BYTES_MAX_DEFAULT, SEGMENT_SIZE_BYTES_DEFAULT};
+pub use reader::EntryIter;
+pub use segment::{parse_segment_name, segment_file_name, Preallocation};

@@ -1,0 +1,348 @@
+//! The appender thread: group commit.
+//!
+//! It drains everything queued, frames it behind the segment's partial last page, writes the
+//! whole pages in one `pwrite`, calls `fdatasync` once, and only then publishes the durable
+//! ticket and index. It also rolls over to the segment the background thread prepared.
+//! This thread is the only writer of segment data and of the durable point.
+
+use std::mem;
+use std::os::unix::fs::FileExt;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+use crossbeam_channel::Sender;
+use nyala_common::OpIndex;
+
+use crate::background::Job;
+use crate::error::{Result, WalError};
+use crate::format::{self, PAGE_BYTES};
+use crate::index::Location;
+use crate::log::{Request, Shared, Ticket};
+use crate::metrics::Metrics;
+use crate::options::SyncPolicy;
+use crate::segment::SegmentFile;
+
+/// The segment being appended to, with a copy of its partial last page so every write can
+/// cover whole pages.
+pub(crate) struct ActiveSegment {
+    segment: Arc<SegmentFile>,
+    /// Offset just past the last batch.
+    write_end: u64,
+    /// Page-aligned start of `tail`.
+    tail_start: u64,
+    /// The file's bytes `tail_start..write_end`.
+    tail: Vec<u8>,
+    capacity_bytes: u64,
+    has_batches: bool,
+}
+
+impl ActiveSegment {
+    /// A segment just prepared: header only.
+    pub(crate) fn fresh(segment: Arc<SegmentFile>, tablet_id: &str, capacity_bytes: u64) -> Self {
+        let header = format::encode_segment_header(tablet_id, segment.sequence);
+        Self::reuse(segment, header.to_vec(), capacity_bytes)
+    }
+
+    /// An empty segment found by recovery, whose header bytes are `header`.
+    pub(crate) fn reuse(segment: Arc<SegmentFile>, header: Vec<u8>, capacity_bytes: u64) -> Self {
+        assert_eq!(header.len(), format::SEGMENT_HEADER_BYTES);
+        ActiveSegment {
+            segment,
+            write_end: header.len() as u64,
+            tail_start: 0,
+            tail: header,
+            capacity_bytes,
+            has_batches: false,
+        }
+    }
+
+    pub(crate) fn sequence(&self) -> u64 {
+        self.segment.sequence
+    }
+
+    pub(crate) fn segment(&self) -> &Arc<SegmentFile> {
+        &self.segment
+    }
+}
+
+enum Staged {
+    Push(OpIndex, Location),
+    Truncate(OpIndex),
+}
+
+/// The appender thread's state.
+pub(crate) struct Appender {
+    shared: Arc<Shared>,
+    active: ActiveSegment,
+    background_tx: Sender<Job>,
+    /// Last entry index of the log as written (after truncations).
+    log_last: OpIndex,
+    /// The group being built: the active tail followed by new frames.
+    buf: Vec<u8>,
+    staged: Vec<Staged>,
+    group_entries: u64,
+    group_batches: u64,
+    group_queued_bytes: usize,
+    group_last_ticket: Option<Ticket>,
+}
+
+impl Appender {
+    pub(crate) fn new(
+        shared: Arc<Shared>,
+        active: ActiveSegment,
+        log_last: OpIndex,
+        background_tx: Sender<Job>,
+    ) -> Self {
+        let buf = active.tail.clone();
+        Appender {
+            shared,
+            active,
+            background_tx,
+            log_last,
+            buf,
+            staged: Vec::new(),
+            group_entries: 0,
+            group_batches: 0,
+            group_queued_bytes: 0,
+            group_last_ticket: None,
+        }
+    }
+
+    pub(crate) fn spawn(self) -> Result<JoinHandle<()>> {
+        std::thread::Builder::new()
+            .name("wal-appender".into())
+            .spawn(move || self.run())
+            .map_err(|e| WalError::io("spawn appender thread", "", e))
+    }
+
+    fn run(mut self) {
+        let mut requests = Vec::new();
+        loop {
+            {
+                let mut queue = self.shared.queue.lock();
+                while queue.requests.is_empty() && !queue.closing && !self.failed() {
+                    self.shared.work_ready.wait(&mut queue);
+                }
+                if queue.requests.is_empty() || self.failed() {
+                    break;
+                }
+                requests.extend(queue.requests.drain(..));
+            }
+            if let Err(err) = self.commit(&mut requests) {
+                self.shared.fail(&err);
+                break;
+            }
+        }
+        if !self.failed() {
+            if let Err(err) =
+                crate::segment::close_segment(&self.active.segment, self.active.write_end)
+            {
+                self.shared.fail(&err);
+            }
+        }
+        let _ = self.background_tx.send(Job::Stop);
+    }
+
+    fn failed(&self) -> bool {
+        self.shared.failed.load(Ordering::SeqCst)
+    }
+
+    /// Writes `requests` as one group (more if a roll-over splits them).
+    fn commit(&mut self, requests: &mut Vec<Request>) -> Result<()> {
+        for request in requests.drain(..) {
+            let frame_bytes = request.queued_bytes() as u64;
+            let end = self.active.write_end
+                + self.pending_bytes()
+                + frame_bytes
+                + format::FOOTER_BYTES as u64;
+            let has_data = self.active.has_batches || self.pending_bytes() > 0;
+            if end > self.active.capacity_bytes && has_data {
+                self.flush()?;
+                self.roll()?;
+            }
+            self.add(request);
+        }
+        self.flush()
+    }
+
+    fn pending_bytes(&self) -> u64 {
+        (self.buf.len() - self.active.tail.len()) as u64
+    }
+
+    /// Frames one request into the group and stages its index changes.
+    fn add(&mut self, request: Request) {
+        let batch_offset = self.active.write_end + self.pending_bytes();
+        let frame_len = request.queued_bytes() as u32;
+        format::write_batch_header(&mut self.buf, &request.payload, self.active.sequence());
+        self.buf.extend_from_slice(&request.payload.bytes);
+        match request.truncate_to {
+            Some(kept) => {
+                self.staged.push(Staged::Truncate(kept.index));
+                self.log_last = kept.index;
+                // Lowering the durable index early is always safe; raising waits for a sync.
+                self.shared
+                    .durable_index
+                    .fetch_min(kept.index, Ordering::AcqRel);
+                Metrics::add(&self.shared.metrics.truncations, 1);
+            }
+            None => {
+                let mut offset = 0usize;
+                let bytes = &request.payload.bytes;
+                let mut index = request.first_index;
+                while offset < bytes.len() {
+                    let term =
+                        u64::from_le_bytes(bytes[offset..offset + 8].try_into().expect("8 bytes"));
+                    let len = u32::from_le_bytes(
+                        bytes[offset + 20..offset + 24].try_into().expect("4 bytes"),
+                    );
+                    let location = Location {
+                        sequence: self.active.sequence(),
+                        batch_offset,
+                        frame_len,
+                        entry_offset: offset as u32,
+                        payload_len: len,
+                        term,
+                    };
+                    self.staged.push(Staged::Push(index, location));
+                    offset += format::ENTRY_HEADER_BYTES + len as usize;
+                    index += 1;
+                }
+                self.log_last = index - 1;
+                self.group_entries += u64::from(request.payload.entry_count);
+                self.group_batches += 1;
+            }
+        }
+        self.group_queued_bytes += request.queued_bytes();
+        self.group_last_ticket = Some(request.ticket);
+    }
+
+    /// Writes the group (whole pages), updates the index, syncs and publishes durability.
+    fn flush(&mut self) -> Result<()> {
+        let Some(last_ticket) = self.group_last_ticket else {
+            return Ok(());
+        };
+        let data_len = self.pending_bytes();
+        let padded = format::round_up_to_page(self.buf.len() as u64) as usize;
+        self.buf.resize(padded, 0);
+        let segment = Arc::clone(&self.active.segment);
+        segment
+            .file
+            .write_all_at(&self.buf, self.active.tail_start)
+            .map_err(|e| WalError::io("write", &segment.path, e))?;
+        Metrics::add(&self.shared.metrics.bytes_written, padded as u64);
+        self.advance_tail(data_len);
+        self.apply_staged();
+        {
+            let mut queue = self.shared.queue.lock();
+            queue.queued_bytes -= self.group_queued_bytes;
+            self.shared.space_ready.notify_all();
+        }
+        if self.shared.options.sync_policy == SyncPolicy::Group {
+            self.sync(&segment)?;
+        }
+        self.shared
+            .durable_index
+            .store(self.log_last, Ordering::Release);
+        self.shared
+            .durable_ticket
+            .store(last_ticket, Ordering::Release);
+        self.shared.publish_durable_change();
+        let metrics = &self.shared.metrics;
+        metrics.record_group(self.group_entries);
+        Metrics::add(&metrics.entries_appended, self.group_entries);
+        Metrics::add(&metrics.batches_appended, self.group_batches);
+        self.group_entries = 0;
+        self.group_batches = 0;
+        self.group_queued_bytes = 0;
+        self.group_last_ticket = None;
+        Ok(())
+    }
+
+    fn sync(&self, segment: &SegmentFile) -> Result<()> {
+        let started = Instant::now();
+        let result = match self.shared.faults.take_sync_failure() {
+            Some(err) => Err(err),
+            None => segment.file.sync_data(),
+        };
+        result.map_err(|e| WalError::io("fdatasync", &segment.path, e))?;
+        self.shared.metrics.record_sync(started.elapsed());
+        Ok(())
+    }
+
+    /// Moves the write position past `data_len` new bytes and keeps the new partial page.
+    fn advance_tail(&mut self, data_len: u64) {
+        let active = &mut self.active;
+        let new_end = active.write_end + data_len;
+        let new_tail_start = new_end / PAGE_BYTES as u64 * PAGE_BYTES as u64;
+        let from = (new_tail_start - active.tail_start) as usize;
+        let to = (new_end - active.tail_start) as usize;
+        active.tail.clear();
+        active.tail.extend_from_slice(&self.buf[from..to]);
+        active.tail_start = new_tail_start;
+        active.write_end = new_end;
+        active.has_batches |= data_len > 0;
+        self.buf.clear();
+        self.buf.extend_from_slice(&active.tail);
+    }
+
+    fn apply_staged(&mut self) {
+        let mut index = self.shared.index.write();
+        let mut run: Option<(OpIndex, OpIndex)> = None;
+        for staged in self.staged.drain(..) {
+            match staged {
+                Staged::Push(op_index, location) => {
+                    index.truncate_after(op_index - 1);
+                    index.push(op_index, location);
+                    run = Some(run.map_or((op_index, op_index), |(first, _)| (first, op_index)));
+                }
+                Staged::Truncate(last_kept) => {
+                    if let Some((first, last)) = run.take() {
+                        self.active.segment.note_entries(first, last);
+                    }
+                    index.truncate_after(last_kept);
+                }
+            }
+        }
+        if let Some((first, last)) = run {
+            self.active.segment.note_entries(first, last);
+        }
+    }
+
+    /// Switches to the prepared segment and hands the finished one to the background
+    /// thread to close. Appenders keep queueing meanwhile; only this thread waits, and only
+    /// if the next segment is not ready yet.
+    fn roll(&mut self) -> Result<()> {
+        let started = Instant::now();
+        let prepared = {
+            let mut slot = self.shared.prepared.lock();
+            if slot.is_none() {
+                Metrics::add(&self.shared.metrics.rollover_waits, 1);
+            }
+            while slot.is_none() {
+                self.shared.prepared_ready.wait(&mut slot);
+            }
+            slot.take().expect("slot filled")
+        };
+        let micros = started.elapsed().as_micros() as u64;
+        Metrics::add(&self.shared.metrics.rollover_wait_micros_total, micros);
+        let segment = Arc::new(prepared?);
+        let next_sequence = segment.sequence + 1;
+        self.shared.segments.write().push_back(Arc::clone(&segment));
+        let fresh = ActiveSegment::fresh(
+            segment,
+            &self.shared.tablet_id,
+            self.shared.options.segment_size_bytes,
+        );
+        let old = mem::replace(&mut self.active, fresh);
+        self.buf.clear();
+        self.buf.extend_from_slice(&self.active.tail);
+        let _ = self.background_tx.send(Job::Close {
+            segment: old.segment,
+            write_end: old.write_end,
+        });
+        let _ = self.background_tx.send(Job::Prepare(next_sequence));
+        Ok(())
+    }
+}

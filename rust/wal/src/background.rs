@@ -1,0 +1,49 @@
+//! The background thread: prepares the next segment before it is needed and closes
+//! finished segments (footer, cut to length, sync), off the appender's critical path.
+
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use crossbeam_channel::Receiver;
+
+use crate::error::{Result, WalError};
+use crate::log::Shared;
+use crate::segment::{self, SegmentFile};
+
+/// Work for the background thread, done in the order sent.
+pub(crate) enum Job {
+    /// Prepare segment `sequence` and leave it in the prepared slot.
+    Prepare(u64),
+    /// Write the footer of a segment the appender left, whose data ends at `write_end`.
+    Close {
+        segment: Arc<SegmentFile>,
+        write_end: u64,
+    },
+    Stop,
+}
+
+pub(crate) fn spawn(shared: Arc<Shared>, jobs: Receiver<Job>) -> Result<JoinHandle<()>> {
+    std::thread::Builder::new()
+        .name("wal-background".into())
+        .spawn(move || run(&shared, &jobs))
+        .map_err(|e| WalError::io("spawn background thread", "", e))
+}
+
+fn run(shared: &Shared, jobs: &Receiver<Job>) {
+    for job in jobs.iter() {
+        match job {
+            Job::Prepare(sequence) => {
+                let recycled = shared.take_recyclable();
+                let result = segment::prepare_segment(&shared.prepare_spec(sequence, recycled));
+                *shared.prepared.lock() = Some(result);
+                shared.prepared_ready.notify_all();
+            }
+            Job::Close { segment, write_end } => {
+                if let Err(err) = segment::close_segment(&segment, write_end) {
+                    shared.fail(&err);
+                }
+            }
+            Job::Stop => break,
+        }
+    }
+}

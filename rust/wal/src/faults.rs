@@ -1,0 +1,56 @@
+//! Fault injection for tests and chaos runs. **Not for production use.**
+//!
+//! Always compiled in, so the same binary that ships can be driven into its failure paths,
+//! but only reachable through `LogOptions::fault_injection` / `Log::fault_injection()`, which
+//! nothing outside tests sets. Each switch is checked right before the real system call it
+//! replaces, so the code that handles the error is exactly the production code.
+
+use std::io;
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, Ordering};
+
+/// Switches that make the next file operations fail as if the operating system refused them.
+#[derive(Debug, Default)]
+pub struct FaultInjection {
+    /// How many upcoming `fdatasync` calls fail (each failure consumes one).
+    failing_syncs: AtomicU32,
+    /// The errno those failures report (EIO when 0).
+    sync_errno: AtomicI32,
+    /// When set, `fallocate` reports EOPNOTSUPP, as on file systems without it.
+    fallocate_unsupported: AtomicBool,
+}
+
+impl FaultInjection {
+    /// Makes the next `count` syncs of the log fail with `errno` (e.g. `libc::EIO`,
+    /// `libc::ENOSPC`).
+    pub fn fail_next_syncs(&self, count: u32, errno: i32) {
+        self.sync_errno.store(errno, Ordering::SeqCst);
+        self.failing_syncs.store(count, Ordering::SeqCst);
+    }
+
+    /// Makes preallocation behave as if `fallocate` were unsupported (or restores it).
+    pub fn set_fallocate_unsupported(&self, unsupported: bool) {
+        self.fallocate_unsupported
+            .store(unsupported, Ordering::SeqCst);
+    }
+
+    /// Consumes one injected sync failure, if any is armed.
+    pub(crate) fn take_sync_failure(&self) -> Option<io::Error> {
+        let taken = self
+            .failing_syncs
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok();
+        if !taken {
+            return None;
+        }
+        let errno = match self.sync_errno.load(Ordering::SeqCst) {
+            0 => libc::EIO,
+            errno => errno,
+        };
+        Some(io::Error::from_raw_os_error(errno))
+    }
+
+    /// Whether `fallocate` should be treated as unsupported.
+    pub(crate) fn fallocate_unsupported(&self) -> bool {
+        self.fallocate_unsupported.load(Ordering::SeqCst)
+    }
+}

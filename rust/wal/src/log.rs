@@ -1,0 +1,728 @@
+//! `Log`: the public face of one tablet's write-ahead log.
+//!
+//! Appending threads frame their batch, then reserve its place in a bounded queue under one
+//! lock (that order is the order on disk). The appender thread (`appender`) drains the queue
+//! into one write and one `fdatasync` per group and publishes the durable point; the
+//! background thread (`background`) prepares the next segment and closes finished ones.
+//! This module owns the shared state those threads meet in and the caller-facing API.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::fs;
+use std::os::fd::RawFd;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use nyala_common::{ErrorKind, OpId, OpIndex, Term};
+use parking_lot::{Condvar, Mutex, RwLock};
+
+use crate::appender::{ActiveSegment, Appender};
+use crate::background::{self, Job};
+use crate::entry::{Entry, EntryRef};
+use crate::error::{Result, WalError};
+use crate::faults::FaultInjection;
+use crate::format::{self, EncodedPayload};
+use crate::index::{LogIndex, TermRuns};
+use crate::metrics::{Metrics, MetricsSnapshot};
+use crate::notify::EventFd;
+use crate::options::LogOptions;
+use crate::recovery;
+use crate::segment::{self, Preallocation, PrepareSpec, SegmentFile};
+
+/// Identifies an append (or truncation) in queue order; durability is reported per ticket.
+pub type Ticket = u64;
+
+/// What `append` returns: the ticket to wait for and the index of the last entry appended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AppendTicket {
+    pub ticket: Ticket,
+    pub last_index: OpIndex,
+}
+
+/// A registered log anchor: GC keeps every entry at or after its index.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct AnchorId(pub u64);
+
+/// What a `gc` call removed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GcReport {
+    pub segments_deleted: usize,
+    pub segments_recycled: usize,
+    /// The first entry index still in the log after GC.
+    pub first_index: OpIndex,
+}
+
+/// A queued request; the appender handles them strictly in ticket order.
+pub(crate) struct Request {
+    pub ticket: Ticket,
+    pub payload: EncodedPayload,
+    /// For truncation records, the last entry kept; `None` for entries.
+    pub truncate_to: Option<OpId>,
+    /// Index of the batch's first entry (entries only).
+    pub first_index: OpIndex,
+}
+
+impl Request {
+    pub(crate) fn queued_bytes(&self) -> usize {
+        format::BATCH_HEADER_BYTES + self.payload.bytes.len()
+    }
+}
+
+pub(crate) struct Queue {
+    pub requests: VecDeque<Request>,
+    /// Bytes of requests not yet written (queued or in the appender's current group).
+    pub queued_bytes: usize,
+    pub next_ticket: Ticket,
+    /// Terms of the log including queued appends.
+    pub terms: TermRuns,
+    pub closing: bool,
+}
+
+/// A segment prepared by the background thread, waiting for the appender.
+pub(crate) type PreparedSlot = Option<Result<SegmentFile>>;
+
+/// State shared by callers, the appender thread and the background thread.
+pub(crate) struct Shared {
+    pub dir: PathBuf,
+    pub tablet_id: String,
+    pub options: LogOptions,
+    pub faults: Arc<FaultInjection>,
+    pub queue: Mutex<Queue>,
+    /// The appender waits here for requests.
+    pub work_ready: Condvar,
+    /// Appenders blocked by back-pressure wait here.
+    pub space_ready: Condvar,
+    /// Highest ticket that is durable; only the appender raises it.
+    pub durable_ticket: AtomicU64,
+    /// Last entry index that is durable (drops on truncation).
+    pub durable_index: AtomicU64,
+    pub durable_lock: Mutex<()>,
+    pub durable_changed: Condvar,
+    /// Set, with the first error, when a write or sync failed; never cleared.
+    pub failure: Mutex<Option<(ErrorKind, String)>>,
+    pub failed: AtomicBool,
+    pub index: RwLock<LogIndex>,
+    /// Open segments in sequence order; the last one is the active segment.
+    pub segments: RwLock<VecDeque<Arc<SegmentFile>>>,
+    pub prepared: Mutex<PreparedSlot>,
+    pub prepared_ready: Condvar,
+    pub recycle_pool: Mutex<Vec<PathBuf>>,
+    pub anchors: Mutex<Anchors>,
+    pub gc_lock: Mutex<()>,
+    pub metrics: Metrics,
+    pub notify: EventFd,
+}
+
+#[derive(Default)]
+pub(crate) struct Anchors {
+    next_id: u64,
+    by_id: BTreeMap<u64, OpIndex>,
+}
+
+impl Shared {
+    /// The error every waiter and later append gets once the log has failed.
+    pub(crate) fn failure_error(&self) -> WalError {
+        match &*self.failure.lock() {
+            Some((kind, message)) => WalError::Failed {
+                kind: *kind,
+                message: message.clone(),
+            },
+            None => WalError::Closed,
+        }
+    }
+
+    /// Puts the log into the failed state (first error wins) and wakes every waiter.
+    pub(crate) fn fail(&self, err: &WalError) {
+        use nyala_common::Classify;
+        {
+            let mut failure = self.failure.lock();
+            if failure.is_none() {
+                *failure = Some((err.kind(), err.to_string()));
+            }
+        }
+        {
+            let mut queue = self.queue.lock();
+            self.failed.store(true, Ordering::SeqCst);
+            queue.requests.clear();
+            self.space_ready.notify_all();
+            self.work_ready.notify_all();
+        }
+        self.publish_durable_change();
+        let mut slot = self.prepared.lock();
+        if slot.is_none() {
+            *slot = Some(Err(WalError::Closed));
+        }
+        self.prepared_ready.notify_all();
+    }
+
+    /// Wakes blocked waiters and the event-loop descriptor.
+    pub(crate) fn publish_durable_change(&self) {
+        drop(self.durable_lock.lock());
+        self.durable_changed.notify_all();
+        self.notify.signal();
+    }
+
+    pub(crate) fn prepare_spec(&self, sequence: u64, recycled: Option<PathBuf>) -> PrepareSpec<'_> {
+        PrepareSpec {
+            dir: &self.dir,
+            tablet_id: &self.tablet_id,
+            sequence,
+            capacity_bytes: self.options.segment_size_bytes,
+            preallocation: self.options.preallocation,
+            recycled,
+            faults: &self.faults,
+            metrics: &self.metrics,
+        }
+    }
+
+    /// A GC'd file to reuse for the next segment, if recycling is on and one is free.
+    pub(crate) fn take_recyclable(&self) -> Option<PathBuf> {
+        if self.options.preallocation != Preallocation::Recycle {
+            return None;
+        }
+        self.recycle_pool.lock().pop()
+    }
+}
+
+/// One tablet's write-ahead log. Cheap to share between threads (`&Log` is enough for
+/// everything but `close`, which also works through `&self`).
+pub struct Log {
+    shared: Arc<Shared>,
+    threads: Mutex<Vec<JoinHandle<()>>>,
+}
+
+impl Log {
+    /// Opens (creating if needed) the log of `tablet_id` in `dir`, recovering what is there:
+    /// a torn or zeroed tail of a segment ends the log and is cut off; any other damage is
+    /// a `Corruption` error naming the file and offset, and nothing is changed on disk.
+    pub fn open(dir: impl AsRef<Path>, tablet_id: &str, options: LogOptions) -> Result<Log> {
+        let dir = dir.as_ref().to_path_buf();
+        validate_options(tablet_id, &options)?;
+        fs::create_dir_all(&dir).map_err(|e| WalError::io("create directory", &dir, e))?;
+        let recovered = recovery::recover(&dir, tablet_id)?;
+        let notify = EventFd::new().map_err(|e| WalError::io("eventfd", &dir, e))?;
+        let faults = options.fault_injection.clone().unwrap_or_default();
+        let last = recovered.terms.last();
+        let shared = Arc::new(Shared {
+            dir,
+            tablet_id: tablet_id.to_owned(),
+            faults,
+            queue: Mutex::new(Queue {
+                requests: VecDeque::new(),
+                queued_bytes: 0,
+                next_ticket: 1,
+                terms: recovered.terms,
+                closing: false,
+            }),
+            work_ready: Condvar::new(),
+            space_ready: Condvar::new(),
+            durable_ticket: AtomicU64::new(0),
+            durable_index: AtomicU64::new(last.index),
+            durable_lock: Mutex::new(()),
+            durable_changed: Condvar::new(),
+            failure: Mutex::new(None),
+            failed: AtomicBool::new(false),
+            index: RwLock::new(recovered.index),
+            segments: RwLock::new(VecDeque::new()),
+            prepared: Mutex::new(None),
+            prepared_ready: Condvar::new(),
+            recycle_pool: Mutex::new(Vec::new()),
+            anchors: Mutex::new(Anchors::default()),
+            gc_lock: Mutex::new(()),
+            metrics: Metrics::default(),
+            notify,
+            options,
+        });
+        let active = finish_recovery(
+            &shared,
+            recovered.segments,
+            recovered.reusable_tail,
+            recovered.leftovers,
+            recovered.recyclable,
+            recovered.next_sequence,
+        )?;
+        let next_sequence = active.sequence() + 1;
+        let (background_tx, background_rx) = crossbeam_channel::unbounded();
+        let mut threads = Vec::new();
+        threads.push(background::spawn(Arc::clone(&shared), background_rx)?);
+        background_tx
+            .send(Job::Prepare(next_sequence))
+            .expect("background thread is running");
+        // The appender owns the only sender: when it stops, the background thread stops.
+        let appender = Appender::new(Arc::clone(&shared), active, last.index, background_tx);
+        threads.push(appender.spawn()?);
+        Ok(Log {
+            shared,
+            threads: Mutex::new(threads),
+        })
+    }
+
+    /// Queues `entries` (contiguous, continuing the log, terms not decreasing) and returns
+    /// without waiting for the disk. Blocks only while the queue is full (back-pressure).
+    /// Wait for durability with `wait`.
+    pub fn append(&self, entries: &[EntryRef<'_>]) -> Result<AppendTicket> {
+        validate_batch(entries)?;
+        let payload = format::encode_entries(entries);
+        let mut queue = self.reserve_space(format::BATCH_HEADER_BYTES + payload.bytes.len())?;
+        check_continues(&queue.terms, entries)?;
+        Ok(self.push_entries(&mut queue, entries, payload))
+    }
+
+    /// Appends and waits until the entries are durable; returns the last index.
+    pub fn append_durable(&self, entries: &[EntryRef<'_>]) -> Result<OpIndex> {
+        let ticket = self.append(entries)?;
+        self.wait(ticket.ticket)?;
+        Ok(ticket.last_index)
+    }
+
+    /// Discards every entry after `last_kept` (a follower whose suffix conflicts with the
+    /// leader's), ordered after everything queued before it. Returns the ticket to wait for.
+    pub fn truncate_after(&self, last_kept: OpIndex) -> Result<Ticket> {
+        let mut queue =
+            self.reserve_space(format::BATCH_HEADER_BYTES + format::TRUNCATE_PAYLOAD_BYTES)?;
+        self.push_truncation(&mut queue, last_kept)
+    }
+
+    /// Truncates after `last_kept` and appends `entries` in one step, so no other append can
+    /// come between the two (the follower side of AppendEntries).
+    pub fn truncate_and_append(
+        &self,
+        last_kept: OpIndex,
+        entries: &[EntryRef<'_>],
+    ) -> Result<AppendTicket> {
+        validate_batch(entries)?;
+        let payload = format::encode_entries(entries);
+        let bytes =
+            2 * format::BATCH_HEADER_BYTES + format::TRUNCATE_PAYLOAD_BYTES + payload.bytes.len();
+        let mut queue = self.reserve_space(bytes)?;
+        let mut terms_after = OpId::new(queue.terms.term_at(last_kept).unwrap_or(0), last_kept);
+        if last_kept >= queue.terms.last().index {
+            terms_after = queue.terms.last();
+        }
+        if entries[0].index != terms_after.index + 1 {
+            return Err(WalError::NonContiguous {
+                expected: terms_after.index + 1,
+                got: entries[0].index,
+            });
+        }
+        if entries[0].term < terms_after.term {
+            return Err(WalError::TermRegression {
+                index: entries[0].index,
+                term: entries[0].term,
+                previous: terms_after.term,
+            });
+        }
+        self.push_truncation(&mut queue, last_kept)?;
+        Ok(self.push_entries(&mut queue, entries, payload))
+    }
+
+    /// Blocks until the append (or truncation) with `ticket`, and everything before it, is
+    /// durable. Fails with the log's error if a write or sync failed before that.
+    pub fn wait(&self, ticket: Ticket) -> Result<()> {
+        self.wait_until(ticket, None).map(|_| ())
+    }
+
+    /// Like `wait`, giving up after `timeout`; returns whether the ticket is durable.
+    pub fn wait_timeout(&self, ticket: Ticket, timeout: Duration) -> Result<bool> {
+        self.wait_until(ticket, Some(Instant::now() + timeout))
+    }
+
+    fn wait_until(&self, ticket: Ticket, deadline: Option<Instant>) -> Result<bool> {
+        let shared = &self.shared;
+        let mut guard = shared.durable_lock.lock();
+        loop {
+            if shared.durable_ticket.load(Ordering::Acquire) >= ticket {
+                return Ok(true);
+            }
+            if shared.failed.load(Ordering::SeqCst) {
+                return Err(shared.failure_error());
+            }
+            match deadline {
+                None => shared.durable_changed.wait(&mut guard),
+                Some(deadline) => {
+                    if shared
+                        .durable_changed
+                        .wait_until(&mut guard, deadline)
+                        .timed_out()
+                    {
+                        return Ok(shared.durable_ticket.load(Ordering::Acquire) >= ticket);
+                    }
+                }
+            }
+        }
+    }
+
+    /// The highest ticket that is durable.
+    pub fn durable_ticket(&self) -> Ticket {
+        self.shared.durable_ticket.load(Ordering::Acquire)
+    }
+
+    /// The index of the last durable entry (what a follower reports to the leader).
+    pub fn durable_index(&self) -> OpIndex {
+        self.shared.durable_index.load(Ordering::Acquire)
+    }
+
+    /// The (term, index) of the last appended entry, including appends not yet durable.
+    pub fn last_op_id(&self) -> OpId {
+        self.shared.queue.lock().terms.last()
+    }
+
+    /// The term of the entry at `index` (0 for index 0), including appends not yet durable;
+    /// `None` if the log does not hold it (beyond the end, or garbage-collected).
+    pub fn term_at(&self, index: OpIndex) -> Option<Term> {
+        self.shared.queue.lock().terms.term_at(index)
+    }
+
+    /// The first index still in the log (entries before it were garbage-collected).
+    pub fn first_index(&self) -> OpIndex {
+        self.shared.queue.lock().terms.first()
+    }
+
+    /// Reads written entries `from..=to`, stopping before `max_bytes` of framed entries
+    /// (payload plus the 24-byte entry header) would be exceeded (at least one entry is returned when any is available). Entries queued but
+    /// not yet written are not returned; `from` below the first retained index is NotFound.
+    pub fn read(&self, from: OpIndex, to: OpIndex, max_bytes: usize) -> Result<Vec<Entry>> {
+        crate::reader::read_range(&self.shared, from, to, max_bytes)
+    }
+
+    /// Iterates every written entry from `from` on, reading `chunk_bytes` at a time.
+    pub fn entries_from(&self, from: OpIndex, chunk_bytes: usize) -> crate::reader::EntryIter<'_> {
+        crate::reader::EntryIter::new(self, from, chunk_bytes)
+    }
+
+    /// Registers an anchor: GC keeps every entry at or after `index` until it is released.
+    pub fn register_anchor(&self, index: OpIndex) -> AnchorId {
+        let mut anchors = self.shared.anchors.lock();
+        anchors.next_id += 1;
+        let id = anchors.next_id;
+        anchors.by_id.insert(id, index);
+        AnchorId(id)
+    }
+
+    /// Moves an anchor (e.g. after a flush made older entries unnecessary).
+    pub fn update_anchor(&self, anchor: AnchorId, index: OpIndex) -> Result<()> {
+        match self.shared.anchors.lock().by_id.get_mut(&anchor.0) {
+            Some(slot) => {
+                *slot = index;
+                Ok(())
+            }
+            None => Err(WalError::InvalidArgument(format!(
+                "unknown anchor {}",
+                anchor.0
+            ))),
+        }
+    }
+
+    /// Releases an anchor.
+    pub fn release_anchor(&self, anchor: AnchorId) -> Result<()> {
+        match self.shared.anchors.lock().by_id.remove(&anchor.0) {
+            Some(_) => Ok(()),
+            None => Err(WalError::InvalidArgument(format!(
+                "unknown anchor {}",
+                anchor.0
+            ))),
+        }
+    }
+
+    /// The lowest registered anchor, if any.
+    pub fn min_anchor(&self) -> Option<OpIndex> {
+        self.shared.anchors.lock().by_id.values().min().copied()
+    }
+
+    /// Deletes (or keeps for reuse) whole closed segments whose entries all lie below the
+    /// lowest anchor and below the durable index, keeping `min_segments_to_retain` closed
+    /// segments and never the one holding the last entry.
+    pub fn gc(&self) -> Result<GcReport> {
+        crate::gc::collect(&self.shared, self.min_anchor())
+    }
+
+    /// Counters since open.
+    pub fn metrics(&self) -> MetricsSnapshot {
+        self.shared.metrics.snapshot()
+    }
+
+    /// A descriptor that becomes readable whenever the durable point moves or the log fails
+    /// (for event loops: watch it, call `drain_notifications`, then check `durable_ticket`).
+    pub fn notification_fd(&self) -> RawFd {
+        self.shared.notify.raw_fd()
+    }
+
+    /// Clears pending readiness of `notification_fd`.
+    pub fn drain_notifications(&self) {
+        self.shared.notify.drain();
+    }
+
+    /// The error the log failed with, if a write or sync failed.
+    pub fn failure(&self) -> Option<WalError> {
+        self.shared
+            .failed
+            .load(Ordering::SeqCst)
+            .then(|| self.shared.failure_error())
+    }
+
+    /// Test-only switches that make file operations fail (see `faults`).
+    pub fn fault_injection(&self) -> &Arc<FaultInjection> {
+        &self.shared.faults
+    }
+
+    /// The directory holding the segments.
+    pub fn dir(&self) -> &Path {
+        &self.shared.dir
+    }
+
+    /// Paths of the segments currently open, oldest first (the last is being appended to).
+    pub fn segment_paths(&self) -> Vec<PathBuf> {
+        self.shared
+            .segments
+            .read()
+            .iter()
+            .map(|s| s.path.clone())
+            .collect()
+    }
+
+    /// Writes what is queued, closes the active segment with a footer and stops the threads.
+    /// Later appends fail with `IllegalState`; reads keep working.
+    pub fn close(&self) -> Result<()> {
+        {
+            let mut queue = self.shared.queue.lock();
+            queue.closing = true;
+            self.shared.work_ready.notify_all();
+            self.shared.space_ready.notify_all();
+        }
+        // The appender (started last) stops the background thread when it is done, so join
+        // in reverse order.
+        let threads: Vec<_> = self.threads.lock().drain(..).rev().collect();
+        for thread in threads {
+            if thread.join().is_err() {
+                return Err(WalError::Failed {
+                    kind: ErrorKind::IllegalState,
+                    message: "a WAL thread panicked".into(),
+                });
+            }
+        }
+        match self.failure() {
+            Some(err) => Err(err),
+            None => Ok(()),
+        }
+    }
+
+    fn reserve_space(&self, bytes: usize) -> Result<parking_lot::MutexGuard<'_, Queue>> {
+        let shared = &self.shared;
+        let mut queue = shared.queue.lock();
+        let mut waited = false;
+        loop {
+            if queue.closing {
+                return Err(WalError::Closed);
+            }
+            if shared.failed.load(Ordering::SeqCst) {
+                return Err(shared.failure_error());
+            }
+            if queue.queued_bytes == 0
+                || queue.queued_bytes + bytes <= shared.options.queue_bytes_max
+            {
+                return Ok(queue);
+            }
+            if !waited {
+                waited = true;
+                Metrics::add(&shared.metrics.append_backpressure_waits, 1);
+            }
+            shared.space_ready.wait(&mut queue);
+        }
+    }
+
+    fn push_entries(
+        &self,
+        queue: &mut Queue,
+        entries: &[EntryRef<'_>],
+        payload: EncodedPayload,
+    ) -> AppendTicket {
+        for e in entries {
+            queue.terms.push(OpId::new(e.term, e.index));
+        }
+        let ticket = self.push_request(queue, payload, None, entries[0].index);
+        AppendTicket {
+            ticket,
+            last_index: entries[entries.len() - 1].index,
+        }
+    }
+
+    fn push_truncation(&self, queue: &mut Queue, last_kept: OpIndex) -> Result<Ticket> {
+        let last = queue.terms.last();
+        if last_kept >= last.index {
+            // Nothing to discard; the caller may still wait for everything queued so far.
+            return Ok(queue.next_ticket - 1);
+        }
+        let Some(term) = queue.terms.term_at(last_kept) else {
+            return Err(WalError::NotFound {
+                index: last_kept,
+                first: queue.terms.first(),
+                last: last.index,
+            });
+        };
+        let kept = OpId::new(term, last_kept);
+        queue.terms.truncate_after(kept);
+        Ok(self.push_request(queue, format::encode_truncate(kept), Some(kept), 0))
+    }
+
+    fn push_request(
+        &self,
+        queue: &mut Queue,
+        payload: EncodedPayload,
+        truncate_to: Option<OpId>,
+        first_index: OpIndex,
+    ) -> Ticket {
+        let ticket = queue.next_ticket;
+        queue.next_ticket += 1;
+        let request = Request {
+            ticket,
+            payload,
+            truncate_to,
+            first_index,
+        };
+        queue.queued_bytes += request.queued_bytes();
+        queue.requests.push_back(request);
+        self.shared.work_ready.notify_one();
+        ticket
+    }
+}
+
+impl Drop for Log {
+    fn drop(&mut self) {
+        if !self.threads.lock().is_empty() {
+            let _ = self.close();
+        }
+    }
+}
+
+fn validate_options(tablet_id: &str, options: &LogOptions) -> Result<()> {
+    if tablet_id.is_empty() || tablet_id.len() > format::TABLET_ID_BYTES_MAX {
+        return Err(WalError::InvalidArgument(format!(
+            "tablet id must be 1..={} bytes",
+            format::TABLET_ID_BYTES_MAX
+        )));
+    }
+    let segment_min = (2 * format::PAGE_BYTES) as u64;
+    if options.segment_size_bytes < segment_min {
+        return Err(WalError::InvalidArgument(format!(
+            "segment_size_bytes must be at least {segment_min}"
+        )));
+    }
+    if options.queue_bytes_max == 0 {
+        return Err(WalError::InvalidArgument(
+            "queue_bytes_max must be positive".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// Checks a batch on its own: non-empty, contiguous, terms not decreasing, lengths in range.
+fn validate_batch(entries: &[EntryRef<'_>]) -> Result<()> {
+    let Some(first) = entries.first() else {
+        return Err(WalError::InvalidArgument("empty batch".into()));
+    };
+    if first.index == 0 {
+        return Err(WalError::InvalidArgument(
+            "entry index 0 is reserved".into(),
+        ));
+    }
+    let mut frame_bytes = format::BATCH_HEADER_BYTES as u64;
+    for pair in entries.windows(2) {
+        if pair[1].index != pair[0].index + 1 {
+            return Err(WalError::NonContiguous {
+                expected: pair[0].index + 1,
+                got: pair[1].index,
+            });
+        }
+        if pair[1].term < pair[0].term {
+            return Err(WalError::TermRegression {
+                index: pair[1].index,
+                term: pair[1].term,
+                previous: pair[0].term,
+            });
+        }
+    }
+    for e in entries {
+        frame_bytes += (format::ENTRY_HEADER_BYTES + e.payload.len()) as u64;
+    }
+    if frame_bytes > u64::from(u32::MAX) {
+        return Err(WalError::InvalidArgument("batch larger than 4 GiB".into()));
+    }
+    Ok(())
+}
+
+/// Checks that a validated batch continues the log as reserved so far.
+fn check_continues(terms: &TermRuns, entries: &[EntryRef<'_>]) -> Result<()> {
+    let last = terms.last();
+    let first = &entries[0];
+    if first.index != last.index + 1 {
+        return Err(WalError::NonContiguous {
+            expected: last.index + 1,
+            got: first.index,
+        });
+    }
+    if first.term < last.term {
+        return Err(WalError::TermRegression {
+            index: first.index,
+            term: first.term,
+            previous: last.term,
+        });
+    }
+    Ok(())
+}
+
+/// Repairs what recovery found (cut torn tails, add missing footers, remove leftovers) and
+/// returns the segment to append to.
+fn finish_recovery(
+    shared: &Arc<Shared>,
+    segments: Vec<recovery::RecoveredSegment>,
+    reusable_tail: Option<(SegmentFile, Vec<u8>)>,
+    leftovers: Vec<PathBuf>,
+    recyclable: Vec<PathBuf>,
+    next_sequence: u64,
+) -> Result<ActiveSegment> {
+    let mut table = shared.segments.write();
+    for recovered in segments {
+        let segment = recovered.segment;
+        if !recovered.has_footer {
+            segment::repair_segment(&segment, recovered.scan_valid_end)?;
+        }
+        segment.closed.store(true, Ordering::Release);
+        table.push_back(Arc::new(segment));
+    }
+    for path in &leftovers {
+        fs::remove_file(path).map_err(|e| WalError::io("remove", path, e))?;
+    }
+    if shared.options.preallocation == Preallocation::Recycle {
+        let keep = recyclable
+            .len()
+            .min(shared.options.recycle_pool_segments_max);
+        let (kept, extra) = recyclable.split_at(keep);
+        shared.recycle_pool.lock().extend(kept.iter().cloned());
+        for path in extra {
+            fs::remove_file(path).map_err(|e| WalError::io("remove", path, e))?;
+        }
+    } else {
+        for path in &recyclable {
+            fs::remove_file(path).map_err(|e| WalError::io("remove", path, e))?;
+        }
+    }
+    let active = match reusable_tail {
+        Some((segment, header)) => {
+            ActiveSegment::reuse(Arc::new(segment), header, shared.options.segment_size_bytes)
+        }
+        None => {
+            let recycled = shared.take_recyclable();
+            let segment = segment::prepare_segment(&shared.prepare_spec(next_sequence, recycled))?;
+            ActiveSegment::fresh(
+                Arc::new(segment),
+                &shared.tablet_id,
+                shared.options.segment_size_bytes,
+            )
+        }
+    };
+    table.push_back(Arc::clone(active.segment()));
+    segment::sync_dir(&shared.dir)?;
+    Ok(active)
+}

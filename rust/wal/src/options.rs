@@ -1,0 +1,54 @@
+//! Settings of a log, with Kudu's defaults unless a measurement chose otherwise.
+
+use std::sync::Arc;
+
+use crate::faults::FaultInjection;
+use crate::segment::Preallocation;
+
+/// When the appender makes a group durable.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SyncPolicy {
+    /// One `fdatasync` per group commit; an append is acknowledged only after it.
+    Group,
+    /// No sync at all: entries are acknowledged once written to the page cache.
+    /// For tests and throwaway logs only.
+    None,
+}
+
+/// Settings of a log.
+#[derive(Clone, Debug)]
+pub struct LogOptions {
+    /// Size each segment is preallocated to; a segment rolls over before exceeding it
+    /// (a single batch larger than this gets a segment of its own).
+    pub segment_size_bytes: u64,
+    pub sync_policy: SyncPolicy,
+    /// Bytes of appended batches queued for the appender before appends block
+    /// (back-pressure). One batch larger than this is admitted alone.
+    pub queue_bytes_max: usize,
+    /// Closed segments GC always keeps, whatever the anchors say.
+    pub min_segments_to_retain: usize,
+    pub preallocation: Preallocation,
+    /// GC'd segment files kept for reuse (with `Preallocation::Recycle`).
+    pub recycle_pool_segments_max: usize,
+    /// Test-only fault injection (see `faults`); `None` in production.
+    pub fault_injection: Option<Arc<FaultInjection>>,
+}
+
+/// Default segment size (Kudu's is 8 MiB in nyala's DESIGN.md §8).
+pub const SEGMENT_SIZE_BYTES_DEFAULT: u64 = 8 << 20;
+/// Default bound of the append queue.
+pub const QUEUE_BYTES_MAX_DEFAULT: usize = 64 << 20;
+
+impl Default for LogOptions {
+    fn default() -> Self {
+        LogOptions {
+            segment_size_bytes: SEGMENT_SIZE_BYTES_DEFAULT,
+            sync_policy: SyncPolicy::Group,
+            queue_bytes_max: QUEUE_BYTES_MAX_DEFAULT,
+            min_segments_to_retain: 1,
+            preallocation: Preallocation::Fallocate,
+            recycle_pool_segments_max: 2,
+            fault_injection: None,
+        }
+    }
+}

@@ -1,0 +1,416 @@
+//! Segment files: naming, preparation (preallocation, recycling), scanning and closing.
+//!
+//! This module owns everything done to one segment file. It does not know about the queue,
+//! the index or other segments; `recovery` and `log` combine segments into a log.
+
+use std::fs::{self, File, OpenOptions};
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use nyala_common::{OpId, OpIndex};
+
+use crate::error::{Result, WalError};
+use crate::faults::FaultInjection;
+use crate::format::{self, BatchHeader, BatchKind, EntryMeta, Footer, HeaderError};
+use crate::metrics::Metrics;
+
+/// Prefix of segment file names (`wal-000000001`).
+pub const SEGMENT_PREFIX: &str = "wal-";
+/// Prefix of GC'd segment files kept for reuse.
+pub const RECYCLE_PREFIX: &str = "wal-recycle-";
+/// Suffix of a segment being prepared; such files never hold acknowledged entries.
+pub const PREPARING_SUFFIX: &str = ".tmp";
+
+/// How a new segment gets its disk space before it is written.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Preallocation {
+    /// `fallocate` the whole segment (unwritten extents), `ftruncate` where unsupported.
+    Fallocate,
+    /// Reuse a garbage-collected segment file whose blocks are already written (so a sync
+    /// after overwriting them needs no extent conversion); `Fallocate` when none is free.
+    Recycle,
+    /// Write zeros over the whole segment in the background before it is used.
+    ZeroFill,
+}
+
+/// The file name of segment `sequence`.
+pub fn segment_file_name(sequence: u64) -> String {
+    format!("{SEGMENT_PREFIX}{sequence:09}")
+}
+
+/// The sequence number in a segment file name, if it is one.
+pub fn parse_segment_name(name: &str) -> Option<u64> {
+    let digits = name.strip_prefix(SEGMENT_PREFIX)?;
+    if digits.len() < 9 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse().ok()
+}
+
+/// An open segment shared by the appender, readers, the background thread and GC.
+#[derive(Debug)]
+pub(crate) struct SegmentFile {
+    pub sequence: u64,
+    pub path: PathBuf,
+    pub file: File,
+    /// Entries in the segment and their lowest/highest index (0/0 while empty).
+    pub entry_count: AtomicU64,
+    pub min_index: AtomicU64,
+    pub max_index: AtomicU64,
+    /// Set once the footer is durable; only closed segments may be garbage-collected.
+    pub closed: AtomicBool,
+}
+
+impl SegmentFile {
+    pub(crate) fn new(sequence: u64, path: PathBuf, file: File) -> Self {
+        SegmentFile {
+            sequence,
+            path,
+            file,
+            entry_count: AtomicU64::new(0),
+            min_index: AtomicU64::new(0),
+            max_index: AtomicU64::new(0),
+            closed: AtomicBool::new(false),
+        }
+    }
+
+    /// Records entries `first..=last` as written into this segment.
+    pub(crate) fn note_entries(&self, first: OpIndex, last: OpIndex) {
+        let count = last - first + 1;
+        if self.entry_count.fetch_add(count, Ordering::Relaxed) == 0 {
+            self.min_index.store(first, Ordering::Relaxed);
+        } else {
+            self.min_index.fetch_min(first, Ordering::Relaxed);
+        }
+        self.max_index.fetch_max(last, Ordering::Relaxed);
+    }
+
+    pub(crate) fn footer(&self) -> Footer {
+        Footer {
+            entry_count: self.entry_count.load(Ordering::Relaxed),
+            min_index: self.min_index.load(Ordering::Relaxed),
+            max_index: self.max_index.load(Ordering::Relaxed),
+            sequence: self.sequence,
+        }
+    }
+
+    /// Reads exactly `len` bytes at `offset`.
+    pub(crate) fn read_at(&self, offset: u64, len: usize) -> Result<Vec<u8>> {
+        let mut buf = vec![0u8; len];
+        self.file
+            .read_exact_at(&mut buf, offset)
+            .map_err(|e| WalError::io("read", &self.path, e))?;
+        Ok(buf)
+    }
+}
+
+/// What `prepare_segment` needs to know.
+pub(crate) struct PrepareSpec<'a> {
+    pub dir: &'a Path,
+    pub tablet_id: &'a str,
+    pub sequence: u64,
+    pub capacity_bytes: u64,
+    pub preallocation: Preallocation,
+    /// A GC'd segment file to reuse (only with `Preallocation::Recycle`).
+    pub recycled: Option<PathBuf>,
+    pub faults: &'a FaultInjection,
+    pub metrics: &'a Metrics,
+}
+
+/// Creates segment `sequence` ready for appends: header page written, space allocated,
+/// durable under its final name. Prepared under a temporary name and renamed, so a crash
+/// leaves either nothing or a complete empty segment.
+pub(crate) fn prepare_segment(spec: &PrepareSpec<'_>) -> Result<SegmentFile> {
+    let final_path = spec.dir.join(segment_file_name(spec.sequence));
+    let temp_path = spec.dir.join(format!(
+        "{}{PREPARING_SUFFIX}",
+        segment_file_name(spec.sequence)
+    ));
+    let recycled = spec.recycled.is_some();
+    if let Some(old) = &spec.recycled {
+        fs::rename(old, &temp_path).map_err(|e| WalError::io("rename", old, e))?;
+    }
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(!recycled)
+        .open(&temp_path)
+        .map_err(|e| WalError::io("create", &temp_path, e))?;
+    let mut page = vec![0u8; format::PAGE_BYTES];
+    page[..format::SEGMENT_HEADER_BYTES].copy_from_slice(&format::encode_segment_header(
+        spec.tablet_id,
+        spec.sequence,
+    ));
+    file.write_all_at(&page, 0)
+        .map_err(|e| WalError::io("write", &temp_path, e))?;
+    match spec.preallocation {
+        Preallocation::ZeroFill if !recycled => zero_fill(&file, &temp_path, spec.capacity_bytes)?,
+        _ => preallocate(
+            &file,
+            &temp_path,
+            spec.capacity_bytes,
+            spec.faults,
+            spec.metrics,
+        )?,
+    }
+    file.sync_all()
+        .map_err(|e| WalError::io("fsync", &temp_path, e))?;
+    fs::rename(&temp_path, &final_path).map_err(|e| WalError::io("rename", &temp_path, e))?;
+    sync_dir(spec.dir)?;
+    let counter = if recycled {
+        &spec.metrics.segments_recycled
+    } else {
+        &spec.metrics.segments_created
+    };
+    Metrics::add(counter, 1);
+    Ok(SegmentFile::new(spec.sequence, final_path, file))
+}
+
+/// Reserves `len` bytes for the file: `fallocate`, or a sparse `ftruncate` where the file
+/// system does not support it (the first writes then allocate, and syncs cost more).
+fn preallocate(
+    file: &File,
+    path: &Path,
+    len: u64,
+    faults: &FaultInjection,
+    metrics: &Metrics,
+) -> Result<()> {
+    let result = if faults.fallocate_unsupported() {
+        Err(io::Error::from_raw_os_error(libc::EOPNOTSUPP))
+    } else {
+        fallocate(file, len)
+    };
+    match result {
+        Ok(()) => Ok(()),
+        Err(e)
+            if matches!(
+                e.raw_os_error(),
+                Some(libc::EOPNOTSUPP) | Some(libc::ENOSYS)
+            ) =>
+        {
+            Metrics::add(&metrics.fallocate_fallbacks, 1);
+            let current = file
+                .metadata()
+                .map_err(|e| WalError::io("stat", path, e))?
+                .len();
+            if current < len {
+                file.set_len(len)
+                    .map_err(|e| WalError::io("ftruncate", path, e))?;
+            }
+            Ok(())
+        }
+        Err(e) => Err(WalError::io("fallocate", path, e)),
+    }
+}
+
+fn fallocate(file: &File, len: u64) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: plain syscall on a descriptor we own; arguments are in range.
+    let rc = unsafe { libc::fallocate(file.as_raw_fd(), 0, 0, len as libc::off_t) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+fn zero_fill(file: &File, path: &Path, len: u64) -> Result<()> {
+    const CHUNK_BYTES: usize = 1 << 20;
+    let zeros = vec![0u8; CHUNK_BYTES];
+    let mut offset = format::PAGE_BYTES as u64;
+    while offset < len {
+        let n = ((len - offset) as usize).min(CHUNK_BYTES);
+        file.write_all_at(&zeros[..n], offset)
+            .map_err(|e| WalError::io("write", path, e))?;
+        offset += n as u64;
+    }
+    Ok(())
+}
+
+/// Makes directory entries (creations, renames, deletions) in `dir` durable.
+pub(crate) fn sync_dir(dir: &Path) -> Result<()> {
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| WalError::io("fsync directory", dir, e))
+}
+
+/// Writes the footer after the last batch, cuts the file there and makes it durable.
+pub(crate) fn close_segment(segment: &SegmentFile, write_end: u64) -> Result<()> {
+    let footer = format::encode_footer(&segment.footer());
+    let path = &segment.path;
+    segment
+        .file
+        .write_all_at(&footer, write_end)
+        .map_err(|e| WalError::io("write footer", path, e))?;
+    segment
+        .file
+        .set_len(write_end + format::FOOTER_BYTES as u64)
+        .map_err(|e| WalError::io("ftruncate", path, e))?;
+    segment
+        .file
+        .sync_all()
+        .map_err(|e| WalError::io("fsync", path, e))?;
+    segment.closed.store(true, Ordering::Release);
+    Ok(())
+}
+
+/// One valid batch found by a scan.
+#[derive(Debug)]
+pub(crate) struct ScannedBatch {
+    pub offset: u64,
+    pub header: BatchHeader,
+    pub entries: Vec<EntryMeta>,
+    /// For truncation records: the last entry kept.
+    pub last_kept: Option<OpId>,
+}
+
+/// The result of reading one segment file from start to end.
+#[derive(Debug)]
+pub(crate) struct SegmentScan {
+    /// The header was never written (crash while creating the file).
+    pub unformatted: bool,
+    pub batches: Vec<ScannedBatch>,
+    /// Offset just past the last valid batch.
+    pub valid_end: u64,
+    pub footer: Option<Footer>,
+    /// The first `SEGMENT_HEADER_BYTES` of the file (to reuse it for appends).
+    pub header_bytes: Vec<u8>,
+}
+
+/// Reads and checks segment `sequence` of `tablet_id`. A bad frame is the end of the data if
+/// no valid frame of this segment follows it (a torn or zeroed tail); otherwise it is
+/// corruption, reported with the file and offset.
+pub(crate) fn scan_segment(
+    path: &Path,
+    bytes: &[u8],
+    tablet_id: &str,
+    sequence: u64,
+) -> Result<SegmentScan> {
+    let mut scan = SegmentScan {
+        unformatted: false,
+        batches: Vec::new(),
+        valid_end: format::SEGMENT_HEADER_BYTES as u64,
+        footer: None,
+        header_bytes: bytes[..bytes.len().min(format::SEGMENT_HEADER_BYTES)].to_vec(),
+    };
+    match format::decode_segment_header(bytes) {
+        Ok(header) => {
+            if header.tablet_id != tablet_id {
+                let reason = format!("segment belongs to tablet {:?}", header.tablet_id);
+                return Err(WalError::corruption(path, 0, reason));
+            }
+            if header.sequence != sequence {
+                let reason = format!("header names sequence {}", header.sequence);
+                return Err(WalError::corruption(path, 0, reason));
+            }
+        }
+        Err(HeaderError::Unformatted) => {
+            scan.unformatted = true;
+            return Ok(scan);
+        }
+        Err(HeaderError::Invalid(reason)) => return Err(WalError::corruption(path, 0, reason)),
+        Err(HeaderError::Version(version)) => {
+            return Err(WalError::UnsupportedVersion {
+                path: path.to_owned(),
+                version,
+                supported: format::FORMAT_VERSION,
+            })
+        }
+    }
+    let mut pos = format::SEGMENT_HEADER_BYTES;
+    loop {
+        match read_frame(bytes, pos, sequence) {
+            Ok(Frame::Batch(batch)) => {
+                pos += batch.header.frame_len();
+                scan.batches.push(batch);
+                scan.valid_end = pos as u64;
+            }
+            Ok(Frame::Footer(footer)) => {
+                scan.footer = Some(footer);
+                return Ok(scan);
+            }
+            Err(reason) => {
+                if let Some(later) = find_valid_frame(bytes, pos + 1, sequence) {
+                    let reason = format!("{reason}; valid data follows at offset {later}");
+                    return Err(WalError::corruption(path, pos as u64, reason));
+                }
+                return Ok(scan);
+            }
+        }
+    }
+}
+
+enum Frame {
+    Batch(ScannedBatch),
+    Footer(Footer),
+}
+
+/// Decodes and fully verifies the frame at `pos` (header checksum, segment sequence,
+/// payload checksum, entry framing).
+fn read_frame(bytes: &[u8], pos: usize, sequence: u64) -> std::result::Result<Frame, &'static str> {
+    let rest = &bytes[pos.min(bytes.len())..];
+    if rest.starts_with(&format::FOOTER_MAGIC) {
+        let footer = format::decode_footer(rest)?;
+        if footer.sequence != sequence {
+            return Err("footer of another segment");
+        }
+        return Ok(Frame::Footer(footer));
+    }
+    let header = format::decode_batch_header(rest)?;
+    if header.sequence != sequence {
+        return Err("batch of another segment (recycled file)");
+    }
+    if rest.len() < header.frame_len() {
+        return Err("batch cut short");
+    }
+    let payload = &rest[format::BATCH_HEADER_BYTES..header.frame_len()];
+    if crc32c::crc32c(payload) != header.payload_crc {
+        return Err("batch payload checksum mismatch");
+    }
+    let (entries, last_kept) = match header.kind {
+        BatchKind::Entries => (format::decode_entries(payload, header.entry_count)?, None),
+        BatchKind::Truncate => (Vec::new(), Some(format::decode_truncate(payload)?)),
+    };
+    Ok(Frame::Batch(ScannedBatch {
+        offset: pos as u64,
+        header,
+        entries,
+        last_kept,
+    }))
+}
+
+/// The offset of the first fully valid frame of this segment at or after `from`, if any.
+fn find_valid_frame(bytes: &[u8], from: usize, sequence: u64) -> Option<usize> {
+    let last_start = bytes.len().checked_sub(4)?;
+    (from..=last_start).find(|&pos| {
+        let magic = &bytes[pos..pos + 4];
+        (magic == format::BATCH_MAGIC || magic == format::FOOTER_MAGIC)
+            && read_frame(bytes, pos, sequence).is_ok()
+    })
+}
+
+/// Cuts a segment whose tail is torn (or never closed) after its valid data and closes it
+/// with a footer, so every segment but the active one has a footer.
+pub(crate) fn repair_segment(segment: &SegmentFile, valid_end: u64) -> Result<()> {
+    segment
+        .file
+        .set_len(valid_end)
+        .map_err(|e| WalError::io("ftruncate", &segment.path, e))?;
+    close_segment(segment, valid_end)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn segment_names_round_trip() {
+        assert_eq!(segment_file_name(12), "wal-000000012");
+        assert_eq!(parse_segment_name("wal-000000012"), Some(12));
+        assert_eq!(parse_segment_name("wal-recycle-000000012"), None);
+        assert_eq!(parse_segment_name("wal-000000012.tmp"), None);
+    }
+}
