@@ -1,1 +1,27 @@
 //! The tablet storage engine: Arrow row operations, MemRowSet, Parquet DiskRowSets.
+//!
+//! A tablet replica hands committed op batches (Arrow IPC bytes, also its WAL payload) to an
+//! `Engine`, which applies them to an in-memory, key-sorted MemRowSet, flushes that to
+//! immutable Parquet DiskRowSets, compacts them, and answers merge-on-read scans. The engine
+//! owns the files in one tablet data directory and knows nothing of consensus or Python.
+//! On-disk formats: docs/storage-format.md.
+
+pub mod diskrowset;
+pub mod engine;
+pub mod error;
+pub mod key;
+pub mod manifest;
+pub mod memrowset;
+pub mod ops;
+pub mod predicate;
+pub mod scan;
+pub mod schema;
+
+pub use engine::{
+    ApplyResult, Engine, EngineOptions, EngineStats, FaultInjector, FaultPoint, Snapshot,
+};
+pub use error::{Result, StorageError};
+pub use ops::{encode_ipc, with_op_column, OpBatch, OpType, RowStatus, OP_COLUMN};
+pub use predicate::{Predicate, PredicateOp};
+pub use scan::{ScanResult, ScanSpec};
+pub use schema::{ColumnSchema, DataType, Schema, Value};

@@ -1,0 +1,603 @@
+//! DiskRowSets: immutable Parquet files sorted by primary key, each with a key bloom filter
+//! in a sidecar file, min/max keys in the Parquet footer and a lazily loaded exact key index.
+//!
+//! Files are named by rowset id (`rs-00000007.parquet`, `rs-00000007.bloom`). Columns are named
+//! as in the schema at write time and carry their column id in the Arrow field metadata; the
+//! hidden `__deleted` column marks tombstones. A rowset that compaction replaced deletes its
+//! files when the last reader, scan or tablet-copy snapshot holding it lets go.
+
+use std::fs::File;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
+
+use arrow::array::{ArrayRef, AsArray, BooleanArray, RecordBatch};
+use arrow::datatypes::{DataType as ArrowType, Field, Schema as ArrowSchema, SchemaRef};
+use parquet::arrow::arrow_reader::statistics::StatisticsConverter;
+use parquet::arrow::arrow_reader::{
+    ArrowPredicate, ArrowPredicateFn, ArrowReaderMetadata, ArrowReaderOptions,
+    ParquetRecordBatchReaderBuilder, RowFilter,
+};
+use parquet::arrow::{ArrowWriter, ProjectionMask};
+use parquet::basic::Compression;
+use parquet::file::metadata::KeyValue;
+use parquet::file::properties::WriterProperties;
+
+use crate::error::{Result, StorageError};
+use crate::key::{encode_keys, EncodedKeys, KeyBloom};
+use crate::memrowset::{Presence, DELETED_COLUMN};
+use crate::predicate::{ColumnStats, Predicate};
+use crate::schema::{field_column_id, Schema};
+
+const BLOOM_MAGIC: &[u8; 4] = b"NYBF";
+const BLOOM_VERSION: u16 = 1;
+/// Rows per Parquet row group: the unit of statistics pruning.
+pub const ROW_GROUP_ROWS: usize = 128 * 1024;
+/// Rows per batch handed out by readers.
+pub const READ_BATCH_ROWS: usize = 64 * 1024;
+
+/// The data file of rowset `id`.
+pub fn data_path(dir: &Path, id: u64) -> PathBuf {
+    dir.join(format!("rs-{id:08}.parquet"))
+}
+
+/// The bloom filter file of rowset `id`.
+pub fn bloom_path(dir: &Path, id: u64) -> PathBuf {
+    dir.join(format!("rs-{id:08}.bloom"))
+}
+
+/// The rowset id a file name belongs to, if it is a rowset file.
+pub fn parse_file_name(name: &str) -> Option<u64> {
+    let stem = name
+        .strip_prefix("rs-")?
+        .strip_suffix(".parquet")
+        .or_else(|| name.strip_prefix("rs-")?.strip_suffix(".bloom"))?;
+    stem.parse().ok()
+}
+
+/// A row filter over one file column: (column position, mask function).
+type ColumnFilter = (
+    usize,
+    Box<dyn Fn(&RecordBatch) -> Result<BooleanArray> + Send>,
+);
+
+/// The sorted keys of a rowset and which of them are tombstones.
+struct KeyIndex {
+    keys: EncodedKeys,
+    deleted: Vec<bool>,
+}
+
+/// One immutable, key-sorted rowset on disk.
+pub struct DiskRowSet {
+    id: u64,
+    path: PathBuf,
+    bloom_file: PathBuf,
+    rows: u64,
+    tombstones: u64,
+    min_key: Vec<u8>,
+    max_key: Vec<u8>,
+    metadata: ArrowReaderMetadata,
+    bloom: KeyBloom,
+    key_count: usize,
+    key_index: OnceLock<KeyIndex>,
+    /// Set when a compaction replaced this rowset: its files go when the last holder drops it.
+    obsolete: AtomicBool,
+}
+
+impl std::fmt::Debug for DiskRowSet {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DiskRowSet")
+            .field("id", &self.id)
+            .field("rows", &self.rows)
+            .field("tombstones", &self.tombstones)
+            .finish()
+    }
+}
+
+impl Drop for DiskRowSet {
+    fn drop(&mut self) {
+        if self.obsolete.load(Ordering::Acquire) {
+            // Best effort: a leftover is an orphan that the next open removes.
+            let _ = std::fs::remove_file(&self.path);
+            let _ = std::fs::remove_file(&self.bloom_file);
+        }
+    }
+}
+
+impl DiskRowSet {
+    /// Opens rowset `id` in `dir`, checking the bloom file's checksum and the footer.
+    pub fn open(dir: &Path, id: u64, key_count: usize) -> Result<DiskRowSet> {
+        let path = data_path(dir, id);
+        let bloom_file = bloom_path(dir, id);
+        let bloom = read_bloom(&bloom_file)?;
+        let file = File::open(&path).map_err(|e| open_error(&path, e))?;
+        let metadata = ArrowReaderMetadata::load(&file, ArrowReaderOptions::new())
+            .map_err(|e| StorageError::parquet(&path, e))?;
+        let kv = |key: &str| -> Result<String> {
+            metadata
+                .metadata()
+                .file_metadata()
+                .key_value_metadata()
+                .and_then(|all| all.iter().find(|kv| kv.key == key))
+                .and_then(|kv| kv.value.clone())
+                .ok_or_else(|| {
+                    StorageError::corruption(format!("{}: footer lacks {key}", path.display()))
+                })
+        };
+        let number = |key: &str| -> Result<u64> {
+            kv(key)?.parse().map_err(|_| {
+                StorageError::corruption(format!("{}: bad {key} in footer", path.display()))
+            })
+        };
+        let rows = number("nyala.rows")?;
+        let found_id = number("nyala.rowset_id")?;
+        let tombstones = number("nyala.tombstones")?;
+        let min_key = from_hex(&kv("nyala.min_key")?, &path)?;
+        let max_key = from_hex(&kv("nyala.max_key")?, &path)?;
+        let file_rows = metadata.metadata().file_metadata().num_rows() as u64;
+        if found_id != id || rows != file_rows || tombstones > rows || min_key > max_key {
+            return Err(StorageError::corruption(format!(
+                "{}: footer disagrees with the file (id {found_id}, rows {rows}/{file_rows})",
+                path.display()
+            )));
+        }
+        let schema = metadata.schema();
+        if schema.fields().len() <= key_count
+            || schema.field(schema.fields().len() - 1).name() != DELETED_COLUMN
+        {
+            return Err(StorageError::corruption(format!(
+                "{}: unexpected columns",
+                path.display()
+            )));
+        }
+        Ok(DiskRowSet {
+            id,
+            path,
+            bloom_file,
+            rows,
+            tombstones,
+            min_key,
+            max_key,
+            metadata,
+            bloom,
+            key_count,
+            key_index: OnceLock::new(),
+            obsolete: AtomicBool::new(false),
+        })
+    }
+
+    /// The rowset id (also its recency: higher ids hold newer data... except compaction
+    /// outputs, whose place in the list, not their id, gives their recency).
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// Rows in the file, tombstones included.
+    pub fn rows(&self) -> u64 {
+        self.rows
+    }
+
+    /// Tombstone rows in the file.
+    pub fn tombstones(&self) -> u64 {
+        self.tombstones
+    }
+
+    /// The smallest and largest encoded keys.
+    pub fn key_range(&self) -> (&[u8], &[u8]) {
+        (&self.min_key, &self.max_key)
+    }
+
+    /// The files making up this rowset.
+    pub fn files(&self) -> [&Path; 2] {
+        [&self.path, &self.bloom_file]
+    }
+
+    /// Marks the rowset replaced; its files are deleted when the last `Arc` drops.
+    pub(crate) fn mark_obsolete(&self) {
+        self.obsolete.store(true, Ordering::Release);
+    }
+
+    /// What this rowset says about `key`: the bloom filter answers most misses without I/O;
+    /// a possible hit loads (once) the exact key index.
+    pub fn presence(&self, key: &[u8]) -> Result<Presence> {
+        if key < self.min_key.as_slice() || key > self.max_key.as_slice() {
+            return Ok(Presence::Unknown);
+        }
+        if !self.bloom.may_contain(key) {
+            return Ok(Presence::Unknown);
+        }
+        let index = match self.key_index.get() {
+            Some(index) => index,
+            None => {
+                let loaded = self.load_key_index()?;
+                self.key_index.get_or_init(|| loaded)
+            }
+        };
+        let (mut low, mut high) = (0usize, index.keys.len());
+        while low < high {
+            let mid = (low + high) / 2;
+            match index.keys.get(mid).cmp(key) {
+                std::cmp::Ordering::Less => low = mid + 1,
+                std::cmp::Ordering::Greater => high = mid,
+                std::cmp::Ordering::Equal => {
+                    return Ok(if index.deleted[mid] {
+                        Presence::Deleted
+                    } else {
+                        Presence::Live
+                    })
+                }
+            }
+        }
+        Ok(Presence::Unknown)
+    }
+
+    fn load_key_index(&self) -> Result<KeyIndex> {
+        let deleted_at = self.metadata.schema().fields().len() - 1;
+        let mut wanted: Vec<usize> = (0..self.key_count).collect();
+        wanted.push(deleted_at);
+        let batches = self.read_raw(&wanted, Vec::new(), None, None)?;
+        let batch = concat(&batches, &self.path)?;
+        let keys = encode_keys(&batch.columns()[..self.key_count])?;
+        let deleted = batch
+            .column(self.key_count)
+            .as_boolean()
+            .values()
+            .iter()
+            .collect();
+        Ok(KeyIndex { keys, deleted })
+    }
+
+    /// Reads the columns at `file_columns` (positions in this file's schema), keeping only rows
+    /// that pass `filters` (each over one file column), from row groups `row_groups` (all if
+    /// None), stopping after `limit` rows.
+    fn read_raw(
+        &self,
+        file_columns: &[usize],
+        filters: Vec<ColumnFilter>,
+        row_groups: Option<Vec<usize>>,
+        limit: Option<usize>,
+    ) -> Result<Vec<RecordBatch>> {
+        let file = File::open(&self.path).map_err(|e| open_error(&self.path, e))?;
+        let parquet_schema = self.metadata.metadata().file_metadata().schema_descr_ptr();
+        let mut builder =
+            ParquetRecordBatchReaderBuilder::new_with_metadata(file, self.metadata.clone())
+                .with_batch_size(READ_BATCH_ROWS)
+                .with_projection(ProjectionMask::roots(
+                    &parquet_schema,
+                    file_columns.iter().copied(),
+                ));
+        if let Some(groups) = row_groups {
+            builder = builder.with_row_groups(groups);
+        }
+        if !filters.is_empty() {
+            let predicates: Vec<Box<dyn ArrowPredicate>> = filters
+                .into_iter()
+                .map(|(column, f)| {
+                    let mask = ProjectionMask::roots(&parquet_schema, [column]);
+                    Box::new(ArrowPredicateFn::new(mask, move |batch: RecordBatch| {
+                        f(&batch).map_err(|e| arrow::error::ArrowError::ExternalError(Box::new(e)))
+                    })) as Box<dyn ArrowPredicate>
+                })
+                .collect();
+            builder = builder.with_row_filter(RowFilter::new(predicates));
+        }
+        if let Some(limit) = limit {
+            builder = builder.with_limit(limit);
+        }
+        let reader = builder
+            .build()
+            .map_err(|e| StorageError::parquet(&self.path, e))?;
+        reader
+            .map(|b| {
+                b.map_err(|e| StorageError::arrow_internal(&self.path.display().to_string(), e))
+            })
+            .collect()
+    }
+
+    /// Reads the rows of this rowset as the schema's columns at `columns` (positions in
+    /// `schema`), plus `__deleted` when `with_deleted`; tombstones are dropped otherwise.
+    /// `predicates` are pushed into the reader (statistics pruning and row filters); `limit`
+    /// stops early. Columns the file predates read as their default (or null).
+    pub fn read(
+        &self,
+        schema: &Schema,
+        columns: &[usize],
+        predicates: &[Predicate],
+        with_deleted: bool,
+        limit: Option<usize>,
+    ) -> Result<Vec<RecordBatch>> {
+        let file_schema = self.metadata.schema().clone();
+        let file_index = |schema_column: usize| -> Option<usize> {
+            let id = schema.columns()[schema_column].id;
+            file_schema
+                .fields()
+                .iter()
+                .position(|f| field_column_id(f) == Some(id))
+        };
+        let deleted_at = file_schema.fields().len() - 1;
+        let mut filters: Vec<ColumnFilter> = Vec::new();
+        let mut keep_groups = vec![true; self.metadata.metadata().num_row_groups()];
+        for predicate in predicates {
+            let position = schema.index_of(&predicate.column).ok_or_else(|| {
+                StorageError::invalid(format!("no column {:?}", predicate.column))
+            })?;
+            let Some(at) = file_index(position) else {
+                // The file predates the column: every row has the fill value.
+                let fill = schema.columns()[position].fill(1)?;
+                if !predicate.evaluate(fill.as_ref())?.value(0) {
+                    return Ok(Vec::new());
+                }
+                continue;
+            };
+            let stats = self.column_stats(&file_schema, at)?;
+            for (keep, may) in keep_groups
+                .iter_mut()
+                .zip(predicate.row_groups_may_match(&stats)?)
+            {
+                *keep &= may;
+            }
+            let predicate = predicate.clone();
+            filters.push((
+                at,
+                Box::new(move |batch: &RecordBatch| predicate.evaluate(batch.column(0))),
+            ));
+        }
+        if !with_deleted && self.tombstones > 0 {
+            filters.push((
+                deleted_at,
+                Box::new(|batch: &RecordBatch| {
+                    Ok(arrow::compute::not(batch.column(0).as_boolean()).expect("boolean"))
+                }),
+            ));
+        }
+        let groups: Vec<usize> = (0..keep_groups.len()).filter(|g| keep_groups[*g]).collect();
+        let mut wanted: Vec<usize> = columns.iter().filter_map(|c| file_index(*c)).collect();
+        if with_deleted {
+            wanted.push(deleted_at);
+        }
+        wanted.sort_unstable();
+        wanted.dedup();
+        if groups.is_empty() {
+            return Ok(Vec::new());
+        }
+        let raw = self.read_raw(&wanted, filters, Some(groups), limit)?;
+        let out_schema = output_schema(schema, columns, with_deleted);
+        raw.into_iter()
+            .map(|batch| {
+                let mut arrays: Vec<ArrayRef> = Vec::with_capacity(columns.len() + 1);
+                for c in columns {
+                    arrays.push(match file_index(*c) {
+                        Some(at) => {
+                            let i = wanted.binary_search(&at).expect("projected");
+                            batch.column(i).clone()
+                        }
+                        None => schema.columns()[*c].fill(batch.num_rows())?,
+                    });
+                }
+                if with_deleted {
+                    arrays.push(batch.column(batch.num_columns() - 1).clone());
+                }
+                RecordBatch::try_new(out_schema.clone(), arrays)
+                    .map_err(|e| StorageError::arrow_internal("rowset read", e))
+            })
+            .collect()
+    }
+
+    fn column_stats(&self, file_schema: &SchemaRef, at: usize) -> Result<ColumnStats> {
+        let metadata = self.metadata.metadata();
+        let converter = StatisticsConverter::try_new(
+            file_schema.field(at).name(),
+            file_schema,
+            metadata.file_metadata().schema_descr(),
+        )
+        .map_err(|e| StorageError::parquet(&self.path, e))?;
+        let groups = metadata.row_groups();
+        let err = |e| StorageError::parquet(&self.path, e);
+        Ok(ColumnStats {
+            mins: converter.row_group_mins(groups).map_err(err)?,
+            maxes: converter.row_group_maxes(groups).map_err(err)?,
+            null_counts: converter.row_group_null_counts(groups).map_err(err)?,
+            row_counts: converter
+                .row_group_row_counts(groups)
+                .map_err(err)?
+                .unwrap_or_else(|| groups.iter().map(|g| g.num_rows() as u64).collect()),
+        })
+    }
+}
+
+/// The Arrow schema of a rowset read: the chosen schema columns (current names, nullable as
+/// stored), plus `__deleted` if asked for.
+pub fn output_schema(schema: &Schema, columns: &[usize], with_deleted: bool) -> SchemaRef {
+    let storage = crate::ops::storage_arrow_schema(schema);
+    let mut fields: Vec<Field> = columns.iter().map(|c| storage.field(*c).clone()).collect();
+    if with_deleted {
+        fields.push(Field::new(DELETED_COLUMN, ArrowType::Boolean, false));
+    }
+    Arc::new(ArrowSchema::new(fields))
+}
+
+/// Concatenates batches (all of one schema) into one.
+pub fn concat(batches: &[RecordBatch], path: &Path) -> Result<RecordBatch> {
+    let schema = batches
+        .first()
+        .map(|b| b.schema())
+        .unwrap_or_else(|| Arc::new(ArrowSchema::empty()));
+    arrow::compute::concat_batches(&schema, batches)
+        .map_err(|e| StorageError::arrow_internal(&path.display().to_string(), e))
+}
+
+/// Writes one rowset: sorted batches in, a durable Parquet file and bloom file out.
+pub struct RowSetWriter {
+    dir: PathBuf,
+    id: u64,
+    key_count: usize,
+    writer: Option<ArrowWriter<File>>,
+    bloom: KeyBloom,
+    rows: u64,
+    tombstones: u64,
+    min_key: Option<Vec<u8>>,
+    max_key: Option<Vec<u8>>,
+}
+
+impl RowSetWriter {
+    /// Starts rowset `id` in `dir` for rows of `schema` (storage layout + `__deleted`);
+    /// `expected_rows` sizes the bloom filter.
+    pub fn create(
+        dir: &Path,
+        id: u64,
+        schema: &Schema,
+        expected_rows: usize,
+    ) -> Result<RowSetWriter> {
+        let path = data_path(dir, id);
+        let file = File::create(&path).map_err(|e| StorageError::io(&path, e))?;
+        let props = WriterProperties::builder()
+            .set_compression(Compression::SNAPPY)
+            .set_max_row_group_row_count(Some(ROW_GROUP_ROWS))
+            .build();
+        let writer = ArrowWriter::try_new(
+            file,
+            output_schema(
+                schema,
+                &(0..schema.columns().len()).collect::<Vec<_>>(),
+                true,
+            ),
+            Some(props),
+        )
+        .map_err(|e| StorageError::parquet(&path, e))?;
+        Ok(RowSetWriter {
+            dir: dir.to_path_buf(),
+            id,
+            key_count: schema.key_count(),
+            writer: Some(writer),
+            bloom: KeyBloom::with_capacity(expected_rows),
+            rows: 0,
+            tombstones: 0,
+            min_key: None,
+            max_key: None,
+        })
+    }
+
+    /// Appends a batch whose keys are greater than every key written before.
+    pub fn write(&mut self, batch: &RecordBatch) -> Result<()> {
+        if batch.num_rows() == 0 {
+            return Ok(());
+        }
+        let keys = encode_keys(&batch.columns()[..self.key_count])?;
+        for i in 0..keys.len() {
+            let key = keys.get(i);
+            // Assert in pairs: sorted on the way in, checked again by readers' binary search.
+            assert!(
+                self.max_key.as_deref().is_none_or(|m| m < key),
+                "rowset rows must arrive in strictly increasing key order"
+            );
+            if self.min_key.is_none() {
+                self.min_key = Some(key.to_vec());
+            }
+            self.max_key = Some(key.to_vec());
+            self.bloom.insert(key);
+        }
+        let deleted = batch.column(batch.num_columns() - 1).as_boolean();
+        self.tombstones += deleted.true_count() as u64;
+        self.rows += batch.num_rows() as u64;
+        let path = data_path(&self.dir, self.id);
+        self.writer
+            .as_mut()
+            .expect("not finished")
+            .write(batch)
+            .map_err(|e| StorageError::parquet(&path, e))
+    }
+
+    /// Rows written so far.
+    pub fn rows(&self) -> u64 {
+        self.rows
+    }
+
+    /// Closes and fsyncs both files. Returns None (and removes the file) if no row was written.
+    pub fn finish(mut self) -> Result<Option<(u64, u64)>> {
+        let path = data_path(&self.dir, self.id);
+        let mut writer = self.writer.take().expect("finish once");
+        if self.rows == 0 {
+            drop(writer);
+            std::fs::remove_file(&path).map_err(|e| StorageError::io(&path, e))?;
+            return Ok(None);
+        }
+        let hex = |k: &Option<Vec<u8>>| to_hex(k.as_deref().expect("rows > 0"));
+        for (key, value) in [
+            ("nyala.rowset_id", self.id.to_string()),
+            ("nyala.rows", self.rows.to_string()),
+            ("nyala.tombstones", self.tombstones.to_string()),
+            ("nyala.min_key", hex(&self.min_key)),
+            ("nyala.max_key", hex(&self.max_key)),
+        ] {
+            writer.append_key_value_metadata(KeyValue::new(key.to_string(), value));
+        }
+        let file = writer
+            .into_inner()
+            .map_err(|e| StorageError::parquet(&path, e))?;
+        file.sync_all().map_err(|e| StorageError::io(&path, e))?;
+        write_bloom(&bloom_path(&self.dir, self.id), &self.bloom)?;
+        Ok(Some((self.rows, self.tombstones)))
+    }
+}
+
+fn write_bloom(path: &Path, bloom: &KeyBloom) -> Result<()> {
+    let body = bloom.to_bytes();
+    let mut image = Vec::with_capacity(12 + body.len());
+    image.extend_from_slice(BLOOM_MAGIC);
+    image.extend_from_slice(&BLOOM_VERSION.to_le_bytes());
+    image.extend_from_slice(&0u16.to_le_bytes());
+    image.extend_from_slice(&crc32c::crc32c(&body).to_le_bytes());
+    image.extend_from_slice(&body);
+    let mut file = File::create(path).map_err(|e| StorageError::io(path, e))?;
+    file.write_all(&image)
+        .map_err(|e| StorageError::io(path, e))?;
+    file.sync_all().map_err(|e| StorageError::io(path, e))
+}
+
+fn read_bloom(path: &Path) -> Result<KeyBloom> {
+    let image = std::fs::read(path).map_err(|e| open_error(path, e))?;
+    let bad = |what: &str| StorageError::corruption(format!("{}: {what}", path.display()));
+    if image.len() < 12 || &image[0..4] != BLOOM_MAGIC {
+        return Err(bad("not a bloom filter file"));
+    }
+    let version = u16::from_le_bytes([image[4], image[5]]);
+    if version != BLOOM_VERSION {
+        return Err(StorageError::NotSupported(format!(
+            "{}: bloom format version {version}",
+            path.display()
+        )));
+    }
+    let crc = u32::from_le_bytes(image[8..12].try_into().expect("4 bytes"));
+    if crc32c::crc32c(&image[12..]) != crc {
+        return Err(bad("bloom filter checksum mismatch"));
+    }
+    KeyBloom::from_bytes(&image[12..]).map_err(|_| bad("malformed bloom filter"))
+}
+
+fn open_error(path: &Path, err: std::io::Error) -> StorageError {
+    if err.kind() == std::io::ErrorKind::NotFound {
+        // A rowset listed in the manifest is missing: the tablet's data is damaged.
+        StorageError::corruption(format!("{}: rowset file missing", path.display()))
+    } else {
+        StorageError::io(path, err)
+    }
+}
+
+fn to_hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn from_hex(text: &str, path: &Path) -> Result<Vec<u8>> {
+    let bad = || StorageError::corruption(format!("{}: bad hex key in footer", path.display()));
+    if !text.len().is_multiple_of(2) {
+        return Err(bad());
+    }
+    (0..text.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(text.get(i..i + 2).ok_or_else(bad)?, 16).map_err(|_| bad()))
+        .collect()
+}
+
+/// Shared handle to a rowset.
+pub type RowSetRef = Arc<DiskRowSet>;

@@ -1,0 +1,751 @@
+//! The tablet storage engine: applies row-operation batches in op-index order, flushes and
+//! compacts rowsets off the apply path, serves consistent merge-on-read scans, persists the
+//! live rowset set with `last_flushed_index`, and pins files for tablet copy.
+//!
+//! Locking: `state` (a short-held `RwLock`) guards the in-memory structures; `maintenance`
+//! serialises flushes, compactions and schema changes, which do their file I/O without holding
+//! `state`, so writes and scans continue while a rowset is written (DESIGN.md §4-§6).
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use arrow::array::{AsArray, RecordBatch};
+use arrow::compute::filter_record_batch;
+use nyala_common::OpIndex;
+use parking_lot::{Condvar, Mutex, RwLock};
+
+use crate::diskrowset::{self, DiskRowSet, RowSetRef, RowSetWriter, READ_BATCH_ROWS};
+use crate::error::{Result, StorageError};
+use crate::key::encode_keys;
+use crate::manifest::{self, Manifest, RowSetEntry};
+use crate::memrowset::{MemRowSet, Presence};
+use crate::ops::{OpBatch, OpType, RowStatus};
+use crate::scan::{merge_sorted, ScanPlan, ScanResult, ScanSpec, Source};
+use crate::schema::Schema;
+
+/// A step of flush or compaction at which tests inject a crash or an I/O failure.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum FaultPoint {
+    /// Before the new rowset's files are created.
+    BeforeRowSetWrite,
+    /// The rowset's files are durable; the manifest still names the old set.
+    AfterRowSetWrite,
+    /// The new manifest is durable; memory still holds the old set.
+    AfterManifestWrite,
+}
+
+/// Called at each `FaultPoint`; an error aborts the flush or compaction there.
+pub type FaultInjector = Arc<dyn Fn(FaultPoint) -> std::io::Result<()> + Send + Sync>;
+
+/// Tunables of one engine.
+#[derive(Clone)]
+pub struct EngineOptions {
+    /// Apply freezes the MemRowSet and hands it to the flush thread at this size.
+    pub flush_threshold_bytes: usize,
+    /// Run threshold-triggered flushes on a background thread (otherwise only on request).
+    pub background_flush: bool,
+    /// Test hook (see `FaultPoint`).
+    pub fault_injector: Option<FaultInjector>,
+}
+
+impl Default for EngineOptions {
+    fn default() -> Self {
+        EngineOptions {
+            flush_threshold_bytes: 64 * 1024 * 1024,
+            background_flush: true,
+            fault_injector: None,
+        }
+    }
+}
+
+impl std::fmt::Debug for EngineOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EngineOptions")
+            .field("flush_threshold_bytes", &self.flush_threshold_bytes)
+            .field("background_flush", &self.background_flush)
+            .finish()
+    }
+}
+
+/// Per-row outcomes of one applied batch, in row order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ApplyResult {
+    pub statuses: Vec<RowStatus>,
+}
+
+impl ApplyResult {
+    /// Rows that did not end `OK`, with their positions.
+    pub fn errors(&self) -> impl Iterator<Item = (usize, RowStatus)> + '_ {
+        self.statuses
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| **s != RowStatus::Ok)
+            .map(|(i, s)| (i, *s))
+    }
+}
+
+/// Files making up a consistent image of the tablet's data at `last_flushed_index`, pinned
+/// against deletion until `Engine::release_snapshot(id)`.
+#[derive(Clone, Debug)]
+pub struct Snapshot {
+    pub id: u64,
+    pub last_flushed_index: OpIndex,
+    /// Rowset files (data and bloom), oldest rowset first.
+    pub files: Vec<PathBuf>,
+    /// The rowset manifest file image (metafile container) describing exactly these files.
+    pub manifest_image: Vec<u8>,
+}
+
+/// Counters describing an engine.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EngineStats {
+    pub mem_rows: usize,
+    pub mem_bytes: usize,
+    pub frozen_rows: usize,
+    pub rowsets: usize,
+    pub disk_rows: u64,
+    pub last_applied_index: OpIndex,
+    pub last_flushed_index: OpIndex,
+}
+
+struct Frozen {
+    mem: Arc<MemRowSet>,
+    /// Every op with index <= this is in `mem` or older rowsets.
+    flush_index: OpIndex,
+}
+
+struct State {
+    schema: Arc<Schema>,
+    active: MemRowSet,
+    frozen: Option<Frozen>,
+    /// Oldest first; a later rowset's version of a key shadows an earlier one's.
+    disk: Vec<RowSetRef>,
+    /// Invariant: last_flushed_index <= last_applied_index.
+    last_applied_index: OpIndex,
+    last_flushed_index: OpIndex,
+    next_rowset_id: u64,
+}
+
+impl State {
+    /// Whether `key` is live before the batch being applied (newest layer that knows wins).
+    fn is_live(&self, key: &[u8]) -> Result<bool> {
+        let mut layers = std::iter::once(self.active.presence(key))
+            .chain(self.frozen.iter().map(|f| f.mem.presence(key)));
+        if let Some(found) = layers.find(|p| *p != Presence::Unknown) {
+            return Ok(found == Presence::Live);
+        }
+        for rowset in self.disk.iter().rev() {
+            match rowset.presence(key)? {
+                Presence::Unknown => continue,
+                found => return Ok(found == Presence::Live),
+            }
+        }
+        Ok(false)
+    }
+
+    fn manifest(&self) -> Manifest {
+        Manifest {
+            last_flushed_index: self.last_flushed_index,
+            next_rowset_id: self.next_rowset_id,
+            schema: (*self.schema).clone(),
+            rowsets: self.disk.iter().map(|r| entry_of(r)).collect(),
+        }
+    }
+}
+
+fn entry_of(rowset: &DiskRowSet) -> RowSetEntry {
+    RowSetEntry {
+        id: rowset.id(),
+        rows: rowset.rows(),
+        tombstones: rowset.tombstones(),
+    }
+}
+
+#[derive(Default)]
+struct Worker {
+    flush_requested: bool,
+    stop: bool,
+}
+
+struct Shared {
+    dir: PathBuf,
+    options: EngineOptions,
+    state: RwLock<State>,
+    maintenance: Mutex<()>,
+    worker: Mutex<Worker>,
+    worker_wake: Condvar,
+    background_error: Mutex<Option<String>>,
+    pins: Mutex<HashMap<u64, Vec<RowSetRef>>>,
+    next_snapshot_id: AtomicU64,
+}
+
+/// One tablet replica's storage engine over its data directory.
+pub struct Engine {
+    shared: Arc<Shared>,
+    flusher: Option<JoinHandle<()>>,
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        self.shared.worker.lock().stop = true;
+        self.shared.worker_wake.notify_all();
+        if let Some(handle) = self.flusher.take() {
+            let _ = handle.join();
+        }
+    }
+}
+
+impl Engine {
+    /// Creates an empty engine in `dir` (created if needed) with `schema`.
+    pub fn create(dir: &Path, schema: Schema, options: EngineOptions) -> Result<Engine> {
+        std::fs::create_dir_all(dir).map_err(|e| StorageError::io(dir, e))?;
+        if manifest::manifest_path(dir).exists() {
+            return Err(StorageError::AlreadyPresent(format!(
+                "{}: a tablet's data already lives here",
+                dir.display()
+            )));
+        }
+        Manifest {
+            last_flushed_index: 0,
+            next_rowset_id: 1,
+            schema,
+            rowsets: Vec::new(),
+        }
+        .write(dir)?;
+        Engine::open(dir, options)
+    }
+
+    /// Opens the engine in `dir` from its manifest, deleting files no manifest names
+    /// (leftovers of a crash during flush or compaction).
+    pub fn open(dir: &Path, options: EngineOptions) -> Result<Engine> {
+        let manifest = Manifest::read(dir)?;
+        let key_count = manifest.schema.key_count();
+        let mut disk = Vec::with_capacity(manifest.rowsets.len());
+        for entry in &manifest.rowsets {
+            let rowset = DiskRowSet::open(dir, entry.id, key_count)?;
+            if entry_of(&rowset) != *entry {
+                return Err(StorageError::corruption(format!(
+                    "{}: rowset {} does not match the manifest",
+                    dir.display(),
+                    entry.id
+                )));
+            }
+            disk.push(Arc::new(rowset));
+        }
+        remove_orphans(dir, &manifest)?;
+        let state = State {
+            schema: Arc::new(manifest.schema),
+            active: MemRowSet::default(),
+            frozen: None,
+            disk,
+            last_applied_index: manifest.last_flushed_index,
+            last_flushed_index: manifest.last_flushed_index,
+            next_rowset_id: manifest.next_rowset_id,
+        };
+        let shared = Arc::new(Shared {
+            dir: dir.to_path_buf(),
+            options,
+            state: RwLock::new(state),
+            maintenance: Mutex::new(()),
+            worker: Mutex::new(Worker::default()),
+            worker_wake: Condvar::new(),
+            background_error: Mutex::new(None),
+            pins: Mutex::new(HashMap::new()),
+            next_snapshot_id: AtomicU64::new(1),
+        });
+        let flusher = if shared.options.background_flush {
+            let worker = shared.clone();
+            Some(
+                std::thread::Builder::new()
+                    .name("nyala-flush".into())
+                    .spawn(move || worker.run_flusher())
+                    .map_err(|e| StorageError::io(dir, e))?,
+            )
+        } else {
+            None
+        };
+        Ok(Engine { shared, flusher })
+    }
+
+    /// The current schema.
+    pub fn schema(&self) -> Arc<Schema> {
+        self.shared.state.read().schema.clone()
+    }
+
+    /// The data directory.
+    pub fn dir(&self) -> &Path {
+        &self.shared.dir
+    }
+
+    /// Every op with index <= this is durable in rowsets; WAL replay starts after it.
+    pub fn last_flushed_index(&self) -> OpIndex {
+        self.shared.state.read().last_flushed_index
+    }
+
+    /// The highest op index applied.
+    pub fn last_applied_index(&self) -> OpIndex {
+        self.shared.state.read().last_applied_index
+    }
+
+    /// Counters for monitoring and tests.
+    pub fn stats(&self) -> EngineStats {
+        let st = self.shared.state.read();
+        EngineStats {
+            mem_rows: st.active.len(),
+            mem_bytes: st.active.bytes(),
+            frozen_rows: st.frozen.as_ref().map_or(0, |f| f.mem.len()),
+            rowsets: st.disk.len(),
+            disk_rows: st.disk.iter().map(|r| r.rows()).sum(),
+            last_applied_index: st.last_applied_index,
+            last_flushed_index: st.last_flushed_index,
+        }
+    }
+
+    /// The error of the last failed background flush, if any (the data stays in memory and
+    /// the next flush retries).
+    pub fn background_error(&self) -> Option<String> {
+        self.shared.background_error.lock().clone()
+    }
+
+    /// Decodes and validates Arrow IPC op-batch bytes against the current schema.
+    pub fn decode(&self, data: arrow::buffer::Buffer) -> Result<OpBatch> {
+        OpBatch::decode_ipc(data, &self.schema())
+    }
+
+    /// Validates an op record batch against the current schema.
+    pub fn validate(&self, batch: &RecordBatch) -> Result<OpBatch> {
+        OpBatch::from_record_batch(batch, &self.schema())
+    }
+
+    /// Encodes the key of each row of `keys` (the key columns, by name, in key order) for use
+    /// as scan bounds.
+    pub fn encode_keys(&self, keys: &RecordBatch) -> Result<Vec<Vec<u8>>> {
+        let schema = self.schema();
+        let mut columns = Vec::with_capacity(schema.key_count());
+        for column in schema.key_columns() {
+            let array = keys.column_by_name(&column.name).ok_or_else(|| {
+                StorageError::invalid(format!("key bound lacks column {:?}", column.name))
+            })?;
+            if *array.data_type() != column.data_type.arrow() {
+                return Err(StorageError::invalid(format!(
+                    "key bound column {:?} must be {}",
+                    column.name,
+                    column.data_type.name()
+                )));
+            }
+            columns.push(array.clone());
+        }
+        let encoded = encode_keys(&columns)?;
+        Ok((0..encoded.len())
+            .map(|i| encoded.get(i).to_vec())
+            .collect())
+    }
+
+    /// Applies `batch` as op `op_index` (which must exceed every index applied before).
+    /// Deterministic: the same batches in the same order give the same rows and statuses.
+    /// Nothing is applied if an error is returned.
+    pub fn apply(&self, batch: &OpBatch, op_index: OpIndex) -> Result<ApplyResult> {
+        let mut st = self.shared.state.write();
+        if batch.schema_version != st.schema.version() {
+            return Err(StorageError::invalid(format!(
+                "batch was validated against schema version {}, the tablet is at {}",
+                batch.schema_version,
+                st.schema.version()
+            )));
+        }
+        if op_index <= st.last_applied_index {
+            return Err(StorageError::IllegalState(format!(
+                "op index {op_index} is not after the last applied {}",
+                st.last_applied_index
+            )));
+        }
+        // Phase 1, no side effects: liveness before this batch of every key an op must check.
+        let all_upserts = batch.ops.iter().all(|op| *op == OpType::Upsert);
+        let mut live_before = Vec::new();
+        if !all_upserts {
+            live_before.reserve(batch.len());
+            for (i, op) in batch.ops.iter().enumerate() {
+                let needs = *op != OpType::Upsert;
+                live_before.push(needs && st.is_live(batch.keys.get(i))?);
+            }
+        }
+        // Phase 2: apply, tracking this batch's own effects for keys it repeats.
+        let number = st.active.push_batch(batch, op_index)?;
+        let mut statuses = vec![RowStatus::Ok; batch.len()];
+        let mut touched: HashMap<&[u8], bool> = HashMap::new();
+        for (i, op) in batch.ops.iter().enumerate() {
+            let key = batch.keys.get(i);
+            if all_upserts {
+                st.active.put(key, number, i, *op);
+                continue;
+            }
+            let live = touched.get(key).copied().unwrap_or(live_before[i]);
+            let (status, write) = decide(*op, live);
+            statuses[i] = status;
+            if write {
+                st.active.put(key, number, i, *op);
+                touched.insert(key, !op.is_delete());
+            }
+        }
+        st.last_applied_index = op_index;
+        if self.shared.options.background_flush
+            && st.frozen.is_none()
+            && st.active.bytes() >= self.shared.options.flush_threshold_bytes
+        {
+            freeze(&mut st);
+            drop(st);
+            self.shared.worker.lock().flush_requested = true;
+            self.shared.worker_wake.notify_one();
+        }
+        Ok(ApplyResult { statuses })
+    }
+
+    /// Flushes everything applied so far into a new DiskRowSet and persists the new rowset set
+    /// with `last_flushed_index` = the last applied index. Writes continue meanwhile (into a
+    /// fresh MemRowSet). Returns the new rowset's id, if any rows were written.
+    pub fn flush(&self) -> Result<Option<u64>> {
+        let _maintenance = self.shared.maintenance.lock();
+        self.shared.flush_frozen_locked()?;
+        freeze(&mut self.shared.state.write());
+        self.shared.flush_frozen_locked()
+    }
+
+    /// Merges every DiskRowSet into one, dropping shadowed versions and tombstones. Writes and
+    /// scans continue meanwhile; replaced files go when no scan or snapshot holds them.
+    pub fn compact(&self) -> Result<bool> {
+        let _maintenance = self.shared.maintenance.lock();
+        self.shared.compact_locked()
+    }
+
+    /// Reads rows in key order from a consistent view of the tablet.
+    pub fn scan(&self, spec: &ScanSpec) -> Result<ScanResult> {
+        let st = self.shared.state.read();
+        let schema = st.schema.clone();
+        let plan = ScanPlan::new(&schema, spec)?;
+        let mut sources = Vec::with_capacity(st.disk.len() + 2);
+        if let Some((min, max)) = st.active.key_range() {
+            let gathered = st.active.sorted_batches(
+                &plan.work,
+                spec.lower_bound.as_deref(),
+                spec.upper_bound.as_deref(),
+                READ_BATCH_ROWS,
+            )?;
+            sources.push(Source::Gathered(gathered, min.to_vec(), max.to_vec()));
+        }
+        if let Some(frozen) = &st.frozen {
+            sources.push(Source::Frozen(frozen.mem.clone()));
+        }
+        sources.extend(st.disk.iter().rev().map(|r| Source::Disk(r.clone())));
+        drop(st);
+        plan.run(sources)
+    }
+
+    /// Changes the schema as op `op_index`. Everything in memory is flushed under the old
+    /// schema first (writes wait for that flush: schema changes are rare), then the new schema
+    /// and `last_flushed_index = op_index` are persisted together.
+    pub fn alter_schema(&self, next: Schema, op_index: OpIndex) -> Result<()> {
+        let _maintenance = self.shared.maintenance.lock();
+        self.shared.flush_frozen_locked()?;
+        let mut st = self.shared.state.write();
+        st.schema.check_successor(&next)?;
+        if op_index <= st.last_applied_index {
+            return Err(StorageError::IllegalState(format!(
+                "op index {op_index} is not after the last applied {}",
+                st.last_applied_index
+            )));
+        }
+        freeze(&mut st);
+        if let Some(frozen) = st.frozen.take() {
+            let id = st.next_rowset_id;
+            st.next_rowset_id += 1;
+            let written =
+                self.shared
+                    .write_mem_rowset(&frozen.mem, &st.schema, st.disk.is_empty(), id);
+            match written {
+                Ok(Some(rowset)) => st.disk.push(rowset),
+                Ok(None) => {}
+                Err(e) => {
+                    st.frozen = Some(frozen);
+                    return Err(e);
+                }
+            }
+        }
+        let mut manifest = st.manifest();
+        manifest.schema = next.clone();
+        manifest.last_flushed_index = op_index;
+        manifest.write(&self.shared.dir)?;
+        st.schema = Arc::new(next);
+        st.last_applied_index = op_index;
+        st.last_flushed_index = op_index;
+        Ok(())
+    }
+
+    /// Pins the current rowsets and describes them for tablet copy.
+    pub fn snapshot(&self) -> Result<Snapshot> {
+        // Under the maintenance lock the manifest on disk is exactly the in-memory rowset set.
+        let _maintenance = self.shared.maintenance.lock();
+        let st = self.shared.state.read();
+        let files = st
+            .disk
+            .iter()
+            .flat_map(|r| r.files().map(Path::to_path_buf))
+            .collect();
+        let manifest_image = manifest::container(&st.manifest().encode());
+        let id = self.shared.next_snapshot_id.fetch_add(1, Ordering::Relaxed);
+        self.shared.pins.lock().insert(id, st.disk.clone());
+        Ok(Snapshot {
+            id,
+            last_flushed_index: st.last_flushed_index,
+            files,
+            manifest_image,
+        })
+    }
+
+    /// Releases a snapshot's pins; files compaction replaced meanwhile are deleted now.
+    pub fn release_snapshot(&self, id: u64) -> Result<()> {
+        self.shared
+            .pins
+            .lock()
+            .remove(&id)
+            .map(drop)
+            .ok_or_else(|| StorageError::NotFound(format!("no snapshot {id}")))
+    }
+}
+
+/// What an op does given whether its key is live: (status, whether to write the row).
+fn decide(op: OpType, live: bool) -> (RowStatus, bool) {
+    match (op, live) {
+        (OpType::Upsert, _) => (RowStatus::Ok, true),
+        (OpType::Insert, true) => (RowStatus::AlreadyPresent, false),
+        (OpType::InsertIgnore, true) => (RowStatus::Ok, false),
+        (OpType::Insert | OpType::InsertIgnore, false) => (RowStatus::Ok, true),
+        (OpType::Update | OpType::Delete, false) => (RowStatus::NotFound, false),
+        (OpType::UpdateIgnore | OpType::DeleteIgnore, false) => (RowStatus::Ok, false),
+        (OpType::Update | OpType::UpdateIgnore | OpType::Delete | OpType::DeleteIgnore, true) => {
+            (RowStatus::Ok, true)
+        }
+    }
+}
+
+/// Moves the active MemRowSet behind an `Arc` for flushing (a no-op while another is frozen).
+/// An empty one is frozen too when ops were applied since the last flush, so the flush can
+/// advance `last_flushed_index`.
+fn freeze(st: &mut State) {
+    if st.frozen.is_some() {
+        return;
+    }
+    let flush_index = st.last_applied_index;
+    if st.active.is_empty() && flush_index == st.last_flushed_index {
+        return;
+    }
+    let mem = std::mem::take(&mut st.active);
+    st.frozen = Some(Frozen {
+        mem: Arc::new(mem),
+        flush_index,
+    });
+}
+
+impl Shared {
+    fn fault(&self, point: FaultPoint) -> Result<()> {
+        match &self.options.fault_injector {
+            Some(inject) => inject(point).map_err(|e| StorageError::io(&self.dir, e)),
+            None => Ok(()),
+        }
+    }
+
+    fn run_flusher(&self) {
+        loop {
+            {
+                let mut worker = self.worker.lock();
+                while !worker.flush_requested && !worker.stop {
+                    self.worker_wake.wait(&mut worker);
+                }
+                if worker.stop {
+                    return;
+                }
+                worker.flush_requested = false;
+            }
+            let _maintenance = self.maintenance.lock();
+            let outcome = self.flush_frozen_locked();
+            *self.background_error.lock() = outcome.err().map(|e| e.to_string());
+        }
+    }
+
+    /// Writes the frozen MemRowSet (if any) and installs it. Caller holds `maintenance`.
+    fn flush_frozen_locked(&self) -> Result<Option<u64>> {
+        let (mem, flush_index, schema, no_older, id) = {
+            let mut st = self.state.write();
+            let Some(frozen) = &st.frozen else {
+                return Ok(None);
+            };
+            let taken = (
+                frozen.mem.clone(),
+                frozen.flush_index,
+                st.schema.clone(),
+                st.disk.is_empty(),
+                st.next_rowset_id,
+            );
+            st.next_rowset_id += 1;
+            taken
+        };
+        let rowset = self.write_mem_rowset(&mem, &schema, no_older, id)?;
+        let manifest = {
+            let st = self.state.read();
+            let mut manifest = st.manifest();
+            manifest.rowsets.extend(rowset.iter().map(|r| entry_of(r)));
+            manifest.last_flushed_index = flush_index;
+            manifest
+        };
+        manifest.write(&self.dir)?;
+        let mut st = self.state.write();
+        let new_id = rowset.as_ref().map(|r| r.id());
+        st.disk.extend(rowset);
+        st.frozen = None;
+        st.last_flushed_index = flush_index;
+        drop(st);
+        self.fault(FaultPoint::AfterManifestWrite)?;
+        Ok(new_id)
+    }
+
+    /// Writes `mem` as rowset `id` and opens it. With `drop_tombstones` (no older rowset
+    /// exists) deletions are not written at all.
+    fn write_mem_rowset(
+        &self,
+        mem: &MemRowSet,
+        schema: &Schema,
+        drop_tombstones: bool,
+        id: u64,
+    ) -> Result<Option<RowSetRef>> {
+        if mem.is_empty() {
+            return Ok(None);
+        }
+        self.fault(FaultPoint::BeforeRowSetWrite)?;
+        let columns: Vec<usize> = (0..schema.columns().len()).collect();
+        let batches = mem.sorted_batches(&columns, None, None, READ_BATCH_ROWS)?;
+        self.write_rowset(
+            id,
+            schema,
+            mem.len(),
+            batches.into_iter().map(Ok),
+            drop_tombstones,
+        )
+    }
+
+    fn write_rowset(
+        &self,
+        id: u64,
+        schema: &Schema,
+        expected_rows: usize,
+        batches: impl Iterator<Item = Result<RecordBatch>>,
+        drop_tombstones: bool,
+    ) -> Result<Option<RowSetRef>> {
+        let outcome = (|| {
+            let mut writer = RowSetWriter::create(&self.dir, id, schema, expected_rows)?;
+            for batch in batches {
+                let batch = batch?;
+                let batch = if drop_tombstones {
+                    let deleted = batch.column(batch.num_columns() - 1).as_boolean();
+                    if deleted.true_count() == 0 {
+                        batch
+                    } else {
+                        let live = arrow::compute::not(deleted).expect("boolean");
+                        filter_record_batch(&batch, &live)
+                            .map_err(|e| StorageError::arrow_internal("flush", e))?
+                    }
+                } else {
+                    batch
+                };
+                writer.write(&batch)?;
+            }
+            writer.finish()
+        })();
+        match outcome {
+            Ok(None) => Ok(None),
+            Ok(Some(_)) => {
+                self.fault(FaultPoint::AfterRowSetWrite)?;
+                let rowset = DiskRowSet::open(&self.dir, id, schema.key_count())?;
+                Ok(Some(Arc::new(rowset)))
+            }
+            Err(e) => {
+                // Best effort; a leftover is an orphan that the next open removes.
+                let _ = std::fs::remove_file(diskrowset::data_path(&self.dir, id));
+                let _ = std::fs::remove_file(diskrowset::bloom_path(&self.dir, id));
+                Err(e)
+            }
+        }
+    }
+
+    /// Merges all DiskRowSets into one. Caller holds `maintenance`.
+    fn compact_locked(&self) -> Result<bool> {
+        let (schema, inputs, id) = {
+            let mut st = self.state.write();
+            let worth = st.disk.len() > 1 || st.disk.iter().any(|r| r.tombstones() > 0);
+            if !worth {
+                return Ok(false);
+            }
+            let id = st.next_rowset_id;
+            st.next_rowset_id += 1;
+            (st.schema.clone(), st.disk.clone(), id)
+        };
+        self.fault(FaultPoint::BeforeRowSetWrite)?;
+        let columns: Vec<usize> = (0..schema.columns().len()).collect();
+        let mut loaded = Vec::with_capacity(inputs.len());
+        for rowset in inputs.iter().rev() {
+            let batches = rowset.read(&schema, &columns, &[], true, None)?;
+            let out = diskrowset::output_schema(&schema, &columns, true);
+            loaded.push(
+                arrow::compute::concat_batches(&out, &batches)
+                    .map_err(|e| StorageError::arrow_internal("compaction", e))?,
+            );
+        }
+        let key_positions: Vec<usize> = (0..schema.key_count()).collect();
+        let merged = merge_sorted(&loaded, &key_positions, true, READ_BATCH_ROWS)?;
+        let expected: usize = merged.iter().map(|b| b.num_rows()).sum();
+        drop(loaded);
+        let output = self.write_rowset(id, &schema, expected, merged.into_iter().map(Ok), false)?;
+        let manifest = {
+            let st = self.state.read();
+            assert_eq!(
+                st.disk.iter().map(|r| r.id()).collect::<Vec<_>>(),
+                inputs.iter().map(|r| r.id()).collect::<Vec<_>>(),
+                "maintenance lock keeps the rowset set fixed during compaction"
+            );
+            let mut manifest = st.manifest();
+            manifest.rowsets = output.iter().map(|r| entry_of(r)).collect();
+            manifest
+        };
+        manifest.write(&self.dir)?;
+        {
+            let mut st = self.state.write();
+            st.disk = output.into_iter().collect();
+        }
+        for rowset in &inputs {
+            rowset.mark_obsolete();
+        }
+        self.fault(FaultPoint::AfterManifestWrite)?;
+        Ok(true)
+    }
+}
+
+/// Deletes rowset files and temp files that the manifest does not name.
+fn remove_orphans(dir: &Path, manifest: &Manifest) -> Result<()> {
+    let live: std::collections::HashSet<u64> = manifest.rowsets.iter().map(|r| r.id).collect();
+    let entries = std::fs::read_dir(dir).map_err(|e| StorageError::io(dir, e))?;
+    for entry in entries {
+        let entry = entry.map_err(|e| StorageError::io(dir, e))?;
+        let name = entry.file_name();
+        let Some(name) = name.to_str() else { continue };
+        let orphan = match diskrowset::parse_file_name(name) {
+            Some(id) => !live.contains(&id),
+            None => name.ends_with(".tmp"),
+        };
+        if orphan {
+            let path = entry.path();
+            std::fs::remove_file(&path).map_err(|e| StorageError::io(&path, e))?;
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,310 @@
+//! Row-operation batches: the Arrow record batch (and its IPC bytes, which are also the WAL
+//! payload) that carries a tablet's writes, and its validation against the table schema.
+//!
+//! Decoding never trusts its input: the IPC bytes, the column set, the types, the op codes and
+//! nulls are all checked before anything is applied, and every problem is `InvalidArgument`.
+
+use std::sync::Arc;
+
+use arrow::array::{new_null_array, Array, ArrayRef, AsArray, RecordBatch, UInt8Array};
+use arrow::buffer::Buffer;
+use arrow::compute::cast;
+use arrow::datatypes::{DataType as ArrowType, Field, Schema as ArrowSchema, SchemaRef, TimeUnit};
+use arrow::ipc::reader::StreamDecoder;
+use arrow::ipc::writer::StreamWriter;
+
+use crate::error::{Result, StorageError};
+use crate::key::{encode_keys, EncodedKeys};
+use crate::schema::{DataType, Schema};
+
+/// Name of the op-type column in an op batch.
+pub const OP_COLUMN: &str = "__op";
+/// Most rows one op batch may carry.
+pub const OP_BATCH_ROWS_MAX: usize = 1 << 20;
+/// Largest IPC payload accepted for one op batch, in bytes (the RPC message limit).
+pub const OP_BATCH_BYTES_MAX: usize = 64 * 1024 * 1024;
+
+/// The kind of one row operation (the values of the `__op` column, a non-null `uint8`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum OpType {
+    /// Adds a row; `ALREADY_PRESENT` if the key exists.
+    Insert = 1,
+    /// Adds a row; an existing key is left alone and reported `OK`.
+    InsertIgnore = 2,
+    /// Adds the row or replaces the existing one.
+    Upsert = 3,
+    /// Replaces an existing row; `NOT_FOUND` if the key is absent.
+    Update = 4,
+    /// Replaces an existing row; an absent key is reported `OK`.
+    UpdateIgnore = 5,
+    /// Removes a row; `NOT_FOUND` if the key is absent. Needs only the key columns.
+    Delete = 6,
+    /// Removes a row; an absent key is reported `OK`.
+    DeleteIgnore = 7,
+}
+
+impl OpType {
+    /// Parses an op code.
+    pub fn from_code(code: u8) -> Option<OpType> {
+        Some(match code {
+            1 => OpType::Insert,
+            2 => OpType::InsertIgnore,
+            3 => OpType::Upsert,
+            4 => OpType::Update,
+            5 => OpType::UpdateIgnore,
+            6 => OpType::Delete,
+            7 => OpType::DeleteIgnore,
+            _ => return None,
+        })
+    }
+
+    /// True for the two delete kinds, which need only key columns.
+    pub const fn is_delete(self) -> bool {
+        matches!(self, OpType::Delete | OpType::DeleteIgnore)
+    }
+}
+
+/// The outcome of one row of an op batch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum RowStatus {
+    Ok = 0,
+    AlreadyPresent = 1,
+    NotFound = 2,
+}
+
+/// A validated op batch, normalised to the table's column order.
+#[derive(Debug)]
+pub struct OpBatch {
+    /// The table's columns in schema order, typed as `Schema::arrow_schema` but with every
+    /// non-key field nullable (delete rows carry no values).
+    pub(crate) rows: RecordBatch,
+    /// One op code per row, all valid `OpType`s.
+    pub(crate) ops: Vec<OpType>,
+    pub(crate) keys: EncodedKeys,
+    /// The schema version the batch was validated against.
+    pub(crate) schema_version: u32,
+}
+
+impl OpBatch {
+    /// The number of row operations.
+    pub fn len(&self) -> usize {
+        self.ops.len()
+    }
+
+    /// True if the batch has no rows.
+    pub fn is_empty(&self) -> bool {
+        self.ops.is_empty()
+    }
+
+    /// Decodes Arrow IPC stream bytes (one schema message and exactly one record batch)
+    /// without copying column data, then validates it like `from_record_batch`.
+    pub fn decode_ipc(data: Buffer, schema: &Schema) -> Result<OpBatch> {
+        if data.len() > OP_BATCH_BYTES_MAX {
+            return Err(StorageError::invalid(format!(
+                "op batch is {} bytes, more than {OP_BATCH_BYTES_MAX}",
+                data.len()
+            )));
+        }
+        let mut decoder = StreamDecoder::new();
+        let mut buffer = data;
+        let mut batch = None;
+        while !buffer.is_empty() {
+            let decoded = decoder
+                .decode(&mut buffer)
+                .map_err(|e| StorageError::invalid(format!("malformed Arrow IPC op batch: {e}")))?;
+            if let Some(decoded) = decoded {
+                if batch.replace(decoded).is_some() {
+                    return Err(StorageError::invalid(
+                        "an op batch must hold exactly one record batch",
+                    ));
+                }
+            }
+        }
+        decoder
+            .finish()
+            .map_err(|e| StorageError::invalid(format!("truncated Arrow IPC op batch: {e}")))?;
+        let batch = batch
+            .ok_or_else(|| StorageError::invalid("Arrow IPC op batch holds no record batch"))?;
+        OpBatch::from_record_batch(&batch, schema)
+    }
+
+    /// Validates a record batch of row operations against `schema`.
+    pub fn from_record_batch(batch: &RecordBatch, schema: &Schema) -> Result<OpBatch> {
+        if batch.num_rows() > OP_BATCH_ROWS_MAX {
+            return Err(StorageError::invalid(format!(
+                "op batch has {} rows, more than {OP_BATCH_ROWS_MAX}",
+                batch.num_rows()
+            )));
+        }
+        let ops = op_codes(batch)?;
+        let only_deletes = ops.iter().all(|op| op.is_delete());
+        let mut columns: Vec<Option<ArrayRef>> = vec![None; schema.columns().len()];
+        for (field, column) in batch.schema().fields().iter().zip(batch.columns()) {
+            if field.name() == OP_COLUMN {
+                continue;
+            }
+            let index = schema.index_of(field.name()).ok_or_else(|| {
+                StorageError::invalid(format!("op batch has unknown column {:?}", field.name()))
+            })?;
+            if columns[index].is_some() {
+                return Err(StorageError::invalid(format!(
+                    "op batch has column {:?} twice",
+                    field.name()
+                )));
+            }
+            let wanted = schema.columns()[index].data_type;
+            columns[index] = Some(conform(column, wanted, field.name())?);
+        }
+        let mut filled = Vec::with_capacity(columns.len());
+        for (index, (column, spec)) in columns.into_iter().zip(schema.columns()).enumerate() {
+            let is_key = index < schema.key_count();
+            let column = match column {
+                Some(column) => column,
+                None if only_deletes && !is_key => {
+                    new_null_array(&spec.data_type.arrow(), batch.num_rows())
+                }
+                None => {
+                    return Err(StorageError::invalid(format!(
+                        "op batch lacks column {:?} (only deletes may omit non-key columns)",
+                        spec.name
+                    )))
+                }
+            };
+            if column.null_count() > 0 && (is_key || !spec.nullable) {
+                check_nulls_only_on_deletes(&column, &ops, is_key, &spec.name)?;
+            }
+            filled.push(column);
+        }
+        let keys = encode_keys(&filled[..schema.key_count()])?;
+        let rows = RecordBatch::try_new(storage_arrow_schema(schema), filled)
+            .map_err(|e| StorageError::invalid(format!("op batch columns do not fit: {e}")))?;
+        Ok(OpBatch {
+            rows,
+            ops,
+            keys,
+            schema_version: schema.version(),
+        })
+    }
+}
+
+/// The Arrow schema of stored rows: the table's fields, with non-key fields nullable because
+/// tombstones carry only a key.
+pub fn storage_arrow_schema(schema: &Schema) -> SchemaRef {
+    let table = schema.arrow_schema();
+    let fields: Vec<Field> = table
+        .fields()
+        .iter()
+        .enumerate()
+        .map(|(i, f)| f.as_ref().clone().with_nullable(i >= schema.key_count()))
+        .collect();
+    Arc::new(ArrowSchema::new(fields))
+}
+
+fn op_codes(batch: &RecordBatch) -> Result<Vec<OpType>> {
+    let column = batch
+        .column_by_name(OP_COLUMN)
+        .ok_or_else(|| StorageError::invalid(format!("op batch lacks the {OP_COLUMN:?} column")))?;
+    let codes: &UInt8Array = column.as_primitive_opt().ok_or_else(|| {
+        StorageError::invalid(format!(
+            "{OP_COLUMN:?} must be uint8, got {}",
+            column.data_type()
+        ))
+    })?;
+    if codes.null_count() > 0 {
+        return Err(StorageError::invalid(format!("{OP_COLUMN:?} holds nulls")));
+    }
+    codes
+        .values()
+        .iter()
+        .enumerate()
+        .map(|(row, code)| {
+            OpType::from_code(*code)
+                .ok_or_else(|| StorageError::invalid(format!("row {row}: unknown op code {code}")))
+        })
+        .collect()
+}
+
+/// Checks that `column` has the Arrow type of `wanted`, accepting the layouts pyarrow and pandas
+/// commonly produce for the same values (large/view strings, zoned timestamps) by casting them.
+fn conform(column: &ArrayRef, wanted: DataType, name: &str) -> Result<ArrayRef> {
+    let target = wanted.arrow();
+    let found = column.data_type();
+    if *found == target {
+        return Ok(column.clone());
+    }
+    let castable = matches!(
+        (wanted, found),
+        (DataType::String, ArrowType::LargeUtf8 | ArrowType::Utf8View)
+            | (
+                DataType::Binary,
+                ArrowType::LargeBinary | ArrowType::BinaryView
+            )
+            | (
+                DataType::Timestamp,
+                ArrowType::Timestamp(TimeUnit::Microsecond, Some(_))
+            )
+    );
+    if !castable {
+        return Err(StorageError::invalid(format!(
+            "column {name:?} must be {} ({target}), got {found}",
+            wanted.name()
+        )));
+    }
+    cast(column, &target).map_err(|e| StorageError::invalid(format!("column {name:?}: {e}")))
+}
+
+fn check_nulls_only_on_deletes(
+    column: &ArrayRef,
+    ops: &[OpType],
+    is_key: bool,
+    name: &str,
+) -> Result<()> {
+    let nulls = column
+        .logical_nulls()
+        .expect("null_count > 0 implies a null buffer");
+    for row in (0..ops.len()).filter(|r| nulls.is_null(*r)) {
+        if is_key || !ops[row].is_delete() {
+            return Err(StorageError::invalid(format!(
+                "row {row}: column {name:?} is not nullable but holds null"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Encodes a record batch as Arrow IPC stream bytes (the op-batch wire and WAL form).
+pub fn encode_ipc(batch: &RecordBatch) -> Result<Vec<u8>> {
+    let mut out = Vec::new();
+    let mut writer = StreamWriter::try_new(&mut out, &batch.schema())
+        .map_err(|e| StorageError::invalid(format!("cannot encode batch: {e}")))?;
+    writer
+        .write(batch)
+        .map_err(|e| StorageError::invalid(format!("cannot encode batch: {e}")))?;
+    writer
+        .finish()
+        .map_err(|e| StorageError::invalid(format!("cannot encode batch: {e}")))?;
+    drop(writer);
+    Ok(out)
+}
+
+/// Builds the op column for `rows` rows of one op type (a convenience for callers and tests).
+pub fn op_column(op: OpType, rows: usize) -> ArrayRef {
+    Arc::new(UInt8Array::from(vec![op as u8; rows]))
+}
+
+/// Appends the op column to a batch of table columns.
+pub fn with_op_column(batch: &RecordBatch, op: OpType) -> Result<RecordBatch> {
+    let mut fields: Vec<Field> = batch
+        .schema()
+        .fields()
+        .iter()
+        .map(|f| f.as_ref().clone())
+        .collect();
+    fields.push(Field::new(OP_COLUMN, ArrowType::UInt8, false));
+    let mut columns = batch.columns().to_vec();
+    columns.push(op_column(op, batch.num_rows()));
+    RecordBatch::try_new(Arc::new(ArrowSchema::new(fields)), columns)
+        .map_err(|e| StorageError::invalid(format!("cannot add op column: {e}")))
+}

@@ -1,0 +1,322 @@
+//! End-to-end behaviour of the engine: apply statuses, flush, compaction, scans, reopen,
+//! snapshots and schema changes.
+
+mod common;
+
+use std::sync::Arc;
+
+use arrow::array::{Array, AsArray, Int64Array, RecordBatch};
+use arrow::datatypes::Int64Type;
+use common::{ids, ops, schema};
+use nyala_storage::{
+    ColumnSchema, DataType, Engine, EngineOptions, OpType::*, Predicate, PredicateOp, RowStatus,
+    ScanSpec,
+};
+
+fn options() -> EngineOptions {
+    EngineOptions {
+        background_flush: false,
+        ..EngineOptions::default()
+    }
+}
+
+fn all(engine: &Engine) -> Vec<RecordBatch> {
+    engine.scan(&ScanSpec::default()).unwrap().batches
+}
+
+fn pred(column: &str, op: PredicateOp, values: &[i64]) -> Predicate {
+    Predicate {
+        column: column.into(),
+        op,
+        values: (!values.is_empty())
+            .then(|| Arc::new(Int64Array::from(values.to_vec())) as Arc<dyn Array>),
+    }
+}
+
+#[test]
+fn statuses_follow_kudu_semantics() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = Engine::create(dir.path(), schema(), options()).unwrap();
+    let s = engine.schema();
+    let r = engine
+        .apply(
+            &ops(
+                &s,
+                &[
+                    (Insert, 1, Some(10), Some("a")),
+                    (Insert, 1, Some(11), None),
+                    (InsertIgnore, 1, Some(12), None),
+                    (Update, 2, Some(1), None),
+                    (UpdateIgnore, 2, Some(1), None),
+                    (Delete, 3, None, None),
+                    (DeleteIgnore, 3, None, None),
+                    (Upsert, 2, Some(20), Some("b")),
+                    (Update, 1, Some(13), Some("c")),
+                    (Delete, 2, None, None),
+                    (Insert, 2, Some(21), None),
+                ],
+            ),
+            1,
+        )
+        .unwrap();
+    use RowStatus::*;
+    assert_eq!(
+        r.statuses,
+        vec![
+            Ok,
+            AlreadyPresent,
+            Ok,
+            NotFound,
+            Ok,
+            NotFound,
+            Ok,
+            Ok,
+            Ok,
+            Ok,
+            Ok
+        ]
+    );
+    assert_eq!(r.errors().map(|e| e.0).collect::<Vec<_>>(), vec![1, 3, 5]);
+    let rows = all(&engine);
+    assert_eq!(ids(&rows), vec![1, 2]);
+    let v = rows[0].column(1).as_primitive::<Int64Type>();
+    assert_eq!((v.value(0), v.value(1)), (13, 21));
+    assert!(engine
+        .apply(&ops(&s, &[(Upsert, 5, None, None)]), 1)
+        .is_err());
+}
+
+#[test]
+fn flush_compact_reopen_keep_newest_versions() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = Engine::create(dir.path(), schema(), options()).unwrap();
+    let s = engine.schema();
+    let first: Vec<_> = (0..100).map(|i| (Insert, i, Some(i), None)).collect();
+    engine.apply(&ops(&s, &first), 1).unwrap();
+    engine.flush().unwrap();
+    assert_eq!(engine.last_flushed_index(), 1);
+    let second: Vec<_> = (50..150).map(|i| (Upsert, i, Some(-i), None)).collect();
+    engine.apply(&ops(&s, &second), 2).unwrap();
+    let deletes: Vec<_> = (0..10).map(|i| (Delete, i * 10, None, None)).collect();
+    engine.apply(&ops(&s, &deletes), 3).unwrap();
+    let check = |engine: &Engine| {
+        let rows = all(engine);
+        let got = ids(&rows);
+        let want: Vec<i64> = (0..150).filter(|i| !(i % 10 == 0 && *i < 100)).collect();
+        assert_eq!(got, want);
+        let values: Vec<i64> = rows
+            .iter()
+            .flat_map(|b| b.column(1).as_primitive::<Int64Type>().values().to_vec())
+            .collect();
+        for (id, v) in got.iter().zip(values) {
+            assert_eq!(v, if *id >= 50 { -id } else { *id });
+        }
+    };
+    check(&engine);
+    engine.flush().unwrap();
+    assert_eq!(engine.stats().rowsets, 2);
+    check(&engine);
+    assert!(engine.compact().unwrap());
+    assert_eq!(engine.stats().rowsets, 1);
+    check(&engine);
+    drop(engine);
+    let engine = Engine::open(dir.path(), options()).unwrap();
+    assert_eq!(engine.last_flushed_index(), 3);
+    check(&engine);
+    // Inserting a deleted key works; inserting a flushed live key does not.
+    let r = engine
+        .apply(
+            &ops(
+                &engine.schema(),
+                &[(Insert, 10, None, None), (Insert, 11, None, None)],
+            ),
+            4,
+        )
+        .unwrap();
+    assert_eq!(r.statuses, vec![RowStatus::Ok, RowStatus::AlreadyPresent]);
+}
+
+#[test]
+fn predicates_projection_bounds_and_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = Engine::create(dir.path(), schema(), options()).unwrap();
+    let s = engine.schema();
+    let rows: Vec<_> = (0..1000)
+        .map(|i| (Insert, i, (i % 7 != 0).then_some(i % 100), Some("x")))
+        .collect();
+    engine.apply(&ops(&s, &rows), 1).unwrap();
+    for flushed in [false, true] {
+        if flushed {
+            engine.flush().unwrap();
+            // A second, overlapping rowset forces the merge path for part of the range.
+            let more: Vec<_> = (990..1010)
+                .map(|i| (Upsert, i, Some(i % 100), None))
+                .collect();
+            engine.apply(&ops(&engine.schema(), &more), 2).unwrap();
+        }
+        let spec = ScanSpec {
+            columns: Some(vec!["v".into(), "id".into()]),
+            predicates: vec![
+                pred("v", PredicateOp::Eq, &[5]),
+                pred("id", PredicateOp::Lt, &[500]),
+            ],
+            ..ScanSpec::default()
+        };
+        let result = engine.scan(&spec).unwrap();
+        assert_eq!(result.schema.field(0).name(), "v");
+        assert_eq!(
+            ids(&result.batches),
+            vec![5, 205, 305, 405],
+            "105 % 7 == 0: null"
+        );
+        let nulls = ScanSpec {
+            predicates: vec![pred("v", PredicateOp::IsNull, &[])],
+            limit: Some(3),
+            ..ScanSpec::default()
+        };
+        assert_eq!(ids(&engine.scan(&nulls).unwrap().batches), vec![0, 7, 14]);
+        let in_list = ScanSpec {
+            predicates: vec![pred("id", PredicateOp::In, &[3, 999, 1005, 4000])],
+            ..ScanSpec::default()
+        };
+        let expect_in = if flushed {
+            vec![3, 999, 1005]
+        } else {
+            vec![3, 999]
+        };
+        assert_eq!(ids(&engine.scan(&in_list).unwrap().batches), expect_in);
+        let bounds = engine
+            .encode_keys(
+                &RecordBatch::try_from_iter([(
+                    "id",
+                    Arc::new(Int64Array::from(vec![100, 110])) as Arc<dyn Array>,
+                )])
+                .unwrap(),
+            )
+            .unwrap();
+        let ranged = ScanSpec {
+            columns: Some(vec!["id".into()]),
+            lower_bound: Some(bounds[0].clone()),
+            upper_bound: Some(bounds[1].clone()),
+            ..ScanSpec::default()
+        };
+        assert_eq!(
+            ids(&engine.scan(&ranged).unwrap().batches),
+            (100..110).collect::<Vec<_>>()
+        );
+    }
+    let bad = ScanSpec {
+        predicates: vec![pred("s", PredicateOp::Eq, &[1])],
+        ..ScanSpec::default()
+    };
+    assert!(matches!(
+        engine.scan(&bad),
+        Err(nyala_storage::StorageError::InvalidArgument(_))
+    ));
+}
+
+#[test]
+fn schema_changes_resolve_columns_by_id() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = Engine::create(dir.path(), schema(), options()).unwrap();
+    let s = engine.schema();
+    engine
+        .apply(&ops(&s, &[(Insert, 1, Some(1), Some("one"))]), 1)
+        .unwrap();
+    let mut with_default = ColumnSchema::new(0, "d", DataType::Int64, false);
+    with_default.default = Some(nyala_storage::Value::Int(42));
+    let s1 = s
+        .add_column(with_default)
+        .unwrap()
+        .rename_column("s", "label")
+        .unwrap();
+    let s1 = nyala_storage::Schema::with_next_id(
+        s1.columns().to_vec(),
+        s1.key_count(),
+        s.version() + 1,
+        s1.next_column_id(),
+    )
+    .unwrap();
+    engine.alter_schema(s1, 2).unwrap();
+    assert_eq!(engine.last_flushed_index(), 2);
+    let rows = all(&engine);
+    assert_eq!(rows[0].schema().field(2).name(), "label");
+    assert_eq!(rows[0].column(3).as_primitive::<Int64Type>().value(0), 42);
+    let s2 = engine.schema().drop_column("v").unwrap();
+    engine.alter_schema(s2, 3).unwrap();
+    drop(engine);
+    let engine = Engine::open(dir.path(), options()).unwrap();
+    let rows = all(&engine);
+    let names: Vec<_> = rows[0]
+        .schema()
+        .fields()
+        .iter()
+        .map(|f| f.name().clone())
+        .collect();
+    assert_eq!(names, vec!["id", "label", "d"]);
+    assert_eq!(rows[0].column(1).as_string::<i32>().value(0), "one");
+}
+
+#[test]
+fn snapshot_pins_files_against_compaction() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = Engine::create(dir.path(), schema(), options()).unwrap();
+    let s = engine.schema();
+    engine
+        .apply(&ops(&s, &[(Insert, 1, None, None)]), 1)
+        .unwrap();
+    engine.flush().unwrap();
+    engine
+        .apply(&ops(&s, &[(Insert, 2, None, None)]), 2)
+        .unwrap();
+    engine.flush().unwrap();
+    let snapshot = engine.snapshot().unwrap();
+    assert_eq!(snapshot.last_flushed_index, 2);
+    assert_eq!(snapshot.files.len(), 4);
+    engine.compact().unwrap();
+    assert!(
+        snapshot.files.iter().all(|f| f.exists()),
+        "pinned files survive compaction"
+    );
+    engine.release_snapshot(snapshot.id).unwrap();
+    assert!(
+        snapshot.files.iter().all(|f| !f.exists()),
+        "released files are deleted"
+    );
+    assert!(engine.release_snapshot(snapshot.id).is_err());
+    assert_eq!(ids(&all(&engine)), vec![1, 2]);
+}
+
+#[test]
+fn background_flush_at_threshold() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = Engine::create(
+        dir.path(),
+        schema(),
+        EngineOptions {
+            flush_threshold_bytes: 64 * 1024,
+            ..EngineOptions::default()
+        },
+    )
+    .unwrap();
+    for op_index in 1..=20 {
+        let base = op_index as i64 * 1000;
+        let rows: Vec<_> = (base..base + 1000)
+            .map(|i| (Upsert, i, Some(i), None))
+            .collect();
+        engine
+            .apply(&ops(&engine.schema(), &rows), op_index)
+            .unwrap();
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while engine.stats().rowsets == 0 && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    assert!(
+        engine.stats().rowsets > 0,
+        "{:?}",
+        engine.background_error()
+    );
+    assert!(engine.last_flushed_index() > 0);
+    assert_eq!(ids(&all(&engine)).len(), 20_000);
+}
