@@ -11,6 +11,7 @@ from typing import Any
 import click
 
 from nyala.cli.options import given, one_line_errors, settings_options
+from nyala.cli.process import die_with_parent_if_asked
 from nyala.common.config import from_mapping
 from nyala.tserver import TabletServer, TabletServerSettings
 
@@ -47,6 +48,7 @@ def run(
     **tunables: Any,
 ) -> None:
     """Run a tablet server in the foreground until SIGTERM or SIGINT."""
+    die_with_parent_if_asked()
     logging.basicConfig(
         level=log_level.upper(),
         stream=sys.stderr,

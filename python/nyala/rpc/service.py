@@ -119,17 +119,17 @@ def server_stream(
         @functools.wraps(fn)
         async def handle(self: _S, request: Any, context: Any) -> AsyncIterator[Any]:
             start_s = time.monotonic()
-            code = "OK"
             try:
                 check_dest_uuid(request.dest_uuid, self.server_uuid)
                 async for response in fn(self, request, context):
                     yield response
             except Exception as exc:  # every failure becomes an answer
                 response = _error_response(response_cls, method, exc)
-                code = _code_name(response)
+                # Recorded before the last yield: the client may act on the error at once.
+                self.rpc_metrics.record(method, _code_name(response), time.monotonic() - start_s)
                 yield response
-            finally:
-                self.rpc_metrics.record(method, code, time.monotonic() - start_s)
+                return
+            self.rpc_metrics.record(method, "OK", time.monotonic() - start_s)
 
         return handle
 

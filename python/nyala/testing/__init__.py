@@ -1,0 +1,7 @@
+"""Test support: real multi-process clusters on loopback (``MiniCluster``)."""
+
+from __future__ import annotations
+
+from nyala.testing.mini_cluster import MiniCluster, ServerProcess, dump_logs
+
+__all__ = ["MiniCluster", "ServerProcess", "dump_logs"]

@@ -1,0 +1,343 @@
+"""``MiniCluster``: real nyala server processes on loopback, for tests and benchmarks.
+
+Each server is a ``nyala tserver run`` child process (``sys.executable -m nyala.cli``) with
+its own fs root and log file under the cluster's directory and its own free loopback ports,
+which it keeps across restarts so peers can find it again. Processes can be killed (SIGKILL),
+paused (SIGSTOP/SIGCONT), stopped gracefully (SIGTERM), restarted and wiped (a new UUID).
+
+No process outlives its cluster: ``shutdown`` (also run by ``with`` and at interpreter exit)
+kills every child, and each child asks the kernel to SIGKILL it if the test process dies
+(``PR_SET_PDEATHSIG``, see ``nyala.cli.process``), so even ``kill -9`` of pytest leaks nothing.
+
+Masters arrive with issue 9: ``num_masters`` and ``MiniCluster.masters`` are the place for them.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import IO, Any
+
+from nyala.cli.process import PARENT_PID_ENV
+from nyala.errors import NotSupportedError, NyalaError, TimedOutError
+from nyala.rpc import BlockingServerProxy, join_host_port
+from nyala.rpc.ports import free_loopback_ports
+
+LOOPBACK = "127.0.0.1"
+
+# Every child still running, so the exit hook can kill what a test forgot.
+_live_processes: set[subprocess.Popen[bytes]] = set()
+_live_lock = threading.Lock()
+
+
+def _kill_live_processes() -> None:
+    with _live_lock:
+        procs = list(_live_processes)
+    for proc in procs:
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=5)
+
+
+atexit.register(_kill_live_processes)
+
+
+class ServerProcess:
+    """One server process of a ``MiniCluster`` and its fs root, ports and log."""
+
+    def __init__(
+        self,
+        role: str,
+        index: int,
+        base_dir: Path,
+        rpc_port: int,
+        http_port: int,
+        flags: Sequence[str],
+    ) -> None:
+        self.role = role
+        self.index = index
+        self.name = f"{role}-{index}"
+        self.fs_root = base_dir / "data" / self.name
+        self.log_path = base_dir / "logs" / f"{self.name}.log"
+        self.rpc_port = rpc_port
+        self.http_port = http_port
+        self.flags = list(flags)
+        # Learned from Ping when the process is ready; changes only by ``wipe``.
+        self.uuid: str | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def rpc_addr(self) -> str:
+        return join_host_port(LOOPBACK, self.rpc_port)
+
+    @property
+    def http_addr(self) -> str:
+        return join_host_port(LOOPBACK, self.http_port)
+
+    @property
+    def pid(self) -> int | None:
+        return None if self._proc is None else self._proc.pid
+
+    def is_running(self) -> bool:
+        """True while the process exists (paused counts as running)."""
+        return self._proc is not None and self._proc.poll() is None
+
+    def command(self) -> list[str]:
+        return [
+            sys.executable,
+            "-m",
+            "nyala.cli",
+            self.role,
+            "run",
+            "--fs-root",
+            str(self.fs_root),
+            "--rpc-bind",
+            self.rpc_addr,
+            "--http-bind",
+            self.http_addr,
+            *self.flags,
+        ]
+
+    def start(self) -> None:
+        """Starts the process (without waiting for it to be ready)."""
+        if self.is_running():
+            raise NyalaError(f"{self.name} is already running (pid {self.pid})")
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.log_path.open("ab") as log:
+            stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+            log.write(f"=== {stamp} starting: {' '.join(self.command())}\n".encode())
+            log.flush()
+            proc = subprocess.Popen(
+                self.command(),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                # The child asks the kernel to SIGKILL it when we die (nyala.cli reads this).
+                env={**os.environ, PARENT_PID_ENV: str(os.getpid())},
+            )
+        with _live_lock:
+            _live_processes.add(proc)
+        self._proc = proc
+
+    def wait_ready(self, timeout_s: float = 30.0) -> str:
+        """Waits until the server answers Ping; returns (and records) its UUID."""
+        deadline = time.monotonic() + timeout_s
+        last_error: Exception | None = None
+        with BlockingServerProxy(self.rpc_addr) as proxy:
+            while time.monotonic() < deadline:
+                if not self.is_running():
+                    raise NyalaError(
+                        f"{self.name} exited with code {self.returncode} before it was ready; "
+                        f"log {self.log_path}: {self.log_tail()}"
+                    )
+                try:
+                    self.uuid = str(proxy.ping(timeout_ms=500).server_uuid)
+                    return self.uuid
+                except NyalaError as exc:
+                    last_error = exc
+                    time.sleep(0.05)
+        raise TimedOutError(
+            f"{self.name} not ready after {timeout_s} s ({last_error}); log {self.log_path}"
+        )
+
+    def proxy(self) -> BlockingServerProxy:
+        """A blocking RPC channel to this server (close it, or use ``with``)."""
+        return BlockingServerProxy(self.rpc_addr)
+
+    def ping(self, *, timeout_ms: int = 2_000) -> Any:
+        """Ping with this server's UUID as ``dest_uuid`` (any UUID if not known yet)."""
+        with self.proxy() as proxy:
+            return proxy.ping(self.uuid or "", timeout_ms=timeout_ms)
+
+    def signal(self, signum: int) -> None:
+        proc = self._require_process()
+        proc.send_signal(signum)
+
+    def kill(self) -> None:
+        """SIGKILL, and reap the process."""
+        proc = self._require_process()
+        proc.kill()
+        self._reap(timeout_s=10.0)
+
+    def pause(self) -> None:
+        """SIGSTOP: the process keeps its sockets but answers nothing."""
+        self.signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        """SIGCONT after ``pause``."""
+        self.signal(signal.SIGCONT)
+
+    def stop(self, timeout_s: float = 15.0) -> int:
+        """SIGTERM (after SIGCONT, in case it is paused) and wait; returns the exit code."""
+        proc = self._require_process()
+        proc.send_signal(signal.SIGCONT)
+        proc.terminate()
+        return self._reap(timeout_s)
+
+    def wait_exit(self, timeout_s: float = 15.0) -> int:
+        """Waits for the process to exit on its own; returns the exit code."""
+        self._require_process()
+        return self._reap(timeout_s)
+
+    def restart(self, timeout_s: float = 30.0) -> str:
+        """Kills the process if running, starts it again on the same root and ports."""
+        if self.is_running():
+            self.kill()
+        self.start()
+        return self.wait_ready(timeout_s)
+
+    def wipe(self) -> None:
+        """Deletes the fs root (the process must be down): the next start gets a new UUID."""
+        if self.is_running():
+            raise NyalaError(f"{self.name} is running; stop or kill it before wiping")
+        shutil.rmtree(self.fs_root, ignore_errors=True)
+        self.uuid = None
+
+    @property
+    def returncode(self) -> int | None:
+        return None if self._proc is None else self._proc.poll()
+
+    def log_tail(self, lines: int = 5) -> str:
+        """The last lines of the log, joined with ' | ' (for error messages)."""
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except FileNotFoundError:
+            return "<no log>"
+        return " | ".join(text.strip().splitlines()[-lines:])
+
+    def _require_process(self) -> subprocess.Popen[bytes]:
+        if self._proc is None:
+            raise NyalaError(f"{self.name} was never started")
+        return self._proc
+
+    def _reap(self, timeout_s: float) -> int:
+        proc = self._require_process()
+        try:
+            code = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            raise TimedOutError(f"{self.name} did not exit within {timeout_s} s") from None
+        with _live_lock:
+            _live_processes.discard(proc)
+        return code
+
+    def _force_down(self) -> None:
+        if self._proc is not None and self._proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                self._proc.kill()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._proc.wait(timeout=10)
+        if self._proc is not None:
+            with _live_lock:
+                _live_processes.discard(self._proc)
+
+
+class MiniCluster:
+    """A set of real server processes on loopback. Use as a context manager.
+
+    ``base_dir`` defaults to a new temp directory, deleted on shutdown unless
+    ``keep_dir`` (then logs stay for a post-mortem).
+    """
+
+    def __init__(
+        self,
+        num_tservers: int = 3,
+        *,
+        num_masters: int = 0,
+        base_dir: Path | None = None,
+        tserver_flags: Sequence[str] = (),
+        start_timeout_s: float = 30.0,
+        keep_dir: bool = False,
+    ) -> None:
+        if num_masters:
+            raise NotSupportedError("masters are not implemented yet (issue 9)")
+        self._owns_dir = base_dir is None
+        self.base_dir = (
+            Path(tempfile.mkdtemp(prefix="nyala-mini-")) if base_dir is None else base_dir
+        )
+        self.keep_dir = keep_dir
+        self.start_timeout_s = start_timeout_s
+        self.tserver_flags = list(tserver_flags)
+        self.masters: list[ServerProcess] = []
+        self.tservers: list[ServerProcess] = []
+        self._num_tservers = num_tservers
+        self._shut_down = False
+
+    def __enter__(self) -> MiniCluster:
+        try:
+            self.start()
+        except BaseException:
+            self.shutdown()
+            raise
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.shutdown()
+
+    @property
+    def master_addrs(self) -> list[str]:
+        return [m.rpc_addr for m in self.masters]
+
+    def tserver(self, index: int) -> ServerProcess:
+        return self.tservers[index]
+
+    def start(self) -> None:
+        """Starts every configured server, then waits for all of them to be ready."""
+        for _ in range(self._num_tservers):
+            self._new_tserver()
+        for ts in self.tservers:
+            ts.start()
+        for ts in self.tservers:
+            ts.wait_ready(self.start_timeout_s)
+
+    def add_tserver(self, *, flags: Sequence[str] = ()) -> ServerProcess:
+        """Starts one more tablet server and waits until it is ready."""
+        ts = self._new_tserver(flags)
+        ts.start()
+        ts.wait_ready(self.start_timeout_s)
+        return ts
+
+    def shutdown(self) -> None:
+        """Kills every process (SIGKILL) and removes the directory unless ``keep_dir``."""
+        if self._shut_down:
+            return
+        self._shut_down = True
+        for server in [*self.tservers, *self.masters]:
+            server._force_down()
+        if self._owns_dir and not self.keep_dir:
+            shutil.rmtree(self.base_dir, ignore_errors=True)
+
+    def _new_tserver(self, flags: Sequence[str] = ()) -> ServerProcess:
+        rpc_port, http_port = free_loopback_ports(2, LOOPBACK)
+        ts = ServerProcess(
+            "tserver",
+            len(self.tservers),
+            self.base_dir,
+            rpc_port,
+            http_port,
+            [*self.tserver_flags, *flags],
+        )
+        self.tservers.append(ts)
+        return ts
+
+
+def dump_logs(cluster: MiniCluster, out: IO[str] = sys.stderr) -> None:
+    """Writes every server's log to ``out`` (for a failing test's output)."""
+    for server in [*cluster.masters, *cluster.tservers]:
+        out.write(f"----- {server.name} ({server.log_path}) -----\n")
+        with contextlib.suppress(FileNotFoundError):
+            out.write(server.log_path.read_text(errors="replace"))
+
+
+__all__ = ["LOOPBACK", "MiniCluster", "ServerProcess", "dump_logs"]
