@@ -1,0 +1,53 @@
+//! Group commit and roll-over under concurrent appenders.
+
+mod common;
+
+use std::sync::{Arc, Mutex};
+use std::thread;
+
+use common::{entry, read_all, scratch_dir, small_options};
+use nyala_wal::Log;
+
+#[test]
+fn concurrent_appenders_roll_over_and_group_commit() {
+    let dir = scratch_dir();
+    let options = small_options(16 << 10);
+    let log = Arc::new(Log::open(dir.path(), "t", options.clone()).unwrap());
+    // Like a Raft leader: indexes are assigned under a lock, durability is awaited outside it.
+    let next_index = Arc::new(Mutex::new(1u64));
+    let threads: Vec<_> = (0..8)
+        .map(|_| {
+            let log = Arc::clone(&log);
+            let next_index = Arc::clone(&next_index);
+            thread::spawn(move || {
+                for _ in 0..150 {
+                    let ticket = {
+                        let mut next = next_index.lock().unwrap();
+                        let e = entry(1, *next);
+                        let ticket = log.append(&[e.as_ref()]).unwrap();
+                        *next += 1;
+                        ticket
+                    };
+                    log.wait(ticket.ticket).unwrap();
+                    assert!(log.durable_index() >= ticket.last_index);
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    let metrics = log.metrics();
+    assert_eq!(log.durable_index(), 1200);
+    assert_eq!(metrics.entries_appended, 1200);
+    assert!(metrics.segments_created >= 5, "{metrics:?}");
+    assert!(
+        metrics.syncs < 1200,
+        "some groups held more than one append: {metrics:?}"
+    );
+    let expected: Vec<_> = (1..=1200).map(|i| entry(1, i)).collect();
+    assert_eq!(read_all(&log), expected);
+    log.close().unwrap();
+    let reopened = Log::open(dir.path(), "t", options).unwrap();
+    assert_eq!(read_all(&reopened), expected);
+}

@@ -1,0 +1,238 @@
+//! Crash recovery: cut the last segment at every byte offset of its final batches, zero its
+//! tail, flip bits in it, and check that recovery returns exactly a prefix of the
+//! acknowledged entries (all intact batches included) or a typed error, never a wrong entry.
+//! Damage in a closed segment must be a Corruption error that changes nothing on disk.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::path::Path;
+
+use common::{entry, read_all, scratch_dir, small_options};
+use nyala_common::{Classify, ErrorKind};
+use nyala_wal::format::{self, BATCH_HEADER_BYTES, SEGMENT_HEADER_BYTES};
+use nyala_wal::{Entry, Log, LogOptions};
+
+const TABLET: &str = "crash";
+
+/// The files of a log directory at the moment of a simulated crash.
+type Image = BTreeMap<String, Vec<u8>>;
+
+fn options() -> LogOptions {
+    small_options(8 << 10)
+}
+
+/// Writes 1-entry batches (and one 3-entry batch) and waits for each, then captures the
+/// directory without closing the log (no footer on the last segment).
+fn crashed_image() -> (Image, Vec<Entry>) {
+    let dir = scratch_dir();
+    let log = Log::open(dir.path(), TABLET, options()).unwrap();
+    let mut acked = Vec::new();
+    for i in 1..=120u64 {
+        let e = entry(1 + i / 50, i);
+        log.append_durable(&[e.as_ref()]).unwrap();
+        acked.push(e);
+    }
+    let batch: Vec<Entry> = (121..=123).map(|i| entry(3, i)).collect();
+    let refs: Vec<_> = batch.iter().map(Entry::as_ref).collect();
+    log.append_durable(&refs).unwrap();
+    acked.extend(batch);
+    for i in 124..=125u64 {
+        let e = entry(3, i);
+        log.append_durable(&[e.as_ref()]).unwrap();
+        acked.push(e);
+    }
+    assert!(
+        log.segment_paths().len() >= 3,
+        "the image should span segments"
+    );
+    let image = snapshot(dir.path());
+    drop(log);
+    (image, acked)
+}
+
+fn snapshot(dir: &Path) -> Image {
+    let mut image = Image::new();
+    for entry in fs::read_dir(dir).unwrap() {
+        let entry = entry.unwrap();
+        let name = entry.file_name().into_string().unwrap();
+        image.insert(name, fs::read(entry.path()).unwrap());
+    }
+    image
+}
+
+fn restore(image: &Image, dir: &Path) {
+    for (name, bytes) in image {
+        fs::write(dir.join(name), bytes).unwrap();
+    }
+}
+
+/// The name of the segment holding data last (the newest may be a prepared, empty one).
+fn last_data_segment(image: &Image) -> String {
+    image
+        .iter()
+        .filter(|(name, _)| nyala_wal::parse_segment_name(name).is_some())
+        .filter(|(_, bytes)| format::decode_batch_header(&bytes[SEGMENT_HEADER_BYTES..]).is_ok())
+        .map(|(name, _)| name.clone())
+        .next_back()
+        .expect("a segment with data")
+}
+
+/// Frame boundaries `(start, end, entries)` of the batches in a segment image.
+fn frames(bytes: &[u8]) -> Vec<(usize, usize, usize)> {
+    let mut out = Vec::new();
+    let mut pos = SEGMENT_HEADER_BYTES;
+    while let Ok(header) = format::decode_batch_header(&bytes[pos..]) {
+        let end = pos + BATCH_HEADER_BYTES + header.payload_len as usize;
+        out.push((pos, end, header.entry_count as usize));
+        pos = end;
+    }
+    out
+}
+
+/// Opens the damaged image; checks the outcome; returns how many entries came back.
+fn recover(image: &Image, acked: &[Entry], at_least: usize) -> Result<usize, ErrorKind> {
+    let dir = scratch_dir();
+    restore(image, dir.path());
+    let log = match Log::open(dir.path(), TABLET, options()) {
+        Ok(log) => log,
+        Err(err) => return Err(err.kind()),
+    };
+    let entries = read_all(&log);
+    assert!(
+        entries.len() <= acked.len(),
+        "more entries than were written"
+    );
+    assert_eq!(
+        entries[..],
+        acked[..entries.len()],
+        "recovered entries must be a prefix"
+    );
+    assert!(
+        entries.len() >= at_least,
+        "lost intact entries: {} < {at_least}",
+        entries.len()
+    );
+    assert_eq!(log.last_op_id(), entries.last().unwrap().op_id());
+    Ok(entries.len())
+}
+
+#[test]
+fn cut_or_zeroed_tail_recovers_a_prefix() {
+    let (image, acked) = crashed_image();
+    let name = last_data_segment(&image);
+    let segment = image[&name].clone();
+    let frames = frames(&segment);
+    let final_frames = &frames[frames.len() - 3..];
+    let entries_before_final: usize = acked.len() - final_frames.iter().map(|f| f.2).sum::<usize>();
+    let (region_start, region_end) = (final_frames[0].0, final_frames[2].1);
+    for cut in region_start..=region_end {
+        let intact = entries_before_final
+            + final_frames
+                .iter()
+                .filter(|f| f.1 <= cut)
+                .map(|f| f.2)
+                .sum::<usize>();
+        let mut cut_image = image.clone();
+        cut_image.get_mut(&name).unwrap().truncate(cut);
+        let recovered = recover(&cut_image, &acked, intact).expect("a cut tail is not corruption");
+        assert_eq!(recovered, intact, "cut at {cut}");
+        let mut zeroed = image.clone();
+        zeroed.get_mut(&name).unwrap()[cut..region_end].fill(0);
+        let recovered = recover(&zeroed, &acked, intact).expect("a zeroed tail is not corruption");
+        assert_eq!(recovered, intact, "zeroed from {cut}");
+    }
+}
+
+#[test]
+fn bit_flips_in_the_last_segment_give_a_prefix_or_corruption() {
+    let (image, acked) = crashed_image();
+    let name = last_data_segment(&image);
+    let frames = frames(&image[&name]);
+    let final_frames = &frames[frames.len() - 3..];
+    let entries_before_final: usize = acked.len() - final_frames.iter().map(|f| f.2).sum::<usize>();
+    let mut corruptions = 0;
+    for offset in final_frames[0].0..final_frames[2].1 {
+        let hit = final_frames
+            .iter()
+            .position(|f| f.0 <= offset && offset < f.1)
+            .unwrap();
+        let intact = entries_before_final + final_frames[..hit].iter().map(|f| f.2).sum::<usize>();
+        let mut flipped = image.clone();
+        flipped.get_mut(&name).unwrap()[offset] ^= 1 << (offset % 8);
+        match recover(&flipped, &acked, intact) {
+            Ok(n) => assert_eq!(
+                n, intact,
+                "flip at {offset} in the last batch drops exactly it"
+            ),
+            Err(kind) => {
+                assert_eq!(kind, ErrorKind::Corruption, "flip at {offset}");
+                assert!(
+                    hit < 2,
+                    "a flip in the last batch is a torn tail, not corruption"
+                );
+                corruptions += 1;
+            }
+        }
+    }
+    assert!(corruptions > 0);
+}
+
+#[test]
+fn damage_in_a_closed_segment_is_corruption_and_changes_nothing() {
+    let (image, _acked) = crashed_image();
+    let first = image
+        .keys()
+        .find(|n| nyala_wal::parse_segment_name(n).is_some())
+        .unwrap()
+        .clone();
+    let frames = frames(&image[&first]);
+    let (start, end, _) = frames[frames.len() / 2];
+    for offset in (start..end).step_by(7) {
+        let mut damaged = image.clone();
+        damaged.get_mut(&first).unwrap()[offset] ^= 0x40;
+        let dir = scratch_dir();
+        restore(&damaged, dir.path());
+        let err = Log::open(dir.path(), TABLET, options())
+            .err()
+            .expect("must fail");
+        assert_eq!(err.kind(), ErrorKind::Corruption, "offset {offset}: {err}");
+        assert!(
+            err.to_string().contains(&first),
+            "the error names the file: {err}"
+        );
+        assert_eq!(snapshot(dir.path()), damaged, "nothing was changed on disk");
+    }
+}
+
+#[test]
+fn missing_middle_segment_is_corruption() {
+    let (mut image, _acked) = crashed_image();
+    let second = image
+        .keys()
+        .filter(|n| nyala_wal::parse_segment_name(n).is_some())
+        .nth(1)
+        .unwrap()
+        .clone();
+    image.remove(&second);
+    let dir = scratch_dir();
+    restore(&image, dir.path());
+    let err = Log::open(dir.path(), TABLET, options())
+        .err()
+        .expect("must fail");
+    assert_eq!(err.kind(), ErrorKind::Corruption);
+}
+
+#[test]
+fn unformatted_newest_segment_is_dropped() {
+    let (mut image, acked) = crashed_image();
+    let newest = image
+        .keys()
+        .rfind(|n| nyala_wal::parse_segment_name(n).is_some())
+        .unwrap()
+        .clone();
+    let seq = nyala_wal::parse_segment_name(&newest).unwrap();
+    image.insert(nyala_wal::segment_file_name(seq + 1), vec![0u8; 100]);
+    assert_eq!(recover(&image, &acked, acked.len()), Ok(acked.len()));
+}
