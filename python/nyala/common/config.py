@@ -43,7 +43,9 @@ def parse_value(kind: type, text: str, *, name: str) -> Any:
     try:
         return kind(text.replace("_", "")) if kind in (int, float) else kind(text)
     except ValueError:
-        raise InvalidArgumentError(f"setting {name}: {text!r} is not a valid {kind.__name__}") from None
+        raise InvalidArgumentError(
+            f"setting {name}: {text!r} is not a valid {kind.__name__}"
+        ) from None
 
 
 def from_mapping(cls: type[_T], values: Mapping[str, Any]) -> _T:
