@@ -461,9 +461,9 @@ class RaftCore:
         self._send(VoteResponse(self.uuid, req.src, req.term, True, req.pre_election))
 
     def _vote_denial(self, req: VoteRequest) -> VoteDenial | None:
-        me = self.active_config.peer(self.uuid)
-        if me is not None and not me.is_voter:
-            return VoteDenial.NOT_A_VOTER
+        # No check of our own member type: a candidate only asks the VOTERs of its config and
+        # only counts those, and a replica that has not yet seen its promotion must still be
+        # able to vote, or a leader lost right after promoting it leaves no electable majority.
         if self._withholds_vote(req):
             return VoteDenial.LEADER_IS_ALIVE
         if req.term == self._term and self._voted_for not in (None, req.src):

@@ -32,6 +32,7 @@ from nyala.consensus.options import RaftOptions
 from nyala.consensus.types import MemberType, RaftConfig, RaftPeer
 from nyala.errors import IllegalStateError, NotFoundError
 
+DELIVER_ROUNDS_MAX = 100_000  # one settle; a cluster that keeps talking longer is broken
 StoreFactory = Callable[[str], CmetaStore]
 
 
@@ -173,6 +174,15 @@ class LocalCluster:
         self.process(dest)
         return msg, True
 
+    def deliver_all(self) -> int:
+        """Delivers messages in order until none are left; returns how many were taken."""
+        count = 0
+        while self.queue:
+            self.deliver_one()
+            count += 1
+            assert count < DELIVER_ROUNDS_MAX, "messages kept coming: the cluster never settles"
+        return count
+
     # --- time -------------------------------------------------------------------------------
 
     def tick(self, delta_ms: int, uuids: Iterable[str] | None = None) -> None:
@@ -204,6 +214,12 @@ class LocalCluster:
         node = self.node(uuid)
         node.log.sync(up_to_index)
         self.process(node)
+
+    def sync_all(self) -> None:
+        """Makes every running replica's log fully durable."""
+        for uuid, node in sorted(self.nodes.items()):
+            if node.alive:
+                self.sync(uuid)
 
     def _execute(
         self,

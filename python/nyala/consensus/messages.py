@@ -18,7 +18,6 @@ class VoteDenial(enum.Enum):
     ALREADY_VOTED = "ALREADY_VOTED"
     LAST_OPID_TOO_OLD = "LAST_OPID_TOO_OLD"  # the candidate's log is behind the voter's
     LEADER_IS_ALIVE = "LEADER_IS_ALIVE"  # the voter heard a live leader recently (withholding)
-    NOT_A_VOTER = "NOT_A_VOTER"  # the voter is a NON_VOTER
 
 
 class AppendStatus(enum.Enum):

@@ -16,7 +16,7 @@ class PeerProgress:
 
     uuid: str
     next_index: int  # next entry to send; invariant: match_index < next_index
-    match_index: int = 0  # highest index known to match the leader's log
+    match_index: int = 0  # highest index the follower received matching ours (may be lost)
     durable_index: int = 0  # highest index known durable on the follower; invariant: <= match
     probing: bool = True
     inflight: deque[tuple[int, int, int]] = field(default_factory=deque)  # (last, bytes, sent_ms)
@@ -44,7 +44,10 @@ class PeerProgress:
 
     def mismatched(self, hint_index: int) -> None:
         """The follower lacks our preceding entry; retry from ``hint_index`` at the latest."""
-        self.next_index = max(self.match_index + 1, min(hint_index, self.next_index))
+        # Not bounded by match_index: a follower that crashed loses entries it received but had
+        # not made durable, so only the durable index is a floor.
+        self.next_index = max(self.durable_index + 1, min(hint_index, self.next_index))
+        self.match_index = min(self.match_index, self.next_index - 1)
         self._clear_inflight()
 
     def lost(self) -> None:

@@ -1,0 +1,335 @@
+"""A seeded randomized simulation of a Raft cluster, checked against named invariants after
+every step (STYLE.md 11).
+
+Faults: message loss, reordering and duplication, partitions, crashes (losing the non-durable
+log tail and the state machine), slow disks (logs that sync only now and then), leadership
+transfers, abrupt step-downs, reads, and (optionally) random membership changes.
+
+Invariants (Raft paper §5.2-5.4, plus one for membership):
+
+* election safety: at most one leader per term;
+* log matching: two logs with an entry of the same index and term are identical up to it;
+* leader completeness: a new leader's log holds every entry committed in an earlier term;
+* state machine safety: every replica applies the same entry at the same index;
+* config safety: no two different configs are ever committed at the same index.
+
+Replay a failure with ``Simulation(seed, ...).run(steps)`` using the seed in the message.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+
+from nyala.consensus import ChangeType, ConfigChange, MemberType, RaftOptions, RaftPeer, Role
+from nyala.consensus.local_cluster import LocalCluster
+from nyala.consensus.memory_log import LogEntry
+from nyala.consensus.types import RaftConfig
+from nyala.errors import NyalaError
+
+SIM_OPTIONS = RaftOptions(
+    heartbeat_interval_ms=100,
+    batch_bytes_max=40,
+    peer_inflight_bytes_max=120,
+    election_backoff_max_ms=1_200,
+    transfer_timeout_ms=600,
+    failed_follower_timeout_ms=1_000,
+    step_down_snooze_ms=600,
+)
+QUEUE_MAX = 300  # deliver eagerly beyond this many messages in flight
+NODES_MAX = 6
+
+
+class InvariantViolation(AssertionError):
+    """An invariant failed; the message names the seed and step to replay."""
+
+
+@dataclass
+class Checker:
+    """The global observations the invariants are checked against."""
+
+    leader_of_term: dict[int, str] = field(default_factory=dict)
+    committed: list[LogEntry] = field(default_factory=list)  # committed[i - 1] = entry at i
+    commit_term: list[int] = field(default_factory=list)  # term in which i was first seen committed
+    configs: dict[int, RaftConfig] = field(default_factory=dict)  # committed config by opid index
+    applied_checked: dict[str, int] = field(default_factory=dict)
+
+    def check(self, cluster: LocalCluster) -> None:
+        for node in cluster.nodes.values():
+            core = node.core
+            if core is None:
+                self.applied_checked[node.uuid] = 0
+                continue
+            self._record_commit(node.uuid, core.commit_index, core.term, cluster)
+            self._check_applied(node.uuid, node.applied)
+            config = core.committed_config
+            if config.opid_index >= 0:
+                seen = self.configs.setdefault(config.opid_index, config)
+                if seen != config:
+                    raise InvariantViolation(
+                        f"config safety: two configs committed at index {config.opid_index}: "
+                        f"{seen} and {config}"
+                    )
+            if core.role is Role.LEADER:
+                self._check_leader(node.uuid, core.term, cluster)
+        self._check_log_matching(cluster)
+
+    def _record_commit(
+        self, uuid: str, commit_index: int, term: int, cluster: LocalCluster
+    ) -> None:
+        log = cluster.nodes[uuid].log
+        while len(self.committed) < commit_index:
+            index = len(self.committed) + 1
+            self.committed.append(log.entry(index))
+            self.commit_term.append(term)
+        # Spot-check the newest committed entry this replica knows.
+        if commit_index and log.entry(commit_index) != self.committed[commit_index - 1]:
+            raise InvariantViolation(
+                f"state machine safety: {uuid} committed {log.entry(commit_index)} at "
+                f"{commit_index}, others {self.committed[commit_index - 1]}"
+            )
+
+    def _check_applied(self, uuid: str, applied: list[LogEntry]) -> None:
+        start = self.applied_checked.get(uuid, 0)
+        if start > len(applied):
+            start = 0  # restarted
+        for i in range(start, len(applied)):
+            if applied[i] != self.committed[i]:
+                raise InvariantViolation(
+                    f"state machine safety: {uuid} applied {applied[i]} at index {i + 1}, "
+                    f"committed entry is {self.committed[i]}"
+                )
+        self.applied_checked[uuid] = len(applied)
+
+    def _check_leader(self, uuid: str, term: int, cluster: LocalCluster) -> None:
+        previous = self.leader_of_term.setdefault(term, uuid)
+        if previous != uuid:
+            raise InvariantViolation(f"election safety: {previous} and {uuid} lead term {term}")
+        if previous == uuid and getattr(self, "_seen", None) == (term, uuid):
+            return
+        self._seen = (term, uuid)
+        log = cluster.nodes[uuid].log
+        for i, (entry, commit_term) in enumerate(
+            zip(self.committed, self.commit_term, strict=True), start=1
+        ):
+            if commit_term < term and (log.term_at(i) is None or log.entry(i) != entry):
+                raise InvariantViolation(
+                    f"leader completeness: leader {uuid} of term {term} lacks committed {entry}"
+                )
+
+    def _check_log_matching(self, cluster: LocalCluster) -> None:
+        logs = [(n.uuid, n.log.entries()) for n in cluster.nodes.values()]
+        for a in range(len(logs)):
+            for b in range(a + 1, len(logs)):
+                (ua, la), (ub, lb) = logs[a], logs[b]
+                i = min(len(la), len(lb))
+                while i > 0 and la[i - 1].op_id != lb[i - 1].op_id:
+                    i -= 1
+                if la[:i] != lb[:i]:
+                    raise InvariantViolation(
+                        f"log matching: {ua} and {ub} share {la[i - 1].op_id} but differ before"
+                    )
+
+
+class Simulation:
+    """One seeded run."""
+
+    def __init__(self, seed: int, *, voters: int = 3, config_changes: bool = False) -> None:
+        self.seed = seed
+        self.rng = random.Random(seed)
+        uuids = [f"r{i}" for i in range(voters)]
+        self.cluster = LocalCluster(uuids, options=SIM_OPTIONS, seed=seed)
+        for uuid in uuids:
+            self.cluster.node(uuid).auto_sync = self.rng.random() < 0.5
+        self.config_changes = config_changes
+        self.checker = Checker()
+        self.proposals = 0
+        self.reads = 0
+        self.step_count = 0
+
+    def run(self, steps: int) -> None:
+        """Runs ``steps`` random steps, then heals everything and checks the cluster recovers."""
+        for _ in range(steps):
+            self._guarded(self.step)
+        self._guarded(self.recover_and_check_liveness)
+
+    def _guarded(self, action: object) -> None:
+        try:
+            action()  # type: ignore[operator]
+            self.checker.check(self.cluster)
+        except AssertionError as e:
+            raise InvariantViolation(
+                f"seed={self.seed} step={self.step_count} (replay: Simulation({self.seed}, "
+                f"voters={len([n for n in self.cluster.nodes])}, "
+                f"config_changes={self.config_changes})): {e}"
+            ) from e
+
+    def step(self) -> None:
+        self.step_count += 1
+        r = self.rng.random()
+        if len(self.cluster.queue) > QUEUE_MAX or (r < 0.55 and self.cluster.queue):
+            self._deliver()
+        elif r < 0.75:
+            self.cluster.tick(self.rng.choice((10, 30, 60, 120, 250)))
+        elif r < 0.85:
+            self._propose()
+        elif r < 0.89:
+            self._sync()
+        elif r < 0.91:
+            self._crash_or_restart()
+        elif r < 0.93:
+            self._partition_or_heal()
+        elif r < 0.96:
+            self._leader_action()
+        elif self.config_changes:
+            self._change_config()
+
+    def _deliver(self) -> None:
+        queue = self.cluster.queue
+        position = 0 if self.rng.random() < 0.8 else self.rng.randrange(len(queue))
+        r = self.rng.random()
+        if r < 0.04:
+            queue.pop(position)  # lost
+            return
+        if r < 0.06:
+            queue.insert(self.rng.randrange(len(queue) + 1), queue[position])  # duplicated
+        self.cluster.deliver_one(position)
+
+    def _alive(self) -> list[str]:
+        return sorted(u for u, n in self.cluster.nodes.items() if n.alive)
+
+    def _propose(self) -> None:
+        leaders = self.cluster.leaders()
+        target = leaders[-1] if leaders and self.rng.random() < 0.9 else None
+        if target is None and self._alive():
+            target = self.rng.choice(self._alive())
+        if target is None:
+            return
+        node = self.cluster.node(target)
+        self.proposals += 1
+        try:
+            node.running().propose(f"w{self.proposals}".encode())
+        except NyalaError:
+            pass
+        self.cluster.process(node)
+
+    def _sync(self) -> None:
+        alive = self._alive()
+        if alive:
+            uuid = self.rng.choice(alive)
+            last = self.cluster.node(uuid).log.last_op_id().index
+            self.cluster.sync(uuid, self.rng.randint(0, last))
+
+    def _crash_or_restart(self) -> None:
+        down = sorted(u for u, n in self.cluster.nodes.items() if not n.alive)
+        if down and (self.rng.random() < 0.6 or len(down) * 2 >= len(self.cluster.nodes)):
+            self.cluster.restart(self.rng.choice(down))
+        elif self._alive():
+            self.cluster.crash(self.rng.choice(self._alive()))
+
+    def _partition_or_heal(self) -> None:
+        if self.rng.random() < 0.5:
+            self.cluster.heal()
+            return
+        uuids = sorted(self.cluster.nodes)
+        self.rng.shuffle(uuids)
+        cut = self.rng.randrange(1, len(uuids))
+        self.cluster.partition([uuids[:cut]])
+
+    def _leader_action(self) -> None:
+        leaders = self.cluster.leaders()
+        if not leaders:
+            alive = self._alive()
+            if alive:
+                node = self.cluster.node(self.rng.choice(alive))
+                try:
+                    node.running().campaign()
+                except NyalaError:
+                    pass
+                self.cluster.process(node)
+            return
+        node = self.cluster.node(self.rng.choice(leaders))
+        core = node.running()
+        r = self.rng.random()
+        try:
+            if r < 0.4:
+                self.reads += 1
+                core.read(self.reads)
+            elif r < 0.8:
+                core.transfer_leadership()
+            else:
+                core.step_down()
+        except NyalaError:
+            pass
+        self.cluster.process(node)
+
+    def _change_config(self) -> None:
+        leaders = self.cluster.leaders()
+        if not leaders:
+            return
+        node = self.cluster.node(leaders[-1])
+        core = node.running()
+        config = core.active_config
+        r = self.rng.random()
+        members = [p for p in config.peers if p.uuid != node.uuid]
+        if r < 0.4 and len(self.cluster.nodes) < NODES_MAX:
+            uuid = f"r{len(self.cluster.nodes)}"
+            new = self.cluster.add_node(uuid)
+            new.auto_sync = self.rng.random() < 0.5
+            peer = RaftPeer(uuid, f"{uuid}:7050", MemberType.NON_VOTER, promote=True)
+            change = ConfigChange(ChangeType.ADD_PEER, peer)
+        elif r < 0.7 and members and len(config.voters()) > 1:
+            change = ConfigChange(ChangeType.REMOVE_PEER, self.rng.choice(members))
+        elif members:
+            victim = self.rng.choice(members)
+            member_type = MemberType.NON_VOTER if victim.is_voter else MemberType.VOTER
+            peer = RaftPeer(victim.uuid, victim.address, member_type)
+            change = ConfigChange(ChangeType.MODIFY_PEER, peer)
+        else:
+            return
+        cas = config.opid_index if self.rng.random() < 0.5 else None
+        try:
+            core.change_config(
+                ConfigChange(change.change_type, change.peer, cas_config_opid_index=cas)
+            )
+        except NyalaError:
+            pass
+        self.cluster.process(node)
+
+    def recover_and_check_liveness(self) -> None:
+        """Heals and restarts everything; a leader must emerge and commit a new write."""
+        self.cluster.heal()
+        for uuid, node in sorted(self.cluster.nodes.items()):
+            if not node.alive:
+                self.cluster.restart(uuid)
+            node.auto_sync = True
+        self.cluster.sync_all()
+        marker = b"liveness"
+        proposed = False
+        for _ in range(600):
+            self.cluster.tick(50)
+            self.cluster.deliver_all()
+            leaders = self.cluster.leaders()
+            if leaders and not proposed:
+                try:
+                    self.cluster.node(leaders[-1]).running().propose(marker)
+                    proposed = True
+                except NyalaError:
+                    pass
+                self.cluster.process(self.cluster.node(leaders[-1]))
+            if proposed and self._committed_everywhere(marker):
+                return
+            self.checker.check(self.cluster)
+        raise AssertionError(
+            f"liveness: no write committed on every voter after healing (leaders {leaders})"
+        )
+
+    def _committed_everywhere(self, marker: bytes) -> bool:
+        leaders = self.cluster.leaders()
+        if not leaders:
+            return False
+        config = self.cluster.node(leaders[-1]).running().active_config
+        for uuid in config.voters():
+            if not any(e.payload == marker for e in self.cluster.node(uuid).applied):
+                return False
+        return True

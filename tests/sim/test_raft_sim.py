@@ -1,0 +1,30 @@
+"""The randomized Raft simulation: a short run per seed by default, long runs under ``-m sim``."""
+
+from __future__ import annotations
+
+import pytest
+from raft_sim import Simulation
+
+DEFAULT_SEEDS = range(6)
+DEFAULT_STEPS = 10_000
+
+
+@pytest.mark.parametrize("seed", DEFAULT_SEEDS)
+def test_three_voters(seed: int) -> None:
+    Simulation(seed, voters=3).run(DEFAULT_STEPS)
+
+
+@pytest.mark.parametrize("seed", DEFAULT_SEEDS)
+def test_five_voters(seed: int) -> None:
+    Simulation(1000 + seed, voters=5).run(DEFAULT_STEPS)
+
+
+@pytest.mark.parametrize("seed", DEFAULT_SEEDS)
+def test_membership_changes(seed: int) -> None:
+    Simulation(2000 + seed, voters=3, config_changes=True).run(DEFAULT_STEPS)
+
+
+@pytest.mark.sim
+@pytest.mark.parametrize("seed", range(100, 140))
+def test_long_runs(seed: int) -> None:
+    Simulation(seed, voters=3 + 2 * (seed % 2), config_changes=seed % 3 == 0).run(30_000)
