@@ -18,6 +18,7 @@ Replay a failure with ``Simulation(seed, ...).run(steps)`` using the seed in the
 
 from __future__ import annotations
 
+import contextlib
 import random
 from dataclasses import dataclass, field
 
@@ -207,10 +208,8 @@ class Simulation:
             return
         node = self.cluster.node(target)
         self.proposals += 1
-        try:
+        with contextlib.suppress(NyalaError):
             node.running().propose(f"w{self.proposals}".encode())
-        except NyalaError:
-            pass
         self.cluster.process(node)
 
     def _sync(self) -> None:
@@ -242,10 +241,8 @@ class Simulation:
             alive = self._alive()
             if alive:
                 node = self.cluster.node(self.rng.choice(alive))
-                try:
+                with contextlib.suppress(NyalaError):
                     node.running().campaign()
-                except NyalaError:
-                    pass
                 self.cluster.process(node)
             return
         node = self.cluster.node(self.rng.choice(leaders))
@@ -288,12 +285,10 @@ class Simulation:
         else:
             return
         cas = config.opid_index if self.rng.random() < 0.5 else None
-        try:
+        with contextlib.suppress(NyalaError):
             core.change_config(
                 ConfigChange(change.change_type, change.peer, cas_config_opid_index=cas)
             )
-        except NyalaError:
-            pass
         self.cluster.process(node)
 
     def recover_and_check_liveness(self) -> None:
