@@ -14,10 +14,12 @@ returns the file as it should be; the test compares it with the file on disk, an
 Commands (``a``, ``b`` are replica ids; times in ms):
 
 =================================  ==============================================================
-cluster voters=a,b,c [non-voters=d] [promote=d] [heartbeat-ms=500]   start a cluster (term 0)
+cluster voters=a,b,c [non-voters=d] [promote=d]   start a cluster (term 0); options
+    [heartbeat-ms=500] [batch-bytes=N] [inflight-bytes=N]
 add-node d                          a new empty replica outside the config
 campaign a / run-election a        start a pre-vote election / RunLeaderElection (no pre-vote)
-tick [ms] [a,b]                     advance the clock (default: one heartbeat), fire timers
+tick [ms] [a,b|-]                   advance the clock (default: one heartbeat), fire timers
+                                    (of the named replicas; ``-``: none)
 deliver [from=a] [to=b] [once]      deliver queued messages (until none match, or just those
                                     queued now with ``once``), printing each
 drop [from=a] [to=b]                discard queued messages
@@ -34,6 +36,7 @@ modify-peer a d voter|non-voter [promote] [replace] [cas=N]
 unsafe-config a a,b                 UnsafeChangeConfig on ``a`` keeping VOTERs a,b
 run ms                              tick in 100 ms steps delivering everything; prints events
 status [a,b]                        one line per replica
+timers                              when each non-leader's failure detector fires
 log a                               the entries of ``a``'s log
 applied a                           what ``a``'s state machine applied
 =================================  ==============================================================
@@ -198,8 +201,12 @@ class Runner:
         voters = kw["voters"].split(",")
         non_voters = kw["non-voters"].split(",") if "non-voters" in kw else []
         promote = kw["promote"].split(",") if "promote" in kw else []
-        heartbeat_ms = int(kw.get("heartbeat-ms", "500"))
-        options = RaftOptions(heartbeat_interval_ms=heartbeat_ms, failed_follower_timeout_ms=5_000)
+        options = RaftOptions(
+            heartbeat_interval_ms=int(kw.get("heartbeat-ms", "500")),
+            batch_bytes_max=int(kw.get("batch-bytes", str(1024 * 1024))),
+            peer_inflight_bytes_max=int(kw.get("inflight-bytes", str(4 * 1024 * 1024))),
+            failed_follower_timeout_ms=5_000,
+        )
         self._cluster = LocalCluster(
             voters,
             non_voters,
@@ -232,6 +239,8 @@ class Runner:
         for arg in args:
             if arg.isdigit():
                 delta_ms = int(arg)
+            elif arg == "-":
+                uuids = []  # only the clock moves
             else:
                 uuids = arg.split(",")
         self.cluster.tick(delta_ms, uuids)
@@ -379,6 +388,18 @@ class Runner:
                 f"commit={s.commit_index} applied={s.last_applied} "
                 f"config={describe_config(s.committed_config)}{pending}{transfer}"
             )
+        return out
+
+    def cmd_timers(self, args: list[str], kw: dict[str, str]) -> list[str]:
+        out = []
+        now = self.cluster.clock.now_ms()
+        for uuid, node in sorted(self.cluster.nodes.items()):
+            if node.core is not None and node.core.role.value != "LEADER":
+                core = node.core
+                out.append(
+                    f"{uuid} election in {core.election_deadline_ms - now} ms "
+                    f"(failed elections: {core.failed_elections})"
+                )
         return out
 
     def cmd_log(self, args: list[str], kw: dict[str, str]) -> list[str]:

@@ -228,6 +228,16 @@ class RaftCore:
             transfer_target=self._transfer.target if self._transfer else None,
         )
 
+    @property
+    def election_deadline_ms(self) -> int:
+        """When the failure detector fires next (meaningless for a leader)."""
+        return self._election_deadline_ms
+
+    @property
+    def failed_elections(self) -> int:
+        """Elections lost or timed out since a leader was last heard (drives the back-off)."""
+        return self._failed_elections
+
     def peer_progress(self, uuid: str) -> PeerProgress | None:
         """The leader's replication state for ``uuid`` (None when not leader)."""
         return self._progress.get(uuid)

@@ -19,7 +19,8 @@ class PeerProgress:
     match_index: int = 0  # highest index the follower received matching ours (may be lost)
     durable_index: int = 0  # highest index known durable on the follower; invariant: <= match
     probing: bool = True
-    inflight: deque[tuple[int, int, int]] = field(default_factory=deque)  # (last, bytes, sent_ms)
+    # Unacknowledged batches: (first index, last index, bytes, sent_ms), oldest first.
+    inflight: deque[tuple[int, int, int, int]] = field(default_factory=deque)
     inflight_bytes: int = 0  # invariant: == sum of inflight bytes
     acked_seq: int = 0  # highest heartbeat round the follower answered in this term
     last_ack_ms: int | None = None  # None: not heard from in this term
@@ -27,8 +28,8 @@ class PeerProgress:
     def sent(self, last_index: int, size_bytes: int, now_ms: int) -> None:
         """A batch ending at ``last_index`` went out."""
         assert last_index >= self.next_index
+        self.inflight.append((self.next_index, last_index, size_bytes, now_ms))
         self.next_index = last_index + 1
-        self.inflight.append((last_index, size_bytes, now_ms))
         self.inflight_bytes += size_bytes
 
     def acked(self, last_index: int, durable_index: int) -> None:
@@ -38,8 +39,8 @@ class PeerProgress:
         if self.probing and self.match_index >= self.next_index - 1:
             self.probing = False
         self.next_index = max(self.next_index, self.match_index + 1)
-        while self.inflight and self.inflight[0][0] <= self.match_index:
-            self.inflight_bytes -= self.inflight.popleft()[1]
+        while self.inflight and self.inflight[0][1] <= self.match_index:
+            self.inflight_bytes -= self.inflight.popleft()[2]
         assert self.durable_index <= self.match_index < self.next_index
 
     def mismatched(self, hint_index: int) -> None:
@@ -51,8 +52,10 @@ class PeerProgress:
         self._clear_inflight()
 
     def lost(self) -> None:
-        """What is in flight went unanswered too long: probe again right after the match."""
-        self.next_index = self.match_index + 1
+        """What is in flight went unanswered too long: probe again from the oldest unanswered
+        batch (not from the match index: a new leader's first probe keeps its position)."""
+        if self.inflight:
+            self.next_index = max(self.match_index + 1, self.inflight[0][0])
         self._clear_inflight()
 
     def _clear_inflight(self) -> None:
@@ -62,4 +65,4 @@ class PeerProgress:
 
     def oldest_inflight_ms(self) -> int | None:
         """When the oldest unacknowledged batch was sent."""
-        return self.inflight[0][2] if self.inflight else None
+        return self.inflight[0][3] if self.inflight else None
