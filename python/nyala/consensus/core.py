@@ -145,6 +145,7 @@ class RaftCore:
         self._committed_config = meta.committed_config
         self._pending_config = self._pending_from_log()  # appended, not committed, newest
         self._meta_dirty = False  # _term/_voted_for/_committed_config differ from the store
+        self._stopped: Exception | None = None  # a cmeta write failed: this core is unusable
         self._effects: list[Effect] = []
         assert last_applied_index <= log.last_op_id().index
         self._commit_index = last_applied_index  # invariant: last_applied <= commit_index
@@ -243,15 +244,21 @@ class RaftCore:
         return self._progress.get(uuid)
 
     def drain_effects(self) -> list[Effect]:
-        """The effects produced since the last call, in the order they must be executed."""
-        self._flush_meta()
+        """The effects produced since the last call, in the order they must be executed.
+
+        After a failed cmeta write nothing is returned: effects queued after the failure may
+        depend on state that never became durable. Restart the replica from disk instead.
+        """
+        if self._stopped is None:
+            self._flush_meta()
         out, self._effects = self._effects, []
-        return out
+        return [] if self._stopped is not None else out
 
     # --- inputs -----------------------------------------------------------------------------
 
     def tick(self) -> None:
         """Lets timers fire: heartbeats and transfer deadline (leader), elections (others)."""
+        self._check_running()
         now = self._clock.now_ms()
         if self._role is Role.LEADER:
             if now >= self._next_heartbeat_ms:
@@ -269,6 +276,7 @@ class RaftCore:
 
     def step(self, msg: Message) -> None:
         """Handles one message from another replica."""
+        self._check_running()
         if msg.dest != self.uuid:
             raise WrongServerUuidError(f"message for {msg.dest} delivered to {self.uuid}")
         if self._admit_term(msg):
@@ -282,6 +290,7 @@ class RaftCore:
 
     def on_log_durable(self, index: int) -> None:
         """The runtime reports that the log is durable up to ``index``."""
+        self._check_running()
         assert index <= self._log.durable_index()
         if self._role is Role.LEADER:
             self._leader_update_commit()
@@ -314,6 +323,7 @@ class RaftCore:
 
     def campaign(self) -> None:
         """Starts an election now, as if the failure detector fired (pre-vote first)."""
+        self._check_running()
         if self._role is Role.LEADER:
             return
         self._require_can_campaign()
@@ -322,6 +332,7 @@ class RaftCore:
 
     def run_leader_election(self) -> None:
         """RunLeaderElection: a real election now, asking voters to ignore a live leader."""
+        self._check_running()
         if self._role is Role.LEADER:
             return
         self._require_can_campaign()
@@ -384,6 +395,7 @@ class RaftCore:
     def unsafe_change_config(self, voter_uuids: Sequence[str]) -> OpId:
         """UnsafeChangeConfig (DANGEROUS; see ``membership.unsafe_config``): this replica adopts
         a config of only ``voter_uuids`` via a synthetic config entry at term + 1."""
+        self._check_running()
         if self.uuid not in voter_uuids:
             raise InvalidArgumentError(f"the unsafe config must include this replica {self.uuid}")
         new = membership.unsafe_config(self._committed_config, voter_uuids)
@@ -946,7 +958,15 @@ class RaftCore:
 
     # --- helpers ----------------------------------------------------------------------------
 
+    def _check_running(self) -> None:
+        if self._stopped is not None:
+            raise IllegalStateError(
+                f"replica {self.uuid} stopped after a consensus metadata write failed: "
+                f"{self._stopped}; restart it from disk"
+            )
+
     def _require_leader(self) -> None:
+        self._check_running()
         if self._role is not Role.LEADER:
             leader = self._leader
             peer = self.active_config.peer(leader) if leader else None
@@ -966,5 +986,11 @@ class RaftCore:
 
     def _flush_meta(self) -> None:
         if self._meta_dirty:
-            self._store.save(ConsensusMetadata(self._term, self._voted_for, self._committed_config))
+            self._check_running()
+            meta = ConsensusMetadata(self._term, self._voted_for, self._committed_config)
+            try:
+                self._store.save(meta)
+            except Exception as e:
+                self._stopped = e  # memory is ahead of disk now; never act on it
+                raise
             self._meta_dirty = False

@@ -1,0 +1,120 @@
+"""Focused checks of ``RaftCore`` that scenarios show less directly: persistence ordering,
+timeout randomization and back-off, typed refusals."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from nyala.common.clock import ManualClock
+from nyala.consensus import (
+    MemoryCmetaStore,
+    MemoryLog,
+    RaftConfig,
+    RaftCore,
+    RaftOptions,
+    RaftPeer,
+    Send,
+    bootstrap_cmeta,
+)
+from nyala.consensus.messages import VoteRequest, VoteResponse
+from nyala.consensus.metadata import ConsensusMetadata
+from nyala.consensus.types import MIN_OP_ID, OpId
+from nyala.errors import DiskFullError, IllegalStateError, NotLeaderError, WrongServerUuidError
+
+CONFIG = RaftConfig((RaftPeer("a", "a:1"), RaftPeer("b", "b:1"), RaftPeer("c", "c:1")))
+
+
+class FailingStore(MemoryCmetaStore):
+    """A cmeta store whose disk fills up on demand."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.full = False
+
+    def save(self, meta: ConsensusMetadata) -> None:
+        if self.full:
+            raise DiskFullError("no space left on device")
+        super().save(meta)
+
+
+def make_core(store: MemoryCmetaStore | None = None, **options: int) -> RaftCore:
+    store = store or MemoryCmetaStore()
+    bootstrap_cmeta(store, CONFIG)
+    return RaftCore(
+        "b", MemoryLog(), store, ManualClock(), random.Random(1), RaftOptions(**options)
+    )
+
+
+def test_vote_is_durable_before_the_response_exists() -> None:
+    store = MemoryCmetaStore()
+    core = make_core(store)
+    core.step(VoteRequest("a", "b", 3, MIN_OP_ID))
+    assert store.load().current_term == 3
+    assert store.load().voted_for == "a"
+    sends = [e.message for e in core.drain_effects() if isinstance(e, Send)]
+    assert sends == [VoteResponse("b", "a", 3, True, False)]
+
+
+def test_no_vote_leaves_when_cmeta_cannot_be_written() -> None:
+    store = FailingStore()
+    core = make_core(store)
+    store.full = True
+    with pytest.raises(DiskFullError):
+        core.step(VoteRequest("a", "b", 3, MIN_OP_ID))
+    assert not any(isinstance(e, Send) for e in core.drain_effects())
+    assert store.load().voted_for is None
+
+
+def test_pre_vote_persists_nothing() -> None:
+    store = MemoryCmetaStore()
+    core = make_core(store)
+    saves = store.saves
+    core.step(VoteRequest("a", "b", 3, OpId(1, 1), pre_election=True))
+    assert store.saves == saves
+    assert core.term == 0
+    sends = [e.message for e in core.drain_effects() if isinstance(e, Send)]
+    assert sends == [VoteResponse("b", "a", 3, True, True)]
+
+
+def test_election_timeouts_are_jittered_and_back_off_up_to_the_cap() -> None:
+    core = make_core(heartbeat_interval_ms=100, election_backoff_max_ms=1_000)
+    base = 300
+    samples = []
+    for _ in range(200):
+        core._reset_election_timer()
+        samples.append(core.election_deadline_ms)
+    assert min(samples) >= base * 0.75
+    assert max(samples) < base * 1.25
+    assert len(set(samples)) > 50
+    core._failed_elections = 1
+    core._reset_election_timer()
+    assert 600 * 0.75 <= core.election_deadline_ms < 600 * 1.25
+    core._failed_elections = 10
+    core._reset_election_timer()
+    assert 1_000 * 0.75 <= core.election_deadline_ms < 1_000 * 1.25
+
+
+def test_refusals_are_typed() -> None:
+    core = make_core()
+    with pytest.raises(NotLeaderError):
+        core.propose(b"x")
+    with pytest.raises(NotLeaderError):
+        core.read(1)
+    with pytest.raises(WrongServerUuidError):
+        core.step(VoteRequest("a", "c", 1, MIN_OP_ID))
+
+
+def test_a_core_whose_cmeta_write_failed_stays_stopped() -> None:
+    store = FailingStore()
+    core = make_core(store)
+    store.full = True
+    with pytest.raises(DiskFullError):
+        core.step(VoteRequest("a", "b", 3, MIN_OP_ID))
+    store.full = False
+    with pytest.raises(IllegalStateError, match="restart it from disk"):
+        core.tick()
+    with pytest.raises(IllegalStateError):
+        core.campaign()
+    assert core.drain_effects() == []
