@@ -1,7 +1,328 @@
-//! Bindings for the tablet storage engine.
+//! Bindings for the tablet storage engine (`nyala._native.StorageEngine`).
+//!
+//! Schemas cross as plain tuples (the typed Python side is `nyala.schema`), batches cross as
+//! pyarrow objects through the Arrow C data interface (zero-copy), and op-batch IPC bytes are
+//! copied once into an Arrow buffer. Every call that touches disk or loops over rows releases
+//! the GIL.
 
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use arrow::array::{ArrayData, ArrayRef, RecordBatch};
+use arrow::buffer::Buffer;
+use arrow::pyarrow::{PyArrowType, Table};
+use nyala_storage::{
+    ColumnSchema, DataType, Engine, EngineOptions, OpBatch, Predicate, PredicateOp, ScanSpec,
+    Schema, StorageError, Value,
+};
+use pyo3::buffer::PyBuffer;
 use pyo3::prelude::*;
+use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyInt, PyString};
 
-pub fn register(_m: &Bound<'_, PyModule>) -> PyResult<()> {
+use crate::errors::to_py;
+
+/// One column as Python passes it: (id, name, type name, nullable, default or None).
+type ColumnTuple = (u32, String, String, bool, Option<Py<PyAny>>);
+/// A schema as Python passes it: (columns, key column count, version, next column id).
+type SchemaTuple = (Vec<ColumnTuple>, usize, u32, u32);
+
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<StorageEngine>()?;
     Ok(())
+}
+
+/// One tablet's storage engine.
+#[pyclass(frozen, module = "nyala._native")]
+pub struct StorageEngine {
+    engine: Arc<Engine>,
+}
+
+fn options(flush_threshold_bytes: usize, background_flush: bool) -> EngineOptions {
+    EngineOptions {
+        flush_threshold_bytes,
+        background_flush,
+        fault_injector: None,
+    }
+}
+
+#[pymethods]
+impl StorageEngine {
+    /// Creates an empty engine in `path` with `schema`.
+    #[staticmethod]
+    #[pyo3(signature = (path, schema, flush_threshold_bytes = 64 * 1024 * 1024, background_flush = true))]
+    fn create(
+        py: Python<'_>,
+        path: PathBuf,
+        schema: SchemaTuple,
+        flush_threshold_bytes: usize,
+        background_flush: bool,
+    ) -> PyResult<StorageEngine> {
+        let schema = schema_from_py(py, schema)?;
+        let engine = py
+            .detach(|| {
+                Engine::create(
+                    &path,
+                    schema,
+                    options(flush_threshold_bytes, background_flush),
+                )
+            })
+            .map_err(to_py)?;
+        Ok(StorageEngine {
+            engine: Arc::new(engine),
+        })
+    }
+
+    /// Opens the engine in `path`.
+    #[staticmethod]
+    #[pyo3(signature = (path, flush_threshold_bytes = 64 * 1024 * 1024, background_flush = true))]
+    fn open(
+        py: Python<'_>,
+        path: PathBuf,
+        flush_threshold_bytes: usize,
+        background_flush: bool,
+    ) -> PyResult<StorageEngine> {
+        let engine = py
+            .detach(|| Engine::open(&path, options(flush_threshold_bytes, background_flush)))
+            .map_err(to_py)?;
+        Ok(StorageEngine {
+            engine: Arc::new(engine),
+        })
+    }
+
+    /// The current schema as a tuple (columns, key_count, version, next_column_id).
+    fn schema<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        schema_to_py(py, &self.engine.schema())
+    }
+
+    /// Applies Arrow IPC op-batch bytes as op `op_index`; returns one status byte per row.
+    fn apply_ipc<'py>(
+        &self,
+        py: Python<'py>,
+        data: PyBuffer<u8>,
+        op_index: u64,
+    ) -> PyResult<Bound<'py, PyBytes>> {
+        let bytes = data.to_vec(py)?;
+        let engine = self.engine.clone();
+        let statuses = py
+            .detach(move || {
+                let batch = engine.decode(Buffer::from_vec(bytes))?;
+                engine.apply(&batch, op_index)
+            })
+            .map_err(to_py)?;
+        Ok(status_bytes(py, &statuses.statuses))
+    }
+
+    /// Applies a pyarrow RecordBatch of row operations as op `op_index`.
+    fn apply_batch<'py>(
+        &self,
+        py: Python<'py>,
+        batch: PyArrowType<RecordBatch>,
+        op_index: u64,
+    ) -> PyResult<Bound<'py, PyBytes>> {
+        let engine = self.engine.clone();
+        let statuses = py
+            .detach(move || {
+                let batch: OpBatch = engine.validate(&batch.0)?;
+                engine.apply(&batch, op_index)
+            })
+            .map_err(to_py)?;
+        Ok(status_bytes(py, &statuses.statuses))
+    }
+
+    /// Flushes memory to a new rowset; returns its id (None if nothing was written).
+    fn flush(&self, py: Python<'_>) -> PyResult<Option<u64>> {
+        let engine = self.engine.clone();
+        py.detach(move || engine.flush()).map_err(to_py)
+    }
+
+    /// Merges all rowsets; returns whether there was anything to do.
+    fn compact(&self, py: Python<'_>) -> PyResult<bool> {
+        let engine = self.engine.clone();
+        py.detach(move || engine.compact()).map_err(to_py)
+    }
+
+    /// Reads rows in key order as a pyarrow Table. `predicates` are (column, op, values)
+    /// with values a pyarrow Array of the column's type (None for the null tests).
+    #[pyo3(signature = (columns = None, predicates = Vec::new(), lower_bound = None, upper_bound = None, limit = None))]
+    fn scan(
+        &self,
+        py: Python<'_>,
+        columns: Option<Vec<String>>,
+        predicates: Vec<(String, String, Option<PyArrowType<ArrayData>>)>,
+        lower_bound: Option<Vec<u8>>,
+        upper_bound: Option<Vec<u8>>,
+        limit: Option<usize>,
+    ) -> PyResult<PyArrowType<Table>> {
+        let mut parsed = Vec::with_capacity(predicates.len());
+        for (column, op, values) in predicates {
+            let op = PredicateOp::parse(&op).map_err(to_py)?;
+            let values: Option<ArrayRef> = values.map(|v| arrow::array::make_array(v.0));
+            parsed.push(Predicate { column, op, values });
+        }
+        let spec = ScanSpec {
+            columns,
+            predicates: parsed,
+            lower_bound,
+            upper_bound,
+            limit,
+        };
+        let engine = self.engine.clone();
+        let result = py.detach(move || engine.scan(&spec)).map_err(to_py)?;
+        let table = Table::try_new(result.batches, result.schema)
+            .map_err(|e| to_py(StorageError::arrow_internal("scan", e)))?;
+        Ok(PyArrowType(table))
+    }
+
+    /// Encodes each row of a pyarrow RecordBatch of key columns as a scan bound.
+    fn encode_keys<'py>(
+        &self,
+        py: Python<'py>,
+        keys: PyArrowType<RecordBatch>,
+    ) -> PyResult<Vec<Bound<'py, PyBytes>>> {
+        let encoded = self.engine.encode_keys(&keys.0).map_err(to_py)?;
+        Ok(encoded.iter().map(|k| PyBytes::new(py, k)).collect())
+    }
+
+    /// Replaces the schema as op `op_index` (flushes memory first).
+    fn alter_schema(&self, py: Python<'_>, schema: SchemaTuple, op_index: u64) -> PyResult<()> {
+        let schema = schema_from_py(py, schema)?;
+        let engine = self.engine.clone();
+        py.detach(move || engine.alter_schema(schema, op_index))
+            .map_err(to_py)
+    }
+
+    /// Pins the current rowsets for tablet copy: (id, last_flushed_index, file paths,
+    /// manifest file image).
+    fn snapshot<'py>(
+        &self,
+        py: Python<'py>,
+    ) -> PyResult<(u64, u64, Vec<String>, Bound<'py, PyBytes>)> {
+        let engine = self.engine.clone();
+        let snapshot = py.detach(move || engine.snapshot()).map_err(to_py)?;
+        let files = snapshot
+            .files
+            .iter()
+            .map(|f| f.display().to_string())
+            .collect();
+        Ok((
+            snapshot.id,
+            snapshot.last_flushed_index,
+            files,
+            PyBytes::new(py, &snapshot.manifest_image),
+        ))
+    }
+
+    /// Releases a snapshot's pins.
+    fn release_snapshot(&self, id: u64) -> PyResult<()> {
+        self.engine.release_snapshot(id).map_err(to_py)
+    }
+
+    /// Every op with index <= this is durable in rowsets.
+    #[getter]
+    fn last_flushed_index(&self) -> u64 {
+        self.engine.last_flushed_index()
+    }
+
+    /// The highest op index applied.
+    #[getter]
+    fn last_applied_index(&self) -> u64 {
+        self.engine.last_applied_index()
+    }
+
+    /// The last background flush error, if any.
+    fn background_error(&self) -> Option<String> {
+        self.engine.background_error()
+    }
+
+    /// Counters: mem_rows, mem_bytes, frozen_rows, rowsets, disk_rows, last_applied_index,
+    /// last_flushed_index.
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let s = self.engine.stats();
+        let d = PyDict::new(py);
+        d.set_item("mem_rows", s.mem_rows)?;
+        d.set_item("mem_bytes", s.mem_bytes)?;
+        d.set_item("frozen_rows", s.frozen_rows)?;
+        d.set_item("rowsets", s.rowsets)?;
+        d.set_item("disk_rows", s.disk_rows)?;
+        d.set_item("last_applied_index", s.last_applied_index)?;
+        d.set_item("last_flushed_index", s.last_flushed_index)?;
+        Ok(d)
+    }
+}
+
+fn status_bytes<'py>(
+    py: Python<'py>,
+    statuses: &[nyala_storage::RowStatus],
+) -> Bound<'py, PyBytes> {
+    let raw: Vec<u8> = statuses.iter().map(|s| *s as u8).collect();
+    PyBytes::new(py, &raw)
+}
+
+fn schema_from_py(py: Python<'_>, schema: SchemaTuple) -> PyResult<Schema> {
+    let (columns, key_count, version, next_column_id) = schema;
+    let mut parsed = Vec::with_capacity(columns.len());
+    for (id, name, type_name, nullable, default) in columns {
+        let data_type = DataType::from_name(&type_name).map_err(to_py)?;
+        let default = match default {
+            None => None,
+            Some(value) => Some(value_from_py(value.bind(py))?),
+        };
+        parsed.push(ColumnSchema {
+            id,
+            name,
+            data_type,
+            nullable,
+            default,
+        });
+    }
+    Schema::with_next_id(parsed, key_count, version, next_column_id).map_err(to_py)
+}
+
+fn value_from_py(value: &Bound<'_, PyAny>) -> PyResult<Value> {
+    if value.is_instance_of::<PyBool>() {
+        Ok(Value::Bool(value.extract()?))
+    } else if value.is_instance_of::<PyInt>() {
+        Ok(Value::Int(value.extract()?))
+    } else if value.is_instance_of::<PyFloat>() {
+        Ok(Value::Float(value.extract()?))
+    } else if value.is_instance_of::<PyString>() {
+        Ok(Value::Bytes(value.extract::<String>()?.into_bytes()))
+    } else if value.is_instance_of::<PyBytes>() {
+        Ok(Value::Bytes(value.extract::<Vec<u8>>()?))
+    } else {
+        Err(to_py(StorageError::invalid(format!(
+            "unsupported default value {value}"
+        ))))
+    }
+}
+
+fn schema_to_py<'py>(py: Python<'py>, schema: &Schema) -> PyResult<Bound<'py, PyAny>> {
+    let mut columns = Vec::with_capacity(schema.columns().len());
+    for c in schema.columns() {
+        let default: Option<Bound<'py, PyAny>> = match &c.default {
+            None => None,
+            Some(Value::Int(v)) => Some(v.into_pyobject(py)?.into_any()),
+            Some(Value::Float(v)) => Some(v.into_pyobject(py)?.into_any()),
+            Some(Value::Bool(v)) => Some(PyBool::new(py, *v).to_owned().into_any()),
+            Some(Value::Bytes(v)) if c.data_type == DataType::String => {
+                Some(PyString::new(py, &String::from_utf8_lossy(v)).into_any())
+            }
+            Some(Value::Bytes(v)) => Some(PyBytes::new(py, v).into_any()),
+        };
+        columns.push((
+            c.id,
+            c.name.clone(),
+            c.data_type.name(),
+            c.nullable,
+            default,
+        ));
+    }
+    (
+        columns,
+        schema.key_count(),
+        schema.version(),
+        schema.next_column_id(),
+    )
+        .into_pyobject(py)
+        .map(|t| t.into_any())
 }

@@ -188,6 +188,15 @@ pub struct Engine {
     flusher: Option<JoinHandle<()>>,
 }
 
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine")
+            .field("dir", &self.shared.dir)
+            .field("stats", &self.stats())
+            .finish()
+    }
+}
+
 impl Drop for Engine {
     fn drop(&mut self) {
         self.shared.worker.lock().stop = true;

@@ -107,27 +107,16 @@ impl OpBatch {
                 data.len()
             )));
         }
-        let mut decoder = StreamDecoder::new();
-        let mut buffer = data;
-        let mut batch = None;
-        while !buffer.is_empty() {
-            let decoded = decoder
-                .decode(&mut buffer)
-                .map_err(|e| StorageError::invalid(format!("malformed Arrow IPC op batch: {e}")))?;
-            if let Some(decoded) = decoded {
-                if batch.replace(decoded).is_some() {
-                    return Err(StorageError::invalid(
-                        "an op batch must hold exactly one record batch",
-                    ));
-                }
-            }
-        }
-        decoder
-            .finish()
-            .map_err(|e| StorageError::invalid(format!("truncated Arrow IPC op batch: {e}")))?;
-        let batch = batch
-            .ok_or_else(|| StorageError::invalid("Arrow IPC op batch holds no record batch"))?;
-        OpBatch::from_record_batch(&batch, schema)
+        // arrow's decoder panics on some damaged messages (buffer ranges past the body) instead
+        // of returning an error; the bytes come from the network, so contain that here. The
+        // decoder and buffer are dropped on failure, so no broken state survives the unwind.
+        let decoded = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| decode_one(data)))
+            .unwrap_or_else(|_| {
+            Err(StorageError::invalid(
+                "malformed Arrow IPC op batch (buffer ranges outside the message)",
+            ))
+        })?;
+        OpBatch::from_record_batch(&decoded, schema)
     }
 
     /// Validates a record batch of row operations against `schema`.
@@ -187,6 +176,28 @@ impl OpBatch {
             schema_version: schema.version(),
         })
     }
+}
+
+fn decode_one(data: Buffer) -> Result<RecordBatch> {
+    let mut decoder = StreamDecoder::new();
+    let mut buffer = data;
+    let mut batch = None;
+    while !buffer.is_empty() {
+        let decoded = decoder
+            .decode(&mut buffer)
+            .map_err(|e| StorageError::invalid(format!("malformed Arrow IPC op batch: {e}")))?;
+        if let Some(decoded) = decoded {
+            if batch.replace(decoded).is_some() {
+                return Err(StorageError::invalid(
+                    "an op batch must hold exactly one record batch",
+                ));
+            }
+        }
+    }
+    decoder
+        .finish()
+        .map_err(|e| StorageError::invalid(format!("truncated Arrow IPC op batch: {e}")))?;
+    batch.ok_or_else(|| StorageError::invalid("Arrow IPC op batch holds no record batch"))
 }
 
 /// The Arrow schema of stored rows: the table's fields, with non-key fields nullable because

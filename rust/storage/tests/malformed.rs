@@ -1,0 +1,171 @@
+//! Malformed op batches are refused with `InvalidArgument` before anything is applied.
+
+mod common;
+
+use std::sync::Arc;
+
+use arrow::array::{ArrayRef, Int32Array, Int64Array, RecordBatch, StringArray, UInt8Array};
+use arrow::buffer::Buffer;
+use arrow::datatypes::{DataType as ArrowType, Field, Schema as ArrowSchema};
+use common::{batch, schema};
+use nyala_common::{Classify, ErrorKind};
+use nyala_storage::{encode_ipc, DataType, OpBatch, OpType::*, Schema, StorageError, OP_COLUMN};
+use proptest::prelude::*;
+
+fn invalid(result: Result<OpBatch, StorageError>) -> String {
+    match result {
+        Err(e) => {
+            assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{e}");
+            e.to_string()
+        }
+        Ok(_) => panic!("accepted a malformed batch"),
+    }
+}
+
+fn make(fields: Vec<(&str, ArrowType, bool)>, columns: Vec<ArrayRef>) -> RecordBatch {
+    let fields: Vec<Field> = fields
+        .into_iter()
+        .map(|(n, t, nullable)| Field::new(n, t, nullable))
+        .collect();
+    RecordBatch::try_new(Arc::new(ArrowSchema::new(fields)), columns).unwrap()
+}
+
+fn ids(values: &[i64]) -> ArrayRef {
+    Arc::new(Int64Array::from(values.to_vec()))
+}
+
+fn op(codes: &[u8]) -> ArrayRef {
+    Arc::new(UInt8Array::from(codes.to_vec()))
+}
+
+#[test]
+fn rejects_bad_ipc_bytes() {
+    let s = schema();
+    invalid(OpBatch::decode_ipc(
+        Buffer::from_vec(b"not arrow at all".to_vec()),
+        &s,
+    ));
+    invalid(OpBatch::decode_ipc(Buffer::from_vec(Vec::<u8>::new()), &s));
+    let good = encode_ipc(&batch(&[(Insert, 1, Some(1), Some("a"))])).unwrap();
+    for cut in [4, 8, good.len() / 2, good.len() - 9] {
+        invalid(OpBatch::decode_ipc(
+            Buffer::from_vec(good[..cut].to_vec()),
+            &s,
+        ));
+    }
+    let mut two = good.clone();
+    two.truncate(good.len() - 8); // drop the end-of-stream marker
+    let second = encode_ipc(&batch(&[(Insert, 2, None, None)])).unwrap();
+    let message_start = two.len();
+    two.extend_from_slice(&second);
+    let _ = message_start;
+    invalid(OpBatch::decode_ipc(Buffer::from_vec(two), &s));
+    OpBatch::decode_ipc(Buffer::from_vec(good), &s).unwrap();
+}
+
+#[test]
+fn rejects_bad_columns_and_values() {
+    let s = schema();
+    let msg = invalid(OpBatch::from_record_batch(
+        &make(vec![("id", ArrowType::Int64, false)], vec![ids(&[1])]),
+        &s,
+    ));
+    assert!(msg.contains(OP_COLUMN), "{msg}");
+    let wrong_op_type = make(
+        vec![
+            ("id", ArrowType::Int64, false),
+            (OP_COLUMN, ArrowType::Int32, false),
+        ],
+        vec![ids(&[1]), Arc::new(Int32Array::from(vec![1]))],
+    );
+    invalid(OpBatch::from_record_batch(&wrong_op_type, &s));
+    let bad_code = make(
+        vec![
+            ("id", ArrowType::Int64, false),
+            (OP_COLUMN, ArrowType::UInt8, false),
+        ],
+        vec![ids(&[1]), op(&[9])],
+    );
+    assert!(invalid(OpBatch::from_record_batch(&bad_code, &s)).contains("op code"));
+    let null_op = make(
+        vec![
+            ("id", ArrowType::Int64, false),
+            (OP_COLUMN, ArrowType::UInt8, true),
+        ],
+        vec![ids(&[1]), Arc::new(UInt8Array::from(vec![None]))],
+    );
+    invalid(OpBatch::from_record_batch(&null_op, &s));
+    let wrong_key_type = make(
+        vec![
+            ("id", ArrowType::Int32, false),
+            (OP_COLUMN, ArrowType::UInt8, false),
+        ],
+        vec![Arc::new(Int32Array::from(vec![1])), op(&[6])],
+    );
+    assert!(invalid(OpBatch::from_record_batch(&wrong_key_type, &s)).contains("int64"));
+    let unknown = make(
+        vec![
+            ("id", ArrowType::Int64, false),
+            ("nope", ArrowType::Int64, false),
+            (OP_COLUMN, ArrowType::UInt8, false),
+        ],
+        vec![ids(&[1]), ids(&[1]), op(&[6])],
+    );
+    assert!(invalid(OpBatch::from_record_batch(&unknown, &s)).contains("nope"));
+    let insert_without_values = make(
+        vec![
+            ("id", ArrowType::Int64, false),
+            (OP_COLUMN, ArrowType::UInt8, false),
+        ],
+        vec![ids(&[1]), op(&[1])],
+    );
+    invalid(OpBatch::from_record_batch(&insert_without_values, &s));
+    let null_key = make(
+        vec![
+            ("id", ArrowType::Int64, true),
+            (OP_COLUMN, ArrowType::UInt8, false),
+        ],
+        vec![Arc::new(Int64Array::from(vec![None])), op(&[6])],
+    );
+    invalid(OpBatch::from_record_batch(&null_key, &s));
+    // A non-nullable value column may be null only on delete rows.
+    let strict = Schema::build(
+        vec![
+            ("id".into(), DataType::Int64, false),
+            ("name".into(), DataType::String, false),
+        ],
+        &["id"],
+    )
+    .unwrap();
+    let fields = vec![
+        ("id", ArrowType::Int64, false),
+        ("name", ArrowType::Utf8, true),
+        (OP_COLUMN, ArrowType::UInt8, false),
+    ];
+    let names: ArrayRef = Arc::new(StringArray::from(vec![Some("a"), None]));
+    let on_delete = make(
+        fields.clone(),
+        vec![ids(&[1, 2]), names.clone(), op(&[1, 6])],
+    );
+    OpBatch::from_record_batch(&on_delete, &strict).unwrap();
+    let on_insert = make(fields, vec![ids(&[1, 2]), names, op(&[1, 3])]);
+    assert!(invalid(OpBatch::from_record_batch(&on_insert, &strict)).contains("row 1"));
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    /// Any damage to the bytes gives a valid batch or `InvalidArgument`, never a panic.
+    #[test]
+    fn damaged_ipc_never_panics(at in any::<prop::sample::Index>(), xor in 1u8..=255) {
+        let s = schema();
+        let rows: Vec<_> = (0..20).map(|i| (Upsert, i, Some(i * 7), Some("value"))).collect();
+        let mut bytes = encode_ipc(&batch(&rows)).unwrap();
+        let i = at.index(bytes.len());
+        bytes[i] ^= xor;
+        match OpBatch::decode_ipc(Buffer::from_vec(bytes), &s) {
+            Ok(decoded) => prop_assert!(decoded.len() <= 20),
+            Err(e) => prop_assert_eq!(e.kind(), ErrorKind::InvalidArgument),
+        }
+    }
+}
