@@ -62,7 +62,7 @@ from nyala.consensus.messages import (
 )
 from nyala.consensus.metadata import FileCmetaStore
 from nyala.consensus.types import EntryKind, decode_config
-from nyala.errors import NyalaError
+from nyala.errors import CasFailedError, NyalaError
 
 SEPARATOR = "----"
 DELIVER_ROUNDS_MAX = 10_000  # a scenario that never quiesces is a bug, not a hang
@@ -189,11 +189,22 @@ class Runner:
             raise ValueError(f"unknown scenario command {name!r}")
         try:
             out = handler(positional, named)
+        except CasFailedError as e:
+            out = [f"error: CasFailedError: {e} (committed_opid_index={e.committed_opid_index})"]
         except NyalaError as e:
             out = [f"error: {type(e).__name__}: {e}"]
+        finally:
+            self._process_all()  # a refused request may still have produced effects
         if self._cluster is not None:
             out = out + self.cluster.drain_events()
         return out
+
+    def _process_all(self) -> None:
+        if self._cluster is None:
+            return
+        for node in self.cluster.nodes.values():
+            if node.alive:
+                self.cluster.process(node)
 
     # --- commands ---------------------------------------------------------------------------
 

@@ -374,8 +374,9 @@ class RaftCore:
                 f"leader has not committed an op of term {self._term} yet; retry"
             )
         if self._pending_config is not None:
-            raise IllegalStateError(
-                f"config change at index {self._pending_config.opid_index} is still pending"
+            raise ServiceUnavailableError(
+                f"config change at index {self._pending_config.opid_index} is still pending;"
+                " retry once it commits"
             )
         committed_index = self._committed_config.opid_index
         cas = change.cas_config_opid_index
@@ -783,8 +784,8 @@ class RaftCore:
             preceding_term = self._log.term_at(after)
             assert preceding_term is not None, f"entry {after} is gone (tablet copy needed)"
             batch = self._log.read_batch(after, self._opts.batch_bytes_max)
-            if batch is None:
-                break
+            if batch is None and not (progress.probing and after > progress.match_index):
+                break  # caught up; an unconfirmed position is probed even with nothing new
             self._send(
                 AppendRequest(
                     self.uuid,
@@ -796,6 +797,9 @@ class RaftCore:
                     self._seq,
                 )
             )
+            if batch is None:
+                progress.sent(after, 0, now)
+                return True
             progress.sent(batch.last_op_id.index, batch.size_bytes, now)
             sent = True
         return sent
