@@ -44,6 +44,7 @@ class MetaKind(enum.IntEnum):
     SUPERBLOCK = 2
     CONSENSUS_META = 3
     MASTER_CONFIG = 4
+    ROWSET_MANIFEST = 5  # written by the Rust storage engine (rust/storage/src/manifest.rs)
 
 
 def encode(kind: MetaKind, payload: bytes) -> bytes:

@@ -1,0 +1,173 @@
+"""Storage engine benchmark: apply and scan rates next to a pyarrow Parquet baseline.
+
+Apply: upserts of 10-column rows in batches of 10k into an engine that already holds 1M rows,
+through the Arrow IPC bytes path (the WAL payload form), across at least one background flush.
+Scan: a full scan of 2 of the 10 columns and a selective predicate, from the compacted tablet,
+next to ``pyarrow.parquet.read_table`` reading the same rows from one Parquet file in the same
+run (``scan_vs_parquet_ratio`` = engine rows/s / pyarrow rows/s; target >= 0.5). Also reported:
+the scan of the uncompacted tablet (a merge across rowsets), and apply through pyarrow FFI.
+
+Usage: ``python benches/storage_bench.py [--quick]``; the last line printed is one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from nyala.rowops import OpType, encode, make_op_batch
+from nyala.schema import Schema
+from nyala.storage import StorageEngine
+
+BATCH_ROWS = 10_000
+BASE_ROWS = 1_000_000
+SCHEMA = Schema.parse(
+    "id:int64, a:int64, b:int64, c:int64, d:int64, e:double, f:double, g:double, h:double?, "
+    "s:string?",
+    key=["id"],
+)
+
+
+def rows(ids: np.ndarray[Any, Any], seed: int) -> dict[str, Any]:
+    rng = np.random.default_rng(seed)
+    n = len(ids)
+    data: dict[str, Any] = {"id": ids.astype(np.int64)}
+    for name in "abcd":
+        data[name] = rng.integers(0, 1 << 40, n, dtype=np.int64)
+    for name in "efgh":
+        data[name] = rng.random(n)
+    data["s"] = pa.array(np.char.add("v", (ids % 997).astype(str)))
+    return data
+
+
+def batches(ids: np.ndarray[Any, Any], seed: int) -> list[pa.Buffer]:
+    out = []
+    for start in range(0, len(ids), BATCH_ROWS):
+        chunk = ids[start : start + BATCH_ROWS]
+        out.append(encode(make_op_batch(rows(chunk, seed + start), OpType.UPSERT, SCHEMA)))
+    return out
+
+
+def timed(fn: Callable[[], Any], repeats: int) -> tuple[float, Any]:
+    """Median seconds of ``repeats`` calls, and the last result."""
+    times = []
+    result = None
+    for _ in range(repeats):
+        start = time.perf_counter()
+        result = fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times), result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="smaller run (< 2 minutes)")
+    args = parser.parse_args()
+    upsert_rows = 500_000 if args.quick else 2_000_000
+    repeats = 3 if args.quick else 5
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        # 1M rows already in the engine, flushed to disk.
+        engine = StorageEngine.create(
+            root / "tablet", SCHEMA, flush_threshold_bytes=32 * 1024 * 1024
+        )
+        base = np.arange(BASE_ROWS, dtype=np.int64) * 2
+        op_index = 0
+        for payload in batches(base, 1):
+            op_index += 1
+            engine.apply(payload, op_index)
+        engine.flush()
+        # Upserts: half overwrite existing keys, half are new (odd) keys, in random order.
+        rng = np.random.default_rng(7)
+        keys = rng.permutation(
+            np.concatenate([base[: upsert_rows // 2], np.arange(upsert_rows // 2) * 2 + 1])
+        )
+        payloads = batches(keys, 2)
+        flushes_before = engine.stats()["rowsets"]
+        start = time.perf_counter()
+        for payload in payloads:
+            op_index += 1
+            result = engine.apply(payload, op_index)
+            assert result.ok
+        apply_s = time.perf_counter() - start
+        apply_rows_per_s = upsert_rows / apply_s
+        engine.flush()
+        flushes = engine.stats()["rowsets"] - flushes_before
+        assert engine.background_error() is None
+
+        # FFI path (pyarrow RecordBatch handed over through the C data interface).
+        ffi_batches = [
+            make_op_batch(rows(base[i : i + BATCH_ROWS], 9), OpType.UPSERT, SCHEMA)
+            for i in range(0, 200_000, BATCH_ROWS)
+        ]
+        start = time.perf_counter()
+        for batch in ffi_batches:
+            op_index += 1
+            engine.apply(batch, op_index)
+        apply_ffi_rows_per_s = 200_000 / (time.perf_counter() - start)
+        engine.flush()
+
+        total_rows = BASE_ROWS + upsert_rows // 2
+        merge_s, merged = timed(lambda: engine.scan(columns=["id", "e"]), 1)
+        assert merged.num_rows == total_rows
+        compact_s, _ = timed(engine.compact, 1)
+
+        full_s, table = timed(lambda: engine.scan(columns=["a", "e"]), repeats)
+        assert table.num_rows == total_rows
+        threshold = int(base[-1] * 0.99)
+        selective_s, selected = timed(
+            lambda: engine.scan(columns=["id", "e"], where=[("id", ">=", threshold)]), repeats
+        )
+
+        # Baseline: the same rows in one Parquet file, read by pyarrow.
+        everything = engine.scan()
+        parquet_path = root / "baseline.parquet"
+        pq.write_table(everything, parquet_path, compression="snappy")
+        parquet_s, baseline = timed(
+            lambda: pq.read_table(parquet_path, columns=["a", "e"]), repeats
+        )
+        assert baseline.num_rows == total_rows
+        parquet_selective_s, baseline_selected = timed(
+            lambda: pq.read_table(
+                parquet_path, columns=["id", "e"], filters=[("id", ">=", threshold)]
+            ),
+            repeats,
+        )
+        assert baseline_selected.num_rows == selected.num_rows
+
+    figures = {
+        "apply_rows_per_s": round(apply_rows_per_s),
+        "apply_ffi_rows_per_s": round(apply_ffi_rows_per_s),
+        "flushes_during_apply": flushes,
+        "scan_rows_per_s": round(total_rows / full_s),
+        "parquet_rows_per_s": round(total_rows / parquet_s),
+        "scan_vs_parquet_ratio": round(parquet_s / full_s, 3),
+        "scan_selective_s": round(selective_s, 4),
+        "parquet_selective_s": round(parquet_selective_s, 4),
+        "selective_rows": selected.num_rows,
+        "scan_merge_rows_per_s": round(total_rows / merge_s),
+        "compact_s": round(compact_s, 3),
+        "rows": total_rows,
+        "upsert_rows": upsert_rows,
+        "batch_rows": BATCH_ROWS,
+    }
+    print(f"apply   {apply_rows_per_s / 1e6:6.2f} M rows/s (IPC path, {flushes} flush(es))")
+    print(
+        f"scan    {total_rows / full_s / 1e6:6.2f} M rows/s vs pyarrow "
+        f"{total_rows / parquet_s / 1e6:6.2f} M rows/s"
+    )
+    print(json.dumps(figures))
+
+
+if __name__ == "__main__":
+    main()

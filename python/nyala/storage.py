@@ -1,0 +1,243 @@
+"""The tablet storage engine, typed: a thin wrapper over ``nyala._native.StorageEngine``.
+
+The engine (Rust, ``rust/storage``) applies op batches in op-index order, flushes MemRowSets to
+Parquet DiskRowSets, compacts them, and serves merge-on-read scans as pyarrow Tables (handed
+over zero-copy). This module converts Python values (schemas, predicate values, key bounds) and
+owns nothing else; the tablet layer drives it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import os
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from nyala import _native
+from nyala.errors import InvalidArgumentError
+from nyala.rowops import OpType, encode, make_op_batch
+from nyala.schema import Schema
+
+#: Default MemRowSet size at which a background flush starts, in bytes.
+FLUSH_THRESHOLD_BYTES = 64 * 1024 * 1024
+
+Predicate = tuple[str, str, Any]
+
+
+class RowStatus(enum.IntEnum):
+    """Per-row outcome of an applied op batch."""
+
+    OK = 0
+    ALREADY_PRESENT = 1
+    NOT_FOUND = 2
+
+
+@dataclasses.dataclass(frozen=True)
+class ApplyResult:
+    """Statuses of one applied batch: ``statuses[i]`` is row i's ``RowStatus`` code."""
+
+    statuses: np.ndarray[Any, np.dtype[np.uint8]]
+
+    @property
+    def ok(self) -> bool:
+        """True if every row ended OK."""
+        return not self.statuses.any()
+
+    def errors(self) -> list[tuple[int, RowStatus]]:
+        """(row position, status) of each row that did not end OK."""
+        positions = np.flatnonzero(self.statuses)
+        return [(int(i), RowStatus(int(self.statuses[i]))) for i in positions]
+
+
+@dataclasses.dataclass(frozen=True)
+class StorageSnapshot:
+    """Pinned files of a consistent image at ``last_flushed_index`` (for tablet copy)."""
+
+    id: int
+    last_flushed_index: int
+    files: list[Path]
+    manifest_image: bytes
+
+
+class StorageEngine:
+    """One tablet's storage engine over its data directory."""
+
+    def __init__(self, native: _native.StorageEngine) -> None:
+        self._native = native
+
+    @classmethod
+    def create(
+        cls,
+        path: str | os.PathLike[str],
+        schema: Schema,
+        *,
+        flush_threshold_bytes: int = FLUSH_THRESHOLD_BYTES,
+        background_flush: bool = True,
+    ) -> StorageEngine:
+        """Creates an empty engine in ``path``; ``AlreadyPresentError`` if one exists."""
+        native = _native.StorageEngine.create(
+            os.fspath(path), schema.to_native(), flush_threshold_bytes, background_flush
+        )
+        return cls(native)
+
+    @classmethod
+    def open(
+        cls,
+        path: str | os.PathLike[str],
+        *,
+        flush_threshold_bytes: int = FLUSH_THRESHOLD_BYTES,
+        background_flush: bool = True,
+    ) -> StorageEngine:
+        """Opens the engine in ``path`` (``NotFoundError`` if none)."""
+        return cls(
+            _native.StorageEngine.open(os.fspath(path), flush_threshold_bytes, background_flush)
+        )
+
+    @property
+    def schema(self) -> Schema:
+        """The current schema."""
+        return Schema.from_native(self._native.schema())
+
+    @property
+    def last_flushed_index(self) -> int:
+        """Every op with index <= this is durable in rowsets; WAL replay starts after it."""
+        return self._native.last_flushed_index
+
+    @property
+    def last_applied_index(self) -> int:
+        """The highest op index applied."""
+        return self._native.last_applied_index
+
+    def stats(self) -> dict[str, int]:
+        """Counters: mem_rows, mem_bytes, frozen_rows, rowsets, disk_rows, indexes."""
+        return dict(self._native.stats())
+
+    def background_error(self) -> str | None:
+        """The last background flush failure, if any."""
+        return self._native.background_error()
+
+    # --- writes ----------------------------------------------------------------------------
+
+    def apply(self, ops: pa.RecordBatch | bytes | pa.Buffer, op_index: int) -> ApplyResult:
+        """Applies an op batch (record batch or its IPC bytes) as op ``op_index``."""
+        if isinstance(ops, pa.RecordBatch):
+            raw = self._native.apply_batch(ops, op_index)
+        else:
+            raw = self._native.apply_ipc(ops, op_index)
+        return ApplyResult(np.frombuffer(raw, dtype=np.uint8))
+
+    def write(self, data: Any, op: OpType | str, op_index: int) -> ApplyResult:
+        """Converts ``data`` (see ``nyala.rowops``) to an op batch and applies it."""
+        return self.apply(make_op_batch(data, op, self.schema), op_index)
+
+    def flush(self) -> int | None:
+        """Flushes memory to a new rowset; returns its id (None if nothing was written)."""
+        return self._native.flush()
+
+    def compact(self) -> bool:
+        """Merges all rowsets into one; False if there was nothing to do."""
+        return self._native.compact()
+
+    def alter_schema(self, schema: Schema, op_index: int) -> None:
+        """Moves to ``schema`` (the next version) as op ``op_index``."""
+        self._native.alter_schema(schema.to_native(), op_index)
+
+    # --- reads -----------------------------------------------------------------------------
+
+    def scan(
+        self,
+        columns: Sequence[str] | None = None,
+        where: Sequence[Predicate] = (),
+        *,
+        lower_bound: Mapping[str, Any] | None = None,
+        upper_bound: Mapping[str, Any] | None = None,
+        limit: int | None = None,
+    ) -> pa.Table:
+        """Rows in key order. ``where`` holds ``(column, op, value)`` with op one of
+        ``= < <= > >= in`` (value a list for ``in``) or ``is null`` / ``is not null`` (value
+        None). Bounds map key column names to values: lower inclusive, upper exclusive."""
+        schema = self.schema
+        predicates = [self._predicate(schema, p) for p in where]
+        return self._native.scan(
+            list(columns) if columns is not None else None,
+            predicates,
+            self._bound(schema, lower_bound),
+            self._bound(schema, upper_bound),
+            limit,
+        )
+
+    @staticmethod
+    def _predicate(schema: Schema, predicate: Predicate) -> tuple[str, str, pa.Array | None]:
+        name, op, value = predicate
+        column = schema.column(name)
+        op = op.strip().lower()
+        if op in ("is null", "is not null"):
+            return (name, op, None)
+        values = value if op == "in" else [value]
+        if op == "in" and isinstance(value, (str, bytes)):
+            raise InvalidArgumentError("'in' takes a list of values")
+        try:
+            array = pa.array(list(values), type=column.arrow_type)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError) as err:
+            raise InvalidArgumentError(f"predicate value for {name!r}: {err}") from err
+        return (name, op, array)
+
+    def _bound(self, schema: Schema, bound: Mapping[str, Any] | None) -> bytes | None:
+        if bound is None:
+            return None
+        arrays = []
+        for name in schema.key:
+            if name not in bound:
+                raise InvalidArgumentError(f"key bound lacks key column {name!r}")
+            arrays.append(pa.array([bound[name]], type=schema.column(name).arrow_type))
+        keys = pa.RecordBatch.from_arrays(arrays, names=schema.key)
+        return self._native.encode_keys(keys)[0]
+
+    # --- tablet copy -----------------------------------------------------------------------
+
+    def snapshot(self) -> StorageSnapshot:
+        """Pins the current rowset files; release with ``release_snapshot``."""
+        id_, index, files, image = self._native.snapshot()
+        return StorageSnapshot(id_, index, [Path(f) for f in files], image)
+
+    def release_snapshot(self, snapshot: StorageSnapshot) -> None:
+        """Unpins a snapshot's files (compaction may then delete them)."""
+        self._native.release_snapshot(snapshot.id)
+
+    def pinned(self) -> _Pinned:
+        """``with engine.pinned() as snapshot:`` releases the snapshot on exit."""
+        return _Pinned(self)
+
+
+class _Pinned:
+    def __init__(self, engine: StorageEngine) -> None:
+        self._engine = engine
+        self._snapshot: StorageSnapshot | None = None
+
+    def __enter__(self) -> StorageSnapshot:
+        self._snapshot = self._engine.snapshot()
+        return self._snapshot
+
+    def __exit__(self, *exc: object) -> None:
+        if self._snapshot is not None:
+            self._engine.release_snapshot(self._snapshot)
+
+
+def iter_encoded(batches: Sequence[pa.RecordBatch]) -> Iterator[pa.Buffer]:
+    """IPC bytes of each op batch (for feeding a WAL)."""
+    for batch in batches:
+        yield encode(batch)
+
+
+__all__ = [
+    "FLUSH_THRESHOLD_BYTES",
+    "ApplyResult",
+    "RowStatus",
+    "StorageEngine",
+    "StorageSnapshot",
+]

@@ -1,0 +1,132 @@
+"""The storage engine through the binding: apply, scan to pyarrow, predicates, projection,
+flush/compaction/reopen, schema changes, snapshots and typed errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from nyala.common import metafile
+from nyala.common.metafile import MetaKind
+from nyala.errors import (
+    AlreadyPresentError,
+    IllegalStateError,
+    InvalidArgumentError,
+    NotFoundError,
+)
+from nyala.rowops import OpType, encode, make_op_batch
+from nyala.schema import Column, Schema
+from nyala.storage import RowStatus, StorageEngine
+
+SCHEMA = Schema.parse("id:int64, v:double?, name:string?", key=["id"])
+
+
+@pytest.fixture
+def engine(tmp_path: Path) -> StorageEngine:
+    return StorageEngine.create(tmp_path / "tablet", SCHEMA, background_flush=False)
+
+
+def _rows(ids: np.ndarray) -> dict[str, object]:
+    return {
+        "id": ids.astype(np.int64),
+        "v": ids.astype(np.float64) / 2,
+        "name": pa.array([f"n{i}" for i in ids]),
+    }
+
+
+def test_apply_and_scan(engine: StorageEngine) -> None:
+    result = engine.write(_rows(np.arange(100)), OpType.INSERT, 1)
+    assert result.ok
+    again = engine.write(_rows(np.array([5, 200])), OpType.INSERT, 2)
+    assert again.errors() == [(0, RowStatus.ALREADY_PRESENT)]
+    missing = engine.write({"id": np.array([7, 999])}, OpType.DELETE, 3)
+    assert missing.errors() == [(1, RowStatus.NOT_FOUND)]
+    table = engine.scan()
+    assert isinstance(table, pa.Table)
+    assert table.schema.names == ["id", "v", "name"]
+    ids = table.column("id").to_pylist()
+    assert ids == sorted({*range(100), 200} - {7})
+    assert engine.last_applied_index == 3
+
+
+def test_predicates_projection_limit_bounds(engine: StorageEngine) -> None:
+    engine.write(_rows(np.arange(1000)), OpType.UPSERT, 1)
+    for flushed in (False, True):
+        if flushed:
+            engine.flush()
+        table = engine.scan(columns=["name", "id"], where=[("id", ">=", 990), ("v", "<", 497)])
+        assert table.schema.names == ["name", "id"]
+        assert table.column("id").to_pylist() == [990, 991, 992, 993]
+        assert engine.scan(where=[("id", "in", [3, 5, 5000])]).column("id").to_pylist() == [3, 5]
+        assert engine.scan(where=[("name", "=", "n42")]).num_rows == 1
+        assert engine.scan(where=[("name", "is null", None)]).num_rows == 0
+        assert engine.scan(where=[("name", "is not null", None)], limit=7).num_rows == 7
+        ranged = engine.scan(columns=["id"], lower_bound={"id": 10}, upper_bound={"id": 13})
+        assert ranged.column("id").to_pylist() == [10, 11, 12]
+    with pytest.raises(InvalidArgumentError):
+        engine.scan(where=[("v", "=", "not a number")])
+    with pytest.raises(InvalidArgumentError):
+        engine.scan(columns=["nope"])
+    with pytest.raises(InvalidArgumentError):
+        engine.scan(where=[("v", "~", 1.0)])
+
+
+def test_ipc_bytes_path_and_malformed_input(engine: StorageEngine) -> None:
+    batch = make_op_batch(_rows(np.arange(10)), OpType.UPSERT, SCHEMA)
+    assert engine.apply(encode(batch), 1).ok
+    assert engine.apply(encode(batch).to_pybytes(), 2).ok
+    with pytest.raises(InvalidArgumentError, match="IPC"):
+        engine.apply(b"\x00garbage", 3)
+    bad = pa.record_batch({"id": pa.array([1], pa.int32()), "__op": pa.array([6], pa.uint8())})
+    with pytest.raises(InvalidArgumentError, match="int64"):
+        engine.apply(bad, 3)
+    with pytest.raises(IllegalStateError):
+        engine.apply(batch, 2)
+    assert engine.scan().num_rows == 10
+
+
+def test_flush_compact_reopen(tmp_path: Path) -> None:
+    path = tmp_path / "tablet"
+    engine = StorageEngine.create(path, SCHEMA, background_flush=False)
+    engine.write(_rows(np.arange(0, 500)), OpType.INSERT, 1)
+    assert engine.flush() is not None
+    engine.write(_rows(np.arange(250, 750)), OpType.UPSERT, 2)
+    engine.write({"id": np.arange(0, 100)}, OpType.DELETE, 3)
+    engine.flush()
+    assert engine.stats()["rowsets"] == 2
+    assert engine.compact()
+    assert engine.stats()["rowsets"] == 1
+    del engine
+    reopened = StorageEngine.open(path)
+    assert reopened.last_flushed_index == 3
+    assert reopened.scan(columns=["id"]).column("id").to_pylist() == list(range(100, 750))
+    with pytest.raises(AlreadyPresentError):
+        StorageEngine.create(path, SCHEMA)
+    with pytest.raises(NotFoundError):
+        StorageEngine.open(tmp_path / "absent")
+
+
+def test_schema_change_and_snapshot(engine: StorageEngine) -> None:
+    engine.write(_rows(np.arange(5)), OpType.INSERT, 1)
+    next_schema = engine.schema.add_column(Column("w", "int32", nullable=True)).rename_column(
+        "name", "label"
+    )
+    engine.alter_schema(next_schema, 2)
+    assert engine.schema == next_schema
+    table = engine.scan()
+    assert table.schema.names == ["id", "v", "label", "w"]
+    assert table.column("w").null_count == 5
+    with engine.pinned() as snapshot:
+        assert snapshot.last_flushed_index == 2
+        assert all(f.exists() for f in snapshot.files)
+        # One container format for every metadata file: metafile.py reads the Rust manifest.
+        payload = metafile.decode(MetaKind.ROWSET_MANIFEST, snapshot.manifest_image)
+        on_disk = metafile.read(
+            snapshot.files[0].parent / "rowset-manifest", MetaKind.ROWSET_MANIFEST
+        )
+        assert payload == on_disk
+    with pytest.raises(InvalidArgumentError):
+        engine.alter_schema(next_schema, 3)
