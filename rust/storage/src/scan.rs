@@ -245,16 +245,19 @@ impl<'a> ScanPlan<'a> {
         Ok(out)
     }
 
-    /// A source's rows within the bounds in the `work` layout plus `__deleted`, with
-    /// `predicates` applied to live rows only (tombstones are kept: they must shadow).
+    /// A source's rows within the bounds in the `work` layout plus `__deleted`, filtered by
+    /// `predicates`. In-memory tombstones are kept regardless; callers pass only predicates
+    /// under which dropping a tombstone cannot resurrect an older version.
     fn gather(&self, source: &Source, predicates: &[Predicate]) -> Result<Vec<RecordBatch>> {
         let (lower, upper) = self.bounds();
         let batches = match source {
             Source::Gathered(batches, _, _) => batches.clone(),
             Source::Frozen(mem) => mem.sorted_batches(&self.work, lower, upper, READ_BATCH_ROWS)?,
             Source::Disk(rowset) => {
-                let raw = rowset.read(self.schema, &self.work, &[], true, None)?;
-                self.clip(raw)?
+                // Pushed into the reader: a tombstone failing a predicate can only shadow rows
+                // that fail it too (key predicates) or is dropped anyway (single source).
+                let raw = rowset.read(self.schema, &self.work, predicates, true, None)?;
+                return self.clip(raw);
             }
         };
         if predicates.is_empty() {

@@ -290,6 +290,22 @@ impl Harness {
     }
 
     fn check_predicate(&self, threshold: i64) {
+        let from = threshold.rem_euclid(48);
+        let by_key = ScanSpec {
+            predicates: vec![Predicate {
+                column: "id".into(),
+                op: PredicateOp::Ge,
+                values: Some(Arc::new(Int64Array::from(vec![from])) as Arc<dyn Array>),
+            }],
+            ..ScanSpec::default()
+        };
+        let result = self.engine().scan(&by_key).unwrap();
+        let want: Vec<_> = self
+            .expected(|_| true)
+            .into_iter()
+            .filter(|row| row[0].as_ref().unwrap().parse::<i64>().unwrap() >= from)
+            .collect();
+        assert_eq!(Self::rendered(&result.batches), want);
         let schema = self.engine().schema();
         let Some(column) = schema.columns()[1..]
             .iter()
