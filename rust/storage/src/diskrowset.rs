@@ -56,11 +56,33 @@ pub fn parse_file_name(name: &str) -> Option<u64> {
     stem.parse().ok()
 }
 
-/// A row filter over one file column: (column position, mask function).
-type ColumnFilter = (
-    usize,
-    Box<dyn Fn(&RecordBatch) -> Result<BooleanArray> + Send>,
-);
+/// A row filter over one file column.
+#[derive(Clone)]
+enum ColumnFilter {
+    /// Keep rows of file column `.0` that match the predicate.
+    Matches(usize, Predicate),
+    /// Keep rows whose `__deleted` (file column `.0`) is false.
+    Live(usize),
+}
+
+impl ColumnFilter {
+    fn column(&self) -> usize {
+        match self {
+            ColumnFilter::Matches(at, _) | ColumnFilter::Live(at) => *at,
+        }
+    }
+
+    fn evaluate(&self, batch: &RecordBatch) -> Result<BooleanArray> {
+        match self {
+            ColumnFilter::Matches(_, predicate) => predicate.evaluate(batch.column(0)),
+            ColumnFilter::Live(_) => arrow::compute::not(batch.column(0).as_boolean())
+                .map_err(|e| StorageError::arrow_internal("tombstone filter", e)),
+        }
+    }
+}
+
+/// Most threads one rowset read uses (row groups are split between them).
+const READ_THREADS_MAX: usize = 4;
 
 /// The sorted keys of a rowset and which of them are tombstones.
 struct KeyIndex {
@@ -236,7 +258,7 @@ impl DiskRowSet {
         let deleted_at = self.metadata.schema().fields().len() - 1;
         let mut wanted: Vec<usize> = (0..self.key_count).collect();
         wanted.push(deleted_at);
-        let batches = self.read_raw(&wanted, Vec::new(), None, None)?;
+        let batches = self.read_raw(&wanted, &[], None, None)?;
         let batch = concat(&batches, &self.path)?;
         let keys = encode_keys(&batch.columns()[..self.key_count])?;
         let deleted = batch
@@ -254,7 +276,7 @@ impl DiskRowSet {
     fn read_raw(
         &self,
         file_columns: &[usize],
-        filters: Vec<ColumnFilter>,
+        filters: &[ColumnFilter],
         row_groups: Option<Vec<usize>>,
         limit: Option<usize>,
     ) -> Result<Vec<RecordBatch>> {
@@ -272,11 +294,14 @@ impl DiskRowSet {
         }
         if !filters.is_empty() {
             let predicates: Vec<Box<dyn ArrowPredicate>> = filters
-                .into_iter()
-                .map(|(column, f)| {
-                    let mask = ProjectionMask::roots(&parquet_schema, [column]);
+                .iter()
+                .map(|filter| {
+                    let mask = ProjectionMask::roots(&parquet_schema, [filter.column()]);
+                    let filter = filter.clone();
                     Box::new(ArrowPredicateFn::new(mask, move |batch: RecordBatch| {
-                        f(&batch).map_err(|e| arrow::error::ArrowError::ExternalError(Box::new(e)))
+                        filter
+                            .evaluate(&batch)
+                            .map_err(|e| arrow::error::ArrowError::ExternalError(Box::new(e)))
                     })) as Box<dyn ArrowPredicate>
                 })
                 .collect();
@@ -293,6 +318,44 @@ impl DiskRowSet {
                 b.map_err(|e| StorageError::arrow_internal(&self.path.display().to_string(), e))
             })
             .collect()
+    }
+
+    /// `read_raw` over `groups`, split into contiguous runs read by parallel threads when
+    /// there is no row limit (decoding Parquet is CPU-bound; order is kept by run).
+    fn read_groups(
+        &self,
+        file_columns: &[usize],
+        filters: &[ColumnFilter],
+        groups: Vec<usize>,
+        limit: Option<usize>,
+    ) -> Result<Vec<RecordBatch>> {
+        let threads = std::thread::available_parallelism()
+            .map_or(1, |n| n.get())
+            .min(READ_THREADS_MAX)
+            .min(groups.len());
+        let unlimited = limit.is_none_or(|l| l as u64 >= self.rows);
+        if threads < 2 || !unlimited {
+            return self.read_raw(file_columns, filters, Some(groups), limit);
+        }
+        let per_thread = groups.len().div_ceil(threads);
+        let runs: Vec<Vec<usize>> = groups.chunks(per_thread).map(|c| c.to_vec()).collect();
+        let results: Vec<Result<Vec<RecordBatch>>> = std::thread::scope(|scope| {
+            let handles: Vec<_> = runs
+                .into_iter()
+                .map(|run| {
+                    scope.spawn(move || self.read_raw(file_columns, filters, Some(run), None))
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().expect("rowset reader thread panicked"))
+                .collect()
+        });
+        let mut out = Vec::new();
+        for result in results {
+            out.extend(result?);
+        }
+        Ok(out)
     }
 
     /// Reads the rows of this rowset as the schema's columns at `columns` (positions in
@@ -337,19 +400,10 @@ impl DiskRowSet {
             {
                 *keep &= may;
             }
-            let predicate = predicate.clone();
-            filters.push((
-                at,
-                Box::new(move |batch: &RecordBatch| predicate.evaluate(batch.column(0))),
-            ));
+            filters.push(ColumnFilter::Matches(at, predicate.clone()));
         }
         if !with_deleted && self.tombstones > 0 {
-            filters.push((
-                deleted_at,
-                Box::new(|batch: &RecordBatch| {
-                    Ok(arrow::compute::not(batch.column(0).as_boolean()).expect("boolean"))
-                }),
-            ));
+            filters.push(ColumnFilter::Live(deleted_at));
         }
         let groups: Vec<usize> = (0..keep_groups.len()).filter(|g| keep_groups[*g]).collect();
         let mut wanted: Vec<usize> = columns.iter().filter_map(|c| file_index(*c)).collect();
@@ -361,7 +415,7 @@ impl DiskRowSet {
         if groups.is_empty() {
             return Ok(Vec::new());
         }
-        let raw = self.read_raw(&wanted, filters, Some(groups), limit)?;
+        let raw = self.read_groups(&wanted, &filters, groups, limit)?;
         let out_schema = output_schema(schema, columns, with_deleted);
         raw.into_iter()
             .map(|batch| {

@@ -320,3 +320,34 @@ fn background_flush_at_threshold() {
     assert!(engine.last_flushed_index() > 0);
     assert_eq!(ids(&all(&engine)).len(), 20_000);
 }
+
+#[test]
+fn multi_row_group_rowsets_read_in_order_and_prune() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = Engine::create(dir.path(), schema(), options()).unwrap();
+    let total = 300_000i64;
+    for (n, start) in (0..total).step_by(100_000).enumerate() {
+        let rows: Vec<_> = (start..start + 100_000)
+            .map(|i| (Upsert, total - 1 - i, Some(i), None))
+            .collect();
+        engine
+            .apply(&ops(&engine.schema(), &rows), n as u64 + 1)
+            .unwrap();
+    }
+    engine.flush().unwrap();
+    let got = ids(&all(&engine));
+    assert_eq!(got.len(), total as usize);
+    assert!(
+        got.windows(2).all(|w| w[0] < w[1]),
+        "key order across row groups"
+    );
+    let spec = ScanSpec {
+        columns: Some(vec!["id".into()]),
+        predicates: vec![pred("id", PredicateOp::Ge, &[total - 5])],
+        ..ScanSpec::default()
+    };
+    assert_eq!(
+        ids(&engine.scan(&spec).unwrap().batches),
+        (total - 5..total).collect::<Vec<_>>()
+    );
+}
