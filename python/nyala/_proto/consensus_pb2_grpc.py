@@ -39,6 +39,11 @@ class ConsensusServiceStub:
                 request_serializer=nyala_dot_consensus__pb2.ConsensusRequestPB.SerializeToString,
                 response_deserializer=nyala_dot_consensus__pb2.ConsensusResponsePB.FromString,
                 _registered_method=True)
+        self.UpdateConsensusStream = channel.stream_stream(
+                '/nyala.ConsensusService/UpdateConsensusStream',
+                request_serializer=nyala_dot_consensus__pb2.ConsensusRequestPB.SerializeToString,
+                response_deserializer=nyala_dot_consensus__pb2.ConsensusResponsePB.FromString,
+                _registered_method=True)
         self.RequestVote = channel.unary_unary(
                 '/nyala.ConsensusService/RequestVote',
                 request_serializer=nyala_dot_consensus__pb2.VoteRequestPB.SerializeToString,
@@ -76,6 +81,16 @@ class ConsensusServiceServicer:
 
     def UpdateConsensus(self, request, context):
         """Raft AppendEntries and heartbeat, leader -> follower.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UpdateConsensusStream(self, request_iterator, context):
+        """The same, as one long-lived stream per (leader, follower, tablet): one response per
+        request, in request order; the stream ends when either side ends it or on the deadline.
+        A bidi stream skips per-call set-up: on loopback it did 2.4-2.8x the round trips per
+        second of the unary form (1 KiB entries, grpc.aio, docs/wire.md).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -124,6 +139,11 @@ def add_ConsensusServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'UpdateConsensus': grpc.unary_unary_rpc_method_handler(
                     servicer.UpdateConsensus,
+                    request_deserializer=nyala_dot_consensus__pb2.ConsensusRequestPB.FromString,
+                    response_serializer=nyala_dot_consensus__pb2.ConsensusResponsePB.SerializeToString,
+            ),
+            'UpdateConsensusStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.UpdateConsensusStream,
                     request_deserializer=nyala_dot_consensus__pb2.ConsensusRequestPB.FromString,
                     response_serializer=nyala_dot_consensus__pb2.ConsensusResponsePB.SerializeToString,
             ),
@@ -183,6 +203,33 @@ class ConsensusService:
             request,
             target,
             '/nyala.ConsensusService/UpdateConsensus',
+            nyala_dot_consensus__pb2.ConsensusRequestPB.SerializeToString,
+            nyala_dot_consensus__pb2.ConsensusResponsePB.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UpdateConsensusStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/nyala.ConsensusService/UpdateConsensusStream',
             nyala_dot_consensus__pb2.ConsensusRequestPB.SerializeToString,
             nyala_dot_consensus__pb2.ConsensusResponsePB.FromString,
             options,

@@ -9,7 +9,14 @@ from nyala.rpc.channel import BlockingServerProxy, ServerProxy
 from nyala.rpc.errors import error_from_pb, error_to_pb, join_host_port, split_host_port
 from nyala.rpc.http import HttpResponse, HttpServer
 from nyala.rpc.server import RpcServer
-from nyala.rpc.service import RpcMetrics, ServiceBase, check_dest_uuid, server_stream, unary
+from nyala.rpc.service import (
+    RpcMetrics,
+    ServiceBase,
+    bidi_stream,
+    check_dest_uuid,
+    server_stream,
+    unary,
+)
 from nyala.rpc.settings import RpcSettings
 
 __all__ = [
@@ -21,6 +28,7 @@ __all__ = [
     "RpcSettings",
     "ServerProxy",
     "ServiceBase",
+    "bidi_stream",
     "check_dest_uuid",
     "error_from_pb",
     "error_to_pb",

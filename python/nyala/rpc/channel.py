@@ -71,6 +71,13 @@ class ServerProxy(_Stubs):
         except grpc.RpcError as err:
             raise error_from_grpc(err, target=self.addr) from None
 
+    def open_stream(self, method: Any, *, timeout_ms: int) -> Any:
+        """A bidirectional stream (``call.write``/``call.read``) with a deadline for its whole
+        life; the caller translates ``grpc.RpcError`` with ``nyala.rpc.errors.error_from_grpc``
+        and checks each response with ``raise_for_response``.
+        """
+        return method(timeout=timeout_ms / 1000)
+
     async def ping(self, dest_uuid: str = "", *, timeout_ms: int | None = None) -> Any:
         """The server's ``PingResponsePB`` (an empty ``dest_uuid`` asks whoever is there)."""
         request = tserver_pb2.PingRequestPB(dest_uuid=dest_uuid)

@@ -134,3 +134,45 @@ def server_stream(
         return handle
 
     return decorate
+
+
+def bidi_stream(
+    response_cls: Any,
+) -> Callable[
+    [Callable[[_S, AsyncIterator[Any], Any], AsyncIterator[Any]]],
+    Callable[[_S, AsyncIterator[Any], Any], AsyncIterator[Any]],
+]:
+    """Decorates a bidirectional-stream handler ``async def M(self, requests, context)``.
+
+    Every request of the stream has its ``dest_uuid`` checked before the handler sees it; a
+    failure ends the stream with one error message. Metrics count streams, not messages.
+    """
+
+    def decorate(
+        fn: Callable[[_S, AsyncIterator[Any], Any], AsyncIterator[Any]],
+    ) -> Callable[[_S, AsyncIterator[Any], Any], AsyncIterator[Any]]:
+        method = fn.__name__
+
+        @functools.wraps(fn)
+        async def handle(
+            self: _S, requests: AsyncIterator[Any], context: Any
+        ) -> AsyncIterator[Any]:
+            async def checked() -> AsyncIterator[Any]:
+                async for request in requests:
+                    check_dest_uuid(request.dest_uuid, self.server_uuid)
+                    yield request
+
+            start_s = time.monotonic()
+            try:
+                async for response in fn(self, checked(), context):
+                    yield response
+            except Exception as exc:  # every failure becomes an answer
+                response = _error_response(response_cls, method, exc)
+                self.rpc_metrics.record(method, _code_name(response), time.monotonic() - start_s)
+                yield response
+                return
+            self.rpc_metrics.record(method, "OK", time.monotonic() - start_s)
+
+        return handle
+
+    return decorate
