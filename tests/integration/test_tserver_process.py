@@ -238,3 +238,19 @@ def test_cluster_shutdown_leaves_no_process() -> None:
         base_dir = mini.base_dir
     assert all(pid is not None and not _alive(pid) for pid in pids)
     assert not base_dir.exists()
+
+
+def test_a_root_with_data_but_no_instance_file_is_refused(cluster: MiniCluster) -> None:
+    ts = cluster.tserver(0)
+    assert ts.stop() == 0
+    cmeta = ts.fs_root / "consensus-meta" / ("c" * 32)
+    cmeta.write_bytes(b"a replica's consensus metadata")
+    (ts.fs_root / "instance").unlink()
+    ts.start()
+    assert ts.wait_exit() == 1
+    last = ts.log_tail(1)
+    assert "IllegalStateError" in last
+    assert str(ts.fs_root / "instance") in last
+    assert "consensus-meta" in last
+    assert not (ts.fs_root / "instance").exists()  # no new identity was minted
+    assert cmeta.exists()

@@ -21,6 +21,7 @@ _F = TypeVar("_F", bound=Callable[..., Any])
 
 
 def flag_name(field_name: str) -> str:
+    """``heartbeat_interval_ms`` -> ``--heartbeat-interval-ms``."""
     return "--" + field_name.replace("_", "-")
 
 

@@ -19,6 +19,7 @@ _PR_SET_PDEATHSIG = 1
 
 
 def die_with_parent_if_asked() -> None:
+    """Arms ``PR_SET_PDEATHSIG`` if ``NYALA_PARENT_PID`` is set (see the module docstring)."""
     parent_text = os.environ.get(PARENT_PID_ENV)
     if not parent_text or not sys.platform.startswith("linux"):
         return

@@ -72,9 +72,11 @@ class _Metric:
         return tuple(str(labels[n]) for n in self.label_names)
 
     def header(self) -> list[str]:
+        """The ``# HELP`` and ``# TYPE`` lines."""
         return [f"# HELP {self.name} {self.help_text}", f"# TYPE {self.name} {self.kind}"]
 
     def samples(self) -> list[str]:
+        """One line per series (per bucket for histograms), sorted by label values."""
         raise NotImplementedError
 
 
@@ -120,11 +122,13 @@ class Gauge(_Metric):
         self._callback: Callable[[], Iterable[tuple[dict[str, str], float]]] | None = None
 
     def set(self, value: float, **labels: str) -> None:
+        """Sets the series named by ``labels`` to ``value``."""
         key = self._key(labels)
         with self._lock:
             self._values[key] = float(value)
 
     def inc(self, amount: float = 1.0, **labels: str) -> None:
+        """Adds ``amount`` (may be negative) to the series named by ``labels``."""
         key = self._key(labels)
         with self._lock:
             self._values[key] = self._values.get(key, 0.0) + amount
@@ -136,6 +140,7 @@ class Gauge(_Metric):
             self._values.pop(key, None)
 
     def value(self, **labels: str) -> float:
+        """The current stored value of one series (0 if never set)."""
         key = self._key(labels)
         with self._lock:
             return self._values.get(key, 0.0)
@@ -183,6 +188,7 @@ class Histogram(_Metric):
         self._series: dict[LabelValues, _HistogramSeries] = {}
 
     def observe(self, value: float, **labels: str) -> None:
+        """Counts ``value`` into its bucket of the series named by ``labels``."""
         key = self._key(labels)
         # Bucket i holds values <= buckets[i]; the last slot is +Inf.
         slot = bisect.bisect_left(self.buckets, value)
@@ -195,6 +201,7 @@ class Histogram(_Metric):
             series.total += value
 
     def count(self, **labels: str) -> int:
+        """How many values the series named by ``labels`` has observed."""
         key = self._key(labels)
         with self._lock:
             series = self._series.get(key)
@@ -236,9 +243,11 @@ class MetricsRegistry:
         return metric
 
     def counter(self, name: str, help_text: str, label_names: Sequence[str] = ()) -> Counter:
+        """Registers and returns a new counter."""
         return self._register(Counter(name, help_text, label_names))
 
     def gauge(self, name: str, help_text: str, label_names: Sequence[str] = ()) -> Gauge:
+        """Registers and returns a new gauge."""
         return self._register(Gauge(name, help_text, label_names))
 
     def histogram(
@@ -248,6 +257,7 @@ class MetricsRegistry:
         label_names: Sequence[str] = (),
         buckets: Sequence[float] = DEFAULT_BUCKETS_S,
     ) -> Histogram:
+        """Registers and returns a new histogram (``buckets`` are inclusive upper bounds)."""
         return self._register(Histogram(name, help_text, label_names, buckets))
 
     def render(self) -> str:

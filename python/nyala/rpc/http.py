@@ -55,6 +55,7 @@ class HttpServer:
 
     @property
     def address(self) -> str:
+        """``host:port`` actually bound (after ``start``)."""
         return join_host_port(self._host, self.port)
 
     async def start(self) -> None:

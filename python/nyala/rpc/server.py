@@ -30,6 +30,7 @@ class RpcServer:
 
     @property
     def address(self) -> str:
+        """``host:port`` actually bound (after ``start``)."""
         return join_host_port(self._host, self.port)
 
     async def start(self) -> None:

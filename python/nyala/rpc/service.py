@@ -53,6 +53,7 @@ class RpcMetrics:
         )
 
     def record(self, method: str, code: str, elapsed_s: float) -> None:
+        """Counts one finished call."""
         self.requests.inc(method=method, code=code)
         self.duration.observe(elapsed_s, method=method)
 

@@ -34,6 +34,8 @@ from nyala.rpc import BlockingServerProxy, join_host_port
 from nyala.rpc.ports import free_loopback_ports
 
 LOOPBACK = "127.0.0.1"
+# Starts of a new server whose free port was taken by someone else before it could bind.
+_BIND_ATTEMPTS = 3
 
 # Every child still running, so the exit hook can kill what a test forgot.
 _live_processes: set[subprocess.Popen[bytes]] = set()
@@ -79,10 +81,12 @@ class ServerProcess:
 
     @property
     def rpc_addr(self) -> str:
+        """Loopback RPC address (kept across restarts)."""
         return join_host_port(LOOPBACK, self.rpc_port)
 
     @property
     def http_addr(self) -> str:
+        """Loopback HTTP address (kept across restarts)."""
         return join_host_port(LOOPBACK, self.http_port)
 
     @property
@@ -94,6 +98,7 @@ class ServerProcess:
         return self._proc is not None and self._proc.poll() is None
 
     def command(self) -> list[str]:
+        """The argv that starts this server."""
         return [
             sys.executable,
             "-m",
@@ -162,6 +167,7 @@ class ServerProcess:
             return proxy.ping(self.uuid or "", timeout_ms=timeout_ms)
 
     def signal(self, signum: int) -> None:
+        """Sends ``signum`` to the process."""
         proc = self._require_process()
         proc.send_signal(signum)
 
@@ -207,6 +213,7 @@ class ServerProcess:
 
     @property
     def returncode(self) -> int | None:
+        """Exit code (negative: killed by that signal); None while running or never started."""
         return None if self._proc is None else self._proc.poll()
 
     def log_tail(self, lines: int = 5) -> str:
@@ -287,9 +294,11 @@ class MiniCluster:
 
     @property
     def master_addrs(self) -> list[str]:
+        """RPC addresses of the masters (empty until masters exist)."""
         return [m.rpc_addr for m in self.masters]
 
     def tserver(self, index: int) -> ServerProcess:
+        """The ``index``-th tablet server."""
         return self.tservers[index]
 
     def start(self) -> None:
@@ -299,14 +308,28 @@ class MiniCluster:
         for ts in self.tservers:
             ts.start()
         for ts in self.tservers:
-            ts.wait_ready(self.start_timeout_s)
+            self._wait_ready_first_time(ts)
 
     def add_tserver(self, *, flags: Sequence[str] = ()) -> ServerProcess:
         """Starts one more tablet server and waits until it is ready."""
         ts = self._new_tserver(flags)
         ts.start()
-        ts.wait_ready(self.start_timeout_s)
+        self._wait_ready_first_time(ts)
         return ts
+
+    def _wait_ready_first_time(self, server: ServerProcess) -> None:
+        """Waits for a new server; if another process took its free port meanwhile, picks new
+        ports and starts it again (only before its first start succeeded: later, peers know
+        its address)."""
+        for attempt in range(_BIND_ATTEMPTS):
+            try:
+                server.wait_ready(self.start_timeout_s)
+                return
+            except NyalaError as exc:
+                if "cannot bind" not in str(exc) or attempt == _BIND_ATTEMPTS - 1:
+                    raise
+            server.rpc_port, server.http_port = free_loopback_ports(2, LOOPBACK)
+            server.start()
 
     def shutdown(self) -> None:
         """Kills every process (SIGKILL) and removes the directory unless ``keep_dir``."""

@@ -48,6 +48,7 @@ class InstanceInfo:
 
 
 def new_server_uuid() -> str:
+    """A fresh server UUID: 32 lowercase hex digits."""
     return uuid_lib.uuid4().hex
 
 
@@ -63,6 +64,7 @@ class FsManager:
 
     @property
     def instance_path(self) -> Path:
+        """Where the instance file lives."""
         return self.root / INSTANCE_FILE
 
     def dir(self, name: str) -> Path:

@@ -42,6 +42,7 @@ class TabletServer:
 
     @property
     def uuid(self) -> str:
+        """This server's UUID (from the instance file)."""
         assert self.instance is not None, "the fs root is opened by run()"
         return self.instance.uuid
 
@@ -79,6 +80,7 @@ class TabletServer:
         log.info("tserver %s stopped", self.uuid)
 
     def list_tablets(self) -> list[TabletReport]:
+        """What ListTablets and /tablets report."""
         return list_tablet_meta(self.fs.dir("tablet-meta"))
 
     def _build_rpc_server(self) -> RpcServer:

@@ -75,6 +75,7 @@ class TabletServerSettings:
         return self.heartbeat_interval_ms * self.leader_failure_max_missed_heartbeat_periods
 
     def rpc_settings(self) -> RpcSettings:
+        """The RPC layer's view of these settings."""
         return RpcSettings(
             message_bytes_max=self.rpc_message_bytes_max,
             client_timeout_ms=self.rpc_client_timeout_ms,

@@ -31,6 +31,7 @@ class TabletReport:
     on_disk_bytes: int
 
     def to_json(self) -> dict[str, object]:
+        """The report as the /tablets page shows it."""
         return {
             "tablet_id": self.tablet_id,
             "state": self.state,
@@ -51,6 +52,7 @@ class TabletReport:
 
 
 def is_tablet_id(name: str) -> bool:
+    """True for 32 lowercase hex digits."""
     return len(name) == 32 and set(name) <= _TABLET_ID_CHARS
 
 
