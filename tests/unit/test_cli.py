@@ -8,7 +8,7 @@ import pytest
 from click.testing import CliRunner
 
 from nyala.cli import COMMAND_MODULES, main
-from nyala.common.config import from_mapping, parse_value, tunable_fields
+from nyala.common.config import from_mapping, parse_value, read_flagfile, tunable_fields
 from nyala.errors import InvalidArgumentError
 from nyala.tserver.settings import TabletServerSettings
 
@@ -91,3 +91,27 @@ def test_bad_settings_are_typed_errors(values: dict[str, str], match: str) -> No
 
 def test_parse_value_accepts_underscores_in_numbers() -> None:
     assert parse_value(int, "8_388_608", name="x") == 8 * 1024 * 1024
+
+
+def test_flagfile_values_are_settings_and_bad_lines_name_the_line(tmp_path: Path) -> None:
+    flagfile = tmp_path / "tserver.flags"
+    flagfile.write_text("# tuned for tests\n--heartbeat-interval-ms = 50\nwal_sync=false\n")
+    values = read_flagfile(flagfile)
+    settings = from_mapping(TabletServerSettings, {"fs_root": tmp_path, **values})
+    assert settings.heartbeat_interval_ms == 50
+    assert settings.wal_sync is False
+    flagfile.write_text("heartbeat_interval_ms = 50\nthis line is wrong\n")
+    with pytest.raises(InvalidArgumentError, match=r"tserver.flags:2"):
+        read_flagfile(flagfile)
+
+
+def test_a_bad_flagfile_value_stops_the_server_before_it_touches_the_disk(tmp_path: Path) -> None:
+    flagfile = tmp_path / "f"
+    flagfile.write_text("scanner_ttl_ms = soon\n")
+    root = tmp_path / "root"
+    result = CliRunner().invoke(
+        main, ["tserver", "run", "--fs-root", str(root), "--flagfile", str(flagfile)]
+    )
+    assert result.exit_code == 1
+    assert "scanner_ttl_ms" in result.stderr
+    assert not root.exists()

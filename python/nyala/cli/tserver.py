@@ -12,7 +12,7 @@ import click
 
 from nyala.cli.options import given, one_line_errors, settings_options
 from nyala.cli.process import die_with_parent_if_asked
-from nyala.common.config import from_mapping
+from nyala.common.config import from_mapping, read_flagfile
 from nyala.tserver import TabletServer, TabletServerSettings
 
 _SERVER_FIELDS = ("fs_root", "rpc_bind", "http_bind", "masters", "uuid")
@@ -36,6 +36,12 @@ def group() -> None:
 )
 @click.option("--uuid", default="", help="Refuse to start unless the fs root has this UUID.")
 @click.option("--log-level", default="INFO", show_default=True, help="Python logging level.")
+@click.option(
+    "--flagfile",
+    type=click.Path(path_type=Path, dir_okay=False),
+    default=None,
+    help="File of 'name = value' settings; flags given on the command line win.",
+)
 @settings_options(TabletServerSettings, exclude=_SERVER_FIELDS)
 @one_line_errors
 def run(
@@ -45,6 +51,7 @@ def run(
     masters: str,
     uuid: str,
     log_level: str,
+    flagfile: Path | None,
     **tunables: Any,
 ) -> None:
     """Run a tablet server in the foreground until SIGTERM or SIGINT."""
@@ -62,6 +69,7 @@ def run(
             "http_bind": http_bind,
             "masters": tuple(m.strip() for m in masters.split(",") if m.strip()),
             "uuid": uuid,
+            **(read_flagfile(flagfile) if flagfile is not None else {}),
             **given(tunables),
         },
     )

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import typing
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any, TypeVar
 
 from nyala.errors import InvalidArgumentError
@@ -68,3 +69,26 @@ def from_mapping(cls: type[_T], values: Mapping[str, Any]) -> _T:
         return cls(**kwargs)
     except ValueError as exc:
         raise InvalidArgumentError(f"bad settings: {exc}") from None
+
+
+def read_flagfile(path: Path) -> dict[str, str]:
+    """Settings from a file of ``name = value`` lines (``#`` starts a comment).
+
+    Names may be written as flags (``--heartbeat-interval-ms``) or as fields
+    (``heartbeat_interval_ms``). A malformed line is an ``InvalidArgumentError`` naming the
+    file and line; values are parsed later, with the command line's, by ``from_mapping``.
+    """
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise InvalidArgumentError(f"{path}: cannot read flag file: {exc.strerror}") from None
+    values: dict[str, str] = {}
+    for number, raw in enumerate(text.splitlines(), start=1):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        name, sep, value = line.partition("=")
+        if not sep or not name.strip():
+            raise InvalidArgumentError(f"{path}:{number}: expected 'name = value', got {raw!r}")
+        values[name.strip().removeprefix("--").replace("-", "_")] = value.strip()
+    return values
