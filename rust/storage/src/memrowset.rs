@@ -118,11 +118,9 @@ impl MemRowSet {
             row: row as u32,
             deleted: op.is_delete(),
         };
-        if let Some(slot) = self.index.get_mut(key) {
-            *slot = entry;
-        } else {
+        // One traversal: a repeated key keeps its boxed copy and drops the new one.
+        if self.index.insert(key.into(), entry).is_none() {
             self.bytes += key.len() + INDEX_ENTRY_BYTES;
-            self.index.insert(key.into(), entry);
         }
     }
 
