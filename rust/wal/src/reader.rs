@@ -29,9 +29,8 @@ pub(crate) fn read_range(
     let mut out = Vec::with_capacity(wanted.len());
     for (index, location) in wanted {
         let key = (location.sequence, location.batch_offset);
-        if !batches.contains_key(&key) {
-            let segment = &segments[&location.sequence];
-            batches.insert(key, read_batch(segment, &location)?);
+        if let std::collections::hash_map::Entry::Vacant(slot) = batches.entry(key) {
+            slot.insert(read_batch(&segments[&location.sequence], &location)?);
         }
         let (payload, metas) = &batches[&key];
         let meta = metas

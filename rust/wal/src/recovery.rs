@@ -66,6 +66,8 @@ pub(crate) fn recover(dir: &Path, tablet_id: &str) -> Result<Recovered> {
             if !is_last {
                 return Err(WalError::corruption(&path, 0, "segment has no header"));
             }
+            // Its sequence number is free again: the next segment must follow the last one.
+            recovered.next_sequence = sequence;
             recovered.leftovers.push(path);
             continue;
         }

@@ -235,4 +235,12 @@ fn unformatted_newest_segment_is_dropped() {
     let seq = nyala_wal::parse_segment_name(&newest).unwrap();
     image.insert(nyala_wal::segment_file_name(seq + 1), vec![0u8; 100]);
     assert_eq!(recover(&image, &acked, acked.len()), Ok(acked.len()));
+    // Reopening twice after the repair keeps the segment sequence gap-free.
+    let dir = scratch_dir();
+    restore(&image, dir.path());
+    for _ in 0..3 {
+        let log = Log::open(dir.path(), TABLET, options()).unwrap();
+        assert_eq!(read_all(&log), acked);
+        log.close().unwrap();
+    }
 }
