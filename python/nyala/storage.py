@@ -128,7 +128,9 @@ class StorageEngine:
         if isinstance(ops, pa.RecordBatch):
             raw = self._native.apply_batch(ops, op_index)
         else:
-            raw = self._native.apply_ipc(ops, op_index)
+            # pyarrow buffers export signed bytes ('b'); the binding takes unsigned ones.
+            view = memoryview(ops)
+            raw = self._native.apply_ipc(view if view.format == "B" else view.cast("B"), op_index)
         return ApplyResult(np.frombuffer(raw, dtype=np.uint8))
 
     def write(self, data: Any, op: OpType | str, op_index: int) -> ApplyResult:

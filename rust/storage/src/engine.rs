@@ -246,8 +246,8 @@ impl Engine {
         }
         remove_orphans(dir, &manifest)?;
         let state = State {
+            active: MemRowSet::new(manifest.schema.fixed_key_width()),
             schema: Arc::new(manifest.schema),
-            active: MemRowSet::default(),
             frozen: None,
             disk,
             last_applied_index: manifest.last_flushed_index,
@@ -442,10 +442,12 @@ impl Engine {
                 spec.upper_bound.as_deref(),
                 READ_BATCH_ROWS,
             )?;
-            sources.push(Source::Gathered(gathered, min.to_vec(), max.to_vec()));
+            sources.push(Source::Gathered(gathered, min, max));
         }
         if let Some(frozen) = &st.frozen {
-            sources.push(Source::Frozen(frozen.mem.clone()));
+            if let Some((min, max)) = frozen.mem.key_range() {
+                sources.push(Source::Frozen(frozen.mem.clone(), min, max));
+            }
         }
         sources.extend(st.disk.iter().rev().map(|r| Source::Disk(r.clone())));
         drop(st);
@@ -550,7 +552,8 @@ fn freeze(st: &mut State) {
     if st.active.is_empty() && flush_index == st.last_flushed_index {
         return;
     }
-    let mem = std::mem::take(&mut st.active);
+    let fresh = st.active.empty_like();
+    let mem = std::mem::replace(&mut st.active, fresh);
     st.frozen = Some(Frozen {
         mem: Arc::new(mem),
         flush_index,

@@ -47,12 +47,100 @@ pub enum Presence {
     Unknown,
 }
 
+/// The sorted map from encoded key to newest version. Keys of at most 8 fixed bytes (integer
+/// and timestamp keys) live in a `u64`-keyed map: no allocation per key, one-instruction
+/// comparisons; the byte order of such keys equals the numeric order of their big-endian value.
+#[derive(Debug)]
+enum KeyIndex {
+    Short {
+        width: usize,
+        map: BTreeMap<u64, RowRef>,
+    },
+    Long(BTreeMap<Box<[u8]>, RowRef>),
+}
+
+impl KeyIndex {
+    #[inline]
+    fn short(width: usize, key: &[u8]) -> u64 {
+        debug_assert_eq!(key.len(), width, "fixed-width keys");
+        let mut bytes = [0u8; 8];
+        bytes[..width].copy_from_slice(key);
+        u64::from_be_bytes(bytes)
+    }
+
+    fn len(&self) -> usize {
+        match self {
+            KeyIndex::Short { map, .. } => map.len(),
+            KeyIndex::Long(map) => map.len(),
+        }
+    }
+
+    fn get(&self, key: &[u8]) -> Option<&RowRef> {
+        match self {
+            KeyIndex::Short { width, map } => map.get(&Self::short(*width, key)),
+            KeyIndex::Long(map) => map.get(key),
+        }
+    }
+
+    /// Inserts or replaces; true if the key is new.
+    #[inline]
+    fn insert(&mut self, key: &[u8], entry: RowRef) -> bool {
+        match self {
+            KeyIndex::Short { width, map } => map.insert(Self::short(*width, key), entry).is_none(),
+            // A repeated key keeps its boxed copy and drops the new one.
+            KeyIndex::Long(map) => map.insert(key.into(), entry).is_none(),
+        }
+    }
+
+    fn key_range(&self) -> Option<(Vec<u8>, Vec<u8>)> {
+        match self {
+            KeyIndex::Short { width, map } => {
+                let first = map.first_key_value()?.0.to_be_bytes()[..*width].to_vec();
+                let last = map.last_key_value()?.0.to_be_bytes()[..*width].to_vec();
+                Some((first, last))
+            }
+            KeyIndex::Long(map) => Some((
+                map.first_key_value()?.0.to_vec(),
+                map.last_key_value()?.0.to_vec(),
+            )),
+        }
+    }
+
+    /// Entries with keys in `[lower, upper)`, in key order.
+    fn range<'a>(
+        &'a self,
+        lower: Option<&[u8]>,
+        upper: Option<&[u8]>,
+    ) -> Box<dyn Iterator<Item = RowRef> + 'a> {
+        match self {
+            KeyIndex::Short { width, map } => {
+                let range = (
+                    lower.map_or(Bound::Unbounded, |l| {
+                        Bound::Included(Self::short(*width, l))
+                    }),
+                    upper.map_or(Bound::Unbounded, |u| {
+                        Bound::Excluded(Self::short(*width, u))
+                    }),
+                );
+                Box::new(map.range(range).map(|(_, r)| *r))
+            }
+            KeyIndex::Long(map) => {
+                let range = (
+                    lower.map_or(Bound::Unbounded, Bound::Included),
+                    upper.map_or(Bound::Unbounded, Bound::Excluded),
+                );
+                Box::new(map.range::<[u8], _>(range).map(|(_, r)| *r))
+            }
+        }
+    }
+}
+
 /// Rows applied since the last flush, sorted by key.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct MemRowSet {
     /// Batches as validated by `OpBatch` (storage schema); never mutated after push.
     batches: Vec<RecordBatch>,
-    index: BTreeMap<Box<[u8]>, RowRef>,
+    index: KeyIndex,
     /// Approximate bytes held (batches + keys + index nodes), for the flush threshold.
     bytes: usize,
     /// Highest op index applied into this MemRowSet (0 if none).
@@ -63,6 +151,32 @@ pub struct MemRowSet {
 const INDEX_ENTRY_BYTES: usize = 48;
 
 impl MemRowSet {
+    /// An empty MemRowSet; `fixed_key_width` is the encoded key length when every key has
+    /// the same length of at most 8 bytes (see `Schema::fixed_key_width`).
+    pub fn new(fixed_key_width: Option<usize>) -> Self {
+        let index = match fixed_key_width {
+            Some(width) if (1..=8).contains(&width) => KeyIndex::Short {
+                width,
+                map: BTreeMap::new(),
+            },
+            _ => KeyIndex::Long(BTreeMap::new()),
+        };
+        MemRowSet {
+            batches: Vec::new(),
+            index,
+            bytes: 0,
+            last_op_index: 0,
+        }
+    }
+
+    /// An empty MemRowSet with the same key layout.
+    pub fn empty_like(&self) -> Self {
+        MemRowSet::new(match &self.index {
+            KeyIndex::Short { width, .. } => Some(*width),
+            KeyIndex::Long(_) => None,
+        })
+    }
+
     /// The number of distinct keys (live rows and tombstones).
     pub fn len(&self) -> usize {
         self.index.len()
@@ -70,7 +184,7 @@ impl MemRowSet {
 
     /// True if nothing was applied.
     pub fn is_empty(&self) -> bool {
-        self.index.is_empty()
+        self.index.len() == 0
     }
 
     /// Approximate memory held, in bytes.
@@ -93,10 +207,8 @@ impl MemRowSet {
     }
 
     /// The smallest and largest key held.
-    pub fn key_range(&self) -> Option<(&[u8], &[u8])> {
-        let first = self.index.first_key_value()?.0;
-        let last = self.index.last_key_value()?.0;
-        Some((first, last))
+    pub fn key_range(&self) -> Option<(Vec<u8>, Vec<u8>)> {
+        self.index.key_range()
     }
 
     /// Adds `batch` so its rows can be referenced; returns its number.
@@ -118,8 +230,7 @@ impl MemRowSet {
             row: row as u32,
             deleted: op.is_delete(),
         };
-        // One traversal: a repeated key keeps its boxed copy and drops the new one.
-        if self.index.insert(key.into(), entry).is_none() {
+        if self.index.insert(key, entry) {
             self.bytes += key.len() + INDEX_ENTRY_BYTES;
         }
     }
@@ -145,10 +256,6 @@ impl MemRowSet {
             false,
         ));
         let out_schema = Arc::new(ArrowSchema::new(fields));
-        let range = (
-            lower.map_or(Bound::Unbounded, Bound::Included),
-            upper.map_or(Bound::Unbounded, Bound::Excluded),
-        );
         if let (Some(l), Some(u)) = (lower, upper) {
             if l >= u {
                 return Ok(Vec::new());
@@ -161,11 +268,11 @@ impl MemRowSet {
         let mut out = Vec::new();
         let mut picks: Vec<(usize, usize)> = Vec::with_capacity(chunk_rows);
         let mut deleted: Vec<bool> = Vec::with_capacity(chunk_rows);
-        let mut entries = self.index.range::<[u8], _>(range).peekable();
+        let mut entries = self.index.range(lower, upper).peekable();
         while entries.peek().is_some() {
             picks.clear();
             deleted.clear();
-            for (_, r) in entries.by_ref().take(chunk_rows) {
+            for r in entries.by_ref().take(chunk_rows) {
                 picks.push((r.batch as usize, r.row as usize));
                 deleted.push(r.deleted);
             }

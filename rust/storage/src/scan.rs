@@ -53,7 +53,8 @@ pub(crate) enum Source {
     /// Rows already gathered (the active MemRowSet, copied under the lock): `columns` layout
     /// plus `__deleted`.
     Gathered(Vec<RecordBatch>, Vec<u8>, Vec<u8>),
-    Frozen(Arc<MemRowSet>),
+    /// A frozen MemRowSet and its smallest and largest keys.
+    Frozen(Arc<MemRowSet>, Vec<u8>, Vec<u8>),
     Disk(RowSetRef),
 }
 
@@ -63,7 +64,7 @@ impl Source {
             Source::Gathered(batches, min, max) => {
                 (!batches.is_empty()).then_some((min.as_slice(), max.as_slice()))
             }
-            Source::Frozen(mem) => mem.key_range(),
+            Source::Frozen(_, min, max) => Some((min.as_slice(), max.as_slice())),
             Source::Disk(rowset) => Some(rowset.key_range()),
         }
     }
@@ -101,6 +102,17 @@ impl<'a> ScanPlan<'a> {
         }
         work.sort_unstable();
         work.dedup();
+        if let Some(width) = schema.fixed_key_width() {
+            let bounds = [&spec.lower_bound, &spec.upper_bound];
+            if bounds
+                .iter()
+                .any(|b| b.as_ref().is_some_and(|b| b.len() != width))
+            {
+                return Err(StorageError::invalid(format!(
+                    "key bounds of this table are {width} bytes (use encode_keys)"
+                )));
+            }
+        }
         Ok(ScanPlan {
             schema,
             output,
@@ -252,7 +264,9 @@ impl<'a> ScanPlan<'a> {
         let (lower, upper) = self.bounds();
         let batches = match source {
             Source::Gathered(batches, _, _) => batches.clone(),
-            Source::Frozen(mem) => mem.sorted_batches(&self.work, lower, upper, READ_BATCH_ROWS)?,
+            Source::Frozen(mem, _, _) => {
+                mem.sorted_batches(&self.work, lower, upper, READ_BATCH_ROWS)?
+            }
             Source::Disk(rowset) => {
                 // Pushed into the reader: a tombstone failing a predicate can only shadow rows
                 // that fail it too (key predicates) or is dropped anyway (single source).

@@ -346,6 +346,21 @@ impl Schema {
         &self.columns[..self.key_count]
     }
 
+    /// The encoded key length when every key has the same one (integer and timestamp key
+    /// columns only), else None.
+    pub fn fixed_key_width(&self) -> Option<usize> {
+        self.key_columns()
+            .iter()
+            .map(|c| match c.data_type {
+                DataType::Int8 => Some(1),
+                DataType::Int16 => Some(2),
+                DataType::Int32 => Some(4),
+                DataType::Int64 | DataType::Timestamp => Some(8),
+                _ => None,
+            })
+            .sum()
+    }
+
     /// How many leading columns form the primary key.
     pub fn key_count(&self) -> usize {
         self.key_count

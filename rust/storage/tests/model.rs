@@ -56,14 +56,21 @@ struct Harness {
     log: Vec<(u64, Entry)>,
     next_index: u64,
     renames: u32,
+    /// Keys are `k000`-style strings instead of int64 (exercises the variable-width index).
+    string_key: bool,
 }
 
 impl Harness {
-    fn new(background: bool) -> Self {
+    fn new(background: bool, string_key: bool) -> Self {
         let dir = tempfile::tempdir().unwrap();
+        let key_type = if string_key {
+            DataType::String
+        } else {
+            DataType::Int64
+        };
         let schema = Schema::build(
             vec![
-                ("id".into(), DataType::Int64, false),
+                ("id".into(), key_type, false),
                 ("v".into(), DataType::Int64, true),
                 ("s".into(), DataType::String, true),
             ],
@@ -84,6 +91,7 @@ impl Harness {
             log: Vec::new(),
             next_index: 1,
             renames: 0,
+            string_key,
         }
     }
 
@@ -97,9 +105,7 @@ impl Harness {
         let mut columns: Vec<ArrayRef> = Vec::new();
         for (i, column) in schema.columns().iter().enumerate() {
             if i == 0 {
-                columns.push(Arc::new(Int64Array::from_iter_values(
-                    rows.iter().map(|r| r.1),
-                )));
+                columns.push(self.key_array(&rows.iter().map(|r| r.1).collect::<Vec<_>>()));
             } else if only_deletes {
                 continue;
             } else if column.data_type == DataType::String {
@@ -120,6 +126,24 @@ impl Harness {
             rows.iter().map(|r| r.0),
         )));
         RecordBatch::try_new(Arc::new(ArrowSchema::new(fields)), columns).unwrap()
+    }
+
+    fn key_array(&self, keys: &[i64]) -> ArrayRef {
+        if self.string_key {
+            Arc::new(StringArray::from_iter_values(
+                keys.iter().map(|k| self.key_text(*k)),
+            ))
+        } else {
+            Arc::new(Int64Array::from(keys.to_vec()))
+        }
+    }
+
+    fn key_text(&self, key: i64) -> String {
+        if self.string_key {
+            format!("k{key:03}")
+        } else {
+            key.to_string()
+        }
     }
 
     fn model_row(schema: &Schema, value: Option<i64>) -> Row {
@@ -277,7 +301,7 @@ impl Harness {
             .iter()
             .filter(|(_, row)| keep(row))
             .map(|(key, row)| {
-                std::iter::once(Some(key.to_string()))
+                std::iter::once(Some(self.key_text(*key)))
                     .chain(schema.columns()[1..].iter().map(|c| row[&c.id].clone()))
                     .collect()
             })
@@ -295,15 +319,23 @@ impl Harness {
             predicates: vec![Predicate {
                 column: "id".into(),
                 op: PredicateOp::Ge,
-                values: Some(Arc::new(Int64Array::from(vec![from])) as Arc<dyn Array>),
+                values: Some(self.key_array(&[from])),
             }],
             ..ScanSpec::default()
         };
         let result = self.engine().scan(&by_key).unwrap();
+        let from_text = self.key_text(from);
         let want: Vec<_> = self
             .expected(|_| true)
             .into_iter()
-            .filter(|row| row[0].as_ref().unwrap().parse::<i64>().unwrap() >= from)
+            .filter(|row| {
+                let key = row[0].as_ref().unwrap();
+                if self.string_key {
+                    *key >= from_text
+                } else {
+                    key.parse::<i64>().unwrap() >= from
+                }
+            })
             .collect();
         assert_eq!(Self::rendered(&result.batches), want);
         let schema = self.engine().schema();
@@ -349,8 +381,9 @@ proptest! {
     fn engine_matches_btreemap_model(
         actions in prop::collection::vec(action(), 1..40),
         background in any::<bool>(),
+        string_key in any::<bool>(),
     ) {
-        let mut harness = Harness::new(background);
+        let mut harness = Harness::new(background, string_key);
         for action in actions {
             harness.step(action);
         }
