@@ -215,7 +215,7 @@ impl MemRowSet {
     pub(crate) fn push_batch(&mut self, batch: &OpBatch, op_index: OpIndex) -> Result<u32> {
         let number = u32::try_from(self.batches.len())
             .map_err(|_| StorageError::IllegalState("MemRowSet holds too many batches".into()))?;
-        self.bytes += batch.rows.get_array_memory_size();
+        self.bytes += batch.held_bytes;
         self.batches.push(batch.rows.clone());
         debug_assert!(op_index > self.last_op_index);
         self.last_op_index = op_index;

@@ -85,6 +85,9 @@ pub struct OpBatch {
     pub(crate) keys: EncodedKeys,
     /// The schema version the batch was validated against.
     pub(crate) schema_version: u32,
+    /// Memory the batch keeps alive, in bytes (columns decoded from IPC share one buffer,
+    /// which per-array accounting would count once per column).
+    pub(crate) held_bytes: usize,
 }
 
 impl OpBatch {
@@ -110,13 +113,17 @@ impl OpBatch {
         // arrow's decoder panics on some damaged messages (buffer ranges past the body) instead
         // of returning an error; the bytes come from the network, so contain that here. The
         // decoder and buffer are dropped on failure, so no broken state survives the unwind.
+        let data_len = data.len();
         let decoded = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| decode_one(data)))
             .unwrap_or_else(|_| {
             Err(StorageError::invalid(
                 "malformed Arrow IPC op batch (buffer ranges outside the message)",
             ))
         })?;
-        OpBatch::from_record_batch(&decoded, schema)
+        let mut batch = OpBatch::from_record_batch(&decoded, schema)?;
+        // The columns are slices of the one IPC buffer (casts aside, which are rare).
+        batch.held_bytes = data_len;
+        Ok(batch)
     }
 
     /// Validates a record batch of row operations against `schema`.
@@ -170,6 +177,7 @@ impl OpBatch {
         let rows = RecordBatch::try_new(storage_arrow_schema(schema), filled)
             .map_err(|e| StorageError::invalid(format!("op batch columns do not fit: {e}")))?;
         Ok(OpBatch {
+            held_bytes: rows.get_array_memory_size(),
             rows,
             ops,
             keys,
