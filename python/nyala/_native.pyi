@@ -57,7 +57,6 @@ class Log:
     def _inject_sync_failures(self, count: int, errno: int) -> None: ...
     def _inject_fallocate_unsupported(self, unsupported: bool) -> None: ...
 
-
 # --- storage (pyext/src/storage.rs) -------------------------------------------------------
 
 _NativeColumn = tuple[int, str, str, bool, object]
