@@ -1,0 +1,216 @@
+"""WAL benchmark: group commit and bandwidth against raw pwrite+fdatasync on the same disk.
+
+Measured in one run, in one directory (``--dir``, default a temporary directory):
+
+* baseline: one writer doing 4 KiB ``pwrite`` + ``fdatasync`` in a loop (syncs/s), and large
+  writes followed by one ``fdatasync`` (MB/s);
+* the WAL with 1, 8 and 64 concurrent writer threads appending 100-byte entries and waiting
+  for durability (records/s, p50/p99 latency), and a pipelined writer of 1 MiB entries (MB/s);
+* segment preallocation by ``fallocate`` versus recycling GC'd segments, 64 writers, small
+  segments and a GC thread so both reach their steady state.
+
+The last line printed is one JSON object (DESIGN.md §9).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from nyala.wal import Entry, EntryType, Log, LogOptions
+
+RECORD_BYTES = 100
+BATCH_BYTES = 1 << 20
+
+
+def raw_syncs(directory: Path, seconds: float) -> tuple[float, float]:
+    """4 KiB pwrite + fdatasync appending to a fresh file: (syncs/s, mean ms per sync)."""
+    path = directory / "raw-sync"
+    fd = os.open(path, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o644)
+    page = b"r" * 4096
+    count = 0
+    started = time.perf_counter()
+    try:
+        while time.perf_counter() - started < seconds:
+            os.pwrite(fd, page, count * 4096)
+            os.fdatasync(fd)
+            count += 1
+    finally:
+        os.close(fd)
+        path.unlink()
+    elapsed = time.perf_counter() - started
+    return count / elapsed, elapsed / count * 1000
+
+
+def raw_bandwidth(directory: Path, total_bytes: int) -> float:
+    """1 MiB pwrites into a fresh file, then one fdatasync: MB/s."""
+    path = directory / "raw-bw"
+    chunk = os.urandom(BATCH_BYTES)
+    fd = os.open(path, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o644)
+    started = time.perf_counter()
+    try:
+        for offset in range(0, total_bytes, BATCH_BYTES):
+            os.pwrite(fd, chunk, offset)
+        os.fdatasync(fd)
+    finally:
+        os.close(fd)
+    elapsed = time.perf_counter() - started
+    path.unlink()
+    return total_bytes / elapsed / 1e6
+
+
+def wal_writers(
+    directory: Path, writers: int, seconds: float, options: LogOptions, gc_every_s: float = 0
+) -> dict[str, float]:
+    """`writers` threads append one 100-byte entry at a time and wait for durability."""
+    shutil.rmtree(directory, ignore_errors=True)
+    log = Log(directory, "bench", options)
+    lock = threading.Lock()
+    state = {"next": 1}
+    latencies: list[list[int]] = [[] for _ in range(writers)]
+    payload = b"p" * RECORD_BYTES
+    stop = threading.Event()
+
+    def writer(slot: list[int]) -> None:
+        while not stop.is_set():
+            started = time.perf_counter_ns()
+            with lock:
+                index = state["next"]
+                state["next"] = index + 1
+                ticket = log.append([Entry(1, index, EntryType.WRITE, payload)])
+            log.wait(ticket.ticket)
+            slot.append(time.perf_counter_ns() - started)
+
+    def collector() -> None:
+        while not stop.wait(gc_every_s):
+            log.gc()
+
+    threads = [threading.Thread(target=writer, args=(slot,)) for slot in latencies]
+    if gc_every_s:
+        threads.append(threading.Thread(target=collector))
+    started = time.perf_counter()
+    for t in threads:
+        t.start()
+    time.sleep(seconds)
+    stop.set()
+    for t in threads:
+        t.join()
+    elapsed = time.perf_counter() - started
+    counters = log.counters()
+    log.close()
+    shutil.rmtree(directory, ignore_errors=True)
+    all_ns = sorted(ns for slot in latencies for ns in slot)
+    return {
+        "records_per_s": len(all_ns) / elapsed,
+        "p50_ms": all_ns[len(all_ns) // 2] / 1e6,
+        "p99_ms": all_ns[min(len(all_ns) - 1, len(all_ns) * 99 // 100)] / 1e6,
+        "mean_group": counters.entries_appended / max(1, counters.groups),
+        "sync_ms": counters.sync_micros_total / max(1, counters.syncs) / 1000,
+        "segments_recycled": counters.segments_recycled,
+    }
+
+
+def wal_bandwidth(directory: Path, total_bytes: int, options: LogOptions) -> float:
+    """One writer appends 1 MiB entries without waiting for each (pipelined), then waits."""
+    shutil.rmtree(directory, ignore_errors=True)
+    log = Log(directory, "bench", options)
+    payload = os.urandom(BATCH_BYTES)
+    started = time.perf_counter()
+    ticket = None
+    for index in range(1, total_bytes // BATCH_BYTES + 1):
+        ticket = log.append([Entry(1, index, EntryType.WRITE, payload)])
+    assert ticket is not None
+    log.wait(ticket.ticket)
+    elapsed = time.perf_counter() - started
+    log.close()
+    shutil.rmtree(directory, ignore_errors=True)
+    return total_bytes / elapsed / 1e6
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="short run (< 2 minutes)")
+    parser.add_argument("--dir", type=Path, default=None, help="directory on the disk to test")
+    args = parser.parse_args()
+    seconds = 2.5 if args.quick else 10.0
+    total_bytes = (128 if args.quick else 512) * BATCH_BYTES
+    root = Path(tempfile.mkdtemp(prefix="wal-bench-", dir=args.dir))
+    try:
+        results = run(root, seconds, total_bytes)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    print(json.dumps(results))
+
+
+def run(root: Path, seconds: float, total_bytes: int) -> dict[str, object]:
+    raw_sync_rates, raw_sync_ms = zip(
+        *(raw_syncs(root, seconds / 2) for _ in range(2)), strict=True
+    )
+    raw_mb = statistics.median(raw_bandwidth(root, total_bytes) for _ in range(3))
+    raw_per_s = statistics.median(raw_sync_rates)
+    raw_ms = statistics.median(raw_sync_ms)
+    print(f"raw: {raw_per_s:.0f} syncs/s ({raw_ms:.2f} ms/sync), {raw_mb:.0f} MB/s")
+    results: dict[str, object] = {
+        "raw_syncs_per_s": round(raw_per_s, 1),
+        "raw_sync_ms": round(raw_ms, 3),
+        "raw_mb_per_s": round(raw_mb, 1),
+    }
+    default = LogOptions()
+    for writers in (1, 8, 64):
+        r = wal_writers(root / f"w{writers}", writers, seconds, default)
+        print(
+            f"wal {writers:>2} writers: {r['records_per_s']:.0f} records/s, "
+            f"p50 {r['p50_ms']:.2f} ms, p99 {r['p99_ms']:.2f} ms, "
+            f"{r['mean_group']:.1f} entries/group, {r['sync_ms']:.2f} ms/sync"
+        )
+        results[f"wal_records_per_s_{writers}"] = round(r["records_per_s"], 1)
+        results[f"wal_p50_ms_{writers}"] = round(r["p50_ms"], 3)
+        results[f"wal_p99_ms_{writers}"] = round(r["p99_ms"], 3)
+        results[f"wal_mean_group_{writers}"] = round(r["mean_group"], 1)
+    wal_mb = statistics.median(wal_bandwidth(root / "bw", total_bytes, default) for _ in range(3))
+    print(f"wal 1 MiB batches: {wal_mb:.0f} MB/s")
+    results["wal_mb_per_s"] = round(wal_mb, 1)
+    results.update(preallocation_comparison(root, seconds))
+    results["group_commit_speedup"] = round(float(results["wal_records_per_s_64"]) / raw_per_s, 2)  # type: ignore[arg-type]
+    results["bandwidth_ratio"] = round(wal_mb / raw_mb, 3)
+    results["p99_64_in_raw_syncs"] = round(float(results["wal_p99_ms_64"]) / raw_ms, 2)  # type: ignore[arg-type]
+    return results
+
+
+def preallocation_comparison(root: Path, seconds: float) -> dict[str, object]:
+    """64 writers with 1 MiB segments and GC every 50 ms: fallocate'd vs recycled segments,
+    alternating twice so drift in the machine's load hits both alike."""
+    rates: dict[str, list[float]] = {"fallocate": [], "recycle": []}
+    p99s: dict[str, list[float]] = {"fallocate": [], "recycle": []}
+    for _ in range(2):
+        for mode in ("fallocate", "recycle"):
+            options = LogOptions(
+                segment_size_bytes=1 << 20,
+                preallocation=mode,  # type: ignore[arg-type]
+                min_segments_to_retain=1,
+            )
+            r = wal_writers(root / mode, 64, seconds / 2, options, gc_every_s=0.05)
+            rates[mode].append(r["records_per_s"])
+            p99s[mode].append(r["p99_ms"])
+    out: dict[str, object] = {}
+    for mode in rates:
+        rate = statistics.median(rates[mode])
+        p99 = statistics.median(p99s[mode])
+        print(f"preallocation={mode}: {rate:.0f} records/s, p99 {p99:.2f} ms (1 MiB segments)")
+        out[f"{mode}_records_per_s_64"] = round(rate, 1)
+        out[f"{mode}_p99_ms_64"] = round(p99, 3)
+    out["recycle_speedup"] = round(
+        statistics.median(rates["recycle"]) / statistics.median(rates["fallocate"]), 3
+    )
+    return out
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,345 @@
+"""The tablet write-ahead log: a typed wrapper over ``nyala._native.Log`` (Rust).
+
+This module owns the Python face of the WAL: entry and option types, and awaiting
+durability from asyncio. The log itself (segments, group commit, recovery, GC) lives in
+``rust/wal``; nothing here touches files.
+
+Durability from asyncio costs no thread and no polling: the native log exposes an eventfd
+that becomes readable whenever the durable point moves; the event loop watches it with
+``add_reader`` and resolves every future whose ticket is now durable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import os
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, fields
+from enum import IntEnum
+from types import TracebackType
+from typing import TYPE_CHECKING, Literal, NamedTuple, Self, TypeAlias
+
+from nyala import _native
+from nyala.errors import IllegalStateError
+
+if TYPE_CHECKING:
+    from typing_extensions import Buffer
+
+__all__ = [
+    "AppendTicket",
+    "Entry",
+    "EntryType",
+    "GcReport",
+    "Log",
+    "LogOptions",
+    "WalCounters",
+]
+
+
+class EntryType(IntEnum):
+    """What an entry carries (one byte on disk; other values are reserved)."""
+
+    WRITE = 1
+    NO_OP = 2
+    CONFIG_CHANGE = 3
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """One log entry. The payload is opaque to the log."""
+
+    term: int
+    index: int
+    entry_type: EntryType
+    payload: bytes
+
+
+EntryLike: TypeAlias = "Entry | tuple[int, int, int, Buffer]"
+
+
+def _native_entries(entries: Iterable[EntryLike]) -> list[tuple[int, int, int, Buffer]]:
+    return [
+        (e.term, e.index, e.entry_type, e.payload) if isinstance(e, Entry) else e for e in entries
+    ]
+
+
+class AppendTicket(NamedTuple):
+    """What an append returns: the ticket to await and the last index appended."""
+
+    ticket: int
+    last_index: int
+
+
+class GcReport(NamedTuple):
+    """What one GC pass removed, and the first index still in the log."""
+
+    segments_deleted: int
+    segments_recycled: int
+    first_index: int
+
+
+@dataclass(frozen=True, slots=True)
+class LogOptions:
+    """Settings of a log (defaults: DESIGN.md §8 and docs/wal-format.md)."""
+
+    segment_size_bytes: int = 8 << 20
+    sync: Literal["group", "none"] = "group"
+    queue_bytes_max: int = 64 << 20
+    min_segments_to_retain: int = 1
+    preallocation: Literal["fallocate", "recycle", "zero_fill"] = "fallocate"
+    recycle_pool_segments_max: int = 2
+
+
+@dataclass(frozen=True, slots=True)
+class WalCounters:
+    """Counters of a log since it was opened. Histograms have power-of-two buckets: bucket
+    ``i`` counts values in ``[2**i, 2**(i+1))``."""
+
+    entries_appended: int
+    batches_appended: int
+    truncations: int
+    bytes_written: int
+    groups: int
+    group_entries_max: int
+    syncs: int
+    sync_micros_total: int
+    sync_micros_max: int
+    segments_created: int
+    segments_recycled: int
+    segments_deleted: int
+    fallocate_fallbacks: int
+    rollover_waits: int
+    rollover_wait_micros_total: int
+    append_backpressure_waits: int
+    group_entries_histogram: tuple[int, ...]
+    sync_micros_histogram: tuple[int, ...]
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, int | list[int]]) -> WalCounters:
+        values: dict[str, int | tuple[int, ...]] = {}
+        for field in fields(cls):
+            value = raw[field.name]
+            values[field.name] = tuple(value) if isinstance(value, list) else value
+        return cls(**values)  # type: ignore[arg-type]
+
+
+class _DurabilityWatcher:
+    """Resolves futures for tickets on one event loop when the log's eventfd fires."""
+
+    def __init__(self, native: _native.Log, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self._native = native
+        self._fd = native.notification_fd()
+        # (ticket, tie-breaker, future): a heap, so one pass pops everything now durable.
+        self._pending: list[tuple[int, int, asyncio.Future[None]]] = []
+        self._counter = itertools.count()
+        loop.add_reader(self._fd, self._on_readable)
+
+    def wait(self, ticket: int) -> asyncio.Future[None]:
+        future: asyncio.Future[None] = self.loop.create_future()
+        if self._native.durable_ticket() >= ticket:
+            future.set_result(None)
+            return future
+        # A durable change after the check above signals the eventfd after publishing, so
+        # `_on_readable` runs later and sees this future: no lost wake-up.
+        heapq.heappush(self._pending, (ticket, next(self._counter), future))
+        failure = self._native.failure()
+        if failure is not None:
+            self._fail_pending()
+        return future
+
+    def _on_readable(self) -> None:
+        self._native.drain_notifications()
+        durable = self._native.durable_ticket()
+        while self._pending and self._pending[0][0] <= durable:
+            _, _, future = heapq.heappop(self._pending)
+            if not future.done():
+                future.set_result(None)
+        if self._pending and self._native.failure() is not None:
+            self._fail_pending()
+
+    def _fail_pending(self) -> None:
+        while self._pending:
+            _, _, future = heapq.heappop(self._pending)
+            failure = self._native.failure()
+            if not future.done():
+                future.set_exception(failure or IllegalStateError("the log failed"))
+
+    def close(self) -> None:
+        if not self.loop.is_closed():
+            self.loop.remove_reader(self._fd)
+        while self._pending:
+            _, _, future = heapq.heappop(self._pending)
+            if not future.done() and not future.get_loop().is_closed():
+                future.set_exception(IllegalStateError("the log was closed"))
+
+
+class Log:
+    """The write-ahead log of one tablet.
+
+    Appends reserve their place and return at once (blocking only while the bounded queue is
+    full); durability is awaited per ticket: ``wait`` from threads, ``append_async`` /
+    ``wait_async`` from asyncio. All disk work runs in Rust with the GIL released.
+    """
+
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        tablet_id: str,
+        options: LogOptions | None = None,
+    ) -> None:
+        opts = options or LogOptions()
+        self._native = _native.Log(
+            os.fspath(directory),
+            tablet_id,
+            segment_size_bytes=opts.segment_size_bytes,
+            sync=opts.sync,
+            queue_bytes_max=opts.queue_bytes_max,
+            min_segments_to_retain=opts.min_segments_to_retain,
+            preallocation=opts.preallocation,
+            recycle_pool_segments_max=opts.recycle_pool_segments_max,
+        )
+        self._watcher: _DurabilityWatcher | None = None
+
+    # --- appending ----------------------------------------------------------------------
+
+    def append(self, entries: Iterable[EntryLike]) -> AppendTicket:
+        """Queues contiguous entries that continue the log; does not wait for the disk."""
+        return AppendTicket(*self._native.append(_native_entries(entries)))
+
+    def append_durable(self, entries: Iterable[EntryLike]) -> int:
+        """Appends and blocks until durable; returns the last index."""
+        ticket = self.append(entries)
+        self.wait(ticket.ticket)
+        return ticket.last_index
+
+    async def append_async(self, entries: Iterable[EntryLike]) -> int:
+        """Appends and awaits durability on the running loop; returns the last index."""
+        ticket = self.append(entries)
+        await self.wait_async(ticket.ticket)
+        return ticket.last_index
+
+    def truncate_after(self, last_kept: int) -> int:
+        """Discards entries after ``last_kept`` (ordered after queued appends); a ticket."""
+        return self._native.truncate_after(last_kept)
+
+    def truncate_and_append(self, last_kept: int, entries: Iterable[EntryLike]) -> AppendTicket:
+        """Truncates after ``last_kept`` and appends ``entries`` with nothing in between."""
+        return AppendTicket(*self._native.truncate_and_append(last_kept, _native_entries(entries)))
+
+    # --- durability ---------------------------------------------------------------------
+
+    def wait(self, ticket: int, timeout_s: float | None = None) -> bool:
+        """Blocks until ``ticket`` is durable; ``False`` if ``timeout_s`` passed first.
+        Raises the log's error (e.g. ``DiskFullError``) if a sync failed before it."""
+        return self._native.wait(ticket, timeout_s)
+
+    def wait_async(self, ticket: int) -> asyncio.Future[None]:
+        """A future on the running loop that completes when ``ticket`` is durable."""
+        loop = asyncio.get_running_loop()
+        watcher = self._watcher
+        if watcher is None or watcher.loop is not loop:
+            if watcher is not None:
+                watcher.close()
+            watcher = self._watcher = _DurabilityWatcher(self._native, loop)
+        return watcher.wait(ticket)
+
+    @property
+    def durable_ticket(self) -> int:
+        return self._native.durable_ticket()
+
+    @property
+    def durable_index(self) -> int:
+        """Index of the last durable entry (what a follower reports)."""
+        return self._native.durable_index()
+
+    @property
+    def last_op_id(self) -> tuple[int, int]:
+        """``(term, index)`` of the last appended entry, durable or not."""
+        return self._native.last_op_id()
+
+    @property
+    def first_index(self) -> int:
+        """The first index still in the log (earlier ones were garbage-collected)."""
+        return self._native.first_index()
+
+    def term_at(self, index: int) -> int | None:
+        """The term of ``index`` (0 for index 0); ``None`` if the log does not hold it."""
+        return self._native.term_at(index)
+
+    # --- reading ------------------------------------------------------------------------
+
+    def read(self, from_index: int, to_index: int, max_bytes: int = 1 << 20) -> list[Entry]:
+        """Written entries ``from_index..=to_index`` up to ``max_bytes`` (at least one)."""
+        return [
+            Entry(term, index, EntryType(kind), payload)
+            for term, index, kind, payload in self._native.read(from_index, to_index, max_bytes)
+        ]
+
+    def entries(self, from_index: int | None = None, chunk_bytes: int = 4 << 20) -> Iterator[Entry]:
+        """Every written entry from ``from_index`` (default: the first retained) on."""
+        next_index = self.first_index if from_index is None else from_index
+        while True:
+            chunk = self.read(next_index, 2**63, chunk_bytes)
+            if not chunk:
+                return
+            yield from chunk
+            next_index = chunk[-1].index + 1
+
+    # --- anchors and GC -----------------------------------------------------------------
+
+    def register_anchor(self, index: int) -> int:
+        """Keeps entries at or after ``index`` until released; returns the anchor id."""
+        return self._native.register_anchor(index)
+
+    def update_anchor(self, anchor: int, index: int) -> None:
+        self._native.update_anchor(anchor, index)
+
+    def release_anchor(self, anchor: int) -> None:
+        self._native.release_anchor(anchor)
+
+    def gc(self) -> GcReport:
+        """Removes whole closed segments below the lowest anchor and the durable index."""
+        return GcReport(*self._native.gc())
+
+    # --- observation and life cycle -----------------------------------------------------
+
+    def counters(self) -> WalCounters:
+        return WalCounters.from_dict(self._native.metrics())
+
+    def segment_paths(self) -> list[str]:
+        return [os.fspath(p) for p in self._native.segment_paths()]
+
+    def failure(self) -> BaseException | None:
+        """The error the log failed with (it then refuses appends), or ``None``."""
+        return self._native.failure()
+
+    def close(self) -> None:
+        """Writes what is queued, closes the active segment and stops the log's threads."""
+        if self._watcher is not None:
+            self._watcher.close()
+            self._watcher = None
+        self._native.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    # --- fault injection (tests and chaos runs only) ------------------------------------
+
+    def inject_sync_failures(self, count: int, errno: int) -> None:
+        """FAULT INJECTION, not for production: the next ``count`` syncs fail with ``errno``."""
+        self._native._inject_sync_failures(count, errno)
+
+    def inject_fallocate_unsupported(self, unsupported: bool = True) -> None:
+        """FAULT INJECTION, not for production: preallocate as if ``fallocate`` failed."""
+        self._native._inject_fallocate_unsupported(unsupported)

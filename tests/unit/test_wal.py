@@ -1,0 +1,226 @@
+"""The write-ahead log through the binding: append, await, read, reopen, errors, counters."""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from nyala import errors
+from nyala.wal import Entry, EntryType, Log, LogOptions
+
+SMALL = LogOptions(segment_size_bytes=64 << 10)
+
+
+def make_entries(term: int, first: int, last: int) -> list[Entry]:
+    return [
+        Entry(term, i, EntryType.WRITE, f"payload-{i}".encode() * (i % 5 + 1))
+        for i in range(first, last + 1)
+    ]
+
+
+def test_append_wait_read_and_reopen(tmp_path: Path) -> None:
+    written = make_entries(1, 1, 20)
+    with Log(tmp_path, "tablet-1", SMALL) as log:
+        ticket = log.append(written[:10])
+        assert ticket.last_index == 10
+        assert log.wait(ticket.ticket)
+        assert log.append_durable(written[10:]) == 20
+        assert log.durable_index == 20
+        assert log.last_op_id == (1, 20)
+        assert log.term_at(20) == 1
+        assert log.term_at(21) is None
+        assert log.read(5, 7) == written[4:7]
+        noop = Entry(2, 21, EntryType.NO_OP, b"")
+        log.append_durable([noop])
+    with Log(tmp_path, "tablet-1", SMALL) as log:
+        assert list(log.entries()) == [*written, noop]
+        assert log.last_op_id == (2, 21)
+
+
+def test_buffers_of_every_kind_are_accepted(tmp_path: Path) -> None:
+    mutable = bytearray(b"mutable")
+    with Log(tmp_path, "t", SMALL) as log:
+        log.append_durable(
+            [
+                (1, 1, 1, b"bytes"),
+                (1, 2, 1, mutable),
+                (1, 3, 3, memoryview(b"view")),
+            ]
+        )
+        mutable[:] = b"changed"  # the log copied it before releasing the GIL
+        payloads = [e.payload for e in log.read(1, 3)]
+        assert payloads == [b"bytes", b"mutable", b"view"]
+        assert log.read(3, 3)[0].entry_type is EntryType.CONFIG_CHANGE
+
+
+def test_typed_errors(tmp_path: Path) -> None:
+    with Log(tmp_path, "t", SMALL) as log:
+        log.append_durable(make_entries(2, 1, 3))
+        with pytest.raises(errors.InvalidArgumentError, match="expected index 4"):
+            log.append(make_entries(2, 6, 6))
+        with pytest.raises(errors.InvalidArgumentError, match="term"):
+            log.append(make_entries(1, 4, 4))
+        with pytest.raises(errors.InvalidArgumentError, match="entry type"):
+            log.append([(2, 4, 99, b"")])
+        with pytest.raises(errors.InvalidArgumentError):
+            Log(tmp_path / "other", "t", LogOptions(sync="sometimes"))  # type: ignore[arg-type]
+    with pytest.raises(errors.IllegalStateError):
+        log.append(make_entries(2, 4, 4))
+
+
+def test_truncation_for_a_conflicting_suffix(tmp_path: Path) -> None:
+    with Log(tmp_path, "t", SMALL) as log:
+        log.append_durable(make_entries(1, 1, 10))
+        replacement = make_entries(2, 6, 8)
+        ticket = log.truncate_and_append(5, replacement)
+        log.wait(ticket.ticket)
+        assert log.last_op_id == (2, 8)
+        assert log.durable_index == 8
+        assert [e.term for e in log.entries()] == [1] * 5 + [2] * 3
+        log.wait(log.truncate_after(6))
+        assert log.last_op_id == (2, 6)
+    with Log(tmp_path, "t", SMALL) as log:
+        assert [e.index for e in log.entries()] == [1, 2, 3, 4, 5, 6]
+
+
+def test_corruption_in_a_closed_segment_is_reported(tmp_path: Path) -> None:
+    with Log(tmp_path, "t", LogOptions(segment_size_bytes=8 << 10)) as log:
+        for i in range(1, 200):
+            log.append_durable(make_entries(1, i, i))
+        first = Path(log.segment_paths()[0])
+    data = bytearray(first.read_bytes())
+    data[300] ^= 0xFF
+    first.write_bytes(bytes(data))
+    with pytest.raises(errors.CorruptionError, match=first.name):
+        Log(tmp_path, "t", LogOptions(segment_size_bytes=8 << 10))
+    assert first.read_bytes() == bytes(data), "nothing was repaired or deleted"
+
+
+def test_anchors_and_gc(tmp_path: Path) -> None:
+    opts = LogOptions(segment_size_bytes=8 << 10, min_segments_to_retain=1)
+    with Log(tmp_path, "t", opts) as log:
+        anchor = log.register_anchor(1)
+        for i in range(1, 301):
+            log.append_durable(make_entries(1, i, i))
+        assert log.gc().segments_deleted == 0
+        log.update_anchor(anchor, 250)
+        # Finished segments are closed by the background thread; give it a moment if it lags.
+        deleted = 0
+        for _ in range(200):
+            deleted += log.gc().segments_deleted
+            if deleted:
+                break
+            time.sleep(0.01)
+        assert deleted > 0
+        assert 1 < log.first_index <= 250
+        with pytest.raises(errors.NotFoundError):
+            log.read(1, 2)
+        log.release_anchor(anchor)
+        with pytest.raises(errors.InvalidArgumentError):
+            log.release_anchor(anchor)
+
+
+def test_many_concurrent_asyncio_appenders(tmp_path: Path) -> None:
+    writers = 500
+
+    async def main(log: Log) -> list[int]:
+        next_index = 1
+
+        async def writer(w: int) -> int:
+            nonlocal next_index
+            # Index assignment and append happen without an await in between, so the
+            # event loop keeps them contiguous (as the leader's lock would).
+            index = next_index
+            next_index += 1
+            return await log.append_async([Entry(1, index, EntryType.WRITE, b"w%d" % w)])
+
+        return await asyncio.gather(*(writer(w) for w in range(writers)))
+
+    with Log(tmp_path, "t", SMALL) as log:
+        indexes = asyncio.run(main(log))
+        assert sorted(indexes) == list(range(1, writers + 1))
+        assert log.durable_index == writers
+        counters = log.counters()
+        assert counters.entries_appended == writers
+        assert counters.syncs < writers, "group commit shared syncs between appenders"
+        assert counters.group_entries_max > 1
+        # A second event loop gets its own watcher.
+        assert asyncio.run(log.append_async(make_entries(1, writers + 1, writers + 1))) == 501
+
+
+def test_threads_and_asyncio_together(tmp_path: Path) -> None:
+    lock = threading.Lock()
+    state = {"next": 1}
+
+    def append_one(log: Log) -> int:
+        with lock:
+            index = state["next"]
+            state["next"] += 1
+            ticket = log.append([Entry(1, index, EntryType.WRITE, b"x")])
+        log.wait(ticket.ticket)
+        return index
+
+    async def main(log: Log) -> None:
+        async def via_loop() -> None:
+            with lock:
+                index = state["next"]
+                state["next"] += 1
+                ticket = log.append([Entry(1, index, EntryType.WRITE, b"y")])
+            await log.wait_async(ticket.ticket)
+
+        threads = [
+            threading.Thread(target=lambda: [append_one(log) for _ in range(50)]) for _ in range(4)
+        ]
+        for t in threads:
+            t.start()
+        await asyncio.gather(*(via_loop() for _ in range(200)))
+        for t in threads:
+            t.join()
+
+    with Log(tmp_path, "t", SMALL) as log:
+        asyncio.run(main(log))
+        assert log.durable_index == 400
+        assert [e.index for e in log.entries()] == list(range(1, 401))
+
+
+def test_sync_failure_fails_waiters_with_disk_full(tmp_path: Path) -> None:
+    async def main(log: Log) -> None:
+        log.append_durable(make_entries(1, 1, 2))
+        log.inject_sync_failures(1, errno.ENOSPC)
+        with pytest.raises(errors.DiskFullError):
+            await log.append_async(make_entries(1, 3, 3))
+        assert log.durable_index == 2
+        with pytest.raises(errors.DiskFullError):
+            log.append(make_entries(1, 4, 4))
+        assert isinstance(log.failure(), errors.DiskFullError)
+
+    log = Log(tmp_path, "t", SMALL)
+    asyncio.run(main(log))
+    with pytest.raises(errors.DiskFullError):
+        log.close()
+
+
+def test_fallocate_fallback(tmp_path: Path) -> None:
+    with Log(tmp_path, "t", LogOptions(segment_size_bytes=8 << 10)) as log:
+        log.inject_fallocate_unsupported()
+        for i in range(1, 200):
+            log.append_durable(make_entries(1, i, i))
+        assert log.counters().fallocate_fallbacks > 0
+        assert [e.index for e in log.entries()] == list(range(1, 200))
+
+
+def test_counters_are_typed(tmp_path: Path) -> None:
+    with Log(tmp_path, "t", SMALL) as log:
+        log.append_durable(make_entries(1, 1, 5))
+        c = log.counters()
+        assert c.entries_appended == 5
+        assert c.batches_appended == 1
+        assert c.syncs >= 1
+        assert c.bytes_written >= 4096
+        assert sum(c.sync_micros_histogram) == c.syncs
+        assert sum(c.group_entries_histogram) == c.groups
