@@ -5,6 +5,7 @@ Each binding module owns one section below; edit only your section.
 """
 
 from collections.abc import Iterable
+from typing import final
 
 from typing_extensions import Buffer
 
@@ -62,17 +63,18 @@ class Log:
 _NativeColumn = tuple[int, str, str, bool, object]
 _NativeSchema = tuple[list[_NativeColumn], int, int, int]
 
+@final
 class StorageEngine:
     @staticmethod
     def create(
         path: str,
         schema: _NativeSchema,
-        flush_threshold_bytes: int = 67108864,
+        flush_threshold_bytes: int = ...,
         background_flush: bool = True,
     ) -> StorageEngine: ...
     @staticmethod
     def open(
-        path: str, flush_threshold_bytes: int = 67108864, background_flush: bool = True
+        path: str, flush_threshold_bytes: int = ..., background_flush: bool = True
     ) -> StorageEngine: ...
     def schema(self) -> _NativeSchema: ...
     def apply_ipc(self, data: Buffer, op_index: int) -> bytes: ...
