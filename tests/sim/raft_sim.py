@@ -11,7 +11,9 @@ Invariants (Raft paper §5.2-5.4, plus one for membership):
 * log matching: two logs with an entry of the same index and term are identical up to it;
 * leader completeness: a new leader's log holds every entry committed in an earlier term;
 * state machine safety: every replica applies the same entry at the same index;
-* config safety: no two different configs are ever committed at the same index.
+* config safety: no two different configs are ever committed at the same index;
+* read safety: a ReadIndex read is served at an index >= everything committed anywhere when
+  it started (linearizability of leader reads).
 
 Replay a failure with ``Simulation(seed, ...).run(steps)`` using the seed in the message.
 """
@@ -54,6 +56,7 @@ class Checker:
     commit_term: list[int] = field(default_factory=list)  # term in which i was first seen committed
     configs: dict[int, RaftConfig] = field(default_factory=dict)  # committed config by opid index
     applied_checked: dict[str, int] = field(default_factory=dict)
+    leaders_checked: set[tuple[int, str]] = field(default_factory=set)
 
     def check(self, cluster: LocalCluster) -> None:
         for node in cluster.nodes.values():
@@ -106,9 +109,9 @@ class Checker:
         previous = self.leader_of_term.setdefault(term, uuid)
         if previous != uuid:
             raise InvariantViolation(f"election safety: {previous} and {uuid} lead term {term}")
-        if previous == uuid and getattr(self, "_seen", None) == (term, uuid):
-            return
-        self._seen = (term, uuid)
+        if (term, uuid) in self.leaders_checked:
+            return  # completeness holds at election; a leader never loses entries afterwards
+        self.leaders_checked.add((term, uuid))
         log = cluster.nodes[uuid].log
         for i, (entry, commit_term) in enumerate(
             zip(self.committed, self.commit_term, strict=True), start=1
@@ -146,6 +149,7 @@ class Simulation:
         self.checker = Checker()
         self.proposals = 0
         self.reads = 0
+        self.read_floor: dict[int, int] = {}  # read id -> highest commit anywhere at its start
         self.step_count = 0
 
     def run(self, steps: int) -> None:
@@ -158,6 +162,7 @@ class Simulation:
         try:
             action()  # type: ignore[operator]
             self.checker.check(self.cluster)
+            self._check_reads()
         except AssertionError as e:
             raise InvariantViolation(
                 f"seed={self.seed} step={self.step_count} (replay: Simulation({self.seed}, "
@@ -165,24 +170,36 @@ class Simulation:
                 f"config_changes={self.config_changes})): {e}"
             ) from e
 
+    def _check_reads(self) -> None:
+        for node in self.cluster.nodes.values():
+            for read_id, outcome in node.reads.items():
+                floor = self.read_floor.get(read_id)
+                if isinstance(outcome, int) and floor is not None and outcome < floor:
+                    raise InvariantViolation(
+                        f"read safety: read {read_id} on {node.uuid} served at index {outcome},"
+                        f" but index {floor} was committed before it started"
+                    )
+
     def step(self) -> None:
         self.step_count += 1
         r = self.rng.random()
-        if len(self.cluster.queue) > QUEUE_MAX or (r < 0.55 and self.cluster.queue):
+        if len(self.cluster.queue) > QUEUE_MAX or (r < 0.66 and self.cluster.queue):
             self._deliver()
-        elif r < 0.75:
-            self.cluster.tick(self.rng.choice((10, 30, 60, 120, 250)))
-        elif r < 0.85:
+        elif r < 0.76:
+            self.cluster.tick(self.rng.choice((5, 10, 20, 40, 80, 250)))
+        elif r < 0.84:
             self._propose()
-        elif r < 0.89:
-            self._sync()
         elif r < 0.91:
+            self._sync()
+        elif r < 0.92:
             self._crash_or_restart()
         elif r < 0.93:
             self._partition_or_heal()
-        elif r < 0.96:
+        elif r < 0.945:
             self._leader_action()
-        elif self.config_changes:
+        elif r < 0.97 or not self.config_changes:
+            self._read()
+        else:
             self._change_config()
 
     def _deliver(self) -> None:
@@ -217,7 +234,8 @@ class Simulation:
         if alive:
             uuid = self.rng.choice(alive)
             last = self.cluster.node(uuid).log.last_op_id().index
-            self.cluster.sync(uuid, self.rng.randint(0, last))
+            partial = self.rng.random() < 0.3
+            self.cluster.sync(uuid, self.rng.randint(0, last) if partial else last)
 
     def _crash_or_restart(self) -> None:
         down = sorted(u for u, n in self.cluster.nodes.items() if not n.alive)
@@ -251,6 +269,7 @@ class Simulation:
         try:
             if r < 0.4:
                 self.reads += 1
+                self.read_floor[self.reads] = len(self.checker.committed)
                 core.read(self.reads)
             elif r < 0.8:
                 core.transfer_leadership()
@@ -258,6 +277,18 @@ class Simulation:
                 core.step_down()
         except NyalaError:
             pass
+        self.cluster.process(node)
+
+    def _read(self) -> None:
+        """A ReadIndex read at the lowest-term leader: a deposed one, when two exist."""
+        leaders = self.cluster.leaders()
+        if not leaders:
+            return
+        node = self.cluster.node(leaders[0])
+        self.reads += 1
+        self.read_floor[self.reads] = len(self.checker.committed)
+        with contextlib.suppress(NyalaError):
+            node.running().read(self.reads)
         self.cluster.process(node)
 
     def _change_config(self) -> None:

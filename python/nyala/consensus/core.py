@@ -884,7 +884,8 @@ class RaftCore:
         voters = [v for v in config.voters() if v != self.uuid]
         if not voters:
             raise IllegalStateError("no other VOTER to transfer leadership to")
-        return max(voters, key=lambda v: (self._progress[v].match_index, [-ord(c) for c in v]))
+        # max() keeps the first of equals: ties go to the smallest uuid, deterministically.
+        return max(sorted(voters), key=lambda v: self._progress[v].match_index)
 
     def _check_transfer(self) -> None:
         transfer = self._transfer

@@ -47,7 +47,7 @@ class Node:
     core: RaftCore | None = None  # None while crashed
     applied: list[LogEntry] = field(default_factory=list)  # the state machine, in apply order
     reported_durable: int = 0  # durable index last reported to the core
-    reads: dict[int, str] = field(default_factory=dict)  # read id -> outcome
+    reads: dict[int, int | str] = field(default_factory=dict)  # read id -> index or failure
 
     @property
     def auto_sync(self) -> bool:
@@ -245,7 +245,7 @@ class LocalCluster:
             case ConfigCommitted(config):
                 self.events.append(f"{node.uuid}: config committed {describe_config(config)}")
             case ReadReady(read_id, index):
-                node.reads[read_id] = f"ready at index {index}"
+                node.reads[read_id] = index
                 self.events.append(f"{node.uuid}: read {read_id} ready at index {index}")
             case ReadFailed(read_id, reason):
                 node.reads[read_id] = f"failed {reason}"
