@@ -149,8 +149,11 @@ impl Appender {
         self.shared.failed.load(Ordering::SeqCst)
     }
 
-    /// Writes `requests` as one group (more if a roll-over splits them).
+    /// Writes `requests` as one group: one write per segment it touches, then one sync per
+    /// such segment, then the durable point moves once. A group that crosses a roll-over
+    /// starts writeback of the finished segment early so its sync overlaps the next write.
     fn commit(&mut self, requests: &mut Vec<Request>) -> Result<()> {
+        let mut written: Vec<Arc<SegmentFile>> = Vec::new();
         for request in requests.drain(..) {
             let frame_bytes = request.queued_bytes() as u64;
             let end = self.active.write_end
@@ -159,12 +162,18 @@ impl Appender {
                 + format::FOOTER_BYTES as u64;
             let has_data = self.active.has_batches || self.pending_bytes() > 0;
             if end > self.active.capacity_bytes && has_data {
-                self.flush()?;
+                if self.write_pending()? {
+                    start_writeback(&self.active.segment);
+                    written.push(Arc::clone(&self.active.segment));
+                }
                 self.roll()?;
             }
             self.add(request);
         }
-        self.flush()
+        if self.write_pending()? {
+            written.push(Arc::clone(&self.active.segment));
+        }
+        self.finish_group(&written)
     }
 
     fn pending_bytes(&self) -> u64 {
@@ -218,12 +227,13 @@ impl Appender {
         self.group_last_ticket = Some(request.ticket);
     }
 
-    /// Writes the group (whole pages), updates the index, syncs and publishes durability.
-    fn flush(&mut self) -> Result<()> {
-        let Some(last_ticket) = self.group_last_ticket else {
-            return Ok(());
-        };
+    /// Writes the frames pending for the active segment (whole pages) and updates the index;
+    /// returns whether anything was written. Durability comes later, in `finish_group`.
+    fn write_pending(&mut self) -> Result<bool> {
         let data_len = self.pending_bytes();
+        if data_len == 0 {
+            return Ok(false);
+        }
         let padded = format::round_up_to_page(self.buf.len() as u64) as usize;
         self.buf.resize(padded, 0);
         let segment = Arc::clone(&self.active.segment);
@@ -239,8 +249,19 @@ impl Appender {
             queue.queued_bytes -= self.group_queued_bytes;
             self.shared.space_ready.notify_all();
         }
+        self.group_queued_bytes = 0;
+        Ok(true)
+    }
+
+    /// Syncs every segment the group wrote to, then publishes the durable ticket and index.
+    fn finish_group(&mut self, written: &[Arc<SegmentFile>]) -> Result<()> {
+        let Some(last_ticket) = self.group_last_ticket else {
+            return Ok(());
+        };
         if self.shared.options.sync_policy == SyncPolicy::Group {
-            self.sync(&segment)?;
+            for segment in written {
+                self.sync(segment)?;
+            }
         }
         self.shared
             .durable_index
@@ -255,7 +276,6 @@ impl Appender {
         Metrics::add(&metrics.batches_appended, self.group_batches);
         self.group_entries = 0;
         self.group_batches = 0;
-        self.group_queued_bytes = 0;
         self.group_last_ticket = None;
         Ok(())
     }
@@ -344,5 +364,16 @@ impl Appender {
         });
         let _ = self.background_tx.send(Job::Prepare(next_sequence));
         Ok(())
+    }
+}
+
+/// Asks the kernel to start writing a finished segment's dirty pages now, so the sync at the
+/// end of the group waits less. Best effort: the sync that follows is what makes the data
+/// durable, so an error here changes nothing and is ignored.
+fn start_writeback(segment: &SegmentFile) {
+    use std::os::fd::AsRawFd;
+    // SAFETY: plain syscall on a descriptor we own; (0, 0) means the whole file.
+    unsafe {
+        libc::sync_file_range(segment.file.as_raw_fd(), 0, 0, libc::SYNC_FILE_RANGE_WRITE);
     }
 }

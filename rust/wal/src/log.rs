@@ -270,6 +270,20 @@ impl Log {
         Ok(self.push_entries(&mut queue, entries, payload))
     }
 
+    /// Like `append`, but never blocks: `None` when the queue is full (nothing was queued).
+    /// For callers that must not block the thread they run on (e.g. one holding the GIL).
+    pub fn try_append(&self, entries: &[EntryRef<'_>]) -> Result<Option<AppendTicket>> {
+        validate_batch(entries)?;
+        let payload = format::encode_entries(entries);
+        let Some(mut queue) =
+            self.reserve(format::BATCH_HEADER_BYTES + payload.bytes.len(), false)?
+        else {
+            return Ok(None);
+        };
+        check_continues(&queue.terms, entries)?;
+        Ok(Some(self.push_entries(&mut queue, entries, payload)))
+    }
+
     /// Appends and waits until the entries are durable; returns the last index.
     pub fn append_durable(&self, entries: &[EntryRef<'_>]) -> Result<OpIndex> {
         let ticket = self.append(entries)?;
@@ -509,6 +523,16 @@ impl Log {
     }
 
     fn reserve_space(&self, bytes: usize) -> Result<parking_lot::MutexGuard<'_, Queue>> {
+        self.reserve(bytes, true)
+            .map(|queue| queue.expect("a blocking reservation always succeeds"))
+    }
+
+    /// Locks the queue once it has room for `bytes`; without `block`, `None` when it has not.
+    fn reserve(
+        &self,
+        bytes: usize,
+        block: bool,
+    ) -> Result<Option<parking_lot::MutexGuard<'_, Queue>>> {
         let shared = &self.shared;
         let mut queue = shared.queue.lock();
         let mut waited = false;
@@ -522,7 +546,10 @@ impl Log {
             if queue.queued_bytes == 0
                 || queue.queued_bytes + bytes <= shared.options.queue_bytes_max
             {
-                return Ok(queue);
+                return Ok(Some(queue));
+            }
+            if !block {
+                return Ok(None);
             }
             if !waited {
                 waited = true;
