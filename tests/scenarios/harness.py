@@ -13,33 +13,24 @@ returns the file as it should be; the test compares it with the file on disk, an
 
 Commands (``a``, ``b`` are replica ids; times in ms):
 
-=================================  ==============================================================
-cluster voters=a,b,c [non-voters=d] [promote=d]   start a cluster (term 0); options
-    [heartbeat-ms=500] [batch-bytes=N] [inflight-bytes=N]
-add-node d                          a new empty replica outside the config
-campaign a / run-election a        start a pre-vote election / RunLeaderElection (no pre-vote)
-tick [ms] [a,b|-]                   advance the clock (default: one heartbeat), fire timers
-                                    (of the named replicas; ``-``: none)
-deliver [from=a] [to=b] [once]      deliver queued messages (until none match, or just those
-                                    queued now with ``once``), printing each
-drop [from=a] [to=b]                discard queued messages
-partition a,b c                     groups that can talk; unnamed replicas form one more group
-heal                                remove the partition
-crash a / restart a                 stop (losing the non-durable log tail) / start from disk
-sync a [index] / auto-sync a on|off make the log durable / whether to do so after each input
-propose a text                      a WRITE on ``a``
-read a id                           a ReadIndex read on ``a``
-transfer a [b] / step-down a        graceful transfer / abrupt step-down
-add-peer a d [non-voter] [promote] [cas=N]    ChangeConfig ADD_PEER on leader ``a``
-remove-peer a d [cas=N]             ChangeConfig REMOVE_PEER
-modify-peer a d voter|non-voter [promote] [replace] [cas=N]
-unsafe-config a a,b                 UnsafeChangeConfig on ``a`` keeping VOTERs a,b
-run ms                              tick in 100 ms steps delivering everything; prints events
-status [a,b]                        one line per replica
-timers                              when each non-leader's failure detector fires
-log a                               the entries of ``a``'s log
-applied a                           what ``a``'s state machine applied
-=================================  ==============================================================
+- ``cluster voters=a,b,c [non-voters=d] [promote=d] [heartbeat-ms=500] [batch-bytes=N]
+  [inflight-bytes=N]``: a new cluster at term 0, nobody leading
+- ``add-node d``: a new empty replica outside the config
+- ``campaign a`` / ``run-election a``: an election with pre-vote / RunLeaderElection
+- ``tick [ms] [a,b|-]``: advance the clock (default one heartbeat) and fire the timers of the
+  named replicas (all by default; ``-`` for none)
+- ``deliver [from=a] [to=b] [once]``: deliver matching queued messages until none are left
+  (``once``: only those queued now), printing each; ``(lost)`` when partitioned or down
+- ``drop [from=a] [to=b]``: discard queued messages
+- ``partition a,b c`` / ``heal``: groups that can talk (unnamed replicas form one more group)
+- ``crash a`` / ``restart a``: stop, losing the non-durable log tail / start from cmeta + log
+- ``sync a [index]`` / ``auto-sync a on|off``: make the log durable / after every append
+- ``propose a text``, ``read a id``, ``transfer a [b]``, ``step-down a``
+- ``add-peer a d [non-voter] [promote] [cas=N]``, ``remove-peer a d [cas=N]``,
+  ``modify-peer a d voter|non-voter [promote] [replace] [cas=N]``: ChangeConfig on ``a``
+- ``unsafe-config a a,b``: UnsafeChangeConfig on ``a`` keeping VOTERs a, b
+- ``run ms``: tick in 100 ms steps, delivering everything; prints the events
+- ``status [a,b]``, ``timers``, ``log a``, ``applied a``: inspection
 """
 
 from __future__ import annotations

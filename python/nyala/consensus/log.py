@@ -13,6 +13,11 @@ Rules the core relies on:
   against ``preceding``, truncation of a conflicting uncommitted suffix, append. It never
   truncates at or below ``committed_index``; a leader asking for that is a safety violation and
   the log raises ``CorruptionError`` instead.
+* The Rust log (issue 5 item 4) plugs in by implementing this protocol in ``pyext``: its
+  ``EntryBatch`` is a native object holding the serialized entries, ``append_replicated`` is
+  the one native call per UpdateConsensus (release the GIL inside), and WAL group-commit
+  completions are reported with ``on_log_durable``. Run it through the conformance suite by
+  subclassing ``RaftLogConformance`` (three hooks: new, make durable, reopen).
 * Appends are durable later. ``durable_index`` only grows until a truncation lowers it to the
   truncation point; the runtime tells the core about progress with
   ``RaftCore.on_log_durable(index)``.
