@@ -8,5 +8,6 @@ from __future__ import annotations
 
 from nyala import errors
 from nyala._native import __version__
+from nyala.schema import Column, Schema
 
-__all__ = ["__version__", "errors"]
+__all__ = ["Column", "Schema", "__version__", "errors"]
