@@ -30,6 +30,19 @@ def test_numpy_columns_are_zero_copy() -> None:
     assert batch.column("name").null_count == 1000
 
 
+def test_pandas_and_pyarrow_fixed_width_columns_are_zero_copy() -> None:
+    pd = pytest.importorskip("pandas")
+    schema = Schema.parse("id:int64, v:double", key=["id"])
+    ids = np.arange(100, dtype=np.int64)
+    values = np.random.default_rng(1).random(100)
+    frame = pd.DataFrame({"id": ids, "v": values}, copy=False)
+    batch = make_op_batch(frame, "upsert", schema)
+    assert _data_address(batch.column(0)) == frame["id"].to_numpy().ctypes.data
+    assert _data_address(batch.column(1)) == frame["v"].to_numpy().ctypes.data
+    from_table = make_op_batch(pa.table({"id": ids, "v": values}), "upsert", schema)
+    assert _data_address(from_table.column(0)) == ids.ctypes.data
+
+
 def test_pyarrow_and_pandas_inputs() -> None:
     pd = pytest.importorskip("pandas")
     frame = pd.DataFrame(
