@@ -94,6 +94,11 @@ impl<'a> ScanPlan<'a> {
                 })
                 .collect::<Result<_>>()?,
         };
+        if output.is_empty() {
+            return Err(StorageError::invalid(
+                "a scan needs at least one column (count rows by scanning a key column)",
+            ));
+        }
         let mut work: Vec<usize> = output.clone();
         work.extend(0..schema.key_count());
         for predicate in &spec.predicates {

@@ -413,3 +413,25 @@ fn scans_see_consistent_views_during_flush_and_compaction() {
     assert!(reader.join().unwrap() > 0);
     assert_eq!(ids(&all(&engine)).len() as i64, batch_rows * batches);
 }
+
+#[test]
+fn scan_rejects_empty_projection_and_bad_bounds() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = Engine::create(dir.path(), schema(), options()).unwrap();
+    let empty = ScanSpec {
+        columns: Some(vec![]),
+        ..ScanSpec::default()
+    };
+    assert!(matches!(
+        engine.scan(&empty),
+        Err(nyala_storage::StorageError::InvalidArgument(_))
+    ));
+    let short_bound = ScanSpec {
+        lower_bound: Some(vec![1, 2, 3]),
+        ..ScanSpec::default()
+    };
+    assert!(matches!(
+        engine.scan(&short_bound),
+        Err(nyala_storage::StorageError::InvalidArgument(_))
+    ));
+}
