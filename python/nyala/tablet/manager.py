@@ -1,0 +1,359 @@
+"""The tablet manager: every replica of one server, their creation, startup and deletion.
+
+It owns the per-tablet files under the fs root's ``tablet-meta``, ``consensus-meta``, ``wals``
+and ``data`` directories (DESIGN.md §6) and the ordering of their changes, so that a crash at
+any point leaves a state that startup can finish (seed 000, "Tablet deletion", "Tablet
+startup"):
+
+* create: cmeta and storage first, the superblock last (its presence makes the replica exist;
+  files without a superblock are leftovers of a crashed create and are cleared on retry);
+* tombstone: stop, write the superblock TOMBSTONED with the last-logged OpId, then delete data
+  and WAL. cmeta stays forever, so the replica can still vote and is never amnesiac;
+* delete: as tombstone, then cmeta, then the superblock last;
+* startup: ``DELETED`` → finish the removal; ``COPYING`` → tombstone; ``TOMBSTONED`` → finish
+  deleting data and WAL if a crash interrupted it; ``READY`` → open. A replica that fails to
+  open (or whose superblock is damaged) is ``FAILED`` with the reason; the others are unaffected.
+
+Methods block on disk and are serialised by one lock; async callers run them in a thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+from nyala.common import metafile
+from nyala.consensus.types import OpId, RaftConfig
+from nyala.errors import (
+    AlreadyPresentError,
+    CasFailedError,
+    InvalidArgumentError,
+    NyalaError,
+    TabletFailedError,
+    TabletNotFoundError,
+)
+from nyala.schema import Schema
+from nyala.tablet.replica import ReplicaPaths, TabletReplica, TabletState
+from nyala.tablet.superblock import (
+    DataState,
+    Partition,
+    Superblock,
+    read_superblock,
+    write_superblock,
+)
+from nyala.wal import LogOptions
+
+log = logging.getLogger(__name__)
+
+_TABLET_ID_CHARS = frozenset("0123456789abcdef")
+
+
+def is_tablet_id(name: str) -> bool:
+    """True for 32 lowercase hex digits."""
+    return len(name) == 32 and set(name) <= _TABLET_ID_CHARS
+
+
+@dataclass(frozen=True)
+class TabletDirs:
+    """The four per-tablet directories of an fs root."""
+
+    tablet_meta: Path
+    consensus_meta: Path
+    wals: Path
+    data: Path
+
+    def paths(self, tablet_id: str) -> ReplicaPaths:
+        """Where the files of ``tablet_id`` live."""
+        assert is_tablet_id(tablet_id), tablet_id
+        return ReplicaPaths(
+            superblock=self.tablet_meta / tablet_id,
+            cmeta=self.consensus_meta / tablet_id,
+            wal_dir=self.wals / tablet_id,
+            data_dir=self.data / tablet_id,
+        )
+
+
+@dataclass(frozen=True)
+class TabletStatus:
+    """One replica as ListTablets reports it."""
+
+    tablet_id: str
+    table_id: str
+    table_name: str
+    state: str  # a TabletState name
+    data_state: str  # a DataState name, or UNKNOWN when the superblock is unreadable
+    state_reason: str
+    on_disk_bytes: int
+    schema: Schema | None
+    partition: Partition | None
+
+
+@dataclass
+class _Failed:
+    """A tablet whose superblock could not be read: listed as FAILED, never opened."""
+
+    tablet_id: str
+    reason: str
+
+
+class TabletManager:
+    """All replicas of one server."""
+
+    def __init__(self, dirs: TabletDirs, wal_options: LogOptions | None = None) -> None:
+        self.dirs = dirs
+        self._wal_options = wal_options or LogOptions()
+        self._lock = threading.Lock()
+        self._replicas: dict[str, TabletReplica] = {}
+        self._unreadable: dict[str, _Failed] = {}
+
+    # --- startup and shutdown ---------------------------------------------------------------
+
+    def open_all(self) -> None:
+        """Loads every superblock and brings each replica to its steady state."""
+        with self._lock:
+            for path in sorted(self.dirs.tablet_meta.iterdir()):
+                if is_tablet_id(path.name):
+                    self._open_one(path.name)
+
+    def _open_one(self, tablet_id: str) -> None:
+        paths = self.dirs.paths(tablet_id)
+        try:
+            sb = read_superblock(paths.superblock)
+            if sb.tablet_id != tablet_id:
+                raise InvalidArgumentError(f"superblock names tablet {sb.tablet_id}")
+        except NyalaError as exc:
+            log.error("tablet %s: superblock unreadable: %s", tablet_id, exc)
+            self._unreadable[tablet_id] = _Failed(tablet_id, f"{type(exc).__name__}: {exc}")
+            return
+        replica = TabletReplica(sb, paths, self._wal_options)
+        try:
+            if sb.data_state is DataState.DELETED:
+                self._finish_delete(replica)
+                return
+            if sb.data_state is DataState.COPYING:
+                # Seed 000 "Tablet startup" step 2: a half-copied replica deletes itself.
+                self._tombstone_files(replica, replica.last_logged_op_id(), "copy interrupted")
+            elif sb.data_state is DataState.TOMBSTONED:
+                self._remove_data_and_wal(replica.paths)  # roll an interrupted tombstone forward
+                replica.state = TabletState.STOPPED
+                replica.state_reason = f"tombstoned: {sb.state_reason}"
+        except NyalaError as exc:
+            replica.fail(f"{type(exc).__name__}: {exc}")
+            self._replicas[tablet_id] = replica
+            return
+        self._replicas[tablet_id] = replica
+        if replica.superblock.data_state is DataState.READY:
+            replica.open()
+
+    def shutdown(self) -> None:
+        """Closes every replica's files."""
+        with self._lock:
+            for replica in self._replicas.values():
+                if replica.state is not TabletState.FAILED:
+                    replica.close()
+
+    # --- create -----------------------------------------------------------------------------
+
+    def create_tablet(
+        self,
+        tablet_id: str,
+        *,
+        table_id: str,
+        table_name: str,
+        schema: Schema,
+        partition: Partition,
+        config: RaftConfig,
+    ) -> TabletReplica:
+        """Creates and opens a replica; a repeat of the same request returns the same one.
+
+        ``AlreadyPresentError`` if the tablet exists with another table, partition or initial
+        config, or is tombstoned (a tombstone is replaced by tablet copy, not by creation).
+        """
+        if not is_tablet_id(tablet_id):
+            raise InvalidArgumentError(f"tablet id {tablet_id!r} is not 32 lowercase hex digits")
+        if not config.voters():
+            raise InvalidArgumentError("the initial config has no VOTER")
+        sb = Superblock(
+            tablet_id=tablet_id,
+            table_id=table_id,
+            table_name=table_name,
+            schema=schema,
+            partition=partition,
+            initial_config=config,
+        )
+        with self._lock:
+            existing = self._existing(tablet_id)
+            if existing is not None:
+                return self._same_request(existing, sb)
+            replica = TabletReplica(sb, self.dirs.paths(tablet_id), self._wal_options)
+            self._clear_leftovers(replica.paths)
+            replica.create_files()
+            write_superblock(replica.paths.superblock, sb)
+            self._replicas[tablet_id] = replica
+            replica.open()
+            log.info("created tablet %s of table %s (%s)", tablet_id, table_name, table_id)
+            return replica
+
+    def _existing(self, tablet_id: str) -> TabletReplica | None:
+        if tablet_id in self._unreadable:
+            raise TabletFailedError(
+                f"tablet {tablet_id} exists but failed: {self._unreadable[tablet_id].reason}"
+            )
+        return self._replicas.get(tablet_id)
+
+    @staticmethod
+    def _same_request(existing: TabletReplica, sb: Superblock) -> TabletReplica:
+        old = existing.superblock
+        if old.data_state is not DataState.READY:
+            raise AlreadyPresentError(
+                f"tablet {sb.tablet_id} exists here as {old.data_state.value}"
+            )
+        same = (
+            old.table_id == sb.table_id
+            and old.partition == sb.partition
+            and old.initial_config == sb.initial_config
+            and old.schema.version <= sb.schema.version
+        )
+        if not same:
+            raise AlreadyPresentError(
+                f"tablet {sb.tablet_id} exists here with another table, partition or config"
+            )
+        return existing
+
+    @staticmethod
+    def _clear_leftovers(paths: ReplicaPaths) -> None:
+        # Only reached without a superblock: nothing here was ever a live replica.
+        paths.cmeta.unlink(missing_ok=True)
+        TabletManager._remove_data_and_wal(paths)
+
+    # --- tombstone and delete ---------------------------------------------------------------
+
+    def delete_tablet(
+        self,
+        tablet_id: str,
+        delete_type: DataState,
+        *,
+        reason: str = "",
+        cas_config_opid_index_le: int | None = None,
+    ) -> None:
+        """Tombstones (``TOMBSTONED``) or removes (``DELETED``) a replica.
+
+        Tombstoning a tombstone is a no-op. ``CasFailedError`` if the replica's committed config
+        is newer than ``cas_config_opid_index_le``.
+        """
+        if delete_type not in (DataState.TOMBSTONED, DataState.DELETED):
+            raise InvalidArgumentError(
+                f"delete type must be TOMBSTONED or DELETED, not {delete_type}"
+            )
+        with self._lock:
+            if tablet_id in self._unreadable and delete_type is DataState.DELETED:
+                # The superblock is unreadable, but the files are still ours to remove.
+                self._remove_all(self.dirs.paths(tablet_id))
+                del self._unreadable[tablet_id]
+                return
+            replica = self._replicas.get(tablet_id)
+            if replica is None:
+                raise TabletNotFoundError(f"tablet {tablet_id} is not on this server")
+            self._check_cas(replica, cas_config_opid_index_le)
+            state = replica.superblock.data_state
+            if delete_type is DataState.TOMBSTONED and state is DataState.TOMBSTONED:
+                return
+            last_logged = replica.last_logged_op_id()
+            replica.close()
+            if delete_type is DataState.TOMBSTONED:
+                self._tombstone_files(replica, last_logged, reason)
+                return
+            sb = replica.superblock.with_state(
+                DataState.DELETED, last_logged=last_logged, reason=reason
+            )
+            write_superblock(replica.paths.superblock, sb)
+            replica.superblock = sb
+            self._finish_delete(replica)
+
+    @staticmethod
+    def _check_cas(replica: TabletReplica, index_le: int | None) -> None:
+        if index_le is None or replica.cmeta is None:
+            return
+        committed = replica.cmeta.committed_config.opid_index
+        if committed > index_le:
+            raise CasFailedError(
+                f"tablet {replica.tablet_id}: committed config index {committed} > {index_le}",
+                committed_opid_index=committed,
+            )
+
+    def _tombstone_files(self, replica: TabletReplica, last_logged: OpId, reason: str) -> None:
+        sb = replica.superblock.with_state(
+            DataState.TOMBSTONED, last_logged=last_logged, reason=reason
+        )
+        # The superblock goes first: from here on, startup rolls the deletion forward.
+        write_superblock(replica.paths.superblock, sb)
+        replica.superblock = sb
+        self._remove_data_and_wal(replica.paths)
+        replica.state = TabletState.STOPPED
+        replica.state_reason = f"tombstoned: {reason}" if reason else "tombstoned"
+        log.info("tombstoned tablet %s at last-logged op %s", replica.tablet_id, last_logged)
+
+    def _finish_delete(self, replica: TabletReplica) -> None:
+        self._remove_all(replica.paths)
+        self._replicas.pop(replica.tablet_id, None)
+        log.info("deleted tablet %s", replica.tablet_id)
+
+    @staticmethod
+    def _remove_all(paths: ReplicaPaths) -> None:
+        TabletManager._remove_data_and_wal(paths)
+        paths.cmeta.unlink(missing_ok=True)
+        metafile.fsync_dir(paths.cmeta.parent)
+        # The superblock goes last: while it exists, startup finishes this deletion.
+        paths.superblock.unlink(missing_ok=True)
+        metafile.fsync_dir(paths.superblock.parent)
+
+    @staticmethod
+    def _remove_data_and_wal(paths: ReplicaPaths) -> None:
+        for directory in (paths.data_dir, paths.wal_dir):
+            if directory.exists():
+                shutil.rmtree(directory)
+                metafile.fsync_dir(directory.parent)
+
+    # --- lookup -----------------------------------------------------------------------------
+
+    def replica(self, tablet_id: str) -> TabletReplica:
+        """The replica of ``tablet_id``; ``TabletNotFoundError`` / ``TabletFailedError``."""
+        with self._lock:
+            if tablet_id in self._unreadable:
+                raise TabletFailedError(
+                    f"tablet {tablet_id} failed: {self._unreadable[tablet_id].reason}"
+                )
+            replica = self._replicas.get(tablet_id)
+            if replica is None or replica.superblock.data_state is not DataState.READY:
+                raise TabletNotFoundError(f"tablet {tablet_id} is not on this server")
+            if replica.state is TabletState.FAILED:
+                raise TabletFailedError(f"tablet {tablet_id} failed: {replica.state_reason}")
+            return replica
+
+    def statuses(self) -> list[TabletStatus]:
+        """Every replica (tombstones and failures included), sorted by tablet id."""
+        with self._lock:
+            out = [self._status(r) for r in self._replicas.values()]
+            out += [
+                TabletStatus(f.tablet_id, "", "", "FAILED", "UNKNOWN", f.reason, 0, None, None)
+                for f in self._unreadable.values()
+            ]
+        return sorted(out, key=lambda s: s.tablet_id)
+
+    @staticmethod
+    def _status(replica: TabletReplica) -> TabletStatus:
+        sb = replica.superblock
+        return TabletStatus(
+            tablet_id=sb.tablet_id,
+            table_id=sb.table_id,
+            table_name=sb.table_name,
+            state=replica.state.value,
+            data_state=sb.data_state.value,
+            state_reason=replica.state_reason,
+            on_disk_bytes=replica.on_disk_bytes(),
+            schema=sb.schema,
+            partition=sb.partition,
+        )

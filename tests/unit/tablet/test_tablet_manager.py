@@ -1,0 +1,280 @@
+"""TabletManager on a real fs layout: create, reopen, tombstone, delete, crash roll-forward."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from nyala import errors
+from nyala.common import metafile
+from nyala.consensus.metadata import FileCmetaStore
+from nyala.consensus.types import OpId, RaftConfig, RaftPeer
+from nyala.schema import Column, Schema
+from nyala.tablet import DataState, Partition, TabletDirs, TabletManager
+from nyala.tablet.replica import NOT_WIRED_REASON, TabletState
+from nyala.tablet.superblock import (
+    Superblock,
+    decode_superblock,
+    encode_superblock,
+    read_superblock,
+    write_superblock,
+)
+from nyala.wal import Entry, EntryType, LogOptions
+
+SCHEMA = Schema([Column("id", "int64"), Column("v", "string", nullable=True)], ["id"])
+CONFIG = RaftConfig(
+    peers=tuple(RaftPeer(uuid=c * 32, address=f"127.0.0.1:{7050 + i}") for i, c in enumerate("abc"))
+)
+T1, T2 = "1" * 32, "2" * 32
+WAL_OPTIONS = LogOptions(segment_size_bytes=1 << 20, preallocation="zero_fill")
+
+
+@pytest.fixture
+def dirs(tmp_path: Path) -> TabletDirs:
+    d = TabletDirs(
+        tablet_meta=tmp_path / "tablet-meta",
+        consensus_meta=tmp_path / "consensus-meta",
+        wals=tmp_path / "wals",
+        data=tmp_path / "data",
+    )
+    for p in (d.tablet_meta, d.consensus_meta, d.wals, d.data):
+        p.mkdir()
+    return d
+
+
+def _manager(dirs: TabletDirs, *, open_all: bool = True) -> TabletManager:
+    manager = TabletManager(dirs, WAL_OPTIONS)
+    if open_all:
+        manager.open_all()
+    return manager
+
+
+def _create(manager: TabletManager, tablet_id: str = T1, config: RaftConfig = CONFIG) -> None:
+    manager.create_tablet(
+        tablet_id,
+        table_id="t" * 32,
+        table_name="events",
+        schema=SCHEMA,
+        partition=Partition(hash_buckets=(3,), key_start=b"\x00\x01", key_end=b""),
+        config=config,
+    )
+
+
+def _statuses(manager: TabletManager) -> dict[str, tuple[str, str]]:
+    return {s.tablet_id: (s.state, s.data_state) for s in manager.statuses()}
+
+
+def test_superblock_round_trips_and_damage_is_corruption(tmp_path: Path) -> None:
+    sb = Superblock(T1, "tbl", "events", SCHEMA, Partition((1, 2), b"a", b"z"), CONFIG)
+    sb = sb.with_state(DataState.TOMBSTONED, last_logged=OpId(3, 17), reason="moved")
+    assert decode_superblock(encode_superblock(sb)) == sb
+    write_superblock(tmp_path / T1, sb)
+    assert read_superblock(tmp_path / T1) == sb
+    with pytest.raises(errors.CorruptionError, match="malformed superblock"):
+        decode_superblock(b'{"format": 1, "tablet_id": "x"}')
+    with pytest.raises(errors.NotSupportedError):
+        decode_superblock(b'{"format": 99}')
+
+
+def test_create_writes_superblock_cmeta_storage_and_wal(dirs: TabletDirs) -> None:
+    manager = _manager(dirs)
+    _create(manager)
+    paths = dirs.paths(T1)
+    assert read_superblock(paths.superblock).data_state is DataState.READY
+    cmeta = FileCmetaStore(paths.cmeta).load()
+    assert cmeta.current_term == 0
+    assert cmeta.committed_config == CONFIG
+    assert paths.data_dir.is_dir()
+    assert paths.wal_dir.is_dir()
+    replica = manager.replica(T1)
+    assert replica.state is TabletState.NOT_STARTED
+    assert replica.state_reason == NOT_WIRED_REASON
+    assert replica.storage is not None
+    assert replica.storage.schema == SCHEMA
+    manager.shutdown()
+
+
+def test_create_is_idempotent_for_the_same_request_only(dirs: TabletDirs) -> None:
+    manager = _manager(dirs)
+    _create(manager)
+    _create(manager)  # same tablet, same config: succeeds again
+    other = RaftConfig(peers=CONFIG.peers[:2])
+    with pytest.raises(errors.AlreadyPresentError):
+        _create(manager, config=other)
+    with pytest.raises(errors.InvalidArgumentError):
+        _create(manager, tablet_id="not-hex")
+    manager.shutdown()
+
+
+def test_reopen_after_restart_opens_ready_replicas(dirs: TabletDirs) -> None:
+    manager = _manager(dirs)
+    _create(manager)
+    replica = manager.replica(T1)
+    assert replica.storage is not None
+    replica.storage.write({"id": [1, 2], "v": ["a", None]}, "insert", 1)
+    replica.storage.flush()
+    manager.shutdown()
+
+    again = _manager(dirs)
+    reopened = again.replica(T1)
+    assert reopened.storage is not None
+    assert reopened.storage.scan().num_rows == 2
+    assert _statuses(again) == {T1: ("NOT_STARTED", "READY")}
+    again.shutdown()
+
+
+def test_tombstone_keeps_cmeta_and_last_logged_op_and_drops_data_and_wal(
+    dirs: TabletDirs,
+) -> None:
+    manager = _manager(dirs)
+    _create(manager)
+    replica = manager.replica(T1)
+    assert replica.wal is not None
+    replica.wal.append_durable(
+        [Entry(1, 1, EntryType.NO_OP, b""), Entry(2, 2, EntryType.WRITE, b"x")]
+    )
+    manager.delete_tablet(T1, DataState.TOMBSTONED, reason="moved away")
+    paths = dirs.paths(T1)
+    assert not paths.data_dir.exists()
+    assert not paths.wal_dir.exists()
+    assert FileCmetaStore(paths.cmeta).load().committed_config == CONFIG
+    sb = read_superblock(paths.superblock)
+    assert sb.data_state is DataState.TOMBSTONED
+    assert sb.tombstone_last_logged_opid == OpId(2, 2)
+    assert sb.state_reason == "moved away"
+    with pytest.raises(errors.TabletNotFoundError):
+        manager.replica(T1)
+    manager.delete_tablet(T1, DataState.TOMBSTONED)  # again: nothing to do
+    with pytest.raises(errors.AlreadyPresentError):
+        _create(manager)  # a tombstone is replaced by tablet copy, not by creation
+
+    again = _manager(dirs)
+    assert _statuses(again) == {T1: ("STOPPED", "TOMBSTONED")}
+    assert read_superblock(paths.superblock).tombstone_last_logged_opid == OpId(2, 2)
+
+
+def test_delete_removes_everything_and_allows_recreation(dirs: TabletDirs) -> None:
+    manager = _manager(dirs)
+    _create(manager)
+    manager.delete_tablet(T1, DataState.DELETED, reason="table dropped")
+    paths = dirs.paths(T1)
+    for p in (paths.superblock, paths.cmeta, paths.data_dir, paths.wal_dir):
+        assert not p.exists(), p
+    assert manager.statuses() == []
+    with pytest.raises(errors.TabletNotFoundError):
+        manager.delete_tablet(T1, DataState.DELETED)
+    _create(manager)
+    assert _statuses(manager) == {T1: ("NOT_STARTED", "READY")}
+    manager.shutdown()
+
+
+def test_delete_cas_refuses_a_replica_with_a_newer_config(dirs: TabletDirs) -> None:
+    manager = _manager(dirs)
+    _create(manager)
+    FileCmetaStore(dirs.paths(T1).cmeta).save(
+        FileCmetaStore(dirs.paths(T1).cmeta)
+        .load()
+        .__class__(current_term=2, voted_for=None, committed_config=CONFIG.with_opid_index(5))
+    )
+    manager.shutdown()
+    manager = _manager(dirs)
+    with pytest.raises(errors.CasFailedError) as info:
+        manager.delete_tablet(T1, DataState.TOMBSTONED, cas_config_opid_index_le=4)
+    assert info.value.committed_opid_index == 5
+    manager.delete_tablet(T1, DataState.TOMBSTONED, cas_config_opid_index_le=5)
+    assert _statuses(manager) == {T1: ("STOPPED", "TOMBSTONED")}
+
+
+def test_startup_rolls_an_interrupted_delete_forward(dirs: TabletDirs) -> None:
+    manager = _manager(dirs)
+    _create(manager)
+    manager.shutdown()
+    paths = dirs.paths(T1)
+    # A crash right after the DELETED superblock was written: everything else is still there.
+    sb = read_superblock(paths.superblock).with_state(DataState.DELETED, last_logged=OpId(1, 1))
+    write_superblock(paths.superblock, sb)
+    again = _manager(dirs)
+    assert again.statuses() == []
+    for p in (paths.superblock, paths.cmeta, paths.data_dir, paths.wal_dir):
+        assert not p.exists(), p
+
+
+def test_startup_finishes_an_interrupted_tombstone(dirs: TabletDirs) -> None:
+    manager = _manager(dirs)
+    _create(manager)
+    manager.shutdown()
+    paths = dirs.paths(T1)
+    sb = read_superblock(paths.superblock).with_state(DataState.TOMBSTONED, last_logged=OpId(4, 9))
+    write_superblock(paths.superblock, sb)
+    again = _manager(dirs)
+    assert _statuses(again) == {T1: ("STOPPED", "TOMBSTONED")}
+    assert not paths.data_dir.exists()
+    assert not paths.wal_dir.exists()
+    assert paths.cmeta.exists()
+
+
+def test_startup_turns_copying_into_tombstoned_keeping_last_opid(dirs: TabletDirs) -> None:
+    manager = _manager(dirs)
+    _create(manager)
+    manager.shutdown()
+    paths = dirs.paths(T1)
+    sb = read_superblock(paths.superblock).with_state(DataState.COPYING, last_logged=OpId(7, 70))
+    write_superblock(paths.superblock, sb)
+    again = _manager(dirs)
+    assert _statuses(again) == {T1: ("STOPPED", "TOMBSTONED")}
+    after = read_superblock(paths.superblock)
+    assert after.data_state is DataState.TOMBSTONED
+    assert after.tombstone_last_logged_opid == OpId(7, 70)
+    assert not paths.data_dir.exists()
+
+
+def test_a_damaged_superblock_fails_only_that_tablet(dirs: TabletDirs) -> None:
+    manager = _manager(dirs)
+    _create(manager, T1)
+    _create(manager, T2)
+    manager.shutdown()
+    raw = bytearray(dirs.paths(T1).superblock.read_bytes())
+    raw[-3] ^= 0xFF
+    dirs.paths(T1).superblock.write_bytes(bytes(raw))
+    again = _manager(dirs)
+    statuses = {s.tablet_id: s for s in again.statuses()}
+    assert statuses[T1].state == "FAILED"
+    assert "checksum" in statuses[T1].state_reason
+    assert (statuses[T2].state, statuses[T2].data_state) == ("NOT_STARTED", "READY")
+    with pytest.raises(errors.TabletFailedError):
+        again.replica(T1)
+    with pytest.raises(errors.TabletFailedError):
+        _create(again, T1)
+    again.replica(T2)
+    # An operator may still remove the damaged replica.
+    again.delete_tablet(T1, DataState.DELETED)
+    assert [s.tablet_id for s in again.statuses()] == [T2]
+    again.shutdown()
+
+
+def test_a_damaged_cmeta_fails_only_that_tablet(dirs: TabletDirs) -> None:
+    manager = _manager(dirs)
+    _create(manager, T1)
+    _create(manager, T2)
+    manager.shutdown()
+    metafile.write_atomic(dirs.paths(T2).cmeta, metafile.MetaKind.CONSENSUS_META, b"{oops")
+    again = _manager(dirs)
+    statuses = {s.tablet_id: s for s in again.statuses()}
+    assert statuses[T2].state == "FAILED"
+    assert "CorruptionError" in statuses[T2].state_reason
+    assert statuses[T1].state == "NOT_STARTED"
+    again.shutdown()
+
+
+def test_leftovers_of_a_crashed_create_are_cleared_by_the_retry(dirs: TabletDirs) -> None:
+    paths = dirs.paths(T1)
+    paths.data_dir.mkdir()
+    (paths.data_dir / "junk").write_bytes(b"half-created")
+    paths.cmeta.write_bytes(b"half-written")
+    manager = _manager(dirs)
+    assert manager.statuses() == []  # no superblock: the tablet does not exist
+    _create(manager)
+    assert FileCmetaStore(paths.cmeta).load().committed_config == CONFIG
+    assert not (paths.data_dir / "junk").exists()
+    manager.shutdown()
