@@ -1,0 +1,360 @@
+"""``RaftRuntime``: the asyncio driver of one ``RaftCore``.
+
+It owns the I/O the sans-I/O core leaves out, and nothing of Raft's rules: it ticks the core on
+a timer, feeds it inbound messages from a ``Transport``, reports log durability (the log's
+eventfd, watched with ``loop.add_reader``), executes the core's effects in order, and turns
+``Apply``/``LogTruncated``/``RoleChanged``/``ReadReady`` into the outcome of awaited proposals
+and reads. It runs as one task of a ``TaskGroup`` its owner gives it and ends by cancellation
+(STYLE.md 15).
+
+Per-proposal work is kept to a future and a deque entry: effects produced by many proposers in
+one event-loop turn are drained and executed once (``_pump`` is scheduled at most once per
+turn), and proposals resolve in index order from one pass over ``Apply`` ranges.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import random
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from nyala.common.clock import Clock
+from nyala.consensus.core import RaftCore, ReplicaStatus
+from nyala.consensus.effects import (
+    Apply,
+    ConfigCommitted,
+    Effect,
+    LogTruncated,
+    ReadFailed,
+    ReadReady,
+    RoleChanged,
+    Send,
+)
+from nyala.consensus.log import RaftLog
+from nyala.consensus.membership import ConfigChange
+from nyala.consensus.messages import Message
+from nyala.consensus.metadata import CmetaStore
+from nyala.consensus.options import RaftOptions
+from nyala.consensus.transport import Transport
+from nyala.consensus.types import OpId, Role
+from nyala.errors import AbortedError, IllegalStateError, NotLeaderError, WrongServerUuidError
+
+
+class DurabilityNotifier(Protocol):
+    """What the runtime needs from a log whose appends become durable asynchronously."""
+
+    def notification_fd(self) -> int:
+        """A descriptor that becomes readable when the durable point moves or the log fails."""
+        ...
+
+    def drain_notifications(self) -> None:
+        """Resets the descriptor's readiness."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class RuntimeOptions:
+    """Settings of the driver itself (Raft's own timing lives in ``RaftOptions``)."""
+
+    tick_interval_ms: int = 50  # how often the core's timers are checked
+
+    def __post_init__(self) -> None:
+        assert self.tick_interval_ms > 0
+
+
+ApplyCallback = Callable[[Apply], None]
+RoleCallback = Callable[[RoleChanged], None]
+ConfigCallback = Callable[[ConfigCommitted], None]
+
+
+class RaftRuntime:
+    """Drives one replica's ``RaftCore`` on the running event loop (see the module docstring).
+
+    The owner bootstraps cmeta, creates the runtime, calls ``start(task_group)``, and later
+    ``stop()`` (or cancels the group). Callbacks run on the event loop and must not block:
+    ``on_apply`` is told every committed range once, in order.
+    """
+
+    def __init__(
+        self,
+        uuid: str,
+        log: RaftLog,
+        store: CmetaStore,
+        transport: Transport,
+        clock: Clock,
+        *,
+        notifier: DurabilityNotifier | None = None,
+        raft_options: RaftOptions | None = None,
+        options: RuntimeOptions | None = None,
+        rng: random.Random | None = None,
+        last_applied_index: int = 0,
+        on_apply: ApplyCallback | None = None,
+        on_role_change: RoleCallback | None = None,
+        on_config_committed: ConfigCallback | None = None,
+    ) -> None:
+        self.uuid = uuid
+        self.core = RaftCore(
+            uuid,
+            log,
+            store,
+            clock,
+            rng or random.Random(),
+            raft_options,
+            last_applied_index=last_applied_index,
+        )
+        self._log = log
+        self._transport = transport
+        self._notifier = notifier
+        self._opts = options or RuntimeOptions()
+        self._on_apply = on_apply
+        self._on_role_change = on_role_change
+        self._on_config_committed = on_config_committed
+        # Proposals waiting for commit: (index, term, future), ascending index.
+        self._commits: deque[tuple[int, int, asyncio.Future[OpId]]] = deque()
+        self._reads: dict[int, asyncio.Future[int]] = {}
+        self._read_ids = itertools.count(1)
+        self._inbox: deque[Message] = deque()
+        self._pump_scheduled = False
+        self._reported_durable = log.durable_index()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._failure: BaseException | None = None  # set once; the runtime is then unusable
+
+    # --- life cycle -------------------------------------------------------------------------
+
+    def start(self, task_group: asyncio.TaskGroup) -> None:
+        """Starts the runtime as one task of ``task_group``."""
+        if self._task is not None:
+            raise IllegalStateError(f"runtime of {self.uuid} was already started")
+        self._task = task_group.create_task(self._run(), name=f"raft-{self.uuid}")
+
+    def stop(self) -> None:
+        """Cancels the runtime's task; waiters fail with ``AbortedError``."""
+        if self._task is not None:
+            self._task.cancel()
+
+    @property
+    def running(self) -> bool:
+        """Whether the runtime's task is live and has not failed."""
+        return self._loop is not None and self._failure is None
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        fd = self._notifier.notification_fd() if self._notifier is not None else None
+        if fd is not None:
+            loop.add_reader(fd, self._on_durability_signal)
+        self._loop = loop
+        try:
+            async with asyncio.TaskGroup() as group:
+                group.create_task(self._transport.run(self.deliver))
+                group.create_task(self._tick_loop())
+        finally:
+            self._loop = None
+            if fd is not None and not loop.is_closed():
+                loop.remove_reader(fd)
+            self._fail_waiters(AbortedError(f"the runtime of replica {self.uuid} stopped"))
+
+    async def _tick_loop(self) -> None:
+        interval_s = self._opts.tick_interval_ms / 1000
+        while True:
+            if self._failure is not None:
+                raise self._failure
+            self.core.tick()
+            self._execute()
+            await asyncio.sleep(interval_s)
+
+    # --- inputs -----------------------------------------------------------------------------
+
+    def deliver(self, message: Message) -> None:
+        """Queues an inbound message (the transport's callback; never blocks)."""
+        if self._loop is None:
+            return  # stopped: a down replica loses what is sent to it
+        self._inbox.append(message)
+        self._schedule_pump()
+
+    async def propose(self, payload: bytes) -> OpId:
+        """Replicates a WRITE; returns its OpId once COMMITTED. ``NotLeaderError`` if this
+        replica is not (or stops being) the leader, ``AbortedError`` if the entry is
+        truncated or the runtime stops before the commit."""
+        loop = self._require_running()
+        op_id = self.core.propose(payload)
+        future: asyncio.Future[OpId] = loop.create_future()
+        self._commits.append((op_id.index, op_id.term, future))
+        self._schedule_pump()
+        return await future
+
+    async def read_index(self) -> int:
+        """A linearizable read point: once leadership is confirmed by a majority after this
+        call and the commit index at that time is applied, returns that index."""
+        loop = self._require_running()
+        read_id = next(self._read_ids)
+        self.core.read(read_id)
+        future: asyncio.Future[int] = loop.create_future()
+        self._reads[read_id] = future
+        self._schedule_pump()
+        try:
+            return await future
+        finally:
+            self._reads.pop(read_id, None)
+
+    def campaign(self) -> None:
+        """Starts an election now (pre-vote first)."""
+        self._require_running()
+        self.core.campaign()
+        self._schedule_pump()
+
+    def run_leader_election(self) -> None:
+        """RunLeaderElection: a real election now, ignoring a live leader."""
+        self._require_running()
+        self.core.run_leader_election()
+        self._schedule_pump()
+
+    def step_down(self) -> None:
+        """Abrupt leader step-down."""
+        self._require_running()
+        self.core.step_down()
+        self._schedule_pump()
+
+    def transfer_leadership(self, target: str | None = None) -> str:
+        """Graceful leadership transfer; returns the chosen successor."""
+        self._require_running()
+        successor = self.core.transfer_leadership(target)
+        self._schedule_pump()
+        return successor
+
+    def change_config(self, change: ConfigChange) -> OpId:
+        """Appends a config change as leader; ``on_config_committed`` reports its commit."""
+        self._require_running()
+        op_id = self.core.change_config(change)
+        self._schedule_pump()
+        return op_id
+
+    def status(self) -> ReplicaStatus:
+        """A snapshot of the replica's consensus state."""
+        return self.core.status()
+
+    @property
+    def role(self) -> Role:
+        """This replica's role."""
+        return self.core.role
+
+    # --- execution --------------------------------------------------------------------------
+
+    def _require_running(self) -> asyncio.AbstractEventLoop:
+        if self._failure is not None:
+            raise IllegalStateError(f"replica {self.uuid} failed: {self._failure!r}")
+        if self._loop is None:
+            raise IllegalStateError(f"the runtime of replica {self.uuid} is not running")
+        return self._loop
+
+    def _schedule_pump(self) -> None:
+        if not self._pump_scheduled and self._loop is not None:
+            self._pump_scheduled = True
+            self._loop.call_soon(self._pump)
+
+    def _on_durability_signal(self) -> None:
+        assert self._notifier is not None
+        self._notifier.drain_notifications()
+        self._pump()
+
+    def _pump(self) -> None:
+        """Steps queued messages, then executes everything the core produced, once."""
+        self._pump_scheduled = False
+        if self._loop is None or self._failure is not None:
+            self._inbox.clear()
+            return
+        try:
+            while self._inbox:
+                message = self._inbox.popleft()
+                try:
+                    self.core.step(message)
+                except WrongServerUuidError:
+                    continue  # misrouted: not this replica's business
+            self._execute()
+        except Exception as e:  # the core or the log failed: the replica must restart
+            self._failure = e
+            self._fail_waiters(e)
+
+    def _execute(self) -> None:
+        durable = self._log.durable_index()
+        if durable > self._reported_durable:
+            self.core.on_log_durable(durable)
+        self._reported_durable = durable  # a truncation may lower it
+        for effect in self.core.drain_effects():
+            self._execute_one(effect)
+
+    def _execute_one(self, effect: Effect) -> None:
+        match effect:
+            case Send():
+                self._transport.send(effect.message)
+            case Apply():
+                self._resolve_commits(effect.last_index)
+                if self._on_apply is not None:
+                    self._on_apply(effect)
+            case LogTruncated():
+                self._abort_commits_from(effect.from_index)
+            case RoleChanged():
+                if effect.role is not Role.LEADER:
+                    self._fail_commits(self._not_leader(effect))
+                if self._on_role_change is not None:
+                    self._on_role_change(effect)
+            case ConfigCommitted():
+                if self._on_config_committed is not None:
+                    self._on_config_committed(effect)
+            case ReadReady():
+                self._settle_read(effect.read_id, effect.index, None)
+            case ReadFailed():
+                error = NotLeaderError(f"read {effect.read_id} failed: {effect.reason}")
+                self._settle_read(effect.read_id, 0, error)
+
+    def _resolve_commits(self, last_index: int) -> None:
+        commits = self._commits
+        while commits and commits[0][0] <= last_index:
+            index, term, future = commits.popleft()
+            if not future.done():
+                future.set_result(OpId(term, index))
+
+    def _abort_commits_from(self, from_index: int) -> None:
+        commits = self._commits
+        while commits and commits[-1][0] >= from_index:
+            index, _, future = commits.pop()
+            if not future.done():
+                future.set_exception(
+                    AbortedError(f"entry {index} was truncated from the log; it did not commit")
+                )
+
+    def _not_leader(self, change: RoleChanged) -> NotLeaderError:
+        leader = change.leader_uuid
+        peer = self.core.active_config.peer(leader) if leader else None
+        return NotLeaderError(
+            f"{self.uuid} lost leadership (now {change.role.value} in term {change.term}) before"
+            " the entry committed; its outcome is unknown",
+            leader_uuid=leader,
+            leader_addr=peer.address if peer else None,
+        )
+
+    def _fail_commits(self, error: BaseException) -> None:
+        while self._commits:
+            _, _, future = self._commits.popleft()
+            if not future.done():
+                future.set_exception(error)
+
+    def _settle_read(self, read_id: int, index: int, error: BaseException | None) -> None:
+        future = self._reads.pop(read_id, None)
+        if future is None or future.done():
+            return
+        if error is None:
+            future.set_result(index)
+        else:
+            future.set_exception(error)
+
+    def _fail_waiters(self, error: BaseException) -> None:
+        self._fail_commits(error)
+        reads, self._reads = self._reads, {}
+        for future in reads.values():
+            if not future.done():
+                future.set_exception(error)

@@ -1,0 +1,238 @@
+"""``RaftRuntime``: three replicas on one event loop over an in-memory network, with real
+WAL-backed logs (and the in-memory log, which must behave the same to the runtime).
+
+Timers are short (heartbeat 30 ms) so elections happen in tens of milliseconds; every wait
+has a deadline, and a test fails rather than hangs when the cluster does not converge.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from nyala.common.clock import RealClock
+from nyala.consensus import (
+    Apply,
+    FileCmetaStore,
+    MemoryLog,
+    RaftConfig,
+    RaftOptions,
+    RaftPeer,
+    Role,
+    bootstrap_cmeta,
+)
+from nyala.consensus.runtime import DurabilityNotifier, RaftRuntime, RuntimeOptions
+from nyala.consensus.transport import InMemoryNetwork
+from nyala.errors import AbortedError, NotLeaderError
+
+UUIDS = ("a", "b", "c")
+RAFT_OPTIONS = RaftOptions(heartbeat_interval_ms=30, missed_heartbeats_before_election=3)
+RUNTIME_OPTIONS = RuntimeOptions(tick_interval_ms=5)
+WAIT_S = 10.0
+
+LogFactory = Callable[[Path, str], tuple[Any, DurabilityNotifier | None]]
+
+
+def memory_log(_directory: Path, _uuid: str) -> tuple[Any, DurabilityNotifier | None]:
+    return MemoryLog(sync_on_append=True), None
+
+
+def wal_log(directory: Path, uuid: str) -> tuple[Any, DurabilityNotifier | None]:
+    wal_log_module = pytest.importorskip("nyala.consensus.wal_log")
+    log = wal_log_module.WalLog(directory / "wal", uuid)
+    return log, log
+
+
+async def eventually(predicate: Callable[[], bool]) -> None:
+    """Polls ``predicate`` until it holds; fails the test after ``WAIT_S``."""
+    async with asyncio.timeout(WAIT_S):
+        while True:
+            if predicate():
+                return
+            await asyncio.sleep(0.002)
+
+
+@dataclass
+class Replica:
+    uuid: str
+    runtime: RaftRuntime
+    applied: list[tuple[int, int]] = field(default_factory=list)  # Apply ranges, in order
+
+
+class Cluster:
+    def __init__(self, root: Path, make_log: LogFactory, group: asyncio.TaskGroup) -> None:
+        self.network = InMemoryNetwork()
+        self.replicas: dict[str, Replica] = {}
+        config = RaftConfig(tuple(RaftPeer(u, f"{u}:7050") for u in UUIDS))
+        for uuid in UUIDS:
+            directory = root / uuid
+            directory.mkdir()
+            store = FileCmetaStore(directory / "cmeta")
+            bootstrap_cmeta(store, config)
+            log, notifier = make_log(directory, uuid)
+            runtime = RaftRuntime(
+                uuid,
+                log,
+                store,
+                self.network.transport(uuid),
+                RealClock(),
+                notifier=notifier,
+                raft_options=RAFT_OPTIONS,
+                options=RUNTIME_OPTIONS,
+                rng=random.Random(uuid),
+            )
+            replica = Replica(uuid, runtime)
+            runtime._on_apply = self._recorder(replica)
+            self.replicas[uuid] = replica
+            runtime.start(group)
+
+    @staticmethod
+    def _recorder(replica: Replica) -> Callable[[Apply], None]:
+        def record(apply: Apply) -> None:
+            replica.applied.append((apply.first_index, apply.last_index))
+
+        return record
+
+    def live(self) -> list[RaftRuntime]:
+        return [r.runtime for r in self.replicas.values() if r.runtime.running]
+
+    async def leader(self, *, excluding: str | None = None, min_term: int = 0) -> RaftRuntime:
+        """The one leader among live, connected replicas, once there is exactly one."""
+        async with asyncio.timeout(WAIT_S):
+            while True:
+                leaders = [
+                    r
+                    for r in self.live()
+                    if r.role is Role.LEADER and r.uuid != excluding and r.core.term >= min_term
+                ]
+                if len(leaders) == 1:
+                    return leaders[0]
+                await asyncio.sleep(0.005)
+
+    async def stop(self, uuid: str) -> None:
+        self.replicas[uuid].runtime.stop()
+        await eventually(lambda: not self.replicas[uuid].runtime.running)
+
+
+@asynccontextmanager
+async def cluster_of_three(root: Path, make_log: LogFactory) -> AsyncIterator[Cluster]:
+    try:
+        async with asyncio.TaskGroup() as group:
+            cluster = Cluster(root, make_log, group)
+            yield cluster
+            for replica in cluster.replicas.values():
+                replica.runtime.stop()
+    finally:
+        for replica in cluster.replicas.values():
+            close = getattr(replica.runtime._log, "close", None)
+            if close is not None:
+                close()
+
+
+@pytest.fixture(params=[wal_log, memory_log], ids=["wal", "memory"])
+def make_log(request: pytest.FixtureRequest) -> LogFactory:
+    factory: LogFactory = request.param
+    return factory
+
+
+def applied_indexes(replica: Replica) -> list[int]:
+    out: list[int] = []
+    for first, last in replica.applied:
+        out.extend(range(first, last + 1))
+    return out
+
+
+async def wait_applied(cluster: Cluster, uuids: tuple[str, ...], index: int) -> None:
+    await eventually(
+        lambda: all(cluster.replicas[u].runtime.core.last_applied >= index for u in uuids)
+    )
+
+
+def test_elects_a_leader_and_commits_concurrent_proposals(
+    tmp_path: Path, make_log: LogFactory
+) -> None:
+    async def scenario() -> None:
+        async with cluster_of_three(tmp_path, make_log) as cluster:
+            leader = await cluster.leader()
+            op_ids = await asyncio.gather(*(leader.propose(b"op-%d" % i) for i in range(50)))
+            indexes = [op.index for op in op_ids]
+            assert len(set(indexes)) == 50
+            assert all(op.term == leader.core.term for op in op_ids)
+            assert leader.core.commit_index >= max(indexes)
+            await wait_applied(cluster, UUIDS, max(indexes))
+            for replica in cluster.replicas.values():
+                # Every replica applied 1..max exactly once, in order.
+                applied = applied_indexes(replica)
+                assert applied[: max(indexes)] == list(range(1, max(indexes) + 1))
+
+    asyncio.run(scenario())
+
+
+def test_survives_a_leader_crash(tmp_path: Path, make_log: LogFactory) -> None:
+    async def scenario() -> None:
+        async with cluster_of_three(tmp_path, make_log) as cluster:
+            first = await cluster.leader()
+            await first.propose(b"before")
+            await cluster.stop(first.uuid)
+            with pytest.raises(Exception, match="not running"):
+                await first.propose(b"on a stopped replica")
+            second = await cluster.leader(excluding=first.uuid, min_term=first.core.term + 1)
+            op_id = await second.propose(b"after")
+            assert op_id.term > 1
+            others = tuple(u for u in UUIDS if u != first.uuid)
+            await wait_applied(cluster, others, op_id.index)
+
+    asyncio.run(scenario())
+
+
+def test_proposal_on_a_deposed_leader_fails_with_not_leader(
+    tmp_path: Path, make_log: LogFactory
+) -> None:
+    async def scenario() -> None:
+        async with cluster_of_three(tmp_path, make_log) as cluster:
+            old = await cluster.leader()
+            await old.propose(b"committed")
+            cluster.network.isolate(old.uuid)
+            # Appended on the isolated leader, this entry can never reach a majority.
+            pending = asyncio.ensure_future(old.propose(b"stranded"))
+            new = await cluster.leader(excluding=old.uuid, min_term=old.core.term + 1)
+            await new.propose(b"overwrites")
+            assert not pending.done()
+            cluster.network.heal()
+            with pytest.raises((NotLeaderError, AbortedError)):
+                async with asyncio.timeout(WAIT_S):
+                    await pending
+            await eventually(lambda: old.role is not Role.LEADER)
+            with pytest.raises(NotLeaderError) as raised:
+                await old.propose(b"too late")
+            assert raised.value.leader_uuid in (None, new.uuid)
+
+    asyncio.run(scenario())
+
+
+def test_read_waits_for_leadership_confirmation(tmp_path: Path, make_log: LogFactory) -> None:
+    async def scenario() -> None:
+        async with cluster_of_three(tmp_path, make_log) as cluster:
+            leader = await cluster.leader()
+            op_id = await leader.propose(b"x")
+            index = await asyncio.wait_for(leader.read_index(), WAIT_S)
+            assert index >= op_id.index
+            cluster.network.isolate(leader.uuid)
+            read = asyncio.ensure_future(leader.read_index())
+            # Without a majority answering a heartbeat round, the read must not be served,
+            # however long it waits (several election timeouts here).
+            await asyncio.sleep(RAFT_OPTIONS.election_timeout_base_ms * 4 / 1000)
+            assert not read.done()
+            await cluster.leader(excluding=leader.uuid, min_term=leader.core.term + 1)
+            cluster.network.heal()
+            with pytest.raises(NotLeaderError):
+                await asyncio.wait_for(read, WAIT_S)
+
+    asyncio.run(scenario())
