@@ -67,7 +67,7 @@ class Replica:
 
 
 class Cluster:
-    def __init__(self, root: Path, make_log: LogFactory, group: asyncio.TaskGroup) -> None:
+    def __init__(self, root: Path, make_log: LogFactory) -> None:
         self.network = InMemoryNetwork()
         self.replicas: dict[str, Replica] = {}
         config = RaftConfig(tuple(RaftPeer(u, f"{u}:7050") for u in UUIDS))
@@ -91,7 +91,16 @@ class Cluster:
             replica = Replica(uuid, runtime)
             runtime._on_apply = self._recorder(replica)
             self.replicas[uuid] = replica
-            runtime.start(group)
+
+    def start(self, group: asyncio.TaskGroup) -> None:
+        for replica in self.replicas.values():
+            replica.runtime.start(group)
+
+    def close(self) -> None:
+        for replica in self.replicas.values():
+            close = getattr(replica.runtime._log, "close", None)
+            if close is not None:
+                close()
 
     @staticmethod
     def _recorder(replica: Replica) -> Callable[[Apply], None]:
@@ -123,17 +132,15 @@ class Cluster:
 
 @asynccontextmanager
 async def cluster_of_three(root: Path, make_log: LogFactory) -> AsyncIterator[Cluster]:
+    cluster = Cluster(root, make_log)
     try:
         async with asyncio.TaskGroup() as group:
-            cluster = Cluster(root, make_log, group)
+            cluster.start(group)
             yield cluster
             for replica in cluster.replicas.values():
                 replica.runtime.stop()
     finally:
-        for replica in cluster.replicas.values():
-            close = getattr(replica.runtime._log, "close", None)
-            if close is not None:
-                close()
+        cluster.close()
 
 
 @pytest.fixture(params=[wal_log, memory_log], ids=["wal", "memory"])
