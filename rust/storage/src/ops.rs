@@ -110,9 +110,9 @@ impl OpBatch {
                 data.len()
             )));
         }
-        // arrow's decoder panics on some damaged messages (buffer ranges past the body) instead
-        // of returning an error; the bytes come from the network, so contain that here. The
-        // decoder and buffer are dropped on failure, so no broken state survives the unwind.
+        // `check_framing` refuses the damage we know arrow's decoder panics on (buffer ranges
+        // past the body); the bytes come from the network, so any other panic in the decoder
+        // is contained here too. Nothing but the decoder's own state lives through the unwind.
         let data_len = data.len();
         let decoded = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| decode_one(data)))
             .unwrap_or_else(|_| {
@@ -186,7 +186,72 @@ impl OpBatch {
     }
 }
 
+/// Walks the IPC stream's framing and checks that every message fits the bytes and every
+/// buffer of a record or dictionary batch lies inside its message body, before arrow's decoder
+/// (which assumes as much) sees them.
+fn check_framing(data: &[u8]) -> Result<()> {
+    let bad = |what: String| StorageError::invalid(format!("malformed Arrow IPC op batch: {what}"));
+    let mut at = 0usize;
+    loop {
+        let word = |at: usize| -> Result<u32> {
+            data.get(at..at + 4)
+                .map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes")))
+                .ok_or_else(|| bad(format!("truncated at byte {at}")))
+        };
+        let mut meta_len = word(at)?;
+        at += 4;
+        if meta_len == u32::MAX {
+            meta_len = word(at)?;
+            at += 4;
+        }
+        if meta_len == 0 {
+            return Ok(()); // end-of-stream marker
+        }
+        let meta_end = at
+            .checked_add(meta_len as usize)
+            .filter(|end| *end <= data.len())
+            .ok_or_else(|| bad(format!("message at byte {at} runs past the end")))?;
+        let message = arrow::ipc::root_as_message(&data[at..meta_end])
+            .map_err(|e| bad(format!("message at byte {at}: {e}")))?;
+        let body_len =
+            u64::try_from(message.bodyLength()).map_err(|_| bad("negative body length".into()))?;
+        let body_end = (meta_end as u64)
+            .checked_add(body_len)
+            .filter(|end| *end <= data.len() as u64)
+            .ok_or_else(|| {
+                bad(format!(
+                    "body of the message at byte {at} runs past the end"
+                ))
+            })?;
+        let batch = message
+            .header_as_record_batch()
+            .or_else(|| message.header_as_dictionary_batch().and_then(|d| d.data()));
+        if let Some(buffers) = batch.and_then(|b| b.buffers()) {
+            for buffer in buffers.iter() {
+                // The format pads every buffer to 8 bytes; arrow asserts it when typing data.
+                let aligned = buffer.offset() % 8 == 0;
+                let fits = aligned
+                    && u64::try_from(buffer.offset())
+                        .ok()
+                        .zip(u64::try_from(buffer.length()).ok())
+                        .and_then(|(offset, length)| offset.checked_add(length))
+                        .is_some_and(|end| end <= body_len);
+                if !fits {
+                    return Err(bad(format!(
+                        "a buffer lies outside the message at byte {at}"
+                    )));
+                }
+            }
+        }
+        at = body_end as usize;
+        if at == data.len() {
+            return Ok(()); // a stream may end without the marker
+        }
+    }
+}
+
 fn decode_one(data: Buffer) -> Result<RecordBatch> {
+    check_framing(data.as_slice())?;
     let mut decoder = StreamDecoder::new();
     let mut buffer = data;
     let mut batch = None;

@@ -153,7 +153,7 @@ fn rejects_bad_columns_and_values() {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 1024, ..ProptestConfig::default() })]
 
     /// Any damage to the bytes gives a valid batch or `InvalidArgument`, never a panic.
     #[test]
