@@ -1,0 +1,270 @@
+"""Consensus messages <-> protobuf (``proto/nyala/consensus.proto``), for both sides of the
+gRPC transport: the leader's client (``GrpcTransport``) and the tablet server's
+``ConsensusService`` handlers. Pure functions; no I/O.
+
+Entries travel as the native entry-batch bytes (``docs/wal-format.md``): encoding asks the batch
+for ``to_bytes()``; decoding goes through a ``BatchDecoder`` the caller supplies (the WAL log's),
+so row data never becomes Python objects per entry. The header counts and OpIds sent next to the
+bytes are checked against the decoded batch.
+
+What the proto does not carry, and how each side recovers it:
+
+* ``AppendRequest.seq`` / ``AppendResponse.seq`` (the heartbeat round ReadIndex counts): responses
+  come back in request order on ``UpdateConsensusStream`` (and one per unary call), so the client
+  re-attaches the seq of the request it sent (``append_response_from_pb(..., seq=...)``); the
+  server sees seq 0.
+* ``VoteResponse.pre_election``: the client knows it from its request.
+* ``AppendResponse.hint_index`` (LOG_MISMATCH): carried as Kudu does, as
+  ``status.last_received_current_leader.index = hint_index - 1`` (the last entry the follower
+  believes matches), so the leader retries from the one after it.
+* ``TimeoutNow`` becomes ``RunLeaderElectionRequestPB``; the server answers it with
+  ``RaftCore.run_leader_election()`` (the message's term is not sent: a stale nudge costs an
+  election, never safety).
+* An unsolicited durability ack (an ``AppendResponse`` the follower emits when its log becomes
+  durable, answering no request) has no slot on the stream: the server should answer each
+  request only once the entries it appended are durable, with ``durable_index`` read then.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol, cast
+
+from nyala._proto import common_pb2, consensus_pb2
+from nyala.consensus.log import EntryBatch
+from nyala.consensus.messages import (
+    AppendRequest,
+    AppendResponse,
+    AppendStatus,
+    TimeoutNow,
+    VoteDenial,
+    VoteRequest,
+    VoteResponse,
+)
+from nyala.consensus.types import OpId
+from nyala.errors import InvalidArgumentError
+
+
+class WireBatch(EntryBatch, Protocol):
+    """An entry batch that can be sent: its native encoding and entry count."""
+
+    def to_bytes(self) -> bytes:
+        """The batch's wire encoding."""
+        ...
+
+    def __len__(self) -> int:
+        """How many entries the batch holds."""
+        ...
+
+
+BatchDecoder = Callable[[bytes], EntryBatch]
+"""Checks and wraps received batch bytes (raises ``CorruptionError`` on damage)."""
+
+_DENIAL_TO_CODE = {
+    VoteDenial.TERM_TOO_OLD: consensus_pb2.INVALID_TERM,
+    VoteDenial.ALREADY_VOTED: consensus_pb2.ALREADY_VOTED,
+    VoteDenial.LAST_OPID_TOO_OLD: consensus_pb2.LAST_OPID_TOO_OLD,
+    VoteDenial.LEADER_IS_ALIVE: consensus_pb2.LEADER_IS_ALIVE,
+}
+_CODE_TO_DENIAL = {code: denial for denial, code in _DENIAL_TO_CODE.items()}
+
+_STATUS_TO_CODE = {
+    AppendStatus.OK: consensus_pb2.CONSENSUS_ERROR_NONE,
+    AppendStatus.LOG_MISMATCH: consensus_pb2.PRECEDING_ENTRY_DIDNT_MATCH,
+    AppendStatus.TERM_TOO_OLD: consensus_pb2.INVALID_TERM,
+}
+_CODE_TO_STATUS = {code: status for status, code in _STATUS_TO_CODE.items()}
+
+
+def op_id_to_pb(op_id: OpId) -> Any:
+    """``OpIdPB`` of an OpId."""
+    return common_pb2.OpIdPB(term=op_id.term, index=op_id.index)
+
+
+def op_id_from_pb(pb: Any) -> OpId:
+    """OpId of an ``OpIdPB``; negative fields are an ``InvalidArgumentError``."""
+    if pb.term < 0 or pb.index < 0:
+        raise InvalidArgumentError(f"negative op id {pb.term}.{pb.index}")
+    return OpId(pb.term, pb.index)
+
+
+# --- UpdateConsensus ----------------------------------------------------------------------------
+
+
+def append_request_to_pb(
+    request: AppendRequest, tablet_id: str, *, last_appended_index: int = 0
+) -> Any:
+    """The ``ConsensusRequestPB`` of an AppendEntries (``entries`` must be a ``WireBatch``)."""
+    pb = consensus_pb2.ConsensusRequestPB(
+        dest_uuid=request.dest,
+        tablet_id=tablet_id,
+        caller_uuid=request.src,
+        caller_term=request.term,
+        preceding_id=op_id_to_pb(request.preceding),
+        committed_index=request.committed_index,
+        last_idx_appended_to_leader=last_appended_index,
+    )
+    batch = request.entries
+    if batch is not None:
+        wire_batch = cast(WireBatch, batch)  # the WAL log's batches; others cannot be sent
+        pb.entries = wire_batch.to_bytes()
+        pb.entry_count = len(wire_batch)
+        pb.first_entry_id.CopyFrom(op_id_to_pb(batch.first_op_id))
+        pb.last_entry_id.CopyFrom(op_id_to_pb(batch.last_op_id))
+    return pb
+
+
+def append_request_from_pb(pb: Any, decode_batch: BatchDecoder) -> AppendRequest:
+    """The AppendEntries of a ``ConsensusRequestPB`` (seq 0: the wire does not carry it)."""
+    entries: EntryBatch | None = None
+    if pb.entries:
+        entries = decode_batch(pb.entries)
+        _check_batch_header(pb, entries)
+    elif pb.entry_count:
+        raise InvalidArgumentError(f"request announces {pb.entry_count} entries but has none")
+    return AppendRequest(
+        src=pb.caller_uuid,
+        dest=pb.dest_uuid,
+        term=pb.caller_term,
+        preceding=op_id_from_pb(pb.preceding_id),
+        entries=entries,
+        committed_index=pb.committed_index,
+        seq=0,
+    )
+
+
+def _check_batch_header(pb: Any, batch: EntryBatch) -> None:
+    first = op_id_from_pb(pb.first_entry_id)
+    last = op_id_from_pb(pb.last_entry_id)
+    if (first, last) != (batch.first_op_id, batch.last_op_id):
+        raise InvalidArgumentError(
+            f"request header says entries {first}..{last}, the batch holds "
+            f"{batch.first_op_id}..{batch.last_op_id}"
+        )
+    count = batch.last_op_id.index - batch.first_op_id.index + 1
+    if pb.entry_count != count:
+        raise InvalidArgumentError(
+            f"request header says {pb.entry_count} entries, the batch holds {count}"
+        )
+    if batch.first_op_id.index != pb.preceding_id.index + 1:
+        raise InvalidArgumentError(
+            f"batch starts at {batch.first_op_id}, not after preceding "
+            f"{pb.preceding_id.term}.{pb.preceding_id.index}"
+        )
+
+
+def append_response_to_pb(response: AppendResponse) -> Any:
+    """The ``ConsensusResponsePB`` of a follower's answer."""
+    status = consensus_pb2.ConsensusStatusPB(
+        last_received=op_id_to_pb(response.last_received),
+        last_durable_idx=response.durable_index,
+    )
+    if response.status is AppendStatus.LOG_MISMATCH:
+        status.last_received_current_leader.CopyFrom(
+            op_id_to_pb(OpId(0, max(0, response.hint_index - 1)))
+        )
+    if response.status is not AppendStatus.OK:
+        status.error.CopyFrom(
+            consensus_pb2.ConsensusErrorPB(
+                code=_STATUS_TO_CODE[response.status], message=response.status.value
+            )
+        )
+    return consensus_pb2.ConsensusResponsePB(
+        responder_uuid=response.src, responder_term=response.term, status=status
+    )
+
+
+def append_response_from_pb(pb: Any, *, dest: str, seq: int) -> AppendResponse:
+    """The follower's answer in a ``ConsensusResponsePB``; ``dest`` and ``seq`` come from the
+    request it answers (see the module docstring)."""
+    status_pb = pb.status
+    code = (
+        status_pb.error.code if status_pb.HasField("error") else consensus_pb2.CONSENSUS_ERROR_NONE
+    )
+    status = _CODE_TO_STATUS.get(code)
+    if status is None:
+        raise InvalidArgumentError(f"unexpected consensus error code {code} in an answer")
+    hint = 0
+    if status is AppendStatus.LOG_MISMATCH:
+        hint = status_pb.last_received_current_leader.index + 1
+    return AppendResponse(
+        src=pb.responder_uuid,
+        dest=dest,
+        term=pb.responder_term,
+        status=status,
+        last_received=op_id_from_pb(status_pb.last_received),
+        durable_index=status_pb.last_durable_idx,
+        hint_index=hint,
+        seq=seq,
+    )
+
+
+# --- RequestVote --------------------------------------------------------------------------------
+
+
+def vote_request_to_pb(request: VoteRequest, tablet_id: str) -> Any:
+    """The ``VoteRequestPB`` of a (pre-)vote request."""
+    return consensus_pb2.VoteRequestPB(
+        dest_uuid=request.dest,
+        tablet_id=tablet_id,
+        candidate_uuid=request.src,
+        candidate_term=request.term,
+        candidate_status=consensus_pb2.ConsensusStatusPB(
+            last_received=op_id_to_pb(request.last_op_id)
+        ),
+        ignore_live_leader=request.ignore_live_leader,
+        is_pre_election=request.pre_election,
+    )
+
+
+def vote_request_from_pb(pb: Any) -> VoteRequest:
+    """The (pre-)vote request of a ``VoteRequestPB``."""
+    return VoteRequest(
+        src=pb.candidate_uuid,
+        dest=pb.dest_uuid,
+        term=pb.candidate_term,
+        last_op_id=op_id_from_pb(pb.candidate_status.last_received),
+        pre_election=pb.is_pre_election,
+        ignore_live_leader=pb.ignore_live_leader,
+    )
+
+
+def vote_response_to_pb(response: VoteResponse) -> Any:
+    """The ``VoteResponsePB`` of a voter's answer."""
+    pb = consensus_pb2.VoteResponsePB(
+        responder_uuid=response.src,
+        responder_term=response.term,
+        vote_granted=response.granted,
+    )
+    if response.denial is not None:
+        pb.consensus_error.CopyFrom(
+            consensus_pb2.ConsensusErrorPB(
+                code=_DENIAL_TO_CODE[response.denial], message=response.denial.value
+            )
+        )
+    return pb
+
+
+def vote_response_from_pb(pb: Any, request: VoteRequest) -> VoteResponse:
+    """The voter's answer in a ``VoteResponsePB`` to ``request``."""
+    denial: VoteDenial | None = None
+    if pb.HasField("consensus_error"):
+        denial = _CODE_TO_DENIAL.get(pb.consensus_error.code)
+        if denial is None:
+            raise InvalidArgumentError(f"unexpected vote denial code {pb.consensus_error.code}")
+    return VoteResponse(
+        src=pb.responder_uuid,
+        dest=request.src,
+        term=pb.responder_term,
+        granted=pb.vote_granted,
+        pre_election=request.pre_election,
+        denial=denial,
+    )
+
+
+# --- leadership transfer ------------------------------------------------------------------------
+
+
+def timeout_now_to_pb(message: TimeoutNow, tablet_id: str) -> Any:
+    """The ``RunLeaderElectionRequestPB`` that carries a leadership-transfer nudge."""
+    return consensus_pb2.RunLeaderElectionRequestPB(dest_uuid=message.dest, tablet_id=tablet_id)
