@@ -28,3 +28,9 @@ def test_membership_changes(seed: int) -> None:
 @pytest.mark.parametrize("seed", range(100, 140))
 def test_long_runs(seed: int) -> None:
     Simulation(seed, voters=3 + 2 * (seed % 2), config_changes=seed % 3 == 0).run(30_000)
+
+
+@pytest.mark.sim
+@pytest.mark.parametrize("seed", range(500, 530))
+def test_long_membership_runs(seed: int) -> None:
+    Simulation(seed, voters=3 + 2 * (seed % 2), config_changes=True).run(20_000)

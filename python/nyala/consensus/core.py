@@ -569,7 +569,11 @@ class RaftCore:
             self._reset_election_timer()
 
     def _can_campaign(self) -> bool:
-        return self.active_config.is_voter(self.uuid)
+        # A VOTER of the committed config may campaign even if an uncommitted config demotes
+        # it: it may hold the only copy of that entry (the leader lost its non-durable tail),
+        # and without it no candidate could win. Votes are still counted in the newest config.
+        me = self.uuid
+        return self.active_config.is_voter(me) or self._committed_config.is_voter(me)
 
     def _election_timeout_ms(self) -> int:
         base = self._opts.election_timeout_base_ms
@@ -744,6 +748,9 @@ class RaftCore:
             if not progress.inflight:
                 self._send_heartbeat(progress)  # tell followers the new commit index now
             self._maybe_promote(progress)
+        committed = self._committed_config
+        if not committed.is_voter(self.uuid) and committed.voters() and self._transfer is None:
+            self.transfer_leadership()  # a leader outside its committed config hands over
 
     def _durable_index_of(self, uuid: str) -> int:
         if uuid == self.uuid:

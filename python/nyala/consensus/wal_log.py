@@ -1,0 +1,292 @@
+"""``WalLog``: the ``RaftLog`` of a real replica, over the Rust replicated log.
+
+This module owns the Python face of ``rust/consensus``: ``WalLog`` (the WAL plus its log
+cache, implementing ``nyala.consensus.log.RaftLog``) and ``WalEntryBatch`` (an
+``EntryBatch`` held as its wire encoding in native memory, docs/entry-batch.md). It does no
+I/O itself and holds no Raft state: the core decides, the native log stores.
+
+The follower's UpdateConsensus log step is one native call (``append_replicated``) with the
+GIL released; row data stays in native memory, and only NO_OP and CONFIG_CHANGE entries
+become Python objects, when asked for. Appends return before they are durable. The runtime
+learns about durability from the WAL's eventfd: ``watch_durable`` registers it with the event
+loop and calls back with the new ``durable_index()``, which the runtime hands to
+``RaftCore.on_log_durable``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Literal, Self
+
+from nyala import _native
+from nyala.consensus.log import AppendResult, EntryBatch
+from nyala.consensus.types import EntryKind, OpId
+from nyala.errors import InvalidArgumentError
+
+__all__ = ["DurableWatch", "LogCacheStats", "WalEntryBatch", "WalLog", "WalLogOptions"]
+
+# The WAL's entry type bytes (docs/wal-format.md) differ from ``EntryKind``'s values.
+_WAL_TYPE_OF_KIND = {EntryKind.WRITE: 1, EntryKind.NO_OP: 2, EntryKind.CONFIG_CHANGE: 3}
+_KIND_OF_WAL_TYPE = {code: kind for kind, code in _WAL_TYPE_OF_KIND.items()}
+
+
+@dataclass(frozen=True, slots=True)
+class WalLogOptions:
+    """Settings of a replica's log (defaults: DESIGN.md §8, Kudu's log cache limit)."""
+
+    cache_bytes_max: int = 64 << 20  # recent entries kept in memory for building batches
+    segment_size_bytes: int = 8 << 20
+    sync: Literal["group", "none"] = "group"  # "none" only for tests and throwaway logs
+    queue_bytes_max: int = 64 << 20  # WAL append queue bound (back-pressure)
+
+
+@dataclass(frozen=True, slots=True)
+class LogCacheStats:
+    """What the log cache holds: entries ``first_index`` onwards."""
+
+    first_index: int
+    entries: int
+    bytes: int
+    bytes_max: int
+
+
+class WalEntryBatch:
+    """An ``EntryBatch`` as its validated wire encoding; entries stay in native memory."""
+
+    __slots__ = ("_batch",)
+
+    def __init__(self, native: _native.EntryBatch) -> None:
+        self._batch = native
+
+    @classmethod
+    def from_wire(
+        cls,
+        data: bytes,
+        *,
+        entry_count: int | None = None,
+        first_op_id: OpId | None = None,
+        last_op_id: OpId | None = None,
+    ) -> WalEntryBatch:
+        """Decodes a received batch (checksums, framing, contiguity, terms) and checks it
+        against what the message says it holds. Raises ``CorruptionError`` on a checksum
+        mismatch, ``InvalidArgumentError`` on anything else."""
+        batch = cls(_native.EntryBatch.decode(data))
+        if entry_count is not None and entry_count != batch.entry_count:
+            raise InvalidArgumentError(
+                f"message says {entry_count} entries, the batch holds {batch.entry_count}"
+            )
+        if first_op_id is not None and first_op_id != batch.first_op_id:
+            raise InvalidArgumentError(
+                f"message says the batch starts at {first_op_id}, it starts at {batch.first_op_id}"
+            )
+        if last_op_id is not None and last_op_id != batch.last_op_id:
+            raise InvalidArgumentError(
+                f"message says the batch ends at {last_op_id}, it ends at {batch.last_op_id}"
+            )
+        return batch
+
+    def to_wire(self) -> bytes:
+        """The encoding to send (``ConsensusRequestPB.entries``)."""
+        return self._batch.to_bytes()
+
+    @property
+    def first_op_id(self) -> OpId:
+        """OpId of the first entry."""
+        return OpId(*self._batch.first_op_id)
+
+    @property
+    def last_op_id(self) -> OpId:
+        """OpId of the last entry."""
+        return OpId(*self._batch.last_op_id)
+
+    @property
+    def size_bytes(self) -> int:
+        """Encoded size, header included."""
+        return self._batch.size_bytes
+
+    @property
+    def entry_count(self) -> int:
+        """Number of entries (at least one)."""
+        return len(self._batch)
+
+    def control_entries(self) -> list[tuple[OpId, EntryKind, bytes]]:
+        """The NO_OP and CONFIG_CHANGE entries, in log order."""
+        return [
+            (OpId(term, index), _KIND_OF_WAL_TYPE[code], payload)
+            for term, index, code, payload in self._batch.control_entries()
+        ]
+
+    def config_entries(self) -> Sequence[tuple[OpId, bytes]]:
+        """The CONFIG_CHANGE entries, in log order."""
+        return [
+            (op_id, payload)
+            for op_id, kind, payload in self.control_entries()
+            if kind is EntryKind.CONFIG_CHANGE
+        ]
+
+    def __repr__(self) -> str:
+        return f"WalEntryBatch({self.first_op_id}..{self.last_op_id}, {self.size_bytes} bytes)"
+
+
+class DurableWatch:
+    """Calls back when the log's durable index moves (see ``WalLog.watch_durable``)."""
+
+    def __init__(
+        self,
+        log: WalLog,
+        loop: asyncio.AbstractEventLoop,
+        on_durable: Callable[[int], None],
+        on_failure: Callable[[BaseException], None] | None,
+    ) -> None:
+        self._log = log
+        self._loop = loop
+        self._on_durable = on_durable
+        self._on_failure = on_failure
+        self._fd = log.notification_fd()
+        self._last_reported = -1
+        self._active = True
+        loop.add_reader(self._fd, self._ready)
+
+    def _ready(self) -> None:
+        self._log.drain_notifications()
+        failure = self._log.failure()
+        if failure is not None:
+            self.close()
+            if self._on_failure is not None:
+                self._on_failure(failure)
+            return
+        index = self._log.durable_index()
+        if index != self._last_reported:  # a truncation may lower it
+            self._last_reported = index
+            self._on_durable(index)
+
+    def close(self) -> None:
+        """Stops watching (idempotent)."""
+        if self._active:
+            self._active = False
+            self._loop.remove_reader(self._fd)
+
+
+class WalLog:
+    """A replica's ``RaftLog``: the tablet's WAL in ``directory`` plus a log cache."""
+
+    def __init__(
+        self, directory: str | Path, tablet_id: str, options: WalLogOptions | None = None
+    ) -> None:
+        options = options or WalLogOptions()
+        self.directory = Path(directory)
+        self.tablet_id = tablet_id
+        self.options = options
+        self._log = _native.ReplicatedLog(
+            str(self.directory),
+            tablet_id,
+            cache_bytes_max=options.cache_bytes_max,
+            segment_size_bytes=options.segment_size_bytes,
+            sync=options.sync,
+            queue_bytes_max=options.queue_bytes_max,
+        )
+
+    # --- RaftLog --------------------------------------------------------------------------
+
+    def last_op_id(self) -> OpId:
+        """OpId of the last entry, durable or not (``MIN_OP_ID`` when empty)."""
+        return OpId(*self._log.last_op_id())
+
+    def durable_index(self) -> int:
+        """Every entry up to here is synced and still in the log."""
+        return self._log.durable_index()
+
+    def term_at(self, index: int) -> int | None:
+        """The term at ``index`` (0 at index 0); None outside the log or garbage-collected."""
+        if index < 0:
+            return None
+        return self._log.term_at(index)
+
+    def append(self, term: int, kind: EntryKind, payload: bytes) -> OpId:
+        """Appends one entry after the last; durable later."""
+        return OpId(*self._log.append(term, _WAL_TYPE_OF_KIND[kind], payload))
+
+    def read_batch(self, after_index: int, bytes_max: int) -> WalEntryBatch | None:
+        """Entries after ``after_index`` up to ``bytes_max`` encoded bytes (at least one)."""
+        if after_index < 0:
+            raise InvalidArgumentError(f"read after index {after_index}: not in the log")
+        native = self._log.read_batch(after_index, max(bytes_max, 0))
+        return None if native is None else WalEntryBatch(native)
+
+    def append_replicated(
+        self, preceding: OpId, entries: EntryBatch | None, committed_index: int
+    ) -> AppendResult:
+        """Log matching, truncation of a conflicting uncommitted suffix, append: one native
+        call with the GIL released."""
+        if entries is not None and not isinstance(entries, WalEntryBatch):
+            raise InvalidArgumentError(f"WalLog cannot append a {type(entries).__name__}")
+        native = None if entries is None else entries._batch
+        matched, last, hint, truncated_from, _durable = self._log.append_replicated(
+            (preceding.term, preceding.index), native, max(committed_index, 0)
+        )
+        return AppendResult(matched, OpId(*last), hint, truncated_from)
+
+    def config_entries_after(self, index: int) -> Sequence[tuple[OpId, bytes]]:
+        """CONFIG_CHANGE entries above ``index``."""
+        return [
+            (OpId(term, idx), payload)
+            for term, idx, payload in self._log.config_entries_after(max(index, 0))
+        ]
+
+    # --- durability (the runtime's side) ----------------------------------------------------
+
+    def notification_fd(self) -> int:
+        """Readable whenever the durable index moves or the WAL fails."""
+        return self._log.notification_fd()
+
+    def drain_notifications(self) -> None:
+        """Clears the readiness of ``notification_fd``."""
+        self._log.drain_notifications()
+
+    def watch_durable(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        on_durable: Callable[[int], None],
+        on_failure: Callable[[BaseException], None] | None = None,
+    ) -> DurableWatch:
+        """Calls ``on_durable(durable_index)`` from ``loop`` whenever it changes (no thread,
+        no polling); ``on_failure`` once if the WAL fails. Close the watch to stop."""
+        return DurableWatch(self, loop, on_durable, on_failure)
+
+    def wait_durable(self, timeout_s: float | None = None) -> bool:
+        """Blocks until everything appended so far is durable; False on timeout. For tests
+        and shutdown; the runtime uses ``watch_durable``."""
+        return self._log.wait_durable(timeout_s)
+
+    def failure(self) -> BaseException | None:
+        """The error the WAL failed with (it then refuses appends until reopened)."""
+        return self._log.failure()
+
+    # --- inspection and lifetime --------------------------------------------------------------
+
+    def first_index(self) -> int:
+        """The first index still in the WAL (earlier ones were garbage-collected)."""
+        return self._log.first_index()
+
+    def cache_stats(self) -> LogCacheStats:
+        """What the log cache holds."""
+        return LogCacheStats(**self._log.cache_stats())
+
+    def close(self) -> None:
+        """Writes what is queued and closes the WAL."""
+        self._log.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
