@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from nyala import errors
-from nyala._proto import metadata_pb2, tserver_admin_pb2
+from nyala._proto import tserver_admin_pb2
 from nyala.common import metafile
 from nyala.testing import MiniCluster
 
@@ -170,26 +170,6 @@ def test_healthz_metrics_and_tablets_pages(cluster: MiniCluster) -> None:
     assert status == 200
     assert content_type == "application/json"
     assert f'"server_uuid": "{ts.uuid}"' in body
-
-
-def test_a_damaged_superblock_is_listed_as_failed_without_hiding_the_others(
-    cluster: MiniCluster,
-) -> None:
-    ts = cluster.tserver(1)
-    meta = ts.fs_root / "tablet-meta"
-    good, bad = "a" * 32, "b" * 32
-    metafile.write_atomic(meta / good, metafile.MetaKind.SUPERBLOCK, b"opaque payload")
-    (meta / bad).write_bytes(b"not a metadata file at all")
-    with ts.proxy() as proxy:
-        response = proxy.admin_call(
-            proxy.admin.ListTablets, tserver_admin_pb2.ListTabletsRequestPB(dest_uuid=ts.uuid)
-        )
-    statuses = {s.tablet_status.tablet_id: s.tablet_status for s in response.status_and_schema}
-    assert set(statuses) == {good, bad}
-    assert metadata_pb2.TabletState.Name(statuses[good].state) == "NOT_STARTED"
-    failed = statuses[bad]
-    assert metadata_pb2.TabletState.Name(failed.state) == "FAILED"
-    assert str(meta / bad) in failed.state_reason
 
 
 def test_no_process_outlives_a_killed_test_runner(tmp_path: Path) -> None:

@@ -331,6 +331,45 @@ class MiniCluster:
             server.rpc_port, server.http_port = free_loopback_ports(2, LOOPBACK)
             server.start()
 
+    def initial_config(self, servers: Sequence[ServerProcess] | None = None) -> Any:
+        """The ``RaftConfigPB`` a new tablet on ``servers`` (default: all tservers) starts with."""
+        from nyala._proto import metadata_pb2
+
+        config = metadata_pb2.RaftConfigPB()
+        for ts in self.tservers if servers is None else servers:
+            assert ts.uuid is not None, f"{ts.name} has not started yet"
+            peer = config.peers.add(permanent_uuid=ts.uuid, member_type=metadata_pb2.VOTER)
+            peer.last_known_addr.host = LOOPBACK
+            peer.last_known_addr.port = ts.rpc_port
+        return config
+
+    def create_tablet(
+        self,
+        tablet_id: str,
+        schema: Any,
+        *,
+        table_name: str = "t",
+        servers: Sequence[ServerProcess] | None = None,
+    ) -> None:
+        """Sends ``CreateTablet`` with the same initial config to every replica, as the master
+        will (``schema`` is a ``nyala.Schema``); raises the first refusal."""
+        from nyala._proto import tserver_admin_pb2
+        from nyala.tserver.convert import schema_to_pb
+
+        members = list(self.tservers if servers is None else servers)
+        config = self.initial_config(members)
+        for ts in members:
+            request = tserver_admin_pb2.CreateTabletRequestPB(
+                dest_uuid=ts.uuid,
+                table_id=tablet_id,
+                table_name=table_name,
+                tablet_id=tablet_id,
+                schema=schema_to_pb(schema),
+                config=config,
+            )
+            with ts.proxy() as proxy:
+                proxy.admin_call(proxy.admin.CreateTablet, request)
+
     def shutdown(self) -> None:
         """Kills every process (SIGKILL) and removes the directory unless ``keep_dir``."""
         if self._shut_down:

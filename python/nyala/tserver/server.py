@@ -17,10 +17,12 @@ import time
 from nyala._proto import tserver_admin_pb2_grpc, tserver_pb2_grpc
 from nyala.common.metrics import MetricsRegistry
 from nyala.rpc import HttpResponse, HttpServer, RpcMetrics, RpcServer
+from nyala.tablet import TabletDirs, TabletManager
 from nyala.tserver.fs_manager import FsManager, InstanceInfo
 from nyala.tserver.services import AdminService, TabletService
 from nyala.tserver.settings import TabletServerSettings
-from nyala.tserver.tablet_meta import TabletReport, list_tablet_meta
+from nyala.tserver.tablet_meta import TabletReport
+from nyala.wal import LogOptions
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +41,7 @@ class TabletServer:
         self.instance: InstanceInfo | None = None
         self.rpc: RpcServer | None = None
         self.http: HttpServer | None = None
+        self.tablets: TabletManager | None = None
 
     @property
     def uuid(self) -> str:
@@ -53,12 +56,38 @@ class TabletServer:
     async def run(self) -> None:
         """Opens the fs root, serves until stopped, shuts down gracefully."""
         self.instance = self.fs.open(self.settings.uuid)
+        tablets = self.tablets = self._open_tablets()
         self._register_metrics()
         self.rpc = self._build_rpc_server()
         self.http = HttpServer(
             self.settings.http_bind,
             {"/healthz": self._healthz, "/metrics": self._metrics_page, "/tablets": self._tablets},
         )
+        try:
+            await self._serve()
+        finally:
+            tablets.shutdown()
+        log.info("tserver %s stopped", self.uuid)
+
+    def _open_tablets(self) -> TabletManager:
+        dirs = TabletDirs(
+            tablet_meta=self.fs.dir("tablet-meta"),
+            consensus_meta=self.fs.dir("consensus-meta"),
+            wals=self.fs.dir("wals"),
+            data=self.fs.dir("data"),
+        )
+        options = LogOptions(
+            segment_size_bytes=self.settings.wal_segment_bytes,
+            sync="group" if self.settings.wal_sync else "none",
+        )
+        manager = TabletManager(dirs, options)
+        # Every replica is opened or marked FAILED; one bad tablet never stops the server.
+        manager.open_all()
+        return manager
+
+    async def _serve(self) -> None:
+        assert self.rpc is not None
+        assert self.http is not None
         await self.rpc.start()
         try:
             await self.http.start()
@@ -77,13 +106,14 @@ class TabletServer:
             tasks.create_task(self.rpc.wait_for_termination(), name="rpc-server")
             tasks.create_task(self.http.wait_closed(), name="http-server")
             tasks.create_task(self._shutdown_when_stopped(), name="shutdown")
-        log.info("tserver %s stopped", self.uuid)
 
     def list_tablets(self) -> list[TabletReport]:
         """What ListTablets and /tablets report."""
-        return list_tablet_meta(self.fs.dir("tablet-meta"))
+        assert self.tablets is not None, "tablets are opened by run()"
+        return [TabletReport(status) for status in self.tablets.statuses()]
 
     def _build_rpc_server(self) -> RpcServer:
+        assert self.tablets is not None, "tablets are opened before the RPC server is built"
         server = RpcServer(self.settings.rpc_bind, self.settings.rpc_settings())
         server.add_service(
             tserver_pb2_grpc.add_TabletServiceServicer_to_server,
@@ -91,7 +121,7 @@ class TabletServer:
         )
         server.add_service(
             tserver_admin_pb2_grpc.add_TabletServerAdminServiceServicer_to_server,
-            AdminService(self.uuid, self._rpc_metrics, self.list_tablets),
+            AdminService(self.uuid, self._rpc_metrics, self.tablets, self.list_tablets),
         )
         return server
 

@@ -1,0 +1,120 @@
+"""Conversions between the tablet layer's types and their protobuf forms (metadata.proto).
+
+Owns only the mapping; validation of the converted values stays with the types themselves
+(``Schema``, ``RaftConfig``), so a malformed request fails with the same typed error as a
+malformed call from Python.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pyarrow as pa
+
+from nyala._proto import common_pb2, metadata_pb2
+from nyala.consensus.types import NO_OPID_INDEX, MemberType, RaftConfig, RaftPeer
+from nyala.errors import InvalidArgumentError
+from nyala.rpc.errors import join_host_port, split_host_port
+from nyala.schema import TYPES, Column, Schema
+from nyala.tablet.superblock import Partition
+
+# Arrow field metadata key carrying the stable column id (docs/storage-format.md).
+_COLUMN_ID_KEY = b"nyala.column_id"
+_TYPE_NAMES = {arrow_type: name for name, arrow_type in TYPES.items()}
+
+
+def schema_to_pb(schema: Schema) -> Any:
+    """The ``SchemaPB`` of ``schema`` (column ids travel as Arrow field metadata)."""
+    fields = [
+        pa.field(
+            c.name,
+            c.arrow_type,
+            nullable=c.nullable,
+            metadata={_COLUMN_ID_KEY: str(c.id).encode()},
+        )
+        for c in schema.columns
+    ]
+    return metadata_pb2.SchemaPB(
+        arrow_schema=pa.schema(fields).serialize().to_pybytes(),
+        key_columns=schema.key,
+        version=schema.version,
+    )
+
+
+def schema_from_pb(pb: Any) -> Schema:
+    """The ``Schema`` a ``SchemaPB`` describes; ``InvalidArgumentError`` if it is malformed."""
+    try:
+        arrow = pa.ipc.read_schema(pa.py_buffer(pb.arrow_schema))
+    except (pa.ArrowInvalid, OSError) as e:
+        raise InvalidArgumentError(f"schema.arrow_schema is not an Arrow schema: {e}") from None
+    columns = []
+    for f in arrow:
+        name = _TYPE_NAMES.get(f.type)
+        if name is None:
+            raise InvalidArgumentError(f"column {f.name!r}: type {f.type} is not supported")
+        raw_id = (f.metadata or {}).get(_COLUMN_ID_KEY)
+        columns.append(
+            Column(f.name, name, nullable=f.nullable, id=None if raw_id is None else int(raw_id))
+        )
+    return Schema(columns, list(pb.key_columns), version=pb.version)
+
+
+def partition_from_pb(pb: Any) -> Partition:
+    """The ``Partition`` of a ``PartitionPB``."""
+    return Partition(
+        hash_buckets=tuple(pb.hash_buckets),
+        key_start=bytes(pb.partition_key_start),
+        key_end=bytes(pb.partition_key_end),
+    )
+
+
+def partition_to_pb(partition: Partition) -> Any:
+    """The ``PartitionPB`` of a ``Partition``."""
+    return metadata_pb2.PartitionPB(
+        hash_buckets=list(partition.hash_buckets),
+        partition_key_start=partition.key_start,
+        partition_key_end=partition.key_end,
+    )
+
+
+def config_from_pb(pb: Any) -> RaftConfig:
+    """The ``RaftConfig`` of a ``RaftConfigPB``; ``InvalidArgumentError`` if malformed."""
+    peers = []
+    for p in pb.peers:
+        if not p.permanent_uuid:
+            raise InvalidArgumentError("a config peer has no permanent_uuid")
+        if p.member_type == metadata_pb2.NON_VOTER:
+            member_type = MemberType.NON_VOTER
+        elif p.member_type == metadata_pb2.VOTER:
+            member_type = MemberType.VOTER
+        else:
+            raise InvalidArgumentError(f"peer {p.permanent_uuid} has no member_type")
+        address = join_host_port(p.last_known_addr.host, p.last_known_addr.port)
+        peers.append(
+            RaftPeer(
+                uuid=p.permanent_uuid,
+                address=address,
+                member_type=member_type,
+                promote=p.attrs.promote,
+                replace=p.attrs.replace,
+            )
+        )
+    index = pb.opid_index if pb.HasField("opid_index") else NO_OPID_INDEX
+    return RaftConfig(peers=tuple(peers), opid_index=index)
+
+
+def config_to_pb(config: RaftConfig) -> Any:
+    """The ``RaftConfigPB`` of a ``RaftConfig``."""
+    pb = metadata_pb2.RaftConfigPB()
+    if config.opid_index != NO_OPID_INDEX:
+        pb.opid_index = config.opid_index
+    for p in config.peers:
+        host, port = split_host_port(p.address)
+        peer = pb.peers.add(
+            permanent_uuid=p.uuid,
+            member_type=metadata_pb2.VOTER if p.is_voter else metadata_pb2.NON_VOTER,
+        )
+        peer.last_known_addr.CopyFrom(common_pb2.HostPortPB(host=host, port=port))
+        peer.attrs.promote = p.promote
+        peer.attrs.replace = p.replace
+    return pb
