@@ -300,15 +300,20 @@ class RaftCore:
 
     def propose(self, payload: bytes) -> OpId:
         """Appends a WRITE (opaque ``payload``) as leader; ``Apply`` reports its commit."""
+        return self.propose_many((payload,))[0]
+
+    def propose_many(self, payloads: Sequence[bytes]) -> list[OpId]:
+        """``propose`` for several WRITEs at once: followers get them in one batch, not one
+        AppendEntries per proposal (the runtime gathers the proposals of one loop turn)."""
         self._require_leader()
         if self._transfer is not None:
             raise ServiceUnavailableError(
                 f"leadership transfer to {self._transfer.target} in progress; writes paused"
             )
-        op_id = self._log.append(self._term, EntryKind.WRITE, payload)
+        op_ids = [self._log.append(self._term, EntryKind.WRITE, p) for p in payloads]
         self._replicate_all()
         self._flush_meta()
-        return op_id
+        return op_ids
 
     def read(self, read_id: int) -> None:
         """Starts a linearizable read (ReadIndex): ``ReadReady`` or ``ReadFailed`` follows."""

@@ -7,8 +7,9 @@ eventfd, watched with ``loop.add_reader``), executes the core's effects in order
 and reads. It runs as one task of a ``TaskGroup`` its owner gives it and ends by cancellation
 (STYLE.md 15).
 
-Per-proposal work is kept to a future and a deque entry: effects produced by many proposers in
-one event-loop turn are drained and executed once (``_pump`` is scheduled at most once per
+Per-proposal work is kept to a future and a deque entry: the proposals of one event-loop turn
+go to the core in one ``propose_many`` call (so followers get one AppendEntries for all of
+them), the effects are drained and executed once (``_pump`` is scheduled at most once per
 turn), and proposals resolve in index order from one pass over ``Apply`` ranges.
 """
 
@@ -41,7 +42,13 @@ from nyala.consensus.metadata import CmetaStore
 from nyala.consensus.options import RaftOptions
 from nyala.consensus.transport import Transport
 from nyala.consensus.types import OpId, Role
-from nyala.errors import AbortedError, IllegalStateError, NotLeaderError, WrongServerUuidError
+from nyala.errors import (
+    AbortedError,
+    IllegalStateError,
+    NotLeaderError,
+    ServiceUnavailableError,
+    WrongServerUuidError,
+)
 
 
 class DurabilityNotifier(Protocol):
@@ -118,6 +125,8 @@ class RaftRuntime:
         self._reads: dict[int, asyncio.Future[int]] = {}
         self._read_ids = itertools.count(1)
         self._inbox: deque[Message] = deque()
+        # Proposals of this loop turn, handed to the core together by the next pump.
+        self._proposals: list[tuple[bytes, asyncio.Future[OpId]]] = []
         self._pump_scheduled = False
         self._reported_durable = log.durable_index()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -181,9 +190,8 @@ class RaftRuntime:
         replica is not (or stops being) the leader, ``AbortedError`` if the entry is
         truncated or the runtime stops before the commit."""
         loop = self._require_running()
-        op_id = self.core.propose(payload)
         future: asyncio.Future[OpId] = loop.create_future()
-        self._commits.append((op_id.index, op_id.term, future))
+        self._proposals.append((payload, future))
         self._schedule_pump()
         return await future
 
@@ -274,10 +282,25 @@ class RaftRuntime:
                     self.core.step(message)
                 except WrongServerUuidError:
                     continue  # misrouted: not this replica's business
+            if self._proposals:
+                self._propose_gathered()
             self._execute()
         except Exception as e:  # the core or the log failed: the replica must restart
             self._failure = e
             self._fail_waiters(e)
+
+    def _propose_gathered(self) -> None:
+        proposals, self._proposals = self._proposals, []
+        try:
+            op_ids = self.core.propose_many([payload for payload, _ in proposals])
+        except (NotLeaderError, ServiceUnavailableError) as e:
+            for _, future in proposals:
+                if not future.done():
+                    future.set_exception(e)
+            return
+        commits = self._commits
+        for op_id, (_, future) in zip(op_ids, proposals, strict=True):
+            commits.append((op_id.index, op_id.term, future))
 
     def _execute(self) -> None:
         durable = self._log.durable_index()
@@ -353,6 +376,10 @@ class RaftRuntime:
             future.set_exception(error)
 
     def _fail_waiters(self, error: BaseException) -> None:
+        proposals, self._proposals = self._proposals, []
+        for _, proposal in proposals:
+            if not proposal.done():
+                proposal.set_exception(error)
         self._fail_commits(error)
         reads, self._reads = self._reads, {}
         for future in reads.values():
