@@ -62,6 +62,10 @@ class DurabilityNotifier(Protocol):
         """Resets the descriptor's readiness."""
         ...
 
+    def failure(self) -> BaseException | None:
+        """The error the log failed with, or None (a failed log never becomes durable)."""
+        ...
+
 
 @dataclass(frozen=True, slots=True)
 class RuntimeOptions:
@@ -267,6 +271,11 @@ class RaftRuntime:
     def _on_durability_signal(self) -> None:
         assert self._notifier is not None
         self._notifier.drain_notifications()
+        failure = self._notifier.failure()
+        if failure is not None and self._failure is None:
+            self._failure = failure  # the tick loop raises it: the replica must restart
+            self._fail_waiters(failure)
+            return
         self._pump()
 
     def _pump(self) -> None:

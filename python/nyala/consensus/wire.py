@@ -3,7 +3,8 @@ gRPC transport: the leader's client (``GrpcTransport``) and the tablet server's
 ``ConsensusService`` handlers. Pure functions; no I/O.
 
 Entries travel as the native entry-batch bytes (``docs/wal-format.md``): encoding asks the batch
-for ``to_bytes()``; decoding goes through a ``BatchDecoder`` the caller supplies (the WAL log's),
+for ``to_wire()``; decoding goes through a ``BatchDecoder`` the caller supplies
+(``WalEntryBatch.from_wire`` in servers),
 so row data never becomes Python objects per entry. The header counts and OpIds sent next to the
 bytes are checked against the decoded batch.
 
@@ -46,13 +47,14 @@ from nyala.errors import InvalidArgumentError
 
 
 class WireBatch(EntryBatch, Protocol):
-    """An entry batch that can be sent: its native encoding and entry count."""
+    """An entry batch that can be sent (``nyala.consensus.wal_log.WalEntryBatch``)."""
 
-    def to_bytes(self) -> bytes:
+    def to_wire(self) -> bytes:
         """The batch's wire encoding."""
         ...
 
-    def __len__(self) -> int:
+    @property
+    def entry_count(self) -> int:
         """How many entries the batch holds."""
         ...
 
@@ -107,8 +109,8 @@ def append_request_to_pb(
     batch = request.entries
     if batch is not None:
         wire_batch = cast(WireBatch, batch)  # the WAL log's batches; others cannot be sent
-        pb.entries = wire_batch.to_bytes()
-        pb.entry_count = len(wire_batch)
+        pb.entries = wire_batch.to_wire()
+        pb.entry_count = wire_batch.entry_count
         pb.first_entry_id.CopyFrom(op_id_to_pb(batch.first_op_id))
         pb.last_entry_id.CopyFrom(op_id_to_pb(batch.last_op_id))
     return pb

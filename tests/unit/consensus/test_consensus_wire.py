@@ -47,12 +47,13 @@ class JsonBatch:
     def config_entries(self) -> Sequence[tuple[OpId, bytes]]:
         return ()
 
-    def to_bytes(self) -> bytes:
+    def to_wire(self) -> bytes:
         first, last = self.first_op_id, self.last_op_id
         doc = [first.term, first.index, last.term, last.index, list(self.payloads)]
         return json.dumps(doc).encode()
 
-    def __len__(self) -> int:
+    @property
+    def entry_count(self) -> int:
         return len(self.payloads)
 
 
@@ -210,3 +211,26 @@ def test_unknown_error_codes_are_refused() -> None:
     vote_pb.consensus_error.code = consensus_pb2.NOT_IN_QUORUM
     with pytest.raises(InvalidArgumentError, match="unexpected vote denial code"):
         wire.vote_response_from_pb(vote_pb, request)
+
+
+def test_wal_log_batches_cross_the_wire_as_native_bytes(tmp_path: Any) -> None:
+    wal_log = pytest.importorskip("nyala.consensus.wal_log")
+    from nyala.consensus.types import EntryKind
+
+    with wal_log.WalLog(tmp_path / "leader", "t", wal_log.WalLogOptions(sync="none")) as leader:
+        leader.append(1, EntryKind.NO_OP, b"")
+        for i in range(5):
+            leader.append(1, EntryKind.WRITE, b"row-%d" % i)
+        batch = leader.read_batch(0, 1 << 20)
+        assert batch is not None
+        request = AppendRequest("a", "b", 1, OpId(0, 0), batch, 0, 0)
+        pb = through_bytes(wire.append_request_to_pb(request, TABLET))
+        assert pb.entry_count == 6
+        received = wire.append_request_from_pb(pb, wal_log.WalEntryBatch.from_wire)
+        assert received.entries is not None
+        assert received.entries.first_op_id == OpId(1, 1)
+        assert received.entries.last_op_id == OpId(1, 6)
+        with wal_log.WalLog(tmp_path / "follower", "t", wal_log.WalLogOptions(sync="none")) as f:
+            result = f.append_replicated(received.preceding, received.entries, 0)
+            assert result.matched
+            assert f.last_op_id() == OpId(1, 6)
