@@ -137,7 +137,7 @@ impl Appender {
         }
         if !self.failed() {
             if let Err(err) =
-                crate::segment::close_segment(&self.active.segment, self.active.write_end)
+                crate::segment::close_segment(&self.active.segment, self.active.write_end, true)
             {
                 self.shared.fail(&err);
             }
@@ -263,6 +263,11 @@ impl Appender {
                 self.sync(segment)?;
             }
         }
+        // Counters first, so whoever sees the entries durable also sees them counted.
+        let metrics = &self.shared.metrics;
+        metrics.record_group(self.group_entries);
+        Metrics::add(&metrics.entries_appended, self.group_entries);
+        Metrics::add(&metrics.batches_appended, self.group_batches);
         self.shared
             .durable_index
             .store(self.log_last, Ordering::Release);
@@ -270,10 +275,6 @@ impl Appender {
             .durable_ticket
             .store(last_ticket, Ordering::Release);
         self.shared.publish_durable_change();
-        let metrics = &self.shared.metrics;
-        metrics.record_group(self.group_entries);
-        Metrics::add(&metrics.entries_appended, self.group_entries);
-        Metrics::add(&metrics.batches_appended, self.group_batches);
         self.group_entries = 0;
         self.group_batches = 0;
         self.group_last_ticket = None;
@@ -336,19 +337,20 @@ impl Appender {
     fn roll(&mut self) -> Result<()> {
         let started = Instant::now();
         let prepared = {
-            let mut slot = self.shared.prepared.lock();
-            if slot.is_none() {
+            let mut ready = self.shared.prepared.lock();
+            if ready.is_empty() {
                 Metrics::add(&self.shared.metrics.rollover_waits, 1);
             }
-            while slot.is_none() {
-                self.shared.prepared_ready.wait(&mut slot);
+            while ready.is_empty() {
+                self.shared.prepared_ready.wait(&mut ready);
             }
-            slot.take().expect("slot filled")
+            ready.pop_front().expect("a prepared segment")
         };
         let micros = started.elapsed().as_micros() as u64;
         Metrics::add(&self.shared.metrics.rollover_wait_micros_total, micros);
         let segment = Arc::new(prepared?);
-        let next_sequence = segment.sequence + 1;
+        // Segments are prepared in sequence order, this many ahead of the active one.
+        let next_sequence = segment.sequence + crate::log::SEGMENTS_PREPARED_AHEAD;
         self.shared.segments.write().push_back(Arc::clone(&segment));
         let fresh = ActiveSegment::fresh(
             segment,

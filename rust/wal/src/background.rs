@@ -35,11 +35,13 @@ fn run(shared: &Shared, jobs: &Receiver<Job>) {
             Job::Prepare(sequence) => {
                 let recycled = shared.take_recyclable();
                 let result = segment::prepare_segment(&shared.prepare_spec(sequence, recycled));
-                *shared.prepared.lock() = Some(result);
+                shared.prepared.lock().push_back(result);
                 shared.prepared_ready.notify_all();
             }
             Job::Close { segment, write_end } => {
-                if let Err(err) = segment::close_segment(&segment, write_end) {
+                // No sync: the data was synced by the appender, and a footer or cut that a
+                // crash loses is rebuilt by recovery (a footerless segment is scanned).
+                if let Err(err) = segment::close_segment(&segment, write_end, false) {
                     shared.fail(&err);
                 }
             }

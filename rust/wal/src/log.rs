@@ -80,8 +80,12 @@ pub(crate) struct Queue {
     pub closing: bool,
 }
 
-/// A segment prepared by the background thread, waiting for the appender.
-pub(crate) type PreparedSlot = Option<Result<SegmentFile>>;
+/// Segments prepared by the background thread, in sequence order, waiting for the appender.
+pub(crate) type PreparedSegments = VecDeque<Result<SegmentFile>>;
+
+/// How many segments the background thread keeps ready beyond the active one. Two, so a
+/// slow preparation (two fsyncs on a busy disk) does not stall a fast writer at roll-over.
+pub(crate) const SEGMENTS_PREPARED_AHEAD: u64 = 2;
 
 /// State shared by callers, the appender thread and the background thread.
 pub(crate) struct Shared {
@@ -106,7 +110,7 @@ pub(crate) struct Shared {
     pub index: RwLock<LogIndex>,
     /// Open segments in sequence order; the last one is the active segment.
     pub segments: RwLock<VecDeque<Arc<SegmentFile>>>,
-    pub prepared: Mutex<PreparedSlot>,
+    pub prepared: Mutex<PreparedSegments>,
     pub prepared_ready: Condvar,
     pub recycle_pool: Mutex<Vec<PathBuf>>,
     pub anchors: Mutex<Anchors>,
@@ -150,9 +154,9 @@ impl Shared {
             self.work_ready.notify_all();
         }
         self.publish_durable_change();
-        let mut slot = self.prepared.lock();
-        if slot.is_none() {
-            *slot = Some(Err(WalError::Closed));
+        let mut ready = self.prepared.lock();
+        if ready.is_empty() {
+            ready.push_back(Err(WalError::Closed));
         }
         self.prepared_ready.notify_all();
     }
@@ -226,7 +230,7 @@ impl Log {
             failed: AtomicBool::new(false),
             index: RwLock::new(recovered.index),
             segments: RwLock::new(VecDeque::new()),
-            prepared: Mutex::new(None),
+            prepared: Mutex::new(VecDeque::new()),
             prepared_ready: Condvar::new(),
             recycle_pool: Mutex::new(Vec::new()),
             anchors: Mutex::new(Anchors::default()),
@@ -247,9 +251,11 @@ impl Log {
         let (background_tx, background_rx) = crossbeam_channel::unbounded();
         let mut threads = Vec::new();
         threads.push(background::spawn(Arc::clone(&shared), background_rx)?);
-        background_tx
-            .send(Job::Prepare(next_sequence))
-            .expect("background thread is running");
+        for ahead in 0..SEGMENTS_PREPARED_AHEAD {
+            background_tx
+                .send(Job::Prepare(next_sequence + ahead))
+                .expect("background thread is running");
+        }
         // The appender owns the only sender: when it stops, the background thread stops.
         let appender = Appender::new(Arc::clone(&shared), active, last.index, background_tx);
         threads.push(appender.spawn()?);

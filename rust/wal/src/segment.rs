@@ -237,8 +237,9 @@ pub(crate) fn sync_dir(dir: &Path) -> Result<()> {
         .map_err(|e| WalError::io("fsync directory", dir, e))
 }
 
-/// Writes the footer after the last batch, cuts the file there and makes it durable.
-pub(crate) fn close_segment(segment: &SegmentFile, write_end: u64) -> Result<()> {
+/// Writes the footer after the last batch and cuts the file there; with `sync`, makes that
+/// durable too.
+pub(crate) fn close_segment(segment: &SegmentFile, write_end: u64, sync: bool) -> Result<()> {
     let footer = format::encode_footer(&segment.footer());
     let path = &segment.path;
     segment
@@ -249,10 +250,12 @@ pub(crate) fn close_segment(segment: &SegmentFile, write_end: u64) -> Result<()>
         .file
         .set_len(write_end + format::FOOTER_BYTES as u64)
         .map_err(|e| WalError::io("ftruncate", path, e))?;
-    segment
-        .file
-        .sync_all()
-        .map_err(|e| WalError::io("fsync", path, e))?;
+    if sync {
+        segment
+            .file
+            .sync_all()
+            .map_err(|e| WalError::io("fsync", path, e))?;
+    }
     segment.closed.store(true, Ordering::Release);
     Ok(())
 }
@@ -399,7 +402,7 @@ pub(crate) fn repair_segment(segment: &SegmentFile, valid_end: u64) -> Result<()
         .file
         .set_len(valid_end)
         .map_err(|e| WalError::io("ftruncate", &segment.path, e))?;
-    close_segment(segment, valid_end)
+    close_segment(segment, valid_end, true)
 }
 
 #[cfg(test)]
