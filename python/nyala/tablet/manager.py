@@ -27,6 +27,7 @@ from pathlib import Path
 
 from nyala.common import metafile
 from nyala.consensus.types import OpId, RaftConfig
+from nyala.consensus.wal_log import WalLogOptions
 from nyala.errors import (
     AlreadyPresentError,
     CasFailedError,
@@ -44,7 +45,6 @@ from nyala.tablet.superblock import (
     read_superblock,
     write_superblock,
 )
-from nyala.wal import LogOptions
 
 log = logging.getLogger(__name__)
 
@@ -102,9 +102,9 @@ class _Failed:
 class TabletManager:
     """All replicas of one server."""
 
-    def __init__(self, dirs: TabletDirs, wal_options: LogOptions | None = None) -> None:
+    def __init__(self, dirs: TabletDirs, wal_options: WalLogOptions | None = None) -> None:
         self.dirs = dirs
-        self._wal_options = wal_options or LogOptions()
+        self._wal_options = wal_options or WalLogOptions()
         self._lock = threading.Lock()
         self._replicas: dict[str, TabletReplica] = {}
         self._unreadable: dict[str, _Failed] = {}

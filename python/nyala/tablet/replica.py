@@ -1,26 +1,49 @@
-"""One tablet replica on this server: its superblock, consensus metadata, WAL and storage.
+"""One tablet replica on this server: superblock, consensus metadata, WAL, Raft and storage.
 
 ``TabletReplica`` owns the open handles of one replica and its runtime state
 (``TabletState``). It opens what the superblock points at and closes it again; the
-``TabletManager`` decides when (create, startup, tombstone, delete). Raft is not driven from
-here yet: until the asyncio runtime lands, an opened replica reports ``NOT_STARTED`` with a
-reason that says so, rather than claiming to be ``RUNNING``.
+``TabletManager`` decides when (create, startup, tombstone, delete). ``start_consensus`` puts
+the replica on a ``RaftRuntime`` (given a transport by its server) and makes it ``RUNNING``;
+until then an opened replica reports ``NOT_STARTED`` with a reason that says so.
+
+Bootstrap (issue 7 item 4): storage opens at its ``last_flushed_index``; the Raft core starts
+with ``last_applied = last_flushed_index`` and re-announces every committed entry above it as it
+re-learns the commit index, which the ``Applier`` applies again. Uncommitted entries stay in the
+log for consensus to commit or truncate.
 """
 
 from __future__ import annotations
 
+import asyncio
 import enum
 import logging
+import random
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+import pyarrow as pa
+
+from nyala.common.clock import Clock
 from nyala.consensus.core import bootstrap_cmeta
+from nyala.consensus.effects import Apply
 from nyala.consensus.metadata import ConsensusMetadata, FileCmetaStore
-from nyala.consensus.types import MIN_OP_ID, OpId
-from nyala.errors import IllegalStateError
-from nyala.storage import StorageEngine
+from nyala.consensus.options import RaftOptions
+from nyala.consensus.runtime import RaftRuntime, RuntimeOptions
+from nyala.consensus.transport import Transport
+from nyala.consensus.types import MIN_OP_ID, OpId, Role
+from nyala.consensus.wal_log import WalLog, WalLogOptions
+from nyala.errors import (
+    IllegalStateError,
+    NotLeaderError,
+    SchemaMismatchError,
+    TabletNotRunningError,
+)
+from nyala.storage import Predicate, StorageEngine
+from nyala.tablet.applier import Applier, WriteOutcome
 from nyala.tablet.superblock import DataState, Superblock
-from nyala.wal import Log, LogOptions
+from nyala.tablet.write_entry import RequestId, encode_write_entry
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +74,7 @@ class ReplicaPaths:
 class TabletReplica:
     """The open parts of one replica; created by ``TabletManager`` only."""
 
-    def __init__(self, superblock: Superblock, paths: ReplicaPaths, wal_options: LogOptions):
+    def __init__(self, superblock: Superblock, paths: ReplicaPaths, wal_options: WalLogOptions):
         self.superblock = superblock
         self.paths = paths
         self._wal_options = wal_options
@@ -59,7 +82,9 @@ class TabletReplica:
         self.state_reason = ""
         self.cmeta: ConsensusMetadata | None = None
         self.storage: StorageEngine | None = None
-        self.wal: Log | None = None
+        self.wal: WalLog | None = None
+        self.applier: Applier | None = None
+        self.runtime: RaftRuntime | None = None
 
     @property
     def tablet_id(self) -> str:
@@ -86,7 +111,8 @@ class TabletReplica:
         try:
             self.cmeta = FileCmetaStore(self.paths.cmeta).load()
             self.storage = StorageEngine.open(self.paths.data_dir)
-            self.wal = Log(self.paths.wal_dir, self.tablet_id, self._wal_options)
+            self.wal = WalLog(self.paths.wal_dir, self.tablet_id, self._wal_options)
+            self.applier = Applier(self.wal, self.storage)
         except Exception as exc:  # any failure keeps this replica offline, never the server
             self.close()
             self.fail(f"{type(exc).__name__}: {exc}")
@@ -103,8 +129,7 @@ class TabletReplica:
     def last_logged_op_id(self) -> OpId:
         """The last OpId in the WAL (what a tombstone keeps so the replica can still vote)."""
         if self.wal is not None:
-            term, index = self.wal.last_op_id
-            return OpId(term, index)
+            return self.wal.last_op_id()
         if self.superblock.tombstone_last_logged_opid is not None:
             return self.superblock.tombstone_last_logged_opid
         return MIN_OP_ID
@@ -112,6 +137,10 @@ class TabletReplica:
     def close(self) -> None:
         """Releases the open handles; the files stay."""
         self.state = TabletState.STOPPING
+        if self.runtime is not None:
+            self.runtime.stop()
+        self.runtime = None
+        self.applier = None
         if self.wal is not None:
             self.wal.close()
         self.wal = None
@@ -126,3 +155,111 @@ class TabletReplica:
             if root.is_dir():
                 total += sum(p.stat().st_size for p in root.rglob("*") if p.is_file())
         return total
+
+    # --- consensus --------------------------------------------------------------------------
+
+    def start_consensus(
+        self,
+        uuid: str,
+        task_group: asyncio.TaskGroup,
+        transport: Transport,
+        clock: Clock,
+        *,
+        raft_options: RaftOptions | None = None,
+        runtime_options: RuntimeOptions | None = None,
+    ) -> RaftRuntime:
+        """Runs Raft for this replica as a task of ``task_group``; the replica is RUNNING."""
+        if self.wal is None or self.storage is None or self.applier is None:
+            raise IllegalStateError(f"tablet {self.tablet_id} is not open ({self.state.value})")
+        applier = self.applier
+        runtime = RaftRuntime(
+            uuid,
+            self.wal,
+            FileCmetaStore(self.paths.cmeta),
+            transport,
+            clock,
+            notifier=self.wal,
+            raft_options=raft_options,
+            options=runtime_options,
+            rng=random.Random(),
+            last_applied_index=applier.applied_index,
+            on_apply=lambda effect: self._on_apply(applier, effect),
+        )
+        runtime.start(task_group)
+        self.runtime = runtime
+        self.state = TabletState.RUNNING
+        self.state_reason = ""
+        return runtime
+
+    def _on_apply(self, applier: Applier, effect: Apply) -> None:
+        try:
+            applier.apply(effect.first_index, effect.last_index)
+        except Exception as exc:
+            # A committed entry that cannot be applied stops this replica: skipping it would
+            # make it diverge from the others.
+            self.fail(f"apply of {effect.first_index}..{effect.last_index} failed: {exc!r}")
+            if self.runtime is not None:
+                self.runtime.stop()
+            raise
+
+    def _running(self) -> tuple[RaftRuntime, StorageEngine, Applier]:
+        if self.state is not TabletState.RUNNING:
+            raise TabletNotRunningError(
+                f"tablet {self.tablet_id} is {self.state.value}: {self.state_reason}"
+            )
+        assert self.runtime is not None
+        assert self.storage is not None
+        assert self.applier is not None
+        return self.runtime, self.storage, self.applier
+
+    def _require_leader(self, runtime: RaftRuntime) -> None:
+        status = runtime.status()
+        if status.role is not Role.LEADER:
+            leader = status.leader_uuid
+            peer = None if leader is None else status.committed_config.peer(leader)
+            raise NotLeaderError(
+                f"tablet {self.tablet_id}: this replica is {status.role.value}",
+                leader_uuid=leader,
+                leader_addr=None if peer is None else peer.address,
+            )
+
+    async def write(
+        self, request_id: RequestId | None, schema_version: int, ops: bytes
+    ) -> WriteOutcome:
+        """Replicates one op batch through Raft and returns its applied outcome.
+
+        ``NotLeaderError`` (with the leader hint) on a follower, ``SchemaMismatchError`` if the
+        batch was encoded for another schema version. A retried request id returns the first
+        outcome without applying again.
+        """
+        runtime, storage, applier = self._running()
+        self._require_leader(runtime)
+        if schema_version != storage.schema.version:
+            raise SchemaMismatchError(
+                f"tablet {self.tablet_id} has schema version {storage.schema.version}, "
+                f"the write was encoded for {schema_version}"
+            )
+        if request_id is not None:
+            earlier = applier.outcome_of(request_id)
+            if earlier is not None:
+                return earlier
+        op_id = await runtime.propose(encode_write_entry(request_id, schema_version, ops))
+        outcome = applier.take_outcome(op_id.index)
+        if outcome is None:
+            raise IllegalStateError(f"tablet {self.tablet_id}: op {op_id} committed unapplied")
+        return outcome
+
+    async def scan(
+        self,
+        columns: Sequence[str] | None = None,
+        where: Sequence[Predicate] = (),
+        *,
+        limit: int | None = None,
+        **bounds: Any,
+    ) -> pa.Table:
+        """A linearizable scan at the leader: served once ReadIndex confirmed leadership and
+        everything committed before the call is applied."""
+        runtime, storage, _ = self._running()
+        self._require_leader(runtime)
+        await runtime.read_index()
+        return storage.scan(columns, where, limit=limit, **bounds)

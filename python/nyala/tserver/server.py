@@ -16,13 +16,13 @@ import time
 
 from nyala._proto import tserver_admin_pb2_grpc, tserver_pb2_grpc
 from nyala.common.metrics import MetricsRegistry
+from nyala.consensus.wal_log import WalLogOptions
 from nyala.rpc import HttpResponse, HttpServer, RpcMetrics, RpcServer
 from nyala.tablet import TabletDirs, TabletManager
 from nyala.tserver.fs_manager import FsManager, InstanceInfo
 from nyala.tserver.services import AdminService, TabletService
 from nyala.tserver.settings import TabletServerSettings
 from nyala.tserver.tablet_meta import TabletReport
-from nyala.wal import LogOptions
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +76,7 @@ class TabletServer:
             wals=self.fs.dir("wals"),
             data=self.fs.dir("data"),
         )
-        options = LogOptions(
+        options = WalLogOptions(
             segment_size_bytes=self.settings.wal_segment_bytes,
             sync="group" if self.settings.wal_sync else "none",
         )

@@ -9,7 +9,8 @@ import pytest
 from nyala import errors
 from nyala.common import metafile
 from nyala.consensus.metadata import FileCmetaStore
-from nyala.consensus.types import OpId, RaftConfig, RaftPeer
+from nyala.consensus.types import EntryKind, OpId, RaftConfig, RaftPeer
+from nyala.consensus.wal_log import WalLogOptions
 from nyala.schema import Column, Schema
 from nyala.tablet import DataState, Partition, TabletDirs, TabletManager
 from nyala.tablet.replica import NOT_WIRED_REASON, TabletState
@@ -20,14 +21,13 @@ from nyala.tablet.superblock import (
     read_superblock,
     write_superblock,
 )
-from nyala.wal import Entry, EntryType, LogOptions
 
 SCHEMA = Schema([Column("id", "int64"), Column("v", "string", nullable=True)], ["id"])
 CONFIG = RaftConfig(
     peers=tuple(RaftPeer(uuid=c * 32, address=f"127.0.0.1:{7050 + i}") for i, c in enumerate("abc"))
 )
 T1, T2 = "1" * 32, "2" * 32
-WAL_OPTIONS = LogOptions(segment_size_bytes=1 << 20, preallocation="zero_fill")
+WAL_OPTIONS = WalLogOptions(segment_size_bytes=1 << 20)
 
 
 @pytest.fixture
@@ -131,9 +131,9 @@ def test_tombstone_keeps_cmeta_and_last_logged_op_and_drops_data_and_wal(
     _create(manager)
     replica = manager.replica(T1)
     assert replica.wal is not None
-    replica.wal.append_durable(
-        [Entry(1, 1, EntryType.NO_OP, b""), Entry(2, 2, EntryType.WRITE, b"x")]
-    )
+    replica.wal.append(1, EntryKind.NO_OP, b"")
+    replica.wal.append(2, EntryKind.NO_OP, b"")
+    assert replica.wal.wait_durable(10.0)
     manager.delete_tablet(T1, DataState.TOMBSTONED, reason="moved away")
     paths = dirs.paths(T1)
     assert not paths.data_dir.exists()

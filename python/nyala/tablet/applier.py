@@ -1,0 +1,119 @@
+"""Applies a replica's committed log entries to its storage engine, in order, exactly once.
+
+The Raft runtime reports committed ranges (``Apply``); this module reads those entries back from
+the log, applies each WRITE's op batch to storage as its op index, and keeps the outcome per
+client request so that a retried request (or a duplicate entry from a retry racing a leader
+change) is answered with the first outcome instead of being applied twice (DESIGN.md §4,
+docs/tablet-write-entry.md). NO_OP and CONFIG_CHANGE entries have no effect on storage.
+
+Entries at or below the storage engine's ``last_applied_index`` are skipped: after a restart
+the engine opens at ``last_flushed_index`` and the runtime re-announces everything above it as
+it re-learns the commit index (bootstrap, issue 7 item 4).
+
+Known gap: WRITE payloads cross into Python here (one copy of a batch's wire bytes) on their
+way to storage; DESIGN.md §4 wants that loop in Rust.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pyarrow as pa
+
+from nyala.consensus.wal_log import WalLog
+from nyala.errors import CorruptionError
+from nyala.storage import ApplyResult, StorageEngine
+from nyala.tablet.write_entry import RequestId, decode_write_entry
+
+# Entry batch wire encoding (docs/entry-batch.md): a 24-byte batch header, then entries, each
+# a 24-byte header (term u64, index u64, type u8, 3 reserved, payload length u32) + payload.
+_BATCH_HEADER_BYTES = 24
+_ENTRY_HEADER = struct.Struct("<QQB3xI")
+_WAL_TYPE_WRITE = 1
+
+#: Encoded bytes read from the log per step while applying.
+APPLY_READ_BYTES_MAX = 4 * 1024 * 1024
+#: Outcomes kept for proposers to collect; followers' are never collected, so the oldest go.
+UNCOLLECTED_OUTCOMES_MAX = 65_536
+
+
+@dataclass(frozen=True, slots=True)
+class WriteOutcome:
+    """What one applied WRITE did: its op index and the per-row statuses."""
+
+    op_index: int
+    result: ApplyResult
+
+
+def iter_write_payloads(wire: bytes) -> Iterator[tuple[int, memoryview]]:
+    """(index, payload) of each WRITE entry in an encoded, already verified entry batch."""
+    view = memoryview(wire)
+    offset = _BATCH_HEADER_BYTES
+    while offset < len(view):
+        _term, index, entry_type, length = _ENTRY_HEADER.unpack_from(view, offset)
+        start = offset + _ENTRY_HEADER.size
+        if start + length > len(view):
+            raise CorruptionError(f"entry {index} overruns its batch")
+        if entry_type == _WAL_TYPE_WRITE:
+            yield index, view[start : start + length]
+        offset = start + length
+
+
+class Applier:
+    """The state machine side of one replica: log entries in, storage changes out."""
+
+    def __init__(self, log: WalLog, storage: StorageEngine) -> None:
+        self._log = log
+        self._storage = storage
+        # Invariant: every committed index <= applied_index is reflected in storage.
+        self.applied_index = storage.last_applied_index
+        # client id -> seq no -> outcome; trimmed below the client's first incomplete seq no.
+        self._outcomes: dict[str, dict[int, WriteOutcome]] = {}
+        # op index -> outcome, for the proposer of that op to collect.
+        self._by_index: dict[int, WriteOutcome] = {}
+
+    def outcome_of(self, request_id: RequestId) -> WriteOutcome | None:
+        """The outcome of an already applied request, if it is remembered."""
+        return self._outcomes.get(request_id.client_id, {}).get(request_id.seq_no)
+
+    def take_outcome(self, op_index: int) -> WriteOutcome | None:
+        """The outcome of the WRITE at ``op_index`` (once; None if it was not a new write)."""
+        return self._by_index.pop(op_index, None)
+
+    def apply(self, first_index: int, last_index: int) -> None:
+        """Applies committed entries ``first_index..last_index`` (inclusive), in order."""
+        after = max(first_index - 1, self.applied_index)
+        while after < last_index:
+            batch = self._log.read_batch(after, APPLY_READ_BYTES_MAX)
+            if batch is None:
+                raise CorruptionError(f"committed entry {after + 1} is not in the log")
+            wire = batch.to_wire()
+            for index, payload in iter_write_payloads(wire):
+                if after < index <= last_index:
+                    self._apply_write(index, payload)
+            after = min(last_index, batch.last_op_id.index)
+            self.applied_index = after
+
+    def _apply_write(self, index: int, payload: memoryview) -> None:
+        entry = decode_write_entry(payload)
+        request = entry.request_id
+        if request is not None:
+            first_outcome = self.outcome_of(request)
+            if first_outcome is not None:
+                self._by_index[index] = first_outcome  # a duplicate: answer with the first
+                return
+        result = self._storage.apply(pa.py_buffer(entry.ops), index)
+        outcome = WriteOutcome(index, result)
+        self._by_index[index] = outcome
+        if len(self._by_index) > UNCOLLECTED_OUTCOMES_MAX:
+            del self._by_index[next(iter(self._by_index))]
+        if request is not None:
+            self._remember(request, outcome)
+
+    def _remember(self, request: RequestId, outcome: WriteOutcome) -> None:
+        per_client = self._outcomes.setdefault(request.client_id, {})
+        per_client[request.seq_no] = outcome
+        for seq in [s for s in per_client if s < request.first_incomplete_seq_no]:
+            del per_client[seq]

@@ -1,0 +1,84 @@
+"""The payload of a WRITE log entry: who asked (request id), for which schema, and the rows.
+
+Layout (little-endian; docs/tablet-write-entry.md)::
+
+    offset  bytes  field
+    0       4      magic b"NYWR"
+    4       1      format version (1)
+    5       1      reserved (0)
+    6       2      client id length in bytes (n, at most 1024)
+    8       8      sequence number (signed; -1 = no request id)
+    16      8      first incomplete sequence number (signed)
+    24      4      schema version the ops were encoded for
+    28      n      client id (UTF-8)
+    28+n    ...    the op batch: one Arrow IPC stream (table columns + op-type column)
+
+The op batch is the tail so that it can be handed to storage as a zero-copy slice. The request
+id travels in the entry so that every replica, applying the same log, remembers the same
+outcomes per client (exactly-once, DESIGN.md §4).
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+from nyala.errors import CorruptionError, InvalidArgumentError, NotSupportedError
+
+MAGIC = b"NYWR"
+FORMAT_VERSION = 1
+_HEADER = struct.Struct("<4sBBHqqI")
+HEADER_BYTES = _HEADER.size
+CLIENT_ID_BYTES_MAX = 1024
+NO_SEQ_NO = -1
+
+
+@dataclass(frozen=True, slots=True)
+class RequestId:
+    """One client request (``RequestIdPB`` without the attempt count)."""
+
+    client_id: str
+    seq_no: int
+    first_incomplete_seq_no: int
+
+
+@dataclass(frozen=True, slots=True)
+class WriteEntry:
+    """A decoded WRITE payload; ``ops`` is a view into the payload (no copy)."""
+
+    request_id: RequestId | None
+    schema_version: int
+    ops: memoryview
+
+
+def encode_write_entry(request_id: RequestId | None, schema_version: int, ops: bytes) -> bytes:
+    """The payload of a WRITE entry for ``ops`` (Arrow IPC bytes)."""
+    client = b"" if request_id is None else request_id.client_id.encode()
+    if len(client) > CLIENT_ID_BYTES_MAX:
+        raise InvalidArgumentError(f"client id is {len(client)} bytes, max {CLIENT_ID_BYTES_MAX}")
+    if request_id is not None and request_id.seq_no < 0:
+        raise InvalidArgumentError(f"sequence number {request_id.seq_no} is negative")
+    seq = NO_SEQ_NO if request_id is None else request_id.seq_no
+    first = NO_SEQ_NO if request_id is None else request_id.first_incomplete_seq_no
+    head = _HEADER.pack(MAGIC, FORMAT_VERSION, 0, len(client), seq, first, schema_version)
+    return b"".join((head, client, ops))
+
+
+def decode_write_entry(payload: bytes | memoryview) -> WriteEntry:
+    """Parses a WRITE payload; damage is ``CorruptionError`` (the log's CRC passed, so a bad
+    payload means a bug or a foreign writer, never something to skip)."""
+    view = memoryview(payload)
+    if len(view) < HEADER_BYTES:
+        raise CorruptionError(f"WRITE payload is {len(view)} bytes, shorter than its header")
+    magic, version, _, client_len, seq, first, schema_version = _HEADER.unpack_from(view)
+    if magic != MAGIC:
+        raise CorruptionError(f"WRITE payload has magic {magic!r}, expected {MAGIC!r}")
+    if version != FORMAT_VERSION:
+        raise NotSupportedError(f"WRITE payload format {version} is not supported")
+    end = HEADER_BYTES + client_len
+    if end > len(view):
+        raise CorruptionError("WRITE payload's client id overruns the payload")
+    request_id = None
+    if seq != NO_SEQ_NO:
+        request_id = RequestId(bytes(view[HEADER_BYTES:end]).decode(), seq, first)
+    return WriteEntry(request_id, schema_version, view[end:])

@@ -1,0 +1,242 @@
+"""Three TabletReplicas (real WAL, real storage, real Raft runtime) over an in-memory network:
+writes through the leader, follower refusals, exactly-once retries, linearizable scans, and
+bootstrap after a restart (storage at last_flushed_index, committed entries re-applied)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from nyala import errors
+from nyala.common.clock import RealClock
+from nyala.consensus.options import RaftOptions
+from nyala.consensus.runtime import RuntimeOptions
+from nyala.consensus.transport import InMemoryNetwork
+from nyala.consensus.types import RaftConfig, RaftPeer, Role
+from nyala.consensus.wal_log import WalLogOptions
+from nyala.rowops import encode, make_op_batch
+from nyala.schema import Column, Schema
+from nyala.storage import RowStatus
+from nyala.tablet import Partition, TabletDirs, TabletManager
+from nyala.tablet.replica import TabletReplica, TabletState
+from nyala.tablet.write_entry import (
+    RequestId,
+    decode_write_entry,
+    encode_write_entry,
+)
+
+SCHEMA = Schema([Column("id", "int64"), Column("v", "string", nullable=True)], ["id"])
+UUIDS = ("a" * 32, "b" * 32, "c" * 32)
+CONFIG = RaftConfig(tuple(RaftPeer(u, f"127.0.0.1:{7050 + i}") for i, u in enumerate(UUIDS)))
+TABLET = "7" * 32
+RAFT = RaftOptions(heartbeat_interval_ms=30, missed_heartbeats_before_election=3)
+RUNTIME = RuntimeOptions(tick_interval_ms=5)
+WAIT_S = 15.0
+
+
+def _ops(ids: list[int], op: str = "insert") -> bytes:
+    batch = make_op_batch({"id": ids, "v": [f"v{i}" for i in ids]}, op, SCHEMA)
+    return bytes(encode(batch).to_pybytes())
+
+
+def test_write_entry_round_trip_and_damage() -> None:
+    rid = RequestId("client-1", 7, 5)
+    payload = encode_write_entry(rid, 3, b"arrow-bytes")
+    entry = decode_write_entry(payload)
+    assert entry.request_id == rid
+    assert entry.schema_version == 3
+    assert bytes(entry.ops) == b"arrow-bytes"
+    assert decode_write_entry(encode_write_entry(None, 0, b"x")).request_id is None
+    with pytest.raises(errors.CorruptionError):
+        decode_write_entry(b"NYWR")
+    with pytest.raises(errors.CorruptionError):
+        decode_write_entry(b"XXXX" + payload[4:])
+    with pytest.raises(errors.InvalidArgumentError):
+        encode_write_entry(RequestId("c", -2, 0), 0, b"")
+
+
+def _managers(root: Path) -> dict[str, TabletManager]:
+    out = {}
+    for uuid in UUIDS:
+        dirs = TabletDirs(
+            tablet_meta=root / uuid / "tablet-meta",
+            consensus_meta=root / uuid / "consensus-meta",
+            wals=root / uuid / "wals",
+            data=root / uuid / "data",
+        )
+        for p in (dirs.tablet_meta, dirs.consensus_meta, dirs.wals, dirs.data):
+            p.mkdir(parents=True, exist_ok=True)
+        manager = TabletManager(dirs, WalLogOptions(segment_size_bytes=1 << 20))
+        manager.open_all()
+        out[uuid] = manager
+    return out
+
+
+@asynccontextmanager
+async def _running(root: Path, *, create: bool) -> AsyncIterator[dict[str, TabletReplica]]:
+    managers = _managers(root)
+    replicas = {}
+    for uuid, manager in managers.items():
+        if create:
+            manager.create_tablet(
+                TABLET,
+                table_id="t",
+                table_name="t",
+                schema=SCHEMA,
+                partition=Partition(),
+                config=CONFIG,
+            )
+        replicas[uuid] = manager.replica(TABLET)
+    network = InMemoryNetwork()
+    try:
+        async with asyncio.TaskGroup() as group:
+            for uuid, replica in replicas.items():
+                replica.start_consensus(
+                    uuid,
+                    group,
+                    network.transport(uuid),
+                    RealClock(),
+                    raft_options=RAFT,
+                    runtime_options=RUNTIME,
+                )
+            yield replicas
+            for replica in replicas.values():
+                assert replica.runtime is not None
+                replica.runtime.stop()
+    finally:
+        for manager in managers.values():
+            manager.shutdown()
+
+
+def _is_leader(replica: TabletReplica) -> bool:
+    return replica.runtime is not None and replica.runtime.role is Role.LEADER
+
+
+async def _leader(replicas: dict[str, TabletReplica]) -> TabletReplica:
+    async with asyncio.timeout(WAIT_S):
+        while True:
+            leaders = [
+                r
+                for r in replicas.values()
+                if r.runtime is not None and r.runtime.role is Role.LEADER
+            ]
+            if len(leaders) == 1:
+                return leaders[0]
+            await asyncio.sleep(0.005)
+
+
+async def _write_retrying(replicas: dict[str, TabletReplica], ids: list[int]) -> None:
+    async with asyncio.timeout(WAIT_S):
+        while True:
+            leader = await _leader(replicas)
+            try:
+                outcome = await leader.write(None, 0, _ops(ids))
+            except errors.NotLeaderError:
+                await asyncio.sleep(0.01)
+                continue
+            assert outcome.result.ok
+            return
+
+
+def _rows(replica: TabletReplica) -> list[int]:
+    assert replica.storage is not None
+    table = replica.storage.scan(["id"])
+    return sorted(table.column("id").to_pylist())
+
+
+async def _converged(replicas: dict[str, TabletReplica], expected: list[int]) -> None:
+    async with asyncio.timeout(WAIT_S):
+        while True:
+            if all(_rows(r) == expected for r in replicas.values()):
+                return
+            await asyncio.sleep(0.01)
+
+
+def test_writes_through_the_leader_reach_every_replica(tmp_path: Path) -> None:
+    asyncio.run(_writes_through_the_leader_reach_every_replica(tmp_path))
+
+
+async def _writes_through_the_leader_reach_every_replica(tmp_path: Path) -> None:
+    async with _running(tmp_path, create=True) as replicas:
+        leader = await _leader(replicas)
+        assert leader.state is TabletState.RUNNING
+        outcome = await leader.write(RequestId("c1", 0, 0), 0, _ops([1, 2, 3]))
+        assert outcome.result.ok
+        # Per-row errors: a second insert of key 2 is ALREADY_PRESENT, key 4 goes in.
+        outcome = await leader.write(RequestId("c1", 1, 0), 0, _ops([2, 4]))
+        assert outcome.result.errors() == [(0, RowStatus.ALREADY_PRESENT)]
+        scanned = await leader.scan(["id", "v"])
+        assert isinstance(scanned, pa.Table)
+        assert scanned.column("id").to_pylist() == [1, 2, 3, 4]
+        await _converged(replicas, [1, 2, 3, 4])
+
+
+def test_a_follower_refuses_writes_and_scans_with_the_leader_hint(tmp_path: Path) -> None:
+    asyncio.run(_a_follower_refuses_writes_and_scans_with_the_leader_hint(tmp_path))
+
+
+async def _a_follower_refuses_writes_and_scans_with_the_leader_hint(tmp_path: Path) -> None:
+    async with _running(tmp_path, create=True) as replicas:
+        leader = await _leader(replicas)
+        await leader.write(None, 0, _ops([1]))  # followers have heard from the leader by now
+        await _converged(replicas, [1])
+        follower = next(r for r in replicas.values() if r is not leader)
+        assert leader.runtime is not None
+        with pytest.raises(errors.NotLeaderError) as info:
+            await follower.write(None, 0, _ops([2]))
+        assert info.value.leader_uuid == leader.runtime.uuid
+        assert info.value.leader_addr == CONFIG.peer(leader.runtime.uuid).address  # type: ignore[union-attr]
+        with pytest.raises(errors.NotLeaderError):
+            await follower.scan()
+        with pytest.raises(errors.SchemaMismatchError):
+            await leader.write(None, 1, _ops([2]))
+
+
+def test_a_retried_request_is_applied_once(tmp_path: Path) -> None:
+    asyncio.run(_a_retried_request_is_applied_once(tmp_path))
+
+
+async def _a_retried_request_is_applied_once(tmp_path: Path) -> None:
+    async with _running(tmp_path, create=True) as replicas:
+        leader = await _leader(replicas)
+        rid = RequestId("client", 5, 5)
+        first = await leader.write(rid, 0, _ops([10], "upsert"))
+        again = await leader.write(rid, 0, _ops([10, 11], "upsert"))
+        assert again == first
+        await _converged(replicas, [10])
+        # A duplicate that reached the log anyway (a retry racing a leader change) is not
+        # applied again on any replica.
+        assert leader.runtime is not None
+        await leader.runtime.propose(encode_write_entry(rid, 0, _ops([12], "upsert")))
+        await leader.write(RequestId("client", 6, 6), 0, _ops([13], "upsert"))
+        await _converged(replicas, [10, 13])
+
+
+def test_restart_replays_committed_entries_above_last_flushed_index(tmp_path: Path) -> None:
+    asyncio.run(_restart_replays_committed_entries_above_last_flushed_index(tmp_path))
+
+
+async def _restart_replays_committed_entries_above_last_flushed_index(tmp_path: Path) -> None:
+    async with _running(tmp_path, create=True) as replicas:
+        await _write_retrying(replicas, [1, 2])
+        await _converged(replicas, [1, 2])
+        for replica in replicas.values():
+            assert replica.storage is not None
+            replica.storage.flush()  # rows 1, 2 now in rowsets
+        await _write_retrying(replicas, [3])
+        await _write_retrying(replicas, [4, 5])
+        await _converged(replicas, [1, 2, 3, 4, 5])
+        flushed = {u: r.storage.last_flushed_index for u, r in replicas.items() if r.storage}
+    async with _running(tmp_path, create=False) as replicas:
+        for uuid, replica in replicas.items():
+            assert replica.storage is not None
+            # Storage restarted at its flush point; the rest comes back from the WAL.
+            assert replica.storage.last_flushed_index == flushed[uuid]
+        await _converged(replicas, [1, 2, 3, 4, 5])
+        await _write_retrying(replicas, [6])
+        await _converged(replicas, [1, 2, 3, 4, 5, 6])
