@@ -1,6 +1,8 @@
 """How replicas of one tablet reach each other: the ``Transport`` protocol the ``RaftRuntime``
-drives, an in-memory network (benchmarks and tests of the runtime), and the gRPC client side
-(``GrpcTransport``). Delivery is best effort: Raft tolerates loss, duplication is not produced.
+drives, an in-memory network (benchmarks and tests of the runtime), and the gRPC transport
+(``GrpcTransport``: one ``UpdateConsensusStream`` per peer, unary ``RequestVote`` and
+``RunLeaderElection``, plus the reply routing the server's ``ConsensusService`` handlers use).
+Delivery is best effort: Raft tolerates loss, duplication is not produced.
 
 A transport owns its connections and tasks; it never interprets a message beyond routing it
 and never touches the log or the core. ``run`` is started by the runtime inside its task group
@@ -10,11 +12,28 @@ and ends by cancellation (STYLE.md 15).
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections import deque
-from collections.abc import Callable
-from typing import Protocol
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
-from nyala.consensus.messages import Message
+from nyala.consensus import wire
+from nyala.consensus.messages import (
+    AppendRequest,
+    AppendResponse,
+    AppendStatus,
+    Message,
+    TimeoutNow,
+    VoteRequest,
+    VoteResponse,
+)
+from nyala.errors import NyalaError, ServiceUnavailableError
+from nyala.rpc.channel import ServerProxy
+from nyala.rpc.errors import raise_for_response
+from nyala.rpc.settings import RpcSettings
+
+log = logging.getLogger(__name__)
 
 Deliver = Callable[[Message], None]
 """The runtime's inbound callback: queues a message, never blocks."""
@@ -119,3 +138,264 @@ class InMemoryTransport:
             self._network.messages_dropped += 1
             return
         self._network._post(message)
+
+
+@dataclass(frozen=True, slots=True)
+class GrpcTransportOptions:
+    """Limits of the gRPC transport, with their units."""
+
+    stream_lifetime_ms: int = 600_000  # deadline of one UpdateConsensusStream; then reopened
+    vote_timeout_ms: int = 1_000  # RequestVote / RunLeaderElection deadline
+    reply_timeout_ms: int = 5_000  # how long a server handler waits for the core's answer
+    peer_queue_messages_max: int = 1024  # unsent AppendEntries per peer; more are dropped
+    reconnect_delay_ms: int = 100  # pause before reopening a failed stream
+
+
+@dataclass(slots=True)
+class _PeerStream:
+    """The outbound AppendEntries of one peer, waiting for its stream."""
+
+    uuid: str
+    queue: deque[AppendRequest] = field(default_factory=deque)
+    ready: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+class _StreamEnded(Exception):
+    """The server ended the stream (its deadline passed): reopen it."""
+
+
+class GrpcTransport:
+    """One replica's gRPC side for one tablet.
+
+    Client half (``send``): AppendEntries go down one long-lived ``UpdateConsensusStream`` per
+    peer; the answers come back in request order, which is how each gets its request's heartbeat
+    ``seq`` back (the wire does not carry it). Votes and leadership-transfer nudges are unary
+    calls. Failed calls lose their messages; Raft retries.
+
+    Server half (``handle_update``, ``handle_vote``): the tablet server's ConsensusService
+    handlers hand a request in and await the core's answer to it. An AppendEntries is answered
+    once the entries it appended are durable (the wire has no slot for a later durability ack).
+    """
+
+    def __init__(
+        self,
+        uuid: str,
+        tablet_id: str,
+        addresses: Callable[[str], str | None],
+        *,
+        settings: RpcSettings | None = None,
+        options: GrpcTransportOptions | None = None,
+    ) -> None:
+        self.uuid = uuid
+        self.tablet_id = tablet_id
+        self._addresses = addresses  # peer uuid -> "host:port" (the active config's)
+        self._settings = settings or RpcSettings()
+        self._opts = options or GrpcTransportOptions()
+        self._peers: dict[str, _PeerStream] = {}
+        self._proxies: dict[str, ServerProxy] = {}
+        # Server half: handlers awaiting the core's answer, by (answer type, asker), FIFO.
+        self._waiters: dict[tuple[type, str], deque[asyncio.Future[Message]]] = {}
+        self._group: asyncio.TaskGroup | None = None
+        self._deliver: Deliver | None = None
+        self.messages_dropped = 0
+
+    # --- Transport ------------------------------------------------------------------------
+
+    async def run(self, deliver: Deliver) -> None:
+        """Serves until cancelled; closes every channel on the way out."""
+        self._deliver = deliver
+        try:
+            async with asyncio.TaskGroup() as group:
+                self._group = group
+                await asyncio.get_running_loop().create_future()  # until cancelled
+        finally:
+            self._group = None
+            self._deliver = None
+            self._peers.clear()
+            proxies, self._proxies = self._proxies, {}
+            for proxy in proxies.values():
+                await proxy.close()
+
+    def send(self, message: Message) -> None:
+        """Routes ``message``: requests go out, answers go to the handler awaiting them."""
+        group = self._group
+        if group is None:
+            self.messages_dropped += 1
+            return
+        match message:
+            case AppendRequest():
+                self._push(group, message)
+            case VoteRequest():
+                group.create_task(self._request_vote(message))
+            case TimeoutNow():
+                group.create_task(self._run_leader_election(message))
+            case AppendResponse() | VoteResponse():
+                self._answer(message)
+
+    # --- client half ------------------------------------------------------------------------
+
+    def _push(self, group: asyncio.TaskGroup, request: AppendRequest) -> None:
+        peer = self._peers.get(request.dest)
+        if peer is None:
+            peer = self._peers[request.dest] = _PeerStream(request.dest)
+            group.create_task(self._stream_loop(peer))
+        if len(peer.queue) >= self._opts.peer_queue_messages_max:
+            self.messages_dropped += 1
+            return
+        peer.queue.append(request)
+        peer.ready.set()
+
+    def _proxy(self, address: str) -> ServerProxy:
+        proxy = self._proxies.get(address)
+        if proxy is None:
+            proxy = self._proxies[address] = ServerProxy(address, self._settings)
+        return proxy
+
+    async def _stream_loop(self, peer: _PeerStream) -> None:
+        """Keeps one UpdateConsensusStream to ``peer`` open while there is anything to send."""
+        delay_s = self._opts.reconnect_delay_ms / 1000
+        while True:
+            await peer.ready.wait()
+            address = self._addresses(peer.uuid)
+            if address is None:
+                self.messages_dropped += len(peer.queue)
+                peer.queue.clear()
+                peer.ready.clear()
+                continue
+            proxy = self._proxy(address)
+            call = proxy.open_stream(
+                proxy.consensus.UpdateConsensusStream, timeout_ms=self._opts.stream_lifetime_ms
+            )
+            seqs: deque[int] = deque()  # seq of each request written and not yet answered
+            try:
+                async with asyncio.TaskGroup() as group:
+                    group.create_task(self._write_stream(peer, call, seqs))
+                    group.create_task(self._read_stream(call, seqs))
+            except* Exception as failure:
+                log.debug("stream to %s@%s ended: %r", peer.uuid, address, failure.exceptions)
+            finally:
+                call.cancel()
+            self.messages_dropped += len(seqs)
+            await asyncio.sleep(delay_s)
+
+    async def _write_stream(self, peer: _PeerStream, call: Any, seqs: deque[int]) -> None:
+        while True:
+            if not peer.queue:
+                peer.ready.clear()
+                await peer.ready.wait()
+                continue
+            request = peer.queue.popleft()
+            seqs.append(request.seq)
+            await call.write(wire.append_request_to_pb(request, self.tablet_id))
+
+    async def _read_stream(self, call: Any, seqs: deque[int]) -> None:
+        async for pb in call:
+            seq = seqs.popleft() if seqs else 0
+            if pb.HasField("error"):
+                raise_for_response(pb)  # the server refused the stream: reopen it later
+            self._inbound(wire.append_response_from_pb(pb, dest=self.uuid, seq=seq))
+        raise _StreamEnded
+
+    async def _request_vote(self, request: VoteRequest) -> None:
+        address = self._addresses(request.dest)
+        if address is None:
+            self.messages_dropped += 1
+            return
+        proxy = self._proxy(address)
+        try:
+            pb = await proxy.call(
+                proxy.consensus.RequestVote,
+                wire.vote_request_to_pb(request, self.tablet_id),
+                timeout_ms=self._opts.vote_timeout_ms,
+            )
+        except NyalaError as e:
+            log.debug("vote request to %s failed: %r", request.dest, e)
+            self.messages_dropped += 1
+            return
+        self._inbound(wire.vote_response_from_pb(pb, request))
+
+    async def _run_leader_election(self, message: TimeoutNow) -> None:
+        address = self._addresses(message.dest)
+        if address is None:
+            self.messages_dropped += 1
+            return
+        proxy = self._proxy(address)
+        try:
+            await proxy.call(
+                proxy.consensus.RunLeaderElection,
+                wire.timeout_now_to_pb(message, self.tablet_id),
+                timeout_ms=self._opts.vote_timeout_ms,
+            )
+        except NyalaError as e:
+            log.debug("leadership transfer nudge to %s failed: %r", message.dest, e)
+            self.messages_dropped += 1
+
+    def _inbound(self, message: Message) -> None:
+        if self._deliver is not None:
+            self._deliver(message)
+
+    # --- server half ------------------------------------------------------------------------
+
+    async def handle_update(self, pb: Any, decode_batch: wire.BatchDecoder) -> Any:
+        """Steps an UpdateConsensus request and returns the ``ConsensusResponsePB``, sent once
+        the entries it appended are durable (or ``reply_timeout_ms`` passed)."""
+        request = wire.append_request_from_pb(pb, decode_batch)
+        answer = await self._exchange(request, AppendResponse)
+        assert isinstance(answer, AppendResponse)
+        try:
+            async with asyncio.timeout(self._opts.reply_timeout_ms / 1000):
+                while (
+                    answer.status is AppendStatus.OK
+                    and answer.durable_index < answer.last_received.index
+                ):
+                    ack = await self._next_answer(AppendResponse, request.src)
+                    assert isinstance(ack, AppendResponse)
+                    answer = ack
+        except TimeoutError:
+            pass  # answer with what is durable; the leader counts the rest on a later answer
+        return wire.append_response_to_pb(answer)
+
+    async def handle_stream(
+        self, requests: AsyncIterator[Any], decode_batch: wire.BatchDecoder
+    ) -> AsyncIterator[Any]:
+        """``UpdateConsensusStream``: one answer per request, in order."""
+        async for pb in requests:
+            yield await self.handle_update(pb, decode_batch)
+
+    async def handle_vote(self, pb: Any) -> Any:
+        """Steps a RequestVote and returns the ``VoteResponsePB``."""
+        request = wire.vote_request_from_pb(pb)
+        answer = await self._exchange(request, VoteResponse)
+        assert isinstance(answer, VoteResponse)
+        return wire.vote_response_to_pb(answer)
+
+    async def _exchange(self, request: Message, answer_type: type) -> Message:
+        deliver = self._deliver
+        if deliver is None:
+            raise ServiceUnavailableError(f"replica {self.uuid} is not running")
+        future = self._expect(answer_type, request.src)
+        deliver(request)
+        try:
+            async with asyncio.timeout(self._opts.reply_timeout_ms / 1000):
+                return await future
+        except TimeoutError:
+            raise ServiceUnavailableError(
+                f"replica {self.uuid} did not answer {type(request).__name__} in time"
+            ) from None
+
+    async def _next_answer(self, answer_type: type, asker: str) -> Message:
+        return await self._expect(answer_type, asker)
+
+    def _expect(self, answer_type: type, asker: str) -> asyncio.Future[Message]:
+        future: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
+        self._waiters.setdefault((answer_type, asker), deque()).append(future)
+        return future
+
+    def _answer(self, message: AppendResponse | VoteResponse) -> None:
+        waiters = self._waiters.get((type(message), message.dest))
+        while waiters:
+            future = waiters.popleft()
+            if not future.done():
+                future.set_result(message)
+                return
+        self.messages_dropped += 1  # nobody asks (e.g. a durability ack after a timeout)

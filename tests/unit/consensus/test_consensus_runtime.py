@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from nyala._proto import consensus_pb2, consensus_pb2_grpc
 from nyala.common.clock import RealClock
 from nyala.consensus import (
     Apply,
@@ -29,8 +30,9 @@ from nyala.consensus import (
     bootstrap_cmeta,
 )
 from nyala.consensus.runtime import DurabilityNotifier, RaftRuntime, RuntimeOptions
-from nyala.consensus.transport import InMemoryNetwork
+from nyala.consensus.transport import GrpcTransport, InMemoryNetwork
 from nyala.errors import AbortedError, NotLeaderError
+from nyala.rpc import RpcServer, RpcSettings
 
 UUIDS = ("a", "b", "c")
 RAFT_OPTIONS = RaftOptions(heartbeat_interval_ms=30, missed_heartbeats_before_election=3)
@@ -241,5 +243,91 @@ def test_read_waits_for_leadership_confirmation(tmp_path: Path, make_log: LogFac
             cluster.network.heal()
             with pytest.raises(NotLeaderError):
                 await asyncio.wait_for(read, WAIT_S)
+
+    asyncio.run(scenario())
+
+
+class ConsensusServicer(consensus_pb2_grpc.ConsensusServiceServicer):  # type: ignore[misc]
+    """The minimum of a tablet server's ConsensusService, for one replica: enough to run the
+    gRPC transport end to end (the real handlers live in the tablet server)."""
+
+    def __init__(self, transport: GrpcTransport, decode_batch: Any) -> None:
+        self.transport = transport
+        self.decode_batch = decode_batch
+        self.runtime: RaftRuntime | None = None
+
+    async def UpdateConsensusStream(
+        self, requests: AsyncIterator[Any], _context: Any
+    ) -> AsyncIterator[Any]:
+        async for response in self.transport.handle_stream(requests, self.decode_batch):
+            yield response
+
+    async def RequestVote(self, request: Any, _context: Any) -> Any:
+        return await self.transport.handle_vote(request)
+
+    async def RunLeaderElection(self, _request: Any, _context: Any) -> Any:
+        assert self.runtime is not None
+        self.runtime.run_leader_election()
+        return consensus_pb2.RunLeaderElectionResponsePB()
+
+
+def test_replicates_over_grpc_streams(tmp_path: Path) -> None:
+    wal_log_module = pytest.importorskip("nyala.consensus.wal_log")
+
+    async def scenario() -> None:
+        servers = {u: RpcServer("127.0.0.1:0", RpcSettings()) for u in UUIDS}
+        addresses: dict[str, str] = {}
+        servicers: dict[str, ConsensusServicer] = {}
+        for uuid, server in servers.items():
+            transport = GrpcTransport(uuid, "t" * 32, addresses.get)
+            servicer = ConsensusServicer(transport, wal_log_module.WalEntryBatch.from_wire)
+            servicers[uuid] = servicer
+            server.add_service(consensus_pb2_grpc.add_ConsensusServiceServicer_to_server, servicer)
+            await server.start()
+            addresses[uuid] = server.address
+        config = RaftConfig(tuple(RaftPeer(u, addresses[u]) for u in UUIDS))
+        logs = []
+        try:
+            async with asyncio.TaskGroup() as group:
+                runtimes = []
+                for uuid in UUIDS:
+                    store = FileCmetaStore(tmp_path / f"{uuid}.cmeta")
+                    bootstrap_cmeta(store, config)
+                    log = wal_log_module.WalLog(tmp_path / uuid, uuid)
+                    logs.append(log)
+                    runtime = RaftRuntime(
+                        uuid,
+                        log,
+                        store,
+                        servicers[uuid].transport,
+                        RealClock(),
+                        notifier=log,
+                        raft_options=RAFT_OPTIONS,
+                        options=RUNTIME_OPTIONS,
+                        rng=random.Random(uuid),
+                    )
+                    servicers[uuid].runtime = runtime
+                    runtime.start(group)
+                    runtimes.append(runtime)
+                leader = runtimes[0]
+                await eventually(lambda: all(r.running for r in runtimes))
+                leader.campaign()
+                await eventually(lambda: leader.role is Role.LEADER)
+                op_ids = await asyncio.gather(*(leader.propose(b"%d" % i) for i in range(40)))
+                last = max(op.index for op in op_ids)
+                await eventually(lambda: all(r.core.last_applied >= last for r in runtimes))
+                assert await leader.read_index() >= last
+                # Leadership transfer uses RunLeaderElection over the wire.
+                successor = leader.transfer_leadership("b")
+                await eventually(lambda: runtimes[1].role is Role.LEADER)
+                assert successor == "b"
+                await runtimes[1].propose(b"after transfer")
+                for runtime in runtimes:
+                    runtime.stop()
+        finally:
+            for server in servers.values():
+                await server.stop(0)
+            for log in logs:
+                log.close()
 
     asyncio.run(scenario())
