@@ -317,6 +317,20 @@ class TabletManager:
                 shutil.rmtree(directory)
                 metafile.fsync_dir(directory.parent)
 
+    def startable(self) -> list[TabletReplica]:
+        """Replicas whose files are open and whose Raft is not running yet."""
+        with self._lock:
+            return [
+                r
+                for r in self._replicas.values()
+                if r.storage is not None and r.runtime is None and r.state is not TabletState.FAILED
+            ]
+
+    def lookup(self, tablet_id: str) -> TabletReplica | None:
+        """The replica of ``tablet_id`` in any state, or None."""
+        with self._lock:
+            return self._replicas.get(tablet_id)
+
     # --- lookup -----------------------------------------------------------------------------
 
     def replica(self, tablet_id: str) -> TabletReplica:

@@ -85,6 +85,7 @@ class TabletReplica:
         self.wal: WalLog | None = None
         self.applier: Applier | None = None
         self.runtime: RaftRuntime | None = None
+        self.transport: Transport | None = None
 
     @property
     def tablet_id(self) -> str:
@@ -135,11 +136,10 @@ class TabletReplica:
         return MIN_OP_ID
 
     def close(self) -> None:
-        """Releases the open handles; the files stay."""
+        """Releases the open handles; the files stay. Raft must be stopped first
+        (``stop_consensus``) when it was started."""
+        assert self.runtime is None, "stop_consensus before close"
         self.state = TabletState.STOPPING
-        if self.runtime is not None:
-            self.runtime.stop()
-        self.runtime = None
         self.applier = None
         if self.wal is not None:
             self.wal.close()
@@ -187,9 +187,25 @@ class TabletReplica:
         )
         runtime.start(task_group)
         self.runtime = runtime
+        self.transport = transport
         self.state = TabletState.RUNNING
         self.state_reason = ""
         return runtime
+
+    async def stop_consensus(self, timeout_s: float = 5.0) -> None:
+        """Stops Raft and waits until its task is gone, so the WAL can be closed safely."""
+        runtime, self.runtime = self.runtime, None
+        self.transport = None
+        if runtime is None:
+            return
+        runtime.stop()
+        async with asyncio.timeout(timeout_s):
+            while True:
+                if not runtime.running:
+                    break
+                await asyncio.sleep(0.005)
+        if self.state is TabletState.RUNNING:
+            self.state = TabletState.STOPPED
 
     def _on_apply(self, applier: Applier, effect: Apply) -> None:
         try:
@@ -256,10 +272,10 @@ class TabletReplica:
         *,
         limit: int | None = None,
         **bounds: Any,
-    ) -> pa.Table:
+    ) -> tuple[int, pa.Table]:
         """A linearizable scan at the leader: served once ReadIndex confirmed leadership and
-        everything committed before the call is applied."""
+        everything committed before the call is applied. Returns (read index, rows)."""
         runtime, storage, _ = self._running()
         self._require_leader(runtime)
-        await runtime.read_index()
-        return storage.scan(columns, where, limit=limit, **bounds)
+        index = await runtime.read_index()
+        return index, storage.scan(columns, where, limit=limit, **bounds)

@@ -106,8 +106,7 @@ async def _running(root: Path, *, create: bool) -> AsyncIterator[dict[str, Table
                 )
             yield replicas
             for replica in replicas.values():
-                assert replica.runtime is not None
-                replica.runtime.stop()
+                await replica.stop_consensus()
     finally:
         for manager in managers.values():
             manager.shutdown()
@@ -170,7 +169,7 @@ async def _writes_through_the_leader_reach_every_replica(tmp_path: Path) -> None
         # Per-row errors: a second insert of key 2 is ALREADY_PRESENT, key 4 goes in.
         outcome = await leader.write(RequestId("c1", 1, 0), 0, _ops([2, 4]))
         assert outcome.result.errors() == [(0, RowStatus.ALREADY_PRESENT)]
-        scanned = await leader.scan(["id", "v"])
+        _, scanned = await leader.scan(["id", "v"])
         assert isinstance(scanned, pa.Table)
         assert scanned.column("id").to_pylist() == [1, 2, 3, 4]
         await _converged(replicas, [1, 2, 3, 4])
