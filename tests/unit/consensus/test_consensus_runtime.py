@@ -11,7 +11,7 @@ import asyncio
 import random
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +20,6 @@ import pytest
 from nyala._proto import consensus_pb2, consensus_pb2_grpc
 from nyala.common.clock import RealClock
 from nyala.consensus import (
-    Apply,
     FileCmetaStore,
     MemoryLog,
     RaftConfig,
@@ -65,7 +64,8 @@ async def eventually(predicate: Callable[[], bool]) -> None:
 class Replica:
     uuid: str
     runtime: RaftRuntime
-    applied: list[tuple[int, int]] = field(default_factory=list)  # Apply ranges, in order
+    log: Any
+    applied: list[tuple[int, int]]  # Apply ranges, in order
 
 
 class Cluster:
@@ -79,6 +79,7 @@ class Cluster:
             store = FileCmetaStore(directory / "cmeta")
             bootstrap_cmeta(store, config)
             log, notifier = make_log(directory, uuid)
+            applied: list[tuple[int, int]] = []
             runtime = RaftRuntime(
                 uuid,
                 log,
@@ -89,10 +90,9 @@ class Cluster:
                 raft_options=RAFT_OPTIONS,
                 options=RUNTIME_OPTIONS,
                 rng=random.Random(uuid),
+                on_apply=lambda a, out=applied: out.append((a.first_index, a.last_index)),
             )
-            replica = Replica(uuid, runtime)
-            runtime._on_apply = self._recorder(replica)
-            self.replicas[uuid] = replica
+            self.replicas[uuid] = Replica(uuid, runtime, log, applied)
 
     def start(self, group: asyncio.TaskGroup) -> None:
         for replica in self.replicas.values():
@@ -100,16 +100,9 @@ class Cluster:
 
     def close(self) -> None:
         for replica in self.replicas.values():
-            close = getattr(replica.runtime._log, "close", None)
+            close = getattr(replica.log, "close", None)
             if close is not None:
                 close()
-
-    @staticmethod
-    def _recorder(replica: Replica) -> Callable[[Apply], None]:
-        def record(apply: Apply) -> None:
-            replica.applied.append((apply.first_index, apply.last_index))
-
-        return record
 
     def live(self) -> list[RaftRuntime]:
         return [r.runtime for r in self.replicas.values() if r.runtime.running]
