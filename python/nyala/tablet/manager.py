@@ -326,6 +326,11 @@ class TabletManager:
                 if r.storage is not None and r.runtime is None and r.state is not TabletState.FAILED
             ]
 
+    def replicas(self) -> list[TabletReplica]:
+        """Every replica with a readable superblock."""
+        with self._lock:
+            return list(self._replicas.values())
+
     def lookup(self, tablet_id: str) -> TabletReplica | None:
         """The replica of ``tablet_id`` in any state, or None."""
         with self._lock:

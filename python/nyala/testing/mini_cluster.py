@@ -370,6 +370,31 @@ class MiniCluster:
             with ts.proxy() as proxy:
                 proxy.admin_call(proxy.admin.CreateTablet, request)
 
+    def leader_of(self, tablet_id: str, *, timeout_s: float = 30.0) -> ServerProcess:
+        """The running tserver that leads ``tablet_id``, once one claims it and agrees that it
+        leads (asked through GetConsensusState); ``TimedOutError`` otherwise."""
+        from nyala._proto import consensus_pb2
+
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            for ts in self.tservers:
+                if not ts.is_running() or ts.uuid is None:
+                    continue
+                request = consensus_pb2.GetConsensusStateRequestPB(
+                    dest_uuid=ts.uuid, tablet_ids=[tablet_id]
+                )
+                try:
+                    with ts.proxy() as proxy:
+                        response = proxy.call(
+                            proxy.consensus.GetConsensusState, request, timeout_ms=1_000
+                        )
+                except NyalaError:
+                    continue
+                if response.tablets and response.tablets[0].cstate.leader_uuid == ts.uuid:
+                    return ts
+            time.sleep(0.05)
+        raise TimedOutError(f"no leader of tablet {tablet_id} within {timeout_s} s")
+
     def shutdown(self) -> None:
         """Kills every process (SIGKILL) and removes the directory unless ``keep_dir``."""
         if self._shut_down:

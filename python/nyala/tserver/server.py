@@ -14,11 +14,17 @@ import logging
 import signal
 import time
 
-from nyala._proto import tserver_admin_pb2_grpc, tserver_pb2_grpc
+from nyala._proto import consensus_pb2_grpc, tserver_admin_pb2_grpc, tserver_pb2_grpc
+from nyala.common.clock import RealClock
 from nyala.common.metrics import MetricsRegistry
+from nyala.consensus.options import RaftOptions
+from nyala.consensus.transport import GrpcTransport
 from nyala.consensus.wal_log import WalLogOptions
+from nyala.errors import ServiceUnavailableError
 from nyala.rpc import HttpResponse, HttpServer, RpcMetrics, RpcServer
 from nyala.tablet import TabletDirs, TabletManager
+from nyala.tablet.replica import TabletReplica
+from nyala.tserver.consensus_service import ConsensusService
 from nyala.tserver.fs_manager import FsManager, InstanceInfo
 from nyala.tserver.services import AdminService, TabletService
 from nyala.tserver.settings import TabletServerSettings
@@ -42,6 +48,8 @@ class TabletServer:
         self.rpc: RpcServer | None = None
         self.http: HttpServer | None = None
         self.tablets: TabletManager | None = None
+        # The group every replica's Raft runs in; set while serving.
+        self._replica_tasks: asyncio.TaskGroup | None = None
 
     @property
     def uuid(self) -> str:
@@ -103,6 +111,10 @@ class TabletServer:
             self.settings.fs_root,
         )
         async with asyncio.TaskGroup() as tasks:
+            self._replica_tasks = tasks
+            assert self.tablets is not None
+            for replica in self.tablets.startable():
+                self.start_replica(replica)
             tasks.create_task(self.rpc.wait_for_termination(), name="rpc-server")
             tasks.create_task(self.http.wait_closed(), name="http-server")
             tasks.create_task(self._shutdown_when_stopped(), name="shutdown")
@@ -112,16 +124,68 @@ class TabletServer:
         assert self.tablets is not None, "tablets are opened by run()"
         return [TabletReport(status) for status in self.tablets.statuses()]
 
+    def start_replica(self, replica: TabletReplica) -> None:
+        """Runs Raft for an opened replica (no-op if it already runs)."""
+        tasks = self._replica_tasks
+        if tasks is None:
+            raise ServiceUnavailableError("the server is not serving yet")
+        if replica.runtime is not None or replica.storage is None:
+            return
+        transport = GrpcTransport(
+            self.uuid,
+            replica.tablet_id,
+            lambda peer: self._peer_address(replica, peer),
+            settings=self.settings.rpc_settings(),
+        )
+        replica.start_consensus(
+            self.uuid, tasks, transport, RealClock(), raft_options=self._raft_options()
+        )
+
+    async def stop_replica(self, tablet_id: str) -> None:
+        """Stops a replica's Raft (before its files are closed or deleted)."""
+        assert self.tablets is not None
+        replica = self.tablets.lookup(tablet_id)
+        if replica is not None:
+            await replica.stop_consensus()
+
+    @staticmethod
+    def _peer_address(replica: TabletReplica, peer_uuid: str) -> str | None:
+        runtime = replica.runtime
+        peer = None if runtime is None else runtime.core.active_config.peer(peer_uuid)
+        return None if peer is None else peer.address
+
+    def _raft_options(self) -> RaftOptions:
+        s = self.settings
+        return RaftOptions(
+            heartbeat_interval_ms=s.heartbeat_interval_ms,
+            missed_heartbeats_before_election=s.leader_failure_max_missed_heartbeat_periods,
+            election_jitter_fraction=s.election_timeout_jitter_pct / 100,
+            election_backoff_max_ms=s.election_backoff_max_ms,
+            batch_bytes_max=s.consensus_batch_bytes_max,
+            peer_inflight_bytes_max=max(4 * s.consensus_batch_bytes_max, 4 << 20),
+        )
+
     def _build_rpc_server(self) -> RpcServer:
         assert self.tablets is not None, "tablets are opened before the RPC server is built"
         server = RpcServer(self.settings.rpc_bind, self.settings.rpc_settings())
         server.add_service(
             tserver_pb2_grpc.add_TabletServiceServicer_to_server,
-            TabletService(self.uuid, self._rpc_metrics, self._started_s),
+            TabletService(self.uuid, self._rpc_metrics, self._started_s, self.tablets),
+        )
+        server.add_service(
+            consensus_pb2_grpc.add_ConsensusServiceServicer_to_server,
+            ConsensusService(self.uuid, self._rpc_metrics, self.tablets),
         )
         server.add_service(
             tserver_admin_pb2_grpc.add_TabletServerAdminServiceServicer_to_server,
-            AdminService(self.uuid, self._rpc_metrics, self.tablets, self.list_tablets),
+            AdminService(
+                self.uuid,
+                self._rpc_metrics,
+                self.tablets,
+                self.list_tablets,
+                self.start_replica,
+                self.stop_replica,
+            ),
         )
         return server
 
@@ -141,6 +205,10 @@ class TabletServer:
         assert self.http is not None
         await self.rpc.stop(self.settings.shutdown_grace_ms / 1000)
         await self.http.stop()
+        assert self.tablets is not None
+        for replica in self.tablets.replicas():
+            await replica.stop_consensus()
+        self._replica_tasks = None
 
     def _register_metrics(self) -> None:
         self.metrics.gauge(

@@ -12,30 +12,140 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
-from nyala._proto import tserver_admin_pb2, tserver_admin_pb2_grpc, tserver_pb2, tserver_pb2_grpc
+import pyarrow as pa
+
+from nyala._proto import (
+    common_pb2,
+    tserver_admin_pb2,
+    tserver_admin_pb2_grpc,
+    tserver_pb2,
+    tserver_pb2_grpc,
+)
 from nyala._proto.metadata_pb2 import TabletDataState
-from nyala.errors import InvalidArgumentError
-from nyala.rpc import RpcMetrics, ServiceBase, unary
+from nyala.errors import InvalidArgumentError, NotSupportedError
+from nyala.rpc import RpcMetrics, ServiceBase, server_stream, unary
+from nyala.storage import Predicate, RowStatus
 from nyala.tablet import DataState, TabletManager
+from nyala.tablet.replica import TabletReplica
+from nyala.tablet.write_entry import RequestId
 from nyala.tserver.convert import config_from_pb, partition_from_pb, schema_from_pb
 from nyala.tserver.tablet_meta import TabletReport
 
+_ROW_STATUS_CODES = {
+    RowStatus.ALREADY_PRESENT: common_pb2.ALREADY_PRESENT,
+    RowStatus.NOT_FOUND: common_pb2.NOT_FOUND,
+}
+_PREDICATE_OPS = {
+    tserver_pb2.ColumnPredicatePB.EQ: "=",
+    tserver_pb2.ColumnPredicatePB.LT: "<",
+    tserver_pb2.ColumnPredicatePB.LE: "<=",
+    tserver_pb2.ColumnPredicatePB.GT: ">",
+    tserver_pb2.ColumnPredicatePB.GE: ">=",
+    tserver_pb2.ColumnPredicatePB.IN: "in",
+    tserver_pb2.ColumnPredicatePB.IS_NULL: "is null",
+    tserver_pb2.ColumnPredicatePB.IS_NOT_NULL: "is not null",
+}
+#: Rows per streamed scan batch when the request names no batch size.
+SCAN_BATCH_BYTES_DEFAULT = 1024 * 1024
+
+
+def _scalar(pb: Any) -> Any:
+    kind = pb.WhichOneof("value")
+    if kind is None:
+        raise InvalidArgumentError("a predicate value is empty")
+    return getattr(pb, kind)
+
+
+def _predicates(pbs: Any) -> list[Predicate]:
+    out: list[Predicate] = []
+    for pb in pbs:
+        op = _PREDICATE_OPS.get(pb.op)
+        if op is None:
+            raise InvalidArgumentError(f"predicate on {pb.column!r} has no operator")
+        values = [_scalar(v) for v in pb.values]
+        if op in ("is null", "is not null"):
+            out.append((pb.column, op, None))
+        elif op == "in":
+            out.append((pb.column, op, values))
+        elif len(values) != 1:
+            raise InvalidArgumentError(f"predicate {pb.column!r} {op} takes one value")
+        else:
+            out.append((pb.column, op, values[0]))
+    return out
+
+
+def _ipc(batch: pa.RecordBatch) -> bytes:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, batch.schema) as writer:
+        writer.write_batch(batch)
+    return bytes(sink.getvalue().to_pybytes())
+
 
 class TabletService(ServiceBase, tserver_pb2_grpc.TabletServiceServicer):  # type: ignore[misc]
-    """Client-facing service: liveness today; writes and scans once tablets are hosted."""
+    """Client-facing service: liveness, writes and scans through tablet leaders."""
 
-    def __init__(self, server_uuid: str, metrics: RpcMetrics, started_s: float) -> None:
+    def __init__(
+        self, server_uuid: str, metrics: RpcMetrics, started_s: float, tablets: TabletManager
+    ) -> None:
         super().__init__(server_uuid, metrics)
         self._started_s = started_s  # time.monotonic() when the server started serving
+        self._tablets = tablets
 
     @unary(tserver_pb2.PingResponsePB, allow_empty_dest=True)
     async def Ping(self, request: Any, context: Any) -> Any:
         return tserver_pb2.PingResponsePB(
             server_uuid=self.server_uuid, uptime_s=time.monotonic() - self._started_s
         )
+
+    @unary(tserver_pb2.WriteResponsePB)
+    async def Write(self, request: Any, context: Any) -> Any:
+        replica = self._tablets.replica(request.tablet_id)
+        request_id = None
+        if request.HasField("request_id") and request.request_id.client_id:
+            rid = request.request_id
+            request_id = RequestId(rid.client_id, rid.seq_no, rid.first_incomplete_seq_no)
+        outcome = await replica.write(request_id, request.schema_version, request.ops)
+        response = tserver_pb2.WriteResponsePB()
+        response.op_id.index = outcome.op_index
+        for row, status in outcome.result.errors():
+            response.per_row_errors.add(
+                row_index=row, code=_ROW_STATUS_CODES[status], message=status.name
+            )
+        return response
+
+    @server_stream(tserver_pb2.ScanResponsePB)
+    async def Scan(self, request: Any, context: Any) -> AsyncIterator[Any]:
+        if request.WhichOneof("scan") != "new_scan":
+            raise NotSupportedError("continuing a scanner is not supported yet")
+        scan = request.new_scan
+        if scan.lower_bound_key or scan.upper_bound_key:
+            raise NotSupportedError("key bounds in scans are not supported yet")
+        if scan.read_mode == tserver_pb2.READ_FOLLOWER:
+            raise NotSupportedError("follower reads are not supported yet")
+        replica = self._tablets.replica(scan.tablet_id)
+        index, table = await replica.scan(
+            list(scan.projection) or None,
+            _predicates(scan.predicates),
+            limit=scan.limit_rows or None,
+        )
+        scanner_id = uuid.uuid4().hex
+        batch_bytes = request.batch_size_bytes or SCAN_BATCH_BYTES_DEFAULT
+        row_bytes = max(1, table.nbytes // max(1, table.num_rows))
+        batches = table.combine_chunks().to_batches(max_chunksize=max(1, batch_bytes // row_bytes))
+        if not batches:
+            batches = [pa.RecordBatch.from_pylist([], schema=table.schema)]
+        for i, batch in enumerate(batches):
+            yield tserver_pb2.ScanResponsePB(
+                scanner_id=scanner_id,
+                batch=_ipc(batch),
+                row_count=batch.num_rows,
+                has_more_results=i + 1 < len(batches),
+                snapshot_index=index,
+            )
 
 
 class AdminService(ServiceBase, tserver_admin_pb2_grpc.TabletServerAdminServiceServicer):  # type: ignore[misc]
@@ -47,10 +157,14 @@ class AdminService(ServiceBase, tserver_admin_pb2_grpc.TabletServerAdminServiceS
         metrics: RpcMetrics,
         tablets: TabletManager,
         list_tablets: Callable[[], list[TabletReport]],
+        start_replica: Callable[[TabletReplica], None],
+        stop_replica: Callable[[str], Awaitable[None]],
     ) -> None:
         super().__init__(server_uuid, metrics)
         self._tablets = tablets
         self._list_tablets = list_tablets
+        self._start_replica = start_replica  # puts a newly created replica on Raft
+        self._stop_replica = stop_replica  # stops a replica's Raft before its files go
 
     @unary(tserver_admin_pb2.CreateTabletResponsePB)
     async def CreateTablet(self, request: Any, context: Any) -> Any:
@@ -59,7 +173,7 @@ class AdminService(ServiceBase, tserver_admin_pb2_grpc.TabletServerAdminServiceS
         config = config_from_pb(request.config)
         if config.peer(self.server_uuid) is None:
             raise InvalidArgumentError("the initial config does not list this server")
-        await asyncio.to_thread(
+        replica = await asyncio.to_thread(
             self._tablets.create_tablet,
             request.tablet_id,
             table_id=request.table_id,
@@ -68,6 +182,7 @@ class AdminService(ServiceBase, tserver_admin_pb2_grpc.TabletServerAdminServiceS
             partition=partition_from_pb(request.partition),
             config=config,
         )
+        self._start_replica(replica)
         return tserver_admin_pb2.CreateTabletResponsePB()
 
     @unary(tserver_admin_pb2.DeleteTabletResponsePB)
@@ -83,6 +198,7 @@ class AdminService(ServiceBase, tserver_admin_pb2_grpc.TabletServerAdminServiceS
             if request.HasField("cas_config_opid_index_less_or_equal")
             else None
         )
+        await self._stop_replica(request.tablet_id)
         await asyncio.to_thread(
             self._tablets.delete_tablet,
             request.tablet_id,
