@@ -1,0 +1,177 @@
+"""Tablet server write benchmark: three real tserver processes on loopback, one tablet, fsync on.
+
+Measured in one run against the same cluster:
+
+* baseline: 64 concurrent ``Ping`` calls to the leader (ops/s): the RPC round trip with no
+  consensus, WAL or storage behind it;
+* (a) 64 concurrent writers, each sending single-row ``Write`` calls (one ~100-byte row, one
+  Raft entry each), waiting for every acknowledgement: ops/s and p50/p99 latency;
+* (b) one writer sending batches of 1,000 rows: rows/s and p50/p99 per batch.
+
+The last line printed is one JSON object (DESIGN.md §9) with ``single_row_ops_per_s``,
+``batched_rows_per_s``, ``p99_ms_single`` and the baseline. Targets (issue 7):
+``single_row_ops_per_s >= 3000`` and ``batched_rows_per_s >= 300000``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import json
+import statistics
+import time
+from typing import Any
+
+from nyala._proto import common_pb2, tserver_pb2
+from nyala.errors import AbortedError, RetriableError, TimedOutError, WrongServerUuidError
+from nyala.rowops import encode, make_op_batch
+from nyala.rpc import ServerProxy
+from nyala.schema import Column, Schema
+from nyala.testing import MiniCluster
+
+SCHEMA = Schema([Column("id", "int64"), Column("payload", "string")], ["id"])
+TABLET = "be" * 16
+PAYLOAD = "x" * 92  # with the 8-byte key, a 100-byte row
+
+
+def _ops(ids: range) -> bytes:
+    batch = make_op_batch({"id": list(ids), "payload": [PAYLOAD] * len(ids)}, "upsert", SCHEMA)
+    return bytes(encode(batch).to_pybytes())
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else 0.0
+
+
+async def _pings(proxy: ServerProxy, uuid: str, clients: int, seconds: float) -> float:
+    count = 0
+    stop = time.perf_counter() + seconds
+
+    async def client() -> None:
+        nonlocal count
+        while time.perf_counter() < stop:
+            await proxy.ping(uuid)
+            count += 1
+
+    started = time.perf_counter()
+    async with asyncio.TaskGroup() as group:
+        for _ in range(clients):
+            group.create_task(client())
+    return count / (time.perf_counter() - started)
+
+
+class Leader:
+    """Where writes go; follows NOT_THE_LEADER hints (leadership can move under load)."""
+
+    def __init__(self, cluster: MiniCluster) -> None:
+        self.cluster = cluster
+        self.uuid = ""
+        self.proxy: ServerProxy | None = None
+        self.changes = 0
+
+    def find(self) -> ServerProxy:
+        ts = self.cluster.leader_of(TABLET)
+        assert ts.uuid is not None
+        if ts.uuid != self.uuid:
+            self.uuid, self.proxy = ts.uuid, ServerProxy(ts.rpc_addr)
+            self.changes += 1
+        assert self.proxy is not None
+        return self.proxy
+
+
+async def _writes(
+    leader: Leader, clients: int, rows: int, seconds: float
+) -> tuple[float, list[float], int]:
+    """(acknowledged write calls/s, latencies in ms, retried calls) of ``clients`` writers."""
+    latencies: list[float] = []
+    retries = 0
+    keys = itertools.count()
+    stop = time.perf_counter() + seconds
+
+    async def client(client_id: str) -> None:
+        nonlocal retries
+        for seq in itertools.count():
+            if time.perf_counter() >= stop:
+                return
+            start = next(keys) * rows
+            ops = _ops(range(start, start + rows))
+            began = time.perf_counter()
+            while True:
+                proxy = leader.proxy or leader.find()
+                request = tserver_pb2.WriteRequestPB(
+                    dest_uuid=leader.uuid,
+                    tablet_id=TABLET,
+                    request_id=common_pb2.RequestIdPB(
+                        client_id=client_id, seq_no=seq, first_incomplete_seq_no=seq
+                    ),
+                    ops=ops,
+                )
+                try:
+                    await proxy.call(proxy.tablet.Write, request)
+                    break
+                except (RetriableError, AbortedError, TimedOutError, WrongServerUuidError):
+                    retries += 1
+                    if leader.proxy is proxy:
+                        leader.proxy = None
+                        await asyncio.to_thread(leader.find)
+                    await asyncio.sleep(0.01)
+            latencies.append((time.perf_counter() - began) * 1000)
+
+    started = time.perf_counter()
+    async with asyncio.TaskGroup() as group:
+        for i in range(clients):
+            group.create_task(client(f"bench-{rows}-{i}"))
+    return len(latencies) / (time.perf_counter() - started), latencies, retries
+
+
+async def _measure(cluster: MiniCluster, seconds: float) -> dict[str, Any]:
+    leader = Leader(cluster)
+    proxy = leader.find()
+    ping_ops = await _pings(proxy, leader.uuid, 64, seconds)
+    await _writes(leader, 8, 1, 1.0)  # warm-up: channels, caches, first segment
+    single_ops, single_lat, single_retries = await _writes(leader, 64, 1, seconds)
+    batch_calls, batch_lat, batch_retries = await _writes(leader, 1, 1000, seconds)
+    return {
+        "leader_changes": leader.changes - 1,
+        "retried_calls": single_retries + batch_retries,
+        "baseline_ping_ops_per_s": round(ping_ops),
+        "single_row_ops_per_s": round(single_ops),
+        "p50_ms_single": round(statistics.median(single_lat), 2),
+        "p99_ms_single": round(_percentile(single_lat, 0.99), 2),
+        "batched_rows_per_s": round(batch_calls * 1000),
+        "p50_ms_batch": round(statistics.median(batch_lat), 2),
+        "p99_ms_batch": round(_percentile(batch_lat, 0.99), 2),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="short phases (< 2 minutes)")
+    parser.add_argument("--seconds", type=float, default=None, help="length of each phase")
+    args = parser.parse_args()
+    seconds = args.seconds or (5.0 if args.quick else 20.0)
+    with MiniCluster(3) as cluster:
+        cluster.create_tablet(TABLET, SCHEMA, table_name="bench")
+        result = asyncio.run(_measure(cluster, seconds))
+    result.update(
+        {
+            "bench": "tserver_write",
+            "servers": 3,
+            "fsync": True,
+            "phase_s": seconds,
+            "target_single_row_ops_per_s": 3000,
+            "target_batched_rows_per_s": 300000,
+        }
+    )
+    print(
+        f"ping (baseline) {result['baseline_ping_ops_per_s']} ops/s | single-row writes "
+        f"{result['single_row_ops_per_s']} ops/s p50 {result['p50_ms_single']} ms p99 "
+        f"{result['p99_ms_single']} ms | 1000-row batches {result['batched_rows_per_s']} rows/s"
+    )
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
