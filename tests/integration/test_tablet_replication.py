@@ -166,3 +166,40 @@ def test_every_server_killed_and_restarted_keeps_every_acknowledged_row(
     assert _checksum(table) == _expected(acknowledged)
     _write_anywhere(cluster, [1000], 100)
     assert _scan(cluster.leader_of(TABLET)).num_rows == len(acknowledged) + 1
+
+
+def test_a_scanner_continues_keeps_alive_and_closes(cluster: MiniCluster) -> None:
+    cluster.create_tablet(TABLET, SCHEMA)
+    leader = cluster.leader_of(TABLET)
+    _write(leader, list(range(300)), 0)
+    first = tserver_pb2.ScanRequestPB(
+        dest_uuid=leader.uuid,
+        new_scan=tserver_pb2.NewScanRequestPB(tablet_id=TABLET, read_mode=tserver_pb2.READ_LATEST),
+        batch_size_bytes=1024,
+        batches_max=1,
+    )
+    with leader.proxy() as proxy:
+        responses = list(proxy.tablet.Scan(first, timeout=30))
+        assert len(responses) == 1
+        assert responses[0].has_more_results
+        scanner_id = responses[0].scanner_id
+        proxy.call(
+            proxy.tablet.ScannerKeepAlive,
+            tserver_pb2.ScannerKeepAliveRequestPB(dest_uuid=leader.uuid, scanner_id=scanner_id),
+        )
+        more = tserver_pb2.ScanRequestPB(dest_uuid=leader.uuid, scanner_id=scanner_id)
+        responses += list(proxy.tablet.Scan(more, timeout=30))
+        assert not responses[-1].has_more_results
+        assert all(r.snapshot_index == responses[0].snapshot_index for r in responses)
+        ids = [
+            i
+            for r in responses
+            for i in pa.ipc.open_stream(r.batch).read_all().column("id").to_pylist()
+        ]
+        assert ids == list(range(300))
+        # A finished scanner is gone.
+        with pytest.raises(errors.ScannerExpiredError):
+            proxy.call(
+                proxy.tablet.ScannerKeepAlive,
+                tserver_pb2.ScannerKeepAliveRequestPB(dest_uuid=leader.uuid, scanner_id=scanner_id),
+            )

@@ -26,6 +26,7 @@ from nyala.tablet import TabletDirs, TabletManager
 from nyala.tablet.replica import TabletReplica
 from nyala.tserver.consensus_service import ConsensusService
 from nyala.tserver.fs_manager import FsManager, InstanceInfo
+from nyala.tserver.scanners import ScannerRegistry
 from nyala.tserver.services import AdminService, TabletService
 from nyala.tserver.settings import TabletServerSettings
 from nyala.tserver.tablet_meta import TabletReport
@@ -170,7 +171,13 @@ class TabletServer:
         server = RpcServer(self.settings.rpc_bind, self.settings.rpc_settings())
         server.add_service(
             tserver_pb2_grpc.add_TabletServiceServicer_to_server,
-            TabletService(self.uuid, self._rpc_metrics, self._started_s, self.tablets),
+            TabletService(
+                self.uuid,
+                self._rpc_metrics,
+                self._started_s,
+                self.tablets,
+                ScannerRegistry(self.settings.scanner_ttl_ms),
+            ),
         )
         server.add_service(
             consensus_pb2_grpc.add_ConsensusServiceServicer_to_server,

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -33,6 +32,7 @@ from nyala.tablet import DataState, TabletManager
 from nyala.tablet.replica import TabletReplica
 from nyala.tablet.write_entry import RequestId
 from nyala.tserver.convert import config_from_pb, partition_from_pb, schema_from_pb
+from nyala.tserver.scanners import Scanner, ScannerRegistry
 from nyala.tserver.tablet_meta import TabletReport
 
 _ROW_STATUS_CODES = {
@@ -89,11 +89,17 @@ class TabletService(ServiceBase, tserver_pb2_grpc.TabletServiceServicer):  # typ
     """Client-facing service: liveness, writes and scans through tablet leaders."""
 
     def __init__(
-        self, server_uuid: str, metrics: RpcMetrics, started_s: float, tablets: TabletManager
+        self,
+        server_uuid: str,
+        metrics: RpcMetrics,
+        started_s: float,
+        tablets: TabletManager,
+        scanners: ScannerRegistry,
     ) -> None:
         super().__init__(server_uuid, metrics)
         self._started_s = started_s  # time.monotonic() when the server started serving
         self._tablets = tablets
+        self._scanners = scanners
 
     @unary(tserver_pb2.PingResponsePB, allow_empty_dest=True)
     async def Ping(self, request: Any, context: Any) -> Any:
@@ -119,9 +125,36 @@ class TabletService(ServiceBase, tserver_pb2_grpc.TabletServiceServicer):  # typ
 
     @server_stream(tserver_pb2.ScanResponsePB)
     async def Scan(self, request: Any, context: Any) -> AsyncIterator[Any]:
-        if request.WhichOneof("scan") != "new_scan":
-            raise NotSupportedError("continuing a scanner is not supported yet")
-        scan = request.new_scan
+        if request.WhichOneof("scan") == "scanner_id":
+            scanner = self._scanners.get(request.scanner_id)
+        elif request.WhichOneof("scan") == "new_scan":
+            scanner = await self._open_scanner(request.new_scan, request.batch_size_bytes)
+        else:
+            raise InvalidArgumentError("a scan request needs new_scan or scanner_id")
+        if request.close_scanner:
+            self._scanners.close(scanner.scanner_id)
+            yield tserver_pb2.ScanResponsePB(
+                scanner_id=scanner.scanner_id, snapshot_index=scanner.snapshot_index
+            )
+            return
+        sent = 0
+        while not scanner.done and (not request.batches_max or sent < request.batches_max):
+            batch = scanner.batches[scanner.next_batch]
+            scanner.next_batch += 1
+            sent += 1
+            if scanner.done:
+                self._scanners.close(scanner.scanner_id)
+            yield tserver_pb2.ScanResponsePB(
+                scanner_id=scanner.scanner_id,
+                batch=_ipc(batch),
+                row_count=batch.num_rows,
+                has_more_results=not scanner.done,
+                snapshot_index=scanner.snapshot_index,
+            )
+
+    async def _open_scanner(self, scan: Any, batch_size_bytes: int) -> Scanner:
+        """Serves a new scan at the leader (ReadIndex) and registers its result, cut into
+        batches of about ``batch_size_bytes`` (fixed for the scanner's life)."""
         if scan.lower_bound_key or scan.upper_bound_key:
             raise NotSupportedError("key bounds in scans are not supported yet")
         if scan.read_mode == tserver_pb2.READ_FOLLOWER:
@@ -132,20 +165,17 @@ class TabletService(ServiceBase, tserver_pb2_grpc.TabletServiceServicer):  # typ
             _predicates(scan.predicates),
             limit=scan.limit_rows or None,
         )
-        scanner_id = uuid.uuid4().hex
-        batch_bytes = request.batch_size_bytes or SCAN_BATCH_BYTES_DEFAULT
+        batch_bytes = batch_size_bytes or SCAN_BATCH_BYTES_DEFAULT
         row_bytes = max(1, table.nbytes // max(1, table.num_rows))
         batches = table.combine_chunks().to_batches(max_chunksize=max(1, batch_bytes // row_bytes))
         if not batches:
             batches = [pa.RecordBatch.from_pylist([], schema=table.schema)]
-        for i, batch in enumerate(batches):
-            yield tserver_pb2.ScanResponsePB(
-                scanner_id=scanner_id,
-                batch=_ipc(batch),
-                row_count=batch.num_rows,
-                has_more_results=i + 1 < len(batches),
-                snapshot_index=index,
-            )
+        return self._scanners.open(scan.tablet_id, index, batches)
+
+    @unary(tserver_pb2.ScannerKeepAliveResponsePB)
+    async def ScannerKeepAlive(self, request: Any, context: Any) -> Any:
+        self._scanners.get(request.scanner_id)  # refreshes its last access
+        return tserver_pb2.ScannerKeepAliveResponsePB()
 
 
 class AdminService(ServiceBase, tserver_admin_pb2_grpc.TabletServerAdminServiceServicer):  # type: ignore[misc]
