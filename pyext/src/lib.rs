@@ -7,6 +7,7 @@
 use pyo3::prelude::*;
 
 mod checksum;
+mod consensus;
 mod errors;
 mod storage;
 mod wal;
@@ -18,5 +19,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(checksum::crc32c, m)?)?;
     wal::register(m)?;
     storage::register(m)?;
+    consensus::register(m)?;
     Ok(())
 }

@@ -1,0 +1,303 @@
+//! Bindings for the replicated log (`nyala._native.ReplicatedLog`, `nyala._native.EntryBatch`);
+//! the typed API is `nyala.consensus.wal_log`.
+//!
+//! Conversion and GIL handling only. Every call that touches the WAL, decodes or builds a
+//! batch runs with the GIL released. A batch crosses as one object holding its bytes:
+//! decoding borrows the caller's immutable `bytes` (no copy), and no Python object is made
+//! per entry except for NO_OP and CONFIG_CHANGE entries when asked.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use nyala_common::OpId;
+use nyala_consensus::{ConsensusError, EntryBatch, ReplicatedLog, ReplicatedLogOptions};
+use nyala_wal::{EntryType, LogOptions, SyncPolicy};
+use pyo3::exceptions::PyBaseException;
+use pyo3::prelude::*;
+use pyo3::pybacked::PyBackedBytes;
+use pyo3::types::{PyBytes, PyDict};
+
+use crate::errors::to_py;
+
+/// How long one blocking wait sleeps before checking for KeyboardInterrupt.
+const WAIT_SLICE_MS: u64 = 100;
+
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<PyEntryBatch>()?;
+    m.add_class::<PyReplicatedLog>()?;
+    Ok(())
+}
+
+/// `(term, index)` as Python sees an OpId.
+type OpIdTuple = (u64, u64);
+
+/// `(term, index, wal entry type, payload)` of a NO_OP or CONFIG_CHANGE entry.
+type ControlEntry<'py> = (u64, u64, u8, Bound<'py, PyBytes>);
+
+/// What `append_replicated` returns to Python.
+type AppendOutcomeTuple = (bool, OpIdTuple, u64, Option<u64>, u64);
+
+fn op_tuple(op: OpId) -> OpIdTuple {
+    (op.term, op.index)
+}
+
+fn invalid(message: String) -> PyErr {
+    to_py(ConsensusError::InvalidArgument(message))
+}
+
+/// A run of log entries in wire encoding (native part; see `nyala.consensus.wal_log`).
+#[pyclass(frozen, name = "EntryBatch", module = "nyala._native")]
+pub struct PyEntryBatch {
+    batch: EntryBatch,
+}
+
+#[pymethods]
+impl PyEntryBatch {
+    /// Validates an encoded batch (checksums, framing, order) and keeps its bytes.
+    #[staticmethod]
+    fn decode(py: Python<'_>, data: PyBackedBytes) -> PyResult<Self> {
+        let batch = py.detach(|| EntryBatch::decode(data)).map_err(to_py)?;
+        Ok(PyEntryBatch { batch })
+    }
+
+    /// The wire encoding.
+    fn to_bytes<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
+        PyBytes::new(py, self.batch.as_bytes())
+    }
+
+    #[getter]
+    fn first_op_id(&self) -> OpIdTuple {
+        op_tuple(self.batch.first_op_id())
+    }
+
+    #[getter]
+    fn last_op_id(&self) -> OpIdTuple {
+        op_tuple(self.batch.last_op_id())
+    }
+
+    #[getter]
+    fn size_bytes(&self) -> usize {
+        self.batch.size_bytes()
+    }
+
+    fn __len__(&self) -> usize {
+        self.batch.len()
+    }
+
+    /// The NO_OP and CONFIG_CHANGE entries as `(term, index, wal entry type, payload)`.
+    fn control_entries<'py>(&self, py: Python<'py>) -> Vec<ControlEntry<'py>> {
+        self.batch
+            .control_entries()
+            .map(|e| {
+                (
+                    e.term,
+                    e.index,
+                    e.entry_type.as_u8(),
+                    PyBytes::new(py, e.payload),
+                )
+            })
+            .collect()
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "EntryBatch({}..{}, {} entries, {} bytes)",
+            self.batch.first_op_id(),
+            self.batch.last_op_id(),
+            self.batch.len(),
+            self.batch.size_bytes()
+        )
+    }
+}
+
+/// One replica's log: the WAL plus a log cache (native part; see `nyala.consensus.wal_log`).
+#[pyclass(frozen, name = "ReplicatedLog", module = "nyala._native")]
+pub struct PyReplicatedLog {
+    log: ReplicatedLog,
+}
+
+#[pymethods]
+impl PyReplicatedLog {
+    #[new]
+    #[pyo3(signature = (
+        directory,
+        tablet_id,
+        *,
+        cache_bytes_max = nyala_consensus::CACHE_BYTES_MAX_DEFAULT,
+        segment_size_bytes = nyala_wal::SEGMENT_SIZE_BYTES_DEFAULT,
+        sync = "group",
+        queue_bytes_max = nyala_wal::QUEUE_BYTES_MAX_DEFAULT,
+    ))]
+    fn new(
+        py: Python<'_>,
+        directory: PathBuf,
+        tablet_id: &str,
+        cache_bytes_max: usize,
+        segment_size_bytes: u64,
+        sync: &str,
+        queue_bytes_max: usize,
+    ) -> PyResult<Self> {
+        let sync_policy = match sync {
+            "group" => SyncPolicy::Group,
+            "none" => SyncPolicy::None,
+            other => {
+                return Err(invalid(format!(
+                    "sync must be 'group' or 'none', not {other:?}"
+                )))
+            }
+        };
+        let wal_options = LogOptions {
+            segment_size_bytes,
+            sync_policy,
+            queue_bytes_max,
+            ..LogOptions::default()
+        };
+        let options = ReplicatedLogOptions { cache_bytes_max };
+        let log = py
+            .detach(|| ReplicatedLog::open(&directory, tablet_id, wal_options, options))
+            .map_err(to_py)?;
+        Ok(PyReplicatedLog { log })
+    }
+
+    /// Appends one entry after the last (leader side); returns its `(term, index)`.
+    fn append(
+        &self,
+        py: Python<'_>,
+        term: u64,
+        entry_type: u8,
+        payload: &[u8],
+    ) -> PyResult<OpIdTuple> {
+        let entry_type = EntryType::from_u8(entry_type)
+            .ok_or_else(|| invalid(format!("unknown entry type {entry_type}")))?;
+        py.detach(|| self.log.append(term, entry_type, payload))
+            .map(op_tuple)
+            .map_err(to_py)
+    }
+
+    /// The entries after `after_index`, at most `bytes_max` encoded bytes (at least one).
+    fn read_batch(
+        &self,
+        py: Python<'_>,
+        after_index: u64,
+        bytes_max: usize,
+    ) -> PyResult<Option<PyEntryBatch>> {
+        let batch = py
+            .detach(|| self.log.read_batch(after_index, bytes_max))
+            .map_err(to_py)?;
+        Ok(batch.map(|batch| PyEntryBatch { batch }))
+    }
+
+    /// The follower's UpdateConsensus log step; returns
+    /// `(matched, last_received, hint_index, truncated_from, durable_index)`.
+    #[pyo3(signature = (preceding, batch, committed_index))]
+    fn append_replicated(
+        &self,
+        py: Python<'_>,
+        preceding: OpIdTuple,
+        batch: Option<PyRef<'_, PyEntryBatch>>,
+        committed_index: u64,
+    ) -> PyResult<AppendOutcomeTuple> {
+        let batch = batch.map(|b| b.batch.clone());
+        let preceding = OpId::new(preceding.0, preceding.1);
+        let outcome = py
+            .detach(|| {
+                self.log
+                    .append_replicated(preceding, batch.as_ref(), committed_index)
+            })
+            .map_err(to_py)?;
+        Ok((
+            outcome.matched,
+            op_tuple(outcome.last_received),
+            outcome.hint_index,
+            outcome.truncated_from,
+            outcome.durable_index,
+        ))
+    }
+
+    fn last_op_id(&self) -> OpIdTuple {
+        op_tuple(self.log.last_op_id())
+    }
+
+    fn term_at(&self, index: u64) -> Option<u64> {
+        self.log.term_at(index)
+    }
+
+    fn durable_index(&self) -> u64 {
+        self.log.durable_index()
+    }
+
+    fn first_index(&self) -> u64 {
+        self.log.wal().first_index()
+    }
+
+    /// CONFIG_CHANGE entries above `index` as `(term, index, payload)`.
+    fn config_entries_after<'py>(
+        &self,
+        py: Python<'py>,
+        index: u64,
+    ) -> Vec<(u64, u64, Bound<'py, PyBytes>)> {
+        self.log
+            .config_entries_after(index)
+            .into_iter()
+            .map(|c| (c.op_id.term, c.op_id.index, PyBytes::new(py, &c.payload)))
+            .collect()
+    }
+
+    /// Blocks (GIL released) until everything appended so far is durable; `False` if
+    /// `timeout_s` passed first.
+    #[pyo3(signature = (timeout_s = None))]
+    fn wait_durable(&self, py: Python<'_>, timeout_s: Option<f64>) -> PyResult<bool> {
+        let deadline = timeout_s.map(|s| Instant::now() + Duration::from_secs_f64(s.max(0.0)));
+        loop {
+            let slice = match deadline {
+                Some(deadline) => deadline
+                    .saturating_duration_since(Instant::now())
+                    .min(Duration::from_millis(WAIT_SLICE_MS)),
+                None => Duration::from_millis(WAIT_SLICE_MS),
+            };
+            let done = py
+                .detach(|| self.log.wait_durable(Some(slice)))
+                .map_err(to_py)?;
+            if done {
+                return Ok(true);
+            }
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                return Ok(false);
+            }
+            py.check_signals()?;
+        }
+    }
+
+    /// A descriptor that becomes readable when the durable point moves or the log fails.
+    fn notification_fd(&self) -> i32 {
+        self.log.wal().notification_fd()
+    }
+
+    fn drain_notifications(&self) {
+        self.log.wal().drain_notifications();
+    }
+
+    /// The exception the WAL failed with, or `None`.
+    fn failure(&self, py: Python<'_>) -> Option<Py<PyBaseException>> {
+        self.log
+            .wal()
+            .failure()
+            .map(|err| to_py(err).into_value(py))
+    }
+
+    /// What the log cache holds: `first_index`, `entries`, `bytes`, `bytes_max`.
+    fn cache_stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let stats = self.log.cache_stats();
+        let dict = PyDict::new(py);
+        dict.set_item("first_index", stats.first_index)?;
+        dict.set_item("entries", stats.entries)?;
+        dict.set_item("bytes", stats.bytes)?;
+        dict.set_item("bytes_max", stats.bytes_max)?;
+        Ok(dict)
+    }
+
+    /// Writes what is queued and closes the WAL; later appends fail.
+    fn close(&self, py: Python<'_>) -> PyResult<()> {
+        py.detach(|| self.log.wal().close()).map_err(to_py)
+    }
+}

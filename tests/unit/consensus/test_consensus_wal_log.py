@@ -1,0 +1,176 @@
+"""``WalLog`` (the Rust replicated log over a real WAL) through the ``RaftLog`` conformance
+suite, plus its wire batches and the event-loop durability path."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from log_conformance import BIG_BYTES, RaftLogConformance
+
+from nyala.consensus.log import RaftLog
+from nyala.consensus.memory_log import MemoryLog
+from nyala.consensus.types import MIN_OP_ID, EntryKind, OpId
+from nyala.consensus.wal_log import WalEntryBatch, WalLog, WalLogOptions
+from nyala.errors import CorruptionError, InvalidArgumentError
+
+TABLET_ID = "0" * 32
+
+
+class TestWalLog(RaftLogConformance):
+    """The conformance suite over real WALs (fdatasync on) in a temporary directory."""
+
+    @pytest.fixture(autouse=True)
+    def _directory(self, tmp_path: Path) -> Iterator[None]:
+        self._tmp = tmp_path
+        self._names = itertools.count()
+        self._open: list[WalLog] = []
+        yield
+        for log in self._open:
+            log.close()
+
+    def _open_log(self, directory: Path) -> WalLog:
+        log = WalLog(directory, TABLET_ID, WalLogOptions(segment_size_bytes=1 << 20))
+        self._open.append(log)
+        return log
+
+    def new_log(self) -> RaftLog:
+        return self._open_log(self._tmp / f"wal-{next(self._names)}")
+
+    def make_durable(self, log: RaftLog) -> None:
+        assert isinstance(log, WalLog)
+        assert log.wait_durable(timeout_s=30)
+
+    def reopen(self, log: RaftLog) -> RaftLog:
+        assert isinstance(log, WalLog)
+        log.close()
+        self._open.remove(log)
+        return self._open_log(log.directory)
+
+
+@pytest.fixture
+def log(tmp_path: Path) -> Iterator[WalLog]:
+    with WalLog(tmp_path / "wal", TABLET_ID, WalLogOptions(sync="none")) as log:
+        yield log
+
+
+def test_batches_cross_the_wire_as_bytes(log: WalLog, tmp_path: Path) -> None:
+    log.append(1, EntryKind.NO_OP, b"")
+    log.append(1, EntryKind.WRITE, b"row data" * 100)
+    log.append(2, EntryKind.CONFIG_CHANGE, b"config")
+    batch = log.read_batch(0, BIG_BYTES)
+    assert batch is not None
+    wire = batch.to_wire()
+    assert len(wire) == batch.size_bytes
+    received = WalEntryBatch.from_wire(
+        wire, entry_count=3, first_op_id=OpId(1, 1), last_op_id=OpId(2, 3)
+    )
+    assert received.control_entries() == [
+        (OpId(1, 1), EntryKind.NO_OP, b""),
+        (OpId(2, 3), EntryKind.CONFIG_CHANGE, b"config"),
+    ]
+    with WalLog(tmp_path / "follower", TABLET_ID, WalLogOptions(sync="none")) as follower:
+        result = follower.append_replicated(MIN_OP_ID, received, 0)
+        assert result.matched
+        again = follower.read_batch(0, BIG_BYTES)
+        assert again is not None
+        assert again.to_wire() == wire
+
+
+def test_received_batch_must_agree_with_the_message(log: WalLog) -> None:
+    log.append(1, EntryKind.WRITE, b"x")
+    log.append(1, EntryKind.WRITE, b"y")
+    batch = log.read_batch(0, BIG_BYTES)
+    assert batch is not None
+    wire = batch.to_wire()
+    with pytest.raises(InvalidArgumentError, match="holds 2"):
+        WalEntryBatch.from_wire(wire, entry_count=3)
+    with pytest.raises(InvalidArgumentError, match="starts at"):
+        WalEntryBatch.from_wire(wire, first_op_id=OpId(1, 2))
+    with pytest.raises(InvalidArgumentError, match="ends at"):
+        WalEntryBatch.from_wire(wire, last_op_id=OpId(2, 2))
+
+
+def test_damaged_or_malformed_wire_bytes_raise_typed_errors(log: WalLog) -> None:
+    log.append(1, EntryKind.WRITE, b"payload")
+    batch = log.read_batch(0, BIG_BYTES)
+    assert batch is not None
+    wire = bytearray(batch.to_wire())
+    wire[-1] ^= 0x01
+    with pytest.raises(CorruptionError, match="checksum"):
+        WalEntryBatch.from_wire(bytes(wire))
+    with pytest.raises(InvalidArgumentError, match="cut short"):
+        WalEntryBatch.from_wire(batch.to_wire()[:-1])
+    with pytest.raises(InvalidArgumentError, match="magic"):
+        WalEntryBatch.from_wire(b"x" * 64)
+
+
+def test_a_memory_batch_is_refused(log: WalLog) -> None:
+    memory = MemoryLog()
+    memory.append(1, EntryKind.WRITE, b"x")
+    with pytest.raises(InvalidArgumentError, match="MemoryEntryBatch"):
+        log.append_replicated(MIN_OP_ID, memory.read_batch(0, BIG_BYTES), 0)
+
+
+def test_negative_indexes_from_python(log: WalLog) -> None:
+    log.append(1, EntryKind.CONFIG_CHANGE, b"c")
+    assert log.term_at(-1) is None
+    assert log.config_entries_after(-1) == [(OpId(1, 1), b"c")]
+    with pytest.raises(InvalidArgumentError):
+        log.read_batch(-1, BIG_BYTES)
+
+
+def test_cache_is_bounded_and_reads_fall_back_to_the_wal(tmp_path: Path) -> None:
+    options = WalLogOptions(sync="none", cache_bytes_max=4096)
+    with WalLog(tmp_path / "wal", TABLET_ID, options) as log:
+        for i in range(200):
+            log.append(1, EntryKind.WRITE, bytes([i % 256]) * 100)
+            log.wait_durable()
+        stats = log.cache_stats()
+        assert stats.bytes <= 4096
+        assert stats.first_index > 1
+        batch = log.read_batch(0, BIG_BYTES)
+        assert batch is not None
+        assert (batch.first_op_id, batch.last_op_id) == (OpId(1, 1), OpId(1, 200))
+
+
+def test_watch_durable_reports_progress_from_the_event_loop(tmp_path: Path) -> None:
+    async def scenario() -> list[int]:
+        reported: list[int] = []
+        done = asyncio.Event()
+        with WalLog(tmp_path / "wal", TABLET_ID) as log:
+
+            def on_durable(index: int) -> None:
+                reported.append(index)
+                if index == 3:
+                    done.set()
+
+            watch = log.watch_durable(asyncio.get_running_loop(), on_durable)
+            try:
+                for _ in range(3):
+                    log.append(1, EntryKind.WRITE, b"x")
+                async with asyncio.timeout(30):
+                    await done.wait()
+            finally:
+                watch.close()
+                watch.close()
+        return reported
+
+    reported = asyncio.run(scenario())
+    assert reported[-1] == 3
+    assert reported == sorted(reported)
+
+
+def test_committed_entries_are_never_truncated(log: WalLog, tmp_path: Path) -> None:
+    for term in (1, 1, 1):
+        log.append(term, EntryKind.WRITE, b"x")
+    with WalLog(tmp_path / "leader", TABLET_ID, WalLogOptions(sync="none")) as leader:
+        for term in (1, 2, 2):
+            leader.append(term, EntryKind.WRITE, b"y")
+        batch = leader.read_batch(1, BIG_BYTES)
+        with pytest.raises(CorruptionError, match="commit index"):
+            log.append_replicated(OpId(1, 1), batch, 3)
+    assert [log.term_at(i) for i in (1, 2, 3)] == [1, 1, 1]
