@@ -102,6 +102,7 @@ class StorageEngine:
 
 # --- consensus (pyext/src/consensus.rs) ---------------------------------------------------
 
+@final
 class EntryBatch:
     @staticmethod
     def decode(data: bytes) -> EntryBatch: ...
@@ -115,16 +116,17 @@ class EntryBatch:
     def __len__(self) -> int: ...
     def control_entries(self) -> list[tuple[int, int, int, bytes]]: ...
 
+@final
 class ReplicatedLog:
     def __new__(
         cls,
         directory: str,
         tablet_id: str,
         *,
-        cache_bytes_max: int = 67108864,
-        segment_size_bytes: int = 8388608,
+        cache_bytes_max: int = ...,
+        segment_size_bytes: int = ...,
         sync: str = "group",
-        queue_bytes_max: int = 67108864,
+        queue_bytes_max: int = ...,
     ) -> ReplicatedLog: ...
     def append(self, term: int, entry_type: int, payload: bytes) -> tuple[int, int]: ...
     def read_batch(self, after_index: int, bytes_max: int) -> EntryBatch | None: ...
