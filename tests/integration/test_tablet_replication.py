@@ -203,3 +203,19 @@ def test_a_scanner_continues_keeps_alive_and_closes(cluster: MiniCluster) -> Non
                 proxy.tablet.ScannerKeepAlive,
                 tserver_pb2.ScannerKeepAliveRequestPB(dest_uuid=leader.uuid, scanner_id=scanner_id),
             )
+
+
+def test_periodic_flush_writes_rowsets_that_survive_a_restart() -> None:
+    with MiniCluster(3, tserver_flags=["--flush-interval-ms", "200"]) as cluster:
+        cluster.create_tablet(TABLET, SCHEMA)
+        _write_anywhere(cluster, list(range(20)), 0)
+        deadline = time.monotonic() + DEADLINE_S
+        data_dirs = [ts.fs_root / "data" / TABLET for ts in cluster.tservers]
+        while not all(list(d.rglob("*.parquet")) for d in data_dirs):
+            assert time.monotonic() < deadline, "no rowset was flushed"
+            time.sleep(0.1)
+        for ts in cluster.tservers:
+            ts.kill()
+            ts.restart()
+        table = _scan(cluster.leader_of(TABLET))
+        assert _checksum(table) == _expected(list(range(20)))

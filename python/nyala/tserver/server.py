@@ -20,7 +20,7 @@ from nyala.common.metrics import MetricsRegistry
 from nyala.consensus.options import RaftOptions
 from nyala.consensus.transport import GrpcTransport
 from nyala.consensus.wal_log import WalLogOptions
-from nyala.errors import ServiceUnavailableError
+from nyala.errors import NyalaError, ServiceUnavailableError
 from nyala.rpc import HttpResponse, HttpServer, RpcMetrics, RpcServer
 from nyala.tablet import TabletDirs, TabletManager
 from nyala.tablet.replica import TabletReplica
@@ -51,6 +51,7 @@ class TabletServer:
         self.tablets: TabletManager | None = None
         # The group every replica's Raft runs in; set while serving.
         self._replica_tasks: asyncio.TaskGroup | None = None
+        self._flush_task: asyncio.Task[None] | None = None
 
     @property
     def uuid(self) -> str:
@@ -119,6 +120,7 @@ class TabletServer:
             tasks.create_task(self.rpc.wait_for_termination(), name="rpc-server")
             tasks.create_task(self.http.wait_closed(), name="http-server")
             tasks.create_task(self._shutdown_when_stopped(), name="shutdown")
+            self._flush_task = tasks.create_task(self._flush_loop(), name="flush")
 
     def list_tablets(self) -> list[TabletReport]:
         """What ListTablets and /tablets report."""
@@ -205,6 +207,21 @@ class TabletServer:
         log.info("received %s, shutting down", signal.Signals(signum).name)
         self.request_stop()
 
+    async def _flush_loop(self) -> None:
+        """Flushes every running replica's MemRowSet every ``flush_interval_ms``."""
+        assert self.tablets is not None
+        while not self._stopping:
+            await asyncio.sleep(self.settings.flush_interval_ms / 1000)
+            for replica in self.tablets.replicas():
+                storage = replica.storage
+                if storage is None or self._stopping or not storage.stats()["mem_rows"]:
+                    continue
+                try:
+                    await asyncio.to_thread(storage.flush)
+                except NyalaError as exc:
+                    # The rows stay in memory and in the WAL; the next round tries again.
+                    log.warning("flush of tablet %s failed: %s", replica.tablet_id, exc)
+
     async def _shutdown_when_stopped(self) -> None:
         await self._stop.wait()
         self._stopping = True
@@ -212,6 +229,8 @@ class TabletServer:
         assert self.http is not None
         await self.rpc.stop(self.settings.shutdown_grace_ms / 1000)
         await self.http.stop()
+        if self._flush_task is not None:
+            self._flush_task.cancel()  # it may sleep for flush_interval_ms
         assert self.tablets is not None
         for replica in self.tablets.replicas():
             await replica.stop_consensus()
