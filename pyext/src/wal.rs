@@ -17,6 +17,9 @@ use pyo3::types::{PyBytes, PyDict};
 
 use crate::errors::to_py;
 
+/// Appends with at most this many payload bytes keep the GIL (see `PyLog::append`).
+const SMALL_APPEND_BYTES_MAX: usize = 64 << 10;
+
 /// How long one blocking wait sleeps before checking for KeyboardInterrupt.
 const WAIT_SLICE_MS: u64 = 100;
 
@@ -124,7 +127,7 @@ impl PyLog {
         sync = "group",
         queue_bytes_max = nyala_wal::QUEUE_BYTES_MAX_DEFAULT,
         min_segments_to_retain = 1,
-        preallocation = "fallocate",
+        preallocation = "recycle",
         recycle_pool_segments_max = 2,
     ))]
     #[allow(clippy::too_many_arguments)]
@@ -177,6 +180,14 @@ impl PyLog {
     fn append(&self, py: Python<'_>, entries: &Bound<'_, PyAny>) -> PyResult<(u64, u64)> {
         let staged = Staged::from_python(entries)?;
         let refs = staged.refs();
+        // Small appends only take a lock and copy a little: releasing and re-taking the GIL
+        // would cost more than it saves. Large ones, or a full queue, release it.
+        let bytes: usize = refs.iter().map(|e| e.payload.len()).sum();
+        if bytes <= SMALL_APPEND_BYTES_MAX {
+            if let Some(ticket) = self.log.try_append(&refs).map_err(to_py)? {
+                return Ok((ticket.ticket, ticket.last_index));
+            }
+        }
         let ticket = py.detach(|| self.log.append(&refs)).map_err(to_py)?;
         Ok((ticket.ticket, ticket.last_index))
     }

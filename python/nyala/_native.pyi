@@ -28,7 +28,7 @@ class Log:
         sync: str = "group",
         queue_bytes_max: int = 67108864,
         min_segments_to_retain: int = 1,
-        preallocation: str = "fallocate",
+        preallocation: str = "recycle",
         recycle_pool_segments_max: int = 2,
     ) -> Log: ...
     def append(self, entries: Iterable[_WalEntryIn]) -> tuple[int, int]: ...

@@ -88,7 +88,7 @@ class LogOptions:
     sync: Literal["group", "none"] = "group"
     queue_bytes_max: int = 64 << 20
     min_segments_to_retain: int = 1
-    preallocation: Literal["fallocate", "recycle", "zero_fill"] = "fallocate"
+    preallocation: Literal["fallocate", "recycle", "zero_fill"] = "recycle"
     recycle_pool_segments_max: int = 2
 
 
