@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import time
+import urllib.request
 
 import pyarrow as pa
 import pytest
@@ -104,6 +105,10 @@ def test_write_and_scan_through_the_leader_and_follower_refusal(cluster: MiniClu
     assert info.value.leader_addr == leader.rpc_addr
     with pytest.raises(errors.NotLeaderError):
         _scan(follower)
+    with urllib.request.urlopen(f"http://{leader.http_addr}/metrics", timeout=5) as page:
+        metrics = page.read().decode()
+    assert f'nyala_tablet_is_leader{{tablet_id="{TABLET}"}} 1' in metrics
+    assert f'nyala_tablet_commit_index{{tablet_id="{TABLET}"}}' in metrics
 
 
 def test_leader_sigkill_loses_no_acknowledged_row_and_the_victim_catches_up(

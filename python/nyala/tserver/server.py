@@ -9,16 +9,20 @@ returns normally (exit code 0).
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import signal
 import time
+from collections.abc import Callable
 
 from nyala._proto import consensus_pb2_grpc, tserver_admin_pb2_grpc, tserver_pb2_grpc
 from nyala.common.clock import RealClock
 from nyala.common.metrics import MetricsRegistry
+from nyala.consensus.core import ReplicaStatus
 from nyala.consensus.options import RaftOptions
 from nyala.consensus.transport import GrpcTransport
+from nyala.consensus.types import Role
 from nyala.consensus.wal_log import WalLogOptions
 from nyala.errors import NyalaError, ServiceUnavailableError
 from nyala.rpc import HttpResponse, HttpServer, RpcMetrics, RpcServer
@@ -32,6 +36,19 @@ from nyala.tserver.settings import TabletServerSettings
 from nyala.tserver.tablet_meta import TabletReport
 
 log = logging.getLogger(__name__)
+
+
+def _is_leader(status: ReplicaStatus) -> float:
+    return 1.0 if status.role is Role.LEADER else 0.0
+
+
+# Per-tablet consensus gauges on /metrics: name -> (help, how to read it from the status).
+_PER_TABLET_GAUGES: dict[str, tuple[str, Callable[[ReplicaStatus], float]]] = {
+    "nyala_tablet_raft_term": ("Current Raft term, per tablet", lambda st: st.term),
+    "nyala_tablet_commit_index": ("Raft commit index, per tablet", lambda st: st.commit_index),
+    "nyala_tablet_last_applied_index": ("Last applied op index", lambda st: st.last_applied),
+    "nyala_tablet_is_leader": ("1 if this replica leads its tablet", _is_leader),
+}
 
 
 class TabletServer:
@@ -244,6 +261,19 @@ class TabletServer:
             "nyala_tablets", "Tablet replicas on this server, by state", ("state",)
         )
         tablets.set_callback(self._tablet_counts)
+        for name, (help_text, read) in _PER_TABLET_GAUGES.items():
+            gauge = self.metrics.gauge(name, help_text, ("tablet_id",))
+            gauge.set_callback(functools.partial(self._per_tablet, read))
+
+    def _per_tablet(
+        self, read: Callable[[ReplicaStatus], float]
+    ) -> list[tuple[dict[str, str], float]]:
+        out = []
+        for replica in self.tablets.replicas() if self.tablets is not None else []:
+            runtime = replica.runtime
+            if runtime is not None:
+                out.append(({"tablet_id": replica.tablet_id}, float(read(runtime.status()))))
+        return out
 
     def _tablet_counts(self) -> list[tuple[dict[str, str], float]]:
         counts: dict[str, int] = {}
