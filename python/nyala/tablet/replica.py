@@ -229,6 +229,8 @@ class TabletReplica:
         return self.runtime, self.storage, self.applier
 
     def _require_leader(self, runtime: RaftRuntime) -> None:
+        if runtime.role is Role.LEADER:
+            return  # the hot path: no status snapshot
         status = runtime.status()
         if status.role is not Role.LEADER:
             leader = status.leader_uuid
@@ -248,11 +250,12 @@ class TabletReplica:
         batch was encoded for another schema version. A retried request id returns the first
         outcome without applying again.
         """
-        runtime, storage, applier = self._running()
+        runtime, _, applier = self._running()
         self._require_leader(runtime)
-        if schema_version != storage.schema.version:
+        # The superblock holds the tablet's schema (AlterSchema must update it with storage).
+        if schema_version != self.superblock.schema.version:
             raise SchemaMismatchError(
-                f"tablet {self.tablet_id} has schema version {storage.schema.version}, "
+                f"tablet {self.tablet_id} has schema version {self.superblock.schema.version}, "
                 f"the write was encoded for {schema_version}"
             )
         if request_id is not None:
