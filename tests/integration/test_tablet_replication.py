@@ -94,6 +94,12 @@ def test_write_and_scan_through_the_leader_and_follower_refusal(cluster: MiniClu
     assert [(e.row_index, common_pb2.ErrorCode.Name(e.code)) for e in errors_] == [
         (0, "ALREADY_PRESENT")
     ]
+    # A malformed batch is refused with INVALID_ARGUMENT and breaks no replica.
+    bad = _write_request(leader, [9], 50)
+    bad.request_id.first_incomplete_seq_no = 1  # type: ignore[attr-defined]
+    bad.ops = b"not an arrow stream"  # type: ignore[attr-defined]
+    with leader.proxy() as proxy, pytest.raises(errors.InvalidArgumentError, match="malformed"):
+        proxy.call(proxy.tablet.Write, bad)
     table = _scan(leader)
     assert table.column("id").to_pylist() == [1, 2, 3, 4]
     # The retried request 1 answers with its first outcome and applies nothing again.

@@ -4,7 +4,9 @@ The Raft runtime reports committed ranges (``Apply``); this module reads those e
 the log, applies each WRITE's op batch to storage as its op index, and keeps the outcome per
 client request so that a retried request (or a duplicate entry from a retry racing a leader
 change) is answered with the first outcome instead of being applied twice (DESIGN.md §4,
-docs/tablet-write-entry.md). NO_OP and CONFIG_CHANGE entries have no effect on storage.
+docs/tablet-write-entry.md). NO_OP and CONFIG_CHANGE entries have no effect on storage. A
+WRITE whose op batch the engine refuses as malformed is recorded as a failed outcome, not a
+replica failure.
 
 Entries at or below the storage engine's ``last_applied_index`` are skipped: after a restart
 the engine opens at ``last_flushed_index`` and the runtime re-announces everything above it as
@@ -23,7 +25,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 
 from nyala.consensus.wal_log import WalLog
-from nyala.errors import CorruptionError
+from nyala.errors import CorruptionError, InvalidArgumentError
 from nyala.storage import ApplyResult, StorageEngine
 from nyala.tablet.write_entry import RequestId, decode_write_entry
 
@@ -41,10 +43,12 @@ UNCOLLECTED_OUTCOMES_MAX = 65_536
 
 @dataclass(frozen=True, slots=True)
 class WriteOutcome:
-    """What one applied WRITE did: its op index and the per-row statuses."""
+    """What one applied WRITE did: its op index and the per-row statuses, or why the whole
+    batch was refused (``error``; then ``result`` is None and no row changed)."""
 
     op_index: int
-    result: ApplyResult
+    result: ApplyResult | None
+    error: str | None = None
 
 
 def iter_write_payloads(wire: bytes) -> Iterator[tuple[int, memoryview]]:
@@ -71,12 +75,20 @@ class Applier:
         self.applied_index = storage.last_applied_index
         # client id -> seq no -> outcome; trimmed below the client's first incomplete seq no.
         self._outcomes: dict[str, dict[int, WriteOutcome]] = {}
+        # client id -> the highest first-incomplete seq no it sent: outcomes below are gone.
+        self._watermarks: dict[str, int] = {}
         # op index -> outcome, for the proposer of that op to collect.
         self._by_index: dict[int, WriteOutcome] = {}
 
     def outcome_of(self, request_id: RequestId) -> WriteOutcome | None:
         """The outcome of an already applied request, if it is remembered."""
         return self._outcomes.get(request_id.client_id, {}).get(request_id.seq_no)
+
+    def is_stale(self, request_id: RequestId) -> bool:
+        """True for a request the client declared complete (below its first incomplete seq
+        no) whose outcome is already forgotten: it must not be applied again."""
+        watermark = self._watermarks.get(request_id.client_id, -1)
+        return request_id.seq_no < watermark and self.outcome_of(request_id) is None
 
     def take_outcome(self, op_index: int) -> WriteOutcome | None:
         """The outcome of the WRITE at ``op_index`` (once; None if it was not a new write)."""
@@ -104,8 +116,17 @@ class Applier:
             if first_outcome is not None:
                 self._by_index[index] = first_outcome  # a duplicate: answer with the first
                 return
-        result = self._storage.apply(pa.py_buffer(entry.ops), index)
-        outcome = WriteOutcome(index, result)
+            if self.is_stale(request):
+                self._by_index[index] = WriteOutcome(
+                    index, None, "stale retry of a completed request"
+                )
+                return
+        try:
+            outcome = WriteOutcome(index, self._storage.apply(pa.py_buffer(entry.ops), index))
+        except InvalidArgumentError as exc:
+            # A malformed batch is refused whole, the same way on every replica (the engine
+            # validates before it changes anything), so the replicas stay identical.
+            outcome = WriteOutcome(index, None, str(exc))
         self._by_index[index] = outcome
         if len(self._by_index) > UNCOLLECTED_OUTCOMES_MAX:
             del self._by_index[next(iter(self._by_index))]
@@ -115,5 +136,9 @@ class Applier:
     def _remember(self, request: RequestId, outcome: WriteOutcome) -> None:
         per_client = self._outcomes.setdefault(request.client_id, {})
         per_client[request.seq_no] = outcome
-        for seq in [s for s in per_client if s < request.first_incomplete_seq_no]:
+        watermark = max(
+            self._watermarks.get(request.client_id, -1), request.first_incomplete_seq_no
+        )
+        self._watermarks[request.client_id] = watermark
+        for seq in [s for s in per_client if s < watermark]:
             del per_client[seq]

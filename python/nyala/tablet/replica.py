@@ -35,6 +35,7 @@ from nyala.consensus.transport import Transport
 from nyala.consensus.types import MIN_OP_ID, OpId, Role
 from nyala.consensus.wal_log import WalLog, WalLogOptions
 from nyala.errors import (
+    AbortedError,
     IllegalStateError,
     NotLeaderError,
     SchemaMismatchError,
@@ -262,6 +263,11 @@ class TabletReplica:
             earlier = applier.outcome_of(request_id)
             if earlier is not None:
                 return earlier
+            if applier.is_stale(request_id):
+                raise AbortedError(
+                    f"request {request_id.seq_no} of client {request_id.client_id} was declared "
+                    "complete by the client; its outcome is no longer kept"
+                )
         op_id = await runtime.propose(encode_write_entry(request_id, schema_version, ops))
         outcome = applier.take_outcome(op_id.index)
         if outcome is None:

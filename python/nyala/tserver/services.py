@@ -115,6 +115,8 @@ class TabletService(ServiceBase, tserver_pb2_grpc.TabletServiceServicer):  # typ
             rid = request.request_id
             request_id = RequestId(rid.client_id, rid.seq_no, rid.first_incomplete_seq_no)
         outcome = await replica.write(request_id, request.schema_version, request.ops)
+        if outcome.result is None:
+            raise InvalidArgumentError(f"op batch refused: {outcome.error}")
         response = tserver_pb2.WriteResponsePB()
         response.op_id.index = outcome.op_index
         for row, status in outcome.result.errors():

@@ -138,6 +138,7 @@ async def _write_retrying(replicas: dict[str, TabletReplica], ids: list[int]) ->
             except errors.NotLeaderError:
                 await asyncio.sleep(0.01)
                 continue
+            assert outcome.result is not None
             assert outcome.result.ok
             return
 
@@ -165,10 +166,17 @@ async def _writes_through_the_leader_reach_every_replica(tmp_path: Path) -> None
         leader = await _leader(replicas)
         assert leader.state is TabletState.RUNNING
         outcome = await leader.write(RequestId("c1", 0, 0), 0, _ops([1, 2, 3]))
+        assert outcome.result is not None
         assert outcome.result.ok
         # Per-row errors: a second insert of key 2 is ALREADY_PRESENT, key 4 goes in.
         outcome = await leader.write(RequestId("c1", 1, 0), 0, _ops([2, 4]))
+        assert outcome.result is not None
         assert outcome.result.errors() == [(0, RowStatus.ALREADY_PRESENT)]
+        # A malformed batch is refused whole, identically everywhere; replicas keep going.
+        refused = await leader.write(None, 0, b"not an arrow stream")
+        assert refused.result is None
+        assert refused.error is not None
+        assert "malformed" in refused.error
         _, scanned = await leader.scan(["id", "v"])
         assert isinstance(scanned, pa.Table)
         assert scanned.column("id").to_pylist() == [1, 2, 3, 4]
@@ -214,6 +222,10 @@ async def _a_retried_request_is_applied_once(tmp_path: Path) -> None:
         await leader.runtime.propose(encode_write_entry(rid, 0, _ops([12], "upsert")))
         await leader.write(RequestId("client", 6, 6), 0, _ops([13], "upsert"))
         await _converged(replicas, [10, 13])
+        # Request 5 was declared complete (first incomplete is now 6) and is forgotten: a late
+        # retry of it is refused instead of being applied a second time.
+        with pytest.raises(errors.AbortedError, match="declared complete"):
+            await leader.write(rid, 0, _ops([14], "upsert"))
 
 
 def test_restart_replays_committed_entries_above_last_flushed_index(tmp_path: Path) -> None:
