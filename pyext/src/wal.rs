@@ -17,6 +17,10 @@ use pyo3::types::{PyBytes, PyDict};
 
 use crate::errors::to_py;
 
+// Literal defaults in the signature (so Python sees them) must equal the Rust ones.
+const _: () = assert!(nyala_wal::SEGMENT_SIZE_BYTES_DEFAULT == 8_388_608);
+const _: () = assert!(nyala_wal::QUEUE_BYTES_MAX_DEFAULT == 67_108_864);
+
 /// Appends with at most this many payload bytes keep the GIL (see `PyLog::append`).
 const SMALL_APPEND_BYTES_MAX: usize = 64 << 10;
 
@@ -27,6 +31,9 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyLog>()?;
     Ok(())
 }
+
+/// An entry as returned to Python: `(term, index, type, payload)`.
+type NativeEntry<'py> = (u64, u64, u8, Bound<'py, PyBytes>);
 
 /// A payload ready to be read without the GIL.
 enum Payload {
@@ -123,9 +130,9 @@ impl PyLog {
         directory,
         tablet_id,
         *,
-        segment_size_bytes = nyala_wal::SEGMENT_SIZE_BYTES_DEFAULT,
+        segment_size_bytes = 8388608,
         sync = "group",
-        queue_bytes_max = nyala_wal::QUEUE_BYTES_MAX_DEFAULT,
+        queue_bytes_max = 67108864,
         min_segments_to_retain = 1,
         preallocation = "recycle",
         recycle_pool_segments_max = 2,
@@ -267,7 +274,7 @@ impl PyLog {
         from_index: u64,
         to_index: u64,
         max_bytes: usize,
-    ) -> PyResult<Vec<(u64, u64, u8, Bound<'py, PyBytes>)>> {
+    ) -> PyResult<Vec<NativeEntry<'py>>> {
         let entries = py
             .detach(|| self.log.read(from_index, to_index, max_bytes))
             .map_err(to_py)?;

@@ -18,6 +18,7 @@ def crc32c(data: Buffer, initial: int = 0) -> int: ...
 
 _WalEntryIn = tuple[int, int, int, Buffer]
 
+@final
 class Log:
     def __new__(
         cls,
