@@ -33,6 +33,7 @@ from nyala.testing import MiniCluster
 SCHEMA = Schema([Column("id", "int64"), Column("payload", "string")], ["id"])
 TABLET = "be" * 16
 PAYLOAD = "x" * 92  # with the 8-byte key, a 100-byte row
+_PHASES = itertools.count()
 PREENCODED_BATCHES = 2_000  # distinct batches cycled through (upserts, so repeats are fine)
 
 
@@ -77,8 +78,9 @@ class Leader:
         ts = await asyncio.to_thread(self.cluster.leader_of, TABLET)
         assert ts.uuid is not None
         if ts.uuid != self.uuid:
-            self.uuid, self.proxy = ts.uuid, ServerProxy(ts.rpc_addr)
             self.changes += 1
+        if ts.uuid != self.uuid or self.proxy is None:
+            self.uuid, self.proxy = ts.uuid, ServerProxy(ts.rpc_addr)
         assert self.proxy is not None
         return self.proxy
 
@@ -126,7 +128,8 @@ async def _writes(
     started = time.perf_counter()
     async with asyncio.TaskGroup() as group:
         for i in range(clients):
-            group.create_task(client(f"bench-{rows}-{i}"))
+            # Client ids are fresh per phase: a reused id restarting at seq 0 is a stale retry.
+            group.create_task(client(f"bench-{next(_PHASES)}-{rows}-{i}"))
     return len(latencies) / (time.perf_counter() - started), latencies, retries
 
 
