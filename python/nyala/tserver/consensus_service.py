@@ -1,25 +1,38 @@
 """The tablet server's ConsensusService: routes each call to the hosted replica's Raft.
 
 Handlers only find the replica and hand the request to its ``GrpcTransport`` (which steps the
-core and awaits its answer) or its ``RaftRuntime``. ChangeConfig and UnsafeChangeConfig belong
-to the membership work and answer ``NOT_SUPPORTED`` here until it is wired in.
+core and awaits its answer) or its ``RaftRuntime``. Membership rules (leader only, one change at
+a time, CAS on the committed config's op index) stay with the core; ChangeConfig answers once
+the change is appended, so its commit shows in GetConsensusState's ``committed_config``.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
-from nyala._proto import common_pb2, consensus_pb2, consensus_pb2_grpc
+from nyala._proto import common_pb2, consensus_pb2, consensus_pb2_grpc, metadata_pb2
+from nyala.consensus.membership import ChangeType, ConfigChange
 from nyala.consensus.runtime import RaftRuntime
 from nyala.consensus.transport import GrpcTransport
+from nyala.consensus.types import MemberType
 from nyala.consensus.wal_log import WalEntryBatch
-from nyala.errors import InvalidArgumentError, NotSupportedError, TabletNotRunningError
+from nyala.errors import InvalidArgumentError, TabletNotRunningError
 from nyala.rpc import RpcMetrics, ServiceBase, unary
 from nyala.rpc.service import bidi_stream
 from nyala.tablet import TabletManager
 from nyala.tablet.replica import TabletReplica
-from nyala.tserver.convert import config_to_pb
+from nyala.tserver.convert import config_to_pb, peer_from_pb
+
+log = logging.getLogger(__name__)
+
+_CHANGE_TYPES = {
+    consensus_pb2.ADD_PEER: ChangeType.ADD_PEER,
+    consensus_pb2.REMOVE_PEER: ChangeType.REMOVE_PEER,
+    consensus_pb2.MODIFY_PEER: ChangeType.MODIFY_PEER,
+}
 
 
 def _decode_batch(data: bytes) -> WalEntryBatch:
@@ -109,8 +122,42 @@ class ConsensusService(ServiceBase, consensus_pb2_grpc.ConsensusServiceServicer)
 
     @unary(consensus_pb2.ChangeConfigResponsePB)
     async def ChangeConfig(self, request: Any, context: Any) -> Any:
-        raise NotSupportedError("ChangeConfig is not wired into the tablet server yet")
+        _, runtime, _ = self._raft(request.tablet_id)
+        change_type = _CHANGE_TYPES.get(request.type)
+        if change_type is None:
+            raise InvalidArgumentError(f"unknown ChangeConfig type {request.type}")
+        if not request.HasField("server"):
+            raise InvalidArgumentError("ChangeConfig needs the server it changes")
+        server = request.server
+        unset_type = server.member_type == metadata_pb2.MEMBER_TYPE_UNKNOWN
+        if change_type is ChangeType.ADD_PEER and unset_type:
+            # The default policy: a new peer learns the log as a NON_VOTER, promoted once
+            # caught up, so a slow copy never holds up the majority.
+            peer = peer_from_pb(server, default_member_type=MemberType.NON_VOTER)
+            peer = dataclasses.replace(peer, promote=True)
+        else:
+            # REMOVE_PEER uses only the uuid: any member type will do.
+            default = MemberType.VOTER if change_type is ChangeType.REMOVE_PEER else None
+            peer = peer_from_pb(server, default_member_type=default)
+        cas = request.cas_config_opid_index if request.HasField("cas_config_opid_index") else None
+        runtime.change_config(ConfigChange(change_type, peer, cas_config_opid_index=cas))
+        status = runtime.status()
+        new_config = status.pending_config or status.committed_config
+        return consensus_pb2.ChangeConfigResponsePB(new_config=config_to_pb(new_config))
 
     @unary(consensus_pb2.UnsafeChangeConfigResponsePB)
     async def UnsafeChangeConfig(self, request: Any, context: Any) -> Any:
-        raise NotSupportedError("UnsafeChangeConfig is not wired into the tablet server yet")
+        _, runtime, _ = self._raft(request.tablet_id)
+        if not runtime.running:
+            raise TabletNotRunningError(f"tablet {request.tablet_id}: Raft is not running here")
+        voters = [p.permanent_uuid for p in request.new_config.peers]
+        log.warning(
+            "UNSAFE config change of tablet %s requested by %r: forcing VOTERs %s, bypassing"
+            " Raft (entries only the dropped replicas had are lost)",
+            request.tablet_id,
+            request.caller_id,
+            voters,
+        )
+        # The runtime's tick loop executes the core's effects (the new term's election).
+        runtime.core.unsafe_change_config(voters)
+        return consensus_pb2.UnsafeChangeConfigResponsePB()

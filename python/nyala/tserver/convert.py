@@ -103,6 +103,34 @@ def config_from_pb(pb: Any) -> RaftConfig:
     return RaftConfig(peers=tuple(peers), opid_index=index)
 
 
+def peer_from_pb(pb: Any, *, default_member_type: MemberType | None = None) -> RaftPeer:
+    """The ``RaftPeer`` of a ``RaftPeerPB`` in a ChangeConfig request.
+
+    Unlike a config's peers, the address may be absent (REMOVE_PEER/MODIFY_PEER name the peer by
+    uuid only); an unset member type takes ``default_member_type`` or is ``InvalidArgumentError``.
+    """
+    if not pb.permanent_uuid:
+        raise InvalidArgumentError("the peer has no permanent_uuid")
+    if pb.member_type == metadata_pb2.NON_VOTER:
+        member_type = MemberType.NON_VOTER
+    elif pb.member_type == metadata_pb2.VOTER:
+        member_type = MemberType.VOTER
+    elif default_member_type is not None:
+        member_type = default_member_type
+    else:
+        raise InvalidArgumentError(f"peer {pb.permanent_uuid} has no member_type")
+    address = ""
+    if pb.HasField("last_known_addr") and pb.last_known_addr.host:
+        address = join_host_port(pb.last_known_addr.host, pb.last_known_addr.port)
+    return RaftPeer(
+        uuid=pb.permanent_uuid,
+        address=address,
+        member_type=member_type,
+        promote=pb.attrs.promote,
+        replace=pb.attrs.replace,
+    )
+
+
 def config_to_pb(config: RaftConfig) -> Any:
     """The ``RaftConfigPB`` of a ``RaftConfig``."""
     pb = metadata_pb2.RaftConfigPB()

@@ -1,0 +1,139 @@
+"""ChangeConfig on real tserver processes: a tablet on three of four servers; a stale CAS index
+is refused with the committed index, a follower refuses with the leader hint, and REMOVE_PEER of
+a follower commits a two-VOTER config that the remaining replicas report."""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from nyala import errors
+from nyala._proto import common_pb2, consensus_pb2, metadata_pb2, tserver_pb2
+from nyala.consensus.types import NO_OPID_INDEX
+from nyala.rowops import encode, make_op_batch
+from nyala.schema import Column, Schema
+from nyala.testing import MiniCluster, dump_logs
+from nyala.testing.mini_cluster import ServerProcess
+
+SCHEMA = Schema([Column("id", "int64"), Column("v", "string", nullable=True)], ["id"])
+TABLET = "d" * 32
+DEADLINE_S = 60.0
+
+
+@pytest.fixture
+def cluster4(request: pytest.FixtureRequest) -> Iterator[MiniCluster]:
+    """Four tablet servers, ready; their logs are printed if the test fails."""
+    with MiniCluster(4) as mini:
+        yield mini
+        report = getattr(request.node, "rep_call", None)
+        if report is not None and report.failed:
+            dump_logs(mini, sys.stderr)
+
+
+def _cstate(ts: ServerProcess) -> Any:
+    request = consensus_pb2.GetConsensusStateRequestPB(dest_uuid=ts.uuid, tablet_ids=[TABLET])
+    with ts.proxy() as proxy:
+        response = proxy.call(proxy.consensus.GetConsensusState, request)
+    return response.tablets[0].cstate
+
+
+def _opid_index(config: Any) -> int:
+    return int(config.opid_index) if config.HasField("opid_index") else NO_OPID_INDEX
+
+
+def _change_config(
+    ts: ServerProcess, change_type: int, peer_uuid: str, cas: int | None = None
+) -> Any:
+    request = consensus_pb2.ChangeConfigRequestPB(
+        dest_uuid=ts.uuid,
+        tablet_id=TABLET,
+        type=change_type,
+        server=metadata_pb2.RaftPeerPB(permanent_uuid=peer_uuid),
+    )
+    if cas is not None:
+        request.cas_config_opid_index = cas
+    with ts.proxy() as proxy:
+        return proxy.call(proxy.consensus.ChangeConfig, request, timeout_ms=10_000)
+
+
+def _retrying(fn: Any) -> Any:
+    """``fn()`` until it stops refusing with a retriable error (a new leader first commits an
+    op of its own term before it accepts a config change)."""
+    deadline = time.monotonic() + DEADLINE_S
+    while True:
+        try:
+            return fn()
+        except errors.ServiceUnavailableError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
+def _write(ts: ServerProcess, ids: list[int], seq: int) -> Any:
+    batch = make_op_batch({"id": ids, "v": [f"value-{i}" for i in ids]}, "insert", SCHEMA)
+    request = tserver_pb2.WriteRequestPB(
+        dest_uuid=ts.uuid,
+        tablet_id=TABLET,
+        request_id=common_pb2.RequestIdPB(
+            client_id="config-change-test", seq_no=seq, first_incomplete_seq_no=seq
+        ),
+        schema_version=0,
+        ops=encode(batch).to_pybytes(),
+    )
+    with ts.proxy() as proxy:
+        return proxy.call(proxy.tablet.Write, request, timeout_ms=10_000)
+
+
+def test_cas_refusal_follower_refusal_and_remove_peer(cluster4: MiniCluster) -> None:
+    members = cluster4.tservers[:3]
+    cluster4.create_tablet(TABLET, SCHEMA, servers=members)
+    leader = cluster4.leader_of(TABLET)
+    followers = [ts for ts in members if ts is not leader]
+    victim, survivor = followers
+    gone = str(victim.uuid)
+    initial_index = _opid_index(_cstate(leader).committed_config)
+
+    # A stale CAS index is refused with the committed config's index; nothing changes.
+    with pytest.raises(errors.CasFailedError) as cas_info:
+        _retrying(
+            lambda: _change_config(leader, consensus_pb2.REMOVE_PEER, gone, initial_index + 7)
+        )
+    assert cas_info.value.committed_opid_index == initial_index
+    assert len(_cstate(leader).committed_config.peers) == 3
+
+    # A follower refuses with the leader hint.
+    with pytest.raises(errors.NotLeaderError) as leader_info:
+        _change_config(survivor, consensus_pb2.REMOVE_PEER, gone, initial_index)
+    assert leader_info.value.leader_uuid == leader.uuid
+    assert leader_info.value.leader_addr == leader.rpc_addr
+
+    # REMOVE_PEER of a follower with the right CAS index.
+    response = _retrying(
+        lambda: _change_config(leader, consensus_pb2.REMOVE_PEER, gone, initial_index)
+    )
+    new_index = _opid_index(response.new_config)
+    assert new_index > initial_index
+    expected = sorted(str(ts.uuid) for ts in (leader, survivor))
+    assert sorted(p.permanent_uuid for p in response.new_config.peers) == expected
+
+    deadline = time.monotonic() + DEADLINE_S
+    for ts in (leader, survivor):
+        while True:
+            cstate = _cstate(ts)
+            if _opid_index(cstate.committed_config) == new_index:
+                break
+            assert time.monotonic() < deadline, f"{ts.name} never committed config {new_index}"
+            time.sleep(0.05)
+        assert sorted(p.permanent_uuid for p in cstate.committed_config.peers) == expected
+        assert all(p.member_type == metadata_pb2.VOTER for p in cstate.committed_config.peers)
+        assert not cstate.HasField("pending_config")
+
+    # The CAS now names the new committed index, and the two-VOTER group still commits writes.
+    with pytest.raises(errors.CasFailedError) as again:
+        _change_config(leader, consensus_pb2.REMOVE_PEER, survivor.uuid or "", initial_index)
+    assert again.value.committed_opid_index == new_index
+    assert not _write(cluster4.leader_of(TABLET), [1, 2, 3], 0).per_row_errors
