@@ -1,6 +1,8 @@
 """ChangeConfig on real tserver processes: a tablet on three of four servers; a stale CAS index
 is refused with the committed index, a follower refuses with the leader hint, and REMOVE_PEER of
-a follower commits a two-VOTER config that the remaining replicas report."""
+a follower commits a two-VOTER config that the remaining replicas report. ADD_PEER of an empty
+replica as a promotable NON_VOTER: the leader replays its WAL to it (no tablet copy), promotes
+it, and once elected it serves every row written before it joined."""
 
 from __future__ import annotations
 
@@ -9,15 +11,17 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import pyarrow as pa
 import pytest
 
 from nyala import errors
 from nyala._proto import common_pb2, consensus_pb2, metadata_pb2, tserver_pb2
 from nyala.consensus.types import NO_OPID_INDEX
 from nyala.rowops import encode, make_op_batch
+from nyala.rpc.errors import raise_for_response
 from nyala.schema import Column, Schema
 from nyala.testing import MiniCluster, dump_logs
-from nyala.testing.mini_cluster import ServerProcess
+from nyala.testing.mini_cluster import LOOPBACK, ServerProcess
 
 SCHEMA = Schema([Column("id", "int64"), Column("v", "string", nullable=True)], ["id"])
 TABLET = "d" * 32
@@ -137,3 +141,95 @@ def test_cas_refusal_follower_refusal_and_remove_peer(cluster4: MiniCluster) -> 
         _change_config(leader, consensus_pb2.REMOVE_PEER, survivor.uuid or "", initial_index)
     assert again.value.committed_opid_index == new_index
     assert not _write(cluster4.leader_of(TABLET), [1, 2, 3], 0).per_row_errors
+
+
+def _create_replica(ts: ServerProcess, config: Any) -> None:
+    from nyala._proto import tserver_admin_pb2
+    from nyala.tserver.convert import schema_to_pb
+
+    request = tserver_admin_pb2.CreateTabletRequestPB(
+        dest_uuid=ts.uuid,
+        table_id=TABLET,
+        table_name="t",
+        tablet_id=TABLET,
+        schema=schema_to_pb(SCHEMA),
+        config=config,
+    )
+    with ts.proxy() as proxy:
+        proxy.admin_call(proxy.admin.CreateTablet, request)
+
+
+def test_add_peer_as_promotable_non_voter_catches_up_from_the_wal(cluster4: MiniCluster) -> None:
+    members = cluster4.tservers[:3]
+    newcomer = cluster4.tservers[3]
+    cluster4.create_tablet(TABLET, SCHEMA, servers=members)
+    leader = cluster4.leader_of(TABLET)
+    for seq in range(5):
+        assert not _write(leader, [seq * 10 + i for i in range(10)], seq).per_row_errors
+
+    # The new replica starts empty with the config it is being added to (no tablet copy: the
+    # leader must replay its WAL to it).
+    config = cluster4.initial_config(members)
+    joining = config.peers.add(permanent_uuid=newcomer.uuid, member_type=metadata_pb2.NON_VOTER)
+    joining.last_known_addr.host = LOOPBACK
+    joining.last_known_addr.port = newcomer.rpc_port
+    joining.attrs.promote = True
+    _create_replica(newcomer, config)
+
+    request = consensus_pb2.ChangeConfigRequestPB(
+        dest_uuid=leader.uuid, tablet_id=TABLET, type=consensus_pb2.ADD_PEER, server=joining
+    )
+
+    def add() -> Any:
+        with leader.proxy() as proxy:
+            return proxy.call(proxy.consensus.ChangeConfig, request, timeout_ms=10_000)
+
+    response = _retrying(add)
+    added = next(p for p in response.new_config.peers if p.permanent_uuid == newcomer.uuid)
+    assert added.member_type == metadata_pb2.NON_VOTER
+    assert added.attrs.promote
+
+    # Caught up, the newcomer is promoted to VOTER by the leader; every replica agrees.
+    deadline = time.monotonic() + DEADLINE_S
+    for ts in [*members, newcomer]:
+        while True:
+            peers = {p.permanent_uuid: p for p in _cstate(ts).committed_config.peers}
+            peer = peers.get(str(newcomer.uuid))
+            if peer is not None and peer.member_type == metadata_pb2.VOTER:
+                break
+            assert time.monotonic() < deadline, f"{ts.name} never saw the newcomer promoted"
+            time.sleep(0.1)
+        assert len(peers) == 4
+        assert _committed_index(ts) >= _opid_index(_cstate(ts).committed_config)
+
+    # Its log holds the rows written before it joined: elected, it serves all of them.
+    election = consensus_pb2.RunLeaderElectionRequestPB(dest_uuid=newcomer.uuid, tablet_id=TABLET)
+    with newcomer.proxy() as proxy:
+        proxy.call(proxy.consensus.RunLeaderElection, election)
+    deadline = time.monotonic() + 10
+    while _cstate(newcomer).leader_uuid != newcomer.uuid:
+        assert time.monotonic() < deadline, "the newcomer did not win its election"
+        time.sleep(0.05)
+    assert _scan_ids(newcomer) == list(range(50))
+
+
+def _committed_index(ts: ServerProcess) -> int:
+    request = consensus_pb2.GetConsensusStateRequestPB(dest_uuid=ts.uuid, tablet_ids=[TABLET])
+    with ts.proxy() as proxy:
+        response = proxy.call(proxy.consensus.GetConsensusState, request)
+    return int(response.tablets[0].committed_index)
+
+
+def _scan_ids(ts: ServerProcess) -> list[int]:
+    request = tserver_pb2.ScanRequestPB(
+        dest_uuid=ts.uuid,
+        new_scan=tserver_pb2.NewScanRequestPB(tablet_id=TABLET, read_mode=tserver_pb2.READ_LATEST),
+        batch_size_bytes=1 << 20,
+    )
+    ids: list[int] = []
+    with ts.proxy() as proxy:
+        for response in proxy.tablet.Scan(request, timeout=30):
+            raise_for_response(response)
+            table = pa.ipc.open_stream(response.batch).read_all()
+            ids.extend(table.column("id").to_pylist())
+    return sorted(ids)
