@@ -2,7 +2,7 @@
 #
 #   make setup   fresh machine -> .venv with dev tools and nyala built (release) in it
 #   make test    setup + every check CI runs (formatting, lints, types, Rust and Python tests)
-#   make demo    setup + the main job (see README.md; for now the WAL benchmark)
+#   make demo    setup + the main job: a 3-tserver cluster, 1M rows, a leader SIGKILLed
 #   make bench   setup + every benchmark in benches/ with --quick
 #   make wheel   a release wheel in dist/, installed into a fresh venv and imported
 
@@ -80,7 +80,7 @@ wheel: $(STAMPS)/deps
 	bash scripts/check_wheel.sh dist
 
 demo: setup
-	$(PY) benches/wal_bench.py --quick
+	$(PY) -m nyala.demo
 
 clean:
 	rm -rf $(VENV) $(STAMPS) dist
