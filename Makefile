@@ -69,7 +69,7 @@ rust-test:
 py-test: build
 	$(PY) -m pytest $(PYTEST_DEFAULT) -q
 
-test: setup lint rust-test py-test wheel
+test: setup lint rust-test wheel py-test
 
 bench: setup
 	@set -e; for b in benches/*.py; do echo "== $$b"; $(PY) $$b --quick; done
