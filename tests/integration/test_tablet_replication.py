@@ -4,84 +4,64 @@ lost (count and checksum); the killed server catches up after a restart."""
 
 from __future__ import annotations
 
-import hashlib
 import threading
 import time
 import urllib.request
+from typing import Any
 
 import pyarrow as pa
 import pytest
 
 from nyala import errors
 from nyala._proto import common_pb2, consensus_pb2, tserver_pb2
-from nyala.rowops import encode, make_op_batch
 from nyala.schema import Column, Schema
-from nyala.testing import MiniCluster
+from nyala.testing import MiniCluster, tablet_ops
 from nyala.testing.mini_cluster import ServerProcess
 
 SCHEMA = Schema([Column("id", "int64"), Column("v", "string", nullable=True)], ["id"])
 TABLET = "c" * 32
+CLIENT_ID = "test-client"
 DEADLINE_S = 60.0
 
 
-def _write_request(ts: ServerProcess, ids: list[int], seq: int, op: str = "insert") -> object:
-    batch = make_op_batch({"id": ids, "v": [f"value-{i}" for i in ids]}, op, SCHEMA)
-    return tserver_pb2.WriteRequestPB(
-        dest_uuid=ts.uuid,
-        tablet_id=TABLET,
-        request_id=common_pb2.RequestIdPB(
-            client_id="test-client", seq_no=seq, first_incomplete_seq_no=seq
-        ),
-        schema_version=0,
-        ops=encode(batch).to_pybytes(),
+def _data(ids: list[int]) -> dict[str, list[object]]:
+    return {"id": list(ids), "v": [f"value-{i}" for i in ids]}
+
+
+def _write_request(ts: ServerProcess, ids: list[int], seq: int, op: str = "insert") -> Any:
+    return tablet_ops.write_request(
+        ts, TABLET, SCHEMA, _data(ids), op=op, client_id=CLIENT_ID, seq_no=seq
     )
 
 
-def _write(ts: ServerProcess, ids: list[int], seq: int, op: str = "insert") -> object:
-    with ts.proxy() as proxy:
-        return proxy.call(proxy.tablet.Write, _write_request(ts, ids, seq, op), timeout_ms=10_000)
+def _write(ts: ServerProcess, ids: list[int], seq: int, op: str = "insert") -> Any:
+    return tablet_ops.write(ts, _write_request(ts, ids, seq, op))
 
 
 def _write_anywhere(cluster: MiniCluster, ids: list[int], seq: int) -> None:
     """Writes through whichever server leads, retrying (same request id) until acknowledged."""
-    deadline = time.monotonic() + DEADLINE_S
-    while True:
-        try:
-            leader = cluster.leader_of(TABLET, timeout_s=max(0.1, deadline - time.monotonic()))
-            _write(leader, ids, seq, "upsert")
-            return
-        except (errors.RetriableError, errors.TimedOutError, errors.AbortedError):
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.05)
+    tablet_ops.write_to_leader(
+        cluster,
+        TABLET,
+        SCHEMA,
+        _data(ids),
+        op="upsert",
+        client_id=CLIENT_ID,
+        seq_no=seq,
+        deadline_s=DEADLINE_S,
+    )
 
 
 def _scan(ts: ServerProcess) -> pa.Table:
-    request = tserver_pb2.ScanRequestPB(
-        dest_uuid=ts.uuid,
-        new_scan=tserver_pb2.NewScanRequestPB(tablet_id=TABLET, read_mode=tserver_pb2.READ_LATEST),
-        batch_size_bytes=4096,
-    )
-    batches = []
-    with ts.proxy() as proxy:
-        call = proxy.tablet.Scan(request, timeout=30)
-        for response in call:
-            if response.HasField("error"):
-                from nyala.rpc.errors import raise_for_response
-
-                raise_for_response(response)
-            batches.extend(pa.ipc.open_stream(response.batch).read_all().to_batches())
-    return pa.Table.from_batches(batches, schema=SCHEMA.to_arrow())
+    return tablet_ops.scan(ts, TABLET, SCHEMA, batch_size_bytes=4096)
 
 
 def _checksum(table: pa.Table) -> str:
-    rows = sorted(zip(table.column("id").to_pylist(), table.column("v").to_pylist(), strict=True))
-    return hashlib.sha256(repr(rows).encode()).hexdigest()
+    return tablet_ops.row_checksum([table.column("id").to_pylist(), table.column("v").to_pylist()])
 
 
 def _expected(ids: list[int]) -> str:
-    rows = sorted((i, f"value-{i}") for i in ids)
-    return hashlib.sha256(repr(rows).encode()).hexdigest()
+    return tablet_ops.row_checksum([ids, [f"value-{i}" for i in ids]])
 
 
 def test_write_and_scan_through_the_leader_and_follower_refusal(cluster: MiniCluster) -> None:
