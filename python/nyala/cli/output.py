@@ -28,7 +28,7 @@ def format_option(fn: _F) -> _F:
         show_default=True,
         help="Output format: a readable table, or JSON for scripts.",
     )
-    return option(fn)  # type: ignore[no-any-return]
+    return option(fn)
 
 
 def _cell(value: Any) -> str:
