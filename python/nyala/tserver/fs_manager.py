@@ -3,6 +3,7 @@
 Layout (DESIGN.md §6)::
 
     <fs_root>/instance          server UUID and format version (metafile, MetaKind.INSTANCE)
+    <fs_root>/instance.lock     flock held while a process owns the root (holds its pid)
     <fs_root>/wals/             one directory of WAL segments per tablet
     <fs_root>/tablet-meta/      one superblock per tablet
     <fs_root>/consensus-meta/   one cmeta per tablet
@@ -12,12 +13,20 @@ This module owns the instance file and the directory layout; the files inside th
 directories belong to the tablet, WAL and consensus code. A root that has tablet data but no
 instance file is refused: minting a new UUID over old consensus metadata would make the server
 an amnesiac impostor (seed 000, "Other Failure Recovery").
+
+One process at a time owns a root: ``open`` (and ``lock`` for offline tools) take an exclusive
+``flock`` on ``instance.lock`` that the kernel releases when the process dies, so a crashed
+server never leaves a stale lock, while a second server or an offline ``nyala local-replica``
+command on a live root is refused instead of corrupting it.
 """
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import json
 import logging
+import os
 import uuid as uuid_lib
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +45,7 @@ log = logging.getLogger(__name__)
 
 INSTANCE_FORMAT_VERSION = 1
 INSTANCE_FILE = "instance"
+LOCK_FILE = "instance.lock"
 SUBDIRS = ("wals", "tablet-meta", "consensus-meta", "data")
 
 
@@ -61,6 +71,7 @@ class FsManager:
 
     def __init__(self, root: Path) -> None:
         self.root = root
+        self._lock_fd: int | None = None
 
     @property
     def instance_path(self) -> Path:
@@ -82,6 +93,8 @@ class FsManager:
         """
         if expected_uuid and not _valid_uuid(expected_uuid):
             raise InvalidArgumentError(f"--uuid {expected_uuid!r} is not 32 lowercase hex digits")
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.lock()
         try:
             info = self._read_instance()
         except NotFoundError:
@@ -95,6 +108,39 @@ class FsManager:
             # Idempotent: a crash between formatting and here leaves some directories missing.
             self.dir(name).mkdir(exist_ok=True)
         return info
+
+    def lock(self) -> None:
+        """Takes the root's exclusive lock for this process (idempotent).
+
+        ``IllegalStateError`` naming the holder's pid if another process owns the root.
+        """
+        if self._lock_fd is not None:
+            return
+        path = self.root / LOCK_FILE
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+                raise IllegalStateError(
+                    f"{self.root}: in use by another process (pid {holder}); stop it first"
+                ) from None
+            raise
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._lock_fd = fd
+
+    def unlock(self) -> None:
+        """Releases the lock taken by ``open`` or ``lock``."""
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+    def read_instance(self) -> InstanceInfo:
+        """The instance file's contents (``NotFoundError`` if the root is not formatted)."""
+        return self._read_instance()
 
     def _read_instance(self) -> InstanceInfo:
         payload = metafile.read(self.instance_path, MetaKind.INSTANCE)
@@ -117,7 +163,6 @@ class FsManager:
         return InstanceInfo(uuid=server_uuid, format_version=version)
 
     def _format(self, expected_uuid: str) -> InstanceInfo:
-        self.root.mkdir(parents=True, exist_ok=True)
         leftovers = [
             n for n in SUBDIRS if (self.root / n).is_dir() and any((self.root / n).iterdir())
         ]

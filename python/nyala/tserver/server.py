@@ -94,6 +94,7 @@ class TabletServer:
             await self._serve()
         finally:
             tablets.shutdown()
+            self.fs.unlock()
         log.info("tserver %s stopped", self.uuid)
 
     def _open_tablets(self) -> TabletManager:
