@@ -14,6 +14,7 @@ import grpc
 
 from nyala._proto import (
     consensus_pb2_grpc,
+    master_pb2_grpc,
     tablet_copy_pb2_grpc,
     tserver_admin_pb2_grpc,
     tserver_pb2,
@@ -31,6 +32,7 @@ class _Stubs:
         self.admin = tserver_admin_pb2_grpc.TabletServerAdminServiceStub(channel)
         self.consensus = consensus_pb2_grpc.ConsensusServiceStub(channel)
         self.tablet_copy = tablet_copy_pb2_grpc.TabletCopyServiceStub(channel)
+        self.master = master_pb2_grpc.MasterServiceStub(channel)
 
 
 class ServerProxy(_Stubs):
