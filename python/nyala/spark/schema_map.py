@@ -1,0 +1,274 @@
+"""Types and schemas between Spark and nyala, with Arrow as the bridge.
+
+Spark hands a Python data source Arrow batches (writes) and takes Arrow batches back (reads), so
+every check and conversion here works on Arrow schemas and arrays and never on rows. The module
+owns: the type mapping both ways, the Spark DDL of a nyala table (what ``DataSource.schema``
+returns), the write plan that says, before any row is written, whether a DataFrame fits a table
+(and how each column converts), and the per-batch conversion that follows that plan. It imports
+neither pyspark nor the client.
+
+Type mapping (Spark SQL ↔ nyala): TINYINT int8, SMALLINT int16, INT int32, BIGINT int64, FLOAT
+float, DOUBLE double, BOOLEAN bool, STRING string, BINARY binary, TIMESTAMP and TIMESTAMP_NTZ
+timestamp (microseconds since the epoch, UTC; read back as TIMESTAMP, as Kudu's
+``UNIXTIME_MICROS`` is). DATE, DECIMAL and nested types have no nyala column type: a DataFrame
+holding one is refused with the column's name.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from nyala.errors import InvalidArgumentError, SchemaMismatchError
+from nyala.rowops import OpType
+from nyala.schema import Column, Schema
+
+#: nyala column type → Spark SQL type name.
+SPARK_TYPES: dict[str, str] = {
+    "int8": "TINYINT",
+    "int16": "SMALLINT",
+    "int32": "INT",
+    "int64": "BIGINT",
+    "float": "FLOAT",
+    "double": "DOUBLE",
+    "bool": "BOOLEAN",
+    "string": "STRING",
+    "binary": "BINARY",
+    "timestamp": "TIMESTAMP",
+}
+#: The time zone Spark's Python data source reader expects on timestamp columns.
+READ_TIMEZONE = "UTC"
+_INT_WIDTH = {"int8": 8, "int16": 16, "int32": 32, "int64": 64}
+
+
+def nyala_type_of(arrow_type: pa.DataType) -> str | None:
+    """The nyala column type holding values of ``arrow_type`` exactly, or None."""
+    if pa.types.is_timestamp(arrow_type):
+        # Spark sends TIMESTAMP as timestamp[us, tz=<session zone>] and TIMESTAMP_NTZ as
+        # timestamp[us]; both carry UTC microseconds, which is what nyala stores.
+        return "timestamp" if arrow_type.unit == "us" else None
+    simple = {
+        pa.int8(): "int8",
+        pa.int16(): "int16",
+        pa.int32(): "int32",
+        pa.int64(): "int64",
+        pa.float32(): "float",
+        pa.float64(): "double",
+        pa.bool_(): "bool",
+        pa.string(): "string",
+        pa.large_string(): "string",
+        pa.binary(): "binary",
+        pa.large_binary(): "binary",
+    }
+    return simple.get(arrow_type)
+
+
+def converts_losslessly(source: str, target: str) -> bool:
+    """True if every value of nyala type ``source`` is a value of ``target`` (same type,
+    a narrower integer into a wider one, or float into double)."""
+    if source == target:
+        return True
+    if source in _INT_WIDTH and target in _INT_WIDTH:
+        return _INT_WIDTH[source] < _INT_WIDTH[target]
+    return source == "float" and target == "double"
+
+
+def quote_identifier(name: str) -> str:
+    """A Spark SQL identifier for ``name`` (backticks, doubled inside)."""
+    return "`" + name.replace("`", "``") + "`"
+
+
+def spark_ddl(schema: Schema, columns: Sequence[str] | None = None) -> str:
+    """The Spark DDL (``"`id` BIGINT NOT NULL, `v` DOUBLE"``) of ``columns`` of ``schema``."""
+    names = list(columns) if columns is not None else schema.names
+    parts = []
+    for name in names:
+        column = schema.column(name)
+        null = "" if column.nullable else " NOT NULL"
+        parts.append(f"{quote_identifier(name)} {SPARK_TYPES[column.type]}{null}")
+    return ", ".join(parts)
+
+
+def read_arrow_schema(schema: Schema, columns: Sequence[str]) -> pa.Schema:
+    """The Arrow schema Spark's reader expects for ``columns`` of ``schema`` (what pyspark's
+    ``to_arrow_schema`` makes of ``spark_ddl``: timestamps carry the UTC zone)."""
+    fields = []
+    for name in columns:
+        column = schema.column(name)
+        arrow_type = column.arrow_type
+        if column.type == "timestamp":
+            arrow_type = pa.timestamp("us", tz=READ_TIMEZONE)
+        fields.append(pa.field(name, arrow_type, nullable=column.nullable))
+    return pa.schema(fields)
+
+
+def to_read_batch(batch: pa.RecordBatch, target: pa.Schema) -> pa.RecordBatch:
+    """A scan batch relabelled as ``target`` (columns by name; timestamps gain their zone, a
+    metadata-only change, so no buffer is copied)."""
+    arrays = []
+    for field in target:
+        array = batch.column(field.name)
+        if array.type != field.type:
+            array = array.cast(field.type)
+        arrays.append(array)
+    return pa.RecordBatch.from_arrays(arrays, schema=target)
+
+
+def schema_for_create(input_schema: pa.Schema, key: Sequence[str]) -> Schema:
+    """The nyala schema ``nyala.createTable`` makes from a DataFrame's Arrow schema: key
+    columns are NOT NULL whatever the DataFrame says (Spark marks most columns nullable)."""
+    columns = []
+    for field in input_schema:
+        type_ = nyala_type_of(field.type)
+        if type_ is None:
+            raise SchemaMismatchError(
+                f"column {field.name!r} has type {field.type}, which nyala cannot store "
+                f"(supported: {', '.join(SPARK_TYPES.values())}); cast it first"
+            )
+        nullable = field.nullable and field.name not in key
+        columns.append(Column(field.name, type_, nullable=nullable))
+    missing = [k for k in key if k not in input_schema.names]
+    if missing:
+        raise SchemaMismatchError(f"primary key column(s) {missing} are not in the DataFrame")
+    return Schema(columns, list(key))
+
+
+@dataclasses.dataclass(frozen=True)
+class ColumnPlan:
+    """How one table column is filled from the input."""
+
+    name: str
+    #: Target Arrow type (the table's).
+    arrow_type: pa.DataType
+    #: True if the input lacks the column and it is filled with nulls (inserts only).
+    fill_null: bool
+    #: True if the input may hold nulls the table column refuses (checked per batch).
+    check_nulls: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class WritePlan:
+    """The checked mapping from a DataFrame's columns to a table's, made before any write."""
+
+    table: str
+    operation: OpType
+    columns: tuple[ColumnPlan, ...]
+    schema_version: int
+
+    @property
+    def names(self) -> list[str]:
+        """Columns of the batches handed to the client, in table order."""
+        return [c.name for c in self.columns]
+
+
+def plan_write(input_schema: pa.Schema, table: str, schema: Schema, op: OpType) -> WritePlan:
+    """Checks that a DataFrame with ``input_schema`` can be written to ``table`` with ``op``;
+    ``SchemaMismatchError`` lists every problem at once, before any row is written.
+
+    Deletes need only the key columns (others are ignored); inserts may omit nullable columns
+    (they become null); upserts and updates replace whole rows, so they need every column,
+    which keeps an upsert from nulling a column the job forgot.
+    """
+    problems: list[str] = []
+    present = {f.name: f for f in input_schema}
+    if len(present) != len(input_schema):
+        problems.append("the DataFrame has duplicate column names")
+    unknown = [n for n in present if n not in schema.names]
+    if unknown and not op.is_delete:
+        problems.append(f"column(s) {unknown} are not in table {table!r}")
+    key = set(schema.key)
+    plans = []
+    for column in schema.columns:
+        if op.is_delete and column.name not in key:
+            continue
+        field = present.get(column.name)
+        if field is None:
+            if column.nullable and op in (OpType.INSERT, OpType.INSERT_IGNORE):
+                plans.append(ColumnPlan(column.name, column.arrow_type, True, False))
+            else:
+                problems.append(f"column {column.name!r} ({column.type}) is missing")
+            continue
+        source = nyala_type_of(field.type)
+        if source is None or not converts_losslessly(source, column.type):
+            problems.append(
+                f"column {column.name!r} is {field.type} in the DataFrame but {column.type} "
+                f"in the table"
+            )
+            continue
+        check = field.nullable and not column.nullable
+        plans.append(ColumnPlan(column.name, column.arrow_type, False, check))
+    if problems:
+        raise SchemaMismatchError(
+            f"the DataFrame does not fit table {table!r} for {op.name.lower()}: "
+            + "; ".join(problems)
+        )
+    return WritePlan(table, op, tuple(plans), schema.version)
+
+
+@dataclasses.dataclass(frozen=True)
+class ConformedBatch:
+    """One input batch in table form, with the rows refused before sending."""
+
+    batch: pa.RecordBatch
+    #: Positions (in the input batch) of rows holding a null in a NOT NULL column.
+    null_rows: pa.Array
+    #: The first column that made each refused row invalid (for the error text).
+    null_column: str | None
+
+
+def conform(batch: pa.RecordBatch, plan: WritePlan) -> ConformedBatch:
+    """``batch`` in the plan's column order and types, without rows that hold nulls where the
+    table refuses them. Columns that already match are passed through untouched (zero-copy);
+    the null check is one vectorised pass per nullable-in-input column."""
+    rows = batch.num_rows
+    arrays: list[pa.Array] = []
+    bad: pa.Array | None = None
+    bad_column: str | None = None
+    for column in plan.columns:
+        if column.fill_null:
+            arrays.append(pa.nulls(rows, type=column.arrow_type))
+            continue
+        array = batch.column(column.name)
+        if isinstance(array, pa.ChunkedArray):
+            array = array.combine_chunks()
+        if array.type != column.arrow_type:
+            array = array.cast(column.arrow_type, safe=True)
+        if column.check_nulls and array.null_count > 0:
+            nulls = pc.is_null(array)
+            bad = nulls if bad is None else pc.or_(bad, nulls)
+            bad_column = bad_column or column.name
+        arrays.append(array)
+    out = pa.RecordBatch.from_arrays(arrays, names=plan.names)
+    if bad is None:
+        return ConformedBatch(out, pa.array([], pa.int64()), None)
+    positions = pc.indices_nonzero(bad)
+    return ConformedBatch(out.filter(pc.invert(bad)), positions, bad_column)
+
+
+def check_projection(schema: Schema, columns: Sequence[str]) -> None:
+    """``InvalidArgumentError`` unless every name in ``columns`` is a column of ``schema``."""
+    unknown = [c for c in columns if c not in schema.names]
+    if unknown:
+        raise InvalidArgumentError(f"column(s) {unknown} are not in the table")
+
+
+__all__ = [
+    "READ_TIMEZONE",
+    "SPARK_TYPES",
+    "ColumnPlan",
+    "ConformedBatch",
+    "WritePlan",
+    "check_projection",
+    "conform",
+    "converts_losslessly",
+    "nyala_type_of",
+    "plan_write",
+    "quote_identifier",
+    "read_arrow_schema",
+    "schema_for_create",
+    "spark_ddl",
+    "to_read_batch",
+]
