@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use nyala_common::OpId;
 use nyala_consensus::{ConsensusError, EntryBatch, ReplicatedLog, ReplicatedLogOptions};
-use nyala_wal::{EntryType, LogOptions, SyncPolicy};
+use nyala_wal::{AnchorId, EntryType, LogOptions, SyncPolicy};
 use pyo3::exceptions::PyBaseException;
 use pyo3::prelude::*;
 use pyo3::pybacked::PyBackedBytes;
@@ -127,7 +127,9 @@ impl PyReplicatedLog {
         segment_size_bytes = nyala_wal::SEGMENT_SIZE_BYTES_DEFAULT,
         sync = "group",
         queue_bytes_max = nyala_wal::QUEUE_BYTES_MAX_DEFAULT,
+        min_segments_to_retain = 1,
     ))]
+    #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
         directory: PathBuf,
@@ -136,6 +138,7 @@ impl PyReplicatedLog {
         segment_size_bytes: u64,
         sync: &str,
         queue_bytes_max: usize,
+        min_segments_to_retain: usize,
     ) -> PyResult<Self> {
         let sync_policy = match sync {
             "group" => SyncPolicy::Group,
@@ -150,6 +153,7 @@ impl PyReplicatedLog {
             segment_size_bytes,
             sync_policy,
             queue_bytes_max,
+            min_segments_to_retain,
             ..LogOptions::default()
         };
         let options = ReplicatedLogOptions { cache_bytes_max };
@@ -299,5 +303,47 @@ impl PyReplicatedLog {
     /// Writes what is queued and closes the WAL; later appends fail.
     fn close(&self, py: Python<'_>) -> PyResult<()> {
         py.detach(|| self.log.wal().close()).map_err(to_py)
+    }
+
+    /// Keeps every entry at or after `index` from GC until released; returns the anchor id.
+    fn register_anchor(&self, index: u64) -> u64 {
+        self.log.wal().register_anchor(index).0
+    }
+
+    /// Moves an anchor to `index`.
+    fn update_anchor(&self, anchor: u64, index: u64) -> PyResult<()> {
+        self.log
+            .wal()
+            .update_anchor(AnchorId(anchor), index)
+            .map_err(to_py)
+    }
+
+    /// Releases an anchor.
+    fn release_anchor(&self, anchor: u64) -> PyResult<()> {
+        self.log
+            .wal()
+            .release_anchor(AnchorId(anchor))
+            .map_err(to_py)
+    }
+
+    /// Removes closed segments below the anchors and the durable index; returns
+    /// `(segments_deleted, segments_recycled, first_index)`.
+    fn gc(&self, py: Python<'_>) -> PyResult<(usize, usize, u64)> {
+        let report = py.detach(|| self.log.wal().gc()).map_err(to_py)?;
+        Ok((
+            report.segments_deleted,
+            report.segments_recycled,
+            report.first_index,
+        ))
+    }
+
+    /// Paths of the live segments, oldest first (the last is being appended to).
+    fn segment_paths(&self) -> Vec<String> {
+        self.log
+            .wal()
+            .segment_paths()
+            .iter()
+            .map(|p| p.to_string_lossy().into_owned())
+            .collect()
     }
 }

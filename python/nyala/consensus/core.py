@@ -31,6 +31,7 @@ from nyala.consensus.effects import (
     ReadReady,
     RoleChanged,
     Send,
+    StartTabletCopy,
 )
 from nyala.consensus.log import RaftLog
 from nyala.consensus.membership import ConfigChange
@@ -286,6 +287,15 @@ class RaftCore:
                 self._step_candidate(msg)
             else:
                 self._step_follower(msg)
+        self._flush_meta()
+
+    def peer_needs_copy(self, uuid: str) -> None:
+        """The runtime reports that follower ``uuid`` has no replica to update
+        (TABLET_NOT_FOUND: absent, tombstoned or being copied). Leader only; else ignored."""
+        self._check_running()
+        progress = self._progress.get(uuid)
+        if self._role is Role.LEADER and progress is not None:
+            self._need_copy(progress)
         self._flush_meta()
 
     def on_log_durable(self, index: int) -> None:
@@ -771,6 +781,7 @@ class RaftCore:
             return  # no longer a member
         progress.last_ack_ms = self._clock.now_ms()
         progress.acked_seq = max(progress.acked_seq, resp.seq)
+        progress.copy_needed = False  # it answered with a log: a copy, if any, is over
         if resp.status is AppendStatus.LOG_MISMATCH:
             progress.mismatched(resp.hint_index)
         elif resp.status is AppendStatus.OK:
@@ -789,12 +800,19 @@ class RaftCore:
         """Sends batches to one follower while its window allows; returns whether any went."""
         sent = False
         now = self._clock.now_ms()
+        if progress.copy_needed:
+            return False  # no updates while it copies; the heartbeat round probes it
+        last_index = self._log.last_op_id().index
         while not (progress.probing and progress.inflight):
             if progress.inflight_bytes >= self._opts.peer_inflight_bytes_max:
                 break
             after = progress.next_index - 1
             preceding_term = self._log.term_at(after)
-            assert preceding_term is not None, f"entry {after} is gone (tablet copy needed)"
+            if preceding_term is None or (
+                after < last_index and self._log.term_at(after + 1) is None
+            ):
+                self._need_copy(progress)  # what it needs was GC'd: only a copy helps
+                return sent
             batch = self._log.read_batch(after, self._opts.batch_bytes_max)
             if batch is None and not (progress.probing and after > progress.match_index):
                 break  # caught up; an unconfirmed position is probed even with nothing new
@@ -818,8 +836,12 @@ class RaftCore:
 
     def _send_heartbeat(self, progress: PeerProgress) -> None:
         """An empty AppendEntries at the known match point: never a spurious mismatch."""
+        if progress.copy_needed:
+            return  # probed by the heartbeat round only
         match_term = self._log.term_at(progress.match_index)
-        assert match_term is not None
+        if match_term is None:
+            self._need_copy(progress)  # its match point was GC'd
+            return
         preceding = OpId(match_term, progress.match_index)
         self._send(
             AppendRequest(
@@ -833,9 +855,30 @@ class RaftCore:
             )
         )
 
+    def _need_copy(self, progress: PeerProgress) -> None:
+        """Puts ``progress`` in copy mode: what it held is forgotten (a copied replica has
+        another log) and the runtime is asked to start a tablet copy on it."""
+        if not progress.copy_needed:
+            progress.start_copy(self._log.last_op_id().index + 1)
+            self._effects.append(StartTabletCopy(progress.uuid, self._term))
+
+    def _probe_copying(self, progress: PeerProgress) -> None:
+        """Once per heartbeat interval: ask again for the copy (the target answers
+        ALREADY_INPROGRESS while it runs) and probe at the leader's last entry. Once the copy is
+        done the follower answers with a log (LOG_MISMATCH with its position, or OK), which
+        ends copy mode; while it copies, the probe fails with TABLET_NOT_FOUND."""
+        self._effects.append(StartTabletCopy(progress.uuid, self._term))
+        preceding = self._log.last_op_id()
+        self._send(
+            AppendRequest(self.uuid, progress.uuid, self._term, preceding, None, 0, self._seq)
+        )
+
     def _heartbeat_round(self, now: int) -> None:
         self._next_heartbeat_ms = now + self._opts.heartbeat_interval_ms
         for progress in self._progress.values():
+            if progress.copy_needed:
+                self._probe_copying(progress)
+                continue
             oldest = progress.oldest_inflight_ms()
             if oldest is not None and now - oldest >= self._opts.heartbeat_interval_ms:
                 progress.lost()

@@ -68,4 +68,23 @@ class ReadFailed:
     reason: str
 
 
-Effect = Send | Apply | LogTruncated | RoleChanged | ConfigCommitted | ReadReady | ReadFailed
+@dataclass(frozen=True, slots=True)
+class StartTabletCopy:
+    """Leader only: follower ``peer_uuid`` cannot be caught up from the log (it needs entries
+    already GC'd, or it reports TABLET_NOT_FOUND); ask it to copy the tablet from this leader.
+    Repeated every heartbeat interval until the follower answers with a log again."""
+
+    peer_uuid: str
+    term: int
+
+
+Effect = (
+    Send
+    | Apply
+    | LogTruncated
+    | RoleChanged
+    | ConfigCommitted
+    | ReadReady
+    | ReadFailed
+    | StartTabletCopy
+)

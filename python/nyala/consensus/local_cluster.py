@@ -19,6 +19,7 @@ from nyala.consensus.core import RaftCore, bootstrap_cmeta
 from nyala.consensus.effects import (
     Apply,
     ConfigCommitted,
+    Effect,
     LogTruncated,
     ReadFailed,
     ReadReady,
@@ -224,13 +225,7 @@ class LocalCluster:
     def _execute(
         self,
         node: Node,
-        effect: Send
-        | Apply
-        | LogTruncated
-        | RoleChanged
-        | ConfigCommitted
-        | ReadReady
-        | ReadFailed,
+        effect: Effect,
     ) -> None:
         match effect:
             case Send(message):

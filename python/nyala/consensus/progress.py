@@ -24,6 +24,8 @@ class PeerProgress:
     inflight_bytes: int = 0  # invariant: == sum of inflight bytes
     acked_seq: int = 0  # highest heartbeat round the follower answered in this term
     last_ack_ms: int | None = None  # None: not heard from in this term
+    # The follower can only be caught up by a tablet copy; no entries are sent meanwhile.
+    copy_needed: bool = False
 
     def sent(self, last_index: int, size_bytes: int, now_ms: int) -> None:
         """A batch ending at ``last_index`` went out."""
@@ -56,6 +58,14 @@ class PeerProgress:
         batch (not from the match index: a new leader's first probe keeps its position)."""
         if self.inflight:
             self.next_index = max(self.match_index + 1, self.inflight[0][0])
+        self._clear_inflight()
+
+    def start_copy(self, next_index: int) -> None:
+        """Copy mode: the follower's log is about to be replaced, so nothing known of it holds."""
+        self.copy_needed = True
+        self.next_index = next_index
+        self.match_index = 0
+        self.durable_index = 0
         self._clear_inflight()
 
     def _clear_inflight(self) -> None:

@@ -34,6 +34,7 @@ from nyala.consensus.effects import (
     ReadReady,
     RoleChanged,
     Send,
+    StartTabletCopy,
 )
 from nyala.consensus.log import RaftLog
 from nyala.consensus.membership import ConfigChange
@@ -80,6 +81,7 @@ class RuntimeOptions:
 ApplyCallback = Callable[[Apply], None]
 RoleCallback = Callable[[RoleChanged], None]
 ConfigCallback = Callable[[ConfigCommitted], None]
+CopyCallback = Callable[[StartTabletCopy], None]
 
 
 class RaftRuntime:
@@ -106,6 +108,7 @@ class RaftRuntime:
         on_apply: ApplyCallback | None = None,
         on_role_change: RoleCallback | None = None,
         on_config_committed: ConfigCallback | None = None,
+        on_start_copy: CopyCallback | None = None,
     ) -> None:
         self.uuid = uuid
         self.core = RaftCore(
@@ -124,6 +127,8 @@ class RaftRuntime:
         self._on_apply = on_apply
         self._on_role_change = on_role_change
         self._on_config_committed = on_config_committed
+        # Auto-vivification: sends StartTabletCopy to a follower (must not block).
+        self.on_start_copy = on_start_copy
         # Proposals waiting for commit: (index, term, future), ascending index.
         self._commits: deque[tuple[int, int, asyncio.Future[OpId]]] = deque()
         self._reads: dict[int, asyncio.Future[int]] = {}
@@ -212,6 +217,13 @@ class RaftRuntime:
             return await future
         finally:
             self._reads.pop(read_id, None)
+
+    def peer_needs_copy(self, peer_uuid: str) -> None:
+        """The transport saw follower ``peer_uuid`` answer TABLET_NOT_FOUND."""
+        if self._loop is None or self._failure is not None:
+            return
+        self.core.peer_needs_copy(peer_uuid)
+        self._schedule_pump()
 
     def campaign(self) -> None:
         """Starts an election now (pre-vote first)."""
@@ -342,6 +354,9 @@ class RaftRuntime:
             case ReadFailed():
                 error = NotLeaderError(f"read {effect.read_id} failed: {effect.reason}")
                 self._settle_read(effect.read_id, 0, error)
+            case StartTabletCopy():
+                if self.on_start_copy is not None:
+                    self.on_start_copy(effect)
 
     def _resolve_commits(self, last_index: int) -> None:
         commits = self._commits

@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from nyala._proto import common_pb2
 from nyala.consensus import wire
 from nyala.consensus.messages import (
     AppendRequest,
@@ -198,6 +199,9 @@ class GrpcTransport:
         self._group: asyncio.TaskGroup | None = None
         self._deliver: Deliver | None = None
         self.messages_dropped = 0
+        # Told the uuid of a peer whose stream was refused with TABLET_NOT_FOUND (the runtime's
+        # ``peer_needs_copy``: auto-vivification by tablet copy).
+        self.on_tablet_not_found: Callable[[str], None] | None = None
 
     # --- Transport ------------------------------------------------------------------------
 
@@ -270,7 +274,7 @@ class GrpcTransport:
             try:
                 async with asyncio.TaskGroup() as group:
                     group.create_task(self._write_stream(peer, call, seqs))
-                    group.create_task(self._read_stream(call, seqs))
+                    group.create_task(self._read_stream(peer.uuid, call, seqs))
             except* Exception as failure:
                 log.debug("stream to %s@%s ended: %r", peer.uuid, address, failure.exceptions)
             finally:
@@ -288,10 +292,13 @@ class GrpcTransport:
             seqs.append(request.seq)
             await call.write(wire.append_request_to_pb(request, self.tablet_id))
 
-    async def _read_stream(self, call: Any, seqs: deque[int]) -> None:
+    async def _read_stream(self, peer_uuid: str, call: Any, seqs: deque[int]) -> None:
         async for pb in call:
             seq = seqs.popleft() if seqs else 0
             if pb.HasField("error"):
+                not_found = pb.error.code == common_pb2.TABLET_NOT_FOUND
+                if not_found and self.on_tablet_not_found is not None:
+                    self.on_tablet_not_found(peer_uuid)
                 raise_for_response(pb)  # the server refused the stream: reopen it later
             self._inbound(wire.append_response_from_pb(pb, dest=self.uuid, seq=seq))
         raise _StreamEnded

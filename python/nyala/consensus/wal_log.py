@@ -42,6 +42,8 @@ class WalLogOptions:
     segment_size_bytes: int = 8 << 20
     sync: Literal["group", "none"] = "group"  # "none" only for tests and throwaway logs
     queue_bytes_max: int = 64 << 20  # WAL append queue bound (back-pressure)
+    # Closed segments GC always keeps (the retention setting; tests lower it to force GC).
+    min_segments_to_retain: int = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,6 +190,7 @@ class WalLog:
             segment_size_bytes=options.segment_size_bytes,
             sync=options.sync,
             queue_bytes_max=options.queue_bytes_max,
+            min_segments_to_retain=options.min_segments_to_retain,
         )
 
     # --- RaftLog --------------------------------------------------------------------------
@@ -271,6 +274,30 @@ class WalLog:
     def first_index(self) -> int:
         """The first index still in the WAL (earlier ones were garbage-collected)."""
         return self._log.first_index()
+
+    # --- anchors and GC (log_anchor in Kudu's terms) ---------------------------------------
+
+    def register_anchor(self, index: int) -> int:
+        """Keeps entries at or after ``index`` from GC until released; returns the anchor id."""
+        return self._log.register_anchor(max(index, 0))
+
+    def update_anchor(self, anchor: int, index: int) -> None:
+        """Moves ``anchor`` to ``index`` (``InvalidArgumentError`` if it is unknown)."""
+        self._log.update_anchor(anchor, max(index, 0))
+
+    def release_anchor(self, anchor: int) -> None:
+        """Releases ``anchor`` (``InvalidArgumentError`` if it is unknown)."""
+        self._log.release_anchor(anchor)
+
+    def gc(self) -> tuple[int, int]:
+        """Removes whole closed segments below every anchor and the durable index, keeping
+        ``min_segments_to_retain``; returns (segments removed, first index still held)."""
+        deleted, recycled, first_index = self._log.gc()
+        return deleted + recycled, first_index
+
+    def segment_paths(self) -> list[Path]:
+        """The live segment files, oldest first (the last is being appended to)."""
+        return [Path(p) for p in self._log.segment_paths()]
 
     def cache_stats(self) -> LogCacheStats:
         """What the log cache holds."""

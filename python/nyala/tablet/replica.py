@@ -87,6 +87,8 @@ class TabletReplica:
         self.applier: Applier | None = None
         self.runtime: RaftRuntime | None = None
         self.transport: Transport | None = None
+        # WAL anchor at the first op not yet flushed to rowsets (replay needs it after a crash).
+        self._storage_anchor: int | None = None
 
     @property
     def tablet_id(self) -> str:
@@ -115,6 +117,7 @@ class TabletReplica:
             self.storage = StorageEngine.open(self.paths.data_dir)
             self.wal = WalLog(self.paths.wal_dir, self.tablet_id, self._wal_options)
             self.applier = Applier(self.wal, self.storage)
+            self._storage_anchor = self.wal.register_anchor(self.storage.last_flushed_index + 1)
         except Exception as exc:  # any failure keeps this replica offline, never the server
             self.close()
             self.fail(f"{type(exc).__name__}: {exc}")
@@ -142,12 +145,23 @@ class TabletReplica:
         assert self.runtime is None, "stop_consensus before close"
         self.state = TabletState.STOPPING
         self.applier = None
+        self._storage_anchor = None
         if self.wal is not None:
             self.wal.close()
         self.wal = None
         # Dropping the last reference stops the engine's background work (Rust Drop).
         self.storage = None
         self.state = TabletState.STOPPED
+
+    def gc_wal(self) -> tuple[int, int]:
+        """Moves the storage anchor up to the first unflushed op and removes the WAL segments
+        nobody needs any more (copy sessions hold their own anchors). Returns (segments
+        removed, first index still in the WAL); (0, 0) when the replica is not open."""
+        wal, storage, anchor = self.wal, self.storage, self._storage_anchor
+        if wal is None or storage is None or anchor is None:
+            return 0, 0
+        wal.update_anchor(anchor, storage.last_flushed_index + 1)
+        return wal.gc()
 
     def on_disk_bytes(self) -> int:
         """Bytes of the replica's WAL and data files."""
