@@ -54,6 +54,16 @@ class TabletCopyServiceStub:
                 request_serializer=nyala_dot_tablet__copy__pb2.StartTabletCopyRequestPB.SerializeToString,
                 response_deserializer=nyala_dot_tablet__copy__pb2.StartTabletCopyResponsePB.FromString,
                 _registered_method=True)
+        self.ListTabletCopies = channel.unary_unary(
+                '/nyala.TabletCopyService/ListTabletCopies',
+                request_serializer=nyala_dot_tablet__copy__pb2.ListTabletCopiesRequestPB.SerializeToString,
+                response_deserializer=nyala_dot_tablet__copy__pb2.ListTabletCopiesResponsePB.FromString,
+                _registered_method=True)
+        self.CancelTabletCopy = channel.unary_unary(
+                '/nyala.TabletCopyService/CancelTabletCopy',
+                request_serializer=nyala_dot_tablet__copy__pb2.CancelTabletCopyRequestPB.SerializeToString,
+                response_deserializer=nyala_dot_tablet__copy__pb2.CancelTabletCopyResponsePB.FromString,
+                _registered_method=True)
 
 
 class TabletCopyServiceServicer:
@@ -83,6 +93,18 @@ class TabletCopyServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListTabletCopies(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CancelTabletCopy(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_TabletCopyServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -105,6 +127,16 @@ def add_TabletCopyServiceServicer_to_server(servicer, server):
                     servicer.StartTabletCopy,
                     request_deserializer=nyala_dot_tablet__copy__pb2.StartTabletCopyRequestPB.FromString,
                     response_serializer=nyala_dot_tablet__copy__pb2.StartTabletCopyResponsePB.SerializeToString,
+            ),
+            'ListTabletCopies': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListTabletCopies,
+                    request_deserializer=nyala_dot_tablet__copy__pb2.ListTabletCopiesRequestPB.FromString,
+                    response_serializer=nyala_dot_tablet__copy__pb2.ListTabletCopiesResponsePB.SerializeToString,
+            ),
+            'CancelTabletCopy': grpc.unary_unary_rpc_method_handler(
+                    servicer.CancelTabletCopy,
+                    request_deserializer=nyala_dot_tablet__copy__pb2.CancelTabletCopyRequestPB.FromString,
+                    response_serializer=nyala_dot_tablet__copy__pb2.CancelTabletCopyResponsePB.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -215,6 +247,60 @@ class TabletCopyService:
             '/nyala.TabletCopyService/StartTabletCopy',
             nyala_dot_tablet__copy__pb2.StartTabletCopyRequestPB.SerializeToString,
             nyala_dot_tablet__copy__pb2.StartTabletCopyResponsePB.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListTabletCopies(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/nyala.TabletCopyService/ListTabletCopies',
+            nyala_dot_tablet__copy__pb2.ListTabletCopiesRequestPB.SerializeToString,
+            nyala_dot_tablet__copy__pb2.ListTabletCopiesResponsePB.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CancelTabletCopy(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/nyala.TabletCopyService/CancelTabletCopy',
+            nyala_dot_tablet__copy__pb2.CancelTabletCopyRequestPB.SerializeToString,
+            nyala_dot_tablet__copy__pb2.CancelTabletCopyResponsePB.FromString,
             options,
             channel_credentials,
             insecure,

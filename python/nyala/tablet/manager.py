@@ -19,6 +19,7 @@ Methods block on disk and are serialised by one lock; async callers run them in 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import shutil
 import threading
@@ -26,11 +27,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from nyala.common import metafile
-from nyala.consensus.types import OpId, RaftConfig
+from nyala.consensus.types import MIN_OP_ID, OpId, RaftConfig
 from nyala.consensus.wal_log import WalLogOptions
 from nyala.errors import (
     AlreadyPresentError,
     CasFailedError,
+    IllegalStateError,
     InvalidArgumentError,
     NyalaError,
     TabletFailedError,
@@ -316,6 +318,60 @@ class TabletManager:
             if directory.exists():
                 shutil.rmtree(directory)
                 metafile.fsync_dir(directory.parent)
+
+    # --- tablet copy (target side; nyala.tablet.copy_jobs drives these) ---------------------
+
+    def begin_copy(self, remote: Superblock, reason: str) -> TabletReplica:
+        """First step of a copy onto an absent or tombstoned replica: the source's superblock
+        written here as ``COPYING`` (fsync), keeping the last-logged OpId of a tombstone so the
+        replica can still vote, and empty data and WAL directories."""
+        tablet_id = remote.tablet_id
+        with self._lock:
+            existing = self._existing(tablet_id)
+            if existing is not None and existing.superblock.data_state is not DataState.TOMBSTONED:
+                raise IllegalStateError(
+                    f"tablet {tablet_id} is {existing.superblock.data_state.value} here; a copy"
+                    " needs it absent or tombstoned"
+                )
+            paths = self.dirs.paths(tablet_id)
+            if existing is None:
+                self._clear_leftovers(paths)
+            else:
+                self._remove_data_and_wal(paths)
+            last = None if existing is None else existing.superblock.tombstone_last_logged_opid
+            sb = dataclasses.replace(
+                remote,
+                data_state=DataState.COPYING,
+                tombstone_last_logged_opid=last,
+                state_reason=reason,
+            )
+            write_superblock(paths.superblock, sb)
+            paths.data_dir.mkdir(parents=True, exist_ok=True)
+            paths.wal_dir.mkdir(parents=True, exist_ok=True)
+            replica = TabletReplica(sb, paths, self._wal_options)
+            replica.state_reason = reason
+            self._replicas[tablet_id] = replica
+            return replica
+
+    def finish_copy(self, replica: TabletReplica) -> None:
+        """Last step of a copy: the superblock ``READY`` (fsync), then the replica opened.
+        ``TabletFailedError`` if it does not open (the caller tombstones it)."""
+        with self._lock:
+            assert replica.superblock.data_state is DataState.COPYING
+            sb = replica.superblock.with_state(DataState.READY)
+            write_superblock(replica.paths.superblock, sb)
+            replica.superblock = sb
+            replica.open()
+            if replica.state is TabletState.FAILED:
+                raise TabletFailedError(f"copied tablet failed to open: {replica.state_reason}")
+
+    def fail_copy(self, replica: TabletReplica, reason: str) -> None:
+        """A failed or cancelled copy: the replica becomes ``TOMBSTONED`` (and can vote)."""
+        with self._lock:
+            if replica.runtime is None and replica.wal is not None:
+                replica.close()
+            last = replica.superblock.tombstone_last_logged_opid or MIN_OP_ID
+            self._tombstone_files(replica, last, reason)
 
     def startable(self) -> list[TabletReplica]:
         """Replicas whose files are open and whose Raft is not running yet."""

@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from nyala._proto import common_pb2, consensus_pb2, consensus_pb2_grpc, metadata_pb2
+from nyala.consensus import wire
 from nyala.consensus.membership import ChangeType, ConfigChange
 from nyala.consensus.runtime import RaftRuntime
 from nyala.consensus.transport import GrpcTransport
@@ -23,6 +24,7 @@ from nyala.errors import InvalidArgumentError, TabletNotRunningError
 from nyala.rpc import RpcMetrics, ServiceBase, unary
 from nyala.rpc.service import bidi_stream
 from nyala.tablet import TabletManager
+from nyala.tablet.copy_vote import VOTING_DATA_STATES, tombstoned_vote
 from nyala.tablet.replica import TabletReplica
 from nyala.tserver.convert import config_to_pb, peer_from_pb
 
@@ -80,6 +82,11 @@ class ConsensusService(ServiceBase, consensus_pb2_grpc.ConsensusServiceServicer)
 
     @unary(consensus_pb2.VoteResponsePB)
     async def RequestVote(self, request: Any, context: Any) -> Any:
+        replica = self._tablets.lookup(request.tablet_id)
+        if replica is not None and replica.superblock.data_state in VOTING_DATA_STATES:
+            # Tombstoned voting (seed 000): no Raft runs, cmeta and last-logged OpId answer.
+            answer = tombstoned_vote(replica, wire.vote_request_from_pb(request))
+            return wire.vote_response_to_pb(answer)
         _, _, transport = self._raft(request.tablet_id)
         return await transport.handle_vote(request)
 

@@ -16,7 +16,12 @@ import signal
 import time
 from collections.abc import Callable
 
-from nyala._proto import consensus_pb2_grpc, tserver_admin_pb2_grpc, tserver_pb2_grpc
+from nyala._proto import (
+    consensus_pb2_grpc,
+    tablet_copy_pb2_grpc,
+    tserver_admin_pb2_grpc,
+    tserver_pb2_grpc,
+)
 from nyala.common.clock import RealClock
 from nyala.common.metrics import MetricsRegistry
 from nyala.consensus.core import ReplicaStatus
@@ -33,6 +38,7 @@ from nyala.tserver.fs_manager import FsManager, InstanceInfo
 from nyala.tserver.scanners import ScannerRegistry
 from nyala.tserver.services import AdminService, TabletService
 from nyala.tserver.settings import TabletServerSettings
+from nyala.tserver.tablet_copy_service import TabletCopy
 from nyala.tserver.tablet_meta import TabletReport
 
 log = logging.getLogger(__name__)
@@ -69,6 +75,8 @@ class TabletServer:
         # The group every replica's Raft runs in; set while serving.
         self._replica_tasks: asyncio.TaskGroup | None = None
         self._flush_task: asyncio.Task[None] | None = None
+        self.copy: TabletCopy | None = None
+        self._copy_tasks: list[asyncio.Task[None]] = []
 
     @property
     def uuid(self) -> str:
@@ -85,10 +93,22 @@ class TabletServer:
         self.instance = self.fs.open(self.settings.uuid)
         tablets = self.tablets = self._open_tablets()
         self._register_metrics()
+        self.copy = TabletCopy(
+            self.uuid,
+            self.settings,
+            tablets,
+            start_replica=self.start_replica,
+            stop_replica=self.stop_replica,
+        )
         self.rpc = self._build_rpc_server()
         self.http = HttpServer(
             self.settings.http_bind,
-            {"/healthz": self._healthz, "/metrics": self._metrics_page, "/tablets": self._tablets},
+            {
+                "/healthz": self._healthz,
+                "/metrics": self._metrics_page,
+                "/tablets": self._tablets,
+                "/tablet-copies": self.copy.http_page,
+            },
         )
         try:
             await self._serve()
@@ -107,6 +127,7 @@ class TabletServer:
         options = WalLogOptions(
             segment_size_bytes=self.settings.wal_segment_bytes,
             sync="group" if self.settings.wal_sync else "none",
+            min_segments_to_retain=self.settings.wal_min_segments_to_retain,
         )
         manager = TabletManager(dirs, options)
         # Every replica is opened or marked FAILED; one bad tablet never stops the server.
@@ -139,6 +160,8 @@ class TabletServer:
             tasks.create_task(self.http.wait_closed(), name="http-server")
             tasks.create_task(self._shutdown_when_stopped(), name="shutdown")
             self._flush_task = tasks.create_task(self._flush_loop(), name="flush")
+            if self.copy is not None:
+                self._copy_tasks = self.copy.start(tasks)
 
     def list_tablets(self) -> list[TabletReport]:
         """What ListTablets and /tablets report."""
@@ -161,6 +184,8 @@ class TabletServer:
         replica.start_consensus(
             self.uuid, tasks, transport, RealClock(), raft_options=self._raft_options()
         )
+        if self.copy is not None:
+            self.copy.hook_replica(replica)  # auto-vivification of followers by tablet copy
 
     async def stop_replica(self, tablet_id: str) -> None:
         """Stops a replica's Raft (before its files are closed or deleted)."""
@@ -214,6 +239,11 @@ class TabletServer:
                 self.stop_replica,
             ),
         )
+        if self.copy is not None:
+            server.add_service(
+                tablet_copy_pb2_grpc.add_TabletCopyServiceServicer_to_server,
+                self.copy.service(self._rpc_metrics),
+            )
         return server
 
     def _install_signal_handlers(self) -> None:
@@ -249,6 +279,10 @@ class TabletServer:
         await self.http.stop()
         if self._flush_task is not None:
             self._flush_task.cancel()  # it may sleep for flush_interval_ms
+        for task in self._copy_tasks:
+            task.cancel()
+        if self.copy is not None:
+            await self.copy.close()
         assert self.tablets is not None
         for replica in self.tablets.replicas():
             await replica.stop_consensus()

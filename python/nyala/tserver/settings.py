@@ -31,6 +31,9 @@ class TabletServerSettings:
     # WAL and storage.
     wal_segment_bytes: int = 8 * MIB
     wal_sync: bool = True
+    # Closed WAL segments kept whatever the anchors say (retention), and how often GC runs.
+    wal_min_segments_to_retain: int = 1
+    wal_gc_interval_ms: int = 10_000
     # Each replica's MemRowSet is flushed at least this often, bounding WAL replay at restart
     # (size-triggered flushes happen in the storage engine on their own).
     flush_interval_ms: int = 60_000
@@ -38,6 +41,14 @@ class TabletServerSettings:
     # Tablet copy.
     tablet_copy_chunk_bytes: int = 4 * MIB
     tablet_copy_session_idle_timeout_ms: int = 600_000
+    # Copies onto this server at once; StartTabletCopy beyond it is THROTTLED.
+    tablet_copy_concurrency_max: int = 4
+    # Files fetched at once within one copy.
+    tablet_copy_parallel_files_max: int = 4
+    # Download rate of one copy; 0 is unlimited.
+    tablet_copy_rate_bytes_per_s: int = 0
+    # Tests only: as a source, send this many chunks with a flipped byte (after the CRC).
+    tablet_copy_inject_corrupt_chunks: int = 0
 
     # Master heartbeats.
     master_heartbeat_interval_ms: int = 1_000
@@ -62,9 +73,15 @@ class TabletServerSettings:
             "master_heartbeat_interval_ms",
             "scanner_ttl_ms",
             "flush_interval_ms",
+            "tablet_copy_session_idle_timeout_ms",
+            "tablet_copy_concurrency_max",
+            "tablet_copy_parallel_files_max",
+            "wal_gc_interval_ms",
         ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.tablet_copy_rate_bytes_per_s < 0 or self.wal_min_segments_to_retain < 0:
+            raise ValueError("tablet_copy_rate_bytes_per_s and wal_min_segments_to_retain >= 0")
         if not 0 <= self.election_timeout_jitter_pct < 100:
             raise ValueError("election_timeout_jitter_pct must be in [0, 100)")
         if self.tablet_copy_chunk_bytes > self.rpc_message_bytes_max // 2:

@@ -1,0 +1,371 @@
+"""Tablet copy on a tablet server: the ``TabletCopyService`` RPCs and their wiring.
+
+``TabletCopy`` is the server's tablet-copy component. It owns
+
+* the source side: a ``CopySessionManager`` behind BeginTabletCopySession / FetchData /
+  EndTabletCopySession, with a loop that expires idle sessions;
+* the target side: ``TabletCopyJobs`` behind StartTabletCopy / ListTabletCopies /
+  CancelTabletCopy and the ``/tablet-copies`` page, downloading through ``GrpcCopySource``;
+* auto-vivification on leaders: each replica's runtime reports a follower that needs a copy
+  (``StartTabletCopy`` effect) and its transport reports a follower answering
+  TABLET_NOT_FOUND; ``TabletCopy`` then sends StartTabletCopy to that follower, one call in
+  flight per follower, again on every report until the follower answers with a log;
+* periodic WAL GC of every replica (anchors: unflushed ops and copy sessions).
+
+The server creates it, registers its service, starts its loops in its task group and hooks
+every replica it starts (``hook_replica``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from typing import Any
+
+from nyala._proto import common_pb2, tablet_copy_pb2, tablet_copy_pb2_grpc
+from nyala.common.clock import RealClock
+from nyala.consensus.effects import StartTabletCopy
+from nyala.consensus.transport import GrpcTransport
+from nyala.errors import InvalidArgumentError, NyalaError
+from nyala.rpc import HttpResponse, RpcMetrics, ServiceBase, unary
+from nyala.rpc.channel import ServerProxy
+from nyala.rpc.errors import join_host_port, split_host_port
+from nyala.tablet import TabletManager
+from nyala.tablet.copy_client import DownloadOptions
+from nyala.tablet.copy_jobs import CopyJob, StartReplica, StopReplica, TabletCopyJobs
+from nyala.tablet.copy_source import (
+    CopySessionInfo,
+    CopySessionManager,
+    DataChunk,
+    DataFile,
+    DataKind,
+)
+from nyala.tablet.replica import TabletReplica
+from nyala.tserver.settings import TabletServerSettings
+
+log = logging.getLogger(__name__)
+
+_KIND_TO_PB = {
+    DataKind.ROWSET_FILE: tablet_copy_pb2.DataIdPB.ROWSET_FILE,
+    DataKind.WAL_SEGMENT: tablet_copy_pb2.DataIdPB.LOG_SEGMENT,
+}
+_PB_TO_KIND = {v: k for k, v in _KIND_TO_PB.items()}
+SESSION_EXPIRY_CHECK_S = 5.0
+
+
+def job_to_pb(job: CopyJob) -> Any:
+    """The ``TabletCopyJobPB`` of a job."""
+    return tablet_copy_pb2.TabletCopyJobPB(
+        job_id=job.job_id,
+        tablet_id=job.tablet_id,
+        source_uuid=job.source_uuid,
+        source_addr=job.source_addr,
+        state=job.state.value,
+        bytes_done=job.progress.bytes_done,
+        bytes_total=job.progress.bytes_total,
+        rate_bytes_per_s=job.rate_bytes_per_s,
+        elapsed_s=job.elapsed_s,
+        error=job.error,
+    )
+
+
+class GrpcCopySource:
+    """A ``CopySource`` over gRPC to the source server (one channel per copy)."""
+
+    def __init__(self, my_uuid: str, source_uuid: str, address: str, settings: Any) -> None:
+        self._my_uuid = my_uuid
+        self._source_uuid = source_uuid
+        self._proxy = ServerProxy(address, settings)
+
+    async def begin(self, tablet_id: str) -> CopySessionInfo:
+        """BeginTabletCopySession."""
+        proxy = self._proxy
+        pb = await proxy.admin_call(
+            proxy.tablet_copy.BeginTabletCopySession,
+            tablet_copy_pb2.BeginTabletCopySessionRequestPB(
+                dest_uuid=self._source_uuid, requestor_uuid=self._my_uuid, tablet_id=tablet_id
+            ),
+        )
+        return CopySessionInfo(
+            session_id=pb.session_id,
+            idle_timeout_ms=pb.session_idle_timeout_ms,
+            superblock=pb.superblock,
+            cmeta=pb.cmeta,
+            rowset_manifest=pb.rowset_manifest,
+            last_flushed_index=pb.last_flushed_index,
+            rowset_files=tuple(DataFile(f.file_name, f.size_bytes) for f in pb.rowset_files),
+            wal_segments=tuple(DataFile(f.file_name, f.size_bytes) for f in pb.wal_segments),
+        )
+
+    async def fetch(
+        self, session_id: str, kind: DataKind, name: str, offset: int, max_length_bytes: int
+    ) -> DataChunk:
+        """FetchData."""
+        proxy = self._proxy
+        request = tablet_copy_pb2.FetchDataRequestPB(
+            dest_uuid=self._source_uuid,
+            session_id=session_id,
+            data_id=tablet_copy_pb2.DataIdPB(type=_KIND_TO_PB[kind], file_name=name),
+            offset=offset,
+            max_length_bytes=max_length_bytes,
+        )
+        pb = await proxy.admin_call(proxy.tablet_copy.FetchData, request)
+        chunk = pb.chunk
+        return DataChunk(chunk.offset, chunk.data, chunk.total_data_length_bytes, chunk.crc32c)
+
+    async def end(self, session_id: str, success: bool) -> None:
+        """EndTabletCopySession."""
+        proxy = self._proxy
+        await proxy.call(
+            proxy.tablet_copy.EndTabletCopySession,
+            tablet_copy_pb2.EndTabletCopySessionRequestPB(
+                dest_uuid=self._source_uuid, session_id=session_id, is_success=success
+            ),
+        )
+
+    async def close(self) -> None:
+        """Closes the channel."""
+        await self._proxy.close()
+
+
+class TabletCopy:
+    """The tablet-copy component of one tablet server (see the module docstring)."""
+
+    def __init__(
+        self,
+        server_uuid: str,
+        settings: TabletServerSettings,
+        tablets: TabletManager,
+        *,
+        start_replica: StartReplica,
+        stop_replica: StopReplica,
+    ) -> None:
+        self.uuid = server_uuid
+        self.settings = settings
+        self.tablets = tablets
+        self.sessions = CopySessionManager(
+            RealClock(),
+            idle_timeout_ms=settings.tablet_copy_session_idle_timeout_ms,
+            chunk_bytes=settings.tablet_copy_chunk_bytes,
+        )
+        self.jobs = TabletCopyJobs(
+            tablets,
+            connect=lambda uuid, addr: GrpcCopySource(
+                server_uuid, uuid, addr, settings.rpc_settings()
+            ),
+            stop_replica=stop_replica,
+            start_replica=start_replica,
+            options=DownloadOptions(
+                chunk_bytes=settings.tablet_copy_chunk_bytes,
+                parallel_files_max=settings.tablet_copy_parallel_files_max,
+                rate_bytes_per_s=settings.tablet_copy_rate_bytes_per_s,
+            ),
+            concurrency_max=settings.tablet_copy_concurrency_max,
+        )
+        self.corrupt_chunks_left = settings.tablet_copy_inject_corrupt_chunks
+        self._group: asyncio.TaskGroup | None = None
+        self._vivifying: set[tuple[str, str]] = set()  # (tablet, peer) with a call in flight
+        self._proxies: dict[str, ServerProxy] = {}
+
+    # --- life cycle ---------------------------------------------------------------------------
+
+    def start(self, group: asyncio.TaskGroup) -> list[asyncio.Task[None]]:
+        """Starts the background loops in ``group``; returns them (cancel them to stop)."""
+        self._group = group
+        self.jobs.attach(group)
+        return [
+            group.create_task(self._expire_sessions_loop(), name="copy-session-expiry"),
+            group.create_task(self._wal_gc_loop(), name="wal-gc"),
+        ]
+
+    async def close(self) -> None:
+        """Cancels running copies, ends every source session and closes the channels."""
+        self.jobs.cancel_all()
+        self.jobs.attach(None)
+        self._group = None
+        self.sessions.close_all()
+        proxies, self._proxies = self._proxies, {}
+        for proxy in proxies.values():
+            await proxy.close()
+
+    async def _expire_sessions_loop(self) -> None:
+        while True:
+            await asyncio.sleep(SESSION_EXPIRY_CHECK_S)
+            self.sessions.expire_idle()
+
+    async def _wal_gc_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.wal_gc_interval_ms / 1000)
+            for replica in self.tablets.replicas():
+                try:
+                    removed, first = await asyncio.to_thread(replica.gc_wal)
+                except NyalaError as exc:
+                    log.warning("WAL GC of tablet %s failed: %s", replica.tablet_id, exc)
+                    continue
+                if removed:
+                    log.info(
+                        "WAL GC of tablet %s: %d segments removed, first index %d",
+                        replica.tablet_id,
+                        removed,
+                        first,
+                    )
+
+    # --- auto-vivification (leader side) ------------------------------------------------------
+
+    def hook_replica(self, replica: TabletReplica) -> None:
+        """Connects a started replica's runtime and transport to auto-vivification."""
+        runtime, transport = replica.runtime, replica.transport
+        if runtime is None:
+            return
+        runtime.on_start_copy = lambda effect: self._on_start_copy(replica, effect)
+        if isinstance(transport, GrpcTransport):
+            transport.on_tablet_not_found = runtime.peer_needs_copy
+
+    def _on_start_copy(self, replica: TabletReplica, effect: StartTabletCopy) -> None:
+        key = (replica.tablet_id, effect.peer_uuid)
+        group = self._group
+        if group is None or key in self._vivifying:
+            return
+        self._vivifying.add(key)
+        group.create_task(self._send_start_copy(replica, effect, key))
+
+    async def _send_start_copy(
+        self, replica: TabletReplica, effect: StartTabletCopy, key: tuple[str, str]
+    ) -> None:
+        try:
+            runtime, wal = replica.runtime, replica.wal
+            if runtime is None or wal is None:
+                return
+            config = runtime.core.active_config
+            peer, me = config.peer(effect.peer_uuid), config.peer(self.uuid)
+            if peer is None or me is None or not peer.address or not me.address:
+                return
+            host, port = split_host_port(me.address)
+            request = tablet_copy_pb2.StartTabletCopyRequestPB(
+                dest_uuid=effect.peer_uuid,
+                tablet_id=replica.tablet_id,
+                copy_peer_uuid=self.uuid,
+                copy_peer_addr=common_pb2.HostPortPB(host=host, port=port),
+                caller_term=effect.term,
+                caller_log_first_index=wal.first_index(),
+            )
+            proxy = self._proxy(peer.address)
+            response = await proxy.call(proxy.tablet_copy.StartTabletCopy, request)
+            log.info(
+                "tablet %s: %s copies it from here (job %s)",
+                replica.tablet_id,
+                effect.peer_uuid,
+                response.job_id,
+            )
+        except NyalaError as exc:
+            log.debug("StartTabletCopy of %s on %s: %s", key[0], key[1], exc)
+        finally:
+            self._vivifying.discard(key)
+
+    def _proxy(self, address: str) -> ServerProxy:
+        proxy = self._proxies.get(address)
+        if proxy is None:
+            proxy = self._proxies[address] = ServerProxy(address, self.settings.rpc_settings())
+        return proxy
+
+    # --- visibility ---------------------------------------------------------------------------
+
+    async def http_page(self) -> HttpResponse:
+        """``/tablet-copies``: every copy job as JSON, plus the open source sessions."""
+        body = json.dumps(
+            {
+                "server_uuid": self.uuid,
+                "jobs": [job.to_json() for job in self.jobs.jobs()],
+                "source_sessions": self.sessions.session_ids(),
+            },
+            indent=1,
+        )
+        return HttpResponse(200, body.encode() + b"\n", "application/json")
+
+    def service(self, metrics: RpcMetrics) -> TabletCopyService:
+        """The RPC service over this component."""
+        return TabletCopyService(self, metrics)
+
+
+class TabletCopyService(ServiceBase, tablet_copy_pb2_grpc.TabletCopyServiceServicer):  # type: ignore[misc]
+    """The TabletCopyService RPCs (proto/nyala/tablet_copy.proto)."""
+
+    def __init__(self, copy: TabletCopy, metrics: RpcMetrics) -> None:
+        super().__init__(copy.uuid, metrics)
+        self._copy = copy
+
+    @unary(tablet_copy_pb2.BeginTabletCopySessionResponsePB)
+    async def BeginTabletCopySession(self, request: Any, context: Any) -> Any:
+        replica = self._copy.tablets.replica(request.tablet_id)
+        info = await asyncio.to_thread(self._copy.sessions.begin, request.requestor_uuid, replica)
+        response = tablet_copy_pb2.BeginTabletCopySessionResponsePB(
+            session_id=info.session_id,
+            session_idle_timeout_ms=info.idle_timeout_ms,
+            superblock=info.superblock,
+            cmeta=info.cmeta,
+            rowset_manifest=info.rowset_manifest,
+            last_flushed_index=info.last_flushed_index,
+        )
+        for f in info.rowset_files:
+            response.rowset_files.add(file_name=f.name, size_bytes=f.size_bytes)
+        for f in info.wal_segments:
+            response.wal_segments.add(file_name=f.name, size_bytes=f.size_bytes)
+            seqno = f.name.removeprefix("wal-")
+            if seqno.isdigit():
+                response.wal_segment_seqnos.append(int(seqno))
+        return response
+
+    @unary(tablet_copy_pb2.FetchDataResponsePB)
+    async def FetchData(self, request: Any, context: Any) -> Any:
+        kind = _PB_TO_KIND.get(request.data_id.type)
+        if kind is None:
+            raise InvalidArgumentError(f"unknown data id type {request.data_id.type}")
+        chunk = await asyncio.to_thread(
+            self._copy.sessions.fetch,
+            request.session_id,
+            kind,
+            request.data_id.file_name,
+            request.offset,
+            request.max_length_bytes,
+        )
+        data = chunk.data
+        if self._copy.corrupt_chunks_left > 0 and data:
+            self._copy.corrupt_chunks_left -= 1
+            data = bytes([data[0] ^ 0xFF]) + data[1:]  # after the CRC: the target must notice
+        return tablet_copy_pb2.FetchDataResponsePB(
+            chunk=tablet_copy_pb2.DataChunkPB(
+                offset=chunk.offset,
+                data=data,
+                total_data_length_bytes=chunk.total_bytes,
+                crc32c=chunk.crc32c,
+            )
+        )
+
+    @unary(tablet_copy_pb2.EndTabletCopySessionResponsePB)
+    async def EndTabletCopySession(self, request: Any, context: Any) -> Any:
+        await asyncio.to_thread(self._copy.sessions.end, request.session_id)
+        return tablet_copy_pb2.EndTabletCopySessionResponsePB()
+
+    @unary(tablet_copy_pb2.StartTabletCopyResponsePB)
+    async def StartTabletCopy(self, request: Any, context: Any) -> Any:
+        addr = request.copy_peer_addr
+        job = self._copy.jobs.start(
+            request.tablet_id,
+            request.copy_peer_uuid,
+            join_host_port(addr.host, addr.port) if addr.host else "",
+            request.caller_term,
+            request.caller_log_first_index,
+        )
+        return tablet_copy_pb2.StartTabletCopyResponsePB(job_id=job.job_id)
+
+    @unary(tablet_copy_pb2.ListTabletCopiesResponsePB, allow_empty_dest=True)
+    async def ListTabletCopies(self, request: Any, context: Any) -> Any:
+        return tablet_copy_pb2.ListTabletCopiesResponsePB(
+            jobs=[job_to_pb(job) for job in self._copy.jobs.jobs()]
+        )
+
+    @unary(tablet_copy_pb2.CancelTabletCopyResponsePB, allow_empty_dest=True)
+    async def CancelTabletCopy(self, request: Any, context: Any) -> Any:
+        job = self._copy.jobs.cancel(request.job_id)
+        return tablet_copy_pb2.CancelTabletCopyResponsePB(job=job_to_pb(job))
