@@ -15,10 +15,12 @@ import click
 
 # noun -> module whose ``group`` implements it. Add new nouns here.
 COMMAND_MODULES: dict[str, str] = {
+    "tablet-copy": "nyala.cli.tablet_copy",
     "tserver": "nyala.cli.tserver",
 }
 
 _SHORT_HELP: dict[str, str] = {
+    "tablet-copy": "List and cancel tablet copies onto a tablet server.",
     "tserver": "Run and inspect tablet servers.",
 }
 
