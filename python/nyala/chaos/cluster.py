@@ -1,0 +1,172 @@
+"""``ChaosCluster``: a ``MiniCluster`` whose replicas talk through fault-injecting proxies.
+
+It owns the proxies (``proxy.Network``), the disk-fault shim, the tablet under test and the
+bookkeeping of which servers are its members and which are spares (membership changes move
+replicas between them). Everything goes through the public wire protocol.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from nyala import errors
+from nyala._proto import consensus_pb2, metadata_pb2, tserver_admin_pb2
+from nyala.chaos.disk_fault import DiskFaults
+from nyala.chaos.proxy import LOOPBACK, Network
+from nyala.schema import Schema
+from nyala.testing.mini_cluster import MiniCluster, ServerProcess
+
+ADMIN_TIMEOUT_MS = 10_000
+
+
+class ChaosCluster:
+    """``num_tservers`` tservers; the tablet lives on the first ``replicas`` of them."""
+
+    def __init__(
+        self,
+        *,
+        num_tservers: int = 4,
+        replicas: int = 3,
+        base_dir: Path | None = None,
+        keep_dir: bool = False,
+        tserver_flags: tuple[str, ...] = (),
+    ) -> None:
+        self.mini = MiniCluster(
+            num_tservers, base_dir=base_dir, keep_dir=keep_dir, tserver_flags=tserver_flags
+        )
+        self.replicas = replicas
+        self.network = Network(self._server_pids)
+        self.disk = DiskFaults(self.mini.base_dir)
+        self.tablet_id = ""
+        self.schema: Schema | None = None
+        # The servers in the tablet's config, as far as the nemesis knows; the rest are spares.
+        self.members: list[ServerProcess] = []
+        self._stack = contextlib.ExitStack()
+
+    def __enter__(self) -> ChaosCluster:
+        try:
+            self.disk.build()
+            self._stack.enter_context(self.disk.environment())
+            self._stack.enter_context(self.mini)
+            for ts in self.mini.tservers:
+                self.network.add_proxy(ts.name, ts.rpc_port)
+            self._stack.callback(self.network.close)
+        except BaseException:
+            self._stack.close()
+            raise
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stack.close()
+
+    @property
+    def tservers(self) -> list[ServerProcess]:
+        return self.mini.tservers
+
+    @property
+    def spares(self) -> list[ServerProcess]:
+        return [ts for ts in self.tservers if ts not in self.members]
+
+    def _server_pids(self) -> dict[int, str]:
+        return {ts.pid: ts.name for ts in self.tservers if ts.pid is not None and ts.is_running()}
+
+    def peer(self, ts: ServerProcess, member_type: int = metadata_pb2.VOTER) -> Any:
+        """The ``RaftPeerPB`` of ``ts``, addressed through its proxy."""
+        assert ts.uuid is not None, f"{ts.name} has not started"
+        peer = metadata_pb2.RaftPeerPB(permanent_uuid=ts.uuid, member_type=member_type)
+        peer.last_known_addr.host = LOOPBACK
+        peer.last_known_addr.port = self.network.proxies[ts.name].port
+        return peer
+
+    def create_tablet(self, tablet_id: str, schema: Schema) -> None:
+        """Creates the tablet on the first ``replicas`` servers, peers addressed by proxy."""
+        from nyala.tserver.convert import schema_to_pb
+
+        self.tablet_id, self.schema = tablet_id, schema
+        self.members = list(self.tservers[: self.replicas])
+        config = metadata_pb2.RaftConfigPB()
+        for ts in self.members:
+            config.peers.append(self.peer(ts))
+        for ts in self.members:
+            self.create_replica(ts, config, schema_to_pb(schema))
+
+    def create_replica(self, ts: ServerProcess, config: Any, schema_pb: Any = None) -> None:
+        from nyala.tserver.convert import schema_to_pb
+
+        assert self.schema is not None
+        request = tserver_admin_pb2.CreateTabletRequestPB(
+            dest_uuid=ts.uuid,
+            table_id=self.tablet_id,
+            table_name="chaos",
+            tablet_id=self.tablet_id,
+            schema=schema_pb if schema_pb is not None else schema_to_pb(self.schema),
+            config=config,
+        )
+        with ts.proxy() as proxy:
+            proxy.admin_call(proxy.admin.CreateTablet, request, timeout_ms=ADMIN_TIMEOUT_MS)
+
+    def cstate(self, ts: ServerProcess, *, timeout_ms: int = 2_000) -> Any:
+        """The consensus state ``ts`` reports for the tablet."""
+        request = consensus_pb2.GetConsensusStateRequestPB(
+            dest_uuid=ts.uuid, tablet_ids=[self.tablet_id]
+        )
+        with ts.proxy() as proxy:
+            response = proxy.call(proxy.consensus.GetConsensusState, request, timeout_ms=timeout_ms)
+        if not response.tablets:
+            raise errors.TabletNotFoundError(f"{ts.name} has no replica of {self.tablet_id}")
+        return response.tablets[0]
+
+    def leader(self, *, timeout_s: float = 10.0) -> ServerProcess:
+        """A running member that says it leads (``TimedOutError`` if none within the time)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            for ts in self.members:
+                if not ts.is_running() or ts.uuid is None:
+                    continue
+                with contextlib.suppress(errors.NyalaError):
+                    if self.cstate(ts, timeout_ms=500).cstate.leader_uuid == ts.uuid:
+                        return ts
+            if time.monotonic() > deadline:
+                raise errors.TimedOutError(f"no leader of {self.tablet_id} in {timeout_s} s")
+            time.sleep(0.05)
+
+    def consensus_call(self, ts: ServerProcess, method: str, request: Any) -> Any:
+        with ts.proxy() as proxy:
+            return proxy.call(
+                getattr(proxy.consensus, method), request, timeout_ms=ADMIN_TIMEOUT_MS
+            )
+
+    def step_down(self, ts: ServerProcess, *, abrupt: bool) -> None:
+        mode = consensus_pb2.ABRUPT if abrupt else consensus_pb2.GRACEFUL
+        request = consensus_pb2.LeaderStepDownRequestPB(
+            dest_uuid=ts.uuid, tablet_id=self.tablet_id, mode=mode
+        )
+        self.consensus_call(ts, "LeaderStepDown", request)
+
+    def change_config(self, change_type: int, peer: Any, *, deadline_s: float = 15.0) -> Any:
+        """Sends ``ChangeConfig`` to the leader, retrying while leadership is unsettled."""
+        deadline = time.monotonic() + deadline_s
+        while True:
+            try:
+                leader = self.leader(timeout_s=max(0.1, deadline - time.monotonic()))
+                request = consensus_pb2.ChangeConfigRequestPB(
+                    dest_uuid=leader.uuid, tablet_id=self.tablet_id, type=change_type, server=peer
+                )
+                return self.consensus_call(leader, "ChangeConfig", request)
+            except (errors.RetriableError, errors.IllegalStateError):
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+
+    def wal_dir(self, ts: ServerProcess) -> Path:
+        return ts.fs_root / "wals" / self.tablet_id
+
+    def cmeta_path(self, ts: ServerProcess) -> Path:
+        return ts.fs_root / "consensus-meta" / self.tablet_id
+
+    def running_members(self) -> Iterator[ServerProcess]:
+        return (ts for ts in self.members if ts.is_running())

@@ -1,0 +1,69 @@
+"""``nyala chaos run``: a Jepsen-style fault-injection run on a local ``MiniCluster``."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+
+import click
+
+from nyala.chaos.nemesis import ALL_KINDS
+from nyala.chaos.runner import RunConfig, run
+
+
+@click.group(name="chaos")
+def group() -> None:
+    """Fault-injection runs that check nothing acknowledged is lost."""
+
+
+@group.command(name="run")
+@click.option("--duration", "duration_s", type=float, default=60.0, show_default=True,
+              help="Seconds of load under faults.")  # fmt: skip
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the schedule.")
+@click.option(
+    "--nemesis",
+    "nemesis",
+    default="all",
+    show_default=True,
+    help=f"Comma-separated fault kinds, 'all' or 'none'. Kinds: {', '.join(ALL_KINDS)}.",
+)
+@click.option("--threads", type=int, default=4, show_default=True, help="Client workers.")
+@click.option("--dir", "base_dir", type=click.Path(path_type=Path), default=None,
+              help="Cluster directory (kept, with logs); default a temp dir, deleted.")  # fmt: skip
+@click.option("--log-level", default="WARNING", show_default=True, help="Python logging level.")
+def run_command(
+    duration_s: float, seed: int, nemesis: str, threads: int, base_dir: Path | None, log_level: str
+) -> None:
+    """Run workloads under faults; print one summary line; exit 1 on any anomaly."""
+    logging.basicConfig(
+        level=log_level.upper(), stream=sys.stderr, format="%(asctime)s %(name)s: %(message)s"
+    )
+    kinds = parse_kinds(nemesis)
+    config = RunConfig(
+        duration_s=duration_s,
+        seed=seed,
+        kinds=kinds,
+        threads=threads,
+        base_dir=base_dir,
+        keep_dir=base_dir is not None,
+    )
+    summary = run(config)
+    click.echo(summary.line())
+    for anomaly in summary.anomalies:
+        click.echo(f"  anomaly: {anomaly}", err=True)
+    if summary.anomalies:
+        sys.exit(1)
+
+
+def parse_kinds(text: str) -> tuple[str, ...]:
+    """``all``, ``none`` or a comma-separated list of kinds (validated)."""
+    if text == "all":
+        return ALL_KINDS
+    if text == "none":
+        return ()
+    kinds = tuple(k.strip() for k in text.split(",") if k.strip())
+    unknown = sorted(set(kinds) - set(ALL_KINDS))
+    if unknown:
+        raise click.BadParameter(f"unknown kind(s) {unknown}; known: {', '.join(ALL_KINDS)}")
+    return kinds
