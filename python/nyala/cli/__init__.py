@@ -15,11 +15,13 @@ import click
 
 # noun -> module whose ``group`` implements it. Add new nouns here.
 COMMAND_MODULES: dict[str, str] = {
+    "master": "nyala.cli.master",
     "tablet-copy": "nyala.cli.tablet_copy",
     "tserver": "nyala.cli.tserver",
 }
 
 _SHORT_HELP: dict[str, str] = {
+    "master": "Run, list, add and remove masters.",
     "tablet-copy": "List and cancel tablet copies onto a tablet server.",
     "tserver": "Run and inspect tablet servers.",
 }

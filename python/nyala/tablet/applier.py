@@ -19,7 +19,7 @@ way to storage; DESIGN.md §4 wants that loop in Rust.
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -27,7 +27,7 @@ import pyarrow as pa
 from nyala.consensus.wal_log import WalLog
 from nyala.errors import CorruptionError, InvalidArgumentError
 from nyala.storage import ApplyResult, StorageEngine
-from nyala.tablet.write_entry import RequestId, decode_write_entry
+from nyala.tablet.write_entry import KIND_ALTER_SCHEMA, RequestId, decode_write_entry
 
 # Entry batch wire encoding (docs/entry-batch.md): a 24-byte batch header, then entries, each
 # a 24-byte header (term u64, index u64, type u8, 3 reserved, payload length u32) + payload.
@@ -68,9 +68,16 @@ def iter_write_payloads(wire: bytes) -> Iterator[tuple[int, memoryview]]:
 class Applier:
     """The state machine side of one replica: log entries in, storage changes out."""
 
-    def __init__(self, log: WalLog, storage: StorageEngine) -> None:
+    def __init__(
+        self,
+        log: WalLog,
+        storage: StorageEngine,
+        on_alter_schema: Callable[[int, int, bytes], None] | None = None,
+    ) -> None:
         self._log = log
         self._storage = storage
+        # Applies a schema-change entry: (op index, new version, schema document).
+        self._on_alter_schema = on_alter_schema
         # Invariant: every committed index <= applied_index is reflected in storage.
         self.applied_index = storage.last_applied_index
         # client id -> seq no -> outcome; trimmed below the client's first incomplete seq no.
@@ -110,6 +117,12 @@ class Applier:
 
     def _apply_write(self, index: int, payload: memoryview) -> None:
         entry = decode_write_entry(payload)
+        if entry.kind == KIND_ALTER_SCHEMA:
+            if self._on_alter_schema is None:
+                raise CorruptionError(f"entry {index} changes the schema; nothing can apply it")
+            self._on_alter_schema(index, entry.schema_version, bytes(entry.ops))
+            self._by_index[index] = WriteOutcome(index, None)
+            return
         request = entry.request_id
         if request is not None:
             first_outcome = self.outcome_of(request)

@@ -15,7 +15,9 @@ log for consensus to commit or truncate.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import enum
+import json
 import logging
 import random
 from collections.abc import Sequence
@@ -41,10 +43,17 @@ from nyala.errors import (
     SchemaMismatchError,
     TabletNotRunningError,
 )
+from nyala.schema import Schema
 from nyala.storage import Predicate, StorageEngine
 from nyala.tablet.applier import Applier, WriteOutcome
-from nyala.tablet.superblock import DataState, Superblock
-from nyala.tablet.write_entry import RequestId, encode_write_entry
+from nyala.tablet.superblock import (
+    DataState,
+    Superblock,
+    schema_from_dict,
+    schema_to_dict,
+    write_superblock,
+)
+from nyala.tablet.write_entry import RequestId, encode_alter_schema_entry, encode_write_entry
 
 log = logging.getLogger(__name__)
 
@@ -116,7 +125,8 @@ class TabletReplica:
             self.cmeta = FileCmetaStore(self.paths.cmeta).load()
             self.storage = StorageEngine.open(self.paths.data_dir)
             self.wal = WalLog(self.paths.wal_dir, self.tablet_id, self._wal_options)
-            self.applier = Applier(self.wal, self.storage)
+            self._roll_schema_forward(self.storage)
+            self.applier = Applier(self.wal, self.storage, self._on_alter_schema)
             self._storage_anchor = self.wal.register_anchor(self.storage.last_flushed_index + 1)
         except Exception as exc:  # any failure keeps this replica offline, never the server
             self.close()
@@ -255,6 +265,58 @@ class TabletReplica:
                 leader_uuid=leader,
                 leader_addr=None if peer is None else peer.address,
             )
+
+    # --- schema changes ---------------------------------------------------------------------
+
+    async def alter_schema(self, schema: Schema, table_name: str) -> None:
+        """AlterSchema at the leader: replicates the change to ``schema`` (the next version)
+        as a log entry, ordered with the writes around it; returns once applied here.
+        Idempotent: a version the tablet already has is a no-op."""
+        runtime, _, applier = self._running()
+        self._require_leader(runtime)
+        current = self.superblock.schema.version
+        if schema.version <= current:
+            return
+        if schema.version != current + 1:
+            raise SchemaMismatchError(
+                f"tablet {self.tablet_id} has schema version {current}; "
+                f"cannot alter to {schema.version}"
+            )
+        doc = json.dumps(
+            {
+                "schema": schema_to_dict(schema),
+                "table_name": table_name or self.superblock.table_name,
+            },
+            sort_keys=True,
+        ).encode()
+        op_id = await runtime.propose(encode_alter_schema_entry(schema.version, doc))
+        applier.take_outcome(op_id.index)
+        if self.state is TabletState.FAILED:
+            raise IllegalStateError(f"tablet {self.tablet_id} failed: {self.state_reason}")
+
+    def _on_alter_schema(self, index: int, version: int, doc: bytes) -> None:
+        """Applies a committed schema change: storage first (it persists the schema with the
+        op index), then the superblock (``_roll_schema_forward`` repairs a crash in between)."""
+        fields = json.loads(doc)
+        schema = schema_from_dict(fields["schema"])
+        assert schema.version == version, "the entry's version is its schema's"
+        storage = self.storage
+        assert storage is not None, "applied only while open"
+        if storage.schema.version < version:
+            storage.alter_schema(schema, index)
+        if self.superblock.schema.version < version:
+            sb = dataclasses.replace(
+                self.superblock, schema=schema, table_name=str(fields["table_name"])
+            )
+            write_superblock(self.paths.superblock, sb)
+            self.superblock = sb
+        log.info("tablet %s: schema version %d at op %d", self.tablet_id, version, index)
+
+    def _roll_schema_forward(self, storage: StorageEngine) -> None:
+        if storage.schema.version > self.superblock.schema.version:
+            sb = dataclasses.replace(self.superblock, schema=storage.schema)
+            write_superblock(self.paths.superblock, sb)
+            self.superblock = sb
 
     async def write(
         self, request_id: RequestId | None, schema_version: int, ops: bytes

@@ -89,6 +89,19 @@ class Superblock:
         )
 
 
+def schema_to_dict(schema: Schema) -> dict[str, Any]:
+    """The JSON-ready form of a schema (the superblock's ``schema`` field)."""
+    return _schema_to_dict(schema)
+
+
+def schema_from_dict(doc: Any) -> Schema:
+    """The schema of ``schema_to_dict``'s form; ``CorruptionError`` if malformed."""
+    try:
+        return _schema_from_dict(doc)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise CorruptionError(f"schema document is malformed: {exc!r}") from None
+
+
 def _schema_to_dict(schema: Schema) -> dict[str, Any]:
     columns, key_count, version, next_column_id = schema.to_native()
     out = []

@@ -5,7 +5,7 @@ Layout (little-endian; docs/tablet-write-entry.md)::
     offset  bytes  field
     0       4      magic b"NYWR"
     4       1      format version (1)
-    5       1      reserved (0)
+    5       1      kind: 0 = row ops, 1 = schema change (the tail is the new schema, JSON)
     6       2      client id length in bytes (n, at most 1024)
     8       8      sequence number (signed; -1 = no request id)
     16      8      first incomplete sequence number (signed)
@@ -31,6 +31,9 @@ _HEADER = struct.Struct("<4sBBHqqI")
 HEADER_BYTES = _HEADER.size
 CLIENT_ID_BYTES_MAX = 1024
 NO_SEQ_NO = -1
+#: ``WriteEntry.kind`` values: the tail is an op batch, or a schema change (AlterSchema).
+KIND_ROWS = 0
+KIND_ALTER_SCHEMA = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +52,17 @@ class WriteEntry:
     request_id: RequestId | None
     schema_version: int
     ops: memoryview
+    kind: int = KIND_ROWS
+
+
+def encode_alter_schema_entry(schema_version: int, schema_doc: bytes) -> bytes:
+    """The payload of a schema change to ``schema_version`` (``schema_doc``: the new schema
+    and table name as JSON, see ``TabletReplica.alter_schema``). It travels as a WRITE entry so
+    that it is ordered with the writes around it on every replica."""
+    head = _HEADER.pack(
+        MAGIC, FORMAT_VERSION, KIND_ALTER_SCHEMA, 0, NO_SEQ_NO, NO_SEQ_NO, schema_version
+    )
+    return head + schema_doc
 
 
 def encode_write_entry(request_id: RequestId | None, schema_version: int, ops: bytes) -> bytes:
@@ -70,7 +84,7 @@ def decode_write_entry(payload: bytes | memoryview) -> WriteEntry:
     view = memoryview(payload)
     if len(view) < HEADER_BYTES:
         raise CorruptionError(f"WRITE payload is {len(view)} bytes, shorter than its header")
-    magic, version, _, client_len, seq, first, schema_version = _HEADER.unpack_from(view)
+    magic, version, kind, client_len, seq, first, schema_version = _HEADER.unpack_from(view)
     if magic != MAGIC:
         raise CorruptionError(f"WRITE payload has magic {magic!r}, expected {MAGIC!r}")
     if version != FORMAT_VERSION:
@@ -81,4 +95,6 @@ def decode_write_entry(payload: bytes | memoryview) -> WriteEntry:
     request_id = None
     if seq != NO_SEQ_NO:
         request_id = RequestId(bytes(view[HEADER_BYTES:end]).decode(), seq, first)
-    return WriteEntry(request_id, schema_version, view[end:])
+    if kind not in (KIND_ROWS, KIND_ALTER_SCHEMA):
+        raise NotSupportedError(f"WRITE payload kind {kind} is not supported")
+    return WriteEntry(request_id, schema_version, view[end:], kind)

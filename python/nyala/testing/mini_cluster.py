@@ -9,7 +9,9 @@ No process outlives its cluster: ``shutdown`` (also run by ``with`` and at inter
 kills every child, and each child asks the kernel to SIGKILL it if the test process dies
 (``PR_SET_PDEATHSIG``, see ``nyala.cli.process``), so even ``kill -9`` of pytest leaks nothing.
 
-Masters arrive with issue 9: ``num_masters`` and ``MiniCluster.masters`` are the place for them.
+With ``num_masters`` (1 or more) the cluster starts ``nyala master run`` processes first, all
+given the same ``--masters`` list, and every tserver is given it too; ``leader_master`` finds
+the master that serves clients.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from nyala.cli.process import PARENT_PID_ENV
-from nyala.errors import NotSupportedError, NyalaError, TimedOutError
+from nyala.errors import NyalaError, TimedOutError
 from nyala.rpc import BlockingServerProxy, join_host_port
 from nyala.rpc.ports import free_loopback_ports
 
@@ -136,8 +138,18 @@ class ServerProcess:
             _live_processes.add(proc)
         self._proc = proc
 
+    def _ask_uuid(self, proxy: BlockingServerProxy) -> str:
+        if self.role != "master":
+            return str(proxy.ping(timeout_ms=500).server_uuid)
+        from nyala._proto import master_pb2
+
+        request = master_pb2.ConnectToMasterRequestPB()
+        answer = proxy.call(proxy.master.ConnectToMaster, request, timeout_ms=500)
+        return str(answer.master_uuid)
+
     def wait_ready(self, timeout_s: float = 30.0) -> str:
-        """Waits until the server answers Ping; returns (and records) its UUID."""
+        """Waits until the server answers Ping (a master: ConnectToMaster); returns (and
+        records) its UUID."""
         deadline = time.monotonic() + timeout_s
         last_error: Exception | None = None
         with BlockingServerProxy(self.rpc_addr) as proxy:
@@ -148,7 +160,7 @@ class ServerProcess:
                         f"log {self.log_path}: {self.log_tail()}"
                     )
                 try:
-                    self.uuid = str(proxy.ping(timeout_ms=500).server_uuid)
+                    self.uuid = self._ask_uuid(proxy)
                     return self.uuid
                 except NyalaError as exc:
                     last_error = exc
@@ -264,11 +276,10 @@ class MiniCluster:
         num_masters: int = 0,
         base_dir: Path | None = None,
         tserver_flags: Sequence[str] = (),
+        master_flags: Sequence[str] = (),
         start_timeout_s: float = 30.0,
         keep_dir: bool = False,
     ) -> None:
-        if num_masters:
-            raise NotSupportedError("masters are not implemented yet (issue 9)")
         self._owns_dir = base_dir is None
         self.base_dir = (
             Path(tempfile.mkdtemp(prefix="nyala-mini-")) if base_dir is None else base_dir
@@ -276,6 +287,8 @@ class MiniCluster:
         self.keep_dir = keep_dir
         self.start_timeout_s = start_timeout_s
         self.tserver_flags = list(tserver_flags)
+        self.master_flags = list(master_flags)
+        self._num_masters = num_masters
         self.masters: list[ServerProcess] = []
         self.tservers: list[ServerProcess] = []
         self._num_tservers = num_tservers
@@ -303,6 +316,13 @@ class MiniCluster:
 
     def start(self) -> None:
         """Starts every configured server, then waits for all of them to be ready."""
+        for _ in range(self._num_masters):
+            self._new_master()
+        for master in self.masters:
+            master.flags += ["--masters", ",".join(self.master_addrs)]
+            master.start()
+        for master in self.masters:
+            master.wait_ready(self.start_timeout_s)
         for _ in range(self._num_tservers):
             self._new_tserver()
         for ts in self.tservers:
@@ -405,15 +425,62 @@ class MiniCluster:
         if self._owns_dir and not self.keep_dir:
             shutil.rmtree(self.base_dir, ignore_errors=True)
 
+    def _new_master(self, flags: Sequence[str] = ()) -> ServerProcess:
+        rpc_port, http_port = free_loopback_ports(2, LOOPBACK)
+        master = ServerProcess(
+            "master",
+            len(self.masters),
+            self.base_dir,
+            rpc_port,
+            http_port,
+            [*self.master_flags, *flags],
+        )
+        self.masters.append(master)
+        return master
+
+    def add_master(self, *, flags: Sequence[str] = ()) -> ServerProcess:
+        """Starts one more master whose ``--masters`` lists the current ones and itself (it
+        joins the cluster once the leader adds it: ``AddMaster``); waits until it answers."""
+        master = self._new_master(flags)
+        master.flags += ["--masters", ",".join(self.master_addrs)]
+        master.start()
+        master.wait_ready(self.start_timeout_s)
+        return master
+
+    def leader_master(self, *, timeout_s: float = 30.0) -> ServerProcess:
+        """The running master that leads with its catalog loaded; ``TimedOutError`` if none
+        does within ``timeout_s``."""
+        from nyala._proto import master_pb2
+
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            for master in self.masters:
+                if not master.is_running():
+                    continue
+                try:
+                    with master.proxy() as proxy:
+                        answer = proxy.call(
+                            proxy.master.ConnectToMaster,
+                            master_pb2.ConnectToMasterRequestPB(),
+                            timeout_ms=1_000,
+                        )
+                except NyalaError:
+                    continue
+                if answer.catalog_ready:
+                    return master
+            time.sleep(0.05)
+        raise TimedOutError(f"no leader master within {timeout_s} s")
+
     def _new_tserver(self, flags: Sequence[str] = ()) -> ServerProcess:
         rpc_port, http_port = free_loopback_ports(2, LOOPBACK)
+        masters = ["--masters", ",".join(self.master_addrs)] if self.masters else []
         ts = ServerProcess(
             "tserver",
             len(self.tservers),
             self.base_dir,
             rpc_port,
             http_port,
-            [*self.tserver_flags, *flags],
+            [*self.tserver_flags, *masters, *flags],
         )
         self.tservers.append(ts)
         return ts

@@ -75,6 +75,7 @@ class TabletServer:
         # The group every replica's Raft runs in; set while serving.
         self._replica_tasks: asyncio.TaskGroup | None = None
         self._flush_task: asyncio.Task[None] | None = None
+        self._heartbeat_task: asyncio.Task[None] | None = None
         self.copy: TabletCopy | None = None
         self._copy_tasks: list[asyncio.Task[None]] = []
 
@@ -160,6 +161,8 @@ class TabletServer:
             tasks.create_task(self.http.wait_closed(), name="http-server")
             tasks.create_task(self._shutdown_when_stopped(), name="shutdown")
             self._flush_task = tasks.create_task(self._flush_loop(), name="flush")
+            if self.settings.masters:
+                self._heartbeat_task = tasks.create_task(self._heartbeat(), name="heartbeater")
             if self.copy is not None:
                 self._copy_tasks = self.copy.start(tasks)
 
@@ -270,6 +273,24 @@ class TabletServer:
                     # The rows stay in memory and in the WAL; the next round tries again.
                     log.warning("flush of tablet %s failed: %s", replica.tablet_id, exc)
 
+    async def _heartbeat(self) -> None:
+        """Heartbeats to every master (``nyala.tserver.heartbeater``) until cancelled."""
+        from nyala.tserver.heartbeater import Heartbeater
+
+        assert self.rpc is not None
+        assert self.http is not None
+        assert self.tablets is not None
+        heartbeater = Heartbeater(
+            self.uuid,
+            self.rpc.address,
+            self.http.address,
+            self.settings.masters,
+            self.settings.master_heartbeat_interval_ms,
+            self.tablets,
+            self.settings.rpc_settings(),
+        )
+        await heartbeater.run()
+
     async def _shutdown_when_stopped(self) -> None:
         await self._stop.wait()
         self._stopping = True
@@ -279,6 +300,8 @@ class TabletServer:
         await self.http.stop()
         if self._flush_task is not None:
             self._flush_task.cancel()  # it may sleep for flush_interval_ms
+        if self._heartbeat_task is not None:
+            self._heartbeat_task.cancel()
         for task in self._copy_tasks:
             task.cancel()
         if self.copy is not None:

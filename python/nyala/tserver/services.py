@@ -1,5 +1,5 @@
-"""The RPC services a tablet server answers today: Ping, CreateTablet, DeleteTablet and
-ListTablets.
+"""The RPC services a tablet server answers today: Ping, Write, Scan, CreateTablet,
+DeleteTablet, AlterSchema and ListTablets.
 
 Handlers are thin: they check nothing themselves (``nyala.rpc.service`` checks ``dest_uuid``
 and turns exceptions into ``ErrorPB``) and delegate to the server's state; the tablet manager's
@@ -239,6 +239,14 @@ class AdminService(ServiceBase, tserver_admin_pb2_grpc.TabletServerAdminServiceS
             cas_config_opid_index_le=cas,
         )
         return tserver_admin_pb2.DeleteTabletResponsePB()
+
+    @unary(tserver_admin_pb2.AlterSchemaResponsePB)
+    async def AlterSchema(self, request: Any, context: Any) -> Any:
+        if not request.HasField("schema"):
+            raise InvalidArgumentError("AlterSchema needs the new schema")
+        replica = self._tablets.replica(request.tablet_id)
+        await replica.alter_schema(schema_from_pb(request.schema), request.new_table_name)
+        return tserver_admin_pb2.AlterSchemaResponsePB()
 
     @unary(tserver_admin_pb2.ListTabletsResponsePB)
     async def ListTablets(self, request: Any, context: Any) -> Any:

@@ -1,0 +1,192 @@
+"""The leader master's background tasks: the RPCs that make tservers match the catalog.
+
+After every committed change (and every ``background_task_interval_ms``) the leader looks at
+its committed records and sends, with at most one RPC per (kind, tserver, tablet) every
+``background_rpc_retry_ms``:
+
+* ``CreateTablet`` to each replica of a CREATING tablet that has not reported it; a tablet
+  still without a leader after ``tablet_creation_timeout_ms`` is replaced (the replacement is
+  replicated before anything is sent, seed 002 Appendix B);
+* ``AlterSchema`` to the leader of each tablet of an ALTERING table that has not reported the
+  table's schema version;
+* ``DeleteTablet`` (tombstone) for each queued deletion: replicas of deleted or replaced
+  tablets, and replicas evicted from their tablet's config (with a CAS on the config's op index).
+
+All of it is idempotent and driven by committed state plus tablet reports, so a new leader
+master simply continues where the old one stopped (the full reports it gets after failover
+re-queue what was missed, KUDU-1374).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable
+from typing import Any
+
+from nyala._proto import master_pb2, metadata_pb2, tserver_admin_pb2
+from nyala.errors import CasFailedError, NyalaError, TabletNotFoundError
+from nyala.master.catalog import TableInfo, TabletInfo
+from nyala.master.catalog_manager import CatalogManager
+from nyala.rpc import ServerProxy
+from nyala.rpc.settings import RpcSettings
+
+log = logging.getLogger(__name__)
+
+#: Deadline of one background RPC.
+TASK_RPC_TIMEOUT_MS = 10_000
+_RUNNING_STATES = (metadata_pb2.RUNNING, metadata_pb2.BOOTSTRAPPING, metadata_pb2.NOT_STARTED)
+
+
+class BackgroundTasks:
+    """Runs on every master; works only while its catalog manager leads."""
+
+    def __init__(self, manager: CatalogManager, rpc_settings: RpcSettings) -> None:
+        self._m = manager
+        self._settings = manager.settings
+        self._rpc_settings = rpc_settings
+        self._proxies: dict[str, ServerProxy] = {}
+        self._sent_s: dict[tuple[str, str, str], float] = {}
+
+    async def run(self) -> None:
+        """Runs until cancelled."""
+        interval_s = self._settings.background_task_interval_ms / 1000
+        try:
+            while True:
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(interval_s):
+                        await self._m.wake.wait()
+                self._m.wake.clear()
+                if not self._m.is_ready_leader():
+                    self._sent_s.clear()
+                    continue
+                try:
+                    await self.run_once()
+                except NyalaError as exc:
+                    log.info("background tasks: %s", exc)
+        finally:
+            for proxy in self._proxies.values():
+                with contextlib.suppress(Exception):
+                    await proxy.close()
+
+    async def run_once(self) -> None:
+        """One pass over the catalog."""
+        catalog = self._m.catalog
+        now_us = time.time_ns() // 1000
+        timeout_us = self._settings.tablet_creation_timeout_ms * 1000
+        calls: list[Awaitable[None]] = []
+        for tablet in list(catalog.tablets_by_id.values()):
+            if tablet.pb.state != master_pb2.SYS_TABLET_CREATING:
+                continue
+            if now_us - tablet.pb.create_time_us > timeout_us:
+                await self._m.replace_tablet(tablet.tablet_id)
+                continue
+            table = catalog.tables_by_id.get(tablet.pb.table_id)
+            if table is not None:
+                calls.extend(self._create_calls(table, tablet))
+        for table in catalog.live_tables():
+            if table.pb.state == master_pb2.SYS_TABLE_ALTERING:
+                calls.extend(self._alter_calls(table))
+        calls.extend(self._delete_calls())
+        if calls:
+            await asyncio.gather(*calls)
+
+    def _due(self, kind: str, ts_uuid: str, tablet_id: str) -> bool:
+        key = (kind, ts_uuid, tablet_id)
+        now = time.monotonic()
+        if now - self._sent_s.get(key, -1e9) < self._settings.background_rpc_retry_ms / 1000:
+            return False
+        self._sent_s[key] = now
+        return True
+
+    def _proxy(self, ts_uuid: str) -> ServerProxy | None:
+        ts = self._m.ts_manager.get(ts_uuid)
+        if ts is None:
+            return None
+        proxy = self._proxies.get(ts.rpc_addr)
+        if proxy is None:
+            proxy = self._proxies[ts.rpc_addr] = ServerProxy(ts.rpc_addr, self._rpc_settings)
+        return proxy
+
+    def _create_calls(self, table: TableInfo, tablet: TabletInfo) -> list[Awaitable[None]]:
+        reports = self._m.reports.get(tablet.tablet_id, {})
+        calls: list[Awaitable[None]] = []
+        config = tablet.pb.consensus_state.committed_config
+        for peer in config.peers:
+            reported = reports.get(peer.permanent_uuid)
+            if reported is not None and reported.state in _RUNNING_STATES:
+                continue
+            if not self._due("create", peer.permanent_uuid, tablet.tablet_id):
+                continue
+            request = tserver_admin_pb2.CreateTabletRequestPB(
+                dest_uuid=peer.permanent_uuid,
+                table_id=table.table_id,
+                table_name=table.name,
+                tablet_id=tablet.tablet_id,
+                schema=table.pb.schema,
+                partition_schema=table.pb.partition_schema,
+                partition=tablet.pb.partition,
+                config=config,
+            )
+            calls.append(self._send("CreateTablet", peer.permanent_uuid, request))
+        return calls
+
+    def _alter_calls(self, table: TableInfo) -> list[Awaitable[None]]:
+        version = table.pb.schema.version
+        calls: list[Awaitable[None]] = []
+        for tablet in table.live_tablets():
+            leader = tablet.pb.consensus_state.leader_uuid
+            if tablet.pb.reported_schema_version >= version or not leader:
+                continue
+            if not self._due("alter", leader, tablet.tablet_id):
+                continue
+            request = tserver_admin_pb2.AlterSchemaRequestPB(
+                dest_uuid=leader,
+                tablet_id=tablet.tablet_id,
+                schema=table.pb.schema,
+                new_table_name=table.name,
+            )
+            calls.append(self._send("AlterSchema", leader, request))
+        return calls
+
+    def _delete_calls(self) -> list[Awaitable[None]]:
+        calls: list[Awaitable[None]] = []
+        for (ts_uuid, tablet_id), cas in list(self._m.pending_deletes.items()):
+            if not self._due("delete", ts_uuid, tablet_id):
+                continue
+            request = tserver_admin_pb2.DeleteTabletRequestPB(
+                dest_uuid=ts_uuid,
+                tablet_id=tablet_id,
+                delete_type=metadata_pb2.TABLET_DATA_TOMBSTONED,
+                reason="deleted by the master",
+            )
+            if cas is not None:
+                request.cas_config_opid_index_less_or_equal = cas
+            calls.append(self._delete(ts_uuid, tablet_id, request))
+        return calls
+
+    async def _delete(self, ts_uuid: str, tablet_id: str, request: Any) -> None:
+        try:
+            await self._call("DeleteTablet", ts_uuid, request)
+        except (TabletNotFoundError, CasFailedError) as exc:
+            log.info("tombstone of %s on %s not needed: %s", tablet_id, ts_uuid, exc)
+        except NyalaError as exc:
+            log.info("DeleteTablet %s on %s failed (will retry): %s", tablet_id, ts_uuid, exc)
+            return
+        self._m.pending_deletes.pop((ts_uuid, tablet_id), None)
+
+    async def _send(self, method: str, ts_uuid: str, request: Any) -> None:
+        try:
+            await self._call(method, ts_uuid, request)
+        except NyalaError as exc:
+            log.info("%s %s on %s failed (will retry): %s", method, request.tablet_id, ts_uuid, exc)
+
+    async def _call(self, method: str, ts_uuid: str, request: Any) -> None:
+        proxy = self._proxy(ts_uuid)
+        if proxy is None:
+            return
+        await proxy.admin_call(
+            getattr(proxy.admin, method), request, timeout_ms=TASK_RPC_TIMEOUT_MS
+        )

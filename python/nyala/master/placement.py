@@ -1,0 +1,36 @@
+"""Placement of new replicas: "power of two choices" over live tablet servers by load.
+
+For each replica, two distinct candidates are drawn at random among the live servers not yet
+chosen for the tablet, and the less loaded one wins (load = replicas the catalog places on the
+server, plus those chosen earlier in the same operation). This spreads replicas nearly as evenly
+as always taking the least loaded server, without every concurrent creation piling onto the
+same one (Mitzenmacher, "The Power of Two Choices in Randomized Load Balancing").
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+
+from nyala.errors import InvalidArgumentError
+
+
+def choose_replicas(
+    live: Sequence[str], load: dict[str, int], count: int, rng: random.Random
+) -> list[str]:
+    """``count`` distinct servers of ``live``; ``load`` is updated with the choice."""
+    if count > len(live):
+        raise InvalidArgumentError(
+            f"{count} replicas requested, but only {len(live)} tablet servers are live"
+        )
+    chosen: list[str] = []
+    for _ in range(count):
+        candidates = [ts for ts in live if ts not in chosen]
+        if len(candidates) == 1:
+            pick = candidates[0]
+        else:
+            a, b = rng.sample(candidates, 2)
+            pick = a if load.get(a, 0) <= load.get(b, 0) else b
+        chosen.append(pick)
+        load[pick] = load.get(pick, 0) + 1
+    return chosen

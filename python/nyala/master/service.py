@@ -1,0 +1,122 @@
+"""The master's RPC service: thin handlers over the catalog manager (master.proto)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from nyala._proto import master_pb2, master_pb2_grpc
+from nyala.consensus.types import Role
+from nyala.errors import InvalidArgumentError
+from nyala.master import membership
+from nyala.master.catalog_manager import CatalogManager, role_pb
+from nyala.rpc import RpcMetrics, ServiceBase, join_host_port, unary
+
+
+class MasterService(ServiceBase, master_pb2_grpc.MasterServiceServicer):  # type: ignore[misc]
+    """Heartbeats, leader discovery, DDL, catalog reads and membership."""
+
+    def __init__(self, server_uuid: str, metrics: RpcMetrics, manager: CatalogManager) -> None:
+        super().__init__(server_uuid, metrics)
+        self._m = manager
+
+    @unary(master_pb2.TSHeartbeatResponsePB, allow_empty_dest=True)
+    async def TSHeartbeat(self, request: Any, context: Any) -> Any:
+        if not request.ts_uuid:
+            raise InvalidArgumentError("a heartbeat needs ts_uuid")
+        return await self._m.heartbeat(request)
+
+    @unary(master_pb2.ConnectToMasterResponsePB, allow_empty_dest=True)
+    async def ConnectToMaster(self, request: Any, context: Any) -> Any:
+        response = master_pb2.ConnectToMasterResponsePB(master_uuid=self.server_uuid)
+        response.masters.extend(self._m.master_entries())
+        status = self._m.status()
+        if status is not None:
+            response.role = role_pb(status.role)
+            response.term = status.term
+            response.leader_uuid = status.leader_uuid or ""
+            response.catalog_ready = status.role is Role.LEADER and self._m.is_ready_leader()
+        return response
+
+    @unary(master_pb2.CreateTableResponsePB)
+    async def CreateTable(self, request: Any, context: Any) -> Any:
+        table_id = await self._m.create_table(request)
+        return master_pb2.CreateTableResponsePB(table_id=table_id)
+
+    @unary(master_pb2.IsCreateTableDoneResponsePB)
+    async def IsCreateTableDone(self, request: Any, context: Any) -> Any:
+        return master_pb2.IsCreateTableDoneResponsePB(done=self._m.is_create_done(request))
+
+    @unary(master_pb2.AlterTableResponsePB)
+    async def AlterTable(self, request: Any, context: Any) -> Any:
+        table_id, version = await self._m.alter_table(request)
+        return master_pb2.AlterTableResponsePB(table_id=table_id, schema_version=version)
+
+    @unary(master_pb2.IsAlterTableDoneResponsePB)
+    async def IsAlterTableDone(self, request: Any, context: Any) -> Any:
+        done, version = self._m.is_alter_done(request)
+        return master_pb2.IsAlterTableDoneResponsePB(done=done, schema_version=version)
+
+    @unary(master_pb2.DeleteTableResponsePB)
+    async def DeleteTable(self, request: Any, context: Any) -> Any:
+        await self._m.delete_table(request)
+        return master_pb2.DeleteTableResponsePB()
+
+    @unary(master_pb2.GetTableSchemaResponsePB)
+    async def GetTableSchema(self, request: Any, context: Any) -> Any:
+        return self._m.table_schema(request)
+
+    @unary(master_pb2.GetTableLocationsResponsePB)
+    async def GetTableLocations(self, request: Any, context: Any) -> Any:
+        return self._m.table_locations(request)
+
+    @unary(master_pb2.ListTablesResponsePB)
+    async def ListTables(self, request: Any, context: Any) -> Any:
+        response = master_pb2.ListTablesResponsePB()
+        for table in self._m.list_tables(request.name_filter):
+            response.tables.add(
+                id=table.table_id,
+                name=table.name,
+                num_tablets=len(table.live_tablets()),
+                num_replicas=table.pb.num_replicas,
+                state=table.pb.state,
+                schema_version=table.pb.schema.version,
+            )
+        return response
+
+    @unary(master_pb2.ListTabletServersResponsePB)
+    async def ListTabletServers(self, request: Any, context: Any) -> Any:
+        counts = self._m.require_leader().replica_counts()
+        response = master_pb2.ListTabletServersResponsePB()
+        ts_manager = self._m.ts_manager
+        for ts in ts_manager.all():
+            response.servers.add(
+                ts_info=ts.to_pb(),
+                millis_since_heartbeat=ts.millis_since_heartbeat(),
+                live=ts_manager.is_live(ts),
+                num_replicas=counts.get(ts.uuid, 0),
+            )
+        return response
+
+    @unary(master_pb2.ListMastersResponsePB)
+    async def ListMasters(self, request: Any, context: Any) -> Any:
+        response = master_pb2.ListMastersResponsePB()
+        response.masters.extend(self._m.master_entries())
+        return response
+
+    @unary(master_pb2.AddMasterResponsePB)
+    async def AddMaster(self, request: Any, context: Any) -> Any:
+        if not request.rpc_addr.host or not request.rpc_addr.port:
+            raise InvalidArgumentError("AddMaster needs the new master's rpc_addr")
+        addr = join_host_port(request.rpc_addr.host, request.rpc_addr.port)
+        uuid = await membership.add_master(self._m, addr)
+        return master_pb2.AddMasterResponsePB(master_uuid=uuid)
+
+    @unary(master_pb2.RemoveMasterResponsePB)
+    async def RemoveMaster(self, request: Any, context: Any) -> Any:
+        addr = ""
+        if request.rpc_addr.host:
+            addr = join_host_port(request.rpc_addr.host, request.rpc_addr.port)
+        if not request.master_uuid and not addr:
+            raise InvalidArgumentError("RemoveMaster needs the master's uuid or rpc_addr")
+        await membership.remove_master(self._m, request.master_uuid, addr)
+        return master_pb2.RemoveMasterResponsePB()

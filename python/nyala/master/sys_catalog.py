@@ -1,0 +1,194 @@
+"""The sys catalog: the master's one tablet (id ``000…0``), replicated by Raft over the same
+tablet, WAL, storage and consensus code as any tserver tablet.
+
+Each row is one record: ``(entry_type, entry_id) -> metadata``, where metadata is a serialized
+``SysTableEntryPB`` or ``SysTabletEntryPB`` (master.proto). ``write`` replicates any number of
+records as ONE op batch, so a logical operation (a table and all its tablets) commits or fails
+as a whole (seed 002, "Ensure each logical operation is replicated as one batch"). ``load``
+reads every record back; the caller must have confirmed leadership first (``read_index``), so
+everything committed before is applied.
+
+This module owns the record format only; what the records mean belongs to the catalog manager.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+
+from nyala._proto import master_pb2
+from nyala.consensus.runtime import RaftRuntime
+from nyala.consensus.types import RaftConfig
+from nyala.errors import (
+    CorruptionError,
+    IllegalStateError,
+    ServiceUnavailableError,
+    TabletNotRunningError,
+)
+from nyala.rowops import OpType, make_op_batch
+from nyala.schema import Column, Schema
+from nyala.tablet import Partition, TabletManager
+from nyala.tablet.replica import TabletReplica
+
+#: The sys catalog's tablet id (and its table id).
+SYS_CATALOG_TABLET_ID = "0" * 32
+SYS_CATALOG_TABLE_NAME = "sys.catalog"
+
+#: The record layout: one row per table or tablet.
+SYS_CATALOG_SCHEMA = Schema(
+    [Column("entry_type", "int8"), Column("entry_id", "string"), Column("metadata", "binary")],
+    key=["entry_type", "entry_id"],
+)
+
+
+class EntryType(enum.IntEnum):
+    """What a sys-catalog row holds."""
+
+    TABLE = 1
+    TABLET = 2
+
+
+@dataclass(frozen=True)
+class CatalogRecord:
+    """One row to write."""
+
+    entry_type: EntryType
+    entry_id: str
+    metadata: Any  # a SysTableEntryPB or SysTabletEntryPB
+
+    @staticmethod
+    def table(pb: Any) -> CatalogRecord:
+        """The row of a table record."""
+        return CatalogRecord(EntryType.TABLE, str(pb.table_id), pb)
+
+    @staticmethod
+    def tablet(pb: Any) -> CatalogRecord:
+        """The row of a tablet record."""
+        return CatalogRecord(EntryType.TABLET, str(pb.tablet_id), pb)
+
+
+@dataclass(frozen=True)
+class CatalogContents:
+    """Every record of the sys catalog, parsed."""
+
+    tables: list[Any]  # SysTableEntryPB
+    tablets: list[Any]  # SysTabletEntryPB
+
+
+def encode_records(records: Sequence[CatalogRecord]) -> bytes:
+    """The Arrow IPC op batch that upserts ``records``."""
+    data = {
+        "entry_type": pa.array([int(r.entry_type) for r in records], pa.int8()),
+        "entry_id": pa.array([r.entry_id for r in records], pa.string()),
+        "metadata": pa.array([r.metadata.SerializeToString() for r in records], pa.binary()),
+    }
+    batch = make_op_batch(data, OpType.UPSERT, SYS_CATALOG_SCHEMA)
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, batch.schema) as writer:
+        writer.write_batch(batch)
+    return bytes(sink.getvalue().to_pybytes())
+
+
+def decode_contents(table: pa.Table) -> CatalogContents:
+    """The records of a scan of the whole sys catalog; ``CorruptionError`` if one is bad."""
+    tables: list[Any] = []
+    tablets: list[Any] = []
+    columns = table.to_pydict()
+    for kind, entry_id, raw in zip(
+        columns["entry_type"], columns["entry_id"], columns["metadata"], strict=True
+    ):
+        if kind == EntryType.TABLE:
+            pb: Any = master_pb2.SysTableEntryPB()
+            target = tables
+        elif kind == EntryType.TABLET:
+            pb = master_pb2.SysTabletEntryPB()
+            target = tablets
+        else:
+            raise CorruptionError(f"sys catalog row {entry_id!r} has unknown entry type {kind}")
+        try:
+            pb.ParseFromString(raw)
+        except Exception as exc:  # protobuf raises DecodeError (not a nyala error)
+            raise CorruptionError(f"sys catalog row {entry_id!r} does not parse: {exc}") from None
+        target.append(pb)
+    return CatalogContents(tables, tablets)
+
+
+class SysCatalog:
+    """This master's replica of the sys-catalog tablet."""
+
+    def __init__(self, tablets: TabletManager, write_timeout_ms: int) -> None:
+        self._tablets = tablets
+        self._write_timeout_ms = write_timeout_ms
+
+    @property
+    def replica(self) -> TabletReplica | None:
+        """The local replica, once created or opened."""
+        return self._tablets.lookup(SYS_CATALOG_TABLET_ID)
+
+    @property
+    def runtime(self) -> RaftRuntime | None:
+        """The replica's Raft runtime while it runs."""
+        replica = self.replica
+        return None if replica is None else replica.runtime
+
+    def committed_config(self) -> RaftConfig | None:
+        """The committed config of the local replica's cmeta (None: no replica yet)."""
+        replica = self.replica
+        if replica is None:
+            return None
+        runtime = replica.runtime
+        if runtime is not None:
+            return runtime.status().committed_config
+        if replica.cmeta is None:
+            raise IllegalStateError(
+                f"sys catalog replica is {replica.state.value}: {replica.state_reason}"
+            )
+        return replica.cmeta.committed_config
+
+    def create(self, config: RaftConfig) -> TabletReplica:
+        """Creates the local replica with ``config`` as its initial config (blocking I/O)."""
+        return self._tablets.create_tablet(
+            SYS_CATALOG_TABLET_ID,
+            table_id=SYS_CATALOG_TABLET_ID,
+            table_name=SYS_CATALOG_TABLE_NAME,
+            schema=SYS_CATALOG_SCHEMA,
+            partition=Partition(),
+            config=config,
+        )
+
+    def _running_replica(self) -> TabletReplica:
+        replica = self.replica
+        if replica is None or replica.runtime is None:
+            raise TabletNotRunningError("the sys catalog is not running on this master")
+        return replica
+
+    async def write(self, records: Sequence[CatalogRecord]) -> None:
+        """Replicates ``records`` as one batch; returns once committed and applied here.
+
+        Fails (``NotLeaderError``, ``AbortedError``, ``TimedOutError``, ...) when the batch did
+        not commit in time; the outcome is then unknown, and the caller must not trust its
+        in-memory state for this term any more.
+        """
+        assert records, "an empty catalog write"
+        replica = self._running_replica()
+        ops = encode_records(records)
+        try:
+            async with asyncio.timeout(self._write_timeout_ms / 1000):
+                outcome = await replica.write(None, SYS_CATALOG_SCHEMA.version, ops)
+        except TimeoutError:
+            raise ServiceUnavailableError(
+                f"sys catalog write not committed within {self._write_timeout_ms} ms"
+            ) from None
+        if outcome.result is None:
+            raise CorruptionError(f"sys catalog refused its own batch: {outcome.error}")
+
+    async def load(self) -> CatalogContents:
+        """Every record, as committed at a ReadIndex point confirmed by this leader."""
+        replica = self._running_replica()
+        _, table = await replica.scan()
+        return await asyncio.to_thread(decode_contents, table)

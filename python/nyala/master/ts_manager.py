@@ -1,0 +1,80 @@
+"""The tablet servers a master has heard from, and how recently (liveness).
+
+Every master keeps this, followers included, because every tserver heartbeats to every master
+(seed 002, "Heartbeat to all masters"): a newly elected leader already knows every live tserver
+and places tablets on all of them at once (KUDU-1358). Nothing here is persisted.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from nyala._proto import master_pb2
+from nyala.rpc import join_host_port
+
+
+@dataclass
+class TSDescriptor:
+    """One tablet server as this master knows it."""
+
+    uuid: str
+    rpc_addr: str
+    http_addr: str
+    instance_seqno: int
+    last_heartbeat_s: float  # time.monotonic() of the last heartbeat
+    # (instance seqno, leader term) of the last full report processed as leader: a new
+    # instance or a new term needs a new full report before incremental ones count.
+    full_report_seen: tuple[int, int] | None = None
+    registration: Any = field(default=None, repr=False)
+
+    def millis_since_heartbeat(self) -> int:
+        """Milliseconds since the last heartbeat."""
+        return int((time.monotonic() - self.last_heartbeat_s) * 1000)
+
+    def to_pb(self) -> Any:
+        """The ``TSInfoPB`` of this server."""
+        pb = master_pb2.TSInfoPB(permanent_uuid=self.uuid)
+        if self.registration is not None:
+            pb.rpc_addr.CopyFrom(self.registration.rpc_addr)
+            pb.http_addr.CopyFrom(self.registration.http_addr)
+        return pb
+
+
+class TSManager:
+    """Tablet servers by UUID."""
+
+    def __init__(self, unresponsive_timeout_ms: int) -> None:
+        self._unresponsive_timeout_ms = unresponsive_timeout_ms
+        self._servers: dict[str, TSDescriptor] = {}
+
+    def heartbeat(self, uuid: str, instance_seqno: int, registration: Any) -> TSDescriptor:
+        """Records a heartbeat (registering a new server or a new instance of one)."""
+        rpc = join_host_port(registration.rpc_addr.host, registration.rpc_addr.port)
+        http = join_host_port(registration.http_addr.host, registration.http_addr.port)
+        now = time.monotonic()
+        ts = self._servers.get(uuid)
+        if ts is None or ts.instance_seqno != instance_seqno:
+            ts = TSDescriptor(uuid, rpc, http, instance_seqno, now, registration=registration)
+            self._servers[uuid] = ts
+        else:
+            ts.rpc_addr, ts.http_addr, ts.last_heartbeat_s = rpc, http, now
+            ts.registration = registration
+        return ts
+
+    def get(self, uuid: str) -> TSDescriptor | None:
+        """The server with ``uuid``, live or not."""
+        return self._servers.get(uuid)
+
+    def is_live(self, ts: TSDescriptor) -> bool:
+        """Heard from within the unresponsive timeout."""
+        return ts.millis_since_heartbeat() < self._unresponsive_timeout_ms
+
+    def all(self) -> list[TSDescriptor]:
+        """Every known server, by UUID."""
+        return sorted(self._servers.values(), key=lambda ts: ts.uuid)
+
+    def live(self) -> list[TSDescriptor]:
+        """The live servers, by UUID."""
+        return [ts for ts in self.all() if self.is_live(ts)]

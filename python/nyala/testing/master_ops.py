@@ -1,0 +1,131 @@
+"""Master calls against a ``MiniCluster``, for tests and the stress test.
+
+Each helper finds the leader master (``MiniCluster.leader_master``), names it as
+``dest_uuid`` and sends one RPC of master.proto. ``call`` retries retriable refusals (not the
+leader, catalog not loaded, unreachable) until ``deadline_s``; ``call_once`` does not, so a
+caller can tell an acknowledged operation from one whose outcome is unknown.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from nyala import errors
+from nyala._proto import master_pb2, metadata_pb2
+from nyala.schema import Schema
+from nyala.testing.mini_cluster import MiniCluster
+from nyala.tserver.convert import schema_to_pb
+
+RETRY_PAUSE_S = 0.05
+_RETRIABLE = (errors.RetriableError, errors.TimedOutError, errors.AbortedError)
+
+
+def call_once(cluster: MiniCluster, method: str, request: Any, *, timeout_ms: int = 10_000) -> Any:
+    """One attempt at the current leader master."""
+    leader = cluster.leader_master()
+    request.dest_uuid = leader.uuid
+    with leader.proxy() as proxy:
+        return proxy.call(getattr(proxy.master, method), request, timeout_ms=timeout_ms)
+
+
+def call(cluster: MiniCluster, method: str, request: Any, *, deadline_s: float = 30.0) -> Any:
+    """``call_once`` until it is answered (or a final error), within ``deadline_s``."""
+    deadline = time.monotonic() + deadline_s
+    while True:
+        try:
+            return call_once(cluster, method, request)
+        except _RETRIABLE:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(RETRY_PAUSE_S)
+
+
+def table_ident(name: str) -> Any:
+    """The ``TableIdentifierPB`` of a table name."""
+    return master_pb2.TableIdentifierPB(table_name=name)
+
+
+def create_table_request(
+    name: str,
+    schema: Schema,
+    *,
+    hash_columns: Sequence[str] = (),
+    buckets: int = 0,
+    replicas: int = 3,
+) -> Any:
+    """A ``CreateTableRequestPB``; hash partitioning when ``buckets`` > 1."""
+    request = master_pb2.CreateTableRequestPB(
+        name=name, schema=schema_to_pb(schema), num_replicas=replicas
+    )
+    if buckets > 1:
+        request.partition_schema.hash_schema.add(
+            columns=list(hash_columns or schema.key), num_buckets=buckets
+        )
+    return request
+
+
+def add_column_request(name: str, column: str, type_name: str) -> Any:
+    """An ``AlterTableRequestPB`` adding one nullable column."""
+    request = master_pb2.AlterTableRequestPB(table=table_ident(name))
+    step = request.steps.add()
+    step.add_column.column.name = column
+    step.add_column.column.type = type_name
+    step.add_column.column.nullable = True
+    return request
+
+
+def wait_until(predicate: Any, *, timeout_s: float = 30.0, what: str = "condition") -> None:
+    """Polls ``predicate()`` (retriable errors count as False) until true."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if predicate():
+                return
+        except _RETRIABLE:
+            pass
+        time.sleep(RETRY_PAUSE_S)
+    raise errors.TimedOutError(f"{what} not reached within {timeout_s} s")
+
+
+def wait_create_done(cluster: MiniCluster, name: str, *, timeout_s: float = 30.0) -> None:
+    """Until every tablet of ``name`` has a leader."""
+    request = master_pb2.IsCreateTableDoneRequestPB(table=table_ident(name))
+    wait_until(
+        lambda: call_once(cluster, "IsCreateTableDone", request).done,
+        timeout_s=timeout_s,
+        what=f"creation of {name}",
+    )
+
+
+def wait_alter_done(cluster: MiniCluster, name: str, *, timeout_s: float = 30.0) -> None:
+    """Until every tablet of ``name`` reported the table's schema version."""
+    request = master_pb2.IsAlterTableDoneRequestPB(table=table_ident(name))
+    wait_until(
+        lambda: call_once(cluster, "IsAlterTableDone", request).done,
+        timeout_s=timeout_s,
+        what=f"alter of {name}",
+    )
+
+
+def list_tables(cluster: MiniCluster) -> dict[str, Any]:
+    """Live tables by name (``ListTablesResponsePB.TableInfoPB``)."""
+    response = call(cluster, "ListTables", master_pb2.ListTablesRequestPB())
+    return {t.name: t for t in response.tables}
+
+
+def locations(cluster: MiniCluster, name: str) -> list[Any]:
+    """The ``TabletLocationsPB`` of every tablet of ``name``."""
+    request = master_pb2.GetTableLocationsRequestPB(table=table_ident(name))
+    return list(call(cluster, "GetTableLocations", request).tablet_locations)
+
+
+def masters(cluster: MiniCluster) -> list[Any]:
+    """``MasterEntryPB`` of every master, as the leader sees them."""
+    return list(call(cluster, "ListMasters", master_pb2.ListMastersRequestPB()).masters)
+
+
+def is_voter(entry: Any) -> bool:
+    """Whether a ``MasterEntryPB`` is a VOTER."""
+    return bool(entry.member_type == metadata_pb2.VOTER)

@@ -1,0 +1,194 @@
+"""Heartbeats from this tablet server to every master (seed 002, "Heartbeat to all masters").
+
+Every master hears from every tserver each ``master_heartbeat_interval_ms``, followers
+included, so any master that becomes leader already knows every live tserver (KUDU-1358).
+Tablet reports go only to the master that answered as leader with a loaded catalog:
+
+* a FULL report (every replica) on first contact with a leader, after this process started,
+  when the master asks for one, and whenever a different master or a new term leads (a new
+  leader may have missed what the old one was told: KUDU-1374);
+* otherwise an INCREMENTAL report: only replicas whose reported state changed since the last
+  report that master processed, and the ids of replicas that are gone (edge-triggered: a
+  replica reported once is not reported again until it changes).
+
+A replica's reported state is compared as a signature (runtime and data state, Raft term,
+leader, committed config op index, schema version), recomputed at each heartbeat, so no hook
+in the replica code is needed for a change to be reported.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from nyala._proto import master_pb2, metadata_pb2
+from nyala.errors import NyalaError, WrongServerUuidError
+from nyala.rpc import ServerProxy, split_host_port
+from nyala.rpc.settings import RpcSettings
+from nyala.tablet import TabletManager
+from nyala.tserver.convert import config_to_pb
+
+log = logging.getLogger(__name__)
+
+Signature = tuple[object, ...]
+
+
+@dataclass
+class _MasterState:
+    """What this tserver knows about one master."""
+
+    addr: str
+    uuid: str = ""
+    is_leader: bool = False
+    leader_term: int = -1
+    needs_full_report: bool = True
+    seqno: int = 0
+    # tablet id -> signature, as of the last report this master processed.
+    reported: dict[str, Signature] = field(default_factory=dict)
+
+
+def _host_port(addr: str) -> Any:
+    from nyala._proto import common_pb2
+
+    host, port = split_host_port(addr)
+    return common_pb2.HostPortPB(host=host, port=port)
+
+
+class Heartbeater:
+    """One heartbeat loop per master; started by the tserver, ends by cancellation."""
+
+    def __init__(
+        self,
+        server_uuid: str,
+        rpc_addr: str,
+        http_addr: str,
+        masters: Sequence[str],
+        interval_ms: int,
+        tablets: TabletManager,
+        rpc_settings: RpcSettings,
+    ) -> None:
+        self._uuid = server_uuid
+        self._registration = master_pb2.TSRegistrationPB(
+            rpc_addr=_host_port(rpc_addr), http_addr=_host_port(http_addr)
+        )
+        self._interval_s = interval_ms / 1000
+        self._tablets = tablets
+        self._rpc_settings = rpc_settings
+        # A new number per process start: masters see a restart as a new instance.
+        self._instance_seqno = time.time_ns() // 1000
+        self._masters = [_MasterState(addr) for addr in masters]
+
+    async def run(self) -> None:
+        """Heartbeats to every master until cancelled."""
+        async with asyncio.TaskGroup() as group:
+            for master in self._masters:
+                group.create_task(self._loop(master), name=f"heartbeat-{master.addr}")
+
+    async def _loop(self, master: _MasterState) -> None:
+        async with ServerProxy(master.addr, self._rpc_settings) as proxy:
+            while True:
+                again = False
+                try:
+                    again = await self._heartbeat(proxy, master)
+                except WrongServerUuidError:
+                    master.uuid = ""  # the master at this address was replaced
+                except NyalaError as exc:
+                    log.debug("heartbeat to master %s failed: %s", master.addr, exc)
+                    master.is_leader = False
+                if not again:
+                    await asyncio.sleep(self._interval_s)
+
+    def _snapshot(self) -> dict[str, tuple[Signature, Any]]:
+        """Every replica's report and signature, now."""
+        out: dict[str, tuple[Signature, Any]] = {}
+        for status in self._tablets.statuses():
+            pb = master_pb2.ReportedTabletPB(
+                tablet_id=status.tablet_id,
+                state=metadata_pb2.TabletState.Value(status.state),
+                state_reason=status.state_reason,
+                schema_version=0 if status.schema is None else status.schema.version,
+            )
+            if status.data_state != "UNKNOWN":
+                pb.data_state = metadata_pb2.TabletDataState.Value(
+                    f"TABLET_DATA_{status.data_state}"
+                )
+            replica = self._tablets.lookup(status.tablet_id)
+            runtime = None if replica is None else replica.runtime
+            term, leader, config_index = -1, "", -1
+            if runtime is not None:
+                st = runtime.status()
+                term, leader, config_index = (
+                    st.term,
+                    st.leader_uuid or "",
+                    st.committed_config.opid_index,
+                )
+                pb.consensus_state.current_term = st.term
+                pb.consensus_state.leader_uuid = leader
+                pb.consensus_state.committed_config.CopyFrom(config_to_pb(st.committed_config))
+            signature = (pb.state, pb.data_state, term, leader, config_index, pb.schema_version)
+            out[status.tablet_id] = (signature, pb)
+        return out
+
+    async def _heartbeat(self, proxy: ServerProxy, master: _MasterState) -> bool:
+        """One heartbeat; True to send the next one at once (a full report is wanted)."""
+        request = master_pb2.TSHeartbeatRequestPB(
+            dest_uuid=master.uuid,
+            ts_uuid=self._uuid,
+            ts_instance_seqno=self._instance_seqno,
+            registration=self._registration,
+        )
+        snapshot = self._snapshot()
+        request.num_live_tablets = sum(
+            1 for _, pb in snapshot.values() if pb.state == metadata_pb2.RUNNING
+        )
+        full = master.needs_full_report
+        if master.is_leader:
+            self._fill_report(request.tablet_report, master, snapshot, full)
+        response = await proxy.call(proxy.master.TSHeartbeat, request)
+        master.uuid = response.master_uuid
+        if response.tablet_report_processed and request.HasField("tablet_report"):
+            self._mark_reported(master, request.tablet_report, snapshot, full)
+        new_leader = response.leader_master and (
+            not master.is_leader or response.leader_term != master.leader_term
+        )
+        if new_leader or response.needs_full_tablet_report:
+            master.needs_full_report = True
+        master.is_leader = response.leader_master
+        master.leader_term = response.leader_term
+        return master.is_leader and master.needs_full_report
+
+    def _fill_report(
+        self,
+        report: Any,
+        master: _MasterState,
+        snapshot: dict[str, tuple[Signature, Any]],
+        full: bool,
+    ) -> None:
+        master.seqno += 1
+        report.sequence_number = master.seqno
+        report.is_incremental = not full
+        for tablet_id, (signature, pb) in snapshot.items():
+            if full or master.reported.get(tablet_id) != signature:
+                report.updated_tablets.append(pb)
+        if not full:
+            report.removed_tablet_ids.extend(t for t in master.reported if t not in snapshot)
+
+    @staticmethod
+    def _mark_reported(
+        master: _MasterState,
+        report: Any,
+        snapshot: dict[str, tuple[Signature, Any]],
+        full: bool,
+    ) -> None:
+        if full:
+            master.reported = {t: sig for t, (sig, _) in snapshot.items()}
+            master.needs_full_report = False
+            return
+        for pb in report.updated_tablets:
+            master.reported[pb.tablet_id] = snapshot[pb.tablet_id][0]
+        for tablet_id in report.removed_tablet_ids:
+            master.reported.pop(tablet_id, None)

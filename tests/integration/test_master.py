@@ -1,0 +1,277 @@
+"""The replicated master with real processes: 3 masters and 3 tservers on loopback (issue 9).
+
+One cluster serves the tests of this module in order (each leaves every master running); the
+tests that change the master set or start a master with a wrong list have their own cluster.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from nyala import errors
+from nyala._proto import master_pb2, tserver_admin_pb2
+from nyala.schema import Column, Schema
+from nyala.testing import MiniCluster, dump_logs
+from nyala.testing import master_ops as ops
+from nyala.testing.tablet_ops import scan, write_to_leader
+
+# Fast Raft for the sys catalog and the tablets, and fast tserver heartbeats: failover in about
+# a second, and a new leader hears every tserver's full report within 200 ms.
+RAFT_FLAGS = [
+    "--heartbeat-interval-ms",
+    "100",
+    "--leader-failure-max-missed-heartbeat-periods",
+    "3",
+]
+MASTER_FLAGS = [
+    *RAFT_FLAGS,
+    "--background-task-interval-ms",
+    "100",
+    "--catalog-write-timeout-ms",
+    "5000",
+]
+TSERVER_FLAGS = [*RAFT_FLAGS, "--master-heartbeat-interval-ms", "200"]
+
+SCHEMA = Schema([Column("id", "int64"), Column("v", "string", nullable=True)], key=["id"])
+
+
+def _cluster(num_masters: int = 3) -> MiniCluster:
+    return MiniCluster(
+        3, num_masters=num_masters, master_flags=MASTER_FLAGS, tserver_flags=TSERVER_FLAGS
+    )
+
+
+@pytest.fixture(scope="module")
+def shared() -> Iterator[MiniCluster]:
+    with _cluster() as mini:
+        try:
+            yield mini
+        except BaseException:
+            dump_logs(mini, sys.stderr)
+            raise
+
+
+@pytest.fixture
+def cluster(shared: MiniCluster, request: pytest.FixtureRequest) -> Iterator[MiniCluster]:
+    """The shared cluster with every master running; logs printed if the test fails."""
+    yield shared
+    for master in shared.masters:
+        if not master.is_running():
+            master.restart()
+    report = getattr(request.node, "rep_call", None)
+    if report is not None and report.failed:
+        dump_logs(shared, sys.stderr)
+
+
+def _create(cluster: MiniCluster, name: str, *, buckets: int = 2) -> str:
+    request = ops.create_table_request(name, SCHEMA, buckets=buckets)
+    table_id = str(ops.call(cluster, "CreateTable", request).table_id)
+    ops.wait_create_done(cluster, name)
+    return table_id
+
+
+def _kill_leader_master(cluster: MiniCluster) -> Any:
+    leader = cluster.leader_master()
+    leader.kill()
+    return leader
+
+
+def test_create_table_then_write_and_scan_every_tablet(cluster: MiniCluster) -> None:
+    _create(cluster, "events", buckets=2)
+    tablets = ops.locations(cluster, "events")
+    assert len(tablets) == 2
+    for i, tablet in enumerate(tablets):
+        assert len(tablet.replicas) == 3
+        assert tablet.leader_uuid in {r.ts_info.permanent_uuid for r in tablet.replicas}
+        rows = {"id": pa.array([i * 10 + k for k in range(10)], pa.int64()), "v": ["x"] * 10}
+        response = write_to_leader(
+            cluster, tablet.tablet_id, SCHEMA, rows, op="insert", client_id="c", seq_no=i
+        )
+        assert not response.per_row_errors
+        leader = cluster.leader_of(tablet.tablet_id)
+        assert scan(leader, tablet.tablet_id, SCHEMA).num_rows == 10
+    servers = ops.call(cluster, "ListTabletServers", master_pb2.ListTabletServersRequestPB())
+    assert sorted(s.ts_info.permanent_uuid for s in servers.servers if s.live) == sorted(
+        str(ts.uuid) for ts in cluster.tservers
+    )
+    assert sum(s.num_replicas for s in servers.servers) >= 6
+
+
+def test_follower_master_refuses_clients_with_not_the_leader(cluster: MiniCluster) -> None:
+    leader = cluster.leader_master()
+    for follower in (m for m in cluster.masters if m is not leader):
+        with follower.proxy() as proxy:
+            request = master_pb2.ListTablesRequestPB(dest_uuid=follower.uuid)
+            with pytest.raises(errors.NotLeaderError) as refused:
+                proxy.call(proxy.master.ListTables, request)
+            assert refused.value.leader_uuid == leader.uuid
+            answer = proxy.call(proxy.master.ConnectToMaster, master_pb2.ConnectToMasterRequestPB())
+            assert answer.role == master_pb2.ROLE_FOLLOWER
+            assert not answer.catalog_ready
+            assert len(answer.masters) == 3
+
+
+def test_new_leader_knows_every_tserver_and_replica_at_once(cluster: MiniCluster) -> None:
+    _create(cluster, "before_failover", buckets=3)
+    before = {t.tablet_id: t for t in ops.locations(cluster, "before_failover")}
+    _kill_leader_master(cluster)
+    # No cold cache (KUDU-1358): RF 3 needs all three tservers, known from heartbeats to
+    # every master, with no wait for a heartbeat interval after the election.
+    new_leader = cluster.leader_master()
+    request = ops.create_table_request("after_failover", SCHEMA, replicas=3)
+    request.dest_uuid = new_leader.uuid
+    with new_leader.proxy() as proxy:
+        proxy.call(proxy.master.CreateTable, request)
+    ops.wait_create_done(cluster, "after_failover")
+    # Replica locations come from the replicated records (KUDU-1353): complete at once.
+    after = {t.tablet_id: t for t in ops.locations(cluster, "before_failover")}
+    assert after.keys() == before.keys()
+    for tablet_id, tablet in after.items():
+        assert {r.ts_info.permanent_uuid for r in tablet.replicas} == {
+            r.ts_info.permanent_uuid for r in before[tablet_id].replicas
+        }
+        assert all(r.ts_info.rpc_addr.port for r in tablet.replicas)
+
+
+def _tablet_schema_versions(cluster: MiniCluster, table_id: str) -> list[int]:
+    versions = []
+    for ts in cluster.tservers:
+        with ts.proxy() as proxy:
+            request = tserver_admin_pb2.ListTabletsRequestPB(
+                dest_uuid=ts.uuid, need_schema_info=True
+            )
+            for entry in proxy.call(proxy.admin.ListTablets, request).status_and_schema:
+                if entry.tablet_status.table_id == table_id:
+                    versions.append(entry.schema.version)
+    return versions
+
+
+def test_alter_table_interrupted_by_failover_completes(cluster: MiniCluster) -> None:
+    table_id = _create(cluster, "altered", buckets=2)
+    response = ops.call(cluster, "AlterTable", ops.add_column_request("altered", "extra", "int32"))
+    assert response.schema_version == 1
+    _kill_leader_master(cluster)  # right after the acknowledgement, before tablets report it
+    ops.wait_alter_done(cluster, "altered")
+    ops.wait_until(
+        lambda: _tablet_schema_versions(cluster, table_id) == [1] * 6,
+        what="every replica at schema version 1",
+    )
+    schema = ops.call(
+        cluster,
+        "GetTableSchema",
+        master_pb2.GetTableSchemaRequestPB(table=ops.table_ident("altered")),
+    ).schema
+    assert schema.version == 1
+
+
+def test_acknowledged_ddl_survives_leader_kills_exactly_once(cluster: MiniCluster) -> None:
+    acked_creates: set[str] = set()
+    acked_deletes: set[str] = set()
+    maybe: set[str] = set()
+    for i in range(9):
+        name = f"ddl_{i}"
+        if i in (3, 6):
+            _kill_leader_master(cluster)
+        try:
+            ops.call_once(cluster, "CreateTable", ops.create_table_request(name, SCHEMA))
+            acked_creates.add(name)
+        except (errors.RetriableError, errors.TimedOutError, errors.AbortedError):
+            maybe.add(name)
+            continue
+        if i % 2 == 0:
+            request = master_pb2.DeleteTableRequestPB(table=ops.table_ident(name))
+            try:
+                ops.call_once(cluster, "DeleteTable", request)
+                acked_deletes.add(name)
+            except (errors.RetriableError, errors.TimedOutError, errors.AbortedError):
+                maybe.add(name)
+    tables = ops.list_tables(cluster)
+    names = {n for n in tables if n.startswith("ddl_")}
+    assert acked_creates - acked_deletes - maybe <= names
+    assert not names & (acked_deletes - maybe)
+    assert names <= acked_creates | maybe
+    # Nothing half-visible: every listed table has all its tablets, each with 3 replicas.
+    for name in names:
+        tablets = ops.locations(cluster, name)
+        assert len(tablets) == 1
+        assert len(tablets[0].replicas) == 3
+    # A name deleted for good can be created again (deleted tables are kept by id only).
+    for name in sorted(acked_deletes - maybe)[:1]:
+        ops.call(cluster, "CreateTable", ops.create_table_request(name, SCHEMA))
+
+
+def test_deleted_table_replicas_are_tombstoned(cluster: MiniCluster) -> None:
+    table_id = _create(cluster, "doomed", buckets=2)
+    ops.call(
+        cluster, "DeleteTable", master_pb2.DeleteTableRequestPB(table=ops.table_ident("doomed"))
+    )
+
+    def tombstoned() -> bool:
+        states = []
+        for ts in cluster.tservers:
+            with ts.proxy() as proxy:
+                request = tserver_admin_pb2.ListTabletsRequestPB(dest_uuid=ts.uuid)
+                for entry in proxy.call(proxy.admin.ListTablets, request).status_and_schema:
+                    if entry.tablet_status.table_id == table_id:
+                        states.append(entry.tablet_status.data_state)
+        return len(states) == 6 and all(s == 3 for s in states)  # TABLET_DATA_TOMBSTONED
+
+    ops.wait_until(tombstoned, what="every replica of the deleted table tombstoned")
+    with pytest.raises(errors.NotFoundError):
+        ops.locations(cluster, "doomed")
+
+
+def test_master_with_mismatched_masters_list_refuses_to_start(cluster: MiniCluster) -> None:
+    victim = next(m for m in cluster.masters if m is not cluster.leader_master())
+    victim.kill()
+    flags = list(victim.flags)
+    at = flags.index("--masters")
+    victim.flags[at + 1] = ",".join([*cluster.master_addrs[:2], "127.0.0.1:1"])
+    try:
+        victim.start()
+        assert victim.wait_exit(timeout_s=30) != 0
+        assert "does not match the sys catalog's Raft config" in victim.log_tail(3)
+    finally:
+        victim.flags = flags
+    victim.restart()
+
+
+def test_add_a_fourth_master_then_remove_one() -> None:
+    with _cluster() as cluster:
+        try:
+            _create(cluster, "kept", buckets=2)
+            new = cluster.add_master()
+            request = master_pb2.AddMasterRequestPB()
+            request.rpc_addr.host, request.rpc_addr.port = "127.0.0.1", new.rpc_port
+            assert ops.call(cluster, "AddMaster", request).master_uuid == new.uuid
+            ops.wait_until(
+                lambda: sum(ops.is_voter(m) for m in ops.masters(cluster)) == 4,
+                what="the new master promoted to VOTER",
+            )
+            leader = cluster.leader_master()
+            victim = next(m for m in cluster.masters if m not in (leader, new))
+            request = master_pb2.RemoveMasterRequestPB(master_uuid=victim.uuid)
+            ops.call(cluster, "RemoveMaster", request)
+            victim.kill()
+            entries = ops.masters(cluster)
+            assert sorted(m.permanent_uuid for m in entries) == sorted(
+                str(m.uuid) for m in cluster.masters if m is not victim
+            )
+            # The leader cannot remove itself, and the new master serves after a failover.
+            leader = cluster.leader_master()
+            with pytest.raises(errors.InvalidArgumentError):
+                ops.call_once(
+                    cluster,
+                    "RemoveMaster",
+                    master_pb2.RemoveMasterRequestPB(master_uuid=leader.uuid),
+                )
+            leader.kill()
+            assert "kept" in ops.list_tables(cluster)
+        except BaseException:
+            dump_logs(cluster, sys.stderr)
+            raise
