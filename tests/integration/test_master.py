@@ -103,17 +103,24 @@ def test_create_table_then_write_and_scan_every_tablet(cluster: MiniCluster) -> 
 
 
 def test_follower_master_refuses_clients_with_not_the_leader(cluster: MiniCluster) -> None:
-    leader = cluster.leader_master()
-    for follower in (m for m in cluster.masters if m is not leader):
-        with follower.proxy() as proxy:
-            request = master_pb2.ListTablesRequestPB(dest_uuid=follower.uuid)
-            with pytest.raises(errors.NotLeaderError) as refused:
-                proxy.call(proxy.master.ListTables, request)
-            assert refused.value.leader_uuid == leader.uuid
-            answer = proxy.call(proxy.master.ConnectToMaster, master_pb2.ConnectToMasterRequestPB())
-            assert answer.role == master_pb2.ROLE_FOLLOWER
-            assert not answer.catalog_ready
-            assert len(answer.masters) == 3
+    def refused_with_hint() -> bool:
+        leader = cluster.leader_master()
+        for follower in (m for m in cluster.masters if m is not leader):
+            with follower.proxy() as proxy:
+                request = master_pb2.ListTablesRequestPB(dest_uuid=follower.uuid)
+                with pytest.raises(errors.NotLeaderError) as refused:
+                    proxy.call(proxy.master.ListTables, request)
+                if refused.value.leader_uuid != leader.uuid:
+                    return False  # an election is under way; ask again
+                answer = proxy.call(
+                    proxy.master.ConnectToMaster, master_pb2.ConnectToMasterRequestPB()
+                )
+                assert answer.role == master_pb2.ROLE_FOLLOWER
+                assert not answer.catalog_ready
+                assert len(answer.masters) == 3
+        return True
+
+    ops.wait_until(refused_with_hint, what="followers refusing with the leader's uuid")
 
 
 def test_new_leader_knows_every_tserver_and_replica_at_once(cluster: MiniCluster) -> None:
@@ -176,7 +183,7 @@ def test_acknowledged_ddl_survives_leader_kills_exactly_once(cluster: MiniCluste
     for i in range(9):
         name = f"ddl_{i}"
         if i in (3, 6):
-            _kill_leader_master(cluster)
+            _kill_leader_master(cluster).start()  # back as a follower while DDL goes on
         try:
             ops.call_once(cluster, "CreateTable", ops.create_table_request(name, SCHEMA))
             acked_creates.add(name)
