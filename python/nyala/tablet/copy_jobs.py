@@ -178,6 +178,7 @@ class TabletCopyJobs:
         self._running[tablet_id] = job
         self._jobs.append(job)
         job.task = group.create_task(self._run(job), name=f"tablet-copy-{tablet_id}")
+        job.task.add_done_callback(lambda _: self._finished(job))
         log.info("tablet copy %s of %s from %s started", job.job_id, tablet_id, source_addr)
         return job
 
@@ -218,6 +219,14 @@ class TabletCopyJobs:
         job.task.cancel()
         return job
 
+    def _finished(self, job: CopyJob) -> None:
+        # A job cancelled before its task ever ran never reached ``_run``'s handlers.
+        if job.state is JobState.RUNNING:
+            job.state, job.error = JobState.CANCELLED, "cancelled before it started"
+            job.finished_s = time.time()
+        if self._running.get(job.tablet_id) is job:
+            del self._running[job.tablet_id]
+
     def cancel_all(self) -> None:
         """Server shutdown: stops every running job (a restart tombstones its replica)."""
         for job in list(self._running.values()):
@@ -256,7 +265,8 @@ class TabletCopyJobs:
             await self._clean_up(job, replica)
         finally:
             job.finished_s = time.time()
-            self._running.pop(job.tablet_id, None)
+            if self._running.get(job.tablet_id) is job:
+                del self._running[job.tablet_id]
             if session is not None:
                 await _end_quietly(source, session.session_id, job.state is JobState.SUCCEEDED)
             close = getattr(source, "close", None)
@@ -337,7 +347,9 @@ def _write_durably(path: Path, data: bytes) -> None:
     tmp = path.with_name(path.name + ".tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
     try:
-        os.write(fd, data)
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
         os.fsync(fd)
     finally:
         os.close(fd)
