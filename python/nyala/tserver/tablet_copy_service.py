@@ -26,6 +26,7 @@ from typing import Any
 from nyala._proto import common_pb2, tablet_copy_pb2, tablet_copy_pb2_grpc
 from nyala.common.clock import RealClock
 from nyala.consensus.effects import StartTabletCopy
+from nyala.consensus.metadata import decode_cmeta
 from nyala.consensus.transport import GrpcTransport
 from nyala.errors import InvalidArgumentError, NyalaError
 from nyala.rpc import HttpResponse, RpcMetrics, ServiceBase, unary
@@ -42,6 +43,7 @@ from nyala.tablet.copy_source import (
     DataKind,
 )
 from nyala.tablet.replica import TabletReplica
+from nyala.tserver.convert import config_to_pb
 from nyala.tserver.settings import TabletServerSettings
 
 log = logging.getLogger(__name__)
@@ -307,6 +309,9 @@ class TabletCopyService(ServiceBase, tablet_copy_pb2_grpc.TabletCopyServiceServi
             rowset_manifest=info.rowset_manifest,
             last_flushed_index=info.last_flushed_index,
         )
+        cmeta = decode_cmeta(info.cmeta)
+        response.initial_cstate.current_term = cmeta.current_term
+        response.initial_cstate.committed_config.CopyFrom(config_to_pb(cmeta.committed_config))
         for f in info.rowset_files:
             response.rowset_files.add(file_name=f.name, size_bytes=f.size_bytes)
         for f in info.wal_segments:

@@ -1,0 +1,81 @@
+"""Copy sessions on the source: the image lists pinned rowset files and anchored WAL segments,
+chunks carry their CRC32C and the file length, only the session's files can be fetched, and
+ending or idle expiry releases the WAL anchor and the storage pins."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from nyala import _native
+from nyala.common.clock import ManualClock
+from nyala.consensus.metadata import decode_cmeta
+from nyala.consensus.types import EntryKind, RaftConfig, RaftPeer
+from nyala.errors import InvalidArgumentError, NotFoundError
+from nyala.schema import Column, Schema
+from nyala.tablet.copy_source import CopySessionManager, DataKind
+from nyala.tablet.manager import TabletDirs, TabletManager
+from nyala.tablet.superblock import Partition, decode_superblock
+
+SCHEMA = Schema([Column("id", "int64"), Column("v", "string", nullable=True)], ["id"])
+CONFIG = RaftConfig((RaftPeer("a", "h:1"),))
+TABLET = "5" * 32
+
+
+def _replica(tmp_path: Path) -> TabletManager:
+    dirs = TabletDirs(tmp_path / "tm", tmp_path / "cm", tmp_path / "w", tmp_path / "d")
+    for d in (dirs.tablet_meta, dirs.consensus_meta, dirs.wals, dirs.data):
+        d.mkdir()
+    manager = TabletManager(dirs)
+    replica = manager.create_tablet(
+        TABLET, table_id="t", table_name="t", schema=SCHEMA, partition=Partition(), config=CONFIG
+    )
+    assert replica.storage is not None
+    assert replica.wal is not None
+    replica.storage.write({"id": list(range(100)), "v": ["x"] * 100}, "insert", 1)
+    replica.wal.append(1, EntryKind.NO_OP, b"")
+    replica.storage.flush()
+    return manager
+
+
+def test_session_serves_its_image_and_expiry_releases_pins_and_anchor(tmp_path: Path) -> None:
+    manager = _replica(tmp_path)
+    replica = manager.replica(TABLET)
+    clock = ManualClock()
+    sessions = CopySessionManager(clock, idle_timeout_ms=1_000, chunk_bytes=1024)
+    info = sessions.begin("target", replica)
+    assert info.session_id == f"target-{TABLET}"
+    assert decode_superblock(info.superblock).tablet_id == TABLET
+    assert decode_cmeta(info.cmeta).committed_config == CONFIG
+    assert info.last_flushed_index == 1
+    assert info.rowset_files
+    assert [f.name for f in info.wal_segments] == [p.name for p in replica.wal.segment_paths()]
+
+    first = info.rowset_files[0]
+    data = b""
+    while len(data) < first.size_bytes:
+        chunk = sessions.fetch(info.session_id, DataKind.ROWSET_FILE, first.name, len(data), 0)
+        assert chunk.total_bytes == first.size_bytes
+        assert len(chunk.data) <= 1024
+        assert chunk.crc32c == _native.crc32c(chunk.data)
+        data += chunk.data
+    assert data == (replica.paths.data_dir / first.name).read_bytes()
+    with pytest.raises(NotFoundError):
+        sessions.fetch(info.session_id, DataKind.ROWSET_FILE, "../../etc/passwd", 0, 0)
+    with pytest.raises(InvalidArgumentError):
+        sessions.fetch(info.session_id, DataKind.ROWSET_FILE, first.name, first.size_bytes + 1, 0)
+
+    session = sessions._sessions[info.session_id]
+    clock.advance(999)
+    assert sessions.expire_idle() == []
+    clock.advance(2)
+    assert sessions.expire_idle() == [info.session_id]
+    with pytest.raises(NotFoundError):
+        sessions.fetch(info.session_id, DataKind.ROWSET_FILE, first.name, 0, 0)
+    # Anchor and pins are gone: releasing them again is refused.
+    with pytest.raises(InvalidArgumentError):
+        replica.wal.release_anchor(session.anchor)
+    with pytest.raises(NotFoundError):
+        replica.storage.release_snapshot(session.snapshot)
+    manager.shutdown()
