@@ -32,6 +32,8 @@ pytestmark = pytest.mark.stress
 
 STRESS_S = float(os.environ.get("NYALA_STRESS_S", "60"))
 ELECTION_EVERY_S = 3.0
+# Tables (each 2 tablets x 3 replicas) that may exist at once, so the tservers keep up.
+LIVE_TABLES_MAX = 8
 RAFT_FLAGS = [
     "--heartbeat-interval-ms",
     "100",
@@ -80,7 +82,10 @@ def _one_op(
     cluster: MiniCluster, rng: random.Random, history: dict[str, TableHistory], n: int
 ) -> None:
     live = [name for name, h in history.items() if h.created and not h.deleted and not h.unknown]
+    existing = [name for name, h in history.items() if not h.deleted and (h.created or h.unknown)]
     choice = rng.random()
+    if len(existing) >= LIVE_TABLES_MAX:
+        choice = max(choice, 0.6)  # alter or delete: 2 Python tservers' worth of Raft groups
     if not live or choice < 0.4:
         name = f"t{n}"
         h = history[name] = TableHistory()

@@ -269,7 +269,7 @@ class TabletReplica:
     # --- schema changes ---------------------------------------------------------------------
 
     async def alter_schema(self, schema: Schema, table_name: str) -> None:
-        """AlterSchema at the leader: replicates the change to ``schema`` (the next version)
+        """AlterSchema at the leader: replicates the change to ``schema`` (any later version)
         as a log entry, ordered with the writes around it; returns once applied here.
         Idempotent: a version the tablet already has is a no-op."""
         runtime, _, applier = self._running()
@@ -277,11 +277,8 @@ class TabletReplica:
         current = self.superblock.schema.version
         if schema.version <= current:
             return
-        if schema.version != current + 1:
-            raise SchemaMismatchError(
-                f"tablet {self.tablet_id} has schema version {current}; "
-                f"cannot alter to {schema.version}"
-            )
+        # A jump over versions is fine: the master sends the table's latest schema, and a
+        # tablet that missed an alter (down, or not leader then) goes straight to it.
         doc = json.dumps(
             {
                 "schema": schema_to_dict(schema),
