@@ -176,9 +176,13 @@ def test_alter_table_interrupted_by_failover_completes(cluster: MiniCluster) -> 
     assert schema.version == 1
 
 
+_UNKNOWN = (errors.RetriableError, errors.TimedOutError, errors.AbortedError)
+
+
 def test_acknowledged_ddl_survives_leader_kills_exactly_once(cluster: MiniCluster) -> None:
     acked_creates: set[str] = set()
     acked_deletes: set[str] = set()
+    acked_alters: dict[str, int] = {}
     maybe: set[str] = set()
     for i in range(9):
         name = f"ddl_{i}"
@@ -187,21 +191,26 @@ def test_acknowledged_ddl_survives_leader_kills_exactly_once(cluster: MiniCluste
         try:
             ops.call_once(cluster, "CreateTable", ops.create_table_request(name, SCHEMA))
             acked_creates.add(name)
-        except (errors.RetriableError, errors.TimedOutError, errors.AbortedError):
+        except _UNKNOWN:
             maybe.add(name)
             continue
-        if i % 2 == 0:
-            request = master_pb2.DeleteTableRequestPB(table=ops.table_ident(name))
-            try:
+        try:
+            for column in ("a", "b"):
+                ops.call_once(cluster, "AlterTable", ops.add_column_request(name, column, "int32"))
+                acked_alters[name] = acked_alters.get(name, 0) + 1
+            if i % 2 == 0:
+                request = master_pb2.DeleteTableRequestPB(table=ops.table_ident(name))
                 ops.call_once(cluster, "DeleteTable", request)
                 acked_deletes.add(name)
-            except (errors.RetriableError, errors.TimedOutError, errors.AbortedError):
-                maybe.add(name)
+        except _UNKNOWN:
+            maybe.add(name)
     tables = ops.list_tables(cluster)
     names = {n for n in tables if n.startswith("ddl_")}
     assert acked_creates - acked_deletes - maybe <= names
     assert not names & (acked_deletes - maybe)
     assert names <= acked_creates | maybe
+    for name in names - maybe:
+        assert tables[name].schema_version == acked_alters.get(name, 0)  # each alter once
     # Nothing half-visible: every listed table has all its tablets, each with 3 replicas.
     for name in names:
         tablets = ops.locations(cluster, name)
