@@ -11,6 +11,10 @@ Measured in one run against the same cluster:
 The last line printed is one JSON object (DESIGN.md §9) with ``single_row_ops_per_s``,
 ``batched_rows_per_s``, ``p99_ms_single`` and the baseline. Targets (issue 7):
 ``single_row_ops_per_s >= 3000`` and ``batched_rows_per_s >= 300000``.
+
+The machine is shared and noisy, so the JSON also holds CPU time per op (server processes and
+this client, from /proc and ``time.process_time``): a cost that other load does not change, and
+with the core count an upper bound on ops/s (docs/performance.md).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import argparse
 import asyncio
 import itertools
 import json
+import os
 import statistics
 import time
 from typing import Any
@@ -62,6 +67,34 @@ async def _pings(proxy: ServerProxy, uuid: str, clients: int, seconds: float) ->
         for _ in range(clients):
             group.create_task(client())
     return count / (time.perf_counter() - started)
+
+
+def _cpu_s(pids: list[int]) -> float:
+    """User + system CPU seconds the processes ``pids`` used so far (Linux /proc)."""
+    total_ticks = 0
+    for pid in pids:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        total_ticks += int(fields[11]) + int(fields[12])  # utime, stime
+    return total_ticks / os.sysconf("SC_CLK_TCK")
+
+
+class CpuMeter:
+    """CPU time of the server processes and of this client over one phase: what an op costs,
+    which a busy machine's scheduling does not change (unlike ops/s)."""
+
+    def __init__(self, cluster: MiniCluster) -> None:
+        self.pids = [ts.pid for ts in cluster.tservers if ts.pid is not None]
+
+    def start(self) -> None:
+        self._servers = _cpu_s(self.pids)
+        self._client = time.process_time()
+
+    def per_op_ms(self, ops: int) -> tuple[float, float]:
+        """(server CPU ms per op, client CPU ms per op) since ``start``."""
+        servers = _cpu_s(self.pids) - self._servers
+        client = time.process_time() - self._client
+        return servers * 1000 / max(1, ops), client * 1000 / max(1, ops)
 
 
 class Leader:
@@ -136,17 +169,32 @@ async def _writes(
 async def _measure(cluster: MiniCluster, seconds: float) -> dict[str, Any]:
     leader = Leader(cluster)
     proxy = await leader.find()
+    cpu = CpuMeter(cluster)
+    cpu.start()
+    ping_started = time.perf_counter()
     ping_ops = await _pings(proxy, leader.uuid, 64, seconds)
+    ping_cpu, ping_client_cpu = cpu.per_op_ms(
+        round(ping_ops * (time.perf_counter() - ping_started))
+    )
     await _writes(leader, 8, 1, 1.0)  # warm-up: channels, caches, first segment
+    cpu.start()
     single_ops, single_lat, single_retries = await _writes(leader, 64, 1, seconds)
+    single_cpu, single_client_cpu = cpu.per_op_ms(len(single_lat))
+    cpu.start()
     batch_calls, batch_lat, batch_retries = await _writes(leader, 1, 1000, seconds)
+    batch_cpu, _ = cpu.per_op_ms(len(batch_lat) * 1000)
     return {
         "leader_changes": leader.changes - 1,
         "retried_calls": single_retries + batch_retries,
         "baseline_ping_ops_per_s": round(ping_ops),
+        "server_cpu_ms_per_ping": round(ping_cpu, 3),
+        "client_cpu_ms_per_ping": round(ping_client_cpu, 3),
         "single_row_ops_per_s": round(single_ops),
         "p50_ms_single": round(statistics.median(single_lat), 2),
         "p99_ms_single": round(_percentile(single_lat, 0.99), 2),
+        "server_cpu_ms_per_single_op": round(single_cpu, 3),
+        "client_cpu_ms_per_single_op": round(single_client_cpu, 3),
+        "server_cpu_us_per_batched_row": round(batch_cpu * 1000, 2),
         "batched_rows_per_s": round(batch_calls * 1000),
         "p50_ms_batch": round(statistics.median(batch_lat), 2),
         "p99_ms_batch": round(_percentile(batch_lat, 0.99), 2),

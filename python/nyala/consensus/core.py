@@ -806,6 +806,8 @@ class RaftCore:
         while not (progress.probing and progress.inflight):
             if progress.inflight_bytes >= self._opts.peer_inflight_bytes_max:
                 break
+            if len(progress.inflight) >= self._opts.peer_inflight_batches_max:
+                break  # what is proposed meanwhile goes out in one batch with the next answer
             after = progress.next_index - 1
             preceding_term = self._log.term_at(after)
             if preceding_term is None or (

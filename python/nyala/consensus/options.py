@@ -15,6 +15,10 @@ class RaftOptions:
     election_backoff_max_ms: int = 12_000  # cap of the exponential back-off (before jitter)
     batch_bytes_max: int = 1024 * 1024  # payload bytes in one AppendEntries
     peer_inflight_bytes_max: int = 4 * 1024 * 1024  # unacknowledged bytes per follower
+    # Unacknowledged batches per follower. The tablet server sets 1 (Kudu's one outstanding
+    # request per peer): proposals arriving while a batch is out then gather into the next
+    # one, so batch size follows load (docs/performance.md).
+    peer_inflight_batches_max: int = 64
     transfer_timeout_ms: int = 3_000  # a leadership transfer gives up after this long
     failed_follower_timeout_ms: int = 300_000  # a silent follower counts as down for removal
     step_down_snooze_ms: int = 6_000  # failure-detector pause after an abrupt step-down
@@ -25,6 +29,7 @@ class RaftOptions:
         assert 0.0 <= self.election_jitter_fraction < 1.0
         assert self.batch_bytes_max > 0
         assert self.peer_inflight_bytes_max >= self.batch_bytes_max
+        assert self.peer_inflight_batches_max >= 1
 
     @property
     def election_timeout_base_ms(self) -> int:

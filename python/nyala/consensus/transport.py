@@ -12,11 +12,15 @@ and ends by cancellation (STYLE.md 15).
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
+import functools
+import itertools
 import logging
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from nyala._proto import common_pb2
 from nyala.consensus import wire
@@ -35,6 +39,8 @@ from nyala.rpc.errors import raise_for_response
 from nyala.rpc.settings import RpcSettings
 
 log = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
 
 Deliver = Callable[[Message], None]
 """The runtime's inbound callback: queues a message, never blocks."""
@@ -150,6 +156,9 @@ class GrpcTransportOptions:
     reply_timeout_ms: int = 5_000  # how long a server handler waits for the core's answer
     peer_queue_messages_max: int = 1024  # unsent AppendEntries per peer; more are dropped
     reconnect_delay_ms: int = 100  # pause before reopening a failed stream
+    # Requests of one incoming stream stepped but not yet answered (they wait for the disk);
+    # beyond it the stream stops reading and gRPC flow control holds the leader back.
+    stream_requests_pending_max: int = 256
 
 
 @dataclass(slots=True)
@@ -159,6 +168,56 @@ class _PeerStream:
     uuid: str
     queue: deque[AppendRequest] = field(default_factory=deque)
     ready: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+@dataclass(frozen=True, slots=True)
+class _PendingAppend:
+    """An AppendEntries handed to the core (``seq`` stamped by the transport) and the future
+    of the core's answer to it."""
+
+    request: AppendRequest
+    answer: asyncio.Future[AppendResponse]
+
+
+class _DurableWatch:
+    """What the core last said is durable for one leader, and the handlers waiting for more."""
+
+    def __init__(self) -> None:
+        self.index = 0
+        self._waiters: list[tuple[int, asyncio.Future[None]]] = []
+
+    def moved(self, index: int) -> None:
+        """The core reported ``index`` durable (lower than before after a truncation)."""
+        self.index = index
+        if not self._waiters:
+            return
+        waiting = []
+        for target, future in self._waiters:
+            if future.done():
+                continue  # its handler gave up
+            if target <= index:
+                future.set_result(None)
+            else:
+                waiting.append((target, future))
+        self._waiters = waiting
+
+    def reached(self, target: int) -> asyncio.Future[None]:
+        """A future that completes once ``target`` is reported durable."""
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        if self.index >= target:
+            future.set_result(None)
+        else:
+            self._waiters.append((target, future))
+        return future
+
+
+def _end_if_cancelled(
+    reader: asyncio.Task[None], stepped: asyncio.Queue[_PendingAppend | BaseException | None]
+) -> None:
+    """A stream's reader was cancelled (its replica stopped): its handler ends too."""
+    if reader.cancelled():
+        with contextlib.suppress(asyncio.QueueFull):
+            stepped.put_nowait(ServiceUnavailableError("the replica stopped"))
 
 
 class _StreamEnded(Exception):
@@ -194,8 +253,13 @@ class GrpcTransport:
         self._opts = options or GrpcTransportOptions()
         self._peers: dict[str, _PeerStream] = {}
         self._proxies: dict[str, ServerProxy] = {}
-        # Server half: handlers awaiting the core's answer, by (answer type, asker), FIFO.
+        # Server half: vote handlers awaiting the core's answer, by (answer type, asker), FIFO.
         self._waiters: dict[tuple[type, str], deque[asyncio.Future[Message]]] = {}
+        # AppendEntries handed to the core, by the stamp put in their ``seq`` (never 0).
+        self._stamps = itertools.count(1)
+        self._append_waiters: dict[int, asyncio.Future[AppendResponse]] = {}
+        # Per leader: what the core last reported durable (answers and durability acks).
+        self._durable: dict[str, _DurableWatch] = {}
         self._group: asyncio.TaskGroup | None = None
         self._deliver: Deliver | None = None
         self.messages_dropped = 0
@@ -346,42 +410,103 @@ class GrpcTransport:
     async def handle_update(self, pb: Any, decode_batch: wire.BatchDecoder) -> Any:
         """Steps an UpdateConsensus request and returns the ``ConsensusResponsePB``, sent once
         the entries it appended are durable (or ``reply_timeout_ms`` passed)."""
-        request = wire.append_request_from_pb(pb, decode_batch)
-        answer = await self._exchange(request, AppendResponse)
-        assert isinstance(answer, AppendResponse)
-        try:
-            async with asyncio.timeout(self._opts.reply_timeout_ms / 1000):
-                while (
-                    answer.status is AppendStatus.OK
-                    and answer.durable_index < answer.last_received.index
-                ):
-                    ack = await self._next_answer(AppendResponse, request.src)
-                    assert isinstance(ack, AppendResponse)
-                    answer = ack
-        except TimeoutError:
-            pass  # answer with what is durable; the leader counts the rest on a later answer
-        return wire.append_response_to_pb(answer)
+        pending = self._submit(wire.append_request_from_pb(pb, decode_batch))
+        return wire.append_response_to_pb(await self._settle(pending))
 
     async def handle_stream(
         self, requests: AsyncIterator[Any], decode_batch: wire.BatchDecoder
     ) -> AsyncIterator[Any]:
-        """``UpdateConsensusStream``: one answer per request, in order."""
-        async for pb in requests:
-            yield await self.handle_update(pb, decode_batch)
+        """``UpdateConsensusStream``: one answer per request, in order, each sent once the
+        entries it appended are durable.
+
+        Requests are stepped as they arrive, not after the previous answer: a heartbeat behind
+        an append that waits for the disk still reaches the core at once (so the follower's
+        election timer never fires while its leader is alive), and the appends of several
+        requests share one WAL group commit.
+        """
+        group = self._group
+        if group is None:
+            raise ServiceUnavailableError(f"replica {self.uuid} is not running")
+        stepped: asyncio.Queue[_PendingAppend | BaseException | None] = asyncio.Queue(
+            self._opts.stream_requests_pending_max
+        )
+        reader = group.create_task(self._step_stream(requests, decode_batch, stepped))
+        reader.add_done_callback(functools.partial(_end_if_cancelled, stepped=stepped))
+        try:
+            while True:
+                item = await stepped.get()
+                if item is None:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                yield wire.append_response_to_pb(await self._settle(item))
+        finally:
+            reader.cancel()
+
+    async def _step_stream(
+        self,
+        requests: AsyncIterator[Any],
+        decode_batch: wire.BatchDecoder,
+        stepped: asyncio.Queue[_PendingAppend | BaseException | None],
+    ) -> None:
+        """Hands each request of a stream to the core as it arrives; a bounded queue of
+        unanswered requests pushes back on the sender (gRPC flow control)."""
+        try:
+            async for pb in requests:
+                await stepped.put(self._submit(wire.append_request_from_pb(pb, decode_batch)))
+        except Exception as e:  # ends the stream after the answers already due
+            await stepped.put(e)
+        else:
+            await stepped.put(None)
 
     async def handle_vote(self, pb: Any) -> Any:
         """Steps a RequestVote and returns the ``VoteResponsePB``."""
         request = wire.vote_request_from_pb(pb)
-        answer = await self._exchange(request, VoteResponse)
+        deliver = self._require_deliver()
+        future = self._expect_vote(request.src)
+        deliver(request)
+        answer = await self._await_answer(future, request)
         assert isinstance(answer, VoteResponse)
         return wire.vote_response_to_pb(answer)
 
-    async def _exchange(self, request: Message, answer_type: type) -> Message:
+    def _require_deliver(self) -> Deliver:
         deliver = self._deliver
         if deliver is None:
             raise ServiceUnavailableError(f"replica {self.uuid} is not running")
-        future = self._expect(answer_type, request.src)
+        return deliver
+
+    def _submit(self, request: AppendRequest) -> _PendingAppend:
+        """Delivers an AppendEntries to the core, stamped so that its answer is told apart
+        from the core's unsolicited durability acks (which carry ``seq`` 0)."""
+        deliver = self._require_deliver()
+        stamp = next(self._stamps)
+        request = dataclasses.replace(request, seq=stamp)
+        future: asyncio.Future[AppendResponse] = asyncio.get_running_loop().create_future()
+        self._append_waiters[stamp] = future
         deliver(request)
+        return _PendingAppend(request, future)
+
+    async def _settle(self, pending: _PendingAppend) -> AppendResponse:
+        """The core's answer to ``pending``, once what it appended is durable (or after
+        ``reply_timeout_ms``: then with what is durable; a later answer counts the rest)."""
+        try:
+            answer = await self._await_answer(pending.answer, pending.request)
+        finally:
+            self._append_waiters.pop(pending.request.seq, None)
+        if answer.status is not AppendStatus.OK:
+            return answer
+        watch = self._durable_watch(answer.dest)
+        if watch.index < answer.last_received.index:
+            try:
+                async with asyncio.timeout(self._opts.reply_timeout_ms / 1000):
+                    await watch.reached(answer.last_received.index)
+            except TimeoutError:
+                pass
+        return dataclasses.replace(
+            answer, durable_index=min(watch.index, answer.last_received.index)
+        )
+
+    async def _await_answer(self, future: asyncio.Future[_T], request: Message) -> _T:
         try:
             async with asyncio.timeout(self._opts.reply_timeout_ms / 1000):
                 return await future
@@ -390,19 +515,39 @@ class GrpcTransport:
                 f"replica {self.uuid} did not answer {type(request).__name__} in time"
             ) from None
 
-    async def _next_answer(self, answer_type: type, asker: str) -> Message:
-        return await self._expect(answer_type, asker)
-
-    def _expect(self, answer_type: type, asker: str) -> asyncio.Future[Message]:
+    def _expect_vote(self, asker: str) -> asyncio.Future[Message]:
         future: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
-        self._waiters.setdefault((answer_type, asker), deque()).append(future)
+        self._waiters.setdefault((VoteResponse, asker), deque()).append(future)
         return future
 
+    def _durable_watch(self, leader: str) -> _DurableWatch:
+        watch = self._durable.get(leader)
+        if watch is None:
+            watch = self._durable[leader] = _DurableWatch()
+        return watch
+
     def _answer(self, message: AppendResponse | VoteResponse) -> None:
-        waiters = self._waiters.get((type(message), message.dest))
+        if isinstance(message, AppendResponse):
+            self._answer_append(message)
+            return
+        waiters = self._waiters.get((VoteResponse, message.dest))
         while waiters:
             future = waiters.popleft()
             if not future.done():
                 future.set_result(message)
                 return
-        self.messages_dropped += 1  # nobody asks (e.g. a durability ack after a timeout)
+        self.messages_dropped += 1  # nobody asks (its handler timed out)
+
+    def _answer_append(self, message: AppendResponse) -> None:
+        # Every answer reflects the follower's log when the core produced it, and the core
+        # produces them in order: the latest one says what is durable now (it can go down
+        # after a truncation, which is why this is not a maximum).
+        if message.status is AppendStatus.OK:
+            self._durable_watch(message.dest).moved(message.durable_index)
+        if message.seq == 0:
+            return  # an unsolicited durability ack: it only moves the watch
+        future = self._append_waiters.pop(message.seq, None)
+        if future is None or future.done():
+            self.messages_dropped += 1  # its handler timed out
+            return
+        future.set_result(message)

@@ -212,6 +212,9 @@ class TabletServer:
             election_backoff_max_ms=s.election_backoff_max_ms,
             batch_bytes_max=s.consensus_batch_bytes_max,
             peer_inflight_bytes_max=max(4 * s.consensus_batch_bytes_max, 4 << 20),
+            # One batch out per follower: what is proposed meanwhile rides in the next one
+            # (measured: about 40 % less server CPU per single-row write, docs/performance.md).
+            peer_inflight_batches_max=1,
         )
 
     def _build_rpc_server(self) -> RpcServer:
