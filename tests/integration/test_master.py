@@ -6,6 +6,8 @@ tests that change the master set or start a master with a wrong list have their 
 
 from __future__ import annotations
 
+import json
+import subprocess
 import sys
 from collections.abc import Iterator
 from typing import Any
@@ -257,35 +259,50 @@ def test_master_with_mismatched_masters_list_refuses_to_start(cluster: MiniClust
     victim.restart()
 
 
-def test_add_a_fourth_master_then_remove_one() -> None:
+def _cli(cluster: MiniCluster, *args: str) -> subprocess.CompletedProcess[str]:
+    masters = ",".join(m.rpc_addr for m in cluster.masters if m.is_running())
+    return subprocess.run(
+        [sys.executable, "-m", "nyala.cli", "master", *args, "-m", masters],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_add_a_fourth_master_then_remove_one_with_the_cli() -> None:
     with _cluster() as cluster:
         try:
             _create(cluster, "kept", buckets=2)
             new = cluster.add_master()
-            request = master_pb2.AddMasterRequestPB()
-            request.rpc_addr.host, request.rpc_addr.port = "127.0.0.1", new.rpc_port
-            assert ops.call(cluster, "AddMaster", request).master_uuid == new.uuid
+            added = _cli(cluster, "add", new.rpc_addr)
+            assert added.returncode == 0, added.stderr
+            assert str(new.uuid) in added.stdout
             ops.wait_until(
                 lambda: sum(ops.is_voter(m) for m in ops.masters(cluster)) == 4,
                 what="the new master promoted to VOTER",
             )
+            listed = _cli(cluster, "list", "--format", "json")
+            assert listed.returncode == 0, listed.stderr
+            rows = json.loads(listed.stdout)
+            assert sorted(r["member_type"] for r in rows) == ["VOTER"] * 4
+            assert sorted(r["role"] for r in rows) == ["FOLLOWER"] * 3 + ["LEADER"]
             leader = cluster.leader_master()
             victim = next(m for m in cluster.masters if m not in (leader, new))
-            request = master_pb2.RemoveMasterRequestPB(master_uuid=victim.uuid)
-            ops.call(cluster, "RemoveMaster", request)
+            removed = _cli(cluster, "remove", str(victim.uuid))
+            assert removed.returncode == 0, removed.stderr
             victim.kill()
             entries = ops.masters(cluster)
             assert sorted(m.permanent_uuid for m in entries) == sorted(
                 str(m.uuid) for m in cluster.masters if m is not victim
             )
-            # The leader cannot remove itself, and the new master serves after a failover.
+            # The leader cannot remove itself: one clear line, non-zero exit.
             leader = cluster.leader_master()
-            with pytest.raises(errors.InvalidArgumentError):
-                ops.call_once(
-                    cluster,
-                    "RemoveMaster",
-                    master_pb2.RemoveMasterRequestPB(master_uuid=leader.uuid),
-                )
+            refused = _cli(cluster, "remove", leader.rpc_addr)
+            assert refused.returncode == 1
+            assert "cannot remove itself" in refused.stderr
+            assert len(refused.stderr.strip().splitlines()) == 1
+            # The three remaining masters (one of them new) elect a leader that has it all.
             leader.kill()
             assert "kept" in ops.list_tables(cluster)
         except BaseException:

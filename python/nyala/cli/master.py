@@ -91,8 +91,9 @@ def find_leader(addrs: list[str], timeout_s: float = 15.0) -> tuple[str, str]:
     """(address, uuid) of the leader master with a loaded catalog, asking every master."""
     deadline = time.monotonic() + timeout_s
     last = "no master answered"
+    candidates = list(addrs)
     while time.monotonic() < deadline:
-        for addr in addrs:
+        for addr in list(candidates):
             try:
                 with BlockingServerProxy(addr) as proxy:
                     answer = proxy.call(
@@ -106,6 +107,11 @@ def find_leader(addrs: list[str], timeout_s: float = 15.0) -> tuple[str, str]:
             if answer.catalog_ready:
                 return addr, str(answer.master_uuid)
             last = f"{addr} is {master_pb2.RaftRole.Name(answer.role)}"
+            # Follow the hint: a master not given on the command line may be the leader.
+            for entry in answer.masters:
+                hinted = f"{entry.rpc_addr.host}:{entry.rpc_addr.port}"
+                if entry.permanent_uuid == answer.leader_uuid and hinted not in candidates:
+                    candidates.append(hinted)
         time.sleep(0.2)
     raise TimedOutError(f"no leader master among {','.join(addrs)} ({last})")
 
