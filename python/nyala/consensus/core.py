@@ -802,7 +802,6 @@ class RaftCore:
         now = self._clock.now_ms()
         if progress.copy_needed:
             return False  # no updates while it copies; the heartbeat round probes it
-        last_index = self._log.last_op_id().index
         while not (progress.probing and progress.inflight):
             if progress.inflight_bytes >= self._opts.peer_inflight_bytes_max:
                 break
@@ -810,9 +809,9 @@ class RaftCore:
                 break  # what is proposed meanwhile goes out in one batch with the next answer
             after = progress.next_index - 1
             preceding_term = self._log.term_at(after)
-            if preceding_term is None or (
-                after < last_index and self._log.term_at(after + 1) is None
-            ):
+            # GC removes a prefix, so entry ``after`` present means ``after + 1`` is too, except
+            # at 0, whose term is always known.
+            if preceding_term is None or (after == 0 and self._first_entry_gone()):
                 self._need_copy(progress)  # what it needs was GC'd: only a copy helps
                 return sent
             batch = self._log.read_batch(after, self._opts.batch_bytes_max)
@@ -856,6 +855,9 @@ class RaftCore:
                 self._seq,
             )
         )
+
+    def _first_entry_gone(self) -> bool:
+        return self._log.last_op_id().index > 0 and self._log.term_at(1) is None
 
     def _need_copy(self, progress: PeerProgress) -> None:
         """Puts ``progress`` in copy mode: what it held is forgotten (a copied replica has
