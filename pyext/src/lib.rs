@@ -9,6 +9,7 @@ use pyo3::prelude::*;
 mod checksum;
 mod consensus;
 mod errors;
+mod partition;
 mod storage;
 mod wal;
 
@@ -19,6 +20,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(checksum::crc32c, m)?)?;
     wal::register(m)?;
     storage::register(m)?;
+    partition::register(m)?;
     consensus::register(m)?;
     Ok(())
 }

@@ -13,6 +13,7 @@ pub mod key;
 pub mod manifest;
 pub mod memrowset;
 pub mod ops;
+pub mod partition;
 pub mod predicate;
 pub mod scan;
 pub mod schema;
