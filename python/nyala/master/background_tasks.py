@@ -30,6 +30,7 @@ from nyala._proto import master_pb2, metadata_pb2, tserver_admin_pb2
 from nyala.errors import CasFailedError, NyalaError, TabletNotFoundError
 from nyala.master.catalog import TableInfo, TabletInfo
 from nyala.master.catalog_manager import CatalogManager
+from nyala.master.rereplication import Action, PlannedChange, Rereplicator
 from nyala.rpc import ServerProxy
 from nyala.rpc.settings import RpcSettings
 
@@ -37,6 +38,8 @@ log = logging.getLogger(__name__)
 
 #: Deadline of one background RPC.
 TASK_RPC_TIMEOUT_MS = 10_000
+# One RPC to start: its (kind, tserver, tablet) key and the coroutine that sends it.
+_Call = tuple[tuple[str, str, str], Awaitable[None]]
 _RUNNING_STATES = (metadata_pb2.RUNNING, metadata_pb2.BOOTSTRAPPING, metadata_pb2.NOT_STARTED)
 
 
@@ -49,34 +52,45 @@ class BackgroundTasks:
         self._rpc_settings = rpc_settings
         self._proxies: dict[str, ServerProxy] = {}
         self._sent_s: dict[tuple[str, str, str], float] = {}
+        # (kind, tserver, tablet) of RPCs under way: a slow server never gets a second one.
+        self._inflight: set[tuple[str, str, str]] = set()
+        self._rpcs: asyncio.TaskGroup | None = None
+        self.rereplicator = Rereplicator(manager)
 
     async def run(self) -> None:
         """Runs until cancelled."""
         interval_s = self._settings.background_task_interval_ms / 1000
         try:
-            while True:
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(interval_s):
-                        await self._m.wake.wait()
-                self._m.wake.clear()
-                if not self._m.is_ready_leader():
-                    self._sent_s.clear()
-                    continue
-                try:
-                    await self.run_once()
-                except NyalaError as exc:
-                    log.info("background tasks: %s", exc)
+            # RPCs run as tasks of this group, so one slow tserver never stalls a pass.
+            async with asyncio.TaskGroup() as rpcs:
+                self._rpcs = rpcs
+                await self._passes(interval_s)
         finally:
+            self._rpcs = None
             for proxy in self._proxies.values():
                 with contextlib.suppress(Exception):
                     await proxy.close()
+
+    async def _passes(self, interval_s: float) -> None:
+        while True:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(interval_s):
+                    await self._m.wake.wait()
+            self._m.wake.clear()
+            if not self._m.is_ready_leader():
+                self._sent_s.clear()
+                continue
+            try:
+                await self.run_once()
+            except NyalaError as exc:
+                log.info("background tasks: %s", exc)
 
     async def run_once(self) -> None:
         """One pass over the catalog."""
         catalog = self._m.catalog
         now_us = time.time_ns() // 1000
         timeout_us = self._settings.tablet_creation_timeout_ms * 1000
-        calls: list[Awaitable[None]] = []
+        calls: list[_Call] = []
         for tablet in list(catalog.tablets_by_id.values()):
             if tablet.pb.state != master_pb2.SYS_TABLET_CREATING:
                 continue
@@ -90,12 +104,30 @@ class BackgroundTasks:
             if table.pb.state == master_pb2.SYS_TABLE_ALTERING:
                 calls.extend(self._alter_calls(table))
         calls.extend(self._delete_calls())
-        if calls:
-            await asyncio.gather(*calls)
+        calls.extend(self._config_calls())
+        for key, call in calls:
+            self._start(key, call)
+
+    def _start(self, key: tuple[str, str, str], call: Awaitable[None]) -> None:
+        rpcs = self._rpcs
+        assert rpcs is not None, "passes run inside run()"
+        self._inflight.add(key)
+
+        async def tracked() -> None:
+            try:
+                await call
+            except Exception:  # a bug in one RPC must not stop the background tasks
+                log.exception("background %s of %s on %s failed", key[0], key[2], key[1])
+            finally:
+                self._inflight.discard(key)
+
+        rpcs.create_task(tracked(), name=f"{key[0]}-{key[2]}")
 
     def _due(self, kind: str, ts_uuid: str, tablet_id: str) -> bool:
         key = (kind, ts_uuid, tablet_id)
         now = time.monotonic()
+        if key in self._inflight:
+            return False
         if now - self._sent_s.get(key, -1e9) < self._settings.background_rpc_retry_ms / 1000:
             return False
         self._sent_s[key] = now
@@ -110,9 +142,9 @@ class BackgroundTasks:
             proxy = self._proxies[ts.rpc_addr] = ServerProxy(ts.rpc_addr, self._rpc_settings)
         return proxy
 
-    def _create_calls(self, table: TableInfo, tablet: TabletInfo) -> list[Awaitable[None]]:
+    def _create_calls(self, table: TableInfo, tablet: TabletInfo) -> list[_Call]:
         reports = self._m.reports.get(tablet.tablet_id, {})
-        calls: list[Awaitable[None]] = []
+        calls: list[_Call] = []
         config = tablet.pb.consensus_state.committed_config
         for peer in config.peers:
             reported = reports.get(peer.permanent_uuid)
@@ -130,12 +162,13 @@ class BackgroundTasks:
                 partition=tablet.pb.partition,
                 config=config,
             )
-            calls.append(self._send("CreateTablet", peer.permanent_uuid, request))
+            key = ("create", peer.permanent_uuid, tablet.tablet_id)
+            calls.append((key, self._send("CreateTablet", peer.permanent_uuid, request)))
         return calls
 
-    def _alter_calls(self, table: TableInfo) -> list[Awaitable[None]]:
+    def _alter_calls(self, table: TableInfo) -> list[_Call]:
         version = table.pb.schema.version
-        calls: list[Awaitable[None]] = []
+        calls: list[_Call] = []
         for tablet in table.live_tablets():
             leader = tablet.pb.consensus_state.leader_uuid
             if tablet.pb.reported_schema_version >= version or not leader:
@@ -148,11 +181,13 @@ class BackgroundTasks:
                 schema=table.pb.schema,
                 new_table_name=table.name,
             )
-            calls.append(self._send("AlterSchema", leader, request))
+            calls.append(
+                (("alter", leader, tablet.tablet_id), self._send("AlterSchema", leader, request))
+            )
         return calls
 
-    def _delete_calls(self) -> list[Awaitable[None]]:
-        calls: list[Awaitable[None]] = []
+    def _delete_calls(self) -> list[_Call]:
+        calls: list[_Call] = []
         for (ts_uuid, tablet_id), cas in list(self._m.pending_deletes.items()):
             if not self._due("delete", ts_uuid, tablet_id):
                 continue
@@ -164,8 +199,39 @@ class BackgroundTasks:
             )
             if cas is not None:
                 request.cas_config_opid_index_less_or_equal = cas
-            calls.append(self._delete(ts_uuid, tablet_id, request))
+            calls.append(
+                (("delete", ts_uuid, tablet_id), self._delete(ts_uuid, tablet_id, request))
+            )
         return calls
+
+    def _config_calls(self) -> list[_Call]:
+        """Re-replication (``nyala.master.rereplication``): one change per tablet leader."""
+        calls: list[_Call] = []
+        for change in self.rereplicator.plan():
+            if not self._due("config", change.leader_uuid, change.tablet_id):
+                continue
+            key = ("config", change.leader_uuid, change.tablet_id)
+            calls.append((key, self._change_config(change)))
+        return calls
+
+    async def _change_config(self, change: PlannedChange) -> None:
+        proxy = self._proxy(change.leader_uuid)
+        if proxy is None:
+            return
+        d = change.decision
+        method = "LeaderStepDown" if d.action is Action.STEP_DOWN else "ChangeConfig"
+        log.info("tablet %s: %s %s (%s)", change.tablet_id, d.action.value, d.uuid, d.reason)
+        try:
+            await proxy.admin_call(
+                getattr(proxy.consensus, method), change.request, timeout_ms=TASK_RPC_TIMEOUT_MS
+            )
+        except NyalaError as exc:
+            log.info(
+                "%s of tablet %s failed (next pass decides again): %s",
+                method,
+                change.tablet_id,
+                exc,
+            )
 
     async def _delete(self, ts_uuid: str, tablet_id: str, request: Any) -> None:
         try:
