@@ -1,0 +1,318 @@
+"""``nyala.connect(masters)`` and the ``Client``: DDL, table handles, sessions, cluster listings.
+
+A client owns one channel per server, the meta cache, a thread pool for parallel tablet
+writes, and one client id for exactly-once writes. It is thread-safe; close it (or use ``with``)
+to release the channels.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import pyarrow as pa
+
+from nyala import errors
+from nyala._proto import consensus_pb2, master_pb2, metadata_pb2
+from nyala.client.masters import MasterConnection, parse_masters
+from nyala.client.meta_cache import MetaCache, TableInfo, TabletLocation
+from nyala.client.rpc import ChannelPool
+from nyala.client.schema_pb import schema_to_pb
+from nyala.client.session import Session
+from nyala.client.table import Table
+from nyala.client.write import Writer, WriteResult
+from nyala.partition import PartitioningSpec, PartitionSchema, range_spec_to_pb
+from nyala.rowops import OpType, make_op_batch
+from nyala.rpc.errors import join_host_port
+from nyala.rpc.settings import RpcSettings
+from nyala.schema import Column, Schema
+
+#: Client RPC deadline and admin (DDL) deadline, in milliseconds (DESIGN.md §8).
+CLIENT_TIMEOUT_MS = 10_000
+ADMIN_TIMEOUT_MS = 30_000
+#: Threads sending tablet writes in parallel.
+WRITE_THREADS = 16
+_DDL_POLL_S = 0.1
+
+
+def connect(
+    masters: str | Sequence[str],
+    *,
+    timeout_ms: int = CLIENT_TIMEOUT_MS,
+    admin_timeout_ms: int = ADMIN_TIMEOUT_MS,
+) -> Client:
+    """A client of the cluster whose masters are ``masters`` (``"h1:p,h2:p"`` or a list).
+    Finds the leader master now, so a wrong address fails here with a clear error."""
+    client = Client(masters, timeout_ms=timeout_ms, admin_timeout_ms=admin_timeout_ms)
+    try:
+        client._masters.discover(time.monotonic() + timeout_ms / 1000)
+    except BaseException:
+        client.close()
+        raise
+    return client
+
+
+class Client:
+    """A connection to one nyala cluster. Create with ``nyala.connect``."""
+
+    def __init__(
+        self,
+        masters: str | Sequence[str],
+        *,
+        timeout_ms: int = CLIENT_TIMEOUT_MS,
+        admin_timeout_ms: int = ADMIN_TIMEOUT_MS,
+    ) -> None:
+        self.master_addrs = parse_masters(masters)
+        self.timeout_ms = timeout_ms
+        self.admin_timeout_ms = admin_timeout_ms
+        self._pool = ChannelPool(RpcSettings())
+        self._masters = MasterConnection(self.master_addrs, self._pool, timeout_ms=timeout_ms)
+        self._cache = MetaCache(self._masters)
+        self._executor = ThreadPoolExecutor(WRITE_THREADS, thread_name_prefix="nyala-write")
+        self._writer = Writer(self._cache, self._pool, self._executor, timeout_ms=timeout_ms)
+        self.admin = Admin(self)
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Releases threads and channels."""
+        self._executor.shutdown(wait=True)
+        self._pool.close()
+
+    @property
+    def client_id(self) -> str:
+        """The id every write of this client carries (exactly-once)."""
+        return self._writer.requests.client_id
+
+    # --- DDL ----------------------------------------------------------------------------------
+
+    def create_table(
+        self,
+        name: str,
+        schema: Schema,
+        *,
+        partitioning: PartitioningSpec = None,
+        replicas: int = 3,
+        wait: bool = True,
+    ) -> Table:
+        """Creates a table and (with ``wait``) waits until every tablet has a leader."""
+        partition_schema, _ = PartitionSchema.from_spec(partitioning, schema)
+        bounds, splits = range_spec_to_pb(schema, partition_schema, partitioning)
+        request = master_pb2.CreateTableRequestPB(
+            name=name,
+            schema=schema_to_pb(schema),
+            partition_schema=partition_schema.to_pb(),
+            range_bounds=bounds,
+            split_rows=splits,
+            num_replicas=replicas,
+        )
+        self._master_call("CreateTable", request, admin=True)
+        if wait:
+            self._wait_done("IsCreateTableDone", name)
+        return self.table(name)
+
+    def table(self, name: str) -> Table:
+        """A handle on table ``name`` (``NotFoundError`` if it does not exist)."""
+        return Table(self, self._cache.table(name, refresh=True))
+
+    def alter_table(
+        self,
+        name: str,
+        *,
+        add_columns: Sequence[Column] = (),
+        drop_columns: Sequence[str] = (),
+        rename_columns: Mapping[str, str] | None = None,
+        new_name: str | None = None,
+        wait: bool = True,
+    ) -> Table:
+        """Changes the table's columns and/or name in one all-or-nothing step."""
+        request = master_pb2.AlterTableRequestPB(
+            table=master_pb2.TableIdentifierPB(table_name=name), new_table_name=new_name or ""
+        )
+        for column in add_columns:
+            step = request.steps.add()
+            step.add_column.column.name = column.name
+            step.add_column.column.type = column.type
+            step.add_column.column.nullable = column.nullable
+        for dropped in drop_columns:
+            request.steps.add().drop_column.name = dropped
+        for old, new in (rename_columns or {}).items():
+            step = request.steps.add()
+            step.rename_column.old_name = old
+            step.rename_column.new_name = new
+        if not request.steps and not new_name:
+            raise errors.InvalidArgumentError("alter_table needs at least one change")
+        self._master_call("AlterTable", request, admin=True)
+        self._cache.forget_table(name)
+        final = new_name or name
+        if wait:
+            self._wait_done("IsAlterTableDone", final)
+        return self.table(final)
+
+    def delete_table(self, name: str) -> None:
+        """Deletes the table and its data."""
+        request = master_pb2.DeleteTableRequestPB(
+            table=master_pb2.TableIdentifierPB(table_name=name)
+        )
+        self._master_call("DeleteTable", request, admin=True)
+        self._cache.forget_table(name)
+
+    def list_tables(self, name_filter: str = "") -> list[dict[str, Any]]:
+        """Live tables, sorted by name: id, name, tablets, replicas, state, schema version."""
+        request = master_pb2.ListTablesRequestPB(name_filter=name_filter)
+        response = self._master_call("ListTables", request)
+        return [
+            {
+                "name": t.name,
+                "id": t.id,
+                "tablets": t.num_tablets,
+                "replicas": t.num_replicas,
+                "state": master_pb2.SysTableState.Name(t.state).removeprefix("SYS_TABLE_"),
+                "schema_version": t.schema_version,
+            }
+            for t in response.tables
+        ]
+
+    def describe_table(self, name: str) -> dict[str, Any]:
+        """Schema, partitioning and tablets of a table, as plain data."""
+        table = self.table(name)
+        return {
+            "name": table.name,
+            "id": table.id,
+            "schema_version": table.schema.version,
+            "replicas": table.num_replicas,
+            "key": table.schema.key,
+            "columns": [
+                {"name": c.name, "type": c.type, "nullable": c.nullable, "id": c.id}
+                for c in table.schema.columns
+            ],
+            "partitioning": table.partition_schema.describe(),
+            "tablets": [tablet_summary(t, table.partition_schema) for t in table.tablets()],
+        }
+
+    # --- cluster listings ---------------------------------------------------------------------
+
+    def list_tablet_servers(self) -> list[dict[str, Any]]:
+        """Every tablet server the leader master knows, with liveness and replica count."""
+        response = self._master_call("ListTabletServers", master_pb2.ListTabletServersRequestPB())
+        return [
+            {
+                "uuid": s.ts_info.permanent_uuid,
+                "rpc_addr": join_host_port(s.ts_info.rpc_addr.host, s.ts_info.rpc_addr.port),
+                "live": s.live,
+                "replicas": s.num_replicas,
+                "seconds_since_heartbeat": round(s.millis_since_heartbeat / 1000, 1),
+            }
+            for s in response.servers
+        ]
+
+    def list_masters(self) -> list[dict[str, Any]]:
+        """The masters of the cluster and their roles."""
+        response = self._master_call("ListMasters", master_pb2.ListMastersRequestPB())
+        return [
+            {
+                "uuid": m.permanent_uuid,
+                "rpc_addr": join_host_port(m.rpc_addr.host, m.rpc_addr.port),
+                "role": master_pb2.RaftRole.Name(m.role).removeprefix("ROLE_"),
+                "member_type": metadata_pb2.MemberType.Name(m.member_type),
+            }
+            for m in response.masters
+        ]
+
+    # --- sessions -----------------------------------------------------------------------------
+
+    def session(self, *, flush: str = "manual", **limits: Any) -> Session:
+        """A write session (``flush="manual"`` or ``"background"``); see ``Session``."""
+        return Session(self._session_batch, self._session_write, flush=flush, **limits)
+
+    def _session_batch(self, name: str, data: Any, op: OpType) -> tuple[TableInfo, pa.RecordBatch]:
+        return self._op_batch(self._cache.table(name), data, op)
+
+    def _session_write(self, info: TableInfo, batch: pa.RecordBatch) -> WriteResult:
+        return self._writer.write(info, batch)
+
+    def _op_batch(self, info: TableInfo, data: Any, op: OpType) -> tuple[TableInfo, pa.RecordBatch]:
+        return info, make_op_batch(data, op, info.schema)
+
+    # --- plumbing -----------------------------------------------------------------------------
+
+    def _master_call(self, method: str, request: Any, *, admin: bool = False) -> Any:
+        timeout = self.admin_timeout_ms if admin else self.timeout_ms
+        return self._masters.call(lambda s: getattr(s.master, method), request, timeout_ms=timeout)
+
+    def _wait_done(self, method: str, name: str) -> None:
+        deadline = time.monotonic() + self.admin_timeout_ms / 1000
+        request_cls = getattr(master_pb2, f"{method}RequestPB")
+        while True:
+            request = request_cls(table=master_pb2.TableIdentifierPB(table_name=name))
+            if self._master_call(method, request, admin=True).done:
+                return
+            if time.monotonic() > deadline:
+                raise errors.TimedOutError(f"{method} of {name!r} not done within the deadline")
+            time.sleep(_DDL_POLL_S)
+
+
+class Admin:
+    """Operator actions on tablets (``client.admin``); replica moves arrive with ksck."""
+
+    def __init__(self, client: Client) -> None:
+        self._client = client
+
+    def list_tablets(self, table: str | None = None) -> list[dict[str, Any]]:
+        """Tablets of one table or of every table, with their replicas and leader."""
+        names = [table] if table else [t["name"] for t in self._client.list_tables()]
+        out = []
+        for name in names:
+            handle = self._client.table(name)
+            for tablet in handle.tablets():
+                out.append({"table": name, **tablet_summary(tablet, handle.partition_schema)})
+        return out
+
+    def leader_step_down(
+        self, tablet_id: str, *, new_leader: str | None = None, abrupt: bool = False
+    ) -> None:
+        """Asks the tablet's leader to step down (gracefully to ``new_leader`` if given)."""
+        if abrupt and new_leader:
+            raise errors.InvalidArgumentError("--new-leader is only for a graceful step-down")
+        tablet = self._find(tablet_id)
+        leader = tablet.leader
+        if leader is None:
+            raise errors.ServiceUnavailableError(f"tablet {tablet_id} has no known leader")
+        request = consensus_pb2.LeaderStepDownRequestPB(
+            dest_uuid=leader.uuid,
+            tablet_id=tablet_id,
+            mode=consensus_pb2.ABRUPT if abrupt else consensus_pb2.GRACEFUL,
+            new_leader_uuid=new_leader or "",
+        )
+        stubs = self._client._pool.get(leader.addr)
+        stubs.call(stubs.consensus.LeaderStepDown, request, self._client.admin_timeout_ms)
+
+    def _find(self, tablet_id: str) -> TabletLocation:
+        for entry in self._client.list_tables():
+            handle = self._client.table(entry["name"])
+            for tablet in handle.tablets():
+                if tablet.tablet_id == tablet_id:
+                    return tablet
+        raise errors.NotFoundError(f"no tablet {tablet_id}")
+
+
+def tablet_summary(tablet: TabletLocation, partition_schema: PartitionSchema) -> dict[str, Any]:
+    """A tablet as plain data (for ``describe`` and the CLI)."""
+    return {
+        "tablet_id": tablet.tablet_id,
+        "partition": tablet.partition.describe(partition_schema),
+        "leader": tablet.leader_uuid,
+        "replicas": [
+            {"uuid": r.uuid, "addr": r.addr, "role": r.role, "member_type": r.member_type}
+            for r in tablet.replicas
+        ],
+    }
+
+
+__all__ = ["ADMIN_TIMEOUT_MS", "CLIENT_TIMEOUT_MS", "Admin", "Client", "connect"]

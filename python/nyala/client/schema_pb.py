@@ -1,0 +1,54 @@
+"""``Schema`` <-> ``SchemaPB`` for the client, without importing the server packages.
+
+The wire form is the tservers' and the master's (python/nyala/tserver/convert.py): the Arrow
+schema in IPC form with each column's stable id in the field metadata key ``nyala.column_id``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pyarrow as pa
+
+from nyala._proto import metadata_pb2
+from nyala.errors import InvalidArgumentError
+from nyala.schema import TYPES, Column, Schema
+
+_COLUMN_ID_KEY = b"nyala.column_id"
+_TYPE_NAMES = {arrow_type: name for name, arrow_type in TYPES.items()}
+
+
+def schema_to_pb(schema: Schema) -> Any:
+    """The ``SchemaPB`` of ``schema``."""
+    fields = [
+        pa.field(
+            c.name, c.arrow_type, nullable=c.nullable, metadata={_COLUMN_ID_KEY: str(c.id).encode()}
+        )
+        for c in schema.columns
+    ]
+    return metadata_pb2.SchemaPB(
+        arrow_schema=pa.schema(fields).serialize().to_pybytes(),
+        key_columns=schema.key,
+        version=schema.version,
+    )
+
+
+def schema_from_pb(pb: Any) -> Schema:
+    """The ``Schema`` of a ``SchemaPB``; ``InvalidArgumentError`` if it is malformed."""
+    try:
+        arrow = pa.ipc.read_schema(pa.py_buffer(pb.arrow_schema))
+    except (pa.ArrowInvalid, OSError) as err:
+        raise InvalidArgumentError(f"malformed schema from the server: {err}") from None
+    columns = []
+    for f in arrow:
+        name = _TYPE_NAMES.get(f.type)
+        if name is None:
+            raise InvalidArgumentError(f"column {f.name!r}: type {f.type} is not supported")
+        raw_id = (f.metadata or {}).get(_COLUMN_ID_KEY)
+        columns.append(
+            Column(f.name, name, nullable=f.nullable, id=None if raw_id is None else int(raw_id))
+        )
+    return Schema(columns, list(pb.key_columns), version=pb.version)
+
+
+__all__ = ["schema_from_pb", "schema_to_pb"]

@@ -1,0 +1,126 @@
+"""``Table``: one table's handle — its schema and partitioning, writes and scans.
+
+A handle is cheap and holds no connection of its own; it goes through its client's caches and
+channels. Writes take a pyarrow Table/RecordBatch, a pandas DataFrame or a dict of numpy
+arrays, are converted once (``nyala.rowops``) and return a ``WriteResult`` listing the rows
+that failed (the rest were applied); a failure of the whole call raises.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from nyala.client.meta_cache import TableInfo, TabletLocation
+from nyala.client.scanner import SCAN_BATCH_BYTES, SCAN_PAGE_BATCHES, Predicate, Scanner
+from nyala.client.write import WriteResult
+from nyala.partition import PartitionSchema
+from nyala.rowops import OpType
+from nyala.schema import Schema
+
+if TYPE_CHECKING:
+    from nyala.client.client import Client
+
+
+class Table:
+    """A table of a cluster, opened with ``client.table(name)``."""
+
+    def __init__(self, client: Client, info: TableInfo) -> None:
+        self._client = client
+        self._info = info
+
+    @property
+    def name(self) -> str:
+        """The table's name."""
+        return self._info.name
+
+    @property
+    def id(self) -> str:
+        """The table's id (stable across renames)."""
+        return self._info.table_id
+
+    @property
+    def schema(self) -> Schema:
+        """The schema this handle writes and scans with."""
+        return self._info.schema
+
+    @property
+    def partition_schema(self) -> PartitionSchema:
+        """The table's hash levels and range columns."""
+        return self._info.partition_schema
+
+    @property
+    def num_replicas(self) -> int:
+        """The replication factor."""
+        return self._info.num_replicas
+
+    def tablets(self) -> list[TabletLocation]:
+        """The table's tablets with their replicas, in partition order."""
+        return list(self._client._cache.locations(self._info).tablets)
+
+    def __repr__(self) -> str:
+        return f"Table({self.name!r}, {self.schema!r})"
+
+    # --- writes -------------------------------------------------------------------------------
+
+    def write(self, data: Any, op: OpType | str, *, timeout_ms: int | None = None) -> WriteResult:
+        """Applies ``data``'s rows as operation ``op`` and waits until they are durable."""
+        _, batch = self._client._op_batch(self._info, data, OpType.parse(op))
+        return self._client._writer.write(self._info, batch, timeout_ms=timeout_ms)
+
+    def insert(self, data: Any, **kwargs: Any) -> WriteResult:
+        """Inserts rows; an existing key is a row error ``ALREADY_PRESENT``."""
+        return self.write(data, OpType.INSERT, **kwargs)
+
+    def insert_ignore(self, data: Any, **kwargs: Any) -> WriteResult:
+        """Inserts rows, leaving existing keys alone."""
+        return self.write(data, OpType.INSERT_IGNORE, **kwargs)
+
+    def upsert(self, data: Any, **kwargs: Any) -> WriteResult:
+        """Inserts rows or replaces the existing ones."""
+        return self.write(data, OpType.UPSERT, **kwargs)
+
+    def update(self, data: Any, **kwargs: Any) -> WriteResult:
+        """Replaces existing rows; an absent key is a row error ``NOT_FOUND``."""
+        return self.write(data, OpType.UPDATE, **kwargs)
+
+    def delete(self, keys: Any, **kwargs: Any) -> WriteResult:
+        """Deletes the rows with these keys (only key columns are needed)."""
+        return self.write(keys, OpType.DELETE, **kwargs)
+
+    # --- reads --------------------------------------------------------------------------------
+
+    def scan(
+        self,
+        columns: Sequence[str] | None = None,
+        where: Sequence[Predicate] = (),
+        *,
+        limit: int | None = None,
+        replica: str = "leader",
+        max_staleness_ms: int = 0,
+        timeout_ms: int | None = None,
+        batch_size_bytes: int = SCAN_BATCH_BYTES,
+        page_batches: int = SCAN_PAGE_BATCHES,
+    ) -> Scanner:
+        """A scan: iterate it for ``pyarrow.RecordBatch``es, or ``.to_arrow()`` /
+        ``.to_pandas()``. ``where`` holds predicates like ``("id", ">=", 10)``."""
+        return Scanner(
+            self._client._cache,
+            self._client._pool,
+            self._info,
+            columns=columns,
+            where=where,
+            limit=limit,
+            replica=replica,
+            max_staleness_ms=max_staleness_ms,
+            timeout_ms=timeout_ms or self._client.timeout_ms,
+            batch_size_bytes=batch_size_bytes,
+            page_batches=page_batches,
+        )
+
+    def count(self, where: Sequence[Predicate] = ()) -> int:
+        """The number of rows (matching ``where``)."""
+        return self.scan(columns=self.schema.key, where=where).count()
+
+
+__all__ = ["Table"]
