@@ -45,6 +45,9 @@ class RowErrorsError(NyalaError):
         super().__init__(report.failure_text())
         self.report = report
 
+    def __reduce__(self) -> tuple[type[RowErrorsError], tuple[WriteReport]]:
+        return (RowErrorsError, (self.report,))
+
 
 @dataclasses.dataclass
 class WriteReport:
@@ -137,7 +140,6 @@ class TableWriter:
         self._pending_rows = 0
         self.report = WriteReport(table_name, operation.name.lower())
         self._session = client.session(flush="manual")
-        self._session.__enter__()
         self._closed = False
 
     @property
@@ -189,10 +191,9 @@ class TableWriter:
         if not self._pending:
             return
         batches, self._pending, self._pending_rows = self._pending, [], 0
-        table = pa.Table.from_batches(batches)
         if self._ignore_null:
-            table = self._keep_current_values(table)
-        self._apply(table)
+            batches = self._keep_current_values(pa.Table.from_batches(batches)).to_batches()
+        self._apply(batches)
 
     def _keep_current_values(self, rows: pa.Table) -> pa.Table:
         """``ignoreNull``: null cells take the row's current value. nyala writes whole rows, so
@@ -240,32 +241,42 @@ class TableWriter:
             current = keys.join(current, keys=self._schema.key, join_type="inner")
         return current
 
-    def _apply(self, rows: pa.Table) -> None:
-        self._session.apply(self._table, rows, self._operation)
-        errors = list(self._session.flush())
+    def _apply(self, batches: list[pa.RecordBatch]) -> None:
+        # Batch by batch: a RecordBatch in table order and types reaches the client's op batch
+        # without a copy (a multi-chunk Table would be concatenated first).
+        for batch in batches:
+            self._session.apply(self.report.table, batch, self._operation)
+        self._session.flush()
+        errors = self._session.pop_errors()
         not_applied = 0
+        key = self._schema.key
         for code, group in _group_errors(errors).items():
             not_applied += len(group)
             if self._ignore_duplicates and code in DUPLICATE_CODES:
                 self.report.rows_ignored += len(group)
                 continue
-            self.report.add_errors(code, len(group), (_error_line(e) for e in group))
-        self.report.rows_applied += rows.num_rows - not_applied
+            self.report.add_errors(code, len(group), (_error_line(e, key) for e in group))
+        self.report.rows_applied += sum(b.num_rows for b in batches) - not_applied
 
-    def close(self) -> None:
-        """Closes the session (idempotent); unsent rows are dropped, so call ``write``'s
-        flush first on success."""
+    def close(self, failed: bool = False) -> None:
+        """Closes the session (idempotent). Rows still queued here are dropped: ``write``
+        flushes them on success. With ``failed``, a failure of the session's last flush does
+        not hide the error that is already on its way."""
         if self._closed:
             return
         self._closed = True
         self._pending = []
-        self._session.__exit__(None, None, None)
+        try:
+            self._session.close()
+        except Exception:
+            if not failed:
+                raise
 
     def __enter__(self) -> TableWriter:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: object, *_: object) -> None:
+        self.close(failed=exc_type is not None)
 
 
 def _group_errors(errors: list[Any]) -> dict[str, list[Any]]:
@@ -276,11 +287,12 @@ def _group_errors(errors: list[Any]) -> dict[str, list[Any]]:
     return groups
 
 
-def _error_line(error: Any) -> str:
+def _error_line(error: Any, key: list[str]) -> str:
     code = getattr(error, "code", "ERROR")
     message = getattr(error, "message", str(error))
-    row = getattr(error, "row", None)
-    return f"{code}: {message}" + (f" (row {json.dumps(row, default=str)})" if row else "")
+    values = getattr(error, "values", None) or {}
+    shown = {k: values[k] for k in key if k in values}
+    return f"{code}: {message} (row {json.dumps(shown, default=str)})"
 
 
 # --- files --------------------------------------------------------------------------------
