@@ -7,6 +7,7 @@ replicas between them). Everything goes through the public wire protocol.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import time
 from collections.abc import Iterator
@@ -46,9 +47,14 @@ class ChaosCluster:
         # The servers in the tablet's config, as far as the nemesis knows; the rest are spares.
         self.members: list[ServerProcess] = []
         self._stack = contextlib.ExitStack()
+        # Every server (re)start runs on this one thread, which lives as long as the cluster:
+        # a child arms PR_SET_PDEATHSIG, which fires when the *thread* that forked it exits,
+        # so a server restarted from the nemesis thread would die with that thread.
+        self._spawner = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="spawner")
 
     def __enter__(self) -> ChaosCluster:
         try:
+            self._stack.callback(self._spawner.shutdown)
             self.disk.build()
             self._stack.enter_context(self.disk.environment())
             self._stack.enter_context(self.mini)
@@ -73,6 +79,26 @@ class ChaosCluster:
 
     def _server_pids(self) -> dict[int, str]:
         return {ts.pid: ts.name for ts in self.tservers if ts.pid is not None and ts.is_running()}
+
+    def restart(self, ts: ServerProcess) -> None:
+        """Kills ``ts`` if running, starts it again and waits until it answers."""
+        self._spawner.submit(ts.restart).result()
+
+    def start_fresh(self, ts: ServerProcess) -> None:
+        """Kills and wipes ``ts`` (a new UUID), starts it and waits until it answers."""
+
+        def fresh() -> None:
+            if ts.is_running():
+                ts.kill()
+            ts.wipe()
+            ts.start()
+            ts.wait_ready()
+
+        self._spawner.submit(fresh).result()
+
+    def start(self, ts: ServerProcess) -> None:
+        """Starts ``ts`` without waiting for it."""
+        self._spawner.submit(ts.start).result()
 
     def peer(self, ts: ServerProcess, member_type: int = metadata_pb2.VOTER) -> Any:
         """The ``RaftPeerPB`` of ``ts``, addressed through its proxy."""
@@ -121,15 +147,20 @@ class ChaosCluster:
         return response.tablets[0]
 
     def leader(self, *, timeout_s: float = 10.0) -> ServerProcess:
-        """A running member that says it leads (``TimedOutError`` if none within the time)."""
+        """The running member that claims leadership in the highest term (a deposed leader
+        cut off by a partition keeps claiming its old term); ``TimedOutError`` if none."""
         deadline = time.monotonic() + timeout_s
         while True:
-            for ts in self.members:
+            claims: list[tuple[int, int, ServerProcess]] = []
+            for i, ts in enumerate(list(self.members)):
                 if not ts.is_running() or ts.uuid is None:
                     continue
                 with contextlib.suppress(errors.NyalaError):
-                    if self.cstate(ts, timeout_ms=500).cstate.leader_uuid == ts.uuid:
-                        return ts
+                    cstate = self.cstate(ts, timeout_ms=500).cstate
+                    if cstate.leader_uuid == ts.uuid:
+                        claims.append((int(cstate.current_term), -i, ts))
+            if claims:
+                return max(claims, key=lambda claim: claim[:2])[2]
             if time.monotonic() > deadline:
                 raise errors.TimedOutError(f"no leader of {self.tablet_id} in {timeout_s} s")
             time.sleep(0.05)

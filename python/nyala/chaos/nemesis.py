@@ -124,7 +124,7 @@ class Nemesis:
             if ts.pid is not None:
                 self.cluster.disk.disarm(ts.pid)
             if not ts.is_running():
-                ts.restart()
+                self.cluster.restart(ts)
 
     # --- choices ---------------------------------------------------------------------------
 
@@ -154,7 +154,7 @@ class Nemesis:
 
         def heal() -> None:
             for ts in victims:
-                ts.restart()
+                self.cluster.restart(ts)
 
         return heal
 
@@ -213,7 +213,7 @@ class Nemesis:
         if leader is None or not spares or not followers:
             return _nothing
         spare, leaving = self.rng.choice(spares), self.rng.choice(followers)
-        self._fresh_server(spare)
+        self.cluster.start_fresh(spare)
         if not self._add_and_promote(spare):
             return _nothing
         self.cluster.members.append(spare)
@@ -229,13 +229,6 @@ class Nemesis:
         self.cluster.members.remove(leaving)
         leaving.kill()  # a spare from now on; wiped before it is used again
         return _nothing
-
-    def _fresh_server(self, ts: ServerProcess) -> None:
-        if ts.is_running():
-            ts.kill()
-        ts.wipe()
-        ts.start()
-        ts.wait_ready()
 
     def _add_and_promote(self, spare: ServerProcess) -> bool:
         leader = self.cluster.leader()
@@ -280,7 +273,7 @@ class Nemesis:
             # restarts it. Disarm only after the kill, so nothing syncs in between.
             victim.kill()
             self.cluster.disk.disarm(pid)
-            victim.restart()
+            self.cluster.restart(victim)
 
         return heal
 
@@ -290,7 +283,7 @@ class Nemesis:
         tear_wal_tail(self.cluster.wal_dir(victim), self.rng)
 
         def heal() -> None:
-            victim.restart()
+            self.cluster.restart(victim)
 
         return heal
 
@@ -302,14 +295,14 @@ class Nemesis:
         damaged = bytearray(original)
         damaged[self.rng.randrange(len(damaged))] ^= 1 << self.rng.randrange(8)
         path.write_bytes(bytes(damaged))
-        victim.start()
+        self.cluster.start(victim)
         if self._serves_tablet(victim):
             self.anomalies.append(f"corrupt-meta: {victim.name} served a replica with bad cmeta")
 
         def heal() -> None:
             victim.kill()
             path.write_bytes(original)
-            victim.restart()
+            self.cluster.restart(victim)
 
         return heal
 

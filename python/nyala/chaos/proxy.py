@@ -34,15 +34,17 @@ CLIENT = "client"
 
 
 def _socket_inode(local_port: int, remote_port: int) -> int | None:
-    """The inode of the loopback socket 127.0.0.1:local_port -> 127.0.0.1:remote_port."""
-    want_local = f"0100007F:{local_port:04X}"
-    want_remote = f"0100007F:{remote_port:04X}"
-    with open("/proc/net/tcp") as table:
-        next(table)
-        for line in table:
-            fields = line.split()
-            if fields[1] == want_local and fields[2] == want_remote:
-                return int(fields[9])
+    """The inode of the loopback socket from ``local_port`` to ``remote_port``. gRPC dials
+    from dual-stack sockets, so IPv4-mapped connections are listed in ``tcp6``; on loopback
+    the two ports identify the connection."""
+    want_local, want_remote = f":{local_port:04X}", f":{remote_port:04X}"
+    for table_path in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(FileNotFoundError), open(table_path) as table:
+            next(table)
+            for line in table:
+                fields = line.split()
+                if fields[1].endswith(want_local) and fields[2].endswith(want_remote):
+                    return int(fields[9])
     return None
 
 

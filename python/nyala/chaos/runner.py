@@ -96,10 +96,31 @@ def final_read(cluster: ChaosCluster) -> list[tuple[int, int]]:
     while True:
         try:
             return client.scan()
-        except errors.NyalaError:
+        except errors.NyalaError as exc:
             if time.monotonic() > deadline:
-                raise
+                raise errors.TimedOutError(
+                    f"final read failed for {FINAL_READ_DEADLINE_S} s ({exc}); "
+                    f"members: {describe_members(cluster)}"
+                ) from exc
             time.sleep(0.2)
+
+
+def describe_members(cluster: ChaosCluster) -> str:
+    """Each member's view of the tablet (for a failure message)."""
+    views = []
+    for ts in cluster.members:
+        try:
+            state = cluster.cstate(ts)
+            cstate = state.cstate
+            voters = [p.permanent_uuid[:6] for p in cstate.committed_config.peers]
+            view = (
+                f"term={cstate.current_term} leader={cstate.leader_uuid[:6]} "
+                f"committed={state.committed_index} config={voters}"
+            )
+        except errors.NyalaError as exc:
+            view = f"unreachable ({exc.__class__.__name__})"
+        views.append(f"{ts.name}/{(ts.uuid or '?')[:6]} pid={ts.pid} {view}")
+    return "; ".join(views)
 
 
 def run(config: RunConfig) -> RunSummary:

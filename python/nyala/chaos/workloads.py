@@ -21,6 +21,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import grpc
 import pyarrow as pa
 
 from nyala import errors
@@ -28,7 +29,7 @@ from nyala._proto import common_pb2, tserver_pb2
 from nyala.chaos.cluster import ChaosCluster
 from nyala.chaos.history import History
 from nyala.rowops import encode, make_op_batch
-from nyala.rpc.errors import raise_for_response
+from nyala.rpc.errors import error_from_grpc, raise_for_response
 from nyala.schema import Column, Schema
 from nyala.testing.mini_cluster import ServerProcess
 
@@ -130,6 +131,9 @@ class TabletClient:
                     ids = table.column("id").to_pylist()
                     values = table.column("v").to_pylist()
                     rows.extend(zip(ids, values, strict=True))
+        except grpc.RpcError as exc:
+            self._leader = None
+            raise error_from_grpc(exc, target=leader.rpc_addr) from None
         except BaseException:
             self._leader = None
             raise
