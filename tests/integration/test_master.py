@@ -308,3 +308,25 @@ def test_add_a_fourth_master_then_remove_one_with_the_cli() -> None:
         except BaseException:
             dump_logs(cluster, sys.stderr)
             raise
+
+
+def test_tablet_not_created_in_time_is_replaced_elsewhere() -> None:
+    flags = [*MASTER_FLAGS, "--tablet-creation-timeout-ms", "3000"]
+    with MiniCluster(3, num_masters=1, master_flags=flags, tserver_flags=TSERVER_FLAGS) as cluster:
+        try:
+            stuck = cluster.tservers[0]
+            stuck.pause()
+            created = 0
+            # RF 1 tablets land on every server; those on the paused one never get a leader.
+            while created < 6:
+                name = f"r{created}"
+                ops.call(cluster, "CreateTable", ops.create_table_request(name, SCHEMA, replicas=1))
+                created += 1
+            for i in range(created):
+                ops.wait_create_done(cluster, f"r{i}", timeout_s=60)
+                for tablet in ops.locations(cluster, f"r{i}"):
+                    assert [r.ts_info.permanent_uuid for r in tablet.replicas] != [stuck.uuid]
+            stuck.resume()
+        except BaseException:
+            dump_logs(cluster, sys.stderr)
+            raise

@@ -27,7 +27,7 @@ from collections.abc import Awaitable
 from typing import Any
 
 from nyala._proto import master_pb2, metadata_pb2, tserver_admin_pb2
-from nyala.errors import CasFailedError, NyalaError, TabletNotFoundError
+from nyala.errors import CasFailedError, NetworkError, NyalaError, TabletNotFoundError
 from nyala.master.catalog import TableInfo, TabletInfo
 from nyala.master.catalog_manager import CatalogManager
 from nyala.master.rereplication import Action, PlannedChange, Rereplicator
@@ -253,6 +253,14 @@ class BackgroundTasks:
         proxy = self._proxy(ts_uuid)
         if proxy is None:
             return
-        await proxy.admin_call(
-            getattr(proxy.admin, method), request, timeout_ms=TASK_RPC_TIMEOUT_MS
-        )
+        try:
+            await proxy.admin_call(
+                getattr(proxy.admin, method), request, timeout_ms=TASK_RPC_TIMEOUT_MS
+            )
+        except NetworkError:
+            # A fresh channel next time: gRPC's reconnect back-off would delay a restarted
+            # tserver's work by many seconds.
+            if self._proxies.get(proxy.addr) is proxy:
+                del self._proxies[proxy.addr]
+                await proxy.close()
+            raise

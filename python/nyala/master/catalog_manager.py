@@ -201,7 +201,7 @@ class CatalogManager:
         if num_replicas % 2 == 0:
             raise InvalidArgumentError(f"replication factor {num_replicas} must be odd")
         partitions = table_partitions(schema, request)
-        live = {ts.uuid: ts for ts in self.ts_manager.live()}
+        live = await self._live_tservers(num_replicas)
         if num_replicas > len(live):
             raise InvalidArgumentError(
                 f"replication factor {num_replicas} is more than the {len(live)} live "
@@ -235,6 +235,17 @@ class CatalogManager:
         log.info("created table %s (%s) with %d tablets", name, table.table_id, len(tablets))
         self.wake.set()
         return str(table.table_id)
+
+    async def _live_tservers(self, wanted: int) -> dict[str, TSDescriptor]:
+        """The live tservers; a young master waits for up to ``wanted`` of them to register
+        (every tserver heartbeats to every master, but a just-started master may have won its
+        election before the first heartbeats arrived)."""
+        while True:
+            live = {ts.uuid: ts for ts in self.ts_manager.live()}
+            young = self.ts_manager.age_ms() < self.settings.tserver_registration_wait_ms
+            if len(live) >= wanted or not young:
+                return live
+            await asyncio.sleep(_LEADER_POLL_S)
 
     def new_tablet_record(
         self,

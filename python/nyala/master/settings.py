@@ -31,6 +31,10 @@ class MasterSettings:
 
     # A tablet server not heard from for this long is not live (placement skips it).
     tserver_unresponsive_timeout_ms: int = 60_000
+    # A master this young may not have heard from every tserver yet: CreateTable waits up to
+    # this long after the process started for enough of them (a restarted master that wins an
+    # election at once must not refuse a replication factor the cluster can serve: KUDU-1358).
+    tserver_registration_wait_ms: int = 5_000
     # A tablet whose replicas reported no leader this long after creation is replaced.
     tablet_creation_timeout_ms: int = 30_000
     # How often the leader's background tasks look for work (creates, alters, deletes).
@@ -61,6 +65,7 @@ class MasterSettings:
             "consensus_batch_bytes_max",
             "wal_segment_bytes",
             "tserver_unresponsive_timeout_ms",
+            "tserver_registration_wait_ms",
             "tablet_creation_timeout_ms",
             "follower_unavailable_considered_failed_sec",
             "background_task_interval_ms",

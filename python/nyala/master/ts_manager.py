@@ -48,6 +48,11 @@ class TSManager:
     def __init__(self, unresponsive_timeout_ms: int) -> None:
         self._unresponsive_timeout_ms = unresponsive_timeout_ms
         self._servers: dict[str, TSDescriptor] = {}
+        self._started_s = time.monotonic()
+
+    def age_ms(self) -> int:
+        """Milliseconds since this manager (this master process) started."""
+        return int((time.monotonic() - self._started_s) * 1000)
 
     def heartbeat(self, uuid: str, instance_seqno: int, registration: Any) -> TSDescriptor:
         """Records a heartbeat (registering a new server or a new instance of one)."""

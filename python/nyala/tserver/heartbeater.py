@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nyala._proto import master_pb2, metadata_pb2
-from nyala.errors import NyalaError, WrongServerUuidError
+from nyala.errors import NetworkError, NyalaError, WrongServerUuidError
 from nyala.rpc import ServerProxy, split_host_port
 from nyala.rpc.settings import RpcSettings
 from nyala.tablet import TabletManager
@@ -89,7 +89,8 @@ class Heartbeater:
                 group.create_task(self._loop(master), name=f"heartbeat-{master.addr}")
 
     async def _loop(self, master: _MasterState) -> None:
-        async with ServerProxy(master.addr, self._rpc_settings) as proxy:
+        proxy = ServerProxy(master.addr, self._rpc_settings)
+        try:
             while True:
                 again = False
                 try:
@@ -99,8 +100,15 @@ class Heartbeater:
                 except NyalaError as exc:
                     log.debug("heartbeat to master %s failed: %s", master.addr, exc)
                     master.is_leader = False
+                    if isinstance(exc, NetworkError):
+                        # A fresh channel: gRPC's reconnect back-off would otherwise keep a
+                        # restarted master unaware of this tserver for many seconds.
+                        await proxy.close()
+                        proxy = ServerProxy(master.addr, self._rpc_settings)
                 if not again:
                     await asyncio.sleep(self._interval_s)
+        finally:
+            await proxy.close()
 
     def _snapshot(self) -> dict[str, tuple[Signature, Any]]:
         """Every replica's report and signature, now."""
