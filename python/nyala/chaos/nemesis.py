@@ -26,7 +26,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
-from typing import Any
+from pathlib import Path
 
 from nyala import errors
 from nyala._proto import consensus_pb2, metadata_pb2
@@ -227,6 +227,7 @@ class Nemesis:
             log.warning("nemesis: remove of %s failed: %s", leaving.name, exc)
             return _nothing
         self.cluster.members.remove(leaving)
+        log.info("nemesis: moved a replica from %s to %s", leaving.name, spare.name)
         leaving.kill()  # a spare from now on; wiped before it is used again
         return _nothing
 
@@ -296,7 +297,9 @@ class Nemesis:
         damaged[self.rng.randrange(len(damaged))] ^= 1 << self.rng.randrange(8)
         path.write_bytes(bytes(damaged))
         self.cluster.start(victim)
-        if self._serves_tablet(victim):
+        served = self._serves_tablet(victim)
+        log.info("nemesis: %s with a damaged cmeta serves the tablet: %s", victim.name, served)
+        if served:
             self.anomalies.append(f"corrupt-meta: {victim.name} served a replica with bad cmeta")
 
         def heal() -> None:
@@ -307,16 +310,22 @@ class Nemesis:
         return heal
 
     def _serves_tablet(self, ts: ServerProcess) -> bool:
-        """True if ``ts`` comes up and reports a running replica with a known term."""
+        """True if ``ts`` comes up and reports a replica of the tablet. Refusing to start, or
+        starting without that replica (failed, not listed), is the right answer."""
         try:
-            ts.wait_ready(timeout_s=10.0)
-            state: Any = self.cluster.cstate(ts)
-        except errors.NyalaError:
+            ts.wait_ready(timeout_s=60.0)
+        except errors.NyalaError as exc:
+            log.info("nemesis: %s refused to start: %s", ts.name, exc)
             return False
-        return bool(state.cstate.current_term >= 0 and state.HasField("cstate"))
+        try:
+            self.cluster.cstate(ts)
+        except errors.NyalaError as exc:
+            log.info("nemesis: %s does not serve the tablet: %s", ts.name, exc)
+            return False
+        return True
 
 
-def tear_wal_tail(wal_dir: Any, rng: random.Random) -> bool:
+def tear_wal_tail(wal_dir: Path, rng: random.Random) -> bool:
     """Writes a frame header and part of a payload with a bad checksum right after the last
     frame of the newest segment: what a crash during an unsynced write leaves. Returns False
     when there is no segment to tear (nothing written yet)."""
