@@ -12,6 +12,7 @@ mod errors;
 mod partition;
 mod storage;
 mod wal;
+mod wal_inspect;
 
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -19,6 +20,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(errors::error_classes, m)?)?;
     m.add_function(wrap_pyfunction!(checksum::crc32c, m)?)?;
     wal::register(m)?;
+    wal_inspect::register(m)?;
     storage::register(m)?;
     partition::register(m)?;
     consensus::register(m)?;

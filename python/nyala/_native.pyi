@@ -59,6 +59,17 @@ class Log:
     def _inject_sync_failures(self, count: int, errno: int) -> None: ...
     def _inject_fallocate_unsupported(self, unsupported: bool) -> None: ...
 
+def wal_dump_segment(
+    path: str,
+) -> tuple[
+    str | None,
+    int,
+    int,
+    int,
+    tuple[int, int, int] | None,
+    list[tuple[int, str, list[tuple[int, int, int, int]], tuple[int, int] | None]],
+]: ...
+
 # --- storage (pyext/src/storage.rs) -------------------------------------------------------
 
 _NativeColumn = tuple[int, str, str, bool, object]

@@ -18,12 +18,14 @@ COMMAND_MODULES: dict[str, str] = {
     "master": "nyala.cli.master",
     "tablet-copy": "nyala.cli.tablet_copy",
     "tserver": "nyala.cli.tserver",
+    "local-replica": "nyala.cli.local_replica",
 }
 
 _SHORT_HELP: dict[str, str] = {
     "master": "Run, list, add and remove masters.",
     "tablet-copy": "List and cancel tablet copies onto a tablet server.",
     "tserver": "Run and inspect tablet servers.",
+    "local-replica": "Inspect and repair replicas of a stopped server.",
 }
 
 

@@ -22,6 +22,7 @@ mod faults;
 pub mod format;
 mod gc;
 mod index;
+pub mod inspect;
 mod log;
 mod metrics;
 mod notify;
