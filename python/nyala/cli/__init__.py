@@ -15,19 +15,17 @@ import click
 
 # noun -> module whose ``group`` implements it. Add new nouns here.
 COMMAND_MODULES: dict[str, str] = {
-    "chaos": "nyala.cli.chaos",
     "master": "nyala.cli.master",
     "tablet-copy": "nyala.cli.tablet_copy",
     "tserver": "nyala.cli.tserver",
-    "local-replica": "nyala.cli.local_replica",
+    "cluster": "nyala.cli.cluster",
 }
 
 _SHORT_HELP: dict[str, str] = {
-    "chaos": "Fault-injection runs that check nothing acknowledged is lost.",
     "master": "Run, list, add and remove masters.",
     "tablet-copy": "List and cancel tablet copies onto a tablet server.",
     "tserver": "Run and inspect tablet servers.",
-    "local-replica": "Inspect and repair replicas of a stopped server.",
+    "cluster": "Check (ksck) and rebalance the whole cluster.",
 }
 
 

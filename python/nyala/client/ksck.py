@@ -268,7 +268,11 @@ def _check_tablet(tablet: TabletView) -> list[Finding]:
     if len(tablet.voters) > tablet.num_replicas:
         bad(f"over-replicated: {len(tablet.voters)} voters of {tablet.num_replicas}")
     claimed = {r.leader_uuid for r in healthy if r.leader_uuid}
-    if not claimed or not any(r.leader_uuid == r.ts_uuid for r in healthy):
+    healthy_voters = [r for r in healthy if r.ts_uuid in tablet.voters]
+    if len(healthy_voters) < len(tablet.voters) // 2 + 1:
+        # A leader without a majority cannot commit anything: it is no leader at all.
+        bad(f"no leader: only {len(healthy_voters)} of {len(tablet.voters)} voters healthy")
+    elif not claimed or not any(r.leader_uuid == r.ts_uuid for r in healthy):
         bad("no leader")
     elif len(claimed) > 1:
         bad(f"replicas disagree on the leader: {sorted(claimed)}")

@@ -1,0 +1,82 @@
+"""``nyala cluster``: whole-cluster checks and maintenance (ksck, rebalance).
+
+``ksck`` exits 0 only when the cluster is healthy (``nyala.client.ksck`` says what that means),
+1 when it found problems, so scripts can gate on it.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+from nyala.cli.options import one_line_errors
+from nyala.cli.output import format_option, render_table
+from nyala.client import ksck as ksck_module
+from nyala.errors import InvalidArgumentError
+from nyala.rpc import split_host_port
+
+_MASTERS_HELP = "Comma-separated master addresses (default: $NYALA_MASTERS)."
+
+
+def master_list(masters: str) -> list[str]:
+    """The ``-m/--masters`` value as a list of checked HOST:PORT."""
+    addrs = [m.strip() for m in masters.split(",") if m.strip()]
+    if not addrs:
+        raise InvalidArgumentError("no masters given: pass -m/--masters or set NYALA_MASTERS")
+    for addr in addrs:
+        split_host_port(addr)
+    return addrs
+
+
+masters_option = click.option(
+    "-m", "--masters", envvar="NYALA_MASTERS", default="", help=_MASTERS_HELP
+)
+
+
+@click.group(name="cluster")
+def group() -> None:
+    """Check and maintain the whole cluster."""
+
+
+@group.command(name="ksck")
+@masters_option
+@format_option
+@one_line_errors
+def ksck(masters: str, fmt: str) -> None:
+    """Check masters, tablet servers and every tablet's replicas; exit 0 only when healthy."""
+    snapshot, findings = ksck_module.run(master_list(masters))
+    if fmt == "json":
+        click.echo(json.dumps(ksck_module.to_json(snapshot, findings), indent=1))
+    else:
+        _print_report(snapshot, findings)
+    sys.exit(0 if not findings else 1)
+
+
+def _print_report(
+    snapshot: ksck_module.ClusterSnapshot, findings: list[ksck_module.Finding]
+) -> None:
+    masters = [
+        {"addr": m.addr, "uuid": m.uuid, "role": m.role or "UNREACHABLE", "leader": m.leader_uuid}
+        for m in snapshot.masters
+    ]
+    click.echo(render_table(masters))
+    click.echo()
+    if snapshot.tservers:
+        click.echo(render_table(snapshot.tservers))
+        click.echo()
+    if findings:
+        click.echo(
+            render_table(
+                [{"kind": f.kind, "subject": f.subject, "problem": f.problem} for f in findings]
+            )
+        )
+        click.echo()
+    live = sum(1 for ts in snapshot.tservers if ts["live"])
+    bad_tablets = len({f.subject for f in findings if f.kind == "tablet"})
+    verdict = "HEALTHY" if not findings else f"UNHEALTHY: {len(findings)} problem(s)"
+    click.echo(
+        f"{len(snapshot.masters)} masters, {live}/{len(snapshot.tservers)} tablet servers live, "
+        f"{len(snapshot.tablets)} tablets ({bad_tablets} with problems): {verdict}"
+    )

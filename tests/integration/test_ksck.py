@@ -1,0 +1,154 @@
+"""``nyala cluster ksck`` against real processes: healthy (exit 0), then each broken case.
+
+One master and three tservers; a tserver counts as not live after 2 s without a heartbeat,
+and re-replication keeps its default (300 s) so that ksck sees each broken state as made.
+Broken in turn: the master down, a tserver down, two tservers down (tablets without a
+leader), and one replica whose committed config was rewritten offline (config disagreement).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from nyala.schema import Column, Schema
+from nyala.testing import MiniCluster, dump_logs
+from nyala.testing import master_ops as ops
+
+RAFT_FLAGS = [
+    "--heartbeat-interval-ms",
+    "100",
+    "--leader-failure-max-missed-heartbeat-periods",
+    "3",
+]
+MASTER_FLAGS = [
+    *RAFT_FLAGS,
+    "--background-task-interval-ms",
+    "100",
+    "--tserver-unresponsive-timeout-ms",
+    "2000",
+]
+TSERVER_FLAGS = [*RAFT_FLAGS, "--master-heartbeat-interval-ms", "200"]
+SCHEMA = Schema([Column("id", "int64"), Column("v", "string", nullable=True)], key=["id"])
+
+
+@pytest.fixture
+def cluster(request: pytest.FixtureRequest) -> Iterator[MiniCluster]:
+    with MiniCluster(
+        3, num_masters=1, master_flags=MASTER_FLAGS, tserver_flags=TSERVER_FLAGS
+    ) as mini:
+        yield mini
+        report = getattr(request.node, "rep_call", None)
+        if report is not None and report.failed:
+            dump_logs(mini, sys.stderr)
+
+
+def nyala(*args: str) -> subprocess.CompletedProcess[str]:
+    """Runs the ``nyala`` program."""
+    return subprocess.run(
+        [sys.executable, "-m", "nyala.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "NYALA_MASTERS": ""},
+    )
+
+
+def ksck(cluster: MiniCluster) -> tuple[int, dict[str, Any]]:
+    """(exit code, JSON report) of ``nyala cluster ksck``."""
+    done = nyala("cluster", "ksck", "-m", ",".join(cluster.master_addrs), "--format", "json")
+    assert done.stdout, done.stderr
+    return done.returncode, json.loads(done.stdout)
+
+
+def wait_ksck(cluster: MiniCluster, predicate: Any, what: str) -> dict[str, Any]:
+    """Runs ksck until ``predicate(code, report)`` holds; returns that report."""
+    found: dict[str, Any] = {}
+
+    def ok() -> bool:
+        code, report = ksck(cluster)
+        found.update(report)
+        return bool(predicate(code, report))
+
+    ops.wait_until(ok, timeout_s=30, what=what)
+    return found
+
+
+def problems(report: dict[str, Any]) -> list[str]:
+    """Every finding as one string."""
+    return [f"{f['kind']} {f['subject']}: {f['problem']}" for f in report["findings"]]
+
+
+def _create_and_wait_healthy(cluster: MiniCluster) -> None:
+    ops.call(cluster, "CreateTable", ops.create_table_request("k", SCHEMA, buckets=2))
+    ops.wait_create_done(cluster, "k")
+    healthy = wait_ksck(cluster, lambda code, r: code == 0, "a healthy ksck")
+    assert healthy["healthy"]
+    assert len(healthy["tablets"]) == 2
+
+
+def test_ksck_reports_dead_tserver_and_tablets_without_leader(cluster: MiniCluster) -> None:
+    _create_and_wait_healthy(cluster)
+    table_out = nyala("cluster", "ksck", "-m", ",".join(cluster.master_addrs))
+    assert table_out.returncode == 0
+    assert "HEALTHY" in table_out.stdout
+
+    dead = cluster.tserver(0)
+    dead.kill()
+    report = wait_ksck(
+        cluster,
+        lambda code, r: code == 1 and any("not live" in p for p in problems(r)),
+        "ksck reporting the dead tserver",
+    )
+    assert any(str(dead.uuid) in p and "not live" in p for p in problems(report))
+    table_out = nyala("cluster", "ksck", "-m", ",".join(cluster.master_addrs))
+    assert table_out.returncode == 1
+    assert "UNHEALTHY" in table_out.stdout
+
+    cluster.tserver(1).kill()
+    wait_ksck(
+        cluster,
+        lambda code, r: code == 1 and sum("no leader" in p for p in problems(r)) == 2,
+        "ksck reporting tablets without a leader",
+    )
+
+
+@pytest.mark.slow
+def test_ksck_reports_dead_master_and_config_disagreement(cluster: MiniCluster) -> None:
+    _create_and_wait_healthy(cluster)
+    master = cluster.masters[0]
+    master.kill()
+    report = wait_ksck(cluster, lambda code, r: code == 1, "ksck failing on a dead master")
+    assert any(p.startswith(f"master {master.rpc_addr}: unreachable") for p in problems(report))
+    master.restart()
+    wait_ksck(cluster, lambda code, r: code == 0, "healthy again")
+
+    # Config disagreement: one replica's committed config rewritten offline.
+    tablet = ops.locations(cluster, "k")[0]
+    victim = cluster.tserver(2)
+    others = [str(ts.uuid) for ts in cluster.tservers if ts is not victim]
+    victim.stop()
+    rewrite = nyala(
+        "local-replica",
+        "cmeta",
+        "unsafe-rewrite-config",
+        tablet.tablet_id,
+        str(victim.uuid),
+        others[0],
+        "--fs-root",
+        str(victim.fs_root),
+    )
+    assert rewrite.returncode == 0, rewrite.stderr
+    victim.restart()
+    report = wait_ksck(
+        cluster,
+        lambda code, r: code == 1 and any("config disagreement" in p for p in problems(r)),
+        "ksck reporting the config disagreement",
+    )
+    assert any(tablet.tablet_id in p and str(victim.uuid) in p for p in problems(report))
