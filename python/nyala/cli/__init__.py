@@ -15,17 +15,21 @@ import click
 
 # noun -> module whose ``group`` implements it. Add new nouns here.
 COMMAND_MODULES: dict[str, str] = {
+    "chaos": "nyala.cli.chaos",
     "master": "nyala.cli.master",
     "tablet-copy": "nyala.cli.tablet_copy",
     "tserver": "nyala.cli.tserver",
     "cluster": "nyala.cli.cluster",
+    "local-replica": "nyala.cli.local_replica",
 }
 
 _SHORT_HELP: dict[str, str] = {
+    "chaos": "Fault-injection runs that check nothing acknowledged is lost.",
     "master": "Run, list, add and remove masters.",
     "tablet-copy": "List and cancel tablet copies onto a tablet server.",
     "tserver": "Run and inspect tablet servers.",
     "cluster": "Check (ksck) and rebalance the whole cluster.",
+    "local-replica": "Inspect and repair replicas of a stopped server.",
 }
 
 
