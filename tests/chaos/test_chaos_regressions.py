@@ -9,6 +9,7 @@ from __future__ import annotations
 import threading
 import time
 
+import pyarrow as pa
 import pytest
 
 from nyala.testing import MiniCluster
@@ -27,3 +28,24 @@ def test_server_restarted_from_a_finished_thread_keeps_running() -> None:
         restarter.join()
         time.sleep(1.0)
         assert ts.is_running(), f"killed by signal {-(ts.returncode or 0)}"
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=pa.ArrowInvalid,
+    reason="Scanner.to_arrow: the batches' schema says a NOT NULL non-key column is nullable, "
+    "so pa.Table.from_batches(batches, schema=output_schema) raises ArrowInvalid",
+)
+def test_scan_to_arrow_of_a_table_with_a_not_null_value_column() -> None:
+    import nyala
+    from nyala.schema import Column, Schema
+
+    with MiniCluster(1, num_masters=1) as cluster:
+        client = nyala.connect(",".join(cluster.master_addrs))
+        try:
+            schema = Schema([Column("id", "int64"), Column("v", "int64")], key=["id"])
+            table = client.create_table("t", schema, replicas=1)
+            table.insert({"id": [1, 2, 3], "v": [0, 0, 0]})
+            assert table.scan().to_arrow().num_rows == 3
+        finally:
+            client.close()

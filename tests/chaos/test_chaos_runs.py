@@ -11,6 +11,7 @@ import os
 
 import pytest
 
+from nyala.chaos.client_run import run_client
 from nyala.chaos.nemesis import ALL_KINDS
 from nyala.chaos.runner import RunConfig, run
 
@@ -48,3 +49,12 @@ def _seed(default: int) -> int:
 def test_chaos(kind_set: tuple[str, ...], default_seed: int) -> None:
     duration = float(os.environ.get("NYALA_CHAOS_DURATION", "120"))
     _run_and_check(RunConfig(duration_s=duration, seed=_seed(default_seed), kinds=kind_set))
+
+
+@pytest.mark.chaos
+def test_chaos_client_and_ddl_under_master_faults() -> None:
+    duration = float(os.environ.get("NYALA_CHAOS_DURATION", "120"))
+    summary = run_client(duration, _seed(16))
+    print(summary.line())
+    assert summary.anomalies == []
+    assert summary.ops["ok"] > 0
