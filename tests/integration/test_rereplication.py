@@ -10,17 +10,16 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Iterator
-from typing import Any
 
 import pyarrow as pa
 import pytest
 
-from nyala._proto import consensus_pb2, metadata_pb2, tserver_admin_pb2
+from nyala._proto import metadata_pb2
 from nyala.errors import NyalaError
 from nyala.schema import Column, Schema
 from nyala.testing import MiniCluster, dump_logs
 from nyala.testing import master_ops as ops
-from nyala.testing.mini_cluster import ServerProcess
+from nyala.testing.replica_ops import committed_config, tablet_states, voters
 from nyala.testing.tablet_ops import scan, write_to_leader
 
 FAILED_AFTER_S = 3
@@ -54,31 +53,6 @@ def cluster(request: pytest.FixtureRequest) -> Iterator[MiniCluster]:
         report = getattr(request.node, "rep_call", None)
         if report is not None and report.failed:
             dump_logs(mini, sys.stderr)
-
-
-def committed_config(ts: ServerProcess, tablet_id: str) -> Any | None:
-    """``tablet_id``'s committed config as ``ts`` reports it (None: not answered)."""
-    request = consensus_pb2.GetConsensusStateRequestPB(dest_uuid=ts.uuid, tablet_ids=[tablet_id])
-    try:
-        with ts.proxy() as proxy:
-            answer = proxy.call(proxy.consensus.GetConsensusState, request, timeout_ms=2_000)
-    except NyalaError:
-        return None
-    return answer.tablets[0].cstate.committed_config if answer.tablets else None
-
-
-def voters(config: Any) -> set[str]:
-    """The VOTER uuids of a config."""
-    return {p.permanent_uuid for p in config.peers if p.member_type == metadata_pb2.VOTER}
-
-
-def tablet_states(ts: ServerProcess) -> dict[str, int]:
-    """tablet id -> data state of every replica ``ts`` holds."""
-    with ts.proxy() as proxy:
-        answer = proxy.call(
-            proxy.admin.ListTablets, tserver_admin_pb2.ListTabletsRequestPB(dest_uuid=ts.uuid)
-        )
-    return {s.tablet_status.tablet_id: s.tablet_status.data_state for s in answer.status_and_schema}
 
 
 def fully_replicated_without(cluster: MiniCluster, tablet_ids: list[str], dead: str) -> bool:

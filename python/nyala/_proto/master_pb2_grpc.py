@@ -104,6 +104,41 @@ class MasterServiceStub:
                 request_serializer=nyala_dot_master__pb2.RemoveMasterRequestPB.SerializeToString,
                 response_deserializer=nyala_dot_master__pb2.RemoveMasterResponsePB.FromString,
                 _registered_method=True)
+        self.AddReplica = channel.unary_unary(
+                '/nyala.MasterService/AddReplica',
+                request_serializer=nyala_dot_master__pb2.AddReplicaRequestPB.SerializeToString,
+                response_deserializer=nyala_dot_master__pb2.ReplicaAdminResponsePB.FromString,
+                _registered_method=True)
+        self.RemoveReplica = channel.unary_unary(
+                '/nyala.MasterService/RemoveReplica',
+                request_serializer=nyala_dot_master__pb2.RemoveReplicaRequestPB.SerializeToString,
+                response_deserializer=nyala_dot_master__pb2.ReplicaAdminResponsePB.FromString,
+                _registered_method=True)
+        self.ChangeReplicaType = channel.unary_unary(
+                '/nyala.MasterService/ChangeReplicaType',
+                request_serializer=nyala_dot_master__pb2.ChangeReplicaTypeRequestPB.SerializeToString,
+                response_deserializer=nyala_dot_master__pb2.ReplicaAdminResponsePB.FromString,
+                _registered_method=True)
+        self.MoveReplica = channel.unary_unary(
+                '/nyala.MasterService/MoveReplica',
+                request_serializer=nyala_dot_master__pb2.MoveReplicaRequestPB.SerializeToString,
+                response_deserializer=nyala_dot_master__pb2.ReplicaAdminResponsePB.FromString,
+                _registered_method=True)
+        self.TabletLeaderStepDown = channel.unary_unary(
+                '/nyala.MasterService/TabletLeaderStepDown',
+                request_serializer=nyala_dot_master__pb2.TabletLeaderStepDownRequestPB.SerializeToString,
+                response_deserializer=nyala_dot_master__pb2.ReplicaAdminResponsePB.FromString,
+                _registered_method=True)
+        self.RetireTabletServer = channel.unary_unary(
+                '/nyala.MasterService/RetireTabletServer',
+                request_serializer=nyala_dot_master__pb2.RetireTabletServerRequestPB.SerializeToString,
+                response_deserializer=nyala_dot_master__pb2.ReplicaAdminResponsePB.FromString,
+                _registered_method=True)
+        self.ChangeReplicationFactor = channel.unary_unary(
+                '/nyala.MasterService/ChangeReplicationFactor',
+                request_serializer=nyala_dot_master__pb2.ChangeReplicationFactorRequestPB.SerializeToString,
+                response_deserializer=nyala_dot_master__pb2.ReplicaAdminResponsePB.FromString,
+                _registered_method=True)
 
 
 class MasterServiceServicer:
@@ -193,6 +228,48 @@ class MasterServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AddReplica(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RemoveReplica(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ChangeReplicaType(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def MoveReplica(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def TabletLeaderStepDown(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RetireTabletServer(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ChangeReplicationFactor(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MasterServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -265,6 +342,41 @@ def add_MasterServiceServicer_to_server(servicer, server):
                     servicer.RemoveMaster,
                     request_deserializer=nyala_dot_master__pb2.RemoveMasterRequestPB.FromString,
                     response_serializer=nyala_dot_master__pb2.RemoveMasterResponsePB.SerializeToString,
+            ),
+            'AddReplica': grpc.unary_unary_rpc_method_handler(
+                    servicer.AddReplica,
+                    request_deserializer=nyala_dot_master__pb2.AddReplicaRequestPB.FromString,
+                    response_serializer=nyala_dot_master__pb2.ReplicaAdminResponsePB.SerializeToString,
+            ),
+            'RemoveReplica': grpc.unary_unary_rpc_method_handler(
+                    servicer.RemoveReplica,
+                    request_deserializer=nyala_dot_master__pb2.RemoveReplicaRequestPB.FromString,
+                    response_serializer=nyala_dot_master__pb2.ReplicaAdminResponsePB.SerializeToString,
+            ),
+            'ChangeReplicaType': grpc.unary_unary_rpc_method_handler(
+                    servicer.ChangeReplicaType,
+                    request_deserializer=nyala_dot_master__pb2.ChangeReplicaTypeRequestPB.FromString,
+                    response_serializer=nyala_dot_master__pb2.ReplicaAdminResponsePB.SerializeToString,
+            ),
+            'MoveReplica': grpc.unary_unary_rpc_method_handler(
+                    servicer.MoveReplica,
+                    request_deserializer=nyala_dot_master__pb2.MoveReplicaRequestPB.FromString,
+                    response_serializer=nyala_dot_master__pb2.ReplicaAdminResponsePB.SerializeToString,
+            ),
+            'TabletLeaderStepDown': grpc.unary_unary_rpc_method_handler(
+                    servicer.TabletLeaderStepDown,
+                    request_deserializer=nyala_dot_master__pb2.TabletLeaderStepDownRequestPB.FromString,
+                    response_serializer=nyala_dot_master__pb2.ReplicaAdminResponsePB.SerializeToString,
+            ),
+            'RetireTabletServer': grpc.unary_unary_rpc_method_handler(
+                    servicer.RetireTabletServer,
+                    request_deserializer=nyala_dot_master__pb2.RetireTabletServerRequestPB.FromString,
+                    response_serializer=nyala_dot_master__pb2.ReplicaAdminResponsePB.SerializeToString,
+            ),
+            'ChangeReplicationFactor': grpc.unary_unary_rpc_method_handler(
+                    servicer.ChangeReplicationFactor,
+                    request_deserializer=nyala_dot_master__pb2.ChangeReplicationFactorRequestPB.FromString,
+                    response_serializer=nyala_dot_master__pb2.ReplicaAdminResponsePB.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -645,6 +757,195 @@ class MasterService:
             '/nyala.MasterService/RemoveMaster',
             nyala_dot_master__pb2.RemoveMasterRequestPB.SerializeToString,
             nyala_dot_master__pb2.RemoveMasterResponsePB.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AddReplica(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/nyala.MasterService/AddReplica',
+            nyala_dot_master__pb2.AddReplicaRequestPB.SerializeToString,
+            nyala_dot_master__pb2.ReplicaAdminResponsePB.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RemoveReplica(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/nyala.MasterService/RemoveReplica',
+            nyala_dot_master__pb2.RemoveReplicaRequestPB.SerializeToString,
+            nyala_dot_master__pb2.ReplicaAdminResponsePB.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ChangeReplicaType(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/nyala.MasterService/ChangeReplicaType',
+            nyala_dot_master__pb2.ChangeReplicaTypeRequestPB.SerializeToString,
+            nyala_dot_master__pb2.ReplicaAdminResponsePB.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def MoveReplica(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/nyala.MasterService/MoveReplica',
+            nyala_dot_master__pb2.MoveReplicaRequestPB.SerializeToString,
+            nyala_dot_master__pb2.ReplicaAdminResponsePB.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def TabletLeaderStepDown(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/nyala.MasterService/TabletLeaderStepDown',
+            nyala_dot_master__pb2.TabletLeaderStepDownRequestPB.SerializeToString,
+            nyala_dot_master__pb2.ReplicaAdminResponsePB.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RetireTabletServer(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/nyala.MasterService/RetireTabletServer',
+            nyala_dot_master__pb2.RetireTabletServerRequestPB.SerializeToString,
+            nyala_dot_master__pb2.ReplicaAdminResponsePB.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ChangeReplicationFactor(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/nyala.MasterService/ChangeReplicationFactor',
+            nyala_dot_master__pb2.ChangeReplicationFactorRequestPB.SerializeToString,
+            nyala_dot_master__pb2.ReplicaAdminResponsePB.FromString,
             options,
             channel_credentials,
             insecure,

@@ -80,3 +80,22 @@ def _print_report(
         f"{len(snapshot.masters)} masters, {live}/{len(snapshot.tservers)} tablet servers live, "
         f"{len(snapshot.tablets)} tablets ({bad_tablets} with problems): {verdict}"
     )
+
+
+@group.command(name="change-replication-factor")
+@click.argument("table")
+@click.argument("replicas", type=int)
+@masters_option
+@click.option("--wait/--no-wait", default=True, show_default=True, help="Wait until done.")
+@click.option("--timeout-s", type=float, default=300.0, show_default=True)
+@one_line_errors
+def change_replication_factor(
+    table: str, replicas: int, masters: str, wait: bool, timeout_s: float
+) -> None:
+    """Set the number of voters of every tablet of TABLE (odd)."""
+    from nyala.client import connect
+
+    with connect(master_list(masters)) as client:
+        click.echo(
+            client.admin.change_replication_factor(table, replicas, wait=wait, timeout_s=timeout_s)
+        )

@@ -16,6 +16,7 @@ import pyarrow as pa
 
 from nyala import errors
 from nyala._proto import consensus_pb2, master_pb2, metadata_pb2
+from nyala.client.admin import ReplicaAdminMixin
 from nyala.client.masters import MasterConnection, parse_masters
 from nyala.client.meta_cache import MetaCache, TableInfo, TabletLocation
 from nyala.client.rpc import ChannelPool
@@ -258,8 +259,9 @@ class Client:
             time.sleep(_DDL_POLL_S)
 
 
-class Admin:
-    """Operator actions on tablets (``client.admin``); replica moves arrive with ksck."""
+class Admin(ReplicaAdminMixin):
+    """Operator actions on tablets (``client.admin``); replica operations come from
+    ``nyala.client.admin``."""
 
     def __init__(self, client: Client) -> None:
         self._client = client

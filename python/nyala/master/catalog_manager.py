@@ -106,6 +106,8 @@ class CatalogManager:
         self.reports: dict[str, dict[str, Any]] = {}
         # (tserver uuid, tablet id) -> CAS op index (None: no CAS) of a tombstone to send.
         self.pending_deletes: dict[tuple[str, str], int | None] = {}
+        # Tablet servers being retired (RetireTabletServer): placement keeps new replicas off.
+        self.retired_tservers: set[str] = set()
 
     # --- leadership -------------------------------------------------------------------------
 

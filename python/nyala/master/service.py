@@ -9,6 +9,7 @@ from nyala.consensus.types import Role
 from nyala.errors import InvalidArgumentError
 from nyala.master import membership
 from nyala.master.catalog_manager import CatalogManager, role_pb
+from nyala.master.replica_admin import ReplicaAdmin
 from nyala.rpc import RpcMetrics, ServiceBase, join_host_port, unary
 
 
@@ -18,6 +19,7 @@ class MasterService(ServiceBase, master_pb2_grpc.MasterServiceServicer):  # type
     def __init__(self, server_uuid: str, metrics: RpcMetrics, manager: CatalogManager) -> None:
         super().__init__(server_uuid, metrics)
         self._m = manager
+        self._admin = ReplicaAdmin(manager)
 
     @unary(master_pb2.TSHeartbeatResponsePB, allow_empty_dest=True)
     async def TSHeartbeat(self, request: Any, context: Any) -> Any:
@@ -120,3 +122,46 @@ class MasterService(ServiceBase, master_pb2_grpc.MasterServiceServicer):  # type
             raise InvalidArgumentError("RemoveMaster needs the master's uuid or rpc_addr")
         await membership.remove_master(self._m, request.master_uuid, addr)
         return master_pb2.RemoveMasterResponsePB()
+
+    # --- replica management (nyala.master.replica_admin) --------------------------------------
+
+    @unary(master_pb2.ReplicaAdminResponsePB)
+    async def AddReplica(self, request: Any, context: Any) -> Any:
+        outcome = await self._admin.add_replica(
+            request.tablet_id, request.ts_uuid, request.member_type
+        )
+        return outcome.to_pb()
+
+    @unary(master_pb2.ReplicaAdminResponsePB)
+    async def RemoveReplica(self, request: Any, context: Any) -> Any:
+        return (await self._admin.remove_replica(request.tablet_id, request.ts_uuid)).to_pb()
+
+    @unary(master_pb2.ReplicaAdminResponsePB)
+    async def ChangeReplicaType(self, request: Any, context: Any) -> Any:
+        outcome = await self._admin.change_replica_type(
+            request.tablet_id, request.ts_uuid, request.member_type
+        )
+        return outcome.to_pb()
+
+    @unary(master_pb2.ReplicaAdminResponsePB)
+    async def MoveReplica(self, request: Any, context: Any) -> Any:
+        outcome = await self._admin.move_replica(
+            request.tablet_id, request.from_ts_uuid, request.to_ts_uuid
+        )
+        return outcome.to_pb()
+
+    @unary(master_pb2.ReplicaAdminResponsePB)
+    async def TabletLeaderStepDown(self, request: Any, context: Any) -> Any:
+        outcome = await self._admin.leader_step_down(
+            request.tablet_id, request.abrupt, request.new_leader_uuid
+        )
+        return outcome.to_pb()
+
+    @unary(master_pb2.ReplicaAdminResponsePB)
+    async def RetireTabletServer(self, request: Any, context: Any) -> Any:
+        return (await self._admin.retire_tserver(request.ts_uuid)).to_pb()
+
+    @unary(master_pb2.ReplicaAdminResponsePB)
+    async def ChangeReplicationFactor(self, request: Any, context: Any) -> Any:
+        outcome = await self._admin.change_replication_factor(request.table, request.num_replicas)
+        return outcome.to_pb()

@@ -1,0 +1,309 @@
+"""The leader master's replica admin operations (master.proto "Replica management").
+
+Every operation is declarative: it reads the tablet's committed config from the tablet leader
+itself (the master's record may lag by a heartbeat), compares it with the wanted state, and
+sends the leader at most one step (``ChangeConfig`` with a CAS on that config's op index, or a
+``LeaderStepDown``). The answer says whether the wanted state holds (``done``); callers repeat
+the same request until it does. Nothing is remembered between calls except the set of retired
+tablet servers, which a repeated ``RetireTabletServer`` re-establishes on a new leader master,
+so every operation is safe to retry after a master failover.
+
+Moves reuse re-replication: the new replica joins as a NON_VOTER with ``promote`` and the old
+one gets the ``replace`` attribute, which the policy evicts only once the replacement votes and
+only with a healthy majority left (``nyala.master.rereplication``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from nyala._proto import consensus_pb2, master_pb2, metadata_pb2
+from nyala.errors import (
+    IllegalStateError,
+    InvalidArgumentError,
+    NotFoundError,
+    ServiceUnavailableError,
+)
+from nyala.master.catalog_manager import CatalogManager
+from nyala.master.sys_catalog import CatalogRecord
+from nyala.rpc import ServerProxy
+
+log = logging.getLogger(__name__)
+
+#: Deadline of one RPC to a tablet leader, in milliseconds.
+ADMIN_RPC_TIMEOUT_MS = 10_000
+_COMMIT_POLL_S = 0.05
+_VOTER = metadata_pb2.VOTER
+_NON_VOTER = metadata_pb2.NON_VOTER
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """The answer of one admin call."""
+
+    done: bool
+    message: str
+
+    def to_pb(self) -> Any:
+        """The ``ReplicaAdminResponsePB``."""
+        return master_pb2.ReplicaAdminResponsePB(done=self.done, message=self.message)
+
+
+@dataclass
+class _Tablet:
+    """A tablet's leader and its committed config, as the leader reports them now."""
+
+    tablet_id: str
+    leader_uuid: str
+    leader_addr: str
+    config: Any  # RaftConfigPB
+
+    @property
+    def cas(self) -> int:
+        return int(self.config.opid_index) if self.config.HasField("opid_index") else -1
+
+    def peer(self, uuid: str) -> Any | None:
+        return next((p for p in self.config.peers if p.permanent_uuid == uuid), None)
+
+
+class ReplicaAdmin:
+    """The operations; one per master, used only while it leads."""
+
+    def __init__(self, manager: CatalogManager) -> None:
+        self._m = manager
+
+    # --- helpers ----------------------------------------------------------------------------
+
+    def _ts_addr(self, ts_uuid: str) -> str:
+        ts = self._m.ts_manager.get(ts_uuid)
+        if ts is None:
+            raise NotFoundError(f"tablet server {ts_uuid} is unknown to the master")
+        return ts.rpc_addr
+
+    async def _call(self, addr: str, method: str, request: Any) -> Any:
+        async with ServerProxy(addr, self._m.settings.rpc_settings()) as proxy:
+            return await proxy.admin_call(
+                getattr(proxy.consensus, method), request, timeout_ms=ADMIN_RPC_TIMEOUT_MS
+            )
+
+    async def _tablet(self, tablet_id: str) -> _Tablet:
+        catalog = self._m.require_leader()
+        info = catalog.tablets_by_id.get(tablet_id)
+        if info is None or not info.is_live:
+            raise NotFoundError(f"tablet {tablet_id} does not exist")
+        leader = info.pb.consensus_state.leader_uuid
+        if not leader:
+            raise ServiceUnavailableError(f"tablet {tablet_id} has no known leader; retry")
+        addr = self._ts_addr(leader)
+        request = consensus_pb2.GetConsensusStateRequestPB(dest_uuid=leader, tablet_ids=[tablet_id])
+        answer = await self._call(addr, "GetConsensusState", request)
+        cstate = answer.tablets[0].cstate
+        if cstate.leader_uuid != leader:
+            raise ServiceUnavailableError(f"tablet {tablet_id}: leadership is moving; retry")
+        if cstate.HasField("pending_config"):
+            raise ServiceUnavailableError(f"tablet {tablet_id}: a config change is pending; retry")
+        return _Tablet(tablet_id, leader, addr, cstate.committed_config)
+
+    async def _committed(self, tablet_id: str) -> _Tablet:
+        """``_tablet`` once the pending config change (if any) committed."""
+        deadline = time.monotonic() + ADMIN_RPC_TIMEOUT_MS / 1000
+        while True:
+            try:
+                return await self._tablet(tablet_id)
+            except ServiceUnavailableError:
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(_COMMIT_POLL_S)
+
+    async def _change(self, tablet: _Tablet, kind: int, peer: Any, what: str) -> Outcome:
+        request = consensus_pb2.ChangeConfigRequestPB(
+            dest_uuid=tablet.leader_uuid,
+            tablet_id=tablet.tablet_id,
+            type=kind,
+            server=peer,
+            cas_config_opid_index=tablet.cas,
+        )
+        await self._call(tablet.leader_addr, "ChangeConfig", request)
+        log.info("tablet %s: %s", tablet.tablet_id, what)
+        return Outcome(False, f"{what} (sent; repeat until done)")
+
+    def _new_peer(self, ts_uuid: str, member_type: int, *, promote: bool) -> Any:
+        ts = self._m.ts_manager.get(ts_uuid)
+        if ts is None or not self._m.ts_manager.is_live(ts):
+            raise InvalidArgumentError(f"tablet server {ts_uuid} is not live")
+        peer = metadata_pb2.RaftPeerPB(permanent_uuid=ts_uuid, member_type=member_type)
+        peer.attrs.promote = promote
+        peer.last_known_addr.CopyFrom(ts.registration.rpc_addr)
+        return peer
+
+    async def _step_down(self, tablet: _Tablet, new_leader: str = "") -> Outcome:
+        request = consensus_pb2.LeaderStepDownRequestPB(
+            dest_uuid=tablet.leader_uuid,
+            tablet_id=tablet.tablet_id,
+            mode=consensus_pb2.GRACEFUL,
+            new_leader_uuid=new_leader,
+        )
+        await self._call(tablet.leader_addr, "LeaderStepDown", request)
+        return Outcome(False, f"asked leader {tablet.leader_uuid} to step down; repeat")
+
+    # --- operations -------------------------------------------------------------------------
+
+    async def add_replica(self, tablet_id: str, ts_uuid: str, member_type: int) -> Outcome:
+        """AddReplica: done once ``ts_uuid`` is in the config with the wanted type."""
+        tablet = await self._tablet(tablet_id)
+        wanted = member_type or _VOTER
+        peer = tablet.peer(ts_uuid)
+        if peer is not None:
+            if peer.member_type == wanted:
+                return Outcome(True, f"{ts_uuid} is a {_name(wanted)} of {tablet_id}")
+            if wanted == _VOTER and peer.attrs.promote:
+                return Outcome(False, f"{ts_uuid} is catching up; it is promoted once caught up")
+            raise IllegalStateError(
+                f"{ts_uuid} is a {_name(peer.member_type)} already: use ChangeReplicaType"
+            )
+        new = self._new_peer(ts_uuid, _NON_VOTER, promote=wanted == _VOTER)
+        return await self._change(tablet, consensus_pb2.ADD_PEER, new, f"adding {ts_uuid}")
+
+    async def remove_replica(self, tablet_id: str, ts_uuid: str) -> Outcome:
+        """RemoveReplica: done once ``ts_uuid`` is not in the config."""
+        tablet = await self._tablet(tablet_id)
+        if tablet.peer(ts_uuid) is None:
+            return Outcome(True, f"{ts_uuid} holds no replica of {tablet_id}")
+        if ts_uuid == tablet.leader_uuid:
+            return await self._step_down(tablet)
+        peer = metadata_pb2.RaftPeerPB(permanent_uuid=ts_uuid)
+        return await self._change(tablet, consensus_pb2.REMOVE_PEER, peer, f"removing {ts_uuid}")
+
+    async def change_replica_type(self, tablet_id: str, ts_uuid: str, member_type: int) -> Outcome:
+        """ChangeReplicaType: done once ``ts_uuid`` has ``member_type``."""
+        if member_type not in (_VOTER, _NON_VOTER):
+            raise InvalidArgumentError("member_type must be VOTER or NON_VOTER")
+        tablet = await self._tablet(tablet_id)
+        peer = tablet.peer(ts_uuid)
+        if peer is None:
+            raise NotFoundError(f"{ts_uuid} holds no replica of {tablet_id}")
+        if peer.member_type == member_type:
+            return Outcome(True, f"{ts_uuid} is a {_name(member_type)} of {tablet_id}")
+        if ts_uuid == tablet.leader_uuid:
+            return await self._step_down(tablet)
+        new = metadata_pb2.RaftPeerPB(permanent_uuid=ts_uuid, member_type=member_type)
+        new.last_known_addr.CopyFrom(peer.last_known_addr)
+        what = f"making {ts_uuid} a {_name(member_type)}"
+        return await self._change(tablet, consensus_pb2.MODIFY_PEER, new, what)
+
+    async def move_replica(self, tablet_id: str, from_uuid: str, to_uuid: str) -> Outcome:
+        """MoveReplica: add ``to`` (promoted when caught up), mark ``from`` for replacement;
+        re-replication evicts it. Done once ``from`` is gone and ``to`` votes."""
+        if from_uuid == to_uuid:
+            raise InvalidArgumentError("a replica cannot move onto its own server")
+        tablet = await self._tablet(tablet_id)
+        old, new = tablet.peer(from_uuid), tablet.peer(to_uuid)
+        if old is None:
+            if new is not None and new.member_type == _VOTER:
+                return Outcome(True, f"{tablet_id} moved from {from_uuid} to {to_uuid}")
+            if new is None:
+                raise IllegalStateError(f"neither {from_uuid} nor {to_uuid} holds {tablet_id}")
+            return Outcome(False, f"{to_uuid} is catching up")
+        if new is None:
+            peer = self._new_peer(to_uuid, _NON_VOTER, promote=True)
+            await self._change(tablet, consensus_pb2.ADD_PEER, peer, f"adding {to_uuid}")
+            # Mark the old replica at once, while the new one is still being copied: once
+            # promoted, an unmarked extra voter could be taken for over-replication.
+            tablet = await self._committed(tablet_id)
+            old = tablet.peer(from_uuid)
+            if old is None or tablet.peer(to_uuid) is None:
+                return Outcome(False, f"adding {to_uuid}")
+        if not old.attrs.replace:
+            marked = metadata_pb2.RaftPeerPB()
+            marked.CopyFrom(old)
+            marked.attrs.replace = True
+            what = f"marking {from_uuid} for replacement"
+            return await self._change(tablet, consensus_pb2.MODIFY_PEER, marked, what)
+        self._m.wake.set()
+        return Outcome(False, f"waiting for {to_uuid} to vote and {from_uuid} to be evicted")
+
+    async def leader_step_down(self, tablet_id: str, abrupt: bool, new_leader: str) -> Outcome:
+        """TabletLeaderStepDown: done once the leader changed (or is ``new_leader``)."""
+        if abrupt and new_leader:
+            raise InvalidArgumentError("new_leader_uuid needs a graceful step-down")
+        tablet = await self._tablet(tablet_id)
+        if new_leader and tablet.leader_uuid == new_leader:
+            return Outcome(True, f"{new_leader} leads {tablet_id}")
+        request = consensus_pb2.LeaderStepDownRequestPB(
+            dest_uuid=tablet.leader_uuid,
+            tablet_id=tablet_id,
+            mode=consensus_pb2.ABRUPT if abrupt else consensus_pb2.GRACEFUL,
+            new_leader_uuid=new_leader,
+        )
+        await self._call(tablet.leader_addr, "LeaderStepDown", request)
+        return Outcome(not new_leader, f"leader {tablet.leader_uuid} asked to step down")
+
+    async def retire_tserver(self, ts_uuid: str) -> Outcome:
+        """RetireTabletServer: keep new replicas off ``ts_uuid`` and mark each of its replicas
+        for replacement. Done once no live tablet has a replica there."""
+        catalog = self._m.require_leader()
+        if self._m.ts_manager.get(ts_uuid) is None:
+            raise NotFoundError(f"tablet server {ts_uuid} is unknown to the master")
+        self._m.retired_tservers.add(ts_uuid)
+        remaining = [
+            t.tablet_id
+            for t in catalog.tablets_by_id.values()
+            if t.is_live
+            and any(
+                p.permanent_uuid == ts_uuid for p in t.pb.consensus_state.committed_config.peers
+            )
+        ]
+        for tablet_id in remaining:
+            tablet = await self._tablet(tablet_id)
+            peer = tablet.peer(ts_uuid)
+            if peer is None or peer.attrs.replace:
+                continue
+            marked = metadata_pb2.RaftPeerPB()
+            marked.CopyFrom(peer)
+            marked.attrs.replace = True
+            await self._change(tablet, consensus_pb2.MODIFY_PEER, marked, f"retiring {ts_uuid}")
+        self._m.wake.set()
+        if remaining:
+            return Outcome(False, f"{len(remaining)} tablets still have a replica on {ts_uuid}")
+        return Outcome(True, f"{ts_uuid} holds no replicas: retired")
+
+    async def change_replication_factor(self, ident: Any, num_replicas: int) -> Outcome:
+        """ChangeReplicationFactor: the table's record first, then re-replication adds or
+        evicts. Done once every tablet has that many voters."""
+        if num_replicas < 1 or num_replicas % 2 == 0:
+            raise InvalidArgumentError(f"replication factor {num_replicas} must be odd")
+        async with self._m._lock:
+            catalog = self._m.require_leader()
+            table = catalog.table(ident)
+            if table.pb.num_replicas != num_replicas:
+                live = len(self._m.ts_manager.live())
+                if num_replicas > live:
+                    raise InvalidArgumentError(
+                        f"replication factor {num_replicas} is more than the {live} live "
+                        "tablet servers"
+                    )
+                record = master_pb2.SysTableEntryPB()
+                record.CopyFrom(table.pb)
+                record.num_replicas = num_replicas
+                await self._m.replicate([CatalogRecord.table(record)])
+                catalog.commit_table(record)
+        self._m.wake.set()
+        short = [
+            t.tablet_id
+            for t in table.live_tablets()
+            if sum(
+                1 for p in t.pb.consensus_state.committed_config.peers if p.member_type == _VOTER
+            )
+            != num_replicas
+        ]
+        if short:
+            return Outcome(False, f"{len(short)} tablets not at {num_replicas} voters yet")
+        return Outcome(True, f"every tablet of {table.name} has {num_replicas} voters")
+
+
+def _name(member_type: int) -> str:
+    return str(metadata_pb2.MemberType.Name(member_type))

@@ -1,0 +1,124 @@
+"""Master replica admin operations with real processes (issue 10), through ``client.admin``.
+
+One master, four tservers, one tablet of three replicas. A replica is moved onto the fourth
+tserver while a writer keeps inserting (every acknowledged row must be there afterwards); the
+move repeated is answered done at once (idempotent); the tserver it moved to is retired, which
+moves the replica back off it and tombstones what it held.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from collections.abc import Iterator
+
+import pyarrow as pa
+import pytest
+
+import nyala
+from nyala._proto import metadata_pb2
+from nyala.schema import Column, Schema
+from nyala.testing import MiniCluster, dump_logs
+from nyala.testing import master_ops as ops
+from nyala.testing.replica_ops import committed_config, tablet_states, voters
+from nyala.testing.tablet_ops import scan, write_to_leader
+
+RAFT_FLAGS = [
+    "--heartbeat-interval-ms",
+    "100",
+    "--leader-failure-max-missed-heartbeat-periods",
+    "3",
+]
+MASTER_FLAGS = [
+    *RAFT_FLAGS,
+    "--background-task-interval-ms",
+    "100",
+    "--background-rpc-retry-ms",
+    "500",
+]
+TSERVER_FLAGS = [*RAFT_FLAGS, "--master-heartbeat-interval-ms", "200"]
+SCHEMA = Schema([Column("id", "int64"), Column("v", "string", nullable=True)], key=["id"])
+
+
+@pytest.fixture
+def cluster(request: pytest.FixtureRequest) -> Iterator[MiniCluster]:
+    with MiniCluster(
+        4, num_masters=1, master_flags=MASTER_FLAGS, tserver_flags=TSERVER_FLAGS
+    ) as mini:
+        yield mini
+        report = getattr(request.node, "rep_call", None)
+        if report is not None and report.failed:
+            dump_logs(mini, sys.stderr)
+
+
+class Writer(threading.Thread):
+    """Inserts batches of 10 rows until stopped; counts the acknowledged ones."""
+
+    def __init__(self, cluster: MiniCluster, tablet_id: str) -> None:
+        super().__init__(daemon=True)
+        self.cluster, self.tablet_id = cluster, tablet_id
+        self.acked = 0
+        self.stop = threading.Event()
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        seq = 0
+        try:
+            while not self.stop.is_set():
+                base = seq * 10
+                rows = {"id": pa.array(range(base, base + 10), pa.int64()), "v": ["w"] * 10}
+                answer = write_to_leader(
+                    self.cluster,
+                    self.tablet_id,
+                    SCHEMA,
+                    rows,
+                    op="insert",
+                    client_id="w",
+                    seq_no=seq,
+                )
+                assert not answer.per_row_errors
+                self.acked += 10
+                seq += 1
+        except BaseException as exc:  # reported by the test
+            self.error = exc
+
+
+def test_move_replica_under_load_then_retire_the_target(cluster: MiniCluster) -> None:
+    ops.call(cluster, "CreateTable", ops.create_table_request("mv", SCHEMA, buckets=1))
+    ops.wait_create_done(cluster, "mv")
+    tablet_id = ops.locations(cluster, "mv")[0].tablet_id
+    leader = cluster.leader_of(tablet_id)
+    members = voters(committed_config(leader, tablet_id))
+    spare = next(ts for ts in cluster.tservers if ts.uuid not in members)
+    source = next(u for u in members if u != leader.uuid)
+
+    writer = Writer(cluster, tablet_id)
+    writer.start()
+    with nyala.connect(",".join(cluster.master_addrs)) as client:
+        client.admin.move_replica(tablet_id, source, str(spare.uuid), timeout_s=60)
+        writer.stop.set()
+        writer.join(60)
+        assert writer.error is None, writer.error
+        assert writer.acked > 0
+        leader = cluster.leader_of(tablet_id)
+        config = committed_config(leader, tablet_id)
+        assert config is not None
+        assert voters(config) == (members - {source}) | {str(spare.uuid)}
+        assert len(config.peers) == 3
+        assert scan(leader, tablet_id, SCHEMA).num_rows == writer.acked
+        # Idempotent: the same move again is done at once, and changes nothing.
+        message = client.admin.move_replica(tablet_id, source, str(spare.uuid), wait=False)
+        assert "moved" in message
+        again = committed_config(leader, tablet_id)
+        assert again is not None
+        assert again.opid_index == config.opid_index
+
+        client.admin.retire_tserver(str(spare.uuid), timeout_s=60)
+        leader = cluster.leader_of(tablet_id)
+        assert str(spare.uuid) not in voters(committed_config(leader, tablet_id))
+        assert len(voters(committed_config(leader, tablet_id))) == 3
+        assert scan(leader, tablet_id, SCHEMA).num_rows == writer.acked
+    ops.wait_until(
+        lambda: tablet_states(spare).get(tablet_id) == metadata_pb2.TABLET_DATA_TOMBSTONED,
+        what="the retired tserver's replica tombstoned",
+    )
