@@ -79,21 +79,21 @@ class LinearizabilityResult:
 
 
 def relevant(ops: Iterable[Operation]) -> list[Operation]:
-    """The operations that matter for the search: no failures, no indeterminate reads, and no
-    indeterminate write whose value nothing observed. Dropping such a write changes no
-    verdict: a linearization that includes it has no read of its value before the next
-    write, so leaving it out keeps every other operation legal, and leaving it out is always
-    allowed for an indeterminate operation. It matters for speed: every kept indeterminate
-    write doubles the configurations the search may visit."""
+    """The operations that matter for the search: no failures, no indeterminate reads, and,
+    on a key without compare-and-set, no indeterminate write whose value nothing read.
+    Dropping such a write changes no verdict: a linearization that includes it has no read of
+    its value before the next write, so leaving it out keeps every other operation legal, and
+    leaving it out is always allowed for an indeterminate operation. A failed compare-and-set
+    observes that *some* write happened without naming its value, hence the exception. It
+    matters for speed: every kept indeterminate write doubles the configurations to visit."""
     ops = [op for op in ops if op.status is not EventType.FAIL]
+    if any(op.f == "cas" for op in ops):
+        return [op for op in ops if not (op.status is EventType.INFO and op.f == "read")]
     observed = {op.output for op in ops if op.f == "read" and op.status is EventType.OK}
-    observed |= {op.input[0] for op in ops if op.f == "cas"}
     return [
         op
         for op in ops
-        if op.status is not EventType.INFO
-        or (op.f == "write" and op.input in observed)
-        or op.f == "cas"
+        if op.status is not EventType.INFO or (op.f == "write" and op.input in observed)
     ]
 
 

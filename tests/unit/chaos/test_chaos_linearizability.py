@@ -199,3 +199,18 @@ def histories(draw: st.DrawFn) -> list[Operation]:
 @given(histories())
 def test_agrees_with_brute_force(ops: list[Operation]) -> None:
     assert check_key("k", ops).valid is brute_force(ops)
+
+
+def test_failed_cas_observes_an_unread_indeterminate_write() -> None:
+    # Found by the brute-force comparison: the cas saw "not None" although no read returned
+    # the indeterminate write's value, so that write must not be dropped.
+    failed_cas = op("cas", (None, 1), False, 0, 1)
+    assert valid(failed_cas, w(1, 2, 3), w(1, 0, None, INFO)) is True
+
+
+def test_many_unread_indeterminate_writes_stay_cheap() -> None:
+    ops = [w(v, v, None, INFO) for v in range(100, 160)]
+    ops += [w(1, 0, 1), r(1, 500, 501)]
+    result = check_key("k", ops)
+    assert result.valid is True
+    assert result.ops == 2
