@@ -32,8 +32,9 @@ from pyspark.sql.datasource import (
 
 from nyala.schema import Column, Schema
 
-#: A nyala scan predicate: ``(column, op, value)`` as ``table.scan(where=...)`` takes it.
-Predicate = tuple[str, str, Any]
+#: A nyala scan predicate as ``table.scan(where=...)`` takes it: ``(column, op, value)``, or
+#: ``(column, "is null")`` / ``(column, "is not null")``.
+Predicate = tuple[Any, ...]
 #: Most values one pushed ``IN`` may hold; a longer list stays with Spark.
 IN_VALUES_MAX = 1024
 
@@ -92,12 +93,12 @@ def translate_one(spark_filter: Filter, schema: Schema) -> Predicate | None:
 def _predicate(spark_filter: Filter, column: Column) -> Predicate | None:
     name = column.name
     if isinstance(spark_filter, IsNull):
-        return (name, "is null", None)
+        return (name, "is null")
     if isinstance(spark_filter, IsNotNull):
-        return (name, "is not null", None)
+        return (name, "is not null")
     if isinstance(spark_filter, EqualNullSafe):
         if spark_filter.value is None:
-            return (name, "is null", None)
+            return (name, "is null")
         return (name, "=", literal(spark_filter.value, column))
     op = _COMPARISONS.get(type(spark_filter))
     if op is not None:

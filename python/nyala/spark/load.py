@@ -201,7 +201,8 @@ class TableWriter:
         an Arrow join; a concurrent writer of the same keys between that read and this write
         is overwritten (documented in docs/spark.md)."""
         key = self._schema.key
-        nullable = [c.name for c in self._schema.columns if c.nullable and c.name in rows.names]
+        present = set(rows.column_names)
+        nullable = [c.name for c in self._schema.columns if c.nullable and c.name in present]
         has_null = None
         for name in nullable:
             column_nulls = pc.is_null(rows.column(name))
