@@ -50,7 +50,7 @@ class ReplicaSelection(enum.Enum):
 
     #: Linearizable reads from each tablet's leader (the default, as in Kudu).
     LEADER_ONLY = "leader_only"
-    #: Any replica, preferring one on the reading host, no staler than ``maxStalenessMs``.
+    #: A follower replica (the client's follower reads), no staler than ``maxStalenessMs``.
     CLOSEST_REPLICA = "closest_replica"
 
 

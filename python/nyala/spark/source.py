@@ -15,10 +15,10 @@ atomic (readers see the table empty, then filling, and a failed job leaves it pa
 
 Reads: one Spark partition per tablet, each listing its replicas' hosts. PySpark's Python data
 source API passes no preferred locations to Spark's scheduler (its ``InputPartition`` has none),
-so the hosts serve the reading task instead: under ``nyala.replicaSelection=closest_replica`` a
-task reads from a replica on its own host when there is one. Spark does not tell a Python data
-source which columns a query uses, so projection is ``nyala.columns`` (or a ``.schema(...)``
-given to the reader); filters are pushed as nyala predicates (``filters``).
+so the hosts are informational; ``nyala.replicaSelection=closest_replica`` reads through the
+client's follower reads. Spark does not tell a Python data source which columns a query uses,
+so projection is ``nyala.columns`` (or a ``.schema(...)`` given to the reader); filters are
+pushed as nyala predicates (``filters``).
 """
 
 from __future__ import annotations
