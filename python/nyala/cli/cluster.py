@@ -99,3 +99,31 @@ def change_replication_factor(
         click.echo(
             client.admin.change_replication_factor(table, replicas, wait=wait, timeout_s=timeout_s)
         )
+
+
+@group.command(name="rebalance")
+@masters_option
+@click.option("--max-moves", type=int, default=100, show_default=True, help="Stop after this many.")
+@click.option("--dry-run", is_flag=True, help="Only print the next move.")
+@format_option
+@one_line_errors
+def rebalance(masters: str, max_moves: int, dry_run: bool, fmt: str) -> None:
+    """Move replicas, one at a time, until every table's replicas are spread evenly (live
+    tservers differ by at most one) over the live tablet servers."""
+    from nyala.client import connect
+    from nyala.client.rebalance import rebalance as run_rebalance
+
+    addrs = master_list(masters)
+    with connect(addrs) as client:
+        moves = run_rebalance(client, addrs, max_moves=max_moves, dry_run=dry_run)
+    rows = [
+        {"table": m.table, "tablet_id": m.tablet_id, "from": m.from_ts, "to": m.to_ts}
+        for m in moves
+    ]
+    if fmt == "json":
+        click.echo(json.dumps({"moves": rows, "dry_run": dry_run}, indent=1))
+        return
+    if rows:
+        click.echo(render_table(rows))
+    verb = "would move" if dry_run else "moved"
+    click.echo(f"{verb} {len(rows)} replica(s)")
