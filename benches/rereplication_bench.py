@@ -1,0 +1,165 @@
+"""Re-replication benchmark: time from killing a tserver to every tablet at full voter count.
+
+One master and four tservers on loopback; a table of ``--tablets`` tablets, three replicas
+each, loaded with ``--rows`` rows of ``--row-bytes`` random bytes through the tablet leaders.
+Then, ``--runs`` times: the tserver hosting the most replicas is killed (SIGKILL) and the clock
+runs until every tablet's leader reports a committed config of three voters without it
+(``seconds_to_full_replication``); the killed tserver is restarted (its stale replicas are
+tombstoned) before the next run. The failure timeout
+(``follower_unavailable_considered_failed_sec``) is part of that time by design, so it is
+printed beside it, with ``seconds_after_detection`` = the figure minus the timeout.
+
+Baseline, in the same run and cluster: one explicit ``move_replica`` of one tablet of the same
+data (add a NON_VOTER, copy, promote, evict: the replacement work without the failure
+detection), timed through the client.
+
+The last line printed is one JSON object with the medians over the runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+from typing import Any
+
+import pyarrow as pa
+
+import nyala
+from nyala.errors import NyalaError
+from nyala.schema import Column, Schema
+from nyala.testing import MiniCluster
+from nyala.testing import master_ops as ops
+from nyala.testing.replica_ops import committed_config, voters
+from nyala.testing.tablet_ops import write_to_leader
+
+SCHEMA = Schema([Column("id", "int64"), Column("blob", "binary")], ["id"])
+RAFT = ["--heartbeat-interval-ms", "100", "--leader-failure-max-missed-heartbeat-periods", "3"]
+
+
+def _master_flags(failed_after_s: int) -> list[str]:
+    return [
+        *RAFT,
+        "--background-task-interval-ms",
+        "100",
+        "--background-rpc-retry-ms",
+        "500",
+        "--tserver-unresponsive-timeout-ms",
+        str(failed_after_s * 1000),
+        "--follower-unavailable-considered-failed-sec",
+        str(failed_after_s),
+    ]
+
+
+def _load(cluster: MiniCluster, tablet_ids: list[str], rows: int, row_bytes: int) -> int:
+    per_write = max(1, (1 << 20) // row_bytes)
+    written, seq = 0, 0
+    for t, tablet_id in enumerate(tablet_ids):
+        for start in range(0, rows // len(tablet_ids), per_write):
+            count = min(per_write, rows // len(tablet_ids) - start)
+            data = {
+                "id": pa.array(range(t * 10**9 + start, t * 10**9 + start + count), pa.int64()),
+                "blob": pa.array([os.urandom(row_bytes) for _ in range(count)], pa.binary()),
+            }
+            write_to_leader(
+                cluster, tablet_id, SCHEMA, data, op="insert", client_id="b", seq_no=seq
+            )
+            seq += 1
+            written += count * row_bytes
+    return written
+
+
+def _full_without(cluster: MiniCluster, tablet_ids: list[str], dead: str) -> bool:
+    for tablet_id in tablet_ids:
+        try:
+            leader = cluster.leader_of(tablet_id, timeout_s=1)
+        except NyalaError:
+            return False
+        config = committed_config(leader, tablet_id)
+        members = voters(config)
+        if config is None or len(members) != 3 or dead in members or len(config.peers) != 3:
+            return False
+    return True
+
+
+def _hosting(cluster: MiniCluster, tablet_ids: list[str]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for tablet_id in tablet_ids:
+        for uuid in voters(committed_config(cluster.leader_of(tablet_id), tablet_id)):
+            counts[uuid] = counts.get(uuid, 0) + 1
+    return counts
+
+
+def _one_failure(cluster: MiniCluster, tablet_ids: list[str]) -> float:
+    counts = _hosting(cluster, tablet_ids)
+    victim_uuid = max(counts, key=lambda u: counts[u])
+    victim = next(ts for ts in cluster.tservers if ts.uuid == victim_uuid)
+    start = time.monotonic()
+    victim.kill()
+    while not _full_without(cluster, tablet_ids, victim_uuid):
+        time.sleep(0.05)
+    elapsed = time.monotonic() - start
+    victim.restart()
+    return elapsed
+
+
+def _one_move(cluster: MiniCluster, tablet_id: str) -> float:
+    members = voters(committed_config(cluster.leader_of(tablet_id), tablet_id))
+    leader = cluster.leader_of(tablet_id).uuid
+    spare = next(str(ts.uuid) for ts in cluster.tservers if ts.uuid not in members)
+    source = next(u for u in members if u != leader)
+    with nyala.connect(",".join(cluster.master_addrs)) as client:
+        start = time.monotonic()
+        client.admin.move_replica(tablet_id, source, spare, timeout_s=120)
+        return time.monotonic() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="small data, 2 runs (< 2 min)")
+    parser.add_argument("--tablets", type=int, default=4)
+    parser.add_argument("--rows", type=int, default=4096)
+    parser.add_argument("--row-bytes", type=int, default=16 << 10)
+    parser.add_argument("--failed-after-s", type=int, default=3)
+    parser.add_argument("--runs", type=int, default=3)
+    args = parser.parse_args()
+    if args.quick:
+        args.rows, args.runs, args.tablets = 1024, 2, 3
+    failures: list[float] = []
+    moves: list[float] = []
+    with MiniCluster(
+        4,
+        num_masters=1,
+        master_flags=_master_flags(args.failed_after_s),
+        tserver_flags=[*RAFT, "--master-heartbeat-interval-ms", "200"],
+    ) as cluster:
+        request = ops.create_table_request("bench", SCHEMA, buckets=args.tablets)
+        ops.call(cluster, "CreateTable", request)
+        ops.wait_create_done(cluster, "bench")
+        tablet_ids = [t.tablet_id for t in ops.locations(cluster, "bench")]
+        data_bytes = _load(cluster, tablet_ids, args.rows, args.row_bytes)
+        for run in range(args.runs):
+            moves.append(_one_move(cluster, tablet_ids[run % len(tablet_ids)]))
+            failures.append(_one_failure(cluster, tablet_ids))
+            print(
+                f"run {run}: full replication {failures[-1]:.1f} s after the kill "
+                f"(timeout {args.failed_after_s} s); one move {moves[-1]:.1f} s",
+                flush=True,
+            )
+    figure: dict[str, Any] = {
+        "bench": "rereplication",
+        "seconds_to_full_replication": round(statistics.median(failures), 2),
+        "failure_timeout_s": args.failed_after_s,
+        "seconds_after_detection": round(statistics.median(failures) - args.failed_after_s, 2),
+        "baseline_move_replica_s": round(statistics.median(moves), 2),
+        "data_bytes": data_bytes,
+        "tablets": len(tablet_ids),
+        "runs": args.runs,
+    }
+    print(json.dumps(figure))
+
+
+if __name__ == "__main__":
+    main()
