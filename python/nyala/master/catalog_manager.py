@@ -243,7 +243,9 @@ class CatalogManager:
         (every tserver heartbeats to every master, but a just-started master may have won its
         election before the first heartbeats arrived)."""
         while True:
-            live = {ts.uuid: ts for ts in self.ts_manager.live()}
+            live = {
+                ts.uuid: ts for ts in self.ts_manager.live() if ts.uuid not in self.retired_tservers
+            }
             young = self.ts_manager.age_ms() < self.settings.tserver_registration_wait_ms
             if len(live) >= wanted or not young:
                 return live
@@ -347,7 +349,9 @@ class CatalogManager:
             if old is None or old.pb.state != master_pb2.SYS_TABLET_CREATING:
                 return
             table = catalog.tables_by_id[old.pb.table_id]
-            live = {ts.uuid: ts for ts in self.ts_manager.live()}
+            live = {
+                ts.uuid: ts for ts in self.ts_manager.live() if ts.uuid not in self.retired_tservers
+            }
             num_replicas = table.pb.num_replicas
             if num_replicas > len(live):
                 return  # not enough servers to place a replacement; try again later

@@ -227,7 +227,7 @@ class Rereplicator:
     def choose_server(self, tablet: TabletInfo, load: dict[str, int]) -> str | None:
         """A live, not retired tserver outside the tablet's config (placement policy)."""
         members = {p.permanent_uuid for p in tablet.pb.consensus_state.committed_config.peers}
-        retired: set[str] = getattr(self._m, "retired_tservers", set())
+        retired: set[str] = self._m.retired_tservers
         candidates = [
             ts.uuid
             for ts in self._m.ts_manager.live()
