@@ -21,6 +21,9 @@ COMMAND_MODULES: dict[str, str] = {
     "tserver": "nyala.cli.tserver",
     "cluster": "nyala.cli.cluster",
     "local-replica": "nyala.cli.local_replica",
+    "table": "nyala.cli.table",
+    "tablet": "nyala.cli.tablet",
+    "local-cluster": "nyala.cli.local_cluster",
 }
 
 _SHORT_HELP: dict[str, str] = {
@@ -30,6 +33,9 @@ _SHORT_HELP: dict[str, str] = {
     "tserver": "Run and inspect tablet servers.",
     "cluster": "Check (ksck) and rebalance the whole cluster.",
     "local-replica": "Inspect and repair replicas of a stopped server.",
+    "table": "Create, inspect, change, read and load tables.",
+    "tablet": "List tablets and manage their leaders.",
+    "local-cluster": "Run a cluster on this machine in the background.",
 }
 
 

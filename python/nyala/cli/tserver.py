@@ -1,4 +1,4 @@
-"""``nyala tserver ...``: run a tablet server (list/retire come with the master)."""
+"""``nyala tserver ...``: run a tablet server, list the cluster's tablet servers."""
 
 from __future__ import annotations
 
@@ -10,7 +10,9 @@ from typing import Any
 
 import click
 
+from nyala.cli.cluster_client import client_for, masters_option, one_line
 from nyala.cli.options import given, one_line_errors, settings_options
+from nyala.cli.output import emit, format_option
 from nyala.cli.process import die_with_parent_if_asked
 from nyala.common.config import from_mapping, read_flagfile
 from nyala.tserver import TabletServer, TabletServerSettings
@@ -74,3 +76,19 @@ def run(
         },
     )
     asyncio.run(TabletServer(settings).run())
+
+
+@group.command(name="list")
+@masters_option
+@format_option
+@one_line
+def list_tservers(masters: str, fmt: str) -> None:
+    """List the tablet servers the leader master knows."""
+    with client_for(masters) as client:
+        emit(client.list_tablet_servers(), fmt)
+
+
+# `retire` lives with the replica admin code.
+from nyala.cli.tablet_admin import add_tserver_commands  # noqa: E402
+
+add_tserver_commands(group)

@@ -1,0 +1,68 @@
+"""``nyala local-cluster start|stop|status``: a cluster of background processes on loopback,
+with all data and logs under one directory (python/nyala/local_cluster.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from nyala.cli.cluster_client import one_line
+from nyala.cli.output import emit, emit_one, format_option
+
+_DIR_HELP = "Directory holding the cluster's data, logs and cluster.json."
+
+
+@click.group(name="local-cluster")
+def group() -> None:
+    """Run a cluster on this machine in the background."""
+
+
+def _show(doc: dict[str, object], fmt: str) -> None:
+    if fmt == "json":
+        emit_one(doc, fmt)
+        return
+    click.echo(f"dir: {doc['dir']}")
+    if "masters" in doc:
+        click.echo(f"masters: {doc['masters']}   (export NYALA_MASTERS={doc['masters']})")
+    servers = doc.get("servers")
+    if isinstance(servers, list):
+        emit(servers, fmt)
+    stopped = doc.get("stopped")
+    if isinstance(stopped, list):
+        click.echo(f"stopped: {', '.join(stopped) or '(nothing was running)'}")
+
+
+@group.command(name="start")
+@click.option("--dir", "directory", type=click.Path(path_type=Path), required=True, help=_DIR_HELP)
+@click.option("--masters", default=3, show_default=True, help="Masters (first start only).")
+@click.option("--tservers", default=3, show_default=True, help="Tablet servers (first start).")
+@format_option
+@one_line
+def start(directory: Path, masters: int, tservers: int, fmt: str) -> None:
+    """Start the cluster in DIR (creating it on first use) and wait for a leader master."""
+    from nyala.local_cluster import start_detached
+
+    _show(start_detached(directory, masters=masters, tservers=tservers), fmt)
+
+
+@group.command(name="stop")
+@click.option("--dir", "directory", type=click.Path(path_type=Path), required=True, help=_DIR_HELP)
+@format_option
+@one_line
+def stop(directory: Path, fmt: str) -> None:
+    """Stop every server of the cluster in DIR (data is kept)."""
+    from nyala.local_cluster import stop_detached
+
+    _show(stop_detached(directory), fmt)
+
+
+@group.command(name="status")
+@click.option("--dir", "directory", type=click.Path(path_type=Path), required=True, help=_DIR_HELP)
+@format_option
+@one_line
+def status(directory: Path, fmt: str) -> None:
+    """Show each server of the cluster in DIR: running, answering."""
+    from nyala.local_cluster import status as cluster_status
+
+    _show(cluster_status(directory), fmt)

@@ -1,0 +1,321 @@
+"""``nyala table ...``: create, list, describe, alter, delete, scan, count and load tables."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import click
+
+from nyala.cli.cluster_client import client_for, masters_option, one_line
+from nyala.cli.output import emit, emit_one, format_option
+from nyala.errors import InvalidArgumentError
+
+#: Rows per write when loading a file (one op batch each, split per tablet).
+LOAD_BATCH_ROWS = 100_000
+#: Rows ``scan`` prints when no ``--limit`` is given, to keep a terminal usable.
+SCAN_PRINT_ROWS_DEFAULT = 1_000
+
+_WHERE = re.compile(
+    r"^\s*(?P<col>[^\s<>=!]+)\s*(?P<op>is\s+not\s+null|is\s+null|<=|>=|==|=|<|>|in)\s*(?P<rest>.*)$",
+    re.IGNORECASE,
+)
+
+
+@click.group(name="table")
+def group() -> None:
+    """Create, inspect, change, read and load tables."""
+
+
+def _parse_hash(text: str) -> Any:
+    from nyala.partition import HashPartitioning
+
+    columns, sep, buckets = text.rpartition(":")
+    if not sep or not buckets.strip().isdigit():
+        raise InvalidArgumentError(f"--hash {text!r} must look like 'col[,col]:BUCKETS'")
+    return HashPartitioning([c.strip() for c in columns.split(",")], int(buckets))
+
+
+def parse_value(schema: Any, column: str, text: str) -> Any:
+    """A literal typed as ``column``'s values (``'quoted'`` strings lose their quotes)."""
+    kind = schema.column(column).type
+    text = text.strip()
+    if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
+        text = text[1:-1]
+    try:
+        if kind.startswith("int"):
+            return int(text)
+        if kind in ("float", "double"):
+            return float(text)
+        if kind == "bool":
+            if text.lower() not in ("true", "false"):
+                raise ValueError(text)
+            return text.lower() == "true"
+        if kind == "binary":
+            return text.encode()
+        return text  # string; timestamps are parsed by the predicate encoder
+    except ValueError:
+        raise InvalidArgumentError(f"{text!r} is not a {kind} value for {column!r}") from None
+
+
+def parse_where(schema: Any, text: str) -> tuple[Any, ...]:
+    """``'id >= 10'``, ``'name is null'``, ``'id in (1, 2)'`` as a predicate tuple."""
+    match = _WHERE.match(text)
+    if match is None:
+        raise InvalidArgumentError(f"cannot parse --where {text!r}: expected 'COLUMN OP VALUE'")
+    column, op, rest = match["col"], " ".join(match["op"].lower().split()), match["rest"]
+    schema.column(column)
+    if op in ("is null", "is not null"):
+        if rest.strip():
+            raise InvalidArgumentError(f"--where {text!r}: nothing may follow {op!r}")
+        return (column, op)
+    if op == "in":
+        inner = rest.strip()
+        if not (inner.startswith("(") and inner.endswith(")")):
+            raise InvalidArgumentError(f"--where {text!r}: IN takes '(v1, v2, ...)'")
+        return (column, "in", [parse_value(schema, column, v) for v in inner[1:-1].split(",")])
+    if not rest.strip():
+        raise InvalidArgumentError(f"--where {text!r} needs a value")
+    return (column, op, parse_value(schema, column, rest))
+
+
+def _range_spec(schema: Any, columns: str | None, splits: tuple[str, ...]) -> Any:
+    from nyala.partition import RangePartitioning
+
+    if not columns:
+        if splits:
+            raise InvalidArgumentError("--split needs --range")
+        return None
+    names = [c.strip() for c in columns.split(",")]
+    rows = []
+    for split in splits:
+        values = split.split(",")
+        if len(values) != len(names):
+            raise InvalidArgumentError(f"--split {split!r} needs {len(names)} value(s)")
+        rows.append(tuple(parse_value(schema, n, v) for n, v in zip(names, values, strict=True)))
+    return RangePartitioning(names, rows)
+
+
+@group.command(name="create")
+@click.argument("name")
+@click.option("--schema", "schema_text", required=True, help="'id:int64, name:string?, ...'")
+@click.option("--key", required=True, help="Primary key column(s), comma-separated.")
+@click.option("--hash", "hashes", multiple=True, help="Hash level 'col[,col]:BUCKETS' (repeat).")
+@click.option("--range", "range_columns", default=None, help="Range partition column(s).")
+@click.option("--split", "splits", multiple=True, help="Range split values 'v[,v]' (repeat).")
+@click.option("--replicas", default=3, show_default=True, help="Replication factor (odd).")
+@masters_option
+@format_option
+@one_line
+def create(
+    name: str,
+    schema_text: str,
+    key: str,
+    hashes: tuple[str, ...],
+    range_columns: str | None,
+    splits: tuple[str, ...],
+    replicas: int,
+    masters: str,
+    fmt: str,
+) -> None:
+    """Create table NAME."""
+    from nyala.schema import Schema
+
+    schema = Schema.parse(schema_text, key=[k.strip() for k in key.split(",") if k.strip()])
+    spec: list[Any] = [_parse_hash(h) for h in hashes]
+    ranged = _range_spec(schema, range_columns, splits)
+    if ranged is not None:
+        spec.append(ranged)
+    with client_for(masters) as client:
+        table = client.create_table(name, schema, partitioning=spec or None, replicas=replicas)
+        emit_one({"created": table.name, "id": table.id, "tablets": len(table.tablets())}, fmt)
+
+
+@group.command(name="list")
+@click.option("--filter", "name_filter", default="", help="Substring of the table name.")
+@masters_option
+@format_option
+@one_line
+def list_tables(name_filter: str, masters: str, fmt: str) -> None:
+    """List tables."""
+    with client_for(masters) as client:
+        emit(client.list_tables(name_filter), fmt)
+
+
+@group.command(name="describe")
+@click.argument("name")
+@masters_option
+@format_option
+@one_line
+def describe(name: str, masters: str, fmt: str) -> None:
+    """Show a table's schema, partitioning and tablets."""
+    with client_for(masters) as client:
+        doc = client.describe_table(name)
+    if fmt == "json":
+        emit_one(doc, fmt)
+        return
+    click.echo(f"table {doc['name']} (id {doc['id']}), schema version {doc['schema_version']}")
+    click.echo(f"partitioning: {doc['partitioning']}; replicas: {doc['replicas']}")
+    key = set(doc["key"])
+    emit([{**c, "key": c["name"] in key} for c in doc["columns"]], fmt)
+    click.echo("")
+    tablets = [
+        {
+            "tablet_id": t["tablet_id"],
+            "partition": t["partition"],
+            "leader": t["leader"],
+            "replicas": [r["addr"] for r in t["replicas"]],
+        }
+        for t in doc["tablets"]
+    ]
+    emit(tablets, fmt)
+
+
+@group.command(name="delete")
+@click.argument("name")
+@masters_option
+@format_option
+@one_line
+def delete(name: str, masters: str, fmt: str) -> None:
+    """Delete a table and its data."""
+    with client_for(masters) as client:
+        client.delete_table(name)
+    emit_one({"deleted": name}, fmt)
+
+
+@group.command(name="rename")
+@click.argument("old")
+@click.argument("new")
+@masters_option
+@format_option
+@one_line
+def rename(old: str, new: str, masters: str, fmt: str) -> None:
+    """Rename table OLD to NEW."""
+    with client_for(masters) as client:
+        table = client.alter_table(old, new_name=new)
+    emit_one({"renamed": old, "to": table.name}, fmt)
+
+
+@group.command(name="add-column")
+@click.argument("name")
+@click.argument("column")
+@masters_option
+@format_option
+@one_line
+def add_column(name: str, column: str, masters: str, fmt: str) -> None:
+    """Add COLUMN ('col:type', always nullable) to table NAME."""
+    from nyala.schema import Column
+
+    col_name, sep, type_text = column.partition(":")
+    if not sep or not col_name.strip() or not type_text.strip():
+        raise InvalidArgumentError(f"column {column!r} must look like 'name:type'")
+    new = Column(col_name.strip(), type_text.strip().rstrip("?"), nullable=True)
+    with client_for(masters) as client:
+        table = client.alter_table(name, add_columns=[new])
+    emit_one({"table": name, "added": new.name, "schema_version": table.schema.version}, fmt)
+
+
+@group.command(name="drop-column")
+@click.argument("name")
+@click.argument("column")
+@masters_option
+@format_option
+@one_line
+def drop_column(name: str, column: str, masters: str, fmt: str) -> None:
+    """Drop non-key COLUMN from table NAME."""
+    with client_for(masters) as client:
+        table = client.alter_table(name, drop_columns=[column])
+    emit_one({"table": name, "dropped": column, "schema_version": table.schema.version}, fmt)
+
+
+@group.command(name="scan")
+@click.argument("name")
+@click.option("--columns", default=None, help="Columns to return, comma-separated.")
+@click.option("--where", "wheres", multiple=True, help="Predicate like 'id >= 10' (repeat).")
+@click.option("--limit", type=int, default=None, help="At most this many rows.")
+@masters_option
+@format_option
+@one_line
+def scan(
+    name: str,
+    columns: str | None,
+    wheres: tuple[str, ...],
+    limit: int | None,
+    masters: str,
+    fmt: str,
+) -> None:
+    """Print the rows of table NAME (a table prints at most 1000 rows unless --limit)."""
+    with client_for(masters) as client:
+        table = client.table(name)
+        names = [c.strip() for c in columns.split(",")] if columns else None
+        where = [parse_where(table.schema, w) for w in wheres]
+        shown = limit if limit is not None or fmt == "json" else SCAN_PRINT_ROWS_DEFAULT
+        rows = table.scan(columns=names, where=where, limit=shown).to_arrow().to_pylist()
+    emit(rows, fmt, columns=names or table.schema.names)
+
+
+@group.command(name="count")
+@click.argument("name")
+@click.option("--where", "wheres", multiple=True, help="Predicate like 'id >= 10' (repeat).")
+@masters_option
+@format_option
+@one_line
+def count(name: str, wheres: tuple[str, ...], masters: str, fmt: str) -> None:
+    """Count the rows of table NAME."""
+    with client_for(masters) as client:
+        table = client.table(name)
+        rows = table.count(where=[parse_where(table.schema, w) for w in wheres])
+    emit_one({"table": name, "rows": rows}, fmt)
+
+
+@group.command(name="load")
+@click.argument("name")
+@click.argument("path", type=click.Path(path_type=Path, dir_okay=False))
+@click.option("--operation", default="upsert", show_default=True, help="insert, upsert, ...")
+@masters_option
+@format_option
+@one_line
+def load(name: str, path: Path, operation: str, masters: str, fmt: str) -> None:
+    """Load a Parquet or CSV file into table NAME."""
+    import pyarrow as pa
+
+    from nyala.rowops import OpType
+
+    op = OpType.parse(operation)
+    reader = _open_rows(path)
+    with client_for(masters) as client:
+        table = client.table(name)
+        target = table.schema.to_arrow()
+        rows = failed = 0
+        samples: list[str] = []
+        for batch in reader:
+            wanted = [f for f in target if f.name in batch.schema.names]
+            batch = pa.RecordBatch.from_arrays(
+                [batch.column(f.name).cast(f.type) for f in wanted], schema=pa.schema(wanted)
+            )
+            result = table.write(batch, op)
+            rows += result.rows
+            failed += len(result.row_errors)
+            samples.extend(
+                f"row {e.row + rows - result.rows}: {e.code}" for e in result.row_errors[:3]
+            )
+    emit_one({"table": name, "rows": rows, "failed": failed, "failed_sample": samples[:5]}, fmt)
+    if failed:
+        raise SystemExit(1)
+
+
+def _open_rows(path: Path) -> Any:
+    import pyarrow.csv as pcsv
+    import pyarrow.parquet as pq
+
+    suffix = path.suffix.lower()
+    if suffix == ".parquet":
+        return pq.ParquetFile(path).iter_batches(batch_size=LOAD_BATCH_ROWS)
+    if suffix == ".csv":
+        options = pcsv.ReadOptions(block_size=16 * 1024 * 1024)
+        return pcsv.open_csv(path, read_options=options)
+    raise InvalidArgumentError(f"{path}: expected a .parquet or .csv file")
+
+
+__all__ = ["group", "parse_value", "parse_where"]
