@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from nyala import errors
+from nyala.chaos.cluster import RESTART_TIMEOUT_S
 from nyala.chaos.history import History, counts
 from nyala.chaos.set_checker import check_set
 from nyala.schema import Column, Schema
@@ -38,6 +39,7 @@ CLIENT_KINDS = ("kill-tserver", "kill-master", "pause-tserver", "pause-master")
 TABLE = "chaos_rows"
 DDL_PREFIX = "chaos_ddl_"
 FINAL_DEADLINE_S = 120.0
+DDL_PAUSE_S = 3.0
 
 
 @dataclass
@@ -126,7 +128,8 @@ class _ClientChaos:
                 process += 1000
                 continue
             self.ddl.ok(process)
-            self.stop.wait(0.5)
+            # Every table adds replicas that each restart must open: keep their number modest.
+            self.stop.wait(DDL_PAUSE_S)
 
     def nemesis(self) -> None:
         while not self.stop.wait(self.rng.uniform(0.5, 2.0)):
@@ -147,7 +150,7 @@ class _ClientChaos:
         if victim.is_running():
             victim.resume()
         else:
-            self.spawner.submit(victim.restart).result()
+            self.spawner.submit(victim.restart, RESTART_TIMEOUT_S).result()
 
     def heal_all(self) -> None:
         for ts in [*self.cluster.masters, *self.cluster.tservers]:

@@ -22,6 +22,8 @@ from nyala.schema import Schema
 from nyala.testing.mini_cluster import MiniCluster, ServerProcess
 
 ADMIN_TIMEOUT_MS = 10_000
+# A restart replays the WAL; on a loaded 2-core machine that has taken more than 30 s.
+RESTART_TIMEOUT_S = 120.0
 
 
 class ChaosCluster:
@@ -82,7 +84,7 @@ class ChaosCluster:
 
     def restart(self, ts: ServerProcess) -> None:
         """Kills ``ts`` if running, starts it again and waits until it answers."""
-        self._spawner.submit(ts.restart).result()
+        self._spawner.submit(ts.restart, RESTART_TIMEOUT_S).result()
 
     def start_fresh(self, ts: ServerProcess) -> None:
         """Kills and wipes ``ts`` (a new UUID), starts it and waits until it answers."""
@@ -92,7 +94,7 @@ class ChaosCluster:
                 ts.kill()
             ts.wipe()
             ts.start()
-            ts.wait_ready()
+            ts.wait_ready(RESTART_TIMEOUT_S)
 
         self._spawner.submit(fresh).result()
 

@@ -12,6 +12,7 @@ set elements, stale set reads, inserts applied twice, and misbehaviour the nemes
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections import Counter
@@ -20,7 +21,7 @@ from pathlib import Path
 
 from nyala import errors
 from nyala.chaos.cluster import ChaosCluster
-from nyala.chaos.history import EventType, Operation, counts
+from nyala.chaos.history import EventType, History, Operation, counts
 from nyala.chaos.linearizability import check_registers
 from nyala.chaos.nemesis import ALL_KINDS, Nemesis
 from nyala.chaos.set_checker import check_set
@@ -147,7 +148,25 @@ def run(config: RunConfig) -> RunSummary:
             workload.stop()
         elapsed = time.monotonic() - started
         rows = final_read(cluster)
+        if config.keep_dir:
+            save_history(cluster.mini.base_dir / "history-registers.jsonl", workload.registers)
+            save_history(cluster.mini.base_dir / "history-set.jsonl", workload.set)
     return _check(config, workload, nemesis, rows, elapsed)
+
+
+def save_history(path: Path, history: History) -> None:
+    """Writes the events as JSON lines, for a post-mortem of an anomaly."""
+    with path.open("w") as out:
+        for event in history.events():
+            record = {
+                "type": event.type.value,
+                "process": event.process,
+                "time_ns": event.time_ns,
+                "f": event.f,
+                "key": event.key,
+                "value": event.value,
+            }
+            out.write(json.dumps(record, default=repr) + "\n")
 
 
 def _check(

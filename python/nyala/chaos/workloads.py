@@ -37,10 +37,11 @@ SET_BASE = 1_000_000
 ATTEMPT_TIMEOUT_MS = 3_000
 OP_DEADLINE_S = 8.0
 SCAN_TIMEOUT_S = 5.0
-# Refusals that prove the server did not take the write in (it was not the leader, or does
-# not host the tablet): retrying elsewhere is safe and, if every attempt ends so, it failed.
+# Refusals that prove the server did not take the write in: retrying elsewhere is safe and,
+# if every attempt ends so, it failed. Not ``NotLeaderError``: a leader that loses its office
+# with the entry in its log answers that too, and the entry may still commit (the first long
+# run recorded such writes as failed and then read their values).
 _DEFINITE_REFUSALS = (
-    errors.NotLeaderError,
     errors.TabletNotFoundError,
     errors.WrongServerUuidError,
 )
