@@ -36,7 +36,7 @@ ELECTION_EVERY_S = 3.0
 LIVE_TABLES_MAX = 8
 RAFT_FLAGS = [
     "--heartbeat-interval-ms",
-    "100",
+    "250",
     "--leader-failure-max-missed-heartbeat-periods",
     "3",
 ]
@@ -116,6 +116,7 @@ def _one_op(
 
 
 def _check(cluster: MiniCluster, history: dict[str, TableHistory]) -> None:
+    cluster.leader_master(timeout_s=120)  # the loaded machine may take a while to settle
     listed = ops.list_tables(cluster)
     for name, h in history.items():
         if h.unknown:

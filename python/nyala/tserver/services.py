@@ -49,6 +49,8 @@ _PREDICATE_OPS = {
     tserver_pb2.ColumnPredicatePB.IS_NULL: "is null",
     tserver_pb2.ColumnPredicatePB.IS_NOT_NULL: "is not null",
 }
+#: Per-tablet admin locks kept before idle ones are dropped.
+_TABLET_LOCKS_MAX = 4096
 #: Rows per streamed scan batch when the request names no batch size.
 SCAN_BATCH_BYTES_DEFAULT = 1024 * 1024
 
@@ -197,6 +199,18 @@ class AdminService(ServiceBase, tserver_admin_pb2_grpc.TabletServerAdminServiceS
         self._list_tablets = list_tablets
         self._start_replica = start_replica  # puts a newly created replica on Raft
         self._stop_replica = stop_replica  # stops a replica's Raft before its files go
+        # Create and delete of one tablet never interleave: a CreateTablet retry arriving while
+        # a DeleteTablet stops the replica would otherwise restart its Raft under the delete.
+        self._tablet_locks: dict[str, asyncio.Lock] = {}
+
+    def _tablet_lock(self, tablet_id: str) -> asyncio.Lock:
+        lock = self._tablet_locks.get(tablet_id)
+        if lock is None:
+            if len(self._tablet_locks) > _TABLET_LOCKS_MAX:
+                for key in [k for k, v in self._tablet_locks.items() if not v.locked()]:
+                    del self._tablet_locks[key]
+            lock = self._tablet_locks[tablet_id] = asyncio.Lock()
+        return lock
 
     @unary(tserver_admin_pb2.CreateTabletResponsePB)
     async def CreateTablet(self, request: Any, context: Any) -> Any:
@@ -205,16 +219,17 @@ class AdminService(ServiceBase, tserver_admin_pb2_grpc.TabletServerAdminServiceS
         config = config_from_pb(request.config)
         if config.peer(self.server_uuid) is None:
             raise InvalidArgumentError("the initial config does not list this server")
-        replica = await asyncio.to_thread(
-            self._tablets.create_tablet,
-            request.tablet_id,
-            table_id=request.table_id,
-            table_name=request.table_name,
-            schema=schema_from_pb(request.schema),
-            partition=partition_from_pb(request.partition),
-            config=config,
-        )
-        self._start_replica(replica)
+        async with self._tablet_lock(request.tablet_id):
+            replica = await asyncio.to_thread(
+                self._tablets.create_tablet,
+                request.tablet_id,
+                table_id=request.table_id,
+                table_name=request.table_name,
+                schema=schema_from_pb(request.schema),
+                partition=partition_from_pb(request.partition),
+                config=config,
+            )
+            self._start_replica(replica)
         return tserver_admin_pb2.CreateTabletResponsePB()
 
     @unary(tserver_admin_pb2.DeleteTabletResponsePB)
@@ -230,14 +245,15 @@ class AdminService(ServiceBase, tserver_admin_pb2_grpc.TabletServerAdminServiceS
             if request.HasField("cas_config_opid_index_less_or_equal")
             else None
         )
-        await self._stop_replica(request.tablet_id)
-        await asyncio.to_thread(
-            self._tablets.delete_tablet,
-            request.tablet_id,
-            kinds[request.delete_type],
-            reason=request.reason,
-            cas_config_opid_index_le=cas,
-        )
+        async with self._tablet_lock(request.tablet_id):
+            await self._stop_replica(request.tablet_id)
+            await asyncio.to_thread(
+                self._tablets.delete_tablet,
+                request.tablet_id,
+                kinds[request.delete_type],
+                reason=request.reason,
+                cas_config_opid_index_le=cas,
+            )
         return tserver_admin_pb2.DeleteTabletResponsePB()
 
     @unary(tserver_admin_pb2.AlterSchemaResponsePB)
