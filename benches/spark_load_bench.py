@@ -16,7 +16,7 @@ sink (every row crosses into the JVM): ``nyala_scan_rows_per_s``, next to a Pyth
 that yields the same rows from memory (``noop_source_rows_per_s``) and a Parquet scan
 (``parquet_scan_rows_per_s``); ``scan_ratio_vs_noop``.
 
-``--quick`` loads 1M rows to stay under two minutes on a shared 2-core machine. The last line
+``--quick`` loads 500k rows to stay under two minutes on a shared 2-core machine. The last line
 printed is one JSON object with every figure.
 """
 
@@ -34,7 +34,7 @@ from typing import Any
 import pyarrow as pa
 
 ROWS_FULL = 5_000_000
-ROWS_QUICK = 1_000_000
+ROWS_QUICK = 500_000
 TABLE = "spark_bench"
 #: Arrow batch size between the JVM and Python workers, for every sink alike.
 ARROW_BATCH_ROWS = 65_536
