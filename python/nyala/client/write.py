@@ -19,17 +19,20 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
 from nyala import errors
 from nyala._proto import common_pb2, tserver_pb2
-from nyala.client.meta_cache import MetaCache, Replica, TableInfo, TabletLocation
+from nyala.client.meta_cache import MetaCache, Replica, TableInfo, TableLocations, TabletLocation
 from nyala.client.rpc import RETRIABLE, Backoff, ChannelPool
 from nyala.rowops import OP_COLUMN
 
-#: Rows and Arrow bytes of one chunk; a chunk becomes at most one request per tablet.
-WRITE_CHUNK_ROWS_MAX = 256 * 1024
-WRITE_CHUNK_BYTES_MAX = 16 * 1024 * 1024
+#: Target rows and Arrow bytes of one Write request. The input is cut into chunks of about
+#: this much per tablet (fewer, larger requests: each is one Raft round and one fsync); a chunk
+#: whose rows are skewed so that one tablet's share exceeds twice the target is halved.
+WRITE_REQUEST_ROWS_MAX = 256 * 1024
+WRITE_REQUEST_BYTES_MAX = 16 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -117,7 +120,7 @@ class _Request:
     tablet_id: str
     seq_no: int
     ops: bytes
-    positions: list[int]  # caller's row index of each row of ``ops``
+    positions: np.ndarray[Any, Any]  # caller's row index of each row of ``ops``
 
 
 class Writer:
@@ -166,13 +169,32 @@ class Writer:
     def _requests(self, info: TableInfo, batch: pa.RecordBatch) -> dict[str, list[_Request]]:
         locations = self.cache.locations(info)
         per_tablet: dict[str, list[_Request]] = {}
-        for offset, chunk in _chunks(batch):
-            for partition, positions, ops in locations.router.split_ipc(chunk):
-                tablet = locations.tablets[partition]
-                rows = [offset + p for p in pa.array(positions).to_pylist()]
-                request = _Request(tablet.tablet_id, self.requests.new(), ops, rows)
-                per_tablet.setdefault(tablet.tablet_id, []).append(request)
+        for offset, chunk in _chunks(batch, len(locations.tablets)):
+            self._split(locations, offset, chunk, per_tablet)
         return per_tablet
+
+    def _split(
+        self,
+        locations: TableLocations,
+        offset: int,
+        chunk: pa.RecordBatch,
+        per_tablet: dict[str, list[_Request]],
+    ) -> None:
+        slices = locations.router.split_ipc(chunk)
+        too_big = any(
+            len(ops) > 2 * WRITE_REQUEST_BYTES_MAX or len(rows) > 2 * WRITE_REQUEST_ROWS_MAX  # type: ignore[arg-type]
+            for _, rows, ops in slices
+        )
+        if too_big and chunk.num_rows > 1:
+            half = chunk.num_rows // 2  # halves keep each tablet's requests in input order
+            self._split(locations, offset, chunk.slice(0, half), per_tablet)
+            self._split(locations, offset + half, chunk.slice(half), per_tablet)
+            return
+        for partition, positions, ops in slices:
+            tablet = locations.tablets[partition]
+            rows = np.asarray(pa.array(positions)) + offset
+            request = _Request(tablet.tablet_id, self.requests.new(), ops, rows)
+            per_tablet.setdefault(tablet.tablet_id, []).append(request)
 
     def _send_all(
         self, info: TableInfo, requests: list[_Request], deadline: float
@@ -184,7 +206,8 @@ class Writer:
                 self.requests.done(request.seq_no)
                 for e in response.per_row_errors:
                     code = common_pb2.ErrorCode.Name(e.code)
-                    row_errors.append(RowError(request.positions[e.row_index], code, e.message))
+                    row = int(request.positions[e.row_index])
+                    row_errors.append(RowError(row, code, e.message))
         finally:
             for request in requests:  # given up (or answered): never sent again
                 self.requests.done(request.seq_no)
@@ -259,13 +282,14 @@ def pick_replica(tablet: TabletLocation, attempt: int, unreachable: set[str]) ->
     return candidates[attempt % len(candidates)]
 
 
-def _chunks(batch: pa.RecordBatch) -> list[tuple[int, pa.RecordBatch]]:
-    """``batch`` cut into slices (zero-copy) of at most the chunk limits."""
+def _chunks(batch: pa.RecordBatch, tablets: int) -> list[tuple[int, pa.RecordBatch]]:
+    """``batch`` cut into slices (zero-copy) of about one request's worth per tablet."""
     rows = batch.num_rows
     if rows == 0:
         return []
     bytes_per_row = max(1, batch.nbytes // rows)
-    step = max(1, min(WRITE_CHUNK_ROWS_MAX, WRITE_CHUNK_BYTES_MAX // bytes_per_row))
+    per_tablet = min(WRITE_REQUEST_ROWS_MAX, WRITE_REQUEST_BYTES_MAX // bytes_per_row)
+    step = max(1, per_tablet * max(1, tablets))
     return [(start, batch.slice(start, step)) for start in range(0, rows, step)]
 
 
