@@ -63,6 +63,9 @@ class PeerView:
     promote: bool
     replace: bool
     failed: bool
+    # Heard from within the liveness window (shorter than the failure timeout): only such
+    # peers count towards the healthy majority an eviction must leave behind.
+    live: bool = True
 
 
 def _majority(voters: int) -> int:
@@ -73,10 +76,10 @@ def _can_evict(peers: list[PeerView], uuid: str) -> bool:
     """The tablet has a healthy majority now, and the voters left after removing ``uuid``
     still hold one of themselves."""
     voters = [p for p in peers if p.voter]
-    if sum(1 for p in voters if not p.failed) < _majority(len(voters)):
+    if sum(1 for p in voters if p.live and not p.failed) < _majority(len(voters)):
         return False
     remaining = [p for p in voters if p.uuid != uuid]
-    healthy = [p for p in remaining if not p.failed]
+    healthy = [p for p in remaining if p.live and not p.failed]
     return bool(remaining) and len(healthy) >= _majority(len(remaining))
 
 
@@ -155,6 +158,11 @@ class Rereplicator:
             return (time.monotonic() - self._started_s) * 1000 > self._failed_ms
         return bool(ts.millis_since_heartbeat() > self._failed_ms)
 
+    def server_live(self, ts_uuid: str) -> bool:
+        """Heard from within the tserver liveness window."""
+        ts = self._m.ts_manager.get(ts_uuid)
+        return ts is not None and bool(self._m.ts_manager.is_live(ts))
+
     def peer_views(self, tablet: TabletInfo) -> list[PeerView]:
         """The committed config of ``tablet`` with each peer's health."""
         reports = self._m.reports.get(tablet.tablet_id, {})
@@ -169,6 +177,7 @@ class Rereplicator:
                     promote=peer.attrs.promote,
                     replace=peer.attrs.replace,
                     failed=replica_failed or self.server_failed(peer.permanent_uuid),
+                    live=self.server_live(peer.permanent_uuid),
                 )
             )
         return out

@@ -83,3 +83,16 @@ def test_lowered_replication_factor_removes_a_follower() -> None:
 def test_raised_replication_factor_adds() -> None:
     peers = [_voter("a"), _voter("b"), _voter("c")]
     assert decide(peers, "a", 5, evict_first=False).action is Action.ADD
+
+
+def test_a_voter_down_but_not_yet_failed_blocks_eviction_without_majority() -> None:
+    # "d" (the replacement of "c") votes; "b" stopped heartbeating a moment ago (not live, not
+    # yet failed): evicting "c" would leave a, b, d with only two live of three, still a
+    # majority; but with "a" down too nothing may be evicted.
+    down = PeerView("b", voter=True, promote=False, replace=False, failed=False, live=False)
+    peers = [_voter("a"), down, _voter("c", replace=True), _voter("d")]
+    decision = decide(peers, "a", 3, evict_first=False)
+    assert (decision.action, decision.uuid) == (Action.EVICT, "c")
+    down_a = PeerView("d", voter=True, promote=False, replace=False, failed=False, live=False)
+    peers = [_voter("a"), down, _voter("c", replace=True), down_a]
+    assert decide(peers, "a", 3, evict_first=False).action is Action.NONE
