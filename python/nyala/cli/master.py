@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import faulthandler
 import json
 import logging
+import signal
 import sys
 import time
 from pathlib import Path
@@ -58,6 +60,8 @@ def run(
     from nyala.master import MasterServer
 
     die_with_parent_if_asked()
+    # SIGUSR1 prints every thread's stack to the log: how to see where a stuck master waits.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     logging.basicConfig(
         level=log_level.upper(),
         stream=sys.stderr,
