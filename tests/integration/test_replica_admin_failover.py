@@ -1,0 +1,85 @@
+"""Replica admin operations survive a leader-master failover (issue 10): their state lives in
+the tablet's Raft config, so the same request repeated at the new leader finishes the job.
+
+Three masters, four tservers, one tablet. One step of a move is sent, the leader master is
+killed, and ``client.admin.move_replica`` (which repeats the request, rediscovering the leader)
+completes the move. Then the table's replication factor is lowered to 1 and raised back to 3.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+
+import pyarrow as pa
+import pytest
+
+import nyala
+from nyala.schema import Column, Schema
+from nyala.testing import MiniCluster, dump_logs
+from nyala.testing import master_ops as ops
+from nyala.testing.replica_ops import committed_config, voters
+from nyala.testing.tablet_ops import scan, write_to_leader
+
+RAFT_FLAGS = [
+    "--heartbeat-interval-ms",
+    "100",
+    "--leader-failure-max-missed-heartbeat-periods",
+    "3",
+]
+MASTER_FLAGS = [
+    *RAFT_FLAGS,
+    "--background-task-interval-ms",
+    "100",
+    "--background-rpc-retry-ms",
+    "500",
+]
+TSERVER_FLAGS = [*RAFT_FLAGS, "--master-heartbeat-interval-ms", "200"]
+SCHEMA = Schema([Column("id", "int64"), Column("v", "string", nullable=True)], key=["id"])
+
+
+@pytest.fixture
+def cluster(request: pytest.FixtureRequest) -> Iterator[MiniCluster]:
+    with MiniCluster(
+        4, num_masters=3, master_flags=MASTER_FLAGS, tserver_flags=TSERVER_FLAGS
+    ) as mini:
+        yield mini
+        report = getattr(request.node, "rep_call", None)
+        if report is not None and report.failed:
+            dump_logs(mini, sys.stderr)
+
+
+@pytest.mark.slow
+def test_move_finishes_after_master_failover_and_replication_factor_changes(
+    cluster: MiniCluster,
+) -> None:
+    ops.call(cluster, "CreateTable", ops.create_table_request("fo", SCHEMA, buckets=1))
+    ops.wait_create_done(cluster, "fo")
+    tablet_id = ops.locations(cluster, "fo")[0].tablet_id
+    rows = {"id": pa.array(range(30), pa.int64()), "v": ["f"] * 30}
+    write_to_leader(cluster, tablet_id, SCHEMA, rows, op="insert", client_id="f", seq_no=0)
+    leader = cluster.leader_of(tablet_id)
+    members = voters(committed_config(leader, tablet_id))
+    spare = str(next(ts for ts in cluster.tservers if ts.uuid not in members).uuid)
+    source = next(u for u in members if u != leader.uuid)
+
+    with nyala.connect(",".join(cluster.master_addrs)) as client:
+        client.admin.move_replica(tablet_id, source, spare, wait=False)
+        cluster.leader_master().kill()
+        client.admin.move_replica(tablet_id, source, spare, timeout_s=90)
+        assert voters(committed_config(cluster.leader_of(tablet_id), tablet_id)) == (
+            members - {source}
+        ) | {spare}
+
+        client.admin.change_replication_factor("fo", 1, timeout_s=90)
+        ops.wait_until(
+            lambda: len(voters(committed_config(cluster.leader_of(tablet_id), tablet_id))) == 1,
+            what="one voter",
+        )
+        client.admin.change_replication_factor("fo", 3, timeout_s=90)
+        ops.wait_until(
+            lambda: len(voters(committed_config(cluster.leader_of(tablet_id), tablet_id))) == 3,
+            timeout_s=60,
+            what="three voters again",
+        )
+    assert scan(cluster.leader_of(tablet_id), tablet_id, SCHEMA).num_rows == 30
