@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import random
+import signal
 import sys
 import threading
 import time
@@ -56,16 +57,16 @@ class TableHistory:
 
 
 def _force_elections(cluster: MiniCluster, stop: threading.Event, count: list[int]) -> None:
-    """Every few seconds: the leader master steps down (or, every third time, is SIGKILLed and
-    restarted), so a new leader must take over in the middle of the DDL."""
+    """Every few seconds: the leader master steps down (or, every third time, is SIGKILLed; the
+    main thread restarts it, because a child dies with the thread that started it:
+    PR_SET_PDEATHSIG), so a new leader must take over in the middle of the DDL."""
     while not stop.wait(ELECTION_EVERY_S):
         try:
             leader = cluster.leader_master(timeout_s=10)
         except errors.NyalaError:
             continue
         if count[0] % 3 == 2:
-            leader.kill()
-            leader.restart()
+            leader.signal(signal.SIGKILL)  # reaped and restarted by the main thread
         else:
             request = consensus_pb2.LeaderStepDownRequestPB(
                 dest_uuid=leader.uuid, tablet_id=SYS_CATALOG_TABLET_ID
@@ -76,6 +77,12 @@ def _force_elections(cluster: MiniCluster, stop: threading.Event, count: list[in
             except errors.NyalaError:
                 continue
         count[0] += 1
+
+
+def _restart_killed(cluster: MiniCluster) -> None:
+    for master in cluster.masters:
+        if master.returncode is not None:
+            master.start()  # ready or not: the DDL goes on meanwhile
 
 
 def _one_op(
@@ -162,6 +169,7 @@ def test_ddl_under_forced_master_elections() -> None:
             try:
                 while time.monotonic() < deadline:
                     _one_op(cluster, rng, history, n)
+                    _restart_killed(cluster)
                     n += 1
             finally:
                 stop.set()
