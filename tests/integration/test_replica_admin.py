@@ -8,6 +8,7 @@ moves the replica back off it and tombstones what it held.
 
 from __future__ import annotations
 
+import subprocess
 import sys
 import threading
 from collections.abc import Iterator
@@ -122,3 +123,32 @@ def test_move_replica_under_load_then_retire_the_target(cluster: MiniCluster) ->
         lambda: tablet_states(spare).get(tablet_id) == metadata_pb2.TABLET_DATA_TOMBSTONED,
         what="the retired tserver's replica tombstoned",
     )
+
+    # The same operations from the command line: demote a follower and make it a voter again.
+    leader = cluster.leader_of(tablet_id)
+    follower = next(u for u in voters(committed_config(leader, tablet_id)) if u != leader.uuid)
+    masters = ",".join(cluster.master_addrs)
+    for kind, expected_voters in (("NON_VOTER", 2), ("VOTER", 3)):
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "nyala.cli",
+                "tablet",
+                "change-replica-type",
+                tablet_id,
+                follower,
+                kind,
+                "-m",
+                masters,
+                "--timeout-s",
+                "60",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=90,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr
+        config = committed_config(cluster.leader_of(tablet_id), tablet_id)
+        assert len(voters(config)) == expected_voters
