@@ -1,143 +1,184 @@
-"""The main job (``make demo``): a local 3-tserver cluster under a real workload.
+"""The main job (``make demo``): a local cluster under a real workload, through the client.
 
-It loads rows into a replicated tablet, SIGKILLs the tablet leader in the middle of the
-workload, keeps writing and reading through the new leader, restarts the victim, waits for it
-to catch up, and checks that every acknowledged row is there exactly once. It prints what it
-proved, one line per step, and exits non-zero if any check fails.
-
-Until the master and the client exist (issues 9 and 11) the demo places the tablet itself, as
-the master will (``MiniCluster.create_tablet``), and writes through ``nyala.testing.tablet_ops``.
+It starts a local cluster (1 master, 3 tservers), creates a table with 4 hash buckets
+replicated 3 ways, loads 1M rows through ``nyala.connect``, SIGKILLs the tablet server that
+leads the most tablets while writing and reading continue, shows the new leaders and the dead
+server, restarts it, waits until every replica of every tablet has caught up, and checks that
+every acknowledged row is there exactly once. It prints what it proved, one line per step, and
+exits non-zero if any check fails.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
+import threading
 import time
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 
+import nyala
 from nyala._proto import consensus_pb2
-from nyala.schema import Column, Schema
-from nyala.testing import MiniCluster
+from nyala.cli.output import render_table
+from nyala.local_cluster import LocalCluster
 from nyala.testing.mini_cluster import ServerProcess
-from nyala.testing.tablet_ops import scan, write_to_leader
 
-TABLET = "d" * 32
-SCHEMA = Schema(
-    [
-        Column("id", "int64"),
-        Column("name", "string", nullable=True),
-        Column("value", "double"),
-        Column("ts", "timestamp"),
-    ],
-    ["id"],
-)
-CLIENT_ID = "nyala-demo"
+SCHEMA = nyala.Schema.parse("id:int64, name:string?, value:double, ts:timestamp", key=["id"])
 CATCH_UP_TIMEOUT_S = 120.0
+FAST_RAFT = ["--heartbeat-interval-ms", "200"]
 
 
-def _rows(first: int, count: int) -> dict[str, object]:
+def rows(first: int, count: int) -> pa.Table:
     ids = np.arange(first, first + count, dtype=np.int64)
-    return {
-        "id": ids,
-        "name": pa.array([f"row-{i}" for i in range(first, first + count)]),
-        "value": ids.astype(np.float64) * 0.5,
-        "ts": ids * 1_000,
-    }
+    return pa.table(
+        {
+            "id": ids,
+            "name": pa.array(np.char.add("row-", ids.astype(str))),
+            "value": ids.astype(np.float64) * 0.5,
+            "ts": pa.array(ids * 1_000, type=pa.timestamp("us")),
+        }
+    )
 
 
-class Demo:
-    """One run of the workload against one cluster."""
+class Workload:
+    """Writes consecutive ids in batches and remembers how far writes were acknowledged."""
 
-    def __init__(self, cluster: MiniCluster, batch_rows: int) -> None:
-        self.cluster = cluster
+    def __init__(self, table: nyala.Table, batch_rows: int) -> None:
+        self.table = table
         self.batch_rows = batch_rows
-        self.seq_no = 0
-        self.acknowledged_through = 0  # rows [0, acknowledged_through) were acknowledged
+        self.acknowledged = 0  # rows [0, acknowledged) were acknowledged
 
-    def load(self, rows: int) -> float:
-        """Upserts the next ``rows`` rows in batches; returns rows/s."""
+    def load(self, count: int) -> float:
+        """Inserts the next ``count`` rows; returns rows/s. INSERT, so a retry that applied
+        twice would come back as an ALREADY_PRESENT row error and stop the demo."""
         start = time.perf_counter()
-        end = self.acknowledged_through + rows
-        while self.acknowledged_through < end:
-            count = min(self.batch_rows, end - self.acknowledged_through)
-            response = write_to_leader(
-                self.cluster,
-                TABLET,
-                SCHEMA,
-                _rows(self.acknowledged_through, count),
-                op="upsert",
-                client_id=CLIENT_ID,
-                seq_no=self.seq_no,
-            )
-            if response.per_row_errors:
-                raise SystemExit(f"demo: row errors: {list(response.per_row_errors)[:3]}")
-            self.seq_no += 1
-            self.acknowledged_through += count
-        return rows / (time.perf_counter() - start)
+        end = self.acknowledged + count
+        while self.acknowledged < end:
+            n = min(self.batch_rows, end - self.acknowledged)
+            result = self.table.insert(rows(self.acknowledged, n), timeout_ms=60_000)
+            if not result.ok:
+                raise SystemExit(f"demo: row errors: {result.row_errors[:3]}")
+            self.acknowledged += n
+        return count / (time.perf_counter() - start)
 
     def verify(self) -> int:
-        """Scans through the leader and checks every acknowledged row, exactly once."""
-        leader = self.cluster.leader_of(TABLET)
-        table = scan(leader, TABLET, SCHEMA).sort_by("id").cast(SCHEMA.to_arrow())
-        expected = pa.table(_rows(0, self.acknowledged_through), schema=SCHEMA.to_arrow())
-        if table.num_rows != expected.num_rows:
-            raise SystemExit(f"demo: {table.num_rows} rows read, {expected.num_rows} acknowledged")
-        if not table.equals(expected):
+        """Scans every row and checks them against what was acknowledged."""
+        got = self.table.scan().to_arrow().sort_by("id")
+        expected = rows(0, self.acknowledged)
+        if got.num_rows != expected.num_rows:
+            raise SystemExit(f"demo: {got.num_rows:,} rows read, {expected.num_rows:,} acked")
+        if not got.cast(expected.schema).equals(expected):
             raise SystemExit("demo: rows read differ from the rows acknowledged")
-        return int(table.num_rows)
+        return int(got.num_rows)
 
 
-def _committed_index(ts: ServerProcess) -> int:
-    request = consensus_pb2.GetConsensusStateRequestPB(dest_uuid=ts.uuid, tablet_ids=[TABLET])
+def _leaders(client: nyala.Client) -> collections.Counter[str]:
+    return collections.Counter(t["leader"] for t in client.admin.list_tablets("demo"))
+
+
+def _committed(ts: ServerProcess, tablet_ids: list[str]) -> dict[str, int]:
+    request = consensus_pb2.GetConsensusStateRequestPB(dest_uuid=ts.uuid, tablet_ids=tablet_ids)
     with ts.proxy() as proxy:
         response = proxy.call(proxy.consensus.GetConsensusState, request)
-    return int(response.tablets[0].committed_index)
+    return {t.tablet_id: int(t.committed_index) for t in response.tablets}
 
 
-def _wait_caught_up(victim: ServerProcess, leader: ServerProcess) -> float:
+def _wait_caught_up(cluster: LocalCluster, victim: ServerProcess, tablet_ids: list[str]) -> float:
     start = time.perf_counter()
-    target = _committed_index(leader)
-    while _committed_index(victim) < target:
+    while True:
+        others = [ts for ts in cluster.mini.tservers if ts is not victim]
+        target = {t: max(_committed(ts, [t]).get(t, 0) for ts in others) for t in tablet_ids}
+        try:
+            mine = _committed(victim, tablet_ids)
+        except nyala.errors.NyalaError:
+            mine = {}
+        if all(mine.get(t, -1) >= target[t] for t in tablet_ids):
+            return time.perf_counter() - start
         if time.perf_counter() - start > CATCH_UP_TIMEOUT_S:
             raise SystemExit(f"demo: {victim.name} did not catch up in {CATCH_UP_TIMEOUT_S} s")
-        time.sleep(0.1)
+        time.sleep(0.2)
+
+
+def _ksck(cluster: LocalCluster) -> list[str]:
+    from nyala.client import ksck
+
+    _, findings = ksck.run(cluster.masters.split(","))
+    return [f"{f.kind} {f.subject[:8]}: {f.problem}" for f in findings]
+
+
+def _wait_healthy(cluster: LocalCluster) -> float:
+    start = time.perf_counter()
+    while findings := _ksck(cluster):
+        if time.perf_counter() - start > CATCH_UP_TIMEOUT_S:
+            raise SystemExit(f"demo: ksck still finds {findings}")
+        time.sleep(0.5)
     return time.perf_counter() - start
 
 
-def run(rows: int, batch_rows: int, base_dir: Path | None) -> None:
+def _read_while(table: nyala.Table, stop: threading.Event, counts: list[int]) -> None:
+    while not stop.is_set():
+        counts.append(table.count(where=[("id", "<", 1000)]))
+
+
+def run(total_rows: int, batch_rows: int, base_dir: Path | None) -> None:
     """The whole demo; raises ``SystemExit`` with a message on the first failed check."""
-    with MiniCluster(3, base_dir=base_dir, keep_dir=base_dir is not None) as cluster:
-        print(f"started 3 tservers under {cluster.base_dir}")
-        cluster.create_tablet(TABLET, SCHEMA, table_name="demo")
-        leader = cluster.leader_of(TABLET)
-        print(f"created tablet {TABLET[:8]}… replicated 3 ways; leader is {leader.name}")
-        demo = Demo(cluster, batch_rows)
-        rate = demo.load(rows)
-        print(f"loaded {rows:,} rows (fsync'd on a majority) at {rate:,.0f} rows/s")
-        print(f"verified {demo.verify():,} rows read back through the leader")
-        leader.kill()
-        print(f"SIGKILLed the leader {leader.name}")
+    flags = FAST_RAFT
+    with LocalCluster(1, 3, base_dir, master_flags=flags, tserver_flags=flags) as cluster:
+        client = cluster.client
+        print(f"started 1 master and 3 tservers under {cluster.path}; masters={cluster.masters}")
+        table = client.create_table(
+            "demo", SCHEMA, partitioning=nyala.HashPartitioning("id", 4), replicas=3
+        )
+        tablet_ids = [t.tablet_id for t in table.tablets()]
+        print(f"created table demo: {len(tablet_ids)} tablets (HASH(id) 4), each on 3 tservers")
+        work = Workload(table, batch_rows)
+        rate = work.load(total_rows)
+        print(f"loaded {total_rows:,} rows through the client at {rate:,.0f} rows/s")
+        print(f"verified {work.verify():,} rows read back")
+        uuid, led = _leaders(client).most_common(1)[0]
+        victim = next(ts for ts in cluster.mini.tservers if ts.uuid == uuid)
+        stop = threading.Event()
+        counts: list[int] = []
+        reader = threading.Thread(target=_read_while, args=(table, stop, counts))
+        reader.start()
+        victim.kill()
+        print(f"SIGKILLed {victim.name}, leader of {led} of {len(tablet_ids)} tablets")
         failover_start = time.perf_counter()
-        demo.load(batch_rows)
-        failover_s = time.perf_counter() - failover_start
-        new_leader = cluster.leader_of(TABLET)
-        print(f"first write after the kill acknowledged in {failover_s:.2f} s by {new_leader.name}")
-        demo.load(rows // 10)
-        print(f"verified {demo.verify():,} rows with one of three servers dead")
-        leader.restart()
-        caught_up_s = _wait_caught_up(leader, cluster.leader_of(TABLET))
-        print(f"restarted {leader.name}; it caught up from the leader's WAL in {caught_up_s:.2f} s")
-        print(f"verified {demo.verify():,} rows: nothing acknowledged was lost or duplicated")
+        work.load(batch_rows)
+        print(
+            f"writes continued: first batch after the kill acked in "
+            f"{time.perf_counter() - failover_start:.2f} s"
+        )
+        work.load(total_rows // 10)
+        stop.set()
+        reader.join()
+        if not counts or any(c != 1000 for c in counts):
+            raise SystemExit(f"demo: reads during the failover saw {set(counts)} rows, not 1000")
+        print(f"reads continued: {len(counts)} scans during the failover, each saw all 1000 rows")
+        print(render_table(client.admin.list_tablets("demo"), ["tablet_id", "partition", "leader"]))
+        columns = ["uuid", "rpc_addr", "live", "seconds_since_heartbeat"]
+        print(render_table(client.list_tablet_servers(), columns))
+        findings = _ksck(cluster)
+        print(f"ksck with {victim.name} dead: {len(findings)} finding(s), e.g. {findings[0][:90]}")
+        print(f"verified {work.verify():,} rows with one of three tservers dead")
+        victim.restart()
+        caught_up_s = _wait_caught_up(cluster, victim, tablet_ids)
+        print(
+            f"restarted {victim.name}; all {len(tablet_ids)} of its replicas caught up "
+            f"in {caught_up_s:.2f} s (replication factor 3 again)"
+        )
+        healthy_s = _wait_healthy(cluster)
+        print(f"ksck: healthy {healthy_s:.1f} s after the replicas caught up")
+        print(f"verified {work.verify():,} rows: nothing acknowledged was lost or duplicated")
     print("demo OK")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=1_000_000)
-    parser.add_argument("--batch-rows", type=int, default=20_000)
+    parser.add_argument("--batch-rows", type=int, default=100_000)
     parser.add_argument("--dir", type=Path, default=None, help="keep the cluster's files here")
     args = parser.parse_args()
     run(args.rows, args.batch_rows, args.dir)

@@ -148,7 +148,9 @@ class Scanner:
                     batch = batch.slice(0, remaining)
                     remaining -= batch.num_rows
                 if batch.num_rows:
-                    yield batch.select(self.columns)
+                    # One schema for every batch, whichever replica or schema version sent it.
+                    columns = batch.select(self.columns).columns
+                    yield pa.RecordBatch.from_arrays(columns, schema=self.output_schema)
                 if remaining == 0:
                     return
 
