@@ -1,0 +1,377 @@
+"""The ``nyala`` PySpark data source against a real cluster (1 master, 3 tservers) and one local[2]
+SparkSession for the whole module (starting Spark is the expensive part)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+pytest.importorskip("pyspark")
+
+from nyala.client import connect
+from nyala.errors import SchemaMismatchError
+from nyala.partition import HashPartitioning
+from nyala.schema import Schema
+from nyala.spark.load import RowErrorsError, load_file
+from nyala.testing import MiniCluster, dump_logs
+
+pytestmark = pytest.mark.spark
+
+ALL_TYPES = (
+    "id:int64, i8:int8?, i16:int16?, i32:int32?, f:float?, d:double?, b:bool?, s:string?, "
+    "bin:binary?, ts:timestamp?"
+)
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[MiniCluster]:
+    with MiniCluster(3, num_masters=1) as mini:
+        try:
+            yield mini
+        except BaseException:
+            dump_logs(mini, sys.stderr)
+            raise
+
+
+@pytest.fixture(scope="module")
+def masters(cluster: MiniCluster) -> str:
+    return ",".join(cluster.master_addrs)
+
+
+@pytest.fixture(scope="module")
+def client(masters: str) -> Iterator[Any]:
+    with connect(masters) as connected:
+        yield connected
+
+
+@pytest.fixture(scope="module")
+def spark() -> Iterator[Any]:
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    from pyspark.sql import SparkSession
+
+    import nyala.spark
+
+    session = (
+        SparkSession.builder.master("local[2]")
+        .appName("nyala-spark-tests")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.sql.session.timeZone", "UTC")
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    nyala.spark.register(session)
+    yield session
+    session.stop()
+
+
+def writer(df: Any, masters: str, table: str, operation: str = "upsert", **extra: str) -> Any:
+    out = (
+        df.write.format("nyala")
+        .option("nyala.masters", masters)
+        .option("nyala.table", table)
+        .option("nyala.operation", operation)
+    )
+    for key, value in extra.items():
+        out = out.option(f"nyala.{key}", value)
+    return out.mode("append")
+
+
+def reader(spark: Any, masters: str, table: str) -> Any:
+    return spark.read.format("nyala").option("nyala.masters", masters).option("nyala.table", table)
+
+
+def table_rows(client: Any, table: str) -> list[dict[str, Any]]:
+    rows = [row for batch in client.table(table).scan() for row in batch.to_pylist()]
+    return sorted(rows, key=lambda r: r["id"])
+
+
+def table_ids(client: Any, table: str) -> pa.Array:
+    batches = list(client.table(table).scan(columns=["id"]))
+    return pa.concat_arrays([b.column(0) for b in batches]) if batches else pa.array([])
+
+
+def make_table(client: Any, name: str, schema: str, buckets: int = 3) -> None:
+    client.create_table(
+        name,
+        Schema.parse(schema, key=["id"]),
+        partitioning=HashPartitioning(["id"], buckets=buckets),
+        replicas=3,
+    )
+
+
+def all_types_frame(spark: Any, rows: int) -> Any:
+    # Every third row is null in every nullable column.
+    def maybe(expr: str) -> str:
+        return f"if(id % 3 = 0, null, {expr})"
+
+    return spark.range(rows).selectExpr(
+        "id",
+        maybe("cast(id % 100 as tinyint)") + " as i8",
+        maybe("cast(-id as smallint)") + " as i16",
+        maybe("cast(id * 7 as int)") + " as i32",
+        maybe("cast(id / 4 as float)") + " as f",
+        maybe("cast(id as double) / 3") + " as d",
+        maybe("id % 2 = 0") + " as b",
+        maybe("concat('row-', cast(id as string), '-é')") + " as s",
+        maybe("cast(concat('\\0', cast(id as string)) as binary)") + " as bin",
+        maybe("timestamp_micros(id * 1000003 - 5000000)") + " as ts",
+    )
+
+
+# --- writes and reads ---------------------------------------------------------------------
+
+
+def test_round_trip_every_type_with_nulls(spark: Any, client: Any, masters: str) -> None:
+    df = all_types_frame(spark, 3000)
+    writer(
+        df,
+        masters,
+        "all_types",
+        "insert",
+        createTable="true",
+        primaryKey="id",
+        hashPartitions="id:3",
+    ).save()
+    created = client.table("all_types").schema
+    assert [c.type for c in created.columns] == [
+        "int64", "int8", "int16", "int32", "float", "double", "bool", "string", "binary",
+        "timestamp",
+    ]  # fmt: skip
+    assert not created.column("id").nullable
+    assert created.column("s").nullable
+    back = reader(spark, masters, "all_types").load()
+    assert back.schema == df.schema.__class__.fromJson(back.schema.jsonValue())
+    expected = sorted(df.collect())
+    got = sorted(back.collect())
+    assert got == expected
+    assert len(got) == 3000
+    assert got[3]["s"] is None
+    assert got[4]["s"] == "row-4-é"
+    # The client sees the same values (timestamps as UTC microseconds).
+    stored = table_rows(client, "all_types")
+    assert stored[5]["ts"] == pa.scalar(5 * 1000003 - 5000000, pa.timestamp("us")).as_py()
+
+
+def test_each_operation(spark: Any, client: Any, masters: str, tmp_path: Path) -> None:
+    make_table(client, "ops", "id:int64, v:string?")
+
+    def frame(ids: range, tag: str) -> Any:
+        return spark.range(ids.start, ids.stop).selectExpr("id", f"concat('{tag}', id) as v")
+
+    def values() -> dict[int, str]:
+        return {r["id"]: r["v"] for r in table_rows(client, "ops")}
+
+    writer(frame(range(0, 10), "a"), masters, "ops", "insert").save()
+    assert values() == {i: f"a{i}" for i in range(10)}
+    writer(frame(range(5, 15), "b"), masters, "ops", "insert_ignore").save()
+    assert values() == {**{i: f"a{i}" for i in range(10)}, **{i: f"b{i}" for i in range(10, 15)}}
+    writer(frame(range(0, 3), "c"), masters, "ops", "upsert").save()
+    assert [values()[i] for i in range(4)] == ["c0", "c1", "c2", "a3"]
+    writer(frame(range(3, 5), "d"), masters, "ops", "update").save()
+    writer(frame(range(14, 20), "e"), masters, "ops", "update_ignore").save()
+    current = values()
+    assert (current[3], current[4], current[14]) == ("d3", "d4", "e14")
+    assert 15 not in current
+    writer(frame(range(0, 2), "x"), masters, "ops", "delete").save()
+    writer(frame(range(12, 30), "x"), masters, "ops", "delete_ignore").save()
+    assert sorted(values()) == list(range(2, 12))
+    # overwrite: the table holds exactly the job's rows afterwards.
+    report = tmp_path / "report.json"
+    writer(frame(range(100, 103), "o"), masters, "ops", reportPath=str(report)).mode(
+        "overwrite"
+    ).save()
+    assert values() == {100: "o100", 101: "o101", 102: "o102"}
+    summary = json.loads(report.read_text())
+    assert summary["outcome"] == "committed"
+    assert (summary["rows_in"], summary["rows_applied"], summary["rows_failed"]) == (3, 3, 0)
+
+
+def test_ignore_null_keeps_current_values(spark: Any, client: Any, masters: str) -> None:
+    make_table(client, "partial", "id:int64, a:string?, b:int64?")
+    full = spark.range(0, 6).selectExpr("id", "concat('a', id) as a", "id * 10 as b")
+    writer(full, masters, "partial").save()
+    holes = spark.range(0, 8).selectExpr(
+        "id", "if(id % 2 = 0, null, 'new') as a", "if(id < 3, null, id) as b"
+    )
+    writer(holes, masters, "partial", ignoreNull="true").save()
+    rows = {r["id"]: (r["a"], r["b"]) for r in table_rows(client, "partial")}
+    assert rows == {
+        0: ("a0", 0),
+        1: ("new", 10),
+        2: ("a2", 20),
+        3: ("new", 3),
+        4: ("a4", 4),
+        5: ("new", 5),
+        6: (None, 6),  # new rows: nothing to keep
+        7: ("new", 7),
+    }
+    writer(holes, masters, "partial").save()  # without the option, nulls are written
+    assert table_rows(client, "partial")[0] == {"id": 0, "a": None, "b": None}
+
+
+def test_failing_task_reports_row_errors(
+    spark: Any, client: Any, masters: str, tmp_path: Path
+) -> None:
+    make_table(client, "dupes", "id:int64, v:int64")
+    df = spark.range(0, 50).selectExpr("id", "id * 2 as v")
+    writer(df, masters, "dupes", "insert").save()
+    report = tmp_path / "report.json"
+    again = spark.range(40, 60).selectExpr("id", "id * 3 as v").coalesce(1)
+    with pytest.raises(Exception, match="rows were not applied") as failure:
+        writer(again, masters, "dupes", "insert", reportPath=str(report)).save()
+    text = str(failure.value)
+    assert "10 of 20 rows were not applied" in text
+    assert "ALREADY_PRESENT" in text
+    assert '"id": 4' in text  # a sampled row names its key
+    assert json.loads(report.read_text())["outcome"] == "aborted"
+    rows = {r["id"]: r["v"] for r in table_rows(client, "dupes")}
+    # The task's other rows were written; the duplicates kept their first values.
+    assert len(rows) == 60
+    assert rows[45] == 90
+    assert rows[55] == 165
+    # ignoreDuplicateRowErrors lets the same job pass.
+    writer(again, masters, "dupes", "insert", ignoreDuplicateRowErrors="true").save()
+
+
+def test_schema_mismatch_is_refused_before_any_row(spark: Any, client: Any, masters: str) -> None:
+    make_table(client, "strict", "id:int64, n:int32, s:string?")
+    wrong = spark.range(0, 10).selectExpr("id", "id as n", "'x' as extra")
+    with pytest.raises(Exception, match="does not fit table 'strict'") as failure:
+        writer(wrong, masters, "strict").save()
+    assert "column 'n' is int64 in the DataFrame but int32" in str(failure.value)
+    assert "['extra'] are not in table" in str(failure.value)
+    assert "column 's' (string) is missing" in str(failure.value)
+    assert table_rows(client, "strict") == []
+    nulls = spark.range(0, 10).selectExpr(
+        "id", "if(id = 7, null, cast(id as int)) as n", "'s' as s"
+    )
+    with pytest.raises(Exception, match="NULL_IN_NOT_NULL: column 'n' is null in row"):
+        writer(nulls.coalesce(1), masters, "strict").save()
+    assert len(table_rows(client, "strict")) == 9
+
+
+def scan_output_rows(df: Any) -> int:
+    """Rows the scan node handed to Spark (before Spark's own filter)."""
+    df.collect()
+    plan = df._jdf.queryExecution().executedPlan()
+    counts = []
+
+    def visit(node: Any) -> None:
+        if "BatchScan" in node.nodeName():
+            counts.append(node.metrics().apply("numOutputRows").value())
+        children = node.children()
+        for i in range(children.size()):
+            visit(children.apply(i))
+
+    visit(plan)
+    assert len(counts) == 1, plan.toString()
+    return int(counts[0])
+
+
+def test_predicate_pushdown_reads_fewer_rows(spark: Any, client: Any, masters: str) -> None:
+    make_table(client, "pushed", "id:int64, v:int64?, s:string?")
+    df = spark.range(0, 2000).selectExpr(
+        "id", "if(id % 100 = 0, null, id % 7) as v", "cast(id as string) as s"
+    )
+    writer(df, masters, "pushed").save()
+    table = reader(spark, masters, "pushed").load()
+    assert scan_output_rows(table) == 2000
+    narrow = table.where("id >= 1900 and v is not null")
+    assert scan_output_rows(narrow) == 99  # v is null for id 1900
+    # Both conjuncts went to nyala: Spark's plan keeps no Filter above the scan.
+    assert "Filter" not in narrow._jdf.queryExecution().executedPlan().toString()
+    in_list = table.where("s in ('5', '17', 'nope') and v < 6")
+    assert sorted(r["id"] for r in in_list.collect()) == [5, 17]
+    assert scan_output_rows(in_list) == 2
+    # An OR is Spark's to evaluate: every row is read, the answer is the same.
+    either = table.where("id = 3 or id = 1999")
+    assert sorted(r["id"] for r in either.collect()) == [3, 1999]
+    assert scan_output_rows(either) == 2000
+    # Projection by option.
+    ids = reader(spark, masters, "pushed").option("nyala.columns", "id").load()
+    assert ids.columns == ["id"]
+    assert ids.where("id < 5").count() == 5
+    closest = reader(spark, masters, "pushed").option("nyala.replicaSelection", "closest_replica")
+    assert closest.load().count() == 2000
+
+
+def test_load_survives_a_killed_tserver(
+    spark: Any, client: Any, masters: str, cluster: MiniCluster
+) -> None:
+    make_table(client, "survivor", "id:int64, v:double", buckets=4)
+    rows = 200_000
+    df = spark.range(0, rows, 1, 4).selectExpr("id", "cast(id as double) * 0.5 as v")
+    victim = cluster.tserver(2)
+    loading = threading.Event()
+    killed_while_loading: list[bool] = []
+
+    def kill_once_rows_arrive() -> None:
+        # Spark jobs must run on the thread that registered the data source, so the load
+        # runs here and the kill on a helper thread.
+        loading.wait(timeout=120)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and loading.is_set():
+            if client.table("survivor").scan(columns=["id"], limit=20_000).count() >= 20_000:
+                break
+            time.sleep(0.1)
+        killed_while_loading.append(loading.is_set())
+        victim.kill()
+
+    killer = threading.Thread(target=kill_once_rows_arrive)
+    killer.start()
+    loading.set()
+    try:
+        writer(df, masters, "survivor", "upsert", batchRows="5000").save()
+    finally:
+        loading.clear()
+        killer.join(timeout=180)
+    assert killed_while_loading == [True]
+    ids = table_ids(client, "survivor")
+    assert len(ids) == rows
+    assert pa.compute.count_distinct(ids).as_py() == rows
+    assert pa.compute.min_max(ids).as_py() == {"min": 0, "max": rows - 1}
+    victim.restart()
+
+
+# --- the same core without Spark -------------------------------------------------------------
+
+
+def test_load_file_parquet_and_csv(client: Any, tmp_path: Path) -> None:
+    make_table(client, "files", "id:int64, name:string?, ts:timestamp?")
+    data = pa.table(
+        {
+            "id": pa.array(range(1000), pa.int64()),
+            "name": pa.array([None if i % 5 == 0 else f"n{i}" for i in range(1000)]),
+            "ts": pa.array([i * 1_000_000 for i in range(1000)], pa.timestamp("us")),
+        }
+    )
+    parquet = tmp_path / "rows.parquet"
+    pq.write_table(data, parquet, row_group_size=300)
+    report = load_file(client, "files", parquet, operation="insert")
+    assert (report.rows_in, report.rows_applied, report.rows_failed) == (1000, 1000, 0)
+    csv_path = tmp_path / "more.csv"
+    csv_path.write_text("id,name,ts\n1000,x,2020-01-01 00:00:00\n1001,,\n5,dup,\n")
+    with pytest.raises(RowErrorsError, match="ALREADY_PRESENT") as failure:
+        load_file(client, "files", csv_path, operation="insert")
+    assert failure.value.report.rows_applied == 2
+    rows = table_rows(client, "files")
+    assert len(rows) == 1002
+    assert rows[1001]["name"] is None
+    assert rows[1000]["name"] == "x"
+    bad = tmp_path / "bad.parquet"
+    pq.write_table(pa.table({"id": [1], "other": [2]}), bad)
+    with pytest.raises(SchemaMismatchError):
+        load_file(client, "files", bad)
