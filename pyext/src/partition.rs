@@ -16,6 +16,8 @@ use crate::errors::to_py;
 
 /// A hash level as Python passes it: (column names, buckets, seed).
 type HashLevelTuple = (Vec<String>, u32, u32);
+/// One partition's rows as Python gets them: (partition, original row positions, IPC bytes).
+type SliceTuple<'py> = (u32, PyArrowType<ArrayData>, Bound<'py, PyBytes>);
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PartitionRouter>()?;
@@ -100,7 +102,7 @@ impl PartitionRouter {
         &self,
         py: Python<'py>,
         batch: PyArrowType<RecordBatch>,
-    ) -> PyResult<Vec<(u32, PyArrowType<ArrayData>, Bound<'py, PyBytes>)>> {
+    ) -> PyResult<Vec<SliceTuple<'py>>> {
         let router = self.router.clone();
         let slices = py
             .detach(move || {
