@@ -239,7 +239,8 @@ def main() -> None:
     figures = run(rows, args.tservers)
     figures["elapsed_s"] = round(time.perf_counter() - started, 1)
     for name, value in figures.items():
-        print(f"{name:>26}: {value:,.0f}" if isinstance(value, float) else f"{name:>26}: {value}")
+        shown = f"{value:,.3f}" if isinstance(value, float) and value < 100 else f"{value:,.0f}"
+        print(f"{name:>26}: {shown}")
     print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in figures.items()}))
 
 
