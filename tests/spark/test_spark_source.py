@@ -25,7 +25,8 @@ from nyala.schema import Schema
 from nyala.spark.load import RowErrorsError, load_file
 from nyala.testing import MiniCluster, dump_logs
 
-pytestmark = pytest.mark.spark
+# Spark starts Python workers per job; on a loaded 2-core machine one job can take minutes.
+pytestmark = [pytest.mark.spark, pytest.mark.timeout(600)]
 
 ALL_TYPES = (
     "id:int64, i8:int8?, i16:int16?, i32:int32?, f:float?, d:double?, b:bool?, s:string?, "
