@@ -115,6 +115,7 @@ class StorageEngine:
 # --- partition (pyext/src/partition.rs) ---------------------------------------------------
 
 def partition_hash64(data: bytes, seed: int = 0) -> int: ...
+
 @final
 class PartitionRouter:
     def __new__(
