@@ -1,31 +1,39 @@
 """Process-level set-up shared by every long-running command.
 
-``die_with_parent_if_asked``: a process started by ``nyala.testing.MiniCluster`` gets its
-parent's pid in ``NYALA_PARENT_PID`` and asks the kernel to SIGKILL it when that parent dies
-(Linux ``PR_SET_PDEATHSIG``), so a crashed test run never leaves servers behind. Done in the
-child after exec rather than in a ``preexec_fn``, which is unsafe in a threaded parent.
+``die_with_parent_if_asked``: a process started by ``nyala.testing.MiniCluster`` (or
+``nyala.LocalCluster``) gets its parent's pid in ``NYALA_PARENT_PID`` and exits as soon as that
+parent is gone, so a crashed test run never leaves servers behind.
+
+A daemon thread polls ``getppid()`` rather than arming Linux's ``PR_SET_PDEATHSIG``: the kernel
+fires that signal when the *thread* that forked the child exits, so a server restarted from a
+short-lived helper thread (a chaos nemesis, a test's background restart) was SIGKILLed as soon
+as that thread returned. The parent *process* is what matters, and ``getppid`` tracks exactly
+that: it changes (to init or a subreaper) only when the parent process dies.
 """
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import os
-import signal
-import sys
+import threading
+import time
 
 PARENT_PID_ENV = "NYALA_PARENT_PID"
-_PR_SET_PDEATHSIG = 1
+#: How often the watchdog looks at the parent; a server outlives its parent by at most this.
+PARENT_POLL_INTERVAL_S = 0.5
 
 
 def die_with_parent_if_asked() -> None:
-    """Arms ``PR_SET_PDEATHSIG`` if ``NYALA_PARENT_PID`` is set (see the module docstring)."""
+    """Starts the parent watchdog if ``NYALA_PARENT_PID`` is set (see the module docstring)."""
     parent_text = os.environ.get(PARENT_PID_ENV)
-    if not parent_text or not sys.platform.startswith("linux"):
+    if not parent_text or not parent_text.isdigit():
         return
-    with contextlib.suppress(OSError, AttributeError):
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
-    # The parent may have died before prctl took effect: then we were re-parented already.
-    if parent_text.isdigit() and os.getppid() != int(parent_text):
+    parent = int(parent_text)
+    if os.getppid() != parent:
+        os._exit(1)  # the parent died before we got here: we were re-parented already
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(PARENT_POLL_INTERVAL_S)
         os._exit(1)
+
+    threading.Thread(target=watch, name="parent-watchdog", daemon=True).start()

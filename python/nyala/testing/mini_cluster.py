@@ -6,8 +6,8 @@ which it keeps across restarts so peers can find it again. Processes can be kill
 paused (SIGSTOP/SIGCONT), stopped gracefully (SIGTERM), restarted and wiped (a new UUID).
 
 No process outlives its cluster: ``shutdown`` (also run by ``with`` and at interpreter exit)
-kills every child, and each child asks the kernel to SIGKILL it if the test process dies
-(``PR_SET_PDEATHSIG``, see ``nyala.cli.process``), so even ``kill -9`` of pytest leaks nothing.
+kills every child, and each child exits by itself once the test process is gone (a watchdog on
+its parent pid, see ``nyala.cli.process``), so even ``kill -9`` of pytest leaks nothing.
 
 With ``num_masters`` (1 or more) the cluster starts ``nyala master run`` processes first, all
 given the same ``--masters`` list, and every tserver is given it too; ``leader_master`` finds

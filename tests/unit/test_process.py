@@ -1,0 +1,70 @@
+"""Server processes die with their parent process, not with the thread that started them."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from nyala.cli.process import PARENT_PID_ENV
+
+# The parent starts the child from a thread that ends at once, prints the child's pid, and waits
+# for a line on stdin before exiting.
+_PARENT = """
+import os, subprocess, sys, threading
+child = []
+def spawn():
+    env = dict(os.environ, {env}=str(os.getpid()))
+    code = "from nyala.cli.process import die_with_parent_if_asked as d; import time; "
+    code += "d(); time.sleep(60)"
+    child.append(subprocess.Popen([sys.executable, "-c", code], env=env))
+t = threading.Thread(target=spawn)
+t.start(); t.join()
+print(child[0].pid, flush=True)
+sys.stdin.readline()
+os._exit(0)
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie (dead, not yet reaped by init) counts as gone.
+    status = Path(f"/proc/{pid}/stat")
+    return status.exists() and status.read_text().split()[2] != "Z"
+
+
+def _wait_gone(pid: int, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not _alive(pid):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_child_outlives_the_spawning_thread_and_dies_with_the_parent_process() -> None:
+    parent = subprocess.Popen(
+        [sys.executable, "-c", _PARENT.format(env=PARENT_PID_ENV)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert parent.stdout is not None
+    assert parent.stdin is not None
+    child = int(parent.stdout.readline())
+    try:
+        time.sleep(1.5)  # the spawning thread is long gone
+        assert _alive(child)
+        parent.stdin.write("bye\n")
+        parent.stdin.flush()
+        parent.wait(timeout=10)
+        assert _wait_gone(child, timeout_s=10)
+    finally:
+        if _alive(child):
+            os.kill(child, signal.SIGKILL)
