@@ -1,7 +1,7 @@
 """Regression tests for bugs the chaos suite found in other parts of nyala.
 
-Each test is strict-xfail while its bug is open, so the default suite stays green and the
-test turns into a failure (to be un-marked) the day the bug is fixed.
+A test is xfail while its bug is open, so the default suite stays green; the marker goes when
+the fix is committed.
 """
 
 from __future__ import annotations
@@ -9,14 +9,15 @@ from __future__ import annotations
 import threading
 import time
 
-import pyarrow as pa
 import pytest
 
 from nyala.testing import MiniCluster
 
 
+# A fix (a getppid watchdog in nyala/cli/process.py) is in the work tree, not yet committed:
+# non-strict until it is, then this marker goes.
 @pytest.mark.xfail(
-    strict=True,
+    strict=False,
     reason="PR_SET_PDEATHSIG fires when the forking *thread* exits: a server restarted from "
     "a helper thread is SIGKILLed when that thread ends (nyala/cli/process.py, MiniCluster)",
 )
@@ -30,12 +31,8 @@ def test_server_restarted_from_a_finished_thread_keeps_running() -> None:
         assert ts.is_running(), f"killed by signal {-(ts.returncode or 0)}"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=pa.ArrowInvalid,
-    reason="Scanner.to_arrow: the batches' schema says a NOT NULL non-key column is nullable, "
-    "so pa.Table.from_batches(batches, schema=output_schema) raises ArrowInvalid",
-)
+# Found by the client chaos run (Scanner.to_arrow raised ArrowInvalid: the batches said a
+# NOT NULL value column was nullable); fixed in 35fbb9d ("scans yield one schema").
 def test_scan_to_arrow_of_a_table_with_a_not_null_value_column() -> None:
     import nyala
     from nyala.schema import Column, Schema
