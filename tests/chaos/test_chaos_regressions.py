@@ -6,6 +6,7 @@ the fix is committed.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 
@@ -46,3 +47,31 @@ def test_scan_to_arrow_of_a_table_with_a_not_null_value_column() -> None:
             assert table.scan().to_arrow().num_rows == 3
         finally:
             client.close()
+
+
+@pytest.mark.chaos
+@pytest.mark.xfail(
+    strict=False,
+    reason="after a WAL DiskError the tserver's shutdown hits 'assert self.runtime is None, "
+    '"stop_consensus before close"\' (tablet/replica.py via TabletManager.shutdown)',
+)
+def test_disk_failure_stops_the_server_without_an_assertion() -> None:
+    import errno
+
+    from nyala.chaos.cluster import ChaosCluster
+    from nyala.chaos.workloads import TabletClient, schema
+
+    with ChaosCluster(num_tservers=3) as cluster:
+        cluster.create_tablet("d15cfa11d15cfa11d15cfa11d15cfa11", schema())
+        leader = cluster.leader(timeout_s=30)
+        client = TabletClient(cluster, "disk-regression")
+        client.write({"id": [1], "v": [1]}, "upsert")
+        assert leader.pid is not None
+        cluster.disk.arm(leader.pid, errno.EIO)
+        with contextlib.suppress(Exception):
+            client.write({"id": [2], "v": [2]}, "upsert")
+        code = leader.wait_exit(timeout_s=60)
+        assert code != 0
+        log = leader.log_path.read_text(errors="replace")
+        assert "DiskError" in log
+        assert "AssertionError" not in log
