@@ -134,24 +134,30 @@ impl LogCache {
         }
     }
 
-    /// Appends cached entries from `from` on to `builder` until adding the next run's entries
+    /// Appends cached entries `from..=last` to `builder`, stopping before the next entry
     /// would pass `bytes_max` (the builder always gets at least one entry). `from` must be
     /// cached.
     pub fn copy_into(
         &self,
         builder: &mut BatchBuilder,
         from: OpIndex,
+        last: OpIndex,
         bytes_max: usize,
     ) -> Result<(), BatchError> {
-        assert!(from >= self.first_index() && from < self.next_index);
+        assert!(from >= self.first_index() && from < self.next_index && from <= last);
         let mut run_at = self.runs.partition_point(|r| r.last_index() < from);
         let mut next = from;
         while let Some(run) = self.runs.get(run_at) {
+            if next > last {
+                return Ok(());
+            }
             let metas = run.batch.metas();
             let start = run.start + (next - run.first_index()) as usize;
+            let wanted = usize::try_from(last - next + 1).unwrap_or(usize::MAX);
+            let run_end = run.end.min(start.saturating_add(wanted));
             let mut end = start;
             let mut size = builder.size_bytes();
-            while end < run.end {
+            while end < run_end {
                 let entry_bytes = metas[end].frame_bytes();
                 if size + entry_bytes > bytes_max && !(builder.is_empty() && end == start) {
                     break;
@@ -161,7 +167,7 @@ impl LogCache {
             }
             builder.push_from(&run.batch, start..end)?;
             if end < run.end {
-                return Ok(());
+                return Ok(()); // full, or `last` reached
             }
             next = run.last_index() + 1;
             run_at += 1;
@@ -191,7 +197,9 @@ mod tests {
 
     fn read(cache: &LogCache, from: OpIndex, bytes_max: usize) -> (OpId, OpId) {
         let mut builder = BatchBuilder::with_capacity(0);
-        cache.copy_into(&mut builder, from, bytes_max).unwrap();
+        cache
+            .copy_into(&mut builder, from, u64::MAX, bytes_max)
+            .unwrap();
         let out = builder.finish().unwrap();
         (out.first_op_id(), out.last_op_id())
     }

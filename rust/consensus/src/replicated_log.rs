@@ -192,6 +192,17 @@ impl ReplicatedLog {
     /// Leader side: the entries after `after_index` as one batch of at most `bytes_max`
     /// encoded bytes (always at least one entry); `None` when `after_index` is the last.
     pub fn read_batch(&self, after_index: OpIndex, bytes_max: usize) -> Result<Option<EntryBatch>> {
+        self.read_range(after_index, OpIndex::MAX, bytes_max)
+    }
+
+    /// Like `read_batch`, but no entry after `last_index` (what the applier asks for: a
+    /// committed range, not the uncommitted tail behind it).
+    pub fn read_range(
+        &self,
+        after_index: OpIndex,
+        last_index: OpIndex,
+        bytes_max: usize,
+    ) -> Result<Option<EntryBatch>> {
         let state = self.state.lock();
         let last = self.wal.last_op_id();
         if after_index > last.index {
@@ -200,16 +211,20 @@ impl ReplicatedLog {
                 last_index: last.index,
             });
         }
-        if after_index == last.index {
+        if after_index == last.index || after_index >= last_index {
             return Ok(None);
         }
+        let end_index = last.index.min(last_index);
         let cache_first = state.cache.first_index();
         let mut builder = BatchBuilder::with_capacity(bytes_max.min(1 << 20));
         let mut next = after_index + 1;
         if next < cache_first {
             // Older than the cache: written and durable (only durable entries are evicted).
             let wal_bytes_max = bytes_max.saturating_sub(BATCH_HEADER_BYTES);
-            for entry in self.wal.read(next, cache_first - 1, wal_bytes_max)? {
+            for entry in self
+                .wal
+                .read(next, (cache_first - 1).min(end_index), wal_bytes_max)?
+            {
                 builder.push(entry.as_ref())?;
             }
             next = builder
@@ -217,8 +232,10 @@ impl ReplicatedLog {
                 .expect("the WAL returns at least one entry");
         }
         let room_left = builder.is_empty() || builder.size_bytes() < bytes_max;
-        if next >= cache_first && next <= last.index && room_left {
-            state.cache.copy_into(&mut builder, next, bytes_max)?;
+        if next >= cache_first && next <= end_index && room_left {
+            state
+                .cache
+                .copy_into(&mut builder, next, end_index, bytes_max)?;
         }
         Ok(Some(builder.finish()?))
     }

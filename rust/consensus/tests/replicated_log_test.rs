@@ -142,6 +142,32 @@ fn reads_come_from_the_wal_once_the_cache_evicted_or_after_reopen() {
 }
 
 #[test]
+fn read_range_stops_at_its_last_index_in_the_cache_and_in_the_wal() {
+    let fx = Fixture::new();
+    let log = fx.open("a", 200);
+    for i in 0..20u8 {
+        log.append(1, EntryType::Write, &[i; 10]).unwrap();
+        log.wait_durable(None).unwrap();
+    }
+    let first_cached = log.cache_stats().first_index;
+    assert!(first_cached > 6, "{:?}", log.cache_stats());
+    let from_wal = log.read_range(2, 5, BIG_BYTES).unwrap().unwrap();
+    assert_eq!(from_wal.last_op_id(), OpId::new(1, 5));
+    let across = log
+        .read_range(3, first_cached + 1, BIG_BYTES)
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (across.first_op_id().index, across.last_op_id().index),
+        (4, first_cached + 1)
+    );
+    let cached = log.read_range(17, 18, BIG_BYTES).unwrap().unwrap();
+    assert_eq!((cached.len(), cached.last_op_id().index), (1, 18));
+    assert!(log.read_range(18, 18, BIG_BYTES).unwrap().is_none());
+    assert_eq!(log.read_batch(17, BIG_BYTES).unwrap().unwrap().len(), 3);
+}
+
+#[test]
 fn follower_appends_into_an_empty_log() {
     let fx = Fixture::new();
     let leader = fx.log_with("leader", &[1, 1, 2]);

@@ -121,9 +121,13 @@ impl Appender {
         let mut requests = Vec::new();
         loop {
             {
-                let mut queue = self.shared.queue.lock();
+                let mut queue = self.shared.lock_queue();
                 while queue.requests.is_empty() && !queue.closing && !self.failed() {
-                    self.shared.work_ready.wait(&mut queue);
+                    queue = self
+                        .shared
+                        .work_ready
+                        .wait(queue)
+                        .unwrap_or_else(std::sync::PoisonError::into_inner);
                 }
                 if queue.requests.is_empty() || self.failed() {
                     break;
@@ -245,7 +249,7 @@ impl Appender {
         self.advance_tail(data_len);
         self.apply_staged();
         {
-            let mut queue = self.shared.queue.lock();
+            let mut queue = self.shared.lock_queue();
             queue.queued_bytes -= self.group_queued_bytes;
             self.shared.space_ready.notify_all();
         }

@@ -24,7 +24,7 @@ pub(crate) fn collect(shared: &Shared, min_anchor: Option<OpIndex>) -> Result<Gc
         shared.index.write().trim_segments_through(last.sequence);
     }
     report.first_index = shared.index.read().first();
-    shared.queue.lock().terms.trim_before(report.first_index);
+    shared.lock_queue().terms.trim_before(report.first_index);
     if victims.is_empty() {
         return Ok(report);
     }

@@ -93,11 +93,16 @@ pub(crate) struct Shared {
     pub tablet_id: String,
     pub options: LogOptions,
     pub faults: Arc<FaultInjection>,
-    pub queue: Mutex<Queue>,
+    /// A `std` mutex, not `parking_lot`'s: parking_lot hands a contended lock over to the
+    /// woken waiter every ~0.5 ms ("eventual fairness"), and on a busy machine the waiter is
+    /// often the appender thread not yet scheduled, so a caller holding the GIL (term_at,
+    /// append) stalled a whole Python process for a scheduling quantum. A barging mutex lets
+    /// the running thread take it (docs/performance.md).
+    pub queue: std::sync::Mutex<Queue>,
     /// The appender waits here for requests.
-    pub work_ready: Condvar,
+    pub work_ready: std::sync::Condvar,
     /// Appenders blocked by back-pressure wait here.
-    pub space_ready: Condvar,
+    pub space_ready: std::sync::Condvar,
     /// Highest ticket that is durable; only the appender raises it.
     pub durable_ticket: AtomicU64,
     /// Last entry index that is durable (drops on truncation).
@@ -126,6 +131,15 @@ pub(crate) struct Anchors {
 }
 
 impl Shared {
+    /// Locks the append queue. A panic while holding it leaves nothing half-done that a later
+    /// holder could trip over (every change is a push, a drain or a counter), so poisoning is
+    /// ignored.
+    pub(crate) fn lock_queue(&self) -> std::sync::MutexGuard<'_, Queue> {
+        self.queue
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
     /// The error every waiter and later append gets once the log has failed.
     pub(crate) fn failure_error(&self) -> WalError {
         match &*self.failure.lock() {
@@ -147,7 +161,7 @@ impl Shared {
             }
         }
         {
-            let mut queue = self.queue.lock();
+            let mut queue = self.lock_queue();
             self.failed.store(true, Ordering::SeqCst);
             queue.requests.clear();
             self.space_ready.notify_all();
@@ -213,15 +227,15 @@ impl Log {
             dir,
             tablet_id: tablet_id.to_owned(),
             faults,
-            queue: Mutex::new(Queue {
+            queue: std::sync::Mutex::new(Queue {
                 requests: VecDeque::new(),
                 queued_bytes: 0,
                 next_ticket: 1,
                 terms: recovered.terms,
                 closing: false,
             }),
-            work_ready: Condvar::new(),
-            space_ready: Condvar::new(),
+            work_ready: std::sync::Condvar::new(),
+            space_ready: std::sync::Condvar::new(),
             durable_ticket: AtomicU64::new(0),
             durable_index: AtomicU64::new(last.index),
             durable_lock: Mutex::new(()),
@@ -386,18 +400,18 @@ impl Log {
 
     /// The (term, index) of the last appended entry, including appends not yet durable.
     pub fn last_op_id(&self) -> OpId {
-        self.shared.queue.lock().terms.last()
+        self.shared.lock_queue().terms.last()
     }
 
     /// The term of the entry at `index` (0 for index 0), including appends not yet durable;
     /// `None` if the log does not hold it (beyond the end, or garbage-collected).
     pub fn term_at(&self, index: OpIndex) -> Option<Term> {
-        self.shared.queue.lock().terms.term_at(index)
+        self.shared.lock_queue().terms.term_at(index)
     }
 
     /// The first index still in the log (entries before it were garbage-collected).
     pub fn first_index(&self) -> OpIndex {
-        self.shared.queue.lock().terms.first()
+        self.shared.lock_queue().terms.first()
     }
 
     /// Reads written entries `from..=to`, stopping before `max_bytes` of framed entries
@@ -506,7 +520,7 @@ impl Log {
     /// Later appends fail with `IllegalState`; reads keep working.
     pub fn close(&self) -> Result<()> {
         {
-            let mut queue = self.shared.queue.lock();
+            let mut queue = self.shared.lock_queue();
             queue.closing = true;
             self.shared.work_ready.notify_all();
             self.shared.space_ready.notify_all();
@@ -528,7 +542,7 @@ impl Log {
         }
     }
 
-    fn reserve_space(&self, bytes: usize) -> Result<parking_lot::MutexGuard<'_, Queue>> {
+    fn reserve_space(&self, bytes: usize) -> Result<std::sync::MutexGuard<'_, Queue>> {
         self.reserve(bytes, true)
             .map(|queue| queue.expect("a blocking reservation always succeeds"))
     }
@@ -538,9 +552,9 @@ impl Log {
         &self,
         bytes: usize,
         block: bool,
-    ) -> Result<Option<parking_lot::MutexGuard<'_, Queue>>> {
+    ) -> Result<Option<std::sync::MutexGuard<'_, Queue>>> {
         let shared = &self.shared;
-        let mut queue = shared.queue.lock();
+        let mut queue = shared.lock_queue();
         let mut waited = false;
         loop {
             if queue.closing {
@@ -561,7 +575,10 @@ impl Log {
                 waited = true;
                 Metrics::add(&shared.metrics.append_backpressure_waits, 1);
             }
-            shared.space_ready.wait(&mut queue);
+            queue = shared
+                .space_ready
+                .wait(queue)
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
         }
     }
 
