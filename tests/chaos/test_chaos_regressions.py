@@ -15,13 +15,6 @@ import pytest
 from nyala.testing import MiniCluster
 
 
-# A fix (a getppid watchdog in nyala/cli/process.py) is in the work tree, not yet committed:
-# non-strict until it is, then this marker goes.
-@pytest.mark.xfail(
-    strict=False,
-    reason="PR_SET_PDEATHSIG fires when the forking *thread* exits: a server restarted from "
-    "a helper thread is SIGKILLed when that thread ends (nyala/cli/process.py, MiniCluster)",
-)
 def test_server_restarted_from_a_finished_thread_keeps_running() -> None:
     with MiniCluster(1) as cluster:
         ts = cluster.tserver(0)
@@ -50,11 +43,6 @@ def test_scan_to_arrow_of_a_table_with_a_not_null_value_column() -> None:
 
 
 @pytest.mark.chaos
-@pytest.mark.xfail(
-    strict=False,
-    reason="after a WAL DiskError the tserver's shutdown hits 'assert self.runtime is None, "
-    '"stop_consensus before close"\' (tablet/replica.py via TabletManager.shutdown)',
-)
 def test_disk_failure_stops_the_server_without_an_assertion() -> None:
     import errno
 

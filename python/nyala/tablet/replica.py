@@ -152,7 +152,12 @@ class TabletReplica:
     def close(self) -> None:
         """Releases the open handles; the files stay. Raft must be stopped first
         (``stop_consensus``) when it was started."""
-        assert self.runtime is None, "stop_consensus before close"
+        if self.runtime is not None:
+            # A runtime whose task already ended (it failed on a WAL error, or the server's
+            # task group unwound) needs no stopping; a live one must be stopped first.
+            assert not self.runtime.running, "stop_consensus before close"
+            self.runtime = None
+            self.transport = None
         self.state = TabletState.STOPPING
         self.applier = None
         self._storage_anchor = None
