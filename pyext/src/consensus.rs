@@ -178,15 +178,18 @@ impl PyReplicatedLog {
             .map_err(to_py)
     }
 
-    /// The entries after `after_index`, at most `bytes_max` encoded bytes (at least one).
+    /// The entries after `after_index` (none after `last_index`), at most `bytes_max`
+    /// encoded bytes (at least one).
+    #[pyo3(signature = (after_index, bytes_max, last_index = u64::MAX))]
     fn read_batch(
         &self,
         py: Python<'_>,
         after_index: u64,
         bytes_max: usize,
+        last_index: u64,
     ) -> PyResult<Option<PyEntryBatch>> {
         let batch = py
-            .detach(|| self.log.read_batch(after_index, bytes_max))
+            .detach(|| self.log.read_range(after_index, last_index, bytes_max))
             .map_err(to_py)?;
         Ok(batch.map(|batch| PyEntryBatch { batch }))
     }

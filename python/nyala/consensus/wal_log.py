@@ -213,11 +213,17 @@ class WalLog:
         """Appends one entry after the last; durable later."""
         return OpId(*self._log.append(term, _WAL_TYPE_OF_KIND[kind], payload))
 
-    def read_batch(self, after_index: int, bytes_max: int) -> WalEntryBatch | None:
-        """Entries after ``after_index`` up to ``bytes_max`` encoded bytes (at least one)."""
+    def read_batch(
+        self, after_index: int, bytes_max: int, last_index: int | None = None
+    ) -> WalEntryBatch | None:
+        """Entries after ``after_index`` up to ``bytes_max`` encoded bytes (at least one), and
+        none after ``last_index`` if given."""
         if after_index < 0:
             raise InvalidArgumentError(f"read after index {after_index}: not in the log")
-        native = self._log.read_batch(after_index, max(bytes_max, 0))
+        if last_index is None:
+            native = self._log.read_batch(after_index, max(bytes_max, 0))
+        else:
+            native = self._log.read_batch(after_index, max(bytes_max, 0), max(last_index, 0))
         return None if native is None else WalEntryBatch(native)
 
     def append_replicated(
