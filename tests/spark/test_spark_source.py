@@ -288,20 +288,25 @@ def test_predicate_pushdown_reads_fewer_rows(spark: Any, client: Any, masters: s
         "id", "if(id % 100 = 0, null, id % 7) as v", "cast(id as string) as s"
     )
     writer(df, masters, "pushed").save()
-    table = reader(spark, masters, "pushed").load()
-    assert scan_output_rows(table) == 2000
-    narrow = table.where("id >= 1900 and v is not null")
+
+    # A fresh load() per query: PySpark 4.3 reuses a DataFrame's last pushed read plan for a
+    # later query with no pushable filter (docs/spark.md, "Limits").
+    def table() -> Any:
+        return reader(spark, masters, "pushed").load()
+
+    assert scan_output_rows(table()) == 2000
+    narrow = table().where("id >= 1900 and v is not null")
     assert scan_output_rows(narrow) == 99  # v is null for id 1900
     # Both conjuncts went to nyala: Spark's plan keeps no Filter above the scan.
     plan = narrow._jdf.queryExecution().executedPlan().toString()
     assert not [
         line for line in plan.splitlines() if line.strip("*() +-0123456789").startswith("Filter")
     ]
-    in_list = table.where("s in ('5', '17', 'nope') and v < 6")
+    in_list = table().where("s in ('5', '17', 'nope') and v < 6")
     assert sorted(r["id"] for r in in_list.collect()) == [5, 17]
     assert scan_output_rows(in_list) == 2
     # An OR is Spark's to evaluate: every row is read, the answer is the same.
-    either = table.where("id = 3 or id = 1999")
+    either = table().where("id = 3 or id = 1999")
     assert sorted(r["id"] for r in either.collect()) == [3, 1999]
     assert scan_output_rows(either) == 2000
     # Projection by option.

@@ -18,7 +18,9 @@ source API passes no preferred locations to Spark's scheduler (its ``InputPartit
 so the hosts are informational; ``nyala.replicaSelection=closest_replica`` reads through the
 client's follower reads. Spark does not tell a Python data source which columns a query uses,
 so projection is ``nyala.columns`` (or a ``.schema(...)`` given to the reader); filters are
-pushed as nyala predicates (``filters``).
+pushed as nyala predicates (``filters``). PySpark 4.3 caches a loaded DataFrame's planned read and
+reuses it for a later query that has no filter it can push, predicates included (docs/spark.md,
+"Limits"): one ``load()`` per query with different filters.
 """
 
 from __future__ import annotations
