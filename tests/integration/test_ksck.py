@@ -9,56 +9,34 @@ leader), and one replica whose committed config was rewritten offline (config di
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
-from collections.abc import Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 
 from nyala.client import ksck as ksck_module
 from nyala.schema import Column, Schema
-from nyala.testing import MiniCluster, dump_logs
+from nyala.testing import MiniCluster
 from nyala.testing import master_ops as ops
+from nyala.testing.mini_cluster import FAST_TSERVER_FLAGS, fast_master_flags, run_nyala
 
-RAFT_FLAGS = [
-    "--heartbeat-interval-ms",
-    "100",
-    "--leader-failure-max-missed-heartbeat-periods",
-    "3",
-]
-MASTER_FLAGS = [
-    *RAFT_FLAGS,
-    "--background-task-interval-ms",
-    "100",
+MASTER_FLAGS = fast_master_flags(
     "--tserver-unresponsive-timeout-ms",
     "2000",
-]
-TSERVER_FLAGS = [*RAFT_FLAGS, "--master-heartbeat-interval-ms", "200"]
+)
+TSERVER_FLAGS = FAST_TSERVER_FLAGS
 SCHEMA = Schema([Column("id", "int64"), Column("v", "string", nullable=True)], key=["id"])
 
 
 @pytest.fixture
-def cluster(request: pytest.FixtureRequest) -> Iterator[MiniCluster]:
-    with MiniCluster(
-        3, num_masters=1, master_flags=MASTER_FLAGS, tserver_flags=TSERVER_FLAGS
-    ) as mini:
-        yield mini
-        report = getattr(request.node, "rep_call", None)
-        if report is not None and report.failed:
-            dump_logs(mini, sys.stderr)
+def cluster(make_cluster: Callable[..., MiniCluster]) -> MiniCluster:
+    return make_cluster(3, num_masters=1, master_flags=MASTER_FLAGS, tserver_flags=TSERVER_FLAGS)
 
 
 def nyala(*args: str) -> subprocess.CompletedProcess[str]:
     """Runs the ``nyala`` program."""
-    return subprocess.run(
-        [sys.executable, "-m", "nyala.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={**os.environ, "NYALA_MASTERS": ""},
-    )
+    return run_nyala(*args, timeout_s=60)
 
 
 def ksck(cluster: MiniCluster) -> tuple[int, dict[str, Any]]:

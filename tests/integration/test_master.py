@@ -20,27 +20,19 @@ from nyala._proto import master_pb2, tserver_admin_pb2
 from nyala.schema import Column, Schema
 from nyala.testing import MiniCluster, dump_logs
 from nyala.testing import master_ops as ops
+from nyala.testing.mini_cluster import FAST_TSERVER_FLAGS, fast_master_flags
 from nyala.testing.tablet_ops import scan, write_to_leader
 
 # Fast Raft for the sys catalog and the tablets, and fast tserver heartbeats: failover in about
 # a second, and a new leader hears every tserver's full report within 200 ms.
-RAFT_FLAGS = [
-    "--heartbeat-interval-ms",
-    "100",
-    "--leader-failure-max-missed-heartbeat-periods",
-    "3",
-]
-MASTER_FLAGS = [
-    *RAFT_FLAGS,
-    "--background-task-interval-ms",
-    "100",
+MASTER_FLAGS = fast_master_flags(
     "--catalog-write-timeout-ms",
     "5000",
     # Short, so that the replacement test is quick; a replacement elsewhere is harmless.
     "--tablet-creation-timeout-ms",
     "6000",
-]
-TSERVER_FLAGS = [*RAFT_FLAGS, "--master-heartbeat-interval-ms", "200"]
+)
+TSERVER_FLAGS = FAST_TSERVER_FLAGS
 
 SCHEMA = Schema([Column("id", "int64"), Column("v", "string", nullable=True)], key=["id"])
 

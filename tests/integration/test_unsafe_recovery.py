@@ -10,49 +10,34 @@ voters again.
 
 from __future__ import annotations
 
-import sys
-from collections.abc import Iterator
+from collections.abc import Callable
 
 import pyarrow as pa
 import pytest
 
 from nyala._proto import consensus_pb2
 from nyala.schema import Column, Schema
-from nyala.testing import MiniCluster, dump_logs
+from nyala.testing import MiniCluster
 from nyala.testing import master_ops as ops
+from nyala.testing.mini_cluster import FAST_TSERVER_FLAGS, fast_master_flags
 from nyala.testing.replica_ops import committed_config, voters
 from nyala.testing.tablet_ops import scan, write_to_leader
 
-RAFT_FLAGS = [
-    "--heartbeat-interval-ms",
-    "100",
-    "--leader-failure-max-missed-heartbeat-periods",
-    "3",
-]
-MASTER_FLAGS = [
-    *RAFT_FLAGS,
-    "--background-task-interval-ms",
-    "100",
+MASTER_FLAGS = fast_master_flags(
     "--background-rpc-retry-ms",
     "500",
     "--tserver-unresponsive-timeout-ms",
     "3000",
     "--follower-unavailable-considered-failed-sec",
     "3",
-]
-TSERVER_FLAGS = [*RAFT_FLAGS, "--master-heartbeat-interval-ms", "200"]
+)
+TSERVER_FLAGS = FAST_TSERVER_FLAGS
 SCHEMA = Schema([Column("id", "int64"), Column("v", "string", nullable=True)], key=["id"])
 
 
 @pytest.fixture
-def cluster(request: pytest.FixtureRequest) -> Iterator[MiniCluster]:
-    with MiniCluster(
-        5, num_masters=1, master_flags=MASTER_FLAGS, tserver_flags=TSERVER_FLAGS
-    ) as mini:
-        yield mini
-        report = getattr(request.node, "rep_call", None)
-        if report is not None and report.failed:
-            dump_logs(mini, sys.stderr)
+def cluster(make_cluster: Callable[..., MiniCluster]) -> MiniCluster:
+    return make_cluster(5, num_masters=1, master_flags=MASTER_FLAGS, tserver_flags=TSERVER_FLAGS)
 
 
 @pytest.mark.slow

@@ -495,3 +495,31 @@ def dump_logs(cluster: MiniCluster, out: IO[str] = sys.stderr) -> None:
 
 
 __all__ = ["LOOPBACK", "MiniCluster", "ServerProcess", "dump_logs"]
+
+
+#: Raft settings for tests: 100 ms heartbeats, an election after 3 missed ones.
+FAST_RAFT_FLAGS: tuple[str, ...] = (
+    "--heartbeat-interval-ms",
+    "100",
+    "--leader-failure-max-missed-heartbeat-periods",
+    "3",
+)
+#: Tserver settings for tests with masters: fast Raft, a master heartbeat every 200 ms.
+FAST_TSERVER_FLAGS: tuple[str, ...] = (*FAST_RAFT_FLAGS, "--master-heartbeat-interval-ms", "200")
+
+
+def fast_master_flags(*extra: str) -> list[str]:
+    """Master settings for tests: fast Raft, background tasks every 100 ms, then ``extra``."""
+    return [*FAST_RAFT_FLAGS, "--background-task-interval-ms", "100", *extra]
+
+
+def run_nyala(*args: str, timeout_s: float = 120.0) -> subprocess.CompletedProcess[str]:
+    """Runs the ``nyala`` program as a real process (``NYALA_MASTERS`` cleared, so every
+    command names its masters), capturing its output."""
+    return subprocess.run(
+        [sys.executable, "-m", "nyala.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        env={**os.environ, "NYALA_MASTERS": ""},
+    )
