@@ -145,7 +145,7 @@ def test_cas_refusal_follower_refusal_and_remove_peer(cluster4: MiniCluster) -> 
 
 def _create_replica(ts: ServerProcess, config: Any) -> None:
     from nyala._proto import tserver_admin_pb2
-    from nyala.tserver.convert import schema_to_pb
+    from nyala.rpc.schema_pb import schema_to_pb
 
     request = tserver_admin_pb2.CreateTabletRequestPB(
         dest_uuid=ts.uuid,

@@ -10,10 +10,10 @@ import pytest
 from nyala import errors
 from nyala._proto import metadata_pb2, tserver_admin_pb2
 from nyala.common import metafile
+from nyala.rpc.schema_pb import schema_from_pb, schema_to_pb
 from nyala.schema import Column, Schema
 from nyala.testing import MiniCluster
 from nyala.testing.mini_cluster import ServerProcess
-from nyala.tserver.convert import schema_from_pb, schema_to_pb
 
 SCHEMA = Schema([Column("id", "int64"), Column("v", "string", nullable=True)], ["id"])
 A, B = "a" * 32, "b" * 32

@@ -112,7 +112,7 @@ class ChaosCluster:
 
     def create_tablet(self, tablet_id: str, schema: Schema) -> None:
         """Creates the tablet on the first ``replicas`` servers, peers addressed by proxy."""
-        from nyala.tserver.convert import schema_to_pb
+        from nyala.rpc.schema_pb import schema_to_pb
 
         self.tablet_id, self.schema = tablet_id, schema
         self.members = list(self.tservers[: self.replicas])
@@ -123,7 +123,7 @@ class ChaosCluster:
             self.create_replica(ts, config, schema_to_pb(schema))
 
     def create_replica(self, ts: ServerProcess, config: Any, schema_pb: Any = None) -> None:
-        from nyala.tserver.convert import schema_to_pb
+        from nyala.rpc.schema_pb import schema_to_pb
 
         assert self.schema is not None
         request = tserver_admin_pb2.CreateTabletRequestPB(

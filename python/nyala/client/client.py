@@ -20,13 +20,13 @@ from nyala.client.admin import ReplicaAdminMixin
 from nyala.client.masters import MasterConnection, parse_masters
 from nyala.client.meta_cache import MetaCache, TableInfo, TabletLocation
 from nyala.client.rpc import ChannelPool
-from nyala.client.schema_pb import schema_to_pb
 from nyala.client.session import Session
 from nyala.client.table import Table
 from nyala.client.write import Writer, WriteResult
 from nyala.partition import PartitioningSpec, PartitionSchema, range_spec_to_pb
 from nyala.rowops import OpType, make_op_batch
 from nyala.rpc.errors import join_host_port
+from nyala.rpc.schema_pb import schema_to_pb
 from nyala.rpc.settings import RpcSettings
 from nyala.schema import Column, Schema
 

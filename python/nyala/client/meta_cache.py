@@ -19,9 +19,9 @@ from typing import Any
 from nyala import _native
 from nyala._proto import master_pb2
 from nyala.client.masters import MasterConnection
-from nyala.client.schema_pb import schema_from_pb
 from nyala.partition import Partition, PartitionSchema
 from nyala.rpc.errors import join_host_port
+from nyala.rpc.schema_pb import schema_from_pb
 from nyala.schema import Schema
 
 #: Used when the master gives no TTL, in milliseconds.

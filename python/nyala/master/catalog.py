@@ -18,8 +18,8 @@ from typing import Any
 
 from nyala._proto import master_pb2
 from nyala.errors import NotFoundError
+from nyala.rpc.schema_pb import schema_from_pb
 from nyala.schema import Schema
-from nyala.tserver.convert import schema_from_pb
 
 TABLE_REMOVED = master_pb2.SYS_TABLE_REMOVED
 TABLET_LIVE_STATES = (master_pb2.SYS_TABLET_CREATING, master_pb2.SYS_TABLET_RUNNING)

@@ -43,8 +43,8 @@ from nyala.master.settings import MasterSettings
 from nyala.master.sys_catalog import CatalogRecord, SysCatalog
 from nyala.master.ts_manager import TSDescriptor, TSManager
 from nyala.rpc import split_host_port
+from nyala.rpc.schema_pb import schema_from_pb, schema_to_pb
 from nyala.schema import Column, Schema
-from nyala.tserver.convert import schema_from_pb, schema_to_pb
 
 log = logging.getLogger(__name__)
 

@@ -14,9 +14,9 @@ from typing import Any
 
 from nyala import errors
 from nyala._proto import master_pb2, metadata_pb2
+from nyala.rpc.schema_pb import schema_to_pb
 from nyala.schema import Schema
 from nyala.testing.mini_cluster import MiniCluster
-from nyala.tserver.convert import schema_to_pb
 
 RETRY_PAUSE_S = 0.05
 _RETRIABLE = (errors.RetriableError, errors.TimedOutError, errors.AbortedError)

@@ -374,7 +374,7 @@ class MiniCluster:
         """Sends ``CreateTablet`` with the same initial config to every replica, as the master
         will (``schema`` is a ``nyala.Schema``); raises the first refusal."""
         from nyala._proto import tserver_admin_pb2
-        from nyala.tserver.convert import schema_to_pb
+        from nyala.rpc.schema_pb import schema_to_pb
 
         members = list(self.tservers if servers is None else servers)
         config = self.initial_config(members)

@@ -9,54 +9,11 @@ from __future__ import annotations
 
 from typing import Any
 
-import pyarrow as pa
-
 from nyala._proto import common_pb2, metadata_pb2
 from nyala.consensus.types import NO_OPID_INDEX, MemberType, RaftConfig, RaftPeer
 from nyala.errors import InvalidArgumentError
 from nyala.rpc.errors import join_host_port, split_host_port
-from nyala.schema import TYPES, Column, Schema
 from nyala.tablet.superblock import Partition
-
-# Arrow field metadata key carrying the stable column id (docs/storage-format.md).
-_COLUMN_ID_KEY = b"nyala.column_id"
-_TYPE_NAMES = {arrow_type: name for name, arrow_type in TYPES.items()}
-
-
-def schema_to_pb(schema: Schema) -> Any:
-    """The ``SchemaPB`` of ``schema`` (column ids travel as Arrow field metadata)."""
-    fields = [
-        pa.field(
-            c.name,
-            c.arrow_type,
-            nullable=c.nullable,
-            metadata={_COLUMN_ID_KEY: str(c.id).encode()},
-        )
-        for c in schema.columns
-    ]
-    return metadata_pb2.SchemaPB(
-        arrow_schema=pa.schema(fields).serialize().to_pybytes(),
-        key_columns=schema.key,
-        version=schema.version,
-    )
-
-
-def schema_from_pb(pb: Any) -> Schema:
-    """The ``Schema`` a ``SchemaPB`` describes; ``InvalidArgumentError`` if it is malformed."""
-    try:
-        arrow = pa.ipc.read_schema(pa.py_buffer(pb.arrow_schema))
-    except (pa.ArrowInvalid, OSError) as e:
-        raise InvalidArgumentError(f"schema.arrow_schema is not an Arrow schema: {e}") from None
-    columns = []
-    for f in arrow:
-        name = _TYPE_NAMES.get(f.type)
-        if name is None:
-            raise InvalidArgumentError(f"column {f.name!r}: type {f.type} is not supported")
-        raw_id = (f.metadata or {}).get(_COLUMN_ID_KEY)
-        columns.append(
-            Column(f.name, name, nullable=f.nullable, id=None if raw_id is None else int(raw_id))
-        )
-    return Schema(columns, list(pb.key_columns), version=pb.version)
 
 
 def partition_from_pb(pb: Any) -> Partition:

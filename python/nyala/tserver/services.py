@@ -27,11 +27,12 @@ from nyala._proto import (
 from nyala._proto.metadata_pb2 import TabletDataState
 from nyala.errors import InvalidArgumentError, NotSupportedError
 from nyala.rpc import RpcMetrics, ServiceBase, server_stream, unary
+from nyala.rpc.schema_pb import schema_from_pb
 from nyala.storage import Predicate, RowStatus
 from nyala.tablet import DataState, TabletManager
 from nyala.tablet.replica import TabletReplica
 from nyala.tablet.write_entry import RequestId
-from nyala.tserver.convert import config_from_pb, partition_from_pb, schema_from_pb
+from nyala.tserver.convert import config_from_pb, partition_from_pb
 from nyala.tserver.scanners import Scanner, ScannerRegistry
 from nyala.tserver.tablet_meta import TabletReport
 

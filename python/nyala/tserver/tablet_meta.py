@@ -6,8 +6,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from nyala._proto import metadata_pb2, tserver_admin_pb2
+from nyala.rpc.schema_pb import schema_to_pb
 from nyala.tablet import TabletStatus
-from nyala.tserver.convert import partition_to_pb, schema_to_pb
+from nyala.tserver.convert import partition_to_pb
 
 
 @dataclass(frozen=True)

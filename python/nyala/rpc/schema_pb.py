@@ -1,7 +1,8 @@
-"""``Schema`` <-> ``SchemaPB`` for the client, without importing the server packages.
+"""``Schema`` <-> ``SchemaPB``: the one wire form of a table schema, shared by the client, the
+tservers and the master (all of which import ``nyala.rpc``).
 
-The wire form is the tservers' and the master's (python/nyala/tserver/convert.py): the Arrow
-schema in IPC form with each column's stable id in the field metadata key ``nyala.column_id``.
+The Arrow schema travels in IPC form, with each column's stable id in the field metadata key
+``nyala.column_id`` (docs/storage-format.md).
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ def schema_from_pb(pb: Any) -> Schema:
     try:
         arrow = pa.ipc.read_schema(pa.py_buffer(pb.arrow_schema))
     except (pa.ArrowInvalid, OSError) as err:
-        raise InvalidArgumentError(f"malformed schema from the server: {err}") from None
+        raise InvalidArgumentError(f"schema.arrow_schema is not an Arrow schema: {err}") from None
     columns = []
     for f in arrow:
         name = _TYPE_NAMES.get(f.type)
