@@ -23,7 +23,7 @@ export PATH := $(VENV)/bin:$(PATH)
 export PYSPARK_PYTHON := $(PY)
 export SPARK_LOCAL_IP := 127.0.0.1
 
-PYTEST_DEFAULT := -m "not sim and not chaos and not stress"
+PYTEST_DEFAULT := -m "not sim and not chaos and not stress and not slow"
 
 .PHONY: help setup build test lint rust-test py-test proto proto-check bench wheel demo clean
 
@@ -67,7 +67,7 @@ rust-test:
 	cargo test --workspace --exclude nyala-pyext --quiet
 
 py-test: build
-	$(PY) -m pytest $(PYTEST_DEFAULT) -q
+	$(PY) -m pytest $(PYTEST_DEFAULT) -q --durations=15
 
 test: setup lint rust-test wheel py-test
 
