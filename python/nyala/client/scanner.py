@@ -173,11 +173,15 @@ class Scanner:
         last_key: tuple[Any, ...] | None = None
         attempt = 0
         unreachable: set[str] = set()
+        # A follower that cannot serve the read (NOT_SUPPORTED: follower reads are not built
+        # into the tserver yet) sends this tablet's scan to the leader, like Kudu's
+        # CLOSEST_REPLICA falling back to another replica.
+        follower = self.replica == "follower"
         while True:
             tablet = self._fresh(tablet)
-            target = self._pick(tablet, attempt, unreachable)
+            target = self._pick(tablet, attempt, unreachable, follower)
             attempt += 1
-            request = self._request(tablet.tablet_id, target.uuid, last_key, limit)
+            request = self._request(tablet.tablet_id, target.uuid, last_key, limit, follower)
             stubs = self.pool.get(target.addr)
             try:
                 while request is not None:
@@ -202,6 +206,9 @@ class Scanner:
                 return
             except Exception as exc:
                 mapped = _map_error(exc, target.addr)
+                if follower and isinstance(mapped, errors.NotSupportedError):
+                    follower = False
+                    continue
                 resumable = isinstance(mapped, (*RETRIABLE, errors.ScannerExpiredError))
                 if not resumable or backoff.expired():
                     raise mapped from None
@@ -224,8 +231,10 @@ class Scanner:
                 return candidate
         raise errors.TabletNotFoundError(f"tablet {tablet.tablet_id} no longer exists")
 
-    def _pick(self, tablet: TabletLocation, attempt: int, unreachable: set[str]) -> Any:
-        if self.replica == "follower":
+    def _pick(
+        self, tablet: TabletLocation, attempt: int, unreachable: set[str], follower: bool
+    ) -> Any:
+        if follower:
             followers = [r for r in tablet.replicas if r.uuid != tablet.leader_uuid]
             live = [r for r in followers if r.uuid not in unreachable] or followers
             if live:
@@ -236,16 +245,19 @@ class Scanner:
         return replica
 
     def _request(
-        self, tablet_id: str, dest_uuid: str, last_key: tuple[Any, ...] | None, limit: int | None
+        self,
+        tablet_id: str,
+        dest_uuid: str,
+        last_key: tuple[Any, ...] | None,
+        limit: int | None,
+        follower: bool,
     ) -> Any:
         scan = tserver_pb2.NewScanRequestPB(
             tablet_id=tablet_id,
             projection=self._fetch,
             predicates=self.predicates,
             limit_rows=0 if limit is None else limit,
-            read_mode=tserver_pb2.READ_FOLLOWER
-            if self.replica == "follower"
-            else tserver_pb2.READ_LATEST,
+            read_mode=tserver_pb2.READ_FOLLOWER if follower else tserver_pb2.READ_LATEST,
             max_staleness_ms=self.max_staleness_ms,
             schema_version=self.info.schema.version,
         )
