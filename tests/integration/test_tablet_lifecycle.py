@@ -17,6 +17,7 @@ from nyala.testing.mini_cluster import ServerProcess
 
 SCHEMA = Schema([Column("id", "int64"), Column("v", "string", nullable=True)], ["id"])
 A, B = "a" * 32, "b" * 32
+C_ELSEWHERE = "e" * 32
 
 
 def _list(ts: ServerProcess) -> dict[str, Any]:
@@ -91,10 +92,11 @@ def test_create_tablet_refusals(cluster: MiniCluster) -> None:
 
 def test_tombstone_and_delete_survive_a_restart(cluster: MiniCluster) -> None:
     ts = cluster.tserver(2)
-    # A lives on ``ts`` alone: a tombstoned replica still in a live group's config is copied
-    # back by its leader (auto-vivification, docs/tablet-copy.md).
+    # A and B live on ``ts`` alone: a deleted replica still in a live group's config is copied
+    # back by its leader (auto-vivification, docs/tablet-copy.md). C lives on the others.
     cluster.create_tablet(A, SCHEMA, servers=[ts])
-    cluster.create_tablet(B, SCHEMA)
+    cluster.create_tablet(B, SCHEMA, servers=[ts])
+    cluster.create_tablet(C_ELSEWHERE, SCHEMA, servers=cluster.tservers[:2])
     _delete(ts, A, metadata_pb2.TABLET_DATA_TOMBSTONED)
     _delete(ts, B, metadata_pb2.TABLET_DATA_DELETED)
     assert _states(ts) == {A: ("STOPPED", "TABLET_DATA_TOMBSTONED")}
@@ -108,8 +110,8 @@ def test_tombstone_and_delete_survive_a_restart(cluster: MiniCluster) -> None:
         assert not (ts.fs_root / sub / B).exists(), sub
     with pytest.raises(errors.TabletNotFoundError):
         _delete(ts, B, metadata_pb2.TABLET_DATA_DELETED)
-    # The other replicas are untouched.
-    assert set(_list(cluster.tserver(0))) == {B}
+    # The other servers' replicas are untouched.
+    assert set(_list(cluster.tserver(0))) == {C_ELSEWHERE}
 
 
 def test_damaged_superblock_or_cmeta_fails_only_that_tablet(cluster: MiniCluster) -> None:
