@@ -218,6 +218,37 @@ def test_acknowledged_ddl_survives_leader_kills_exactly_once(cluster: MiniCluste
         ops.call(cluster, "CreateTable", ops.create_table_request(name, SCHEMA))
 
 
+def test_retried_ddl_requests_answer_with_their_first_effect(cluster: MiniCluster) -> None:
+    """A DDL request retried after its answer was lost (a timeout, a master failover) must not
+    fail with ALREADY_PRESENT / NOT_FOUND nor take effect twice: the request id is replicated
+    with the table record, so even a new leader master recognises the retry."""
+    create = ops.create_table_request("retried", SCHEMA)
+    first = ops.call(cluster, "CreateTable", create).table_id
+    ops.wait_create_done(cluster, "retried")
+    _kill_leader_master(cluster)
+    assert ops.call(cluster, "CreateTable", create).table_id == first
+    other = ops.create_table_request("retried", SCHEMA)  # a different request: a real clash
+    with pytest.raises(errors.AlreadyPresentError):
+        ops.call(cluster, "CreateTable", other)
+
+    alter = ops.add_column_request("retried", "extra", "int32")
+    alter.new_table_name = "retried2"
+    version = ops.call(cluster, "AlterTable", alter).schema_version
+    again = ops.call(cluster, "AlterTable", alter)  # names the old table, renamed by the first
+    assert (again.table_id, again.schema_version) == (first, version)
+    assert ops.list_tables(cluster)["retried2"].schema_version == version
+
+    delete = master_pb2.DeleteTableRequestPB(table=ops.table_ident("retried2"), request_id="d1")
+    ops.call(cluster, "DeleteTable", delete)
+    ops.call(cluster, "DeleteTable", delete)  # the retry succeeds too
+    with pytest.raises(errors.NotFoundError):
+        ops.call(
+            cluster,
+            "DeleteTable",
+            master_pb2.DeleteTableRequestPB(table=ops.table_ident("retried2"), request_id="d2"),
+        )
+
+
 def test_deleted_table_replicas_are_tombstoned(cluster: MiniCluster) -> None:
     table_id = _create(cluster, "doomed", buckets=2)
     ops.call(

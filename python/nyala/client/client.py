@@ -8,6 +8,7 @@ to release the channels.
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -112,6 +113,7 @@ class Client:
             range_bounds=bounds,
             split_rows=splits,
             num_replicas=replicas,
+            request_id=uuid.uuid4().hex,
         )
         self._master_call("CreateTable", request, admin=True)
         if wait:
@@ -134,7 +136,9 @@ class Client:
     ) -> Table:
         """Changes the table's columns and/or name in one all-or-nothing step."""
         request = master_pb2.AlterTableRequestPB(
-            table=master_pb2.TableIdentifierPB(table_name=name), new_table_name=new_name or ""
+            table=master_pb2.TableIdentifierPB(table_name=name),
+            new_table_name=new_name or "",
+            request_id=uuid.uuid4().hex,
         )
         for column in add_columns:
             step = request.steps.add()
@@ -159,7 +163,7 @@ class Client:
     def delete_table(self, name: str) -> None:
         """Deletes the table and its data."""
         request = master_pb2.DeleteTableRequestPB(
-            table=master_pb2.TableIdentifierPB(table_name=name)
+            table=master_pb2.TableIdentifierPB(table_name=name), request_id=uuid.uuid4().hex
         )
         self._master_call("DeleteTable", request, admin=True)
         self._cache.forget_table(name)

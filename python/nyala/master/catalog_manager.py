@@ -211,7 +211,11 @@ class CatalogManager:
             )
         async with self._lock:
             catalog = self.require_leader()
-            if name in catalog.tables_by_name:
+            existing = catalog.tables_by_name.get(name)
+            if existing is not None:
+                if request.request_id and existing.pb.create_request_id == request.request_id:
+                    # A retry of this very request, which already took effect.
+                    return str(existing.table_id)
                 raise AlreadyPresentError(f"table {name!r} already exists")
             now_us = _now_us()
             table = master_pb2.SysTableEntryPB(
@@ -223,6 +227,7 @@ class CatalogManager:
                 num_replicas=num_replicas,
                 state=master_pb2.SYS_TABLE_RUNNING,
                 create_time_us=now_us,
+                create_request_id=request.request_id,
             )
             load = catalog.replica_counts()
             tablets = [
@@ -279,6 +284,9 @@ class CatalogManager:
         """AlterTable; returns (table id, new schema version) once committed."""
         async with self._lock:
             catalog = self.require_leader()
+            done = _done_by(catalog, "last_alter_request_id", request.request_id)
+            if done is not None:
+                return done.table_id, done.schema().version
             table = catalog.table(request.table)
             if not request.steps and not request.new_table_name:
                 raise InvalidArgumentError("AlterTable needs at least one step or a new name")
@@ -301,6 +309,7 @@ class CatalogManager:
             record.schema.CopyFrom(schema_to_pb(schema))
             record.next_column_id = schema.next_column_id
             record.state = master_pb2.SYS_TABLE_ALTERING
+            record.last_alter_request_id = request.request_id
             if new_name:
                 record.name = new_name
             await self.replicate([CatalogRecord.table(record)])
@@ -313,6 +322,8 @@ class CatalogManager:
         """DeleteTable: table REMOVED and its tablets DELETED in one batch, then tombstones."""
         async with self._lock:
             catalog = self.require_leader()
+            if _done_by(catalog, "delete_request_id", request.request_id) is not None:
+                return
             table = catalog.table(request.table)
             tablets = []
             for info in table.tablets.values():
@@ -324,6 +335,7 @@ class CatalogManager:
                 tablets.append(record)
             table_record = _copy(table.pb)
             table_record.state = master_pb2.SYS_TABLE_REMOVED
+            table_record.delete_request_id = request.request_id
             records = [CatalogRecord.tablet(t) for t in tablets]
             await self.replicate([*records, CatalogRecord.table(table_record)])
             for record in tablets:
@@ -595,6 +607,17 @@ class CatalogManager:
         if status is None:
             raise IllegalStateError("the sys catalog stopped")
         return status
+
+
+def _done_by(catalog: Catalog, field: str, request_id: str) -> TableInfo | None:
+    """The table (live or removed) whose record says the DDL request ``request_id`` already
+    took effect on it, so that a retry answers instead of failing or repeating the change."""
+    if not request_id:
+        return None
+    for info in catalog.tables_by_id.values():
+        if getattr(info.pb, field) == request_id:
+            return info
+    return None
 
 
 def _check_table_name(name: str) -> None:

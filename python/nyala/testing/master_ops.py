@@ -9,6 +9,7 @@ caller can tell an acknowledged operation from one whose outcome is unknown.
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Sequence
 from typing import Any
 
@@ -55,9 +56,10 @@ def create_table_request(
     buckets: int = 0,
     replicas: int = 3,
 ) -> Any:
-    """A ``CreateTableRequestPB``; hash partitioning when ``buckets`` > 1."""
+    """A ``CreateTableRequestPB``; hash partitioning when ``buckets`` > 1. It carries a
+    fresh request id, so ``call`` may retry it safely."""
     request = master_pb2.CreateTableRequestPB(
-        name=name, schema=schema_to_pb(schema), num_replicas=replicas
+        name=name, schema=schema_to_pb(schema), num_replicas=replicas, request_id=uuid.uuid4().hex
     )
     if buckets > 1:
         request.partition_schema.hash_schema.add(
@@ -68,7 +70,7 @@ def create_table_request(
 
 def add_column_request(name: str, column: str, type_name: str) -> Any:
     """An ``AlterTableRequestPB`` adding one nullable column."""
-    request = master_pb2.AlterTableRequestPB(table=table_ident(name))
+    request = master_pb2.AlterTableRequestPB(table=table_ident(name), request_id=uuid.uuid4().hex)
     step = request.steps.add()
     step.add_column.column.name = column
     step.add_column.column.type = type_name
