@@ -39,6 +39,11 @@ class TabletServiceStub:
                 request_serializer=nyala_dot_tserver__pb2.WriteRequestPB.SerializeToString,
                 response_deserializer=nyala_dot_tserver__pb2.WriteResponsePB.FromString,
                 _registered_method=True)
+        self.WriteMulti = channel.unary_unary(
+                '/nyala.TabletService/WriteMulti',
+                request_serializer=nyala_dot_tserver__pb2.WriteMultiRequestPB.SerializeToString,
+                response_deserializer=nyala_dot_tserver__pb2.WriteMultiResponsePB.FromString,
+                _registered_method=True)
         self.Scan = channel.unary_stream(
                 '/nyala.TabletService/Scan',
                 request_serializer=nyala_dot_tserver__pb2.ScanRequestPB.SerializeToString,
@@ -60,6 +65,12 @@ class TabletServiceServicer:
     """Missing associated documentation comment in .proto file."""
 
     def Write(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def WriteMulti(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -90,6 +101,11 @@ def add_TabletServiceServicer_to_server(servicer, server):
                     servicer.Write,
                     request_deserializer=nyala_dot_tserver__pb2.WriteRequestPB.FromString,
                     response_serializer=nyala_dot_tserver__pb2.WriteResponsePB.SerializeToString,
+            ),
+            'WriteMulti': grpc.unary_unary_rpc_method_handler(
+                    servicer.WriteMulti,
+                    request_deserializer=nyala_dot_tserver__pb2.WriteMultiRequestPB.FromString,
+                    response_serializer=nyala_dot_tserver__pb2.WriteMultiResponsePB.SerializeToString,
             ),
             'Scan': grpc.unary_stream_rpc_method_handler(
                     servicer.Scan,
@@ -134,6 +150,33 @@ class TabletService:
             '/nyala.TabletService/Write',
             nyala_dot_tserver__pb2.WriteRequestPB.SerializeToString,
             nyala_dot_tserver__pb2.WriteResponsePB.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WriteMulti(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/nyala.TabletService/WriteMulti',
+            nyala_dot_tserver__pb2.WriteMultiRequestPB.SerializeToString,
+            nyala_dot_tserver__pb2.WriteMultiResponsePB.FromString,
             options,
             channel_credentials,
             insecure,

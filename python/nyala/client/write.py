@@ -26,6 +26,7 @@ from nyala import errors
 from nyala._proto import common_pb2, tserver_pb2
 from nyala.client.meta_cache import MetaCache, Replica, TableInfo, TableLocations, TabletLocation
 from nyala.client.rpc import RETRIABLE, Backoff, ChannelPool
+from nyala.client.write_pipe import WritePipe
 from nyala.rowops import OP_COLUMN
 
 #: Target rows and Arrow bytes of one Write request. The input is cut into chunks of about
@@ -139,6 +140,8 @@ class Writer:
         self.executor = executor
         self.timeout_ms = timeout_ms
         self.requests = RequestTracker()
+        self._pipes: dict[str, WritePipe] = {}
+        self._pipes_lock = threading.Lock()
 
     def write(
         self, info: TableInfo, batch: pa.RecordBatch, *, timeout_ms: int | None = None
@@ -146,10 +149,21 @@ class Writer:
         """Applies ``batch`` (an op batch of ``info``'s table) and waits for every tablet."""
         deadline = time.monotonic() + (timeout_ms or self.timeout_ms) / 1000
         per_tablet = self._requests(info, batch)
-        futures: list[Future[list[RowError]]] = [
-            self.executor.submit(self._send_all, info, requests, deadline)
-            for requests in per_tablet.values()
-        ]
+        futures: list[Future[list[RowError]]] = []
+        if len(per_tablet) == 1:
+            # Sent from the caller's thread: concurrent callers then meet in the write pipe
+            # (their writes coalesce) instead of queueing for the executor's few threads.
+            sent: Future[list[RowError]] = Future()
+            try:
+                sent.set_result(self._send_all(info, next(iter(per_tablet.values())), deadline))
+            except Exception as exc:
+                sent.set_exception(exc)
+            futures.append(sent)
+        else:
+            futures = [
+                self.executor.submit(self._send_all, info, requests, deadline)
+                for requests in per_tablet.values()
+            ]
         row_errors: list[RowError] = []
         first_failure: BaseException | None = None
         for future in futures:
@@ -239,9 +253,8 @@ class Writer:
                 ops=request.ops,
             )
             attempt += 1
-            stubs = self.pool.get(replica.addr)
             try:
-                return stubs.call(stubs.tablet.Write, pb, backoff.remaining_ms())
+                return self.pipe(replica.addr).write(pb, backoff.remaining_ms())
             except errors.SchemaMismatchError:
                 self.cache.forget_table(info.name)
                 raise
@@ -256,6 +269,16 @@ class Writer:
                     ) from exc
                 if not isinstance(exc, errors.NotLeaderError) or not exc.leader_uuid:
                     backoff.sleep()
+
+    def pipe(self, addr: str) -> WritePipe:
+        """The write pipe to the server at ``addr``: concurrent writes to it share calls."""
+        pipe = self._pipes.get(addr)
+        if pipe is None:
+            with self._pipes_lock:
+                pipe = self._pipes.get(addr)
+                if pipe is None:
+                    pipe = self._pipes[addr] = WritePipe(self.pool.get(addr))
+        return pipe
 
     def _tablet(self, info: TableInfo, tablet_id: str) -> TabletLocation:
         for tablet in self.cache.locations(info).tablets:

@@ -1,4 +1,4 @@
-"""The RPC services a tablet server answers today: Ping, Write, Scan, CreateTablet,
+"""The RPC services a tablet server answers today: Ping, Write, WriteMulti, Scan, CreateTablet,
 DeleteTablet, AlterSchema and ListTablets.
 
 Handlers are thin: they check nothing themselves (``nyala.rpc.service`` checks ``dest_uuid``
@@ -11,6 +11,7 @@ them UNIMPLEMENTED (``NotSupportedError``).
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -25,9 +26,11 @@ from nyala._proto import (
     tserver_pb2_grpc,
 )
 from nyala._proto.metadata_pb2 import TabletDataState
-from nyala.errors import InvalidArgumentError, NotSupportedError
+from nyala.errors import InvalidArgumentError, NyalaError
 from nyala.rpc import RpcMetrics, ServiceBase, server_stream, unary
+from nyala.rpc.errors import error_to_pb
 from nyala.rpc.schema_pb import schema_from_pb
+from nyala.rpc.service import check_dest_uuid
 from nyala.storage import Predicate, RowStatus
 from nyala.tablet import DataState, TabletManager
 from nyala.tablet.replica import TabletReplica
@@ -35,6 +38,8 @@ from nyala.tablet.write_entry import RequestId
 from nyala.tserver.convert import config_from_pb, partition_from_pb
 from nyala.tserver.scanners import Scanner, ScannerRegistry
 from nyala.tserver.tablet_meta import TabletReport
+
+log = logging.getLogger(__name__)
 
 _ROW_STATUS_CODES = {
     RowStatus.ALREADY_PRESENT: common_pb2.ALREADY_PRESENT,
@@ -81,6 +86,21 @@ def _predicates(pbs: Any) -> list[Predicate]:
     return out
 
 
+def _key_bound(data: bytes, which: str) -> dict[str, Any] | None:
+    """A scan's key bound (an Arrow IPC stream of one row of key columns) as a mapping of
+    column to value; None if empty (unbounded)."""
+    if not data:
+        return None
+    try:
+        batch = pa.ipc.open_stream(data).read_next_batch()
+    except (pa.ArrowInvalid, StopIteration) as exc:
+        raise InvalidArgumentError(f"the {which} key bound is not an Arrow IPC stream") from exc
+    if batch.num_rows != 1:
+        raise InvalidArgumentError(f"the {which} key bound has {batch.num_rows} rows, not 1")
+    row: dict[str, Any] = batch.to_pylist()[0]
+    return row
+
+
 def _ipc(batch: pa.RecordBatch) -> bytes:
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, batch.schema) as writer:
@@ -112,6 +132,31 @@ class TabletService(ServiceBase, tserver_pb2_grpc.TabletServiceServicer):  # typ
 
     @unary(tserver_pb2.WriteResponsePB)
     async def Write(self, request: Any, context: Any) -> Any:
+        return await self._write(request)
+
+    @unary(tserver_pb2.WriteMultiResponsePB)
+    async def WriteMulti(self, request: Any, context: Any) -> Any:
+        """Several writes in one call, each answered on its own: they run concurrently, so the
+        Raft runtime proposes them together (one WAL group commit, one replication batch)."""
+        results = await asyncio.gather(
+            *(self._write(sub, check_dest=True) for sub in request.requests),
+            return_exceptions=True,
+        )
+        response = tserver_pb2.WriteMultiResponsePB()
+        for result in results:
+            if isinstance(result, Exception):
+                if not isinstance(result, NyalaError):
+                    log.error("a write of WriteMulti failed unexpectedly", exc_info=result)
+                response.responses.add().error.CopyFrom(error_to_pb(result))
+            elif isinstance(result, BaseException):
+                raise result  # cancellation of the call
+            else:
+                response.responses.append(result)
+        return response
+
+    async def _write(self, request: Any, *, check_dest: bool = False) -> Any:
+        if check_dest:  # a sub-request of WriteMulti (the decorator checked the call's)
+            check_dest_uuid(request.dest_uuid, self.server_uuid)
         replica = self._tablets.replica(request.tablet_id)
         request_id = None
         if request.HasField("request_id") and request.request_id.client_id:
@@ -158,18 +203,24 @@ class TabletService(ServiceBase, tserver_pb2_grpc.TabletServiceServicer):  # typ
             )
 
     async def _open_scanner(self, scan: Any, batch_size_bytes: int) -> Scanner:
-        """Serves a new scan at the leader (ReadIndex) and registers its result, cut into
-        batches of about ``batch_size_bytes`` (fixed for the scanner's life)."""
-        if scan.lower_bound_key or scan.upper_bound_key:
-            raise NotSupportedError("key bounds in scans are not supported yet")
-        if scan.read_mode == tserver_pb2.READ_FOLLOWER:
-            raise NotSupportedError("follower reads are not supported yet")
+        """Serves a new scan at the leader (ReadIndex), or with READ_FOLLOWER here at this
+        replica's applied index within the staleness bound (``StaleReplicaError`` if not), and
+        registers its result, cut into batches of about ``batch_size_bytes`` (fixed for the
+        scanner's life). Key bounds and predicates are applied in storage."""
         replica = self._tablets.replica(scan.tablet_id)
-        index, table = await replica.scan(
-            list(scan.projection) or None,
-            _predicates(scan.predicates),
-            limit=scan.limit_rows or None,
-        )
+        columns = list(scan.projection) or None
+        where = _predicates(scan.predicates)
+        bounds = {
+            "lower_bound": _key_bound(scan.lower_bound_key, "lower"),
+            "upper_bound": _key_bound(scan.upper_bound_key, "upper"),
+        }
+        limit = scan.limit_rows or None
+        if scan.read_mode == tserver_pb2.READ_FOLLOWER:
+            index, table = await replica.scan_follower(
+                scan.max_staleness_ms, columns, where, limit=limit, **bounds
+            )
+        else:
+            index, table = await replica.scan(columns, where, limit=limit, **bounds)
         batch_bytes = batch_size_bytes or SCAN_BATCH_BYTES_DEFAULT
         row_bytes = max(1, table.nbytes // max(1, table.num_rows))
         batches = table.combine_chunks().to_batches(max_chunksize=max(1, batch_bytes // row_bytes))
