@@ -1,0 +1,244 @@
+"""The client's write pipe over a real in-process gRPC server: concurrent writes coalesce into
+one call, each write gets its own answer or error, and a failed call fails only its writes."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import grpc
+import pytest
+
+from nyala import errors
+from nyala._proto import common_pb2, tserver_pb2, tserver_pb2_grpc
+from nyala.client.rpc import ChannelPool
+from nyala.client.write_pipe import WritePipe
+
+UUID = "0123456789abcdef0123456789abcdef"
+LEADER = "f" * 32
+
+
+class _Server(tserver_pb2_grpc.TabletServiceServicer):  # type: ignore[misc]
+    """Answers each write by its tablet id: ``ok*`` succeed (op index = seq no),
+    ``follower*`` are NOT_THE_LEADER, and a call holding ``crash*`` fails as a whole.
+    Calls wait while ``gate`` is closed."""
+
+    def __init__(self) -> None:
+        self.gate = threading.Event()
+        self.gate.set()
+        self.calls: list[list[str]] = []  # tablet ids of each call, in arrival order
+        self.entered = threading.Semaphore(0)
+
+    def _answer(self, request: Any) -> Any:
+        if request.tablet_id.startswith("follower"):
+            return tserver_pb2.WriteResponsePB(
+                error=common_pb2.ErrorPB(
+                    code=common_pb2.NOT_THE_LEADER, message="follower", leader_uuid=LEADER
+                )
+            )
+        response = tserver_pb2.WriteResponsePB()
+        response.op_id.index = request.request_id.seq_no
+        return response
+
+    def _serve(self, requests: list[Any], context: Any) -> None:
+        self.calls.append([r.tablet_id for r in requests])
+        self.entered.release()
+        self.gate.wait()
+        if any(r.tablet_id.startswith("crash") for r in requests):
+            context.abort(grpc.StatusCode.UNAVAILABLE, "crashed")
+
+    def Write(self, request: Any, context: Any) -> Any:
+        self._serve([request], context)
+        return self._answer(request)
+
+    def WriteMulti(self, request: Any, context: Any) -> Any:
+        self._serve(list(request.requests), context)
+        return tserver_pb2.WriteMultiResponsePB(
+            responses=[self._answer(r) for r in request.requests]
+        )
+
+
+@pytest.fixture
+def server() -> Iterator[tuple[_Server, str]]:
+    servicer = _Server()
+    grpc_server = grpc.server(ThreadPoolExecutor(8))
+    tserver_pb2_grpc.add_TabletServiceServicer_to_server(servicer, grpc_server)
+    port = grpc_server.add_insecure_port("127.0.0.1:0")
+    grpc_server.start()
+    try:
+        yield servicer, f"127.0.0.1:{port}"
+    finally:
+        servicer.gate.set()
+        grpc_server.stop(0)
+
+
+@pytest.fixture
+def pool() -> Iterator[ChannelPool]:
+    channels = ChannelPool()
+    try:
+        yield channels
+    finally:
+        channels.close()
+
+
+def _request(tablet: str, seq_no: int) -> Any:
+    return tserver_pb2.WriteRequestPB(
+        dest_uuid=UUID,
+        tablet_id=tablet,
+        request_id=common_pb2.RequestIdPB(client_id="c", seq_no=seq_no),
+        ops=b"x" * 100,
+    )
+
+
+class _Writers:
+    """Writes issued each from its own thread; ``join`` returns each answer or exception."""
+
+    def __init__(self, pipe: WritePipe, requests: list[Any]) -> None:
+        self.results: list[Any] = [None] * len(requests)
+        self.threads = [
+            threading.Thread(target=self._one, args=(pipe, i, r)) for i, r in enumerate(requests)
+        ]
+        for t in self.threads:
+            t.start()
+
+    def _one(self, pipe: WritePipe, i: int, request: Any) -> None:
+        try:
+            self.results[i] = pipe.write(request, 10_000)
+        except Exception as exc:
+            self.results[i] = exc
+
+    def join(self) -> list[Any]:
+        for t in self.threads:
+            t.join(timeout=20)
+            assert not t.is_alive()
+        return self.results
+
+
+def _hold_first_call(servicer: _Server, pipe: WritePipe, first: Any) -> _Writers:
+    """Starts ``first`` with the server's gate closed and waits until its call arrived."""
+    servicer.gate.clear()
+    started = _Writers(pipe, [first])
+    assert servicer.entered.acquire(timeout=10)
+    return started
+
+
+def _wait_queued(pipe: WritePipe, count: int) -> None:
+    deadline = time.monotonic() + 10
+    while len(pipe._queue) < count:
+        assert time.monotonic() < deadline, "writers did not queue"
+        time.sleep(0.001)
+
+
+def test_an_idle_pipe_sends_a_write_at_once_and_alone(
+    server: tuple[_Server, str], pool: ChannelPool
+) -> None:
+    servicer, addr = server
+    pipe = WritePipe(pool.get(addr))
+    for seq in range(3):
+        assert pipe.write(_request("ok", seq), 5_000).op_id.index == seq
+    assert servicer.calls == [["ok"], ["ok"], ["ok"]]
+    assert (pipe.calls_sent, pipe.writes_sent) == (3, 3)
+
+
+def test_writes_issued_while_a_call_is_in_flight_share_the_next_call(
+    server: tuple[_Server, str], pool: ChannelPool
+) -> None:
+    servicer, addr = server
+    pipe = WritePipe(pool.get(addr), inflight_calls_max=1)
+    first = _hold_first_call(servicer, pipe, _request("ok-first", 100))
+    later = _Writers(pipe, [_request(f"ok-{i}", i) for i in range(20)])
+    _wait_queued(pipe, 20)
+    servicer.gate.set()
+    assert first.join()[0].op_id.index == 100
+    answers = later.join()
+    # Every writer got its own answer (op index = its own seq no).
+    assert [a.op_id.index for a in answers] == list(range(20))
+    assert len(servicer.calls) == 2
+    assert sorted(servicer.calls[1]) == sorted(f"ok-{i}" for i in range(20))
+    assert (pipe.calls_sent, pipe.writes_sent) == (2, 21)
+
+
+def test_a_call_carries_at_most_its_request_and_byte_limits(
+    server: tuple[_Server, str], pool: ChannelPool
+) -> None:
+    servicer, addr = server
+    pipe = WritePipe(pool.get(addr), inflight_calls_max=1, call_requests_max=8)
+    first = _hold_first_call(servicer, pipe, _request("ok-first", 100))
+    later = _Writers(pipe, [_request(f"ok-{i}", i) for i in range(20)])
+    _wait_queued(pipe, 20)
+    servicer.gate.set()
+    first.join()
+    assert [a.op_id.index for a in later.join()] == list(range(20))
+    assert [len(c) for c in servicer.calls] == [1, 8, 8, 4]
+
+    servicer.calls.clear()
+    small = WritePipe(pool.get(addr), inflight_calls_max=1, call_bytes_max=250)
+    first = _hold_first_call(servicer, small, _request("ok-first", 100))
+    later = _Writers(small, [_request(f"ok-{i}", i) for i in range(5)])
+    _wait_queued(small, 5)
+    servicer.gate.set()
+    first.join()
+    later.join()
+    assert [len(c) for c in servicer.calls] == [1, 2, 2, 1]  # 100-byte writes, 250 per call
+
+
+def test_a_sub_request_error_reaches_only_its_own_writer(
+    server: tuple[_Server, str], pool: ChannelPool
+) -> None:
+    servicer, addr = server
+    pipe = WritePipe(pool.get(addr), inflight_calls_max=1)
+    first = _hold_first_call(servicer, pipe, _request("ok-first", 100))
+    tablets = ["ok-a", "follower-b", "ok-c", "follower-d"]
+    later = _Writers(pipe, [_request(t, i) for i, t in enumerate(tablets)])
+    _wait_queued(pipe, 4)
+    servicer.gate.set()
+    first.join()
+    answers = later.join()
+    assert [len(c) for c in servicer.calls] == [1, 4]  # the four shared one call
+    assert (answers[0].op_id.index, answers[2].op_id.index) == (0, 2)
+    for failed in (answers[1], answers[3]):
+        assert isinstance(failed, errors.NotLeaderError)
+        assert failed.leader_uuid == LEADER
+
+
+def test_a_failed_call_fails_only_the_writes_it_carried(
+    server: tuple[_Server, str], pool: ChannelPool
+) -> None:
+    servicer, addr = server
+    pipe = WritePipe(pool.get(addr), inflight_calls_max=1, call_requests_max=2)
+    first = _hold_first_call(servicer, pipe, _request("ok-first", 100))
+    # Queued in this order, cut into calls of two: [crash, ok-1], [ok-2, ok-3].
+    writers = []
+    for i, tablet in enumerate(["crash-0", "ok-1", "ok-2", "ok-3"]):
+        writers.append(_Writers(pipe, [_request(tablet, i)]))
+        _wait_queued(pipe, i + 1)
+    servicer.gate.set()
+    first.join()
+    crashed, ok_1, ok_2, ok_3 = (w.join()[0] for w in writers)
+    assert [sorted(c) for c in servicer.calls[1:]] == [["crash-0", "ok-1"], ["ok-2", "ok-3"]]
+    assert isinstance(crashed, errors.NetworkError)
+    assert isinstance(ok_1, errors.NetworkError)  # it shared the failed call
+    assert (ok_2.op_id.index, ok_3.op_id.index) == (2, 3)
+    # The failed writes can simply be sent again (same request ids) and now go through.
+    assert pipe.write(_request("ok-1", 1), 5_000).op_id.index == 1
+
+
+def test_a_write_not_answered_in_time_times_out_and_a_queued_one_is_never_sent(
+    server: tuple[_Server, str], pool: ChannelPool
+) -> None:
+    servicer, addr = server
+    pipe = WritePipe(pool.get(addr), inflight_calls_max=1)
+    servicer.gate.clear()
+    with pytest.raises(errors.TimedOutError):
+        pipe.write(_request("ok-slow", 1), 200)  # sent; the server holds it past its deadline
+    assert servicer.entered.acquire(timeout=10)
+    held = _hold_first_call(servicer, pipe, _request("ok-held", 2))
+    with pytest.raises(errors.TimedOutError, match="outcome is unknown"):
+        pipe.write(_request("ok-queued", 3), 200)  # queued behind the held call
+    servicer.gate.set()
+    assert held.join()[0].op_id.index == 2
+    assert pipe.write(_request("ok-after", 4), 5_000).op_id.index == 4
+    assert all("ok-queued" not in c for c in servicer.calls)
