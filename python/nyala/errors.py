@@ -73,6 +73,12 @@ class AlreadyInProgressError(ServiceUnavailableError):
     """The same operation (e.g. a tablet copy of this tablet) is already running there."""
 
 
+class StaleReplicaError(ServiceUnavailableError):
+    """A follower refused a follower read: it has not heard from its leader within the
+    request's staleness bound (or is behind it); read another replica or the leader.
+    SERVICE_UNAVAILABLE on the wire."""
+
+
 # --- indeterminate -------------------------------------------------------------------------
 
 
@@ -165,6 +171,7 @@ __all__ = [
     "ScannerExpiredError",
     "SchemaMismatchError",
     "ServiceUnavailableError",
+    "StaleReplicaError",
     "TabletFailedError",
     "TabletNotFoundError",
     "TabletNotRunningError",

@@ -3,24 +3,38 @@
 
 Each tablet returns its rows in primary-key order. If the stream breaks (the leader died or
 stepped down, a server became unreachable), the scan resumes on the new leader *after the last
-key it returned*: the first key column gets a ``>=`` predicate from the last row, and rows whose
-full key is not above the last one are dropped, so no row is returned twice or skipped. The key
-columns are fetched for this even when not projected, and removed before the caller sees them.
+key it returned*: the request carries the last key as its (inclusive) lower key bound, which
+storage applies, and the one row equal to it, if it still exists, is dropped here; so no row is
+returned twice or skipped. The key columns are fetched for this even when not projected, and
+removed before the caller sees them.
+
+Replica selection (DESIGN.md §5): ``replica="leader"`` (the default) reads through the leader,
+linearizably (ReadIndex): every write acknowledged before the scan started is seen.
+``"closest"`` (replicas on this host first), ``"any"`` (random order) and ``"follower"``
+(followers first) send READ_FOLLOWER scans: a follower serves one at its own applied index if,
+within ``max_staleness_ms``, it held everything its leader had committed; else it refuses
+(``StaleReplicaError``) and the scan tries the next replica, finally the leader. Such a read is
+Kudu's READ_LATEST on a follower: no ReadIndex, so it may miss writes acknowledged in the last
+``max_staleness_ms`` (even the caller's own), and two tablets (or a resumed tablet) may be read
+at different points in time; it never returns an uncommitted row.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
+import functools
+import random
+import socket
 import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from nyala import errors
 from nyala._proto import tserver_pb2
-from nyala.client.meta_cache import MetaCache, TableInfo, TabletLocation
+from nyala.client.meta_cache import MetaCache, Replica, TableInfo, TabletLocation
 from nyala.client.rpc import RETRIABLE, Backoff, ChannelPool
 from nyala.client.write import pick_replica
 from nyala.rpc.errors import error_from_pb
@@ -31,6 +45,13 @@ SCAN_BATCH_BYTES = 4 * 1024 * 1024
 #: Batches per Scan call; the scanner stays open on the server between pages, so a long scan
 #: is a series of short calls and a server lost between two pages costs one page, not a stream.
 SCAN_PAGE_BATCHES = 16
+#: Longest wait for one page from one server; a server that stops answering (frozen, cut off)
+#: costs this much before the scan moves on, instead of the whole scan's deadline.
+SCAN_ATTEMPT_TIMEOUT_MS = 30_000
+#: The staleness bound of a follower read when the caller names none.
+FOLLOWER_STALENESS_MS_DEFAULT = 5_000
+#: ``replica=`` choices: the leader, or a READ_FOLLOWER scan tried on replicas in this order.
+REPLICA_SELECTIONS = ("leader", "closest", "any", "follower")
 
 _OPS = {
     "=": tserver_pb2.ColumnPredicatePB.EQ,
@@ -113,13 +134,20 @@ class Scanner:
         replica: str = "leader",
         max_staleness_ms: int = 0,
         timeout_ms: int,
+        attempt_timeout_ms: int = SCAN_ATTEMPT_TIMEOUT_MS,
         batch_size_bytes: int = SCAN_BATCH_BYTES,
         page_batches: int = SCAN_PAGE_BATCHES,
     ) -> None:
-        if replica not in ("leader", "follower"):
-            raise errors.InvalidArgumentError("replica must be 'leader' or 'follower'")
+        if replica not in REPLICA_SELECTIONS:
+            raise errors.InvalidArgumentError(
+                f"replica must be one of {', '.join(REPLICA_SELECTIONS)}; got {replica!r}"
+            )
         if limit is not None and limit < 0:
             raise errors.InvalidArgumentError("limit must be >= 0")
+        if max_staleness_ms < 0 or attempt_timeout_ms <= 0:
+            raise errors.InvalidArgumentError(
+                "max_staleness_ms must be >= 0 and attempt_timeout_ms > 0"
+            )
         self.cache = cache
         self.pool = pool
         self.info = info
@@ -130,8 +158,11 @@ class Scanner:
         self.predicates = [predicate_to_pb(schema, p) for p in where]
         self.limit = limit
         self.replica = replica
-        self.max_staleness_ms = max_staleness_ms
+        self.max_staleness_ms = max_staleness_ms or FOLLOWER_STALENESS_MS_DEFAULT
         self.timeout_ms = timeout_ms
+        self.attempt_timeout_ms = attempt_timeout_ms
+        #: Tablet id -> uuid of the server that served its rows in the last run.
+        self.served_by: dict[str, str] = {}
         self.batch_size_bytes = batch_size_bytes
         self.page_batches = page_batches
         # Fetched columns: the projection plus any key column it lacks (for resuming).
@@ -140,6 +171,7 @@ class Scanner:
 
     def __iter__(self) -> Iterator[pa.RecordBatch]:
         remaining = self.limit
+        self.served_by = {}
         for tablet in self.cache.locations(self.info).tablets:
             if remaining == 0:
                 return
@@ -170,23 +202,29 @@ class Scanner:
     def _scan_tablet(self, tablet: TabletLocation, limit: int | None) -> Iterator[pa.RecordBatch]:
         deadline = time.monotonic() + self.timeout_ms / 1000
         backoff = Backoff(deadline)
-        last_key: tuple[Any, ...] | None = None
+        last_key: pa.RecordBatch | None = None  # one row: the key columns of the last row sent
         attempt = 0
         unreachable: set[str] = set()
-        # A follower that cannot serve the read (NOT_SUPPORTED: follower reads are not built
-        # into the tserver yet) sends this tablet's scan to the leader, like Kudu's
-        # CLOSEST_REPLICA falling back to another replica.
-        follower = self.replica == "follower"
+        # A follower read tries these servers in turn; one that refuses (stale, not running,
+        # unreachable, NOT_SUPPORTED by an older server) passes the read on to the next, and
+        # after the last the tablet is read from the leader (Kudu's CLOSEST_REPLICA fallback).
+        candidates = self._candidates(tablet)
         while True:
             tablet = self._fresh(tablet)
-            target = self._pick(tablet, attempt, unreachable, follower)
-            attempt += 1
+            follower = bool(candidates)
+            if follower:
+                target = candidates[0]
+            else:
+                target = self._pick_leader(tablet, attempt, unreachable)
+                attempt += 1
             request = self._request(tablet.tablet_id, target.uuid, last_key, limit, follower)
+            # A resumed scan's lower bound is inclusive: its first row may be the last one sent.
+            resumed = last_key is not None
             stubs = self.pool.get(target.addr)
             try:
                 while request is not None:
                     scanner_id, more = "", False
-                    timeout_s = backoff.remaining_ms() / 1000
+                    timeout_s = min(backoff.remaining_ms(), self.attempt_timeout_ms) / 1000
                     for response in stubs.tablet.Scan(request, timeout=timeout_s):
                         if response.HasField("error"):
                             raise error_from_pb(response.error)
@@ -194,20 +232,27 @@ class Scanner:
                         if not response.batch:
                             continue
                         batch = pa.ipc.open_stream(response.batch).read_next_batch()
-                        batch = self._after(batch, last_key)
+                        if resumed and batch.num_rows:
+                            resumed = False
+                            batch = self._drop_last_sent(batch, last_key)
                         if batch.num_rows == 0:
                             continue
                         last_key = self._last_key(batch)
                         if limit is not None:
                             limit -= batch.num_rows
+                        self.served_by[tablet.tablet_id] = target.uuid
                         yield batch
                     # A page ended with the scanner still open: ask for the next page.
                     request = self._continue(target.uuid, scanner_id) if more else None
                 return
             except Exception as exc:
                 mapped = _map_error(exc, target.addr)
-                if follower and isinstance(mapped, errors.NotSupportedError):
-                    follower = False
+                if follower and isinstance(
+                    mapped, (*RETRIABLE, errors.NotSupportedError, errors.ScannerExpiredError)
+                ):
+                    candidates.pop(0)
+                    if backoff.expired():
+                        raise mapped from None
                     continue
                 resumable = isinstance(mapped, (*RETRIABLE, errors.ScannerExpiredError))
                 if not resumable or backoff.expired():
@@ -231,14 +276,20 @@ class Scanner:
                 return candidate
         raise errors.TabletNotFoundError(f"tablet {tablet.tablet_id} no longer exists")
 
-    def _pick(
-        self, tablet: TabletLocation, attempt: int, unreachable: set[str], follower: bool
-    ) -> Any:
-        if follower:
-            followers = [r for r in tablet.replicas if r.uuid != tablet.leader_uuid]
-            live = [r for r in followers if r.uuid not in unreachable] or followers
-            if live:
-                return live[attempt % len(live)]
+    def _candidates(self, tablet: TabletLocation) -> list[Replica]:
+        """The replicas a follower read tries, in order (empty for a leader read)."""
+        if self.replica == "leader":
+            return []
+        replicas = list(tablet.replicas)
+        random.shuffle(replicas)  # spreads reads over equally good replicas
+        if self.replica == "follower":
+            replicas.sort(key=lambda r: r.uuid == tablet.leader_uuid)
+        elif self.replica == "closest":
+            replicas.sort(key=lambda r: not _is_local(r.addr))
+        return replicas
+
+    @staticmethod
+    def _pick_leader(tablet: TabletLocation, attempt: int, unreachable: set[str]) -> Replica:
         replica = pick_replica(tablet, attempt, unreachable)
         if replica is None:
             raise errors.ServiceUnavailableError(f"tablet {tablet.tablet_id} has no replicas")
@@ -248,23 +299,23 @@ class Scanner:
         self,
         tablet_id: str,
         dest_uuid: str,
-        last_key: tuple[Any, ...] | None,
+        last_key: pa.RecordBatch | None,
         limit: int | None,
         follower: bool,
     ) -> Any:
+        if limit is not None and last_key is not None:
+            limit += 1  # the inclusive bound may return the last row sent again
         scan = tserver_pb2.NewScanRequestPB(
             tablet_id=tablet_id,
             projection=self._fetch,
             predicates=self.predicates,
             limit_rows=0 if limit is None else limit,
             read_mode=tserver_pb2.READ_FOLLOWER if follower else tserver_pb2.READ_LATEST,
-            max_staleness_ms=self.max_staleness_ms,
+            max_staleness_ms=self.max_staleness_ms if follower else 0,
             schema_version=self.info.schema.version,
         )
         if last_key is not None:
-            first = self.info.schema.key[0]
-            op = ">" if len(self.info.schema.key) == 1 else ">="
-            scan.predicates.append(predicate_to_pb(self.info.schema, (first, op, last_key[0])))
+            scan.lower_bound_key = _ipc(last_key)
         return tserver_pb2.ScanRequestPB(
             dest_uuid=dest_uuid,
             new_scan=scan,
@@ -272,24 +323,41 @@ class Scanner:
             batches_max=self.page_batches,
         )
 
-    def _last_key(self, batch: pa.RecordBatch) -> tuple[Any, ...]:
-        row = batch.num_rows - 1
-        return tuple(_raw(batch.column(k)[row]) for k in self.info.schema.key)
+    def _last_key(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+        return batch.select(self.info.schema.key).slice(batch.num_rows - 1, 1)
 
-    def _after(self, batch: pa.RecordBatch, last_key: tuple[Any, ...] | None) -> pa.RecordBatch:
-        """The rows of ``batch`` whose key is above ``last_key`` (only needed for composite
-        keys after a resume: a single-column key is resumed with ``>`` exactly)."""
-        if last_key is None or len(self.info.schema.key) == 1:
-            return batch
-        key = self.info.schema.key
-        above = pa.array([False] * batch.num_rows)
-        equal_so_far = pa.array([True] * batch.num_rows)
-        for name, value in zip(key, last_key, strict=True):
-            column = batch.column(name)
-            scalar = pa.scalar(value, type=column.type)
-            above = pc.or_(above, pc.and_(equal_so_far, pc.greater(column, scalar)))
-            equal_so_far = pc.and_(equal_so_far, pc.equal(column, scalar))
-        return batch.filter(above)
+    def _drop_last_sent(
+        self, batch: pa.RecordBatch, last_key: pa.RecordBatch | None
+    ) -> pa.RecordBatch:
+        """``batch`` (the first of a resumed scan) without its first row if that row is the
+        last one already sent; rows are in key order, so no other row can be."""
+        assert last_key is not None
+        for name in self.info.schema.key:
+            if batch.column(name)[0] != last_key.column(name)[0]:
+                return batch
+        return batch.slice(1)
+
+
+def _ipc(batch: pa.RecordBatch) -> bytes:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, batch.schema) as writer:
+        writer.write_batch(batch)
+    return bytes(sink.getvalue().to_pybytes())
+
+
+@functools.cache
+def _local_hosts() -> frozenset[str]:
+    """Names and addresses of this machine (for ``replica="closest"``)."""
+    names = {"localhost", "::1", socket.gethostname()}
+    # An unresolvable host name leaves loopback and the name itself.
+    with contextlib.suppress(OSError):
+        names.update(socket.gethostbyname_ex(socket.gethostname())[2])
+    return frozenset(names)
+
+
+def _is_local(addr: str) -> bool:
+    host = addr.rsplit(":", 1)[0].strip("[]")
+    return host.startswith("127.") or host in _local_hosts()
 
 
 def _raw(scalar: pa.Scalar) -> Any:

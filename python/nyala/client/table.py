@@ -12,7 +12,13 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from nyala.client.meta_cache import TableInfo, TabletLocation
-from nyala.client.scanner import SCAN_BATCH_BYTES, SCAN_PAGE_BATCHES, Predicate, Scanner
+from nyala.client.scanner import (
+    SCAN_ATTEMPT_TIMEOUT_MS,
+    SCAN_BATCH_BYTES,
+    SCAN_PAGE_BATCHES,
+    Predicate,
+    Scanner,
+)
 from nyala.client.write import WriteResult
 from nyala.partition import PartitionSchema
 from nyala.rowops import OpType
@@ -99,11 +105,19 @@ class Table:
         replica: str = "leader",
         max_staleness_ms: int = 0,
         timeout_ms: int | None = None,
+        attempt_timeout_ms: int = SCAN_ATTEMPT_TIMEOUT_MS,
         batch_size_bytes: int = SCAN_BATCH_BYTES,
         page_batches: int = SCAN_PAGE_BATCHES,
     ) -> Scanner:
         """A scan: iterate it for ``pyarrow.RecordBatch``es, or ``.to_arrow()`` /
-        ``.to_pandas()``. ``where`` holds predicates like ``("id", ">=", 10)``."""
+        ``.to_pandas()``. ``where`` holds predicates like ``("id", ">=", 10)``.
+
+        ``replica="leader"`` (default) is linearizable: every write acknowledged before the
+        scan is seen. ``"closest"``, ``"any"`` or ``"follower"`` read from a follower no more
+        than ``max_staleness_ms`` behind its leader (default 5000), which may miss the most
+        recent writes; a follower that cannot promise that refuses and the next replica, and
+        finally the leader, serves (see ``nyala.client.scanner``). ``attempt_timeout_ms``
+        bounds the wait for one page from one server before the scan moves on."""
         return Scanner(
             self._client._cache,
             self._client._pool,
@@ -114,6 +128,7 @@ class Table:
             replica=replica,
             max_staleness_ms=max_staleness_ms,
             timeout_ms=timeout_ms or self._client.timeout_ms,
+            attempt_timeout_ms=attempt_timeout_ms,
             batch_size_bytes=batch_size_bytes,
             page_batches=page_batches,
         )

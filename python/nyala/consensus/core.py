@@ -115,6 +115,19 @@ class ReplicaStatus:
     transfer_target: str | None
 
 
+@dataclass(frozen=True, slots=True)
+class LeaderContact:
+    """Follower reads (DESIGN.md §5): the last time this replica held everything its leader
+    had committed when the leader sent its message, measured on this replica's clock."""
+
+    term: int
+    leader_uuid: str
+    #: The leader's commit index in that message; this replica had it committed then.
+    commit_index: int
+    #: Milliseconds since the message arrived (transit time is not counted).
+    age_ms: int
+
+
 def bootstrap_cmeta(store: CmetaStore, config: RaftConfig) -> None:
     """Writes the first cmeta of a new replica (term 0, no vote, ``config`` committed)."""
     store.save(ConsensusMetadata(current_term=0, voted_for=None, committed_config=config))
@@ -155,6 +168,9 @@ class RaftCore:
         self._role = self._passive_role()
         self._announced: tuple[Role, int, str | None] | None = None
         self._last_leader_contact_ms: int | None = None
+        # Follower reads: (term, leader, leader's commit index, time) of the last
+        # AppendEntries after which this replica had everything that leader had committed.
+        self._caught_up: tuple[int, str, int, int] | None = None
         self._failed_elections = 0
         self._election: _Election | None = None
         self._election_deadline_ms = 0
@@ -229,6 +245,17 @@ class RaftCore:
             pending_config=self._pending_config,
             transfer_target=self._transfer.target if self._transfer else None,
         )
+
+    def leader_contact(self) -> LeaderContact | None:
+        """When this replica last had all its current leader had committed (follower reads);
+        None if never in this term, or if this replica is the leader."""
+        caught_up = self._caught_up
+        if caught_up is None or self._role is Role.LEADER:
+            return None
+        term, leader, commit_index, at_ms = caught_up
+        if term != self._term or leader != self._leader:
+            return None
+        return LeaderContact(term, leader, commit_index, self._clock.now_ms() - at_ms)
 
     @property
     def election_deadline_ms(self) -> int:
@@ -668,7 +695,7 @@ class RaftCore:
             self._leader_match = 0
             self._reported_durable = 0
             self._set_role(self._role, req.src)
-        self._last_leader_contact_ms = self._clock.now_ms()
+        contact_ms = self._last_leader_contact_ms = self._clock.now_ms()
         self._failed_elections = 0
         self._reset_election_timer()
         result = self._log.append_replicated(req.preceding, req.entries, self._commit_index)
@@ -681,6 +708,8 @@ class RaftCore:
             self._adopt_config_entries(req.entries.config_entries(), result.last_received.index)
         self._leader_match = max(self._leader_match, result.last_received.index)
         self._advance_commit(min(req.committed_index, result.last_received.index))
+        if self._commit_index >= req.committed_index:
+            self._caught_up = (self._term, req.src, req.committed_index, contact_ms)
         durable = min(self._log.durable_index(), self._leader_match)
         self._reported_durable = max(self._reported_durable, durable)
         self._send(

@@ -28,7 +28,7 @@ from typing import Any
 import pyarrow as pa
 
 from nyala.common.clock import Clock
-from nyala.consensus.core import bootstrap_cmeta
+from nyala.consensus.core import LeaderContact, bootstrap_cmeta
 from nyala.consensus.effects import Apply
 from nyala.consensus.metadata import ConsensusMetadata, FileCmetaStore
 from nyala.consensus.options import RaftOptions
@@ -41,6 +41,7 @@ from nyala.errors import (
     IllegalStateError,
     NotLeaderError,
     SchemaMismatchError,
+    StaleReplicaError,
     TabletNotRunningError,
 )
 from nyala.schema import Schema
@@ -366,3 +367,55 @@ class TabletReplica:
         self._require_leader(runtime)
         index = await runtime.read_index()
         return index, storage.scan(columns, where, limit=limit, **bounds)
+
+    async def scan_follower(
+        self,
+        max_staleness_ms: int,
+        columns: Sequence[str] | None = None,
+        where: Sequence[Predicate] = (),
+        *,
+        limit: int | None = None,
+        **bounds: Any,
+    ) -> tuple[int, pa.Table]:
+        """A follower read (Kudu's READ_LATEST on a follower, no ReadIndex): served at this
+        replica's applied index if it had everything its current leader had committed no more
+        than ``max_staleness_ms`` ago; ``StaleReplicaError`` otherwise. It may miss writes
+        acknowledged in that window. At the leader it is the linearizable ``scan``."""
+        runtime, storage, applier = self._running()
+        if runtime.role is Role.LEADER:
+            return await self.scan(columns, where, limit=limit, **bounds)
+        refusal = follower_read_refusal(
+            runtime.core.leader_contact(), max_staleness_ms, applier.applied_index
+        )
+        if refusal is not None:
+            raise StaleReplicaError(f"tablet {self.tablet_id}: {refusal}")
+        # Apply and this scan both run on the event loop, so the rows are exactly those at
+        # applied_index.
+        return applier.applied_index, storage.scan(columns, where, limit=limit, **bounds)
+
+
+def follower_read_refusal(
+    contact: LeaderContact | None, max_staleness_ms: int, applied_index: int
+) -> str | None:
+    """Why a follower may not serve a read with this staleness bound, or None if it may.
+
+    It may when, no more than ``max_staleness_ms`` ago, it held everything its current leader
+    (of the current term) had committed at that time, and it has applied all of that. Then
+    every write acknowledged before that moment is in its storage, so the read misses at most
+    the writes of the last ``max_staleness_ms`` (plus the message's transit time).
+    """
+    if max_staleness_ms <= 0:
+        return "a follower read needs a staleness bound (max_staleness_ms > 0)"
+    if contact is None:
+        return "no leader of the current term has been heard since this replica caught up"
+    if contact.age_ms > max_staleness_ms:
+        return (
+            f"last caught up with leader {contact.leader_uuid} {contact.age_ms} ms ago, "
+            f"over the staleness bound of {max_staleness_ms} ms"
+        )
+    if applied_index < contact.commit_index:
+        return (
+            f"applied index {applied_index} is behind the leader's commit index "
+            f"{contact.commit_index}"
+        )
+    return None
