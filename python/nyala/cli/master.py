@@ -2,22 +2,15 @@
 
 from __future__ import annotations
 
-import asyncio
-import faulthandler
 import json
-import logging
-import signal
-import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import click
 
 from nyala._proto import master_pb2, metadata_pb2
-from nyala.cli.options import given, one_line_errors, settings_options
-from nyala.cli.process import die_with_parent_if_asked
-from nyala.common.config import from_mapping, read_flagfile
+from nyala.cli.options import one_line_errors
+from nyala.cli.server_run import run_command
 from nyala.errors import InvalidArgumentError, NyalaError, TimedOutError
 from nyala.master.settings import MasterSettings
 from nyala.rpc import BlockingServerProxy, split_host_port
@@ -31,55 +24,15 @@ def group() -> None:
     """Run and manage masters."""
 
 
-@group.command(name="run")
-@click.option("--fs-root", type=click.Path(path_type=Path), required=True, help="Data root.")
-@click.option("--rpc-bind", default="127.0.0.1:7051", show_default=True, help="RPC HOST:PORT.")
-@click.option("--http-bind", default="127.0.0.1:8051", show_default=True, help="HTTP HOST:PORT.")
-@click.option("-m", "--masters", envvar="NYALA_MASTERS", default="", help=_MASTERS_HELP)
-@click.option("--uuid", default="", help="Refuse to start unless the fs root has this UUID.")
-@click.option("--log-level", default="INFO", show_default=True, help="Python logging level.")
-@click.option(
-    "--flagfile",
-    type=click.Path(path_type=Path, dir_okay=False),
-    default=None,
-    help="File of 'name = value' settings; flags given on the command line win.",
-)
-@settings_options(MasterSettings, exclude=_SERVER_FIELDS)
-@one_line_errors
-def run(
-    fs_root: Path,
-    rpc_bind: str,
-    http_bind: str,
-    masters: str,
-    uuid: str,
-    log_level: str,
-    flagfile: Path | None,
-    **tunables: Any,
-) -> None:
-    """Run a master in the foreground until SIGTERM or SIGINT."""
+async def _serve(settings: MasterSettings) -> None:
     from nyala.master import MasterServer
 
-    die_with_parent_if_asked()
-    # SIGUSR1 prints every thread's stack to the log: how to see where a stuck master waits.
-    faulthandler.register(signal.SIGUSR1, all_threads=True)
-    logging.basicConfig(
-        level=log_level.upper(),
-        stream=sys.stderr,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
-    settings = from_mapping(
-        MasterSettings,
-        {
-            "fs_root": fs_root,
-            "rpc_bind": rpc_bind,
-            "http_bind": http_bind,
-            "masters": tuple(m.strip() for m in masters.split(",") if m.strip()),
-            "uuid": uuid,
-            **(read_flagfile(flagfile) if flagfile is not None else {}),
-            **given(tunables),
-        },
-    )
-    asyncio.run(MasterServer(settings).run())
+    await MasterServer(settings).run()
+
+
+group.add_command(
+    run_command(MasterSettings, _serve, "Run a master in the foreground until SIGTERM or SIGINT.")
+)
 
 
 def _master_list(masters: str) -> list[str]:

@@ -13,15 +13,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import signal
-import time
 
 from nyala._proto import consensus_pb2_grpc, master_pb2, master_pb2_grpc
-from nyala.common.clock import RealClock
-from nyala.common.metrics import MetricsRegistry
-from nyala.consensus.options import RaftOptions
-from nyala.consensus.transport import GrpcTransport
-from nyala.consensus.wal_log import WalLogOptions
 from nyala.errors import IllegalStateError
 from nyala.master.background_tasks import BackgroundTasks
 from nyala.master.catalog_manager import CatalogManager
@@ -29,49 +22,30 @@ from nyala.master.formation import check_masters_match, discover_config, own_add
 from nyala.master.settings import MasterSettings
 from nyala.master.sys_catalog import SysCatalog
 from nyala.master.ts_manager import TSManager
-from nyala.rpc import HttpResponse, HttpServer, RpcMetrics, RpcServer
-from nyala.tablet import TabletDirs, TabletManager
-from nyala.tablet.replica import TabletReplica, TabletState
+from nyala.rpc import HttpResponse, HttpServer, RpcServer
+from nyala.tablet.replica import TabletState
 from nyala.tserver.consensus_service import ConsensusService
-from nyala.tserver.fs_manager import FsManager, InstanceInfo
+from nyala.tserver.server_base import ServerBase
 
 log = logging.getLogger(__name__)
 
 
-class MasterServer:
+class MasterServer(ServerBase):
     """One master. ``run`` serves until ``request_stop`` (or a signal)."""
 
     def __init__(self, settings: MasterSettings) -> None:
+        super().__init__(settings)
         self.settings = settings
-        self.fs = FsManager(settings.fs_root)
-        self.metrics = MetricsRegistry()
-        self._rpc_metrics = RpcMetrics(self.metrics)
-        self._stop = asyncio.Event()
-        self._stopping = False
-        self._started_s = time.monotonic()
-        self.instance: InstanceInfo | None = None
-        self.tablets: TabletManager | None = None
         self.manager: CatalogManager | None = None
         self._own_addr = ""
         self._tasks: asyncio.TaskGroup | None = None
         self._workers: list[asyncio.Task[None]] = []
 
-    @property
-    def uuid(self) -> str:
-        """This master's UUID (from the instance file)."""
-        assert self.instance is not None, "the fs root is opened by run()"
-        return self.instance.uuid
-
-    def request_stop(self) -> None:
-        """Starts a graceful shutdown; safe to call more than once."""
-        self._stop.set()
-
     async def run(self) -> None:
         """Opens the fs root, serves until stopped, shuts down gracefully."""
         masters = self.settings.master_addrs
         self._own_addr = own_address(self.settings.rpc_bind, masters)
-        self.instance = self.fs.open(self.settings.uuid)
-        tablets = self.tablets = self._open_tablets()
+        tablets = self._open_fs_and_tablets()
         try:
             sys_catalog = SysCatalog(tablets, self.settings.catalog_write_timeout_ms)
             self._check_existing(sys_catalog)
@@ -84,23 +58,8 @@ class MasterServer:
             self._register_metrics()
             await self._serve(sys_catalog)
         finally:
-            tablets.shutdown()
+            self._close_fs_and_tablets()
         log.info("master %s stopped", self.uuid)
-
-    def _open_tablets(self) -> TabletManager:
-        dirs = TabletDirs(
-            tablet_meta=self.fs.dir("tablet-meta"),
-            consensus_meta=self.fs.dir("consensus-meta"),
-            wals=self.fs.dir("wals"),
-            data=self.fs.dir("data"),
-        )
-        options = WalLogOptions(
-            segment_size_bytes=self.settings.wal_segment_bytes,
-            sync="group" if self.settings.wal_sync else "none",
-        )
-        manager = TabletManager(dirs, options)
-        manager.open_all()
-        return manager
 
     def _check_existing(self, sys_catalog: SysCatalog) -> None:
         replica = sys_catalog.replica
@@ -125,13 +84,7 @@ class MasterServer:
                 "/tablet-servers": self._tservers_page,
             },
         )
-        await rpc.start()
-        try:
-            await http.start()
-        except BaseException:
-            await rpc.stop(0)
-            raise
-        self._install_signal_handlers()
+        await self._start_listening(rpc, http)
         log.info("master %s ready: rpc %s, http %s", self.uuid, rpc.address, http.address)
         background = BackgroundTasks(self.manager, self.settings.rpc_settings())
         async with asyncio.TaskGroup() as tasks:
@@ -157,36 +110,8 @@ class MasterServer:
             )
             log.info("creating the sys catalog with config %s", [p.address for p in config.peers])
             replica = await asyncio.to_thread(sys_catalog.create, config)
-        self._start_replica(replica)
-
-    def _start_replica(self, replica: TabletReplica) -> None:
         assert self._tasks is not None
-        transport = GrpcTransport(
-            self.uuid,
-            replica.tablet_id,
-            lambda peer: self._peer_address(replica, peer),
-            settings=self.settings.rpc_settings(),
-        )
-        replica.start_consensus(
-            self.uuid, self._tasks, transport, RealClock(), raft_options=self._raft_options()
-        )
-
-    @staticmethod
-    def _peer_address(replica: TabletReplica, peer_uuid: str) -> str | None:
-        runtime = replica.runtime
-        peer = None if runtime is None else runtime.core.active_config.peer(peer_uuid)
-        return None if peer is None else peer.address
-
-    def _raft_options(self) -> RaftOptions:
-        s = self.settings
-        return RaftOptions(
-            heartbeat_interval_ms=s.heartbeat_interval_ms,
-            missed_heartbeats_before_election=s.leader_failure_max_missed_heartbeat_periods,
-            election_jitter_fraction=s.election_timeout_jitter_pct / 100,
-            election_backoff_max_ms=s.election_backoff_max_ms,
-            batch_bytes_max=s.consensus_batch_bytes_max,
-            peer_inflight_bytes_max=max(4 * s.consensus_batch_bytes_max, 4 << 20),
-        )
+        self._start_consensus(replica, self._tasks)
 
     def _build_rpc_server(self) -> RpcServer:
         assert self.tablets is not None
@@ -205,20 +130,8 @@ class MasterServer:
         )
         return server
 
-    def _install_signal_handlers(self) -> None:
-        loop = asyncio.get_running_loop()
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(signum, self._on_signal, signum)
-
-    def _on_signal(self, signum: int) -> None:
-        log.info("received %s, shutting down", signal.Signals(signum).name)
-        self.request_stop()
-
     async def _shutdown_when_stopped(self, rpc: RpcServer, http: HttpServer) -> None:
-        await self._stop.wait()
-        self._stopping = True
-        await rpc.stop(self.settings.shutdown_grace_ms / 1000)
-        await http.stop()
+        await self._stop_listening(rpc, http)
         for worker in self._workers:
             worker.cancel()
         assert self.tablets is not None
@@ -229,9 +142,7 @@ class MasterServer:
     # --- HTTP -------------------------------------------------------------------------------
 
     def _register_metrics(self) -> None:
-        self.metrics.gauge(
-            "nyala_server_uptime_seconds", "Seconds since the server started"
-        ).set_callback(lambda: [({}, time.monotonic() - self._started_s)])
+        self._register_uptime()
         self.metrics.gauge(
             "nyala_master_is_leader", "1 if this master leads with its catalog loaded"
         ).set_callback(self._is_leader_gauge)
@@ -246,15 +157,6 @@ class MasterServer:
     def _live_tservers_gauge(self) -> list[tuple[dict[str, str], float]]:
         count = 0 if self.manager is None else len(self.manager.ts_manager.live())
         return [({}, float(count))]
-
-    async def _healthz(self) -> HttpResponse:
-        if self._stopping:
-            return HttpResponse(503, b"stopping\n")
-        return HttpResponse(200, b"ok\n")
-
-    async def _metrics_page(self) -> HttpResponse:
-        body = self.metrics.render().encode()
-        return HttpResponse(200, body, "text/plain; version=0.0.4; charset=utf-8")
 
     @staticmethod
     def _json(doc: object) -> HttpResponse:

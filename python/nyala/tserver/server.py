@@ -12,8 +12,6 @@ import asyncio
 import functools
 import json
 import logging
-import signal
-import time
 from collections.abc import Callable
 
 from nyala._proto import (
@@ -22,20 +20,14 @@ from nyala._proto import (
     tserver_admin_pb2_grpc,
     tserver_pb2_grpc,
 )
-from nyala.common.clock import RealClock
-from nyala.common.metrics import MetricsRegistry
 from nyala.consensus.core import ReplicaStatus
-from nyala.consensus.options import RaftOptions
-from nyala.consensus.transport import GrpcTransport
 from nyala.consensus.types import Role
-from nyala.consensus.wal_log import WalLogOptions
 from nyala.errors import NyalaError, ServiceUnavailableError
-from nyala.rpc import HttpResponse, HttpServer, RpcMetrics, RpcServer
-from nyala.tablet import TabletDirs, TabletManager
+from nyala.rpc import HttpResponse, HttpServer, RpcServer
 from nyala.tablet.replica import TabletReplica
 from nyala.tserver.consensus_service import ConsensusService
-from nyala.tserver.fs_manager import FsManager, InstanceInfo
 from nyala.tserver.scanners import ScannerRegistry
+from nyala.tserver.server_base import ServerBase
 from nyala.tserver.services import AdminService, TabletService
 from nyala.tserver.settings import TabletServerSettings
 from nyala.tserver.tablet_copy_service import TabletCopy
@@ -57,21 +49,18 @@ _PER_TABLET_GAUGES: dict[str, tuple[str, Callable[[ReplicaStatus], float]]] = {
 }
 
 
-class TabletServer:
+class TabletServer(ServerBase):
     """One tablet server. ``run`` serves until ``request_stop`` (or a signal)."""
 
+    # One batch out per follower: what is proposed meanwhile rides in the next one (measured:
+    # about 40 % less server CPU per single-row write, docs/performance.md).
+    PEER_INFLIGHT_BATCHES_MAX = 1
+
     def __init__(self, settings: TabletServerSettings) -> None:
+        super().__init__(settings)
         self.settings = settings
-        self.fs = FsManager(settings.fs_root)
-        self.metrics = MetricsRegistry()
-        self._rpc_metrics = RpcMetrics(self.metrics)
-        self._stop = asyncio.Event()
-        self._stopping = False
-        self._started_s = time.monotonic()
-        self.instance: InstanceInfo | None = None
         self.rpc: RpcServer | None = None
         self.http: HttpServer | None = None
-        self.tablets: TabletManager | None = None
         # The group every replica's Raft runs in; set while serving.
         self._replica_tasks: asyncio.TaskGroup | None = None
         self._flush_task: asyncio.Task[None] | None = None
@@ -79,20 +68,9 @@ class TabletServer:
         self.copy: TabletCopy | None = None
         self._copy_tasks: list[asyncio.Task[None]] = []
 
-    @property
-    def uuid(self) -> str:
-        """This server's UUID (from the instance file)."""
-        assert self.instance is not None, "the fs root is opened by run()"
-        return self.instance.uuid
-
-    def request_stop(self) -> None:
-        """Starts a graceful shutdown; safe to call more than once."""
-        self._stop.set()
-
     async def run(self) -> None:
         """Opens the fs root, serves until stopped, shuts down gracefully."""
-        self.instance = self.fs.open(self.settings.uuid)
-        tablets = self.tablets = self._open_tablets()
+        tablets = self._open_fs_and_tablets()
         self._register_metrics()
         self.copy = TabletCopy(
             self.uuid,
@@ -114,37 +92,13 @@ class TabletServer:
         try:
             await self._serve()
         finally:
-            tablets.shutdown()
-            self.fs.unlock()
+            self._close_fs_and_tablets()
         log.info("tserver %s stopped", self.uuid)
-
-    def _open_tablets(self) -> TabletManager:
-        dirs = TabletDirs(
-            tablet_meta=self.fs.dir("tablet-meta"),
-            consensus_meta=self.fs.dir("consensus-meta"),
-            wals=self.fs.dir("wals"),
-            data=self.fs.dir("data"),
-        )
-        options = WalLogOptions(
-            segment_size_bytes=self.settings.wal_segment_bytes,
-            sync="group" if self.settings.wal_sync else "none",
-            min_segments_to_retain=self.settings.wal_min_segments_to_retain,
-        )
-        manager = TabletManager(dirs, options)
-        # Every replica is opened or marked FAILED; one bad tablet never stops the server.
-        manager.open_all()
-        return manager
 
     async def _serve(self) -> None:
         assert self.rpc is not None
         assert self.http is not None
-        await self.rpc.start()
-        try:
-            await self.http.start()
-        except BaseException:
-            await self.rpc.stop(0)
-            raise
-        self._install_signal_handlers()
+        await self._start_listening(self.rpc, self.http)
         log.info(
             "tserver %s ready: rpc %s, http %s, fs root %s",
             self.uuid,
@@ -178,15 +132,7 @@ class TabletServer:
             raise ServiceUnavailableError("the server is not serving yet")
         if replica.runtime is not None or replica.storage is None:
             return
-        transport = GrpcTransport(
-            self.uuid,
-            replica.tablet_id,
-            lambda peer: self._peer_address(replica, peer),
-            settings=self.settings.rpc_settings(),
-        )
-        replica.start_consensus(
-            self.uuid, tasks, transport, RealClock(), raft_options=self._raft_options()
-        )
+        self._start_consensus(replica, tasks)
         if self.copy is not None:
             self.copy.hook_replica(replica)  # auto-vivification of followers by tablet copy
 
@@ -196,26 +142,6 @@ class TabletServer:
         replica = self.tablets.lookup(tablet_id)
         if replica is not None:
             await replica.stop_consensus()
-
-    @staticmethod
-    def _peer_address(replica: TabletReplica, peer_uuid: str) -> str | None:
-        runtime = replica.runtime
-        peer = None if runtime is None else runtime.core.active_config.peer(peer_uuid)
-        return None if peer is None else peer.address
-
-    def _raft_options(self) -> RaftOptions:
-        s = self.settings
-        return RaftOptions(
-            heartbeat_interval_ms=s.heartbeat_interval_ms,
-            missed_heartbeats_before_election=s.leader_failure_max_missed_heartbeat_periods,
-            election_jitter_fraction=s.election_timeout_jitter_pct / 100,
-            election_backoff_max_ms=s.election_backoff_max_ms,
-            batch_bytes_max=s.consensus_batch_bytes_max,
-            peer_inflight_bytes_max=max(4 * s.consensus_batch_bytes_max, 4 << 20),
-            # One batch out per follower: what is proposed meanwhile rides in the next one
-            # (measured: about 40 % less server CPU per single-row write, docs/performance.md).
-            peer_inflight_batches_max=1,
-        )
 
     def _build_rpc_server(self) -> RpcServer:
         assert self.tablets is not None, "tablets are opened before the RPC server is built"
@@ -252,15 +178,6 @@ class TabletServer:
             )
         return server
 
-    def _install_signal_handlers(self) -> None:
-        loop = asyncio.get_running_loop()
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(signum, self._on_signal, signum)
-
-    def _on_signal(self, signum: int) -> None:
-        log.info("received %s, shutting down", signal.Signals(signum).name)
-        self.request_stop()
-
     async def _flush_loop(self) -> None:
         """Flushes every running replica's MemRowSet every ``flush_interval_ms``."""
         assert self.tablets is not None
@@ -291,16 +208,14 @@ class TabletServer:
             self.settings.master_heartbeat_interval_ms,
             self.tablets,
             self.settings.rpc_settings(),
+            peer_failed_after_ms=self.settings.follower_unavailable_considered_failed_s * 1000,
         )
         await heartbeater.run()
 
     async def _shutdown_when_stopped(self) -> None:
-        await self._stop.wait()
-        self._stopping = True
         assert self.rpc is not None
         assert self.http is not None
-        await self.rpc.stop(self.settings.shutdown_grace_ms / 1000)
-        await self.http.stop()
+        await self._stop_listening(self.rpc, self.http)
         if self._flush_task is not None:
             self._flush_task.cancel()  # it may sleep for flush_interval_ms
         if self._heartbeat_task is not None:
@@ -315,9 +230,7 @@ class TabletServer:
         self._replica_tasks = None
 
     def _register_metrics(self) -> None:
-        self.metrics.gauge(
-            "nyala_server_uptime_seconds", "Seconds since the server started"
-        ).set_callback(lambda: [({}, time.monotonic() - self._started_s)])
+        self._register_uptime()
         tablets = self.metrics.gauge(
             "nyala_tablets", "Tablet replicas on this server, by state", ("state",)
         )
@@ -341,15 +254,6 @@ class TabletServer:
         for report in self.list_tablets():
             counts[report.state] = counts.get(report.state, 0) + 1
         return [({"state": state}, float(n)) for state, n in sorted(counts.items())]
-
-    async def _healthz(self) -> HttpResponse:
-        if self._stopping:
-            return HttpResponse(503, b"stopping\n")
-        return HttpResponse(200, b"ok\n")
-
-    async def _metrics_page(self) -> HttpResponse:
-        body = self.metrics.render().encode()
-        return HttpResponse(200, body, "text/plain; version=0.0.4; charset=utf-8")
 
     async def _tablets(self) -> HttpResponse:
         body = json.dumps(

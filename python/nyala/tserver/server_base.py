@@ -1,0 +1,155 @@
+"""What every server process shares: tablet servers and masters both open an fs root, host
+tablet replicas (a master hosts the sys catalog) whose Raft talks gRPC to their peers, serve
+RPC and HTTP from one asyncio event loop, and shut down gracefully on SIGTERM or SIGINT.
+
+``TabletServer`` and ``MasterServer`` extend ``ServerBase`` with their services, pages and
+background work; start-up order and shutdown stay theirs to say.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import signal
+import time
+from typing import ClassVar
+
+from nyala.common.clock import RealClock
+from nyala.common.metrics import MetricsRegistry
+from nyala.consensus.options import RaftOptions
+from nyala.consensus.transport import GrpcTransport
+from nyala.consensus.wal_log import WalLogOptions
+from nyala.rpc import HttpResponse, HttpServer, RpcMetrics, RpcServer
+from nyala.tablet import TabletDirs, TabletManager
+from nyala.tablet.replica import TabletReplica
+from nyala.tserver.fs_manager import FsManager, InstanceInfo
+from nyala.tserver.server_settings import ServerSettings
+
+log = logging.getLogger(__name__)
+
+
+class ServerBase:
+    """The fs root, metrics, replicas' Raft wiring, signals and the common HTTP pages."""
+
+    #: Batches in flight to each follower (None: the Raft core's default).
+    PEER_INFLIGHT_BATCHES_MAX: ClassVar[int | None] = None
+
+    def __init__(self, settings: ServerSettings) -> None:
+        self.server_settings = settings
+        self.fs = FsManager(settings.fs_root)
+        self.metrics = MetricsRegistry()
+        self._rpc_metrics = RpcMetrics(self.metrics)
+        self._stop = asyncio.Event()
+        self._stopping = False
+        self._started_s = time.monotonic()
+        self.instance: InstanceInfo | None = None
+        self.tablets: TabletManager | None = None
+
+    @property
+    def uuid(self) -> str:
+        """This server's UUID (from the instance file)."""
+        assert self.instance is not None, "the fs root is opened by run()"
+        return self.instance.uuid
+
+    def request_stop(self) -> None:
+        """Starts a graceful shutdown; safe to call more than once."""
+        self._stop.set()
+
+    def _open_fs_and_tablets(self) -> TabletManager:
+        """Opens the fs root (refusing a foreign or damaged one) and every replica on it; a
+        replica that cannot open is marked FAILED, one bad tablet never stops the server."""
+        s = self.server_settings
+        self.instance = self.fs.open(s.uuid)
+        dirs = TabletDirs(
+            tablet_meta=self.fs.dir("tablet-meta"),
+            consensus_meta=self.fs.dir("consensus-meta"),
+            wals=self.fs.dir("wals"),
+            data=self.fs.dir("data"),
+        )
+        options = WalLogOptions(
+            segment_size_bytes=s.wal_segment_bytes,
+            sync="group" if s.wal_sync else "none",
+            min_segments_to_retain=s.wal_min_segments_to_retain,
+        )
+        manager = self.tablets = TabletManager(dirs, options)
+        manager.open_all()
+        return manager
+
+    def _close_fs_and_tablets(self) -> None:
+        if self.tablets is not None:
+            self.tablets.shutdown()
+        self.fs.unlock()
+
+    def _start_consensus(self, replica: TabletReplica, tasks: asyncio.TaskGroup) -> None:
+        """Runs ``replica``'s Raft in ``tasks``, talking gRPC to the peers of its config."""
+        transport = GrpcTransport(
+            self.uuid,
+            replica.tablet_id,
+            lambda peer: _peer_address(replica, peer),
+            settings=self.server_settings.rpc_settings(),
+        )
+        replica.start_consensus(
+            self.uuid, tasks, transport, RealClock(), raft_options=self._raft_options()
+        )
+
+    def _raft_options(self) -> RaftOptions:
+        s = self.server_settings
+        options = RaftOptions(
+            heartbeat_interval_ms=s.heartbeat_interval_ms,
+            missed_heartbeats_before_election=s.leader_failure_max_missed_heartbeat_periods,
+            election_jitter_fraction=s.election_timeout_jitter_pct / 100,
+            election_backoff_max_ms=s.election_backoff_max_ms,
+            batch_bytes_max=s.consensus_batch_bytes_max,
+            peer_inflight_bytes_max=max(4 * s.consensus_batch_bytes_max, 4 << 20),
+        )
+        if self.PEER_INFLIGHT_BATCHES_MAX is None:
+            return options
+        return dataclasses.replace(
+            options, peer_inflight_batches_max=self.PEER_INFLIGHT_BATCHES_MAX
+        )
+
+    async def _start_listening(self, rpc: RpcServer, http: HttpServer) -> None:
+        """Binds RPC then HTTP (unbinding RPC if HTTP fails) and installs the signal handlers."""
+        await rpc.start()
+        try:
+            await http.start()
+        except BaseException:
+            await rpc.stop(0)
+            raise
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, self._on_signal, signum)
+
+    def _on_signal(self, signum: int) -> None:
+        log.info("received %s, shutting down", signal.Signals(signum).name)
+        self.request_stop()
+
+    async def _stop_listening(self, rpc: RpcServer, http: HttpServer) -> None:
+        """Waits for a stop request, then turns health to 503 and stops RPC (running calls get
+        ``shutdown_grace_ms``) and HTTP."""
+        await self._stop.wait()
+        self._stopping = True
+        await rpc.stop(self.server_settings.shutdown_grace_ms / 1000)
+        await http.stop()
+
+    def _register_uptime(self) -> None:
+        self.metrics.gauge(
+            "nyala_server_uptime_seconds", "Seconds since the server started"
+        ).set_callback(lambda: [({}, time.monotonic() - self._started_s)])
+
+    async def _healthz(self) -> HttpResponse:
+        if self._stopping:
+            return HttpResponse(503, b"stopping\n")
+        return HttpResponse(200, b"ok\n")
+
+    async def _metrics_page(self) -> HttpResponse:
+        body = self.metrics.render().encode()
+        return HttpResponse(200, body, "text/plain; version=0.0.4; charset=utf-8")
+
+
+def _peer_address(replica: TabletReplica, peer_uuid: str) -> str | None:
+    """The address the replica's active config gives for ``peer_uuid``."""
+    runtime = replica.runtime
+    peer = None if runtime is None else runtime.core.active_config.peer(peer_uuid)
+    return None if peer is None else peer.address

@@ -1,0 +1,78 @@
+"""The settings every server process shares (DESIGN.md §8): tablet servers and masters both host
+tablet replicas (a master hosts the sys catalog), so both take the same addresses, Raft, WAL and
+RPC settings. ``TabletServerSettings`` and ``MasterSettings`` extend this class with their own
+fields and their own default ports.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import ClassVar
+
+from nyala.rpc.settings import MIB, RpcSettings
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    """Addresses, Raft, WAL and RPC settings of one server; flags map 1:1 onto the fields."""
+
+    fs_root: Path
+    rpc_bind: str = "127.0.0.1:7050"
+    http_bind: str = "127.0.0.1:8050"
+    # Every master's RPC address (for a master: this one's included; empty means alone).
+    masters: tuple[str, ...] = field(default_factory=tuple)
+    # Expected server UUID; refuse a root formatted for another one. Empty: take the root's.
+    uuid: str = ""
+
+    # Raft (Kudu's defaults).
+    heartbeat_interval_ms: int = 500
+    leader_failure_max_missed_heartbeat_periods: int = 3
+    election_timeout_jitter_pct: int = 25
+    election_backoff_max_ms: int = 20_000
+    consensus_batch_bytes_max: int = 1 * MIB
+
+    # WAL.
+    wal_segment_bytes: int = 8 * MIB
+    wal_sync: bool = True
+    # Closed WAL segments kept whatever the anchors say (retention).
+    wal_min_segments_to_retain: int = 1
+
+    # RPC.
+    rpc_message_bytes_max: int = 50 * MIB
+    rpc_client_timeout_ms: int = 10_000
+    rpc_admin_timeout_ms: int = 30_000
+    # How long running RPCs may finish after SIGTERM before they are cancelled.
+    shutdown_grace_ms: int = 5_000
+
+    #: Fields that must be positive; a subclass adds its own in ``POSITIVE_FIELDS``.
+    _COMMON_POSITIVE: ClassVar[tuple[str, ...]] = (
+        "heartbeat_interval_ms",
+        "leader_failure_max_missed_heartbeat_periods",
+        "consensus_batch_bytes_max",
+        "wal_segment_bytes",
+    )
+    POSITIVE_FIELDS: ClassVar[tuple[str, ...]] = ()
+
+    def __post_init__(self) -> None:
+        for name in (*self._COMMON_POSITIVE, *self.POSITIVE_FIELDS):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if not 0 <= self.election_timeout_jitter_pct < 100:
+            raise ValueError("election_timeout_jitter_pct must be in [0, 100)")
+        if self.shutdown_grace_ms < 0 or self.wal_min_segments_to_retain < 0:
+            raise ValueError("shutdown_grace_ms and wal_min_segments_to_retain must be >= 0")
+        self.rpc_settings()  # validates the RPC limits
+
+    @property
+    def election_timeout_ms(self) -> int:
+        """The base election timeout, before jitter and back-off."""
+        return self.heartbeat_interval_ms * self.leader_failure_max_missed_heartbeat_periods
+
+    def rpc_settings(self) -> RpcSettings:
+        """The RPC layer's view of these settings."""
+        return RpcSettings(
+            message_bytes_max=self.rpc_message_bytes_max,
+            client_timeout_ms=self.rpc_client_timeout_ms,
+            admin_timeout_ms=self.rpc_admin_timeout_ms,
+        )
