@@ -18,6 +18,7 @@ way to storage; DESIGN.md §4 wants that loop in Rust.
 
 from __future__ import annotations
 
+import heapq
 import struct
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -82,6 +83,8 @@ class Applier:
         self.applied_index = storage.last_applied_index
         # client id -> seq no -> outcome; trimmed below the client's first incomplete seq no.
         self._outcomes: dict[str, dict[int, WriteOutcome]] = {}
+        # client id -> min-heap of the seq nos in ``_outcomes[client]`` (for trimming).
+        self._kept_seqs: dict[str, list[int]] = {}
         # client id -> the highest first-incomplete seq no it sent: outcomes below are gone.
         self._watermarks: dict[str, int] = {}
         # op index -> outcome, for the proposer of that op to collect.
@@ -149,11 +152,17 @@ class Applier:
             self._remember(request, outcome)
 
     def _remember(self, request: RequestId, outcome: WriteOutcome) -> None:
-        per_client = self._outcomes.setdefault(request.client_id, {})
+        client = request.client_id
+        per_client = self._outcomes.get(client)
+        if per_client is None:
+            per_client = self._outcomes[client] = {}
+            self._kept_seqs[client] = []
         per_client[request.seq_no] = outcome
-        watermark = max(
-            self._watermarks.get(request.client_id, -1), request.first_incomplete_seq_no
-        )
-        self._watermarks[request.client_id] = watermark
-        for seq in [s for s in per_client if s < watermark]:
-            del per_client[seq]
+        kept = self._kept_seqs[client]
+        heapq.heappush(kept, request.seq_no)
+        watermark = max(self._watermarks.get(client, -1), request.first_incomplete_seq_no)
+        self._watermarks[client] = watermark
+        # Trimmed from the lowest kept seq no up: a scan of every kept outcome per write was
+        # quadratic while one old request of a busy client stayed incomplete.
+        while kept and kept[0] < watermark:
+            per_client.pop(heapq.heappop(kept), None)

@@ -251,3 +251,28 @@ async def _restart_replays_committed_entries_above_last_flushed_index(tmp_path: 
         await _converged(replicas, [1, 2, 3, 4, 5])
         await _write_retrying(replicas, [6])
         await _converged(replicas, [1, 2, 3, 4, 5, 6])
+
+
+def test_outcomes_arriving_out_of_order_are_kept_until_the_client_completes_them(
+    tmp_path: Path,
+) -> None:
+    asyncio.run(_outcomes_arriving_out_of_order(tmp_path))
+
+
+async def _outcomes_arriving_out_of_order(tmp_path: Path) -> None:
+    async with _running(tmp_path, create=True) as replicas:
+        leader = await _leader(replicas)
+        # Concurrent requests of one client reach the log out of seq-no order.
+        outcomes = {}
+        for seq in (3, 1, 2):
+            outcomes[seq] = await leader.write(RequestId("c", seq, 1), 0, _ops([seq], "upsert"))
+        for seq in (1, 2, 3):  # retries answer with the first outcome
+            again = await leader.write(RequestId("c", seq, 1), 0, _ops([99], "upsert"))
+            assert again == outcomes[seq]
+        # Requests 1 and 2 are declared complete; 3 (still incomplete) is kept.
+        await leader.write(RequestId("c", 4, 3), 0, _ops([4], "upsert"))
+        for seq in (1, 2):
+            with pytest.raises(errors.AbortedError, match="declared complete"):
+                await leader.write(RequestId("c", seq, 3), 0, _ops([99], "upsert"))
+        assert await leader.write(RequestId("c", 3, 3), 0, _ops([99], "upsert")) == outcomes[3]
+        await _converged(replicas, [1, 2, 3, 4])
