@@ -3,17 +3,21 @@
 One master, four tservers, a failure timeout of 3 s. Killing a tserver that hosts replicas must
 bring every affected tablet back to three voters on the survivors (3-4-3: a NON_VOTER is
 copied and promoted, then the dead voter is evicted) with no acknowledged row lost; when the
-dead tserver comes back, its stale replicas are tombstoned by the master.
+dead tserver comes back, its stale replicas are tombstoned by the master. Also: a replica whose
+tablet FAILED on a tserver that stays up (its leader reports it FAILED_UNRECOVERABLE) is
+replaced; the 3-2-3 mode evicts before it adds; the replicas of a table deleted while their
+tserver was down are tombstoned when it comes back.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import pyarrow as pa
 import pytest
 
-from nyala._proto import metadata_pb2
+from nyala._proto import master_pb2, metadata_pb2, tserver_admin_pb2
 from nyala.errors import NyalaError
 from nyala.schema import Column, Schema
 from nyala.testing import MiniCluster
@@ -23,6 +27,7 @@ from nyala.testing.replica_ops import committed_config, tablet_states, voters
 from nyala.testing.tablet_ops import scan, write_to_leader
 
 FAILED_AFTER_S = 3
+SLOW_FAILED_AFTER_S = 120
 MASTER_FLAGS = fast_master_flags(
     "--background-rpc-retry-ms",
     "500",
@@ -31,7 +36,11 @@ MASTER_FLAGS = fast_master_flags(
     "--follower-unavailable-considered-failed-sec",
     str(FAILED_AFTER_S),
 )
-TSERVER_FLAGS = FAST_TSERVER_FLAGS
+TSERVER_FLAGS = [
+    *FAST_TSERVER_FLAGS,
+    "--follower-unavailable-considered-failed-s",
+    str(FAILED_AFTER_S),
+]
 SCHEMA = Schema([Column("id", "int64"), Column("v", "string", nullable=True)], key=["id"])
 
 
@@ -119,3 +128,146 @@ def test_killed_tserver_is_replaced_and_its_replicas_tombstoned(cluster: MiniClu
     assert fully_replicated_without(cluster, tablet_ids, victim_uuid) or all(
         len(voters(committed_config(cluster.leader_of(t), t))) == 3 for t in tablet_ids
     )
+
+
+def _peer_sets(cluster: MiniCluster, tablet_id: str) -> tuple[set[str], int] | None:
+    """(voters, number of peers) of the leader's committed config, or None."""
+    try:
+        leader = cluster.leader_of(tablet_id, timeout_s=2)
+    except NyalaError:
+        return None
+    config = committed_config(leader, tablet_id)
+    return None if config is None else (voters(config), len(config.peers))
+
+
+def test_replica_failed_on_a_live_tserver_is_replaced(
+    make_cluster: Callable[..., MiniCluster],
+) -> None:
+    # A failure timeout far longer than the test: the restarted tserver is never "dead", and
+    # the broken replica is replaced because it is reported FAILED (by its tserver, and as
+    # FAILED_UNRECOVERABLE by its leader), not because anything timed out.
+    slow = str(SLOW_FAILED_AFTER_S)
+    cluster = make_cluster(
+        4,
+        num_masters=1,
+        master_flags=[*MASTER_FLAGS, "--follower-unavailable-considered-failed-sec", slow],
+        tserver_flags=[*TSERVER_FLAGS, "--follower-unavailable-considered-failed-s", slow],
+    )
+    ops.call(cluster, "CreateTable", ops.create_table_request("rf", SCHEMA, buckets=2))
+    ops.wait_create_done(cluster, "rf")
+    tablet_ids = [t.tablet_id for t in ops.locations(cluster, "rf")]
+    broken, intact = tablet_ids
+    expected = write_rows(cluster, tablet_ids, 0, 0)
+    leader = cluster.leader_of(broken)
+    members = voters(committed_config(leader, broken))
+    # A follower of the broken tablet, if possible one that also hosts the intact one.
+    intact_members = voters(committed_config(cluster.leader_of(intact), intact))
+    followers = sorted(members - {leader.uuid}, key=lambda u: u not in intact_members)
+    victim = next(ts for ts in cluster.tservers if ts.uuid == followers[0])
+    victim_uuid = str(victim.uuid)
+
+    victim.kill()
+    superblock = victim.fs_root / "tablet-meta" / broken
+    image = bytearray(superblock.read_bytes())
+    image[len(image) // 2] ^= 0x5A
+    superblock.write_bytes(bytes(image))
+    victim.restart()
+    states = {s.tablet_status.tablet_id: s.tablet_status.state for s in _listed(victim)}
+    assert states[broken] == metadata_pb2.FAILED
+
+    for tablet_id, count in write_rows(cluster, tablet_ids, 100, 100).items():
+        expected[tablet_id] += count
+    ops.wait_until(
+        lambda: fully_replicated_without(cluster, [broken], victim_uuid),
+        timeout_s=SLOW_FAILED_AFTER_S / 2,
+        what="the broken tablet back to 3 voters without the failed replica",
+    )
+    # The tserver stayed up and heartbeating all along: only the failed replica was replaced.
+    assert victim.is_running()
+    live = {ts.ts_info.permanent_uuid for ts in _live_tservers(cluster)}
+    assert victim.uuid in live
+    if victim.uuid in intact_members:
+        assert victim.uuid in voters(committed_config(cluster.leader_of(intact), intact))
+    for tablet_id in tablet_ids:
+        assert scan(cluster.leader_of(tablet_id), tablet_id, SCHEMA).num_rows == expected[tablet_id]
+
+
+def test_3_2_3_mode_evicts_before_adding(make_cluster: Callable[..., MiniCluster]) -> None:
+    cluster = make_cluster(
+        4,
+        num_masters=1,
+        master_flags=[*MASTER_FLAGS, "--no-prepare-replacement-before-eviction"],
+        tserver_flags=TSERVER_FLAGS,
+    )
+    ops.call(cluster, "CreateTable", ops.create_table_request("ev", SCHEMA, buckets=1))
+    ops.wait_create_done(cluster, "ev")
+    tablet_id = ops.locations(cluster, "ev")[0].tablet_id
+    expected = write_rows(cluster, [tablet_id], 0, 0)[tablet_id]
+    leader = cluster.leader_of(tablet_id)
+    members = voters(committed_config(leader, tablet_id))
+    victim = next(ts for ts in cluster.tservers if ts.uuid in members - {leader.uuid})
+    victim.kill()
+    expected += write_rows(cluster, [tablet_id], 100, 100)[tablet_id]
+
+    seen: list[tuple[set[str], int]] = []
+
+    def watch() -> bool:
+        now = _peer_sets(cluster, tablet_id)
+        if now is not None and (not seen or seen[-1] != now):
+            seen.append(now)
+        return now is not None and len(now[0]) == 3 and victim.uuid not in now[0] and now[1] == 3
+
+    ops.wait_until(watch, timeout_s=60, what="3-2-3: back to 3 voters without the dead one")
+    # Evicted first: a config of the two survivors alone, and never four peers at once.
+    assert (members - {victim.uuid}, 2) in seen, seen
+    assert all(peers <= 3 for _, peers in seen), seen
+    assert scan(cluster.leader_of(tablet_id), tablet_id, SCHEMA).num_rows == expected
+
+
+def test_replicas_of_a_table_deleted_while_down_are_tombstoned(cluster: MiniCluster) -> None:
+    ops.call(cluster, "CreateTable", ops.create_table_request("gone", SCHEMA, buckets=2))
+    ops.wait_create_done(cluster, "gone")
+    tablets = ops.locations(cluster, "gone")
+    hosting: dict[str, list[str]] = {}
+    for t in tablets:
+        for r in t.replicas:
+            hosting.setdefault(r.ts_info.permanent_uuid, []).append(t.tablet_id)
+    victim_uuid = max(hosting, key=lambda u: len(hosting[u]))
+    victim = next(ts for ts in cluster.tservers if ts.uuid == victim_uuid)
+    held = hosting[victim_uuid]
+    write_rows(cluster, [t.tablet_id for t in tablets], 0, 0)
+
+    victim.kill()
+    ops.call(cluster, "DeleteTable", master_pb2.DeleteTableRequestPB(table=ops.table_ident("gone")))
+    victim.restart()
+    ops.wait_until(
+        lambda: all(
+            tablet_states(victim).get(t) == metadata_pb2.TABLET_DATA_TOMBSTONED for t in held
+        ),
+        timeout_s=30,
+        what="the returning tserver's replicas of the deleted table tombstoned",
+    )
+    # And every other replica of the table too (none was resurrected by the returning one).
+    ops.wait_until(
+        lambda: all(
+            tablet_states(ts).get(t.tablet_id, metadata_pb2.TABLET_DATA_TOMBSTONED)
+            == metadata_pb2.TABLET_DATA_TOMBSTONED
+            for ts in cluster.tservers
+            for t in tablets
+        ),
+        timeout_s=30,
+        what="no replica of the deleted table left READY",
+    )
+
+
+def _listed(ts: Any) -> list[Any]:
+    with ts.proxy() as proxy:
+        answer = proxy.call(
+            proxy.admin.ListTablets, tserver_admin_pb2.ListTabletsRequestPB(dest_uuid=ts.uuid)
+        )
+    return list(answer.status_and_schema)
+
+
+def _live_tservers(cluster: MiniCluster) -> list[Any]:
+    answer = ops.call(cluster, "ListTabletServers", master_pb2.ListTabletServersRequestPB())
+    return [s for s in answer.servers if s.live]

@@ -47,7 +47,7 @@ from nyala.consensus.messages import (
 )
 from nyala.consensus.metadata import CmetaStore, ConsensusMetadata
 from nyala.consensus.options import RaftOptions
-from nyala.consensus.progress import PeerProgress
+from nyala.consensus.progress import PeerHealth, PeerProgress
 from nyala.consensus.types import (
     MIN_OP_ID,
     EntryKind,
@@ -322,8 +322,27 @@ class RaftCore:
         self._check_running()
         progress = self._progress.get(uuid)
         if self._role is Role.LEADER and progress is not None:
+            progress.last_contact_ms = self._clock.now_ms()
             self._need_copy(progress)
         self._flush_meta()
+
+    def peer_failed(self, uuid: str, reason: str) -> None:
+        """The runtime reports that follower ``uuid`` cannot be caught up by waiting: it
+        answered that its replica is FAILED, or it refused the tablet copy it needs. Its health
+        is ``FAILED_UNRECOVERABLE`` until it answers with a log. Leader only; else ignored."""
+        progress = self._progress.get(uuid)
+        if self._role is Role.LEADER and progress is not None:
+            progress.last_contact_ms = self._clock.now_ms()
+            progress.unrecoverable = reason
+
+    def peer_health(self, failed_after_ms: int) -> dict[str, PeerHealth]:
+        """Leader only: the health of every other peer of the active config (empty when not
+        leader), for the tablet report to the master; ``failed_after_ms`` is the time without
+        any answer after which a peer is ``FAILED``."""
+        if self._role is not Role.LEADER:
+            return {}
+        now = self._clock.now_ms()
+        return {u: p.health(now, failed_after_ms) for u, p in sorted(self._progress.items())}
 
     def on_log_durable(self, index: int) -> None:
         """The runtime reports that the log is durable up to ``index``."""
@@ -808,7 +827,8 @@ class RaftCore:
         progress = self._progress.get(resp.src)
         if progress is None:
             return  # no longer a member
-        progress.last_ack_ms = self._clock.now_ms()
+        progress.last_ack_ms = progress.last_contact_ms = self._clock.now_ms()
+        progress.unrecoverable = None  # it answers with a log: its replica runs
         progress.acked_seq = max(progress.acked_seq, resp.seq)
         progress.copy_needed = False  # it answered with a log: a copy, if any, is over
         if resp.status is AppendStatus.LOG_MISMATCH:
@@ -926,7 +946,9 @@ class RaftCore:
                 del self._progress[uuid]
         next_index = self._log.last_op_id().index + 1
         for uuid in sorted(members - self._progress.keys()):
-            self._progress[uuid] = PeerProgress(uuid=uuid, next_index=next_index)
+            self._progress[uuid] = PeerProgress(
+                uuid=uuid, next_index=next_index, tracked_since_ms=self._clock.now_ms()
+            )
 
     # --- leader: reads and transfer ---------------------------------------------------------
 

@@ -1,9 +1,26 @@
-"""``PeerProgress``: what a leader knows about one follower's log, and its replication window."""
+"""``PeerProgress``: what a leader knows about one follower's log, its replication window, and
+the follower's health as the leader reports it to the master (``PeerHealth``)."""
 
 from __future__ import annotations
 
+import enum
 from collections import deque
 from dataclasses import dataclass, field
+
+
+class PeerHealth(enum.Enum):
+    """A follower's health as its leader sees it (Kudu's per-peer health report).
+
+    ``FAILED_UNRECOVERABLE``: the follower answered that its replica is FAILED, or it needs
+    entries this leader's WAL no longer holds and a tablet copy onto it was refused; waiting
+    does not help. ``FAILED``: not heard from for the failure timeout. ``UNKNOWN``: not heard
+    from yet, within the failure timeout.
+    """
+
+    UNKNOWN = "UNKNOWN"
+    HEALTHY = "HEALTHY"
+    FAILED = "FAILED"
+    FAILED_UNRECOVERABLE = "FAILED_UNRECOVERABLE"
 
 
 @dataclass(slots=True)
@@ -26,6 +43,12 @@ class PeerProgress:
     last_ack_ms: int | None = None  # None: not heard from in this term
     # The follower can only be caught up by a tablet copy; no entries are sent meanwhile.
     copy_needed: bool = False
+    # When the leader began tracking this follower (health is UNKNOWN for the failure timeout).
+    tracked_since_ms: int = 0
+    # Any answer, refusals (TABLET_NOT_FOUND, TABLET_FAILED) included: the follower is reachable.
+    last_contact_ms: int | None = None
+    # Why waiting will not help (its replica FAILED, a copy refused); cleared by a log answer.
+    unrecoverable: str | None = None
 
     def sent(self, last_index: int, size_bytes: int, now_ms: int) -> None:
         """A batch ending at ``last_index`` went out."""
@@ -72,6 +95,15 @@ class PeerProgress:
         self.probing = True
         self.inflight.clear()
         self.inflight_bytes = 0
+
+    def health(self, now_ms: int, failed_after_ms: int) -> PeerHealth:
+        """The follower's health at ``now_ms`` with failure timeout ``failed_after_ms``."""
+        if self.unrecoverable is not None:
+            return PeerHealth.FAILED_UNRECOVERABLE
+        heard = self.last_contact_ms
+        if now_ms - (self.tracked_since_ms if heard is None else heard) > failed_after_ms:
+            return PeerHealth.FAILED
+        return PeerHealth.UNKNOWN if heard is None else PeerHealth.HEALTHY
 
     def oldest_inflight_ms(self) -> int | None:
         """When the oldest unacknowledged batch was sent."""

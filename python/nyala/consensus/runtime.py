@@ -41,6 +41,7 @@ from nyala.consensus.membership import ConfigChange
 from nyala.consensus.messages import Message
 from nyala.consensus.metadata import CmetaStore
 from nyala.consensus.options import RaftOptions
+from nyala.consensus.progress import PeerHealth
 from nyala.consensus.transport import Transport
 from nyala.consensus.types import OpId, Role
 from nyala.errors import (
@@ -224,6 +225,19 @@ class RaftRuntime:
             return
         self.core.peer_needs_copy(peer_uuid)
         self._schedule_pump()
+
+    def peer_failed(self, peer_uuid: str, reason: str) -> None:
+        """Follower ``peer_uuid`` cannot be caught up by waiting (its replica is FAILED, or it
+        refused a tablet copy): its health becomes ``FAILED_UNRECOVERABLE``."""
+        if self._loop is None or self._failure is not None:
+            return
+        self.core.peer_failed(peer_uuid, reason)
+
+    def peer_health(self, failed_after_ms: int) -> dict[str, PeerHealth]:
+        """The leader's view of each follower's health (empty when not leader)."""
+        if self._loop is None or self._failure is not None:
+            return {}
+        return self.core.peer_health(failed_after_ms)
 
     def campaign(self) -> None:
         """Starts an election now (pre-vote first)."""

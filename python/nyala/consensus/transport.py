@@ -266,6 +266,9 @@ class GrpcTransport:
         # Told the uuid of a peer whose stream was refused with TABLET_NOT_FOUND (the runtime's
         # ``peer_needs_copy``: auto-vivification by tablet copy).
         self.on_tablet_not_found: Callable[[str], None] | None = None
+        # Told (uuid, reason) of a peer whose stream was refused with TABLET_FAILED (the
+        # runtime's ``peer_failed``: its health report says FAILED_UNRECOVERABLE).
+        self.on_tablet_failed: Callable[[str, str], None] | None = None
 
     # --- Transport ------------------------------------------------------------------------
 
@@ -363,6 +366,9 @@ class GrpcTransport:
                 not_found = pb.error.code == common_pb2.TABLET_NOT_FOUND
                 if not_found and self.on_tablet_not_found is not None:
                     self.on_tablet_not_found(peer_uuid)
+                failed = pb.error.code == common_pb2.TABLET_FAILED
+                if failed and self.on_tablet_failed is not None:
+                    self.on_tablet_failed(peer_uuid, pb.error.message)
                 raise_for_response(pb)  # the server refused the stream: reopen it later
             self._inbound(wire.append_response_from_pb(pb, dest=self.uuid, seq=seq))
         raise _StreamEnded

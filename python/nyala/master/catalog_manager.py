@@ -106,7 +106,8 @@ class CatalogManager:
         self.reports: dict[str, dict[str, Any]] = {}
         # (tserver uuid, tablet id) -> CAS op index (None: no CAS) of a tombstone to send.
         self.pending_deletes: dict[tuple[str, str], int | None] = {}
-        # Tablet servers being retired (RetireTabletServer): placement keeps new replicas off.
+        # Tablet servers retired (RetireTabletServer): placement keeps new replicas off them.
+        # Each is a sys-catalog record (loaded with the catalog), so a new leader honours it.
         self.retired_tservers: set[str] = set()
 
     # --- leadership -------------------------------------------------------------------------
@@ -165,6 +166,7 @@ class CatalogManager:
             if status is None or status.role is not Role.LEADER or status.term != term:
                 return
             self.catalog = Catalog.from_records(contents.tables, contents.tablets)
+            self.retired_tservers = {pb.ts_uuid for pb in contents.tservers if pb.retired}
             self.reports.clear()
             self.pending_deletes.clear()
             self._loaded_term = term

@@ -5,7 +5,7 @@ itself (the master's record may lag by a heartbeat), compares it with the wanted
 sends the leader at most one step (``ChangeConfig`` with a CAS on that config's op index, or a
 ``LeaderStepDown``). The answer says whether the wanted state holds (``done``); callers repeat
 the same request until it does. Nothing is remembered between calls except the set of retired
-tablet servers, which a repeated ``RetireTabletServer`` re-establishes on a new leader master,
+tablet servers, which is a sys-catalog record (a new leader master loads it with the catalog),
 so every operation is safe to retry after a master failover.
 
 Moves reuse re-replication: the new replica joins as a NON_VOTER with ``promote`` and the old
@@ -248,7 +248,7 @@ class ReplicaAdmin:
         catalog = self._m.require_leader()
         if self._m.ts_manager.get(ts_uuid) is None:
             raise NotFoundError(f"tablet server {ts_uuid} is unknown to the master")
-        self._m.retired_tservers.add(ts_uuid)
+        await self._persist_retired(ts_uuid)
         remaining = [
             t.tablet_id
             for t in catalog.tablets_by_id.values()
@@ -270,6 +270,20 @@ class ReplicaAdmin:
         if remaining:
             return Outcome(False, f"{len(remaining)} tablets still have a replica on {ts_uuid}")
         return Outcome(True, f"{ts_uuid} holds no replicas: retired")
+
+    async def _persist_retired(self, ts_uuid: str) -> None:
+        """Replicates the retired mark before any replica is moved (so placement on any later
+        leader master keeps new replicas off the server), then adds it to the in-memory set."""
+        async with self._m._lock:
+            self._m.require_leader()
+            if ts_uuid in self._m.retired_tservers:
+                return
+            record = master_pb2.SysTServerEntryPB(
+                ts_uuid=ts_uuid, retired=True, retire_time_us=time.time_ns() // 1000
+            )
+            await self._m.replicate([CatalogRecord.tserver(record)])
+            self._m.retired_tservers.add(ts_uuid)
+        log.info("tablet server %s retired", ts_uuid)
 
     async def change_replication_factor(self, ident: Any, num_replicas: int) -> Outcome:
         """ChangeReplicationFactor: the table's record first, then re-replication adds or

@@ -9,13 +9,17 @@ newer config; nothing is retried blindly, so a new leader master simply carries 
 
 A voter is *bad* when its tserver has not heartbeated for
 ``follower_unavailable_considered_failed_sec``, when its own tserver reports the replica FAILED,
-or when its ``replace`` attribute is set (replaced even though healthy). The default mode is
-3-4-3 (``prepare_replacement_before_eviction``): add a NON_VOTER with ``promote`` on a live
-tserver chosen by the placement policy, let the leader copy and promote it, and only then evict
-the bad voter. The 3-2-3 mode evicts first. In both modes nothing is ever evicted unless the
-voters left behind still hold a healthy majority, and the leader is never evicted (it is asked to
-step down first). The evicted replica is tombstoned by the catalog manager when it reports again
-(CAS on the config's op index: it can only delete a replica that is really out of the config).
+when the tablet's leader reports it FAILED or FAILED_UNRECOVERABLE (the per-peer health of the
+leader's tablet report: unreachable for the failure timeout, its replica FAILED, or a tablet
+copy it needs refused; this catches a replica that cannot serve on a tserver that heartbeats
+normally), or when its ``replace`` attribute is set (replaced even though healthy). The
+default mode is 3-4-3 (``prepare_replacement_before_eviction``): add a NON_VOTER with
+``promote`` on a live tserver chosen by the placement policy, let the leader copy and promote
+it, and only then evict the bad voter. The 3-2-3 mode evicts first. In both modes nothing is
+ever evicted unless the voters left behind still hold a healthy majority, and the leader is
+never evicted (it is asked to step down first). The evicted replica is tombstoned by the
+catalog manager when it reports again (CAS on the config's op index: it can only delete a
+replica that is really out of the config).
 
 This module owns only the decision (``decide``, pure) and the pass over the catalog
 (``Rereplicator.plan``); the background tasks send the RPCs.
@@ -34,6 +38,7 @@ from nyala.master.catalog import TabletInfo
 from nyala.master.placement import choose_replicas
 
 _FAILED = metadata_pb2.FAILED
+_LEADER_SAYS_FAILED = (master_pb2.HEALTH_FAILED, master_pb2.HEALTH_FAILED_UNRECOVERABLE)
 
 
 class Action(enum.Enum):
@@ -163,13 +168,28 @@ class Rereplicator:
         ts = self._m.ts_manager.get(ts_uuid)
         return ts is not None and bool(self._m.ts_manager.is_live(ts))
 
+    def leader_health(self, tablet: TabletInfo) -> dict[str, int]:
+        """The per-peer health (``PeerHealth`` values) in the last report of the tablet's
+        recorded leader, if that report is its own as leader of the recorded term or later."""
+        cstate = tablet.pb.consensus_state
+        leader = cstate.leader_uuid
+        reported = self._m.reports.get(tablet.tablet_id, {}).get(leader)
+        if not leader or reported is None or not reported.HasField("consensus_state"):
+            return {}
+        rc = reported.consensus_state
+        if rc.leader_uuid != leader or rc.current_term < cstate.current_term:
+            return {}
+        return {h.permanent_uuid: int(h.health) for h in reported.peer_health}
+
     def peer_views(self, tablet: TabletInfo) -> list[PeerView]:
         """The committed config of ``tablet`` with each peer's health."""
         reports = self._m.reports.get(tablet.tablet_id, {})
+        health = self.leader_health(tablet)
         out = []
         for peer in tablet.pb.consensus_state.committed_config.peers:
             reported = reports.get(peer.permanent_uuid)
             replica_failed = reported is not None and reported.state == _FAILED
+            replica_failed |= health.get(peer.permanent_uuid) in _LEADER_SAYS_FAILED
             out.append(
                 PeerView(
                     uuid=peer.permanent_uuid,

@@ -2,7 +2,8 @@
 tablet, WAL, storage and consensus code as any tserver tablet.
 
 Each row is one record: ``(entry_type, entry_id) -> metadata``, where metadata is a serialized
-``SysTableEntryPB`` or ``SysTabletEntryPB`` (master.proto). ``write`` replicates any number of
+``SysTableEntryPB``, ``SysTabletEntryPB`` or ``SysTServerEntryPB`` (a retired tablet server)
+(master.proto). ``write`` replicates any number of
 records as ONE op batch, so a logical operation (a table and all its tablets) commits or fails
 as a whole (seed 002, "Ensure each logical operation is replicated as one batch"). ``load``
 reads every record back; the caller must have confirmed leadership first (``read_index``), so
@@ -16,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import enum
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
@@ -51,6 +52,7 @@ class EntryType(enum.IntEnum):
 
     TABLE = 1
     TABLET = 2
+    TSERVER = 3
 
 
 @dataclass(frozen=True)
@@ -59,7 +61,7 @@ class CatalogRecord:
 
     entry_type: EntryType
     entry_id: str
-    metadata: Any  # a SysTableEntryPB or SysTabletEntryPB
+    metadata: Any  # a SysTableEntryPB, SysTabletEntryPB or SysTServerEntryPB
 
     @staticmethod
     def table(pb: Any) -> CatalogRecord:
@@ -71,6 +73,11 @@ class CatalogRecord:
         """The row of a tablet record."""
         return CatalogRecord(EntryType.TABLET, str(pb.tablet_id), pb)
 
+    @staticmethod
+    def tserver(pb: Any) -> CatalogRecord:
+        """The row of a tablet-server record."""
+        return CatalogRecord(EntryType.TSERVER, str(pb.ts_uuid), pb)
+
 
 @dataclass(frozen=True)
 class CatalogContents:
@@ -78,6 +85,7 @@ class CatalogContents:
 
     tables: list[Any]  # SysTableEntryPB
     tablets: list[Any]  # SysTabletEntryPB
+    tservers: list[Any] = field(default_factory=list)  # SysTServerEntryPB
 
 
 def encode_records(records: Sequence[CatalogRecord]) -> bytes:
@@ -98,6 +106,7 @@ def decode_contents(table: pa.Table) -> CatalogContents:
     """The records of a scan of the whole sys catalog; ``CorruptionError`` if one is bad."""
     tables: list[Any] = []
     tablets: list[Any] = []
+    tservers: list[Any] = []
     columns = table.to_pydict()
     for kind, entry_id, raw in zip(
         columns["entry_type"], columns["entry_id"], columns["metadata"], strict=True
@@ -108,6 +117,9 @@ def decode_contents(table: pa.Table) -> CatalogContents:
         elif kind == EntryType.TABLET:
             pb = master_pb2.SysTabletEntryPB()
             target = tablets
+        elif kind == EntryType.TSERVER:
+            pb = master_pb2.SysTServerEntryPB()
+            target = tservers
         else:
             raise CorruptionError(f"sys catalog row {entry_id!r} has unknown entry type {kind}")
         try:
@@ -115,7 +127,7 @@ def decode_contents(table: pa.Table) -> CatalogContents:
         except Exception as exc:  # protobuf raises DecodeError (not a nyala error)
             raise CorruptionError(f"sys catalog row {entry_id!r} does not parse: {exc}") from None
         target.append(pb)
-    return CatalogContents(tables, tablets)
+    return CatalogContents(tables, tablets, tservers)
 
 
 class SysCatalog:

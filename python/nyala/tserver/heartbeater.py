@@ -12,8 +12,14 @@ Tablet reports go only to the master that answered as leader with a loaded catal
   replica reported once is not reported again until it changes).
 
 A replica's reported state is compared as a signature (runtime and data state, Raft term,
-leader, committed config op index, schema version), recomputed at each heartbeat, so no hook
-in the replica code is needed for a change to be reported.
+leader, committed config op index, schema version, and for a leader its followers' health),
+recomputed at each heartbeat, so no hook in the replica code is needed for a change to be
+reported.
+
+A leader's report carries the health of each follower (Kudu's per-peer health report:
+HEALTHY, FAILED after ``follower_unavailable_considered_failed_s`` without an answer,
+FAILED_UNRECOVERABLE when the follower's replica is FAILED or it refused the copy it needs), so
+the master replaces a replica that cannot serve even while its tserver heartbeats.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nyala._proto import master_pb2, metadata_pb2
+from nyala.consensus.progress import PeerHealth
 from nyala.errors import NetworkError, NyalaError, WrongServerUuidError
 from nyala.rpc import ServerProxy, split_host_port
 from nyala.rpc.settings import RpcSettings
@@ -35,6 +42,15 @@ from nyala.tserver.convert import config_to_pb
 log = logging.getLogger(__name__)
 
 Signature = tuple[object, ...]
+
+_HEALTH_PB = {
+    PeerHealth.UNKNOWN: master_pb2.HEALTH_UNKNOWN,
+    PeerHealth.HEALTHY: master_pb2.HEALTH_HEALTHY,
+    PeerHealth.FAILED: master_pb2.HEALTH_FAILED,
+    PeerHealth.FAILED_UNRECOVERABLE: master_pb2.HEALTH_FAILED_UNRECOVERABLE,
+}
+#: Default of ``follower_unavailable_considered_failed_s`` (Kudu's 300 s).
+PEER_FAILED_AFTER_MS_DEFAULT = 300_000
 
 
 @dataclass
@@ -70,8 +86,11 @@ class Heartbeater:
         interval_ms: int,
         tablets: TabletManager,
         rpc_settings: RpcSettings,
+        *,
+        peer_failed_after_ms: int = PEER_FAILED_AFTER_MS_DEFAULT,
     ) -> None:
         self._uuid = server_uuid
+        self._peer_failed_after_ms = peer_failed_after_ms
         self._registration = master_pb2.TSRegistrationPB(
             rpc_addr=_host_port(rpc_addr), http_addr=_host_port(http_addr)
         )
@@ -137,9 +156,32 @@ class Heartbeater:
                 pb.consensus_state.current_term = st.term
                 pb.consensus_state.leader_uuid = leader
                 pb.consensus_state.committed_config.CopyFrom(config_to_pb(st.committed_config))
-            signature = (pb.state, pb.data_state, term, leader, config_index, pb.schema_version)
+                health = self._peer_health(runtime, pb)
+            else:
+                health = ()
+            signature = (
+                pb.state,
+                pb.data_state,
+                term,
+                leader,
+                config_index,
+                pb.schema_version,
+                health,
+            )
             out[status.tablet_id] = (signature, pb)
         return out
+
+    def _peer_health(self, runtime: Any, pb: Any) -> tuple[tuple[str, int], ...]:
+        """Fills the followers' health into a leader's report; returns it for the signature."""
+        out = []
+        core = runtime.core
+        for uuid, health in runtime.peer_health(self._peer_failed_after_ms).items():
+            entry = pb.peer_health.add(permanent_uuid=uuid, health=_HEALTH_PB[health])
+            progress = core.peer_progress(uuid)
+            if health is PeerHealth.FAILED_UNRECOVERABLE and progress is not None:
+                entry.reason = progress.unrecoverable or ""
+            out.append((uuid, int(entry.health)))
+        return tuple(out)
 
     async def _heartbeat(self, proxy: ServerProxy, master: _MasterState) -> bool:
         """One heartbeat; True to send the next one at once (a full report is wanted)."""

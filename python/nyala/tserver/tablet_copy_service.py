@@ -28,7 +28,7 @@ from nyala.common.clock import RealClock
 from nyala.consensus.effects import StartTabletCopy
 from nyala.consensus.metadata import decode_cmeta
 from nyala.consensus.transport import GrpcTransport
-from nyala.errors import InvalidArgumentError, NyalaError
+from nyala.errors import InvalidArgumentError, NyalaError, TabletFailedError
 from nyala.rpc import HttpResponse, RpcMetrics, ServiceBase, unary
 from nyala.rpc.channel import ServerProxy
 from nyala.rpc.errors import join_host_port, split_host_port
@@ -223,6 +223,7 @@ class TabletCopy:
         runtime.on_start_copy = lambda effect: self._on_start_copy(replica, effect)
         if isinstance(transport, GrpcTransport):
             transport.on_tablet_not_found = runtime.peer_needs_copy
+            transport.on_tablet_failed = runtime.peer_failed
 
     def _on_start_copy(self, replica: TabletReplica, effect: StartTabletCopy) -> None:
         key = (replica.tablet_id, effect.peer_uuid)
@@ -260,6 +261,11 @@ class TabletCopy:
                 effect.peer_uuid,
                 response.job_id,
             )
+        except TabletFailedError as exc:
+            # Its replica failed: no copy can replace it there (health FAILED_UNRECOVERABLE).
+            runtime = replica.runtime
+            if runtime is not None:
+                runtime.peer_failed(effect.peer_uuid, f"tablet copy refused: {exc}")
         except NyalaError as exc:
             log.debug("StartTabletCopy of %s on %s: %s", key[0], key[1], exc)
         finally:
