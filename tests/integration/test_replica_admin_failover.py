@@ -68,3 +68,26 @@ def test_move_finishes_after_master_failover_and_replication_factor_changes(
             what="three voters again",
         )
     assert scan(cluster.leader_of(tablet_id), tablet_id, SCHEMA).num_rows == 30
+
+
+def test_retired_tserver_stays_retired_after_master_failover(cluster: MiniCluster) -> None:
+    ops.call(cluster, "CreateTable", ops.create_table_request("rt", SCHEMA, buckets=2))
+    ops.wait_create_done(cluster, "rt")
+    hosted: dict[str, int] = {}
+    for t in ops.locations(cluster, "rt"):
+        for r in t.replicas:
+            hosted[r.ts_info.permanent_uuid] = hosted.get(r.ts_info.permanent_uuid, 0) + 1
+    retired = str(max(cluster.tservers, key=lambda ts: hosted.get(str(ts.uuid), 0)).uuid)
+
+    with nyala.connect(",".join(cluster.master_addrs)) as client:
+        client.admin.retire_tserver(retired, timeout_s=90)
+        cluster.leader_master().kill()
+        # The new leader loaded the retired mark with the catalog: new tablets (whose least
+        # loaded candidate would be the empty retired server) avoid it ...
+        ops.call(cluster, "CreateTable", ops.create_table_request("after", SCHEMA, buckets=4))
+        ops.wait_create_done(cluster, "after")
+        for name in ("rt", "after"):
+            for t in ops.locations(cluster, name):
+                assert retired not in {r.ts_info.permanent_uuid for r in t.replicas}, name
+        # ... and the retirement, repeated, is done at once.
+        assert "retired" in client.admin.retire_tserver(retired, wait=False, timeout_s=60)

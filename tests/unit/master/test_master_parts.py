@@ -72,6 +72,20 @@ def test_sys_catalog_records_round_trip_through_storage(tmp_path: object) -> Non
     assert list(catalog.tables_by_id["t1"].tablets) == ["a" * 32]
 
 
+def test_retired_tserver_records_round_trip(tmp_path: object) -> None:
+    from pathlib import Path
+
+    from nyala.master.sys_catalog import SYS_CATALOG_SCHEMA
+
+    engine = StorageEngine.create(Path(str(tmp_path)) / "cat", SYS_CATALOG_SCHEMA)
+    table = master_pb2.SysTableEntryPB(table_id="t1", name="events", num_replicas=3)
+    retired = master_pb2.SysTServerEntryPB(ts_uuid="ts-9", retired=True, retire_time_us=7)
+    engine.apply(encode_records([CatalogRecord.table(table), CatalogRecord.tserver(retired)]), 1)
+    contents = decode_contents(engine.scan())
+    assert [t.table_id for t in contents.tables] == ["t1"]
+    assert [(s.ts_uuid, s.retired) for s in contents.tservers] == [("ts-9", True)]
+
+
 def _tablet(state: int = master_pb2.SYS_TABLET_CREATING) -> master_pb2.SysTabletEntryPB:
     pb = master_pb2.SysTabletEntryPB(tablet_id="b" * 32, table_id="t", state=state)
     for uuid in ("x", "y", "z"):
