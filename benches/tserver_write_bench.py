@@ -1,12 +1,22 @@
 """Tablet server write benchmark: three real tserver processes on loopback, one tablet, fsync on.
 
-Measured in one run against the same cluster:
+Measured in one run against the same cluster (a master too: the client finds the tablet
+through it):
 
 * baseline: 64 concurrent ``Ping`` calls to the leader (ops/s): the RPC round trip with no
   consensus, WAL or storage behind it;
-* (a) 64 concurrent writers, each sending single-row ``Write`` calls (one ~100-byte row, one
-  Raft entry each), waiting for every acknowledgement: ops/s and p50/p99 latency;
-* (b) one writer sending batches of 1,000 rows: rows/s and p50/p99 per batch.
+* (a) 64 writer threads sharing one ``nyala.Client``, each writing single ~100-byte rows and
+  waiting for every acknowledgement, through the client's send path (``Writer``: request ids,
+  retries, and the per-server write pipe that coalesces concurrent writes into one
+  ``WriteMulti`` call): ``single_row_ops_per_s``, p50/p99 latency, writes per call. The rows
+  are encoded before the clock starts (as in every phase: client-side encoding is measured by
+  ``benches/client_write_bench.py``); ``single_row_ops_per_s_api`` is the same load through
+  ``Table.upsert``, encoding included;
+* (a') the old figure, one ``Write`` RPC per row from 64 asyncio tasks with no coalescing:
+  ``single_row_ops_per_s_uncoalesced``;
+* (b) batches of 1,000 rows: ``batched_rows_per_s`` from ``BATCH_WRITERS`` concurrent writer
+  threads through the client (a single sequential writer is latency-bound: every batch waits
+  for an fsync on a majority), and ``batched_rows_per_s_one_writer`` from one writer.
 
 The last line printed is one JSON object (DESIGN.md §9) with ``single_row_ops_per_s``,
 ``batched_rows_per_s``, ``p99_ms_single`` and the baseline. Targets (issue 7):
@@ -25,10 +35,15 @@ import itertools
 import json
 import os
 import statistics
+import threading
 import time
 from typing import Any
 
+import numpy as np
+
+import nyala
 from nyala._proto import common_pb2, tserver_pb2
+from nyala.client.write import _Request
 from nyala.errors import AbortedError, RetriableError, TimedOutError, WrongServerUuidError
 from nyala.rowops import encode, make_op_batch
 from nyala.rpc import ServerProxy
@@ -36,7 +51,9 @@ from nyala.schema import Column, Schema
 from nyala.testing import MiniCluster
 
 SCHEMA = Schema([Column("id", "int64"), Column("payload", "string")], ["id"])
-TABLET = "be" * 16
+WRITERS = 64
+BATCH_ROWS = 1000
+BATCH_WRITERS = 8
 PAYLOAD = "x" * 92  # with the 8-byte key, a 100-byte row
 _PHASES = itertools.count()
 PREENCODED_BATCHES = 2_000  # distinct batches cycled through (upserts, so repeats are fine)
@@ -100,15 +117,16 @@ class CpuMeter:
 class Leader:
     """Where writes go; follows NOT_THE_LEADER hints (leadership can move under load)."""
 
-    def __init__(self, cluster: MiniCluster) -> None:
+    def __init__(self, cluster: MiniCluster, tablet_id: str) -> None:
         self.cluster = cluster
+        self.tablet_id = tablet_id
         self.uuid = ""
         self.proxy: ServerProxy | None = None
         self.changes = 0
 
     async def find(self) -> ServerProxy:
         """Looks the leader up (blocking calls in a thread; the channel on the loop)."""
-        ts = await asyncio.to_thread(self.cluster.leader_of, TABLET)
+        ts = await asyncio.to_thread(self.cluster.leader_of, self.tablet_id)
         assert ts.uuid is not None
         if ts.uuid != self.uuid:
             self.changes += 1
@@ -141,7 +159,7 @@ async def _writes(
                 proxy = leader.proxy or await leader.find()
                 request = tserver_pb2.WriteRequestPB(
                     dest_uuid=leader.uuid,
-                    tablet_id=TABLET,
+                    tablet_id=leader.tablet_id,
                     request_id=common_pb2.RequestIdPB(
                         client_id=client_id, seq_no=seq, first_incomplete_seq_no=seq
                     ),
@@ -166,38 +184,139 @@ async def _writes(
     return len(latencies) / (time.perf_counter() - started), latencies, retries
 
 
-async def _measure(cluster: MiniCluster, seconds: float) -> dict[str, Any]:
-    leader = Leader(cluster)
+def _client_writes(
+    client: nyala.Client, table: Any, threads: int, rows: int, seconds: float
+) -> dict[str, Any]:
+    """``threads`` writer threads sharing ``client``, each sending pre-encoded ``rows``-row
+    batches through the client's send path (exactly-once requests, retries, the coalescing
+    write pipe) and waiting for each acknowledgement."""
+    writer = client._writer  # the send path of Table.write, minus the encoding
+    info = table._info
+    tablet_id = table.tablets()[0].tablet_id
+    count = max(50, PREENCODED_BATCHES // rows)
+    payloads = [_ops(range(k * rows, (k + 1) * rows)) for k in range(count)]
+    positions = np.arange(rows)
+    calls_before = sum(p.calls_sent for p in writer._pipes.values())
+    writes_before = sum(p.writes_sent for p in writer._pipes.values())
+    latencies: list[list[float]] = [[] for _ in range(threads)]
+    stop = time.perf_counter() + seconds
+
+    def run(k: int) -> None:
+        mine = latencies[k]
+        i = k
+        while time.perf_counter() < stop:
+            request = _Request(tablet_id, writer.requests.new(), payloads[i % count], positions)
+            i += threads
+            began = time.perf_counter()
+            row_errors = writer._send_all(info, [request], time.monotonic() + 60)
+            assert not row_errors, row_errors[:3]
+            mine.append((time.perf_counter() - began) * 1000)
+
+    started = time.perf_counter()
+    workers = [threading.Thread(target=run, args=(k,)) for k in range(threads)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    elapsed = time.perf_counter() - started
+    merged = [x for per in latencies for x in per]
+    calls = sum(p.calls_sent for p in writer._pipes.values()) - calls_before
+    writes = sum(p.writes_sent for p in writer._pipes.values()) - writes_before
+    return {
+        "ops_per_s": len(merged) / elapsed,
+        "latencies": merged,
+        "writes_per_call": writes / max(1, calls),
+    }
+
+
+def _api_writes(table: Any, threads: int, seconds: float) -> int:
+    """Single-row ``Table.upsert`` calls from ``threads`` threads (encoding included); ops."""
+    done = [0] * threads
+    stop = time.perf_counter() + seconds
+
+    def run(k: int) -> None:
+        key = 10**9 + k
+        while time.perf_counter() < stop:
+            table.upsert({"id": [key], "payload": [PAYLOAD]}).raise_for_errors()
+            key += threads
+            done[k] += 1
+
+    workers = [threading.Thread(target=run, args=(k,)) for k in range(threads)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    return sum(done)
+
+
+async def _measure_raw(cluster: MiniCluster, tablet_id: str, seconds: float) -> dict[str, Any]:
+    """The baseline and the uncoalesced phases: raw RPCs from asyncio tasks."""
+    leader = Leader(cluster, tablet_id)
     proxy = await leader.find()
     cpu = CpuMeter(cluster)
     cpu.start()
     ping_started = time.perf_counter()
-    ping_ops = await _pings(proxy, leader.uuid, 64, seconds)
+    ping_ops = await _pings(proxy, leader.uuid, WRITERS, seconds)
     ping_cpu, ping_client_cpu = cpu.per_op_ms(
         round(ping_ops * (time.perf_counter() - ping_started))
     )
     await _writes(leader, 8, 1, 1.0)  # warm-up: channels, caches, first segment
     cpu.start()
-    single_ops, single_lat, single_retries = await _writes(leader, 64, 1, seconds)
+    single_ops, single_lat, single_retries = await _writes(leader, WRITERS, 1, seconds)
     single_cpu, single_client_cpu = cpu.per_op_ms(len(single_lat))
     cpu.start()
-    batch_calls, batch_lat, batch_retries = await _writes(leader, 1, 1000, seconds)
-    batch_cpu, _ = cpu.per_op_ms(len(batch_lat) * 1000)
+    batch_calls, batch_lat, batch_retries = await _writes(leader, 1, BATCH_ROWS, seconds)
+    batch_cpu, _ = cpu.per_op_ms(len(batch_lat) * BATCH_ROWS)
     return {
         "leader_changes": leader.changes - 1,
         "retried_calls": single_retries + batch_retries,
         "baseline_ping_ops_per_s": round(ping_ops),
         "server_cpu_ms_per_ping": round(ping_cpu, 3),
         "client_cpu_ms_per_ping": round(ping_client_cpu, 3),
-        "single_row_ops_per_s": round(single_ops),
+        "single_row_ops_per_s_uncoalesced": round(single_ops),
+        "p99_ms_single_uncoalesced": round(_percentile(single_lat, 0.99), 2),
+        "server_cpu_ms_per_single_op_uncoalesced": round(single_cpu, 3),
+        "client_cpu_ms_per_single_op_uncoalesced": round(single_client_cpu, 3),
+        "batched_rows_per_s_one_writer": round(batch_calls * BATCH_ROWS),
+        "p50_ms_batch_one_writer": round(statistics.median(batch_lat), 2),
+        "server_cpu_us_per_batched_row_one_writer": round(batch_cpu * 1000, 2),
+    }
+
+
+def _measure_client(
+    cluster: MiniCluster, client: nyala.Client, table: Any, seconds: float
+) -> dict[str, Any]:
+    """The coalesced phases: writer threads sharing one client."""
+    cpu = CpuMeter(cluster)
+    _client_writes(client, table, 8, 1, 1.0)  # warm-up: channels, the pipe, the leader
+    cpu.start()
+    single = _client_writes(client, table, WRITERS, 1, seconds)
+    single_lat = single["latencies"]
+    single_cpu, single_client_cpu = cpu.per_op_ms(len(single_lat))
+    cpu.start()
+    api_started = time.perf_counter()
+    api_ops = _api_writes(table, WRITERS, seconds)
+    api_s = time.perf_counter() - api_started
+    _, api_client_cpu = cpu.per_op_ms(api_ops)
+    cpu.start()
+    batch = _client_writes(client, table, BATCH_WRITERS, BATCH_ROWS, seconds)
+    batch_lat = batch["latencies"]
+    batch_cpu, batch_client_cpu = cpu.per_op_ms(len(batch_lat) * BATCH_ROWS)
+    return {
+        "single_row_ops_per_s": round(single["ops_per_s"]),
         "p50_ms_single": round(statistics.median(single_lat), 2),
         "p99_ms_single": round(_percentile(single_lat, 0.99), 2),
+        "writes_per_call_single": round(single["writes_per_call"], 1),
         "server_cpu_ms_per_single_op": round(single_cpu, 3),
         "client_cpu_ms_per_single_op": round(single_client_cpu, 3),
-        "server_cpu_us_per_batched_row": round(batch_cpu * 1000, 2),
-        "batched_rows_per_s": round(batch_calls * 1000),
+        "single_row_ops_per_s_api": round(api_ops / api_s),
+        "client_cpu_ms_per_single_op_api": round(api_client_cpu, 3),
+        "batched_rows_per_s": round(batch["ops_per_s"] * BATCH_ROWS),
+        "batch_writers": BATCH_WRITERS,
         "p50_ms_batch": round(statistics.median(batch_lat), 2),
         "p99_ms_batch": round(_percentile(batch_lat, 0.99), 2),
+        "server_cpu_us_per_batched_row": round(batch_cpu * 1000, 2),
+        "client_cpu_us_per_batched_row": round(batch_client_cpu * 1000, 2),
     }
 
 
@@ -207,9 +326,14 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=None, help="length of each phase")
     args = parser.parse_args()
     seconds = args.seconds or (5.0 if args.quick else 20.0)
-    with MiniCluster(3) as cluster:
-        cluster.create_tablet(TABLET, SCHEMA, table_name="bench")
-        result = asyncio.run(_measure(cluster, seconds))
+    with (
+        MiniCluster(3, num_masters=1) as cluster,
+        nyala.connect(cluster.master_addrs, timeout_ms=60_000) as client,
+    ):
+        table = client.create_table("bench", SCHEMA, replicas=3)
+        tablet_id = table.tablets()[0].tablet_id
+        result = _measure_client(cluster, client, table, seconds)
+        result.update(asyncio.run(_measure_raw(cluster, tablet_id, seconds)))
     result.update(
         {
             "bench": "tserver_write",
@@ -223,7 +347,9 @@ def main() -> None:
     print(
         f"ping (baseline) {result['baseline_ping_ops_per_s']} ops/s | single-row writes "
         f"{result['single_row_ops_per_s']} ops/s p50 {result['p50_ms_single']} ms p99 "
-        f"{result['p99_ms_single']} ms | 1000-row batches {result['batched_rows_per_s']} rows/s"
+        f"{result['p99_ms_single']} ms ({result['single_row_ops_per_s_uncoalesced']} "
+        f"uncoalesced) | 1000-row batches {result['batched_rows_per_s']} rows/s "
+        f"({result['batched_rows_per_s_one_writer']} with one writer)"
     )
     print(json.dumps(result))
 
