@@ -28,7 +28,12 @@ from nyala.common.clock import RealClock
 from nyala.consensus.effects import StartTabletCopy
 from nyala.consensus.metadata import decode_cmeta
 from nyala.consensus.transport import GrpcTransport
-from nyala.errors import InvalidArgumentError, NyalaError, TabletFailedError
+from nyala.errors import (
+    CorruptionError,
+    InvalidArgumentError,
+    NyalaError,
+    TabletFailedError,
+)
 from nyala.rpc import HttpResponse, RpcMetrics, ServiceBase, unary
 from nyala.rpc.channel import ServerProxy
 from nyala.rpc.errors import join_host_port, split_host_port
@@ -261,8 +266,9 @@ class TabletCopy:
                 effect.peer_uuid,
                 response.job_id,
             )
-        except TabletFailedError as exc:
-            # Its replica failed: no copy can replace it there (health FAILED_UNRECOVERABLE).
+        except (TabletFailedError, CorruptionError) as exc:
+            # Its replica failed or its metadata is damaged: no copy can start there, and
+            # waiting does not help (health FAILED_UNRECOVERABLE, so the master replaces it).
             runtime = replica.runtime
             if runtime is not None:
                 runtime.peer_failed(effect.peer_uuid, f"tablet copy refused: {exc}")
