@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import functools
+import itertools
 import random
 import socket
 import time
@@ -52,6 +53,8 @@ SCAN_ATTEMPT_TIMEOUT_MS = 30_000
 FOLLOWER_STALENESS_MS_DEFAULT = 5_000
 #: ``replica=`` choices: the leader, or a READ_FOLLOWER scan tried on replicas in this order.
 REPLICA_SELECTIONS = ("leader", "closest", "any", "follower")
+#: Partition pruning routes at most this many combinations of ``=``/``in`` values.
+PRUNE_POINTS_MAX = 4096
 
 _OPS = {
     "=": tserver_pb2.ColumnPredicatePB.EQ,
@@ -156,6 +159,7 @@ class Scanner:
         for name in self.columns:
             schema.column(name)
         self.predicates = [predicate_to_pb(schema, p) for p in where]
+        self._points = _point_values(where)
         self.limit = limit
         self.replica = replica
         self.max_staleness_ms = max_staleness_ms or FOLLOWER_STALENESS_MS_DEFAULT
@@ -172,7 +176,8 @@ class Scanner:
     def __iter__(self) -> Iterator[pa.RecordBatch]:
         remaining = self.limit
         self.served_by = {}
-        for tablet in self.cache.locations(self.info).tablets:
+        locations = self.cache.locations(self.info)
+        for tablet in self._prune(locations.tablets, locations.router):
             if remaining == 0:
                 return
             for batch in self._scan_tablet(tablet, remaining):
@@ -276,6 +281,38 @@ class Scanner:
                 return candidate
         raise errors.TabletNotFoundError(f"tablet {tablet.tablet_id} no longer exists")
 
+    def _prune(self, tablets: list[TabletLocation], router: Any) -> list[TabletLocation]:
+        """The tablets the scan can match (partition pruning): when ``=``/``in`` predicates
+        fix every partition column to a few values, only the tablets those values route to;
+        otherwise all of them."""
+        partitioning = self.info.partition_schema
+        columns = list(
+            dict.fromkeys(
+                [c for level in partitioning.hash_levels for c in level.columns]
+                + list(partitioning.range_columns)
+            )
+        )
+        if len(tablets) < 2 or not columns or any(c not in self._points for c in columns):
+            return tablets
+        combos = 1
+        for name in columns:
+            combos *= len(self._points[name])
+        if combos == 0:
+            return []  # contradictory predicates: nothing matches
+        if combos > PRUNE_POINTS_MAX:
+            return tablets
+        values = list(itertools.product(*(self._points[c] for c in columns)))
+        try:
+            arrays = [
+                pa.array([v[i] for v in values], type=self.info.schema.column(c).arrow_type)
+                for i, c in enumerate(columns)
+            ]
+            routes = router.route(pa.RecordBatch.from_arrays(arrays, names=columns))
+        except (errors.NyalaError, pa.ArrowException, TypeError, ValueError):
+            return tablets  # e.g. a value in no range partition: scan them all, to be safe
+        wanted = set(routes.to_pylist())
+        return [t for i, t in enumerate(tablets) if i in wanted]
+
     def _candidates(self, tablet: TabletLocation) -> list[Replica]:
         """The replicas a follower read tries, in order (empty for a leader read)."""
         if self.replica == "leader":
@@ -336,6 +373,26 @@ class Scanner:
             if batch.column(name)[0] != last_key.column(name)[0]:
                 return batch
         return batch.slice(1)
+
+
+def _point_values(where: Sequence[Predicate]) -> dict[str, list[Any]]:
+    """Per column, the only values ``=``/``in`` predicates allow (intersected if several)."""
+    points: dict[str, list[Any]] = {}
+    for predicate in where:
+        if len(predicate) != 3:
+            continue
+        op = str(predicate[1]).strip().lower()
+        if op in ("=", "=="):
+            allowed = [predicate[2]]
+        elif op == "in":
+            allowed = list(dict.fromkeys(predicate[2]))
+        else:
+            continue
+        column = predicate[0]
+        if column in points:
+            allowed = [v for v in points[column] if v in allowed]
+        points[column] = allowed
+    return points
 
 
 def _ipc(batch: pa.RecordBatch) -> bytes:

@@ -9,11 +9,11 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from nyala import errors
+from nyala import _native, errors
 from nyala._proto import tserver_pb2
 from nyala.client.meta_cache import Replica, TableInfo, TabletLocation
 from nyala.client.scanner import Scanner, _is_local
-from nyala.partition import Partition, PartitionSchema
+from nyala.partition import HashPartitioning, Partition, PartitionSchema, create_partitions
 from nyala.schema import Schema
 from nyala.storage import StorageEngine
 from nyala.tserver.services import _key_bound
@@ -109,3 +109,32 @@ def test_a_malformed_key_bound_is_refused() -> None:
         writer.write_batch(two)
     with pytest.raises(errors.InvalidArgumentError, match="2 rows"):
         _key_bound(sink.getvalue().to_pybytes(), "upper")
+
+
+def test_point_predicates_prune_tablets_by_routing_their_values() -> None:
+    schema = Schema.parse("id:int64, name:string, v:double?", key=["id", "name"])
+    ps, _ = PartitionSchema.from_spec(HashPartitioning(["id"], 4), schema)
+    parts = create_partitions(ps)
+    tablets = [TabletLocation(f"t{i}", p, TABLET.replicas, "s3") for i, p in enumerate(parts)]
+    router = _native.PartitionRouter(
+        [(list(h.columns), h.buckets, h.seed) for h in ps.hash_levels],
+        list(ps.range_columns),
+        [p.key_start for p in parts],
+        [p.key_end for p in parts],
+    )
+    info = TableInfo("t1", "t", schema, ps, 3)
+
+    def pruned(*where: tuple[Any, ...]) -> list[str]:
+        s = Scanner(None, None, info, where=list(where), timeout_ms=1_000)  # type: ignore[arg-type]
+        return [t.tablet_id for t in s._prune(tablets, router)]
+
+    everything = [t.tablet_id for t in tablets]
+    probe = pa.RecordBatch.from_arrays([pa.array([7, 8], pa.int64())], names=["id"])
+    home = [f"t{i}" for i in router.route(probe).to_pylist()]  # type: ignore[attr-defined]
+    assert pruned(("id", "=", 7)) == [home[0]]
+    assert pruned(("id", "in", [7, 8])) == sorted(set(home))
+    assert pruned(("id", "in", [7, 8]), ("id", "=", 8)) == [home[1]]
+    assert pruned(("id", "=", 7), ("id", "=", 8)) == []  # contradictory: nothing matches
+    assert pruned(("id", ">=", 7)) == everything  # a range says nothing about hash buckets
+    assert pruned(("name", "=", "x")) == everything
+    assert pruned() == everything
