@@ -254,14 +254,18 @@ class Rereplicator:
         return PlannedChange(tablet.tablet_id, leader, decision, request)
 
     def choose_server(self, tablet: TabletInfo, load: dict[str, int]) -> str | None:
-        """A live, not retired tserver outside the tablet's config (placement policy)."""
+        """A live, not retired tserver outside the tablet's config that does not hold a FAILED
+        replica of the tablet (no copy can replace that one there) (placement policy)."""
         members = {p.permanent_uuid for p in tablet.pb.consensus_state.committed_config.peers}
         retired: set[str] = self._m.retired_tservers
+        reports = self._m.reports.get(tablet.tablet_id, {})
+        holds_failed = {uuid for uuid, r in reports.items() if r.state == _FAILED}
         candidates = [
             ts.uuid
             for ts in self._m.ts_manager.live()
             if ts.uuid not in members
             and ts.uuid not in retired
+            and ts.uuid not in holds_failed
             and ts.registration is not None
             and not self.server_failed(ts.uuid)
         ]

@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
-from nyala.master.rereplication import Action, PeerView, decide
+import random
+from types import SimpleNamespace
+from typing import Any
+
+from nyala._proto import master_pb2, metadata_pb2
+from nyala.master.catalog import TabletInfo
+from nyala.master.rereplication import Action, PeerView, Rereplicator, decide
+from nyala.master.ts_manager import TSManager
 
 
 def _voter(uuid: str, *, failed: bool = False, replace: bool = False) -> PeerView:
@@ -96,3 +103,53 @@ def test_a_voter_down_but_not_yet_failed_blocks_eviction_without_majority() -> N
     down_a = PeerView("d", voter=True, promote=False, replace=False, failed=False, live=False)
     peers = [_voter("a"), down, _voter("c", replace=True), down_a]
     assert decide(peers, "a", 3, evict_first=False).action is Action.NONE
+
+
+def _manager(live: list[str], reports: dict[str, dict[str, Any]]) -> Any:
+    ts_manager = TSManager(unresponsive_timeout_ms=60_000)
+    for uuid in live:
+        ts_manager.heartbeat(uuid, 1, master_pb2.TSRegistrationPB())
+    settings = SimpleNamespace(follower_unavailable_considered_failed_sec=300)
+    return SimpleNamespace(
+        ts_manager=ts_manager, reports=reports, retired_tservers={"r"}, settings=settings
+    )
+
+
+def test_replacement_avoids_retired_servers_and_servers_holding_a_failed_copy() -> None:
+    record = master_pb2.SysTabletEntryPB(tablet_id="t1", state=master_pb2.SYS_TABLET_RUNNING)
+    for uuid in ("a", "b", "c"):
+        record.consensus_state.committed_config.peers.add(
+            permanent_uuid=uuid, member_type=metadata_pb2.VOTER
+        )
+    failed = master_pb2.ReportedTabletPB(tablet_id="t1", state=metadata_pb2.FAILED)
+    manager = _manager(["a", "b", "c", "d", "e", "r"], {"t1": {"d": failed}})
+    rereplicator = Rereplicator(manager, random.Random(3))
+    chosen = {rereplicator.choose_server(TabletInfo(record), {}) for _ in range(20)}
+    assert chosen == {"e"}
+    manager.reports = {}
+    chosen = {rereplicator.choose_server(TabletInfo(record), {}) for _ in range(40)}
+    assert chosen == {"d", "e"}
+
+
+def test_leader_reported_health_marks_a_follower_failed() -> None:
+    record = master_pb2.SysTabletEntryPB(tablet_id="t1", state=master_pb2.SYS_TABLET_RUNNING)
+    record.consensus_state.current_term = 4
+    record.consensus_state.leader_uuid = "a"
+    for uuid in ("a", "b", "c"):
+        record.consensus_state.committed_config.peers.add(
+            permanent_uuid=uuid, member_type=metadata_pb2.VOTER
+        )
+    report = master_pb2.ReportedTabletPB(tablet_id="t1", state=metadata_pb2.RUNNING)
+    report.consensus_state.current_term = 4
+    report.consensus_state.leader_uuid = "a"
+    report.peer_health.add(permanent_uuid="b", health=master_pb2.HEALTH_HEALTHY)
+    report.peer_health.add(permanent_uuid="c", health=master_pb2.HEALTH_FAILED_UNRECOVERABLE)
+    manager = _manager(["a", "b", "c", "d"], {"t1": {"a": report}})
+    views = {v.uuid: v for v in Rereplicator(manager).peer_views(TabletInfo(record))}
+    assert (views["a"].failed, views["b"].failed, views["c"].failed) == (False, False, True)
+    decision = decide(list(views.values()), "a", 3, evict_first=False)
+    assert decision.action is Action.ADD
+    # A report from an older term (a former leader) is not believed.
+    report.consensus_state.current_term = 3
+    views = {v.uuid: v for v in Rereplicator(manager).peer_views(TabletInfo(record))}
+    assert not views["c"].failed
