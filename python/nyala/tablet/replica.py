@@ -332,6 +332,55 @@ class TabletReplica:
         """
         runtime, _, applier = self._running()
         self._require_leader(runtime)
+        earlier = self._known_outcome(applier, request_id, schema_version)
+        if earlier is not None:
+            return earlier
+        op_id = await runtime.propose(encode_write_entry(request_id, schema_version, ops))
+        return self._collect(applier, op_id)
+
+    async def write_many(
+        self, requests: Sequence[tuple[RequestId | None, int, bytes]]
+    ) -> list[WriteOutcome | Exception]:
+        """``write`` for several op batches (request id, schema version, ops) at once: they
+        are proposed together (one WAL group commit, one replication batch) and each gets its
+        own outcome or error, in order. A replica that is not the leader raises for all."""
+        runtime, _, applier = self._running()
+        self._require_leader(runtime)
+        results: list[WriteOutcome | Exception | None] = []  # None: proposed below
+        payloads: list[bytes] = []
+        slots: list[int] = []
+        for request_id, schema_version, ops in requests:
+            result: WriteOutcome | Exception | None
+            try:
+                result = self._known_outcome(applier, request_id, schema_version)
+                if result is None:
+                    payloads.append(encode_write_entry(request_id, schema_version, ops))
+                    slots.append(len(results))
+            except Exception as exc:  # refused before proposing: this request only
+                result = exc
+            results.append(result)
+        if payloads:
+            futures = runtime.propose_many(payloads)
+            await asyncio.wait(futures)
+            for slot, future in zip(slots, futures, strict=True):
+                error = future.exception()
+                if error is None:
+                    try:
+                        results[slot] = self._collect(applier, future.result())
+                    except IllegalStateError as exc:
+                        results[slot] = exc
+                elif isinstance(error, Exception):
+                    results[slot] = error
+                else:
+                    results[slot] = AbortedError(f"write {slot} abandoned: {error!r}")
+        answered = [r for r in results if r is not None]
+        assert len(answered) == len(results), "every proposed write was resolved"
+        return answered
+
+    def _known_outcome(
+        self, applier: Applier, request_id: RequestId | None, schema_version: int
+    ) -> WriteOutcome | None:
+        """Checks a write before it is proposed; the first outcome of a retried request."""
         # The superblock holds the tablet's schema (AlterSchema must update it with storage).
         if schema_version != self.superblock.schema.version:
             raise SchemaMismatchError(
@@ -347,7 +396,9 @@ class TabletReplica:
                     f"request {request_id.seq_no} of client {request_id.client_id} was declared "
                     "complete by the client; its outcome is no longer kept"
                 )
-        op_id = await runtime.propose(encode_write_entry(request_id, schema_version, ops))
+        return None
+
+    def _collect(self, applier: Applier, op_id: OpId) -> WriteOutcome:
         outcome = applier.take_outcome(op_id.index)
         if outcome is None:
             raise IllegalStateError(f"tablet {self.tablet_id}: op {op_id} committed unapplied")

@@ -33,6 +33,7 @@ from nyala.rpc.schema_pb import schema_from_pb
 from nyala.rpc.service import check_dest_uuid
 from nyala.storage import Predicate, RowStatus
 from nyala.tablet import DataState, TabletManager
+from nyala.tablet.applier import WriteOutcome
 from nyala.tablet.replica import TabletReplica
 from nyala.tablet.write_entry import RequestId
 from nyala.tserver.convert import config_from_pb, partition_from_pb
@@ -108,6 +109,28 @@ def _ipc(batch: pa.RecordBatch) -> bytes:
     return bytes(sink.getvalue().to_pybytes())
 
 
+def _request_id(request: Any) -> RequestId | None:
+    """The exactly-once id of a ``WriteRequestPB`` (None if it has none)."""
+    if request.HasField("request_id") and request.request_id.client_id:
+        rid = request.request_id
+        return RequestId(rid.client_id, rid.seq_no, rid.first_incomplete_seq_no)
+    return None
+
+
+def _write_response(outcome: WriteOutcome) -> Any:
+    """The ``WriteResponsePB`` of an applied write; a batch refused whole is an error."""
+    if outcome.result is None:
+        raise InvalidArgumentError(f"op batch refused: {outcome.error}")
+    response = tserver_pb2.WriteResponsePB()
+    response.op_id.index = outcome.op_index
+    if not outcome.result.ok:
+        for row, status in outcome.result.errors():
+            response.per_row_errors.add(
+                row_index=row, code=_ROW_STATUS_CODES[status], message=status.name
+            )
+    return response
+
+
 class TabletService(ServiceBase, tserver_pb2_grpc.TabletServiceServicer):  # type: ignore[misc]
     """Client-facing service: liveness, writes and scans through tablet leaders."""
 
@@ -136,42 +159,56 @@ class TabletService(ServiceBase, tserver_pb2_grpc.TabletServiceServicer):  # typ
 
     @unary(tserver_pb2.WriteMultiResponsePB)
     async def WriteMulti(self, request: Any, context: Any) -> Any:
-        """Several writes in one call, each answered on its own: they run concurrently, so the
-        Raft runtime proposes them together (one WAL group commit, one replication batch)."""
-        results = await asyncio.gather(
-            *(self._write(sub, check_dest=True) for sub in request.requests),
+        """Several writes in one call, each answered on its own. The writes to one tablet are
+        proposed together (one WAL group commit, one replication batch); tablets in parallel."""
+        subs = list(request.requests)
+        results: list[Any] = [None] * len(subs)
+        by_tablet: dict[str, list[int]] = {}
+        for i, sub in enumerate(subs):
+            try:  # the decorator checked the call's dest_uuid; each write names its own
+                check_dest_uuid(sub.dest_uuid, self.server_uuid)
+            except NyalaError as exc:
+                results[i] = exc
+                continue
+            by_tablet.setdefault(sub.tablet_id, []).append(i)
+        groups = list(by_tablet.items())
+        answers = await asyncio.gather(
+            *(
+                self._write_tablet(tablet_id, [subs[i] for i in slots])
+                for tablet_id, slots in groups
+            ),
             return_exceptions=True,
         )
+        for (_, slots), answer in zip(groups, answers, strict=True):
+            if isinstance(answer, BaseException):
+                if not isinstance(answer, Exception):
+                    raise answer  # cancellation of the call
+                answer = [answer] * len(slots)  # refused for the whole tablet
+            for i, result in zip(slots, answer, strict=True):
+                results[i] = result
         response = tserver_pb2.WriteMultiResponsePB()
         for result in results:
             if isinstance(result, Exception):
                 if not isinstance(result, NyalaError):
                     log.error("a write of WriteMulti failed unexpectedly", exc_info=result)
                 response.responses.add().error.CopyFrom(error_to_pb(result))
-            elif isinstance(result, BaseException):
-                raise result  # cancellation of the call
-            else:
-                response.responses.append(result)
+                continue
+            try:
+                response.responses.append(_write_response(result))
+            except NyalaError as exc:
+                response.responses.add().error.CopyFrom(error_to_pb(exc))
         return response
 
-    async def _write(self, request: Any, *, check_dest: bool = False) -> Any:
-        if check_dest:  # a sub-request of WriteMulti (the decorator checked the call's)
-            check_dest_uuid(request.dest_uuid, self.server_uuid)
+    async def _write_tablet(self, tablet_id: str, subs: list[Any]) -> list[Any]:
+        replica = self._tablets.replica(tablet_id)
+        return await replica.write_many(
+            [(_request_id(sub), sub.schema_version, sub.ops) for sub in subs]
+        )
+
+    async def _write(self, request: Any) -> Any:
         replica = self._tablets.replica(request.tablet_id)
-        request_id = None
-        if request.HasField("request_id") and request.request_id.client_id:
-            rid = request.request_id
-            request_id = RequestId(rid.client_id, rid.seq_no, rid.first_incomplete_seq_no)
-        outcome = await replica.write(request_id, request.schema_version, request.ops)
-        if outcome.result is None:
-            raise InvalidArgumentError(f"op batch refused: {outcome.error}")
-        response = tserver_pb2.WriteResponsePB()
-        response.op_id.index = outcome.op_index
-        for row, status in outcome.result.errors():
-            response.per_row_errors.add(
-                row_index=row, code=_ROW_STATUS_CODES[status], message=status.name
-            )
-        return response
+        outcome = await replica.write(_request_id(request), request.schema_version, request.ops)
+        return _write_response(outcome)
 
     @server_stream(tserver_pb2.ScanResponsePB)
     async def Scan(self, request: Any, context: Any) -> AsyncIterator[Any]:

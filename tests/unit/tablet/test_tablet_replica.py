@@ -23,6 +23,7 @@ from nyala.rowops import encode, make_op_batch
 from nyala.schema import Column, Schema
 from nyala.storage import RowStatus
 from nyala.tablet import Partition, TabletDirs, TabletManager
+from nyala.tablet.applier import WriteOutcome
 from nyala.tablet.replica import TabletReplica, TabletState
 from nyala.tablet.write_entry import (
     RequestId,
@@ -276,3 +277,38 @@ async def _outcomes_arriving_out_of_order(tmp_path: Path) -> None:
                 await leader.write(RequestId("c", seq, 3), 0, _ops([99], "upsert"))
         assert await leader.write(RequestId("c", 3, 3), 0, _ops([99], "upsert")) == outcomes[3]
         await _converged(replicas, [1, 2, 3, 4])
+
+
+def test_write_many_answers_each_request_on_its_own(tmp_path: Path) -> None:
+    asyncio.run(_write_many_answers_each_request_on_its_own(tmp_path))
+
+
+async def _write_many_answers_each_request_on_its_own(tmp_path: Path) -> None:
+    async with _running(tmp_path, create=True) as replicas:
+        leader = await _leader(replicas)
+        first = await leader.write(RequestId("m", 1, 1), 0, _ops([1]))
+        results = await leader.write_many(
+            [
+                (RequestId("m", 2, 1), 0, _ops([2, 3])),
+                (RequestId("m", 1, 1), 0, _ops([50])),  # a retry: the first outcome
+                (RequestId("m", 3, 1), 1, _ops([4])),  # wrong schema version
+                (RequestId("m", 4, 1), 0, _ops([2, 5])),  # key 2 is taken by the first
+                (None, 0, b"not an arrow stream"),  # refused whole, others unaffected
+            ]
+        )
+        assert len(results) == 5
+        assert isinstance(results[0], WriteOutcome)
+        assert results[0].result is not None
+        assert results[0].result.ok
+        assert results[1] == first
+        assert isinstance(results[2], errors.SchemaMismatchError)
+        assert isinstance(results[3], WriteOutcome)
+        assert results[3].result is not None
+        assert results[3].result.errors() == [(0, RowStatus.ALREADY_PRESENT)]
+        assert results[0].op_index < results[3].op_index  # proposed in request order
+        assert isinstance(results[4], WriteOutcome)
+        assert results[4].result is None
+        await _converged(replicas, [1, 2, 3, 5])
+        follower = next(r for r in replicas.values() if r is not leader)
+        with pytest.raises(errors.NotLeaderError):
+            await follower.write_many([(RequestId("m", 9, 1), 0, _ops([9]))])
