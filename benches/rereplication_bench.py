@@ -9,6 +9,14 @@ tombstoned) before the next run. The failure timeout
 (``follower_unavailable_considered_failed_sec``) is part of that time by design, so it is
 printed beside it, with ``seconds_after_detection`` = the figure minus the timeout.
 
+Then, in a second cluster whose failure timeout is far longer than the bench (so nothing is
+replaced because it timed out): ``--runs`` times, a follower's tserver is stopped, the
+superblock of one tablet it hosts is damaged, and the tserver restarted; that tablet comes up
+FAILED there while the server heartbeats normally. The clock runs from the moment the
+restarted server listens until the tablet has three voters without it
+(``seconds_to_replace_failed_replica``: the leader reports the peer FAILED_UNRECOVERABLE, the
+master adds a replacement, copy, promote, evict).
+
 Baseline, in the same run and cluster: one explicit ``move_replica`` of one tablet of the same
 data (add a NON_VOTER, copy, promote, evict: the replacement work without the failure
 detection), timed through the client.
@@ -21,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import socket
 import statistics
 import time
 from typing import Any
@@ -29,6 +38,7 @@ import pyarrow as pa
 
 import nyala
 from nyala.errors import NyalaError
+from nyala.rpc import split_host_port
 from nyala.schema import Column, Schema
 from nyala.testing import MiniCluster
 from nyala.testing import master_ops as ops
@@ -37,6 +47,10 @@ from nyala.testing.tablet_ops import write_to_leader
 
 SCHEMA = Schema([Column("id", "int64"), Column("blob", "binary")], ["id"])
 RAFT = ["--heartbeat-interval-ms", "100", "--leader-failure-max-missed-heartbeat-periods", "3"]
+
+
+#: The failure timeout of the FAILED-replica cluster: nothing there may time out.
+NEVER_FAILED_S = 3600
 
 
 def _master_flags(failed_after_s: int) -> list[str]:
@@ -116,6 +130,63 @@ def _one_move(cluster: MiniCluster, tablet_id: str) -> float:
         return time.monotonic() - start
 
 
+def _one_failed_replica(cluster: MiniCluster, tablet_id: str) -> float:
+    leader = cluster.leader_of(tablet_id)
+    members = voters(committed_config(leader, tablet_id))
+    victim = next(ts for ts in cluster.tservers if ts.uuid in members - {leader.uuid})
+    victim.kill()
+    superblock = victim.fs_root / "tablet-meta" / tablet_id
+    image = bytearray(superblock.read_bytes())
+    image[len(image) // 2] ^= 0x5A
+    superblock.write_bytes(bytes(image))
+    victim.start()
+    start = _listening(victim.rpc_addr)
+    victim.wait_ready()
+    while not _full_without(cluster, [tablet_id], str(victim.uuid)):
+        time.sleep(0.05)
+    return time.monotonic() - start
+
+
+def _listening(addr: str) -> float:
+    """When ``addr`` accepts connections (raw TCP: a gRPC channel's reconnect back-off would
+    see it up to a second late)."""
+    host, port = split_host_port(addr)
+    while True:
+        try:
+            socket.create_connection((host, port), timeout=1).close()
+            return time.monotonic()
+        except OSError:
+            time.sleep(0.01)
+
+
+def _failed_replicas(args: argparse.Namespace) -> list[float]:
+    """The second cluster: one damaged replica per run, each of another tablet."""
+    out: list[float] = []
+    never = str(NEVER_FAILED_S)
+    with MiniCluster(
+        4,
+        num_masters=1,
+        master_flags=_master_flags(NEVER_FAILED_S),
+        tserver_flags=[
+            *RAFT,
+            "--master-heartbeat-interval-ms",
+            "200",
+            "--follower-unavailable-considered-failed-s",
+            never,
+        ],
+    ) as cluster:
+        request = ops.create_table_request("failed", SCHEMA, buckets=args.runs)
+        ops.call(cluster, "CreateTable", request)
+        ops.wait_create_done(cluster, "failed")
+        tablet_ids = [t.tablet_id for t in ops.locations(cluster, "failed")]
+        # The same data per tablet as the first cluster's tablets.
+        _load(cluster, tablet_ids, args.rows * len(tablet_ids) // args.tablets, args.row_bytes)
+        for run, tablet_id in enumerate(tablet_ids):
+            out.append(_one_failed_replica(cluster, tablet_id))
+            print(f"run {run}: FAILED replica replaced {out[-1]:.1f} s after restart", flush=True)
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="small data, 2 runs (< 2 min)")
@@ -148,11 +219,13 @@ def main() -> None:
                 f"(timeout {args.failed_after_s} s); one move {moves[-1]:.1f} s",
                 flush=True,
             )
+    replaced = _failed_replicas(args)
     figure: dict[str, Any] = {
         "bench": "rereplication",
         "seconds_to_full_replication": round(statistics.median(failures), 2),
         "failure_timeout_s": args.failed_after_s,
         "seconds_after_detection": round(statistics.median(failures) - args.failed_after_s, 2),
+        "seconds_to_replace_failed_replica": round(statistics.median(replaced), 2),
         "baseline_move_replica_s": round(statistics.median(moves), 2),
         "data_bytes": data_bytes,
         "tablets": len(tablet_ids),
