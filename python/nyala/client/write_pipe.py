@@ -33,8 +33,9 @@ from nyala._proto import tserver_pb2
 from nyala.client.rpc import Stubs
 from nyala.rpc.errors import error_from_grpc, error_from_pb
 
-#: Calls to one server in flight at once; more writes wait and go together in the next call.
-INFLIGHT_CALLS_MAX = 2
+#: Calls to one server in flight at once; more writes wait and go together in the next call
+#: (1 measured better than 2: larger calls, less CPU per write, docs/performance.md).
+INFLIGHT_CALLS_MAX = 1
 #: Most writes one call carries.
 CALL_REQUESTS_MAX = 1024
 #: Most row bytes one call carries (a single larger write still goes, alone); well under the
