@@ -24,6 +24,12 @@ use crate::metrics::Metrics;
 use crate::options::SyncPolicy;
 use crate::segment::SegmentFile;
 
+/// A group of at most 1/this of a segment that does not fit in the active segment starts
+/// the next one instead of being split across both. At 4, a segment is left at most a
+/// quarter empty (and is cut to its length when closed, so no disk space is lost), and the
+/// group always fits in the new segment (its header and footer are far below a quarter).
+const WHOLE_GROUP_SEGMENT_FRACTION: u64 = 4;
+
 /// The segment being appended to, with a copy of its partial last page so every write can
 /// cover whole pages.
 pub(crate) struct ActiveSegment {
@@ -154,18 +160,26 @@ impl Appender {
     }
 
     /// Writes `requests` as one group: one write per segment it touches, then one sync per
-    /// such segment, then the durable point moves once. A group that crosses a roll-over
-    /// starts writeback of the finished segment early so its sync overlaps the next write.
+    /// such segment, then the durable point moves once. Only a large group (over a quarter
+    /// of a segment) crosses a roll-over; it starts writeback of each finished segment early
+    /// so that segment's sync overlaps the next write.
     fn commit(&mut self, requests: &mut Vec<Request>) -> Result<()> {
         let mut written: Vec<Arc<SegmentFile>> = Vec::new();
+        // A small group that does not fit in what is left of the active segment moves to the
+        // next segment whole: the finished segment's data was synced by earlier groups, so
+        // this group needs one write and one sync, not two of each back to back (which put
+        // a roll-over's waiters at three sync times). Large groups (bulk appends) still fill
+        // the segment first, so segments stay nearly full and roll-overs rare.
+        let group_bytes: u64 = requests.iter().map(|r| r.queued_bytes() as u64).sum();
+        if self.active.has_batches
+            && !self.fits(group_bytes)
+            && group_bytes <= self.active.capacity_bytes / WHOLE_GROUP_SEGMENT_FRACTION
+        {
+            self.roll()?;
+        }
         for request in requests.drain(..) {
-            let frame_bytes = request.queued_bytes() as u64;
-            let end = self.active.write_end
-                + self.pending_bytes()
-                + frame_bytes
-                + format::FOOTER_BYTES as u64;
             let has_data = self.active.has_batches || self.pending_bytes() > 0;
-            if end > self.active.capacity_bytes && has_data {
+            if !self.fits(request.queued_bytes() as u64) && has_data {
                 if self.write_pending()? {
                     start_writeback(&self.active.segment);
                     written.push(Arc::clone(&self.active.segment));
@@ -178,6 +192,13 @@ impl Appender {
             written.push(Arc::clone(&self.active.segment));
         }
         self.finish_group(&written)
+    }
+
+    /// Whether `frame_bytes` more fit in the active segment after what is pending, leaving
+    /// room for the footer.
+    fn fits(&self, frame_bytes: u64) -> bool {
+        self.active.write_end + self.pending_bytes() + frame_bytes + format::FOOTER_BYTES as u64
+            <= self.active.capacity_bytes
     }
 
     fn pending_bytes(&self) -> u64 {
