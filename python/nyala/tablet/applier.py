@@ -18,6 +18,7 @@ way to storage; DESIGN.md §4 wants that loop in Rust.
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 import struct
 from collections.abc import Callable, Iterator
@@ -89,6 +90,10 @@ class Applier:
         self._watermarks: dict[str, int] = {}
         # op index -> outcome, for the proposer of that op to collect.
         self._by_index: dict[int, WriteOutcome] = {}
+        # Proposals whose outcome someone will collect (``collecting``). With none, outcomes
+        # are not kept by index: a follower never collects, and keeping tens of thousands of
+        # uncollected outcomes made the garbage collector's full passes slow its event loop.
+        self._collectors = 0
 
     def outcome_of(self, request_id: RequestId) -> WriteOutcome | None:
         """The outcome of an already applied request, if it is remembered."""
@@ -99,6 +104,17 @@ class Applier:
         no) whose outcome is already forgotten: it must not be applied again."""
         watermark = self._watermarks.get(request_id.client_id, -1)
         return request_id.seq_no < watermark and self.outcome_of(request_id) is None
+
+    @contextlib.contextmanager
+    def collecting(self) -> Iterator[None]:
+        """Held around proposing writes and taking their outcomes (``take_outcome``): while
+        any is held, every applied write's outcome is kept for its proposer. Entered before
+        the proposal, so an entry can never be applied before its proposer is counted."""
+        self._collectors += 1
+        try:
+            yield
+        finally:
+            self._collectors -= 1
 
     def take_outcome(self, op_index: int) -> WriteOutcome | None:
         """The outcome of the WRITE at ``op_index`` (once; None if it was not a new write)."""
@@ -126,18 +142,16 @@ class Applier:
             if self._on_alter_schema is None:
                 raise CorruptionError(f"entry {index} changes the schema; nothing can apply it")
             self._on_alter_schema(index, entry.schema_version, bytes(entry.ops))
-            self._by_index[index] = WriteOutcome(index, None)
+            self._keep(WriteOutcome(index, None))
             return
         request = entry.request_id
         if request is not None:
             first_outcome = self.outcome_of(request)
             if first_outcome is not None:
-                self._by_index[index] = first_outcome  # a duplicate: answer with the first
+                self._keep(first_outcome, index)  # a duplicate: answer with the first
                 return
             if self.is_stale(request):
-                self._by_index[index] = WriteOutcome(
-                    index, None, "stale retry of a completed request"
-                )
+                self._keep(WriteOutcome(index, None, "stale retry of a completed request"))
                 return
         try:
             outcome = WriteOutcome(index, self._storage.apply(pa.py_buffer(entry.ops), index))
@@ -145,11 +159,18 @@ class Applier:
             # A malformed batch is refused whole, the same way on every replica (the engine
             # validates before it changes anything), so the replicas stay identical.
             outcome = WriteOutcome(index, None, str(exc))
-        self._by_index[index] = outcome
-        if len(self._by_index) > UNCOLLECTED_OUTCOMES_MAX:
-            del self._by_index[next(iter(self._by_index))]
+        self._keep(outcome)
         if request is not None:
             self._remember(request, outcome)
+
+    def _keep(self, outcome: WriteOutcome, index: int | None = None) -> None:
+        """Keeps ``outcome`` as the answer for op ``index`` (its own by default) if a proposer
+        may collect it."""
+        if not self._collectors:
+            return
+        self._by_index[outcome.op_index if index is None else index] = outcome
+        if len(self._by_index) > UNCOLLECTED_OUTCOMES_MAX:
+            del self._by_index[next(iter(self._by_index))]
 
     def _remember(self, request: RequestId, outcome: WriteOutcome) -> None:
         client = request.client_id

@@ -292,8 +292,9 @@ class TabletReplica:
             },
             sort_keys=True,
         ).encode()
-        op_id = await runtime.propose(encode_alter_schema_entry(schema.version, doc))
-        applier.take_outcome(op_id.index)
+        with applier.collecting():
+            op_id = await runtime.propose(encode_alter_schema_entry(schema.version, doc))
+            applier.take_outcome(op_id.index)
         if self.state is TabletState.FAILED:
             raise IllegalStateError(f"tablet {self.tablet_id} failed: {self.state_reason}")
 
@@ -335,8 +336,9 @@ class TabletReplica:
         earlier = self._known_outcome(applier, request_id, schema_version)
         if earlier is not None:
             return earlier
-        op_id = await runtime.propose(encode_write_entry(request_id, schema_version, ops))
-        return self._collect(applier, op_id)
+        with applier.collecting():
+            op_id = await runtime.propose(encode_write_entry(request_id, schema_version, ops))
+            return self._collect(applier, op_id)
 
     async def write_many(
         self, requests: Sequence[tuple[RequestId | None, int, bytes]]
@@ -360,19 +362,20 @@ class TabletReplica:
                 result = exc
             results.append(result)
         if payloads:
-            futures = runtime.propose_many(payloads)
-            await asyncio.wait(futures)
-            for slot, future in zip(slots, futures, strict=True):
-                error = future.exception()
-                if error is None:
-                    try:
-                        results[slot] = self._collect(applier, future.result())
-                    except IllegalStateError as exc:
-                        results[slot] = exc
-                elif isinstance(error, Exception):
-                    results[slot] = error
-                else:
-                    results[slot] = AbortedError(f"write {slot} abandoned: {error!r}")
+            with applier.collecting():
+                futures = runtime.propose_many(payloads)
+                await asyncio.wait(futures)
+                for slot, future in zip(slots, futures, strict=True):
+                    error = future.exception()
+                    if error is None:
+                        try:
+                            results[slot] = self._collect(applier, future.result())
+                        except IllegalStateError as exc:
+                            results[slot] = exc
+                    elif isinstance(error, Exception):
+                        results[slot] = error
+                    else:
+                        results[slot] = AbortedError(f"write {slot} abandoned: {error!r}")
         answered = [r for r in results if r is not None]
         assert len(answered) == len(results), "every proposed write was resolved"
         return answered
