@@ -11,6 +11,8 @@ tserver was down are tombstoned when it comes back.
 
 from __future__ import annotations
 
+import json
+import urllib.request
 from collections.abc import Callable
 from typing import Any
 
@@ -148,7 +150,7 @@ def test_replica_failed_on_a_live_tserver_is_replaced(
     # FAILED_UNRECOVERABLE by its leader), not because anything timed out.
     slow = str(SLOW_FAILED_AFTER_S)
     cluster = make_cluster(
-        4,
+        3,
         num_masters=1,
         master_flags=[*MASTER_FLAGS, "--follower-unavailable-considered-failed-sec", slow],
         tserver_flags=[*TSERVER_FLAGS, "--follower-unavailable-considered-failed-s", slow],
@@ -159,11 +161,7 @@ def test_replica_failed_on_a_live_tserver_is_replaced(
     broken, intact = tablet_ids
     expected = write_rows(cluster, tablet_ids, 0, 0)
     leader = cluster.leader_of(broken)
-    members = voters(committed_config(leader, broken))
-    # A follower of the broken tablet, if possible one that also hosts the intact one.
-    intact_members = voters(committed_config(cluster.leader_of(intact), intact))
-    followers = sorted(members - {leader.uuid}, key=lambda u: u not in intact_members)
-    victim = next(ts for ts in cluster.tservers if ts.uuid == followers[0])
+    victim = next(ts for ts in cluster.tservers if ts.uuid != leader.uuid)
     victim_uuid = str(victim.uuid)
 
     victim.kill()
@@ -174,9 +172,19 @@ def test_replica_failed_on_a_live_tserver_is_replaced(
     victim.restart()
     states = {s.tablet_status.tablet_id: s.tablet_status.state for s in _listed(victim)}
     assert states[broken] == metadata_pb2.FAILED
+    assert states[intact] == metadata_pb2.RUNNING
 
+    # The leader reports the peer FAILED_UNRECOVERABLE (its /tablets page shows what its tablet
+    # report carries). With no fourth tserver to copy to, 3-4-3 evicts nothing meanwhile.
+    ops.wait_until(
+        lambda: _leader_health(cluster, broken).get(victim_uuid) == "FAILED_UNRECOVERABLE",
+        what="the leader reporting the failed replica FAILED_UNRECOVERABLE",
+    )
     for tablet_id, count in write_rows(cluster, tablet_ids, 100, 100).items():
         expected[tablet_id] += count
+    assert victim_uuid in voters(committed_config(cluster.leader_of(broken), broken))
+
+    cluster.add_tserver()
     ops.wait_until(
         lambda: fully_replicated_without(cluster, [broken], victim_uuid),
         timeout_s=SLOW_FAILED_AFTER_S / 2,
@@ -184,12 +192,24 @@ def test_replica_failed_on_a_live_tserver_is_replaced(
     )
     # The tserver stayed up and heartbeating all along: only the failed replica was replaced.
     assert victim.is_running()
-    live = {ts.ts_info.permanent_uuid for ts in _live_tservers(cluster)}
-    assert victim.uuid in live
-    if victim.uuid in intact_members:
-        assert victim.uuid in voters(committed_config(cluster.leader_of(intact), intact))
+    assert victim_uuid in {ts.ts_info.permanent_uuid for ts in _live_tservers(cluster)}
+    assert victim_uuid in voters(committed_config(cluster.leader_of(intact), intact))
     for tablet_id in tablet_ids:
         assert scan(cluster.leader_of(tablet_id), tablet_id, SCHEMA).num_rows == expected[tablet_id]
+
+
+def _leader_health(cluster: MiniCluster, tablet_id: str) -> dict[str, str]:
+    """Follower uuid -> health, from the ``/tablets`` page of the tablet's leader."""
+    try:
+        leader = cluster.leader_of(tablet_id, timeout_s=2)
+        with urllib.request.urlopen(f"http://{leader.http_addr}/tablets", timeout=2) as page:
+            listed = json.load(page)["tablets"]
+    except (NyalaError, OSError):
+        return {}
+    entry = next((t for t in listed if t["tablet_id"] == tablet_id), None)
+    if entry is None:
+        return {}
+    return {uuid: h["health"] for uuid, h in entry["peer_health"].items()}
 
 
 def test_3_2_3_mode_evicts_before_adding(make_cluster: Callable[..., MiniCluster]) -> None:

@@ -38,6 +38,7 @@ from nyala.rpc import ServerProxy, split_host_port
 from nyala.rpc.settings import RpcSettings
 from nyala.tablet import TabletManager
 from nyala.tserver.convert import config_to_pb
+from nyala.tserver.tablet_meta import peer_health
 
 log = logging.getLogger(__name__)
 
@@ -156,7 +157,7 @@ class Heartbeater:
                 pb.consensus_state.current_term = st.term
                 pb.consensus_state.leader_uuid = leader
                 pb.consensus_state.committed_config.CopyFrom(config_to_pb(st.committed_config))
-                health = self._peer_health(runtime, pb)
+                health = self._peer_health(replica, pb)
             else:
                 health = ()
             signature = (
@@ -171,16 +172,13 @@ class Heartbeater:
             out[status.tablet_id] = (signature, pb)
         return out
 
-    def _peer_health(self, runtime: Any, pb: Any) -> tuple[tuple[str, int], ...]:
+    def _peer_health(self, replica: Any, pb: Any) -> tuple[tuple[str, int], ...]:
         """Fills the followers' health into a leader's report; returns it for the signature."""
         out = []
-        core = runtime.core
-        for uuid, health in runtime.peer_health(self._peer_failed_after_ms).items():
-            entry = pb.peer_health.add(permanent_uuid=uuid, health=_HEALTH_PB[health])
-            progress = core.peer_progress(uuid)
-            if health is PeerHealth.FAILED_UNRECOVERABLE and progress is not None:
-                entry.reason = progress.unrecoverable or ""
-            out.append((uuid, int(entry.health)))
+        for uuid, report in peer_health(replica, self._peer_failed_after_ms).items():
+            health = _HEALTH_PB[report.health]
+            pb.peer_health.add(permanent_uuid=uuid, health=health, reason=report.reason)
+            out.append((uuid, int(health)))
         return tuple(out)
 
     async def _heartbeat(self, proxy: ServerProxy, master: _MasterState) -> bool:

@@ -31,7 +31,7 @@ from nyala.tserver.server_base import ServerBase
 from nyala.tserver.services import AdminService, TabletService
 from nyala.tserver.settings import TabletServerSettings
 from nyala.tserver.tablet_copy_service import TabletCopy
-from nyala.tserver.tablet_meta import TabletReport
+from nyala.tserver.tablet_meta import TabletReport, peer_health
 
 log = logging.getLogger(__name__)
 
@@ -122,8 +122,13 @@ class TabletServer(ServerBase):
 
     def list_tablets(self) -> list[TabletReport]:
         """What ListTablets and /tablets report."""
-        assert self.tablets is not None, "tablets are opened by run()"
-        return [TabletReport(status) for status in self.tablets.statuses()]
+        tablets = self.tablets
+        assert tablets is not None, "tablets are opened by run()"
+        failed_after_ms = self.settings.follower_unavailable_considered_failed_s * 1000
+        return [
+            TabletReport(status, peer_health(tablets.lookup(status.tablet_id), failed_after_ms))
+            for status in tablets.statuses()
+        ]
 
     def start_replica(self, replica: TabletReplica) -> None:
         """Runs Raft for an opened replica (no-op if it already runs)."""

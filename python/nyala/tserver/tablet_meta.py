@@ -1,14 +1,38 @@
-"""What ListTablets and ``/tablets`` report about one replica, built from the tablet manager."""
+"""What ListTablets, ``/tablets`` and the tablet reports to the master say about one replica,
+built from the tablet manager; for a leader, the health of each follower (``peer_health``)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from nyala._proto import metadata_pb2, tserver_admin_pb2
+from nyala.consensus.progress import PeerHealth
 from nyala.rpc.schema_pb import schema_to_pb
 from nyala.tablet import TabletStatus
 from nyala.tserver.convert import partition_to_pb
+
+
+@dataclass(frozen=True)
+class PeerHealthReport:
+    """One follower's health as its leader sees it."""
+
+    health: PeerHealth
+    reason: str = ""  # FAILED_UNRECOVERABLE: why
+
+
+def peer_health(replica: Any, failed_after_ms: int) -> dict[str, PeerHealthReport]:
+    """The followers' health if ``replica`` (a ``TabletReplica`` or None) leads its tablet;
+    empty otherwise. A follower is FAILED after ``failed_after_ms`` without any answer."""
+    runtime = None if replica is None else replica.runtime
+    if runtime is None:
+        return {}
+    out = {}
+    for uuid, health in runtime.peer_health(failed_after_ms).items():
+        progress = runtime.core.peer_progress(uuid)
+        reason = "" if progress is None else progress.unrecoverable or ""
+        out[uuid] = PeerHealthReport(health, reason)
+    return out
 
 
 @dataclass(frozen=True)
@@ -16,6 +40,8 @@ class TabletReport:
     """One replica as listed by ListTablets and /tablets."""
 
     status: TabletStatus
+    # Leader only: follower uuid -> its health.
+    peers: dict[str, PeerHealthReport] = field(default_factory=dict)
 
     @property
     def state(self) -> str:
@@ -33,6 +59,10 @@ class TabletReport:
             "data_state": s.data_state,
             "state_reason": s.state_reason,
             "on_disk_bytes": s.on_disk_bytes,
+            "peer_health": {
+                uuid: {"health": p.health.value, "reason": p.reason}
+                for uuid, p in self.peers.items()
+            },
         }
 
     def to_pb(self) -> Any:
