@@ -24,8 +24,6 @@ import struct
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-import pyarrow as pa
-
 from nyala.consensus.wal_log import WalLog
 from nyala.errors import CorruptionError, InvalidArgumentError
 from nyala.storage import ApplyResult, StorageEngine
@@ -154,7 +152,8 @@ class Applier:
                 self._keep(WriteOutcome(index, None, "stale retry of a completed request"))
                 return
         try:
-            outcome = WriteOutcome(index, self._storage.apply(pa.py_buffer(entry.ops), index))
+            # A view of the log's bytes (format 'B'): handed over without a copy or a cast.
+            outcome = WriteOutcome(index, self._storage.apply(entry.ops, index))
         except InvalidArgumentError as exc:
             # A malformed batch is refused whole, the same way on every replica (the engine
             # validates before it changes anything), so the replicas stay identical.
