@@ -171,7 +171,7 @@ def _failed_replicas(args: argparse.Namespace) -> list[float]:
             *RAFT,
             "--master-heartbeat-interval-ms",
             "200",
-            "--follower-unavailable-considered-failed-s",
+            "--follower-unavailable-considered-failed-sec",
             never,
         ],
     ) as cluster:

@@ -40,7 +40,7 @@ MASTER_FLAGS = fast_master_flags(
 )
 TSERVER_FLAGS = [
     *FAST_TSERVER_FLAGS,
-    "--follower-unavailable-considered-failed-s",
+    "--follower-unavailable-considered-failed-sec",
     str(FAILED_AFTER_S),
 ]
 SCHEMA = Schema([Column("id", "int64"), Column("v", "string", nullable=True)], key=["id"])
@@ -153,7 +153,7 @@ def test_replica_failed_on_a_live_tserver_is_replaced(
         3,
         num_masters=1,
         master_flags=[*MASTER_FLAGS, "--follower-unavailable-considered-failed-sec", slow],
-        tserver_flags=[*TSERVER_FLAGS, "--follower-unavailable-considered-failed-s", slow],
+        tserver_flags=[*TSERVER_FLAGS, "--follower-unavailable-considered-failed-sec", slow],
     )
     ops.call(cluster, "CreateTable", ops.create_table_request("rf", SCHEMA, buckets=2))
     ops.wait_create_done(cluster, "rf")

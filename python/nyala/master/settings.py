@@ -26,8 +26,6 @@ class MasterSettings(ServerSettings):
     tablet_creation_timeout_ms: int = 30_000
     # How often the leader's background tasks look for work (creates, alters, deletes).
     background_task_interval_ms: int = 500
-    # A replica whose tserver has not heartbeated this long is replaced (re-replication).
-    follower_unavailable_considered_failed_sec: int = 300
     # 3-4-3: add the replacement before evicting a bad voter; False: the old 3-2-3 order.
     prepare_replacement_before_eviction: bool = True
     # How long after sending an RPC for one tablet the background tasks send it again.
@@ -43,7 +41,6 @@ class MasterSettings(ServerSettings):
         "tserver_unresponsive_timeout_ms",
         "tserver_registration_wait_ms",
         "tablet_creation_timeout_ms",
-        "follower_unavailable_considered_failed_sec",
         "background_task_interval_ms",
         "background_rpc_retry_ms",
         "catalog_write_timeout_ms",

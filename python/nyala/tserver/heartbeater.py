@@ -17,7 +17,7 @@ recomputed at each heartbeat, so no hook in the replica code is needed for a cha
 reported.
 
 A leader's report carries the health of each follower (Kudu's per-peer health report:
-HEALTHY, FAILED after ``follower_unavailable_considered_failed_s`` without an answer,
+HEALTHY, FAILED after ``follower_unavailable_considered_failed_sec`` without an answer,
 FAILED_UNRECOVERABLE when the follower's replica is FAILED or it refused the copy it needs), so
 the master replaces a replica that cannot serve even while its tserver heartbeats.
 """
@@ -50,7 +50,7 @@ _HEALTH_PB = {
     PeerHealth.FAILED: master_pb2.HEALTH_FAILED,
     PeerHealth.FAILED_UNRECOVERABLE: master_pb2.HEALTH_FAILED_UNRECOVERABLE,
 }
-#: Default of ``follower_unavailable_considered_failed_s`` (Kudu's 300 s).
+#: Default of ``follower_unavailable_considered_failed_sec`` (Kudu's 300 s).
 PEER_FAILED_AFTER_MS_DEFAULT = 300_000
 
 

@@ -124,7 +124,7 @@ class TabletServer(ServerBase):
         """What ListTablets and /tablets report."""
         tablets = self.tablets
         assert tablets is not None, "tablets are opened by run()"
-        failed_after_ms = self.settings.follower_unavailable_considered_failed_s * 1000
+        failed_after_ms = self.settings.follower_unavailable_considered_failed_sec * 1000
         return [
             TabletReport(status, peer_health(tablets.lookup(status.tablet_id), failed_after_ms))
             for status in tablets.statuses()
@@ -213,7 +213,7 @@ class TabletServer(ServerBase):
             self.settings.master_heartbeat_interval_ms,
             self.tablets,
             self.settings.rpc_settings(),
-            peer_failed_after_ms=self.settings.follower_unavailable_considered_failed_s * 1000,
+            peer_failed_after_ms=self.settings.follower_unavailable_considered_failed_sec * 1000,
         )
         await heartbeater.run()
 

@@ -31,6 +31,10 @@ class ServerSettings:
     election_timeout_jitter_pct: int = 25
     election_backoff_max_ms: int = 20_000
     consensus_batch_bytes_max: int = 1 * MIB
+    # A follower that has not answered its leader for this long is FAILED in the leader's
+    # health report; on a master, a replica whose tserver has not heartbeated this long is
+    # replaced (re-replication). One name on both, as in Kudu: give them the same value.
+    follower_unavailable_considered_failed_sec: int = 300
 
     # WAL.
     wal_segment_bytes: int = 8 * MIB
@@ -51,6 +55,7 @@ class ServerSettings:
         "leader_failure_max_missed_heartbeat_periods",
         "consensus_batch_bytes_max",
         "wal_segment_bytes",
+        "follower_unavailable_considered_failed_sec",
     )
     POSITIVE_FIELDS: ClassVar[tuple[str, ...]] = ()
 

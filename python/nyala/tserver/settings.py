@@ -13,8 +13,6 @@ from nyala.tserver.server_settings import ServerSettings
 class TabletServerSettings(ServerSettings):
     """Everything a tablet server can be told at start; flags map 1:1 onto these fields."""
 
-    follower_unavailable_considered_failed_s: int = 300
-
     # WAL and storage.
     # How often WAL GC runs.
     wal_gc_interval_ms: int = 10_000
