@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
+from typing import Any
 
 from nyala._proto import common_pb2, consensus_pb2, tserver_pb2
 from nyala.rowops import encode, make_op_batch
@@ -77,3 +78,60 @@ def test_leadership_holds_under_write_load(cluster: MiniCluster) -> None:
         assert _term_and_leader(ts) == (term_before, leader.uuid), ts.name
     table = tablet_ops.scan(leader, TABLET, SCHEMA)
     assert sorted(table.column("id").to_pylist()) == sorted(acknowledged)
+
+
+def _sub(ts: ServerProcess, seq: int, ids: list[int], **overrides: object) -> Any:
+    batch = make_op_batch({"id": ids, "v": [f"v{i}" for i in ids]}, "insert", SCHEMA)
+    fields: dict[str, Any] = {
+        "dest_uuid": ts.uuid,
+        "tablet_id": TABLET,
+        "request_id": common_pb2.RequestIdPB(
+            client_id="multi", seq_no=seq, first_incomplete_seq_no=1
+        ),
+        "schema_version": SCHEMA.version,
+        "ops": encode(batch).to_pybytes(),
+    }
+    fields.update(overrides)
+    return tserver_pb2.WriteRequestPB(**fields)
+
+
+def test_write_multi_answers_each_write_on_its_own(cluster: MiniCluster) -> None:
+    cluster.create_tablet(TABLET, SCHEMA)
+    leader = cluster.leader_of(TABLET)
+    follower = next(ts for ts in cluster.tservers if ts is not leader)
+    with leader.proxy() as proxy:
+        first = proxy.call(proxy.tablet.Write, _sub(leader, 1, [1]))
+        subs = [
+            _sub(leader, 2, [2, 3]),
+            _sub(leader, 1, [99]),  # a retry of request 1: its first outcome, not applied again
+            _sub(leader, 3, [4], dest_uuid="f" * 32),  # meant for another server
+            _sub(leader, 4, [5], tablet_id="e" * 32),  # no such tablet here
+            _sub(leader, 5, [6], schema_version=SCHEMA.version + 1),
+            _sub(leader, 6, [3, 7]),  # key 3 is taken by the first write of this call
+        ]
+        multi = tserver_pb2.WriteMultiRequestPB(dest_uuid=leader.uuid, requests=subs)
+        answer = proxy.call(proxy.tablet.WriteMulti, multi)
+    codes = [r.error.code if r.HasField("error") else None for r in answer.responses]
+    assert codes == [
+        None,
+        None,
+        common_pb2.WRONG_SERVER_UUID,
+        common_pb2.TABLET_NOT_FOUND,
+        common_pb2.MISMATCHED_SCHEMA,
+        None,
+    ]
+    assert answer.responses[1].op_id.index == first.op_id.index
+    assert answer.responses[0].op_id.index < answer.responses[5].op_id.index
+    assert [(e.row_index, e.code) for e in answer.responses[5].per_row_errors] == [
+        (0, common_pb2.ALREADY_PRESENT)
+    ]
+    table = tablet_ops.scan(leader, TABLET, SCHEMA)
+    assert sorted(table.column("id").to_pylist()) == [1, 2, 3, 7]
+    # A follower refuses every write of the call, each with the leader hint.
+    with follower.proxy() as proxy:
+        multi = tserver_pb2.WriteMultiRequestPB(
+            dest_uuid=follower.uuid, requests=[_sub(follower, 7, [8]), _sub(follower, 8, [9])]
+        )
+        answer = proxy.call(proxy.tablet.WriteMulti, multi)
+    assert [r.error.code for r in answer.responses] == [common_pb2.NOT_THE_LEADER] * 2
+    assert {r.error.leader_uuid for r in answer.responses} == {leader.uuid}
