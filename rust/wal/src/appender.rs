@@ -129,12 +129,16 @@ impl Appender {
             {
                 let mut queue = self.shared.lock_queue();
                 while queue.requests.is_empty() && !queue.closing && !self.failed() {
+                    // Set under the lock before sleeping, so an append either sees it and
+                    // signals, or queued its request before this check saw the queue empty.
+                    queue.appender_idle = true;
                     queue = self
                         .shared
                         .work_ready
                         .wait(queue)
                         .unwrap_or_else(std::sync::PoisonError::into_inner);
                 }
+                queue.appender_idle = false;
                 if queue.requests.is_empty() || self.failed() {
                     break;
                 }
