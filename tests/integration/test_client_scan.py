@@ -54,34 +54,44 @@ def rows(start: int, count: int) -> pa.Table:
     )
 
 
+def metrics(ts: ServerProcess) -> str:
+    with urllib.request.urlopen(f"http://{ts.http_addr}/metrics", timeout=5) as page:
+        return str(page.read().decode())
+
+
 def scans(ts: ServerProcess, code: str) -> int:
     """Scan calls the server answered with ``code`` (from its /metrics page)."""
-    with urllib.request.urlopen(f"http://{ts.http_addr}/metrics", timeout=5) as page:
-        text = page.read().decode()
     pattern = rf'^nyala_rpc_requests_total\{{method="Scan",code="{code}"\}} (\d+)$'
-    match = re.search(pattern, text, re.MULTILINE)
+    match = re.search(pattern, metrics(ts), re.MULTILINE)
     return 0 if match is None else int(match.group(1))
+
+
+def applied_index(ts: ServerProcess, tablet_id: str) -> int:
+    pattern = rf'^nyala_tablet_last_applied_index\{{tablet_id="{tablet_id}"\}} (\d+)$'
+    match = re.search(pattern, metrics(ts), re.MULTILINE)
+    return -1 if match is None else int(match.group(1))
 
 
 def by_uuid(cluster: MiniCluster, uuid: str) -> ServerProcess:
     return next(ts for ts in cluster.tservers if ts.uuid == uuid)
 
 
-def follower_ids(table: nyala.Table, *, bound_ms: int) -> list[int]:
-    scan = table.scan(columns=["id"], replica="follower", max_staleness_ms=bound_ms)
-    return list(scan.to_arrow().column("id").to_pylist())
-
-
-def wait_followers_have(table: nyala.Table, expected: list[int]) -> None:
-    """Follower reads may lag by up to their bound: wait until one shows every row, checking
-    meanwhile that what they show is always a subset of what was written."""
+def wait_all_applied(
+    cluster: MiniCluster, table: nyala.Table, expected: list[int] | None = None
+) -> None:
+    """Waits until every replica applied all the leader has (a follower read may legitimately
+    lag by up to its bound), checking meanwhile that follower reads show only ``expected``
+    ids."""
+    tablet_id = table.tablets()[0].tablet_id
+    target = applied_index(cluster.leader_of(tablet_id), tablet_id)
     deadline = time.monotonic() + 20
     while True:
-        got = follower_ids(table, bound_ms=2_000)
-        assert set(got) <= set(expected)
-        if sorted(got) == expected:
+        if expected is not None:
+            scan = table.scan(columns=["id"], replica="follower", max_staleness_ms=2_000)
+            assert set(scan.to_arrow().column(0).to_pylist()) <= set(expected)
+        if all(applied_index(ts, tablet_id) >= target for ts in cluster.tservers):
             return
-        assert time.monotonic() < deadline, f"followers show {len(got)} of {len(expected)} rows"
+        assert time.monotonic() < deadline, "the followers did not catch up"
         time.sleep(0.1)
 
 
@@ -92,7 +102,7 @@ def test_a_follower_serves_a_scan_within_the_staleness_bound(
     assert table.insert(rows(0, 3000)).ok
     tablet_id = table.tablets()[0].tablet_id
     leader = cluster.leader_of(tablet_id)
-    wait_followers_have(table, list(range(3000)))
+    wait_all_applied(cluster, table, list(range(3000)))
     before = {ts.uuid: scans(ts, "OK") for ts in cluster.tservers}
     scan = table.scan(replica="follower", max_staleness_ms=2_000, where=[("id", ">=", 2990)])
     got = scan.to_arrow()
@@ -123,7 +133,7 @@ def test_a_cut_off_follower_refuses_and_the_scan_reads_elsewhere(
     table = client.create_table("cutoff", SCHEMA, replicas=3)
     assert table.insert(rows(0, 2000)).ok
     tablet_id = table.tablets()[0].tablet_id
-    wait_followers_have(table, list(range(2000)))
+    wait_all_applied(cluster, table, list(range(2000)))
     leader = cluster.leader_of(tablet_id)
     followers = [ts for ts in cluster.tservers if ts is not leader]
     refused = {ts.uuid: scans(ts, "SERVICE_UNAVAILABLE") for ts in followers}
@@ -155,10 +165,7 @@ def test_a_follower_scan_resumes_after_the_last_key_on_another_replica(
     assert table.insert({"a": a, "b": b, "v": np.ones(2000)}).ok
     tablet_id = table.tablets()[0].tablet_id
     leader = cluster.leader_of(tablet_id)
-    deadline = time.monotonic() + 20
-    while table.scan(replica="follower", max_staleness_ms=2_000).count() < 2000:
-        assert time.monotonic() < deadline
-        time.sleep(0.1)
+    wait_all_applied(cluster, table)
     seen: list[tuple[int, str]] = []
     scan = table.scan(
         columns=["b", "a"],
