@@ -53,7 +53,7 @@ from nyala.testing import MiniCluster
 SCHEMA = Schema([Column("id", "int64"), Column("payload", "string")], ["id"])
 WRITERS = 64
 BATCH_ROWS = 1000
-BATCH_WRITERS = 8
+BATCH_WRITERS = 16
 PAYLOAD = "x" * 92  # with the 8-byte key, a 100-byte row
 _PHASES = itertools.count()
 PREENCODED_BATCHES = 2_000  # distinct batches cycled through (upserts, so repeats are fine)
