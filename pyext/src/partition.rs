@@ -18,6 +18,8 @@ use crate::errors::to_py;
 type HashLevelTuple = (Vec<String>, u32, u32);
 /// One partition's rows as Python gets them: (partition, original row positions, IPC bytes).
 type SliceTuple<'py> = (u32, PyArrowType<ArrayData>, Bound<'py, PyBytes>);
+/// Threads that encode one batch's requests at most (the client is one of many processes).
+const SPLIT_THREADS_MAX: usize = 4;
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PartitionRouter>()?;
@@ -94,6 +96,40 @@ impl PartitionRouter {
         Ok(PyArrowType(
             arrow::array::UInt32Array::from(routes).into_data(),
         ))
+    }
+
+    /// The batch cut into write requests: (partition index, original row positions as a
+    /// pyarrow UInt32Array, the rows as Arrow IPC stream bytes), each partition's rows in input
+    /// order in pieces of at most `rows_max` rows and about `bytes_max` bytes, ascending by
+    /// partition then position. Routed once; encoded on up to `threads` threads (0: one per
+    /// core, at most 4), without the GIL.
+    #[pyo3(signature = (batch, rows_max, bytes_max, threads = 0))]
+    fn split_requests<'py>(
+        &self,
+        py: Python<'py>,
+        batch: PyArrowType<RecordBatch>,
+        rows_max: usize,
+        bytes_max: usize,
+        threads: usize,
+    ) -> PyResult<Vec<SliceTuple<'py>>> {
+        let router = self.router.clone();
+        let threads = if threads == 0 {
+            std::thread::available_parallelism()
+                .map_or(1, |n| n.get())
+                .min(SPLIT_THREADS_MAX)
+        } else {
+            threads
+        };
+        let requests = py
+            .detach(move || router.split_requests(&batch.0, rows_max, bytes_max, threads))
+            .map_err(to_py)?;
+        Ok(requests
+            .into_iter()
+            .map(|r| {
+                let ipc = PyBytes::new(py, &r.ipc);
+                (r.partition, PyArrowType(r.rows.into_data()), ipc)
+            })
+            .collect())
     }
 
     /// The batch split per partition: (partition index, original row positions as a pyarrow

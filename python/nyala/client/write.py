@@ -1,12 +1,13 @@
 """Sending row operations to tablet leaders, exactly once (DESIGN.md §4).
 
-An op batch is cut into chunks of bounded size, each chunk is split per tablet in Rust
-(``PartitionRouter.split_ipc``: routing, gathering and IPC encoding without per-row Python), and
-every tablet's requests go to its leader in order, tablets in parallel. Each request gets a
-sequence number once, when it is built; every retry (after ``NOT_THE_LEADER``, an unreachable
-server, a timeout) resends the very same bytes with the same request id, so a request that was
-applied before the answer was lost is answered from the replicas' result cache and never
-applied twice. Per-row failures come back as ``RowError``s that name the caller's row.
+An op batch is split per tablet in Rust (``PartitionRouter.split_requests``: routing over whole
+columns, one gather per request, IPC encoding, no per-row Python, the GIL released) into requests
+of bounded size, and every tablet's requests go to its leader in order, tablets in parallel.
+Each request gets a sequence number once, when it is built; every retry (after
+``NOT_THE_LEADER``, an unreachable server, a timeout) resends the very same bytes with the same
+request id, so a request that was applied before the answer was lost is answered from the
+replicas' result cache and never applied twice. Per-row failures come back as ``RowError``s
+that name the caller's row.
 """
 
 from __future__ import annotations
@@ -24,14 +25,14 @@ import pyarrow as pa
 
 from nyala import errors
 from nyala._proto import common_pb2, tserver_pb2
-from nyala.client.meta_cache import MetaCache, Replica, TableInfo, TableLocations, TabletLocation
+from nyala.client.meta_cache import MetaCache, Replica, TableInfo, TabletLocation
 from nyala.client.rpc import RETRIABLE, Backoff, ChannelPool
 from nyala.client.write_pipe import WritePipe
 from nyala.rowops import OP_COLUMN
 
-#: Target rows and Arrow bytes of one Write request. The input is cut into chunks of about
-#: this much per tablet (fewer, larger requests: each is one Raft round and one fsync); a chunk
-#: whose rows are skewed so that one tablet's share exceeds twice the target is halved.
+#: Most rows and about the most Arrow bytes of one Write request: each tablet's rows are cut
+#: into requests of at most this much (fewer, larger requests: each is one Raft round and one
+#: fsync).
 WRITE_REQUEST_ROWS_MAX = 256 * 1024
 WRITE_REQUEST_BYTES_MAX = 16 * 1024 * 1024
 
@@ -183,32 +184,17 @@ class Writer:
     def _requests(self, info: TableInfo, batch: pa.RecordBatch) -> dict[str, list[_Request]]:
         locations = self.cache.locations(info)
         per_tablet: dict[str, list[_Request]] = {}
-        for offset, chunk in _chunks(batch, len(locations.tablets)):
-            self._split(locations, offset, chunk, per_tablet)
-        return per_tablet
-
-    def _split(
-        self,
-        locations: TableLocations,
-        offset: int,
-        chunk: pa.RecordBatch,
-        per_tablet: dict[str, list[_Request]],
-    ) -> None:
-        slices = locations.router.split_ipc(chunk)
-        too_big = any(
-            len(ops) > 2 * WRITE_REQUEST_BYTES_MAX or len(rows) > 2 * WRITE_REQUEST_ROWS_MAX  # type: ignore[arg-type]
-            for _, rows, ops in slices
+        if batch.num_rows == 0:
+            return per_tablet
+        pieces = locations.router.split_requests(
+            batch, WRITE_REQUEST_ROWS_MAX, WRITE_REQUEST_BYTES_MAX
         )
-        if too_big and chunk.num_rows > 1:
-            half = chunk.num_rows // 2  # halves keep each tablet's requests in input order
-            self._split(locations, offset, chunk.slice(0, half), per_tablet)
-            self._split(locations, offset + half, chunk.slice(half), per_tablet)
-            return
-        for partition, positions, ops in slices:
+        for partition, positions, ops in pieces:
             tablet = locations.tablets[partition]
-            rows = np.asarray(pa.array(positions)) + offset
+            rows = np.asarray(positions)
             request = _Request(tablet.tablet_id, self.requests.new(), ops, rows)
             per_tablet.setdefault(tablet.tablet_id, []).append(request)
+        return per_tablet
 
     def _send_all(
         self, info: TableInfo, requests: list[_Request], deadline: float
@@ -303,17 +289,6 @@ def pick_replica(tablet: TabletLocation, attempt: int, unreachable: set[str]) ->
     if not candidates:
         return None
     return candidates[attempt % len(candidates)]
-
-
-def _chunks(batch: pa.RecordBatch, tablets: int) -> list[tuple[int, pa.RecordBatch]]:
-    """``batch`` cut into slices (zero-copy) of about one request's worth per tablet."""
-    rows = batch.num_rows
-    if rows == 0:
-        return []
-    bytes_per_row = max(1, batch.nbytes // rows)
-    per_tablet = min(WRITE_REQUEST_ROWS_MAX, WRITE_REQUEST_BYTES_MAX // bytes_per_row)
-    step = max(1, per_tablet * max(1, tablets))
-    return [(start, batch.slice(start, step)) for start in range(0, rows, step)]
 
 
 __all__ = ["RequestTracker", "RowError", "WriteResult", "Writer", "pick_replica"]

@@ -2,15 +2,22 @@
 //!
 //! A row's partition key is one 4-byte big-endian bucket per hash level followed by the
 //! memcomparable encoding of its range columns; each tablet owns one interval
-//! `[start, end)` of partition keys. `PartitionRouter` computes every row's partition key column
-//! by column over Arrow arrays, binary-searches the tablets' sorted starts, and splits a batch
-//! into one sub-batch per tablet. The Python reference (`nyala/partition.py`) defines the same
-//! bytes; the golden values below were computed with it.
+//! `[start, end)` of partition keys. `PartitionRouter` hashes whole columns over the Arrow
+//! buffers (the FNV state of every row advances column by column, so no per-row key is
+//! materialised), maps bucket combinations to tablets through a table built once when there are
+//! no range columns (binary search of the tablets' sorted starts otherwise), and splits a batch
+//! into size-capped, IPC-encoded requests per tablet. The Python reference (`nyala/partition.py`)
+//! defines the same bytes; the golden values below were computed with it.
 
-use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 
-use arrow::array::{ArrayRef, RecordBatch, UInt32Array};
+use arrow::array::{Array, ArrayRef, AsArray, RecordBatch, UInt32Array};
 use arrow::compute::take_record_batch;
+use arrow::datatypes::{
+    DataType as ArrowType, Int16Type, Int32Type, Int64Type, Int8Type, TimestampMicrosecondType,
+};
+use arrow::ipc::writer::StreamWriter;
 
 use crate::error::{Result, StorageError};
 use crate::key::encode_keys;
@@ -27,16 +34,35 @@ const SEED_MULTIPLIER: u64 = 0x9e37_79b9_7f4a_7c15;
 /// The partitioning hash: FNV-1a 64 from an offset basis mixed with `seed`, then MurmurHash3's
 /// `fmix64`, because `% buckets` reads the low bits, which FNV alone mixes poorly.
 pub fn hash64(data: &[u8], seed: u32) -> u64 {
-    let mut h = FNV_OFFSET ^ (seed as u64).wrapping_mul(SEED_MULTIPLIER);
+    fmix64(fnv_feed(fnv_start(seed), data))
+}
+
+#[inline]
+fn fnv_start(seed: u32) -> u64 {
+    FNV_OFFSET ^ (seed as u64).wrapping_mul(SEED_MULTIPLIER)
+}
+
+#[inline]
+fn fnv_feed(mut h: u64, data: &[u8]) -> u64 {
     for byte in data {
         h = (h ^ *byte as u64).wrapping_mul(FNV_PRIME);
     }
+    h
+}
+
+#[inline]
+fn fmix64(mut h: u64) -> u64 {
     h ^= h >> 33;
     h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
     h ^= h >> 33;
     h = h.wrapping_mul(0xc4ce_b93f_e53b_3f53);
     h ^ (h >> 33)
 }
+
+/// Cells of the bucket-combination lookup table at most (4 bytes each).
+const BUCKET_TABLE_CELLS_MAX: u64 = 1 << 20;
+/// A row position or partition index the lookup table marks as "no partition".
+const NO_PARTITION: u32 = u32::MAX;
 
 /// One hash level: bucket = `hash64(encoded columns, seed) % buckets`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -67,6 +93,9 @@ pub struct PartitionRouter {
     /// Ascending, distinct; `ends[i]` empty means unbounded; `starts[i] < ends[i]` otherwise.
     starts: Vec<Vec<u8>>,
     ends: Vec<Vec<u8>>,
+    /// Without range columns a row's partition depends on its buckets alone: the partition of
+    /// each bucket combination (mixed radix, first level most significant), or `NO_PARTITION`.
+    by_buckets: Option<Vec<u32>>,
 }
 
 impl PartitionRouter {
@@ -106,12 +135,39 @@ impl PartitionRouter {
                 )));
             }
         }
-        Ok(PartitionRouter {
+        let mut router = PartitionRouter {
             hash_levels,
             range_columns,
             starts,
             ends,
-        })
+            by_buckets: None,
+        };
+        router.by_buckets = router.bucket_table();
+        Ok(router)
+    }
+
+    fn bucket_table(&self) -> Option<Vec<u32>> {
+        if !self.range_columns.is_empty() || self.hash_levels.is_empty() {
+            return None;
+        }
+        let cells = self
+            .hash_levels
+            .iter()
+            .try_fold(1u64, |n, l| n.checked_mul(l.buckets as u64))
+            .filter(|n| *n <= BUCKET_TABLE_CELLS_MAX)?;
+        let mut table = Vec::with_capacity(cells as usize);
+        let mut key = vec![0u8; self.hash_levels.len() * BUCKET_BYTES];
+        for cell in 0..cells {
+            let mut rest = cell;
+            for (i, level) in self.hash_levels.iter().enumerate().rev() {
+                let bucket = (rest % level.buckets as u64) as u32;
+                rest /= level.buckets as u64;
+                key[i * BUCKET_BYTES..(i + 1) * BUCKET_BYTES]
+                    .copy_from_slice(&bucket.to_be_bytes());
+            }
+            table.push(self.find(&key).map_or(NO_PARTITION, |p| p as u32));
+        }
+        Some(table)
     }
 
     /// The number of partitions.
@@ -147,6 +203,9 @@ impl PartitionRouter {
 
     /// Each row's partition index; a row no partition covers is `InvalidArgument`.
     pub fn route(&self, batch: &RecordBatch) -> Result<Vec<u32>> {
+        if let Some(table) = &self.by_buckets {
+            return self.route_by_buckets(table, batch);
+        }
         let (bytes, offsets) = self.partition_keys(batch)?;
         let mut out = Vec::with_capacity(batch.num_rows());
         // Sorted input (common for bulk loads) hits the same partition again: check it first.
@@ -166,20 +225,30 @@ impl PartitionRouter {
         Ok(out)
     }
 
+    fn route_by_buckets(&self, table: &[u32], batch: &RecordBatch) -> Result<Vec<u32>> {
+        let mut cells = vec![0u32; batch.num_rows()];
+        for level in &self.hash_levels {
+            let hashes = hash_columns(&columns(batch, &level.columns)?, level.seed)?;
+            for (cell, h) in cells.iter_mut().zip(hashes) {
+                *cell = *cell * level.buckets + (h % level.buckets as u64) as u32;
+            }
+        }
+        for (row, cell) in cells.iter_mut().enumerate() {
+            *cell = table[*cell as usize];
+            if *cell == NO_PARTITION {
+                let key = self.partition_keys(&batch.slice(row, 1))?.0;
+                return Err(StorageError::invalid(format!(
+                    "row {row}: no partition covers partition key {}",
+                    hex(&key)
+                )));
+            }
+        }
+        Ok(cells)
+    }
+
     /// The batch cut into one slice per partition that has rows, ascending by partition.
     pub fn split(&self, batch: &RecordBatch) -> Result<Vec<PartitionSlice>> {
-        let routes = self.route(batch)?;
-        let mut counts = vec![0u32; self.len()];
-        for p in &routes {
-            counts[*p as usize] += 1;
-        }
-        let mut positions: Vec<Vec<u32>> = counts
-            .iter()
-            .map(|c| Vec::with_capacity(*c as usize))
-            .collect();
-        for (row, p) in routes.iter().enumerate() {
-            positions[*p as usize].push(row as u32);
-        }
+        let positions = self.positions(batch)?;
         let mut slices = Vec::new();
         for (partition, rows) in positions.into_iter().enumerate() {
             if rows.is_empty() {
@@ -201,13 +270,97 @@ impl PartitionRouter {
         Ok(slices)
     }
 
+    /// The batch cut into requests: each partition's rows in input order, in equal pieces of
+    /// at most `rows_max` rows and about `bytes_max` Arrow bytes (estimated from the batch's
+    /// average row width), each piece gathered and IPC-encoded. Rows are routed once; the pieces
+    /// are encoded on up to `threads` threads. Ascending by partition, then by position.
+    pub fn split_requests(
+        &self,
+        batch: &RecordBatch,
+        rows_max: usize,
+        bytes_max: usize,
+        threads: usize,
+    ) -> Result<Vec<EncodedRequest>> {
+        if rows_max == 0 || bytes_max == 0 {
+            return Err(StorageError::invalid("request limits must be positive"));
+        }
+        let per_request = rows_max.min((bytes_max / row_bytes(batch).max(1)).max(1));
+        let mut pieces: Vec<(u32, UInt32Array)> = Vec::new();
+        for (partition, rows) in self.positions(batch)?.into_iter().enumerate() {
+            // Equal pieces: 250k rows at 200k a request go as 2 x 125k, not 200k + 50k.
+            let size = rows
+                .len()
+                .div_ceil(rows.len().div_ceil(per_request).max(1))
+                .max(1);
+            for piece in rows.chunks(size) {
+                pieces.push((partition as u32, UInt32Array::from(piece.to_vec())));
+            }
+        }
+        let whole = pieces.len() == 1 && pieces[0].1.len() == batch.num_rows();
+        let encode = |rows: &UInt32Array| -> Result<Vec<u8>> {
+            if whole {
+                return encode_stream(batch); // one piece holding every row: no gather
+            }
+            let part = take_record_batch(batch, rows)
+                .map_err(|e| StorageError::invalid(format!("cannot split batch: {e}")))?;
+            encode_stream(&part)
+        };
+        let encoded: Vec<Mutex<Option<Result<Vec<u8>>>>> =
+            pieces.iter().map(|_| Mutex::new(None)).collect();
+        let next = AtomicUsize::new(0);
+        let work = || loop {
+            let i = next.fetch_add(1, Ordering::Relaxed);
+            let Some((_, rows)) = pieces.get(i) else {
+                return;
+            };
+            *encoded[i].lock().unwrap_or_else(|e| e.into_inner()) = Some(encode(rows));
+        };
+        let helpers = threads.clamp(1, pieces.len().max(1)) - 1;
+        std::thread::scope(|scope| {
+            for _ in 0..helpers {
+                scope.spawn(work);
+            }
+            work();
+        });
+        pieces
+            .into_iter()
+            .zip(encoded)
+            .map(|((partition, rows), ipc)| {
+                let ipc = ipc.into_inner().unwrap_or_else(|e| e.into_inner());
+                Ok(EncodedRequest {
+                    partition,
+                    rows,
+                    ipc: ipc.expect("every piece was encoded")?,
+                })
+            })
+            .collect()
+    }
+
+    /// Each partition's row positions, ascending (empty for partitions without rows).
+    fn positions(&self, batch: &RecordBatch) -> Result<Vec<Vec<u32>>> {
+        if batch.num_rows() > u32::MAX as usize {
+            return Err(StorageError::invalid("a batch holds at most 2^32 - 1 rows"));
+        }
+        let routes = self.route(batch)?;
+        let mut counts = vec![0usize; self.len()];
+        for p in &routes {
+            counts[*p as usize] += 1;
+        }
+        let mut positions: Vec<Vec<u32>> = counts.iter().map(|c| Vec::with_capacity(*c)).collect();
+        for (row, p) in routes.iter().enumerate() {
+            positions[*p as usize].push(row as u32);
+        }
+        Ok(positions)
+    }
+
     fn buckets(&self, batch: &RecordBatch) -> Result<Vec<Vec<u32>>> {
         self.hash_levels
             .iter()
             .map(|level| {
-                let keys = encode_keys(&columns(batch, &level.columns)?)?;
-                Ok((0..keys.len())
-                    .map(|i| (hash64(keys.get(i), level.seed) % level.buckets as u64) as u32)
+                let hashes = hash_columns(&columns(batch, &level.columns)?, level.seed)?;
+                Ok(hashes
+                    .into_iter()
+                    .map(|h| (h % level.buckets as u64) as u32)
                     .collect())
             })
             .collect()
@@ -234,6 +387,118 @@ fn columns(batch: &RecordBatch, names: &[String]) -> Result<Vec<ArrayRef>> {
                 .ok_or_else(|| StorageError::invalid(format!("batch lacks column {name:?}")))
         })
         .collect()
+}
+
+/// One request cut out of a batch by `PartitionRouter::split_requests`.
+#[derive(Debug)]
+pub struct EncodedRequest {
+    /// Index of the partition in the router's (sorted) list.
+    pub partition: u32,
+    /// Positions of the rows in the input batch, ascending.
+    pub rows: UInt32Array,
+    /// Those rows as one Arrow IPC stream.
+    pub ipc: Vec<u8>,
+}
+
+/// `hash64(encoded key of each row, seed)` without materialising the keys: each row's FNV state
+/// takes the memcomparable bytes of one column after the other (rust/storage/src/key.rs), read
+/// straight from the Arrow buffers.
+fn hash_columns(columns: &[ArrayRef], seed: u32) -> Result<Vec<u64>> {
+    let rows = columns.first().map_or(0, |c| c.len());
+    let mut state = vec![fnv_start(seed); rows];
+    for (i, column) in columns.iter().enumerate() {
+        if column.null_count() > 0 {
+            return Err(StorageError::invalid("key columns must not hold nulls"));
+        }
+        let last = i + 1 == columns.len();
+        macro_rules! ints {
+            ($arrow:ty, $unsigned:ty) => {{
+                let flip = 1 as $unsigned << (<$unsigned>::BITS - 1);
+                let values = column.as_primitive::<$arrow>().values();
+                for (h, v) in state.iter_mut().zip(values.iter()) {
+                    *h = fnv_feed(*h, &((*v as $unsigned) ^ flip).to_be_bytes());
+                }
+            }};
+        }
+        match column.data_type() {
+            ArrowType::Int8 => ints!(Int8Type, u8),
+            ArrowType::Int16 => ints!(Int16Type, u16),
+            ArrowType::Int32 => ints!(Int32Type, u32),
+            ArrowType::Int64 => ints!(Int64Type, u64),
+            ArrowType::Timestamp(_, _) => ints!(TimestampMicrosecondType, u64),
+            ArrowType::Utf8 => {
+                let values = column.as_string::<i32>();
+                for (h, v) in state.iter_mut().zip(values.iter()) {
+                    *h = feed_bytes(*h, v.unwrap_or("").as_bytes(), last);
+                }
+            }
+            ArrowType::Binary => {
+                let values = column.as_binary::<i32>();
+                for (h, v) in state.iter_mut().zip(values.iter()) {
+                    *h = feed_bytes(*h, v.unwrap_or(&[]), last);
+                }
+            }
+            other => {
+                return Err(StorageError::invalid(format!(
+                    "type {other} cannot be a key column"
+                )))
+            }
+        }
+    }
+    Ok(state.into_iter().map(fmix64).collect())
+}
+
+/// A string or binary key part: raw when last, else `00` escaped as `00 01` and `00 00` after.
+#[inline]
+fn feed_bytes(mut h: u64, value: &[u8], last: bool) -> u64 {
+    if last {
+        return fnv_feed(h, value);
+    }
+    for byte in value {
+        h = fnv_feed(h, &[*byte]);
+        if *byte == 0 {
+            h = fnv_feed(h, &[1]);
+        }
+    }
+    fnv_feed(h, &[0, 0])
+}
+
+/// Average Arrow bytes of one row of `batch` (value buffers; offsets of variable-width
+/// columns count their 4 bytes), so that a slice of a larger batch is measured by its own rows.
+fn row_bytes(batch: &RecordBatch) -> usize {
+    let rows = batch.num_rows().max(1);
+    let total: usize = batch
+        .columns()
+        .iter()
+        .map(|column| match column.data_type() {
+            ArrowType::Utf8 => {
+                let offsets = column.as_string::<i32>().value_offsets();
+                (offsets[offsets.len() - 1] - offsets[0]) as usize + 4 * column.len()
+            }
+            ArrowType::Binary => {
+                let offsets = column.as_binary::<i32>().value_offsets();
+                (offsets[offsets.len() - 1] - offsets[0]) as usize + 4 * column.len()
+            }
+            ArrowType::Boolean => column.len().div_ceil(8),
+            other => match other.primitive_width() {
+                Some(width) => width * column.len(),
+                None => column.get_array_memory_size(),
+            },
+        })
+        .sum();
+    total.div_ceil(rows)
+}
+
+/// The Arrow IPC stream of `batch`, into a buffer sized up front (no regrowth copies).
+fn encode_stream(batch: &RecordBatch) -> Result<Vec<u8>> {
+    let invalid =
+        |e: arrow::error::ArrowError| StorageError::invalid(format!("cannot encode batch: {e}"));
+    let mut out = Vec::with_capacity(row_bytes(batch) * batch.num_rows() + 4096);
+    let mut writer = StreamWriter::try_new(&mut out, &batch.schema()).map_err(invalid)?;
+    writer.write(batch).map_err(invalid)?;
+    writer.finish().map_err(invalid)?;
+    drop(writer);
+    Ok(out)
 }
 
 fn hex(bytes: &[u8]) -> String {
@@ -348,7 +613,70 @@ mod tests {
         assert!(overlapping.is_err());
     }
 
+    /// 4 hash buckets over `id`, no range columns (the bucket-table path).
+    fn hash_router() -> PartitionRouter {
+        let level = HashLevel {
+            columns: vec!["id".into()],
+            buckets: 4,
+            seed: 0,
+        };
+        let starts = (0..4).map(prefix).collect();
+        let ends = (1..4).map(prefix).chain([vec![]]).collect();
+        PartitionRouter::new(vec![level], vec![], starts, ends).unwrap()
+    }
+
+    #[test]
+    fn split_requests_caps_rows_and_keeps_order() {
+        let ids: Vec<i64> = (0..10_000).map(|i| i * 7_919 - 5_000).collect();
+        let names: Vec<String> = ids.iter().map(|i| format!("n{i}")).collect();
+        let input = batch(ids, names);
+        for r in [router(), hash_router()] {
+            let routes = r.route(&input).unwrap();
+            for threads in [1, 3] {
+                let requests = r.split_requests(&input, 700, 1 << 30, threads).unwrap();
+                let mut seen = vec![false; input.num_rows()];
+                let mut last = (0u32, 0u32);
+                for request in &requests {
+                    let rows = request.rows.values();
+                    assert!(!rows.is_empty() && rows.len() <= 700);
+                    assert!((request.partition, rows[0]) >= last, "ascending");
+                    last = (request.partition, rows[rows.len() - 1]);
+                    let mut reader =
+                        arrow::ipc::reader::StreamReader::try_new(&request.ipc[..], None).unwrap();
+                    let part = reader.next().unwrap().unwrap();
+                    let id = part.column(0).as_primitive::<Int64Type>();
+                    for (j, row) in rows.iter().enumerate() {
+                        assert_eq!(routes[*row as usize], request.partition);
+                        assert_eq!(id.value(j), 7_919 * *row as i64 - 5_000);
+                        assert!(!std::mem::replace(&mut seen[*row as usize], true));
+                    }
+                }
+                assert!(seen.iter().all(|s| *s));
+            }
+        }
+        assert!(router().split_requests(&input, 0, 1, 1).is_err());
+    }
+
     proptest! {
+        /// Hashing columns in place equals hashing each row's encoded key.
+        #[test]
+        fn column_hash_equals_hash_of_encoded_key(
+            ids in proptest::collection::vec(any::<i64>(), 1..100),
+            names in proptest::collection::vec("[a-z\\x00]{0,4}", 100),
+            seed in any::<u32>(),
+        ) {
+            let names: Vec<String> = names.into_iter().take(ids.len()).collect();
+            let input = batch(ids, names);
+            for columns in [vec![0, 1], vec![1, 0], vec![1]] {
+                let cols: Vec<ArrayRef> = columns.iter().map(|c| input.column(*c).clone()).collect();
+                let keys = encode_keys(&cols).unwrap();
+                let hashes = hash_columns(&cols, seed).unwrap();
+                for (row, h) in hashes.iter().enumerate() {
+                    prop_assert_eq!(*h, hash64(keys.get(row), seed));
+                }
+            }
+        }
+
         /// Routing by the router equals routing each row's key by a linear scan of partitions.
         #[test]
         fn route_equals_linear_scan(ids in proptest::collection::vec(any::<i64>(), 1..200),

@@ -1,0 +1,186 @@
+"""Splitting op batches into per-tablet write requests (``PartitionRouter.split_requests``):
+every row lands once, in the tablet the Python reference names, in input order, with every
+value (nulls, strings, every type) intact, and no request exceeds its caps."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from nyala import _native
+from nyala.errors import InvalidArgumentError
+from nyala.partition import (
+    HashPartitioning,
+    Partition,
+    PartitionSchema,
+    RangePartitioning,
+    create_partitions,
+    find_partition,
+)
+from nyala.rowops import OP_COLUMN, make_op_batch
+from nyala.schema import Schema
+
+SCHEMA = Schema.parse(
+    "id:int64, name:string, small:int32, f:double?, s:string?, b:binary?, flag:bool?, "
+    "ts:timestamp?, i8:int8?",
+    key=["id", "name", "small"],
+)
+KEY = ["id", "name", "small"]
+
+SPECS: list[Any] = [
+    HashPartitioning("id", 4),
+    [HashPartitioning(["id", "name"], 3, seed=5), HashPartitioning("small", 2)],
+    [HashPartitioning("name", 2), RangePartitioning("id", [-100, 0, 1000])],
+    RangePartitioning(["name", "small"], [("m", 0)]),
+]
+
+
+def router(spec: Any) -> tuple[PartitionSchema, list[Partition], _native.PartitionRouter]:
+    ps, ranges = PartitionSchema.from_spec(spec, SCHEMA)
+    parts = create_partitions(ps, ranges)
+    native = _native.PartitionRouter(
+        [(list(h.columns), h.buckets, h.seed) for h in ps.hash_levels],
+        list(ps.range_columns),
+        [p.key_start for p in parts],
+        [p.key_end for p in parts],
+    )
+    return ps, parts, native
+
+
+row_strategy = st.fixed_dictionaries(
+    {
+        "id": st.integers(-(2**63), 2**63 - 1),
+        "name": st.text(alphabet="am\x00zé", max_size=6),
+        "small": st.integers(-(2**31), 2**31 - 1),
+        "f": st.none() | st.floats(allow_nan=False),
+        "s": st.none() | st.text(max_size=8),
+        "b": st.none() | st.binary(max_size=8),
+        "flag": st.none() | st.booleans(),
+        "ts": st.none() | st.integers(-(2**55), 2**55),  # within datetime's years 1..9999
+        "i8": st.none() | st.integers(-128, 127),
+    }
+)
+
+
+def op_batch(rows: list[dict[str, Any]]) -> pa.RecordBatch:
+    columns = {c.name: pa.array([r[c.name] for r in rows], c.arrow_type) for c in SCHEMA.columns}
+    return make_op_batch(columns, "upsert", SCHEMA)
+
+
+def check_split(
+    spec: Any, batch: pa.RecordBatch, rows_max: int, bytes_max: int, threads: int = 0
+) -> list[tuple[int, list[int], pa.Table]]:
+    """Splits ``batch`` and checks every invariant against the Python reference."""
+    ps, parts, native = router(spec)
+    pieces = native.split_requests(batch, rows_max, bytes_max, threads)
+    rows = batch.to_pylist()
+    seen: list[int] = []
+    out = []
+    last: tuple[int, int] = (-1, -1)
+    for partition, positions, ipc in pieces:
+        table = pa.ipc.open_stream(ipc).read_all()
+        position_list = pa.array(positions).to_pylist()
+        assert table.schema == batch.schema
+        assert 0 < table.num_rows == len(position_list) <= rows_max
+        assert position_list == sorted(position_list)  # input order within a tablet
+        assert (partition, position_list[0]) > last  # partitions ascending, then positions
+        last = (partition, position_list[-1])
+        assert table.to_pylist() == [rows[p] for p in position_list]  # every value intact
+        for p in position_list:
+            key = ps.partition_key(SCHEMA, {k: rows[p][k] for k in KEY})
+            assert find_partition(parts, key) == partition
+        seen.extend(position_list)
+        out.append((partition, position_list, table))
+    assert sorted(seen) == list(range(batch.num_rows))  # every row exactly once
+    return out
+
+
+@pytest.mark.parametrize("spec_index", range(len(SPECS)))
+@settings(max_examples=25, deadline=None)
+@given(
+    rows=st.lists(row_strategy, min_size=1, max_size=40),
+    rows_max=st.integers(1, 50),
+    threads=st.integers(0, 3),
+)
+def test_split_matches_the_reference(
+    spec_index: int, rows: list[dict[str, Any]], rows_max: int, threads: int
+) -> None:
+    check_split(SPECS[spec_index], op_batch(rows), rows_max, 1 << 30, threads)
+
+
+def test_a_slice_of_a_batch_splits_like_its_copy() -> None:
+    rng = np.random.default_rng(3)
+    n = 5000
+    full = make_op_batch(
+        {
+            "id": rng.integers(-(2**40), 2**40, n),
+            "name": pa.array([f"n{i % 97}" for i in range(n)]),
+            "small": rng.integers(0, 100, n).astype(np.int32),
+            "f": pa.array(rng.random(n), mask=rng.random(n) < 0.3),
+            "s": pa.array([None if i % 7 == 0 else "x" * (i % 13) for i in range(n)]),
+            "b": pa.nulls(n, pa.binary()),
+            "flag": pa.array(rng.random(n) < 0.5),
+            "ts": pa.array(rng.integers(0, 2**50, n), pa.timestamp("us")),
+            "i8": pa.array(rng.integers(-128, 128, n).astype(np.int8)),
+        },
+        "upsert",
+        SCHEMA,
+    )
+    sliced = full.slice(1234, 2345)
+    for spec in SPECS:
+        got = check_split(spec, sliced, 300, 1 << 30)
+        want = check_split(
+            spec, pa.Table.from_batches([sliced]).combine_chunks().to_batches()[0], 300, 1 << 30
+        )
+        assert [(p, pos) for p, pos, _ in got] == [(p, pos) for p, pos, _ in want]
+
+
+def test_requests_respect_the_byte_cap() -> None:
+    n = 20_000
+    batch = make_op_batch(
+        {
+            "id": np.arange(n, dtype=np.int64),
+            "name": pa.array(["k"] * n),
+            "small": np.zeros(n, dtype=np.int32),
+            "f": np.ones(n),
+            "s": pa.array(["y" * 100] * n),
+            "b": pa.nulls(n, pa.binary()),
+            "flag": pa.nulls(n, pa.bool_()),
+            "ts": pa.nulls(n, pa.timestamp("us")),
+            "i8": pa.nulls(n, pa.int8()),
+        },
+        "upsert",
+        SCHEMA,
+    )
+    bytes_max = 256 * 1024
+    pieces = check_split(SPECS[0], batch, n, bytes_max)
+    assert len(pieces) > 4  # the cap, not the tablet count, set the number of requests
+    for _, _, table in pieces:
+        # The cap is estimated from the average row; rows here are all alike.
+        assert table.nbytes <= bytes_max * 1.1
+
+
+def test_one_tablet_sends_the_batch_whole_and_bad_input_is_refused() -> None:
+    batch = op_batch([{c.name: None for c in SCHEMA.columns} | {"id": 1, "name": "a", "small": 2}])
+    _, _, native = router(None)
+    [(partition, positions, ipc)] = native.split_requests(batch, 10, 1 << 20)
+    assert partition == 0
+    assert pa.array(positions).to_pylist() == [0]
+    assert pa.ipc.open_stream(ipc).read_all().to_batches()[0] == batch
+    with pytest.raises(InvalidArgumentError):
+        native.split_requests(batch, 0, 1 << 20)
+    _, _, hashed = router(SPECS[0])
+    no_id = batch.drop_columns(["id"])
+    with pytest.raises(InvalidArgumentError, match="lacks column"):
+        hashed.split_requests(no_id, 10, 1 << 20)
+    with_null_key = pa.RecordBatch.from_arrays(
+        [pa.array([None], pa.int64()), *batch.columns[1:]], names=batch.schema.names
+    )
+    with pytest.raises(InvalidArgumentError, match="nulls"):
+        hashed.split_requests(with_null_key, 10, 1 << 20)
+    assert OP_COLUMN in batch.schema.names
