@@ -27,7 +27,7 @@ from nyala.schema import Schema
 
 SCHEMA = Schema.parse(
     "id:int64, name:string, small:int32, f:double?, s:string?, b:binary?, flag:bool?, "
-    "ts:timestamp?, i8:int8?",
+    "ts:timestamp?, i8:int8?, i16:int16?, f32:float?",
     key=["id", "name", "small"],
 )
 KEY = ["id", "name", "small"]
@@ -63,6 +63,8 @@ row_strategy = st.fixed_dictionaries(
         "flag": st.none() | st.booleans(),
         "ts": st.none() | st.integers(-(2**55), 2**55),  # within datetime's years 1..9999
         "i8": st.none() | st.integers(-128, 127),
+        "i16": st.none() | st.integers(-(2**15), 2**15 - 1),
+        "f32": st.none() | st.floats(width=32, allow_nan=False),
     }
 )
 
@@ -127,6 +129,8 @@ def test_a_slice_of_a_batch_splits_like_its_copy() -> None:
             "flag": pa.array(rng.random(n) < 0.5),
             "ts": pa.array(rng.integers(0, 2**50, n), pa.timestamp("us")),
             "i8": pa.array(rng.integers(-128, 128, n).astype(np.int8)),
+            "i16": pa.array(rng.integers(-(2**15), 2**15, n).astype(np.int16)),
+            "f32": pa.array(rng.random(n).astype(np.float32), mask=rng.random(n) < 0.5),
         },
         "upsert",
         SCHEMA,
@@ -153,6 +157,8 @@ def test_requests_respect_the_byte_cap() -> None:
             "flag": pa.nulls(n, pa.bool_()),
             "ts": pa.nulls(n, pa.timestamp("us")),
             "i8": pa.nulls(n, pa.int8()),
+            "i16": pa.nulls(n, pa.int16()),
+            "f32": pa.nulls(n, pa.float32()),
         },
         "upsert",
         SCHEMA,
