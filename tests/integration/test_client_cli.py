@@ -95,6 +95,12 @@ def test_table_commands_end_to_end(cluster: LocalCluster, tmp_path: Path) -> Non
         "--format", "json", masters=m,
     )  # fmt: skip
     assert scanned == [{"id": 3, "name": "p3"}, {"id": 5, "name": "p5"}]
+    # A follower read may lag its leader by up to the bound, so it sees a subset, never more.
+    nearby = nyala_cli(
+        "table", "scan", "people", "--columns", "id,name", "--where", "id in (3, 5)",
+        "--replica", "any", "--max-staleness-ms", "60000", "--format", "json", masters=m,
+    )  # fmt: skip
+    assert all(row in scanned for row in nearby)
     text = nyala_cli("table", "scan", "people", "--limit", "2", masters=m)
     assert text.splitlines()[0].split() == ["ID", "NAME", "AGE"]
     added = nyala_cli(

@@ -234,6 +234,19 @@ def drop_column(name: str, column: str, masters: str, fmt: str) -> None:
 @click.option("--columns", default=None, help="Columns to return, comma-separated.")
 @click.option("--where", "wheres", multiple=True, help="Predicate like 'id >= 10' (repeat).")
 @click.option("--limit", type=int, default=None, help="At most this many rows.")
+@click.option(
+    "--replica",
+    type=click.Choice(["leader", "closest", "any", "follower"]),
+    default="leader",
+    show_default=True,
+    help="leader: linearizable; the others may read a follower (docs/scans.md).",
+)
+@click.option(
+    "--max-staleness-ms",
+    type=click.IntRange(min=0),
+    default=0,
+    help="Staleness bound of follower reads (default: the client's, 5000).",
+)
 @masters_option
 @format_option
 @one_line
@@ -242,6 +255,8 @@ def scan(
     columns: str | None,
     wheres: tuple[str, ...],
     limit: int | None,
+    replica: str,
+    max_staleness_ms: int,
     masters: str,
     fmt: str,
 ) -> None:
@@ -251,7 +266,14 @@ def scan(
         names = [c.strip() for c in columns.split(",")] if columns else None
         where = [parse_where(table.schema, w) for w in wheres]
         shown = limit if limit is not None or fmt == "json" else SCAN_PRINT_ROWS_DEFAULT
-        rows = table.scan(columns=names, where=where, limit=shown).to_arrow().to_pylist()
+        scanner = table.scan(
+            columns=names,
+            where=where,
+            limit=shown,
+            replica=replica,
+            max_staleness_ms=max_staleness_ms,
+        )
+        rows = scanner.to_arrow().to_pylist()
     emit(rows, fmt, columns=names or table.schema.names)
 
 
