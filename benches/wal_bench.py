@@ -31,6 +31,7 @@ import json
 import os
 import shutil
 import statistics
+import subprocess
 import tempfile
 import threading
 import time
@@ -224,6 +225,33 @@ def wal_bandwidth(directory: Path, total_bytes: int, options: LogOptions) -> flo
     return total_bytes / elapsed / 1e6
 
 
+def native_group_commit(root: Path, runs: int, seconds: float) -> dict[str, float] | None:
+    """The 64-writer group commit on the Rust API alone (64 OS threads, no GIL, no event loop),
+    by ``rust/wal/examples/group_commit_latency.rs`` with its own raw baseline on the same
+    directory: what the log itself does, next to what 64 asyncio tasks see through the binding.
+    None (and a note) where cargo or the source tree is not at hand, e.g. a pip-installed nyala.
+    """
+    repo = Path(__file__).resolve().parent.parent
+    cargo = shutil.which("cargo")
+    if cargo is None or not (repo / "rust/wal/examples/group_commit_latency.rs").exists():
+        print("native harness skipped: needs cargo and the source tree")
+        return None
+    env = dict(os.environ)
+    env.setdefault("CARGO_TARGET_DIR", str(Path.home() / ".cache/nyala/target"))
+    command = [cargo, "run", "--release", "--quiet", "-p", "nyala-wal"]
+    command += ["--example", "group_commit_latency", "--", "--dir", str(root)]
+    command += ["--writers", "64", "--runs", str(runs), "--seconds", str(seconds)]
+    done = subprocess.run(command, cwd=repo, env=env, capture_output=True, text=True, check=False)
+    lines = done.stdout.strip().splitlines()
+    if done.returncode != 0 or not lines:
+        print(f"native harness failed (exit {done.returncode}): {done.stderr.strip()[-400:]}")
+        return None
+    for line in lines[:-1]:
+        print(f"native {line}")
+    figures: dict[str, float] = json.loads(lines[-1])
+    return figures
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="short run (< 2 minutes)")
@@ -237,6 +265,11 @@ def main() -> None:
     root = Path(tempfile.mkdtemp(prefix="wal-bench-", dir=args.dir))
     try:
         results = run(root, seconds, total_bytes, max(1, args.runs))
+        native = native_group_commit(root, max(1, args.runs), seconds)
+        if native is not None:
+            results["native_group_commit_speedup"] = native["group_commit_speedup"]
+            results["native_p99_64_in_raw_syncs"] = native["p99_in_raw_syncs"]
+            results["native_p99_64_in_raw_p99_syncs"] = native["p99_in_raw_p99_syncs"]
     finally:
         shutil.rmtree(root, ignore_errors=True)
     print(json.dumps(results))

@@ -14,10 +14,12 @@ the same core; CSV columns are parsed straight into the table's types.
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import json
 import time
 from collections.abc import Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -141,6 +143,10 @@ class TableWriter:
         self.report = WriteReport(table_name, operation.name.lower())
         self._session = client.session(flush="manual")
         self._closed = False
+        # One send in flight: the next rows are read and conformed while the previous ones
+        # travel (sends stay in order, so a later write of a key never overtakes an earlier).
+        self._sender = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nyala-send")
+        self._inflight: Future[tuple[list[Any], int]] | None = None
 
     @property
     def schema(self) -> Schema:
@@ -161,6 +167,7 @@ class TableWriter:
         for batch in batches:
             self.write_batch(batch)
         self.flush()
+        self._wait_inflight()
         self.report.elapsed_s += time.perf_counter() - started
         return self.report
 
@@ -187,13 +194,23 @@ class TableWriter:
             self.flush()
 
     def flush(self) -> None:
-        """Sends the queued rows and waits for every outcome."""
+        """Waits for the send in flight, then starts sending the queued rows (``write`` waits
+        for the last send before it returns)."""
+        self._wait_inflight()
         if not self._pending:
             return
         batches, self._pending, self._pending_rows = self._pending, [], 0
         if self._ignore_null:
+            # After the wait: the current values include every row sent before.
             batches = self._keep_current_values(pa.Table.from_batches(batches)).to_batches()
-        self._apply(batches)
+        self._inflight = self._sender.submit(self._send, batches)
+
+    def _wait_inflight(self) -> None:
+        """Waits for the send in flight and accounts its outcomes (raises its error)."""
+        inflight, self._inflight = self._inflight, None
+        if inflight is not None:
+            errors, rows = inflight.result()
+            self._account(errors, rows)
 
     def _keep_current_values(self, rows: pa.Table) -> pa.Table:
         """``ignoreNull``: null cells take the row's current value. nyala writes whole rows, so
@@ -242,13 +259,16 @@ class TableWriter:
             current = keys.join(current, keys=self._schema.key, join_type="inner")
         return current
 
-    def _apply(self, batches: list[pa.RecordBatch]) -> None:
+    def _send(self, batches: list[pa.RecordBatch]) -> tuple[list[Any], int]:
+        """In the sender thread: applies and flushes; (row errors, rows sent)."""
         # Batch by batch: a RecordBatch in table order and types reaches the client's op batch
         # without a copy (a multi-chunk Table would be concatenated first).
         for batch in batches:
             self._session.apply(self.report.table, batch, self._operation)
         self._session.flush()
-        errors = self._session.pop_errors()
+        return self._session.pop_errors(), sum(b.num_rows for b in batches)
+
+    def _account(self, errors: list[Any], rows: int) -> None:
         not_applied = 0
         key = self._schema.key
         for code, group in _group_errors(errors).items():
@@ -257,7 +277,7 @@ class TableWriter:
                 self.report.rows_ignored += len(group)
                 continue
             self.report.add_errors(code, len(group), (_error_line(e, key) for e in group))
-        self.report.rows_applied += sum(b.num_rows for b in batches) - not_applied
+        self.report.rows_applied += rows - not_applied
 
     def close(self, failed: bool = False) -> None:
         """Closes the session (idempotent). Rows still queued here are dropped: ``write``
@@ -267,6 +287,11 @@ class TableWriter:
             return
         self._closed = True
         self._pending = []
+        inflight, self._inflight = self._inflight, None
+        if inflight is not None:
+            # Never close the session under a send; its outcome no longer matters if failed.
+            concurrent.futures.wait([inflight])
+        self._sender.shutdown(wait=True)
         try:
             self._session.close()
         except Exception:
