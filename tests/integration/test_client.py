@@ -5,7 +5,6 @@ One cluster serves the module; tests that kill servers bring them back before th
 
 from __future__ import annotations
 
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -16,7 +15,7 @@ import pytest
 
 import nyala
 from nyala import errors
-from nyala.testing import MiniCluster, dump_logs
+from nyala.testing import MiniCluster, logs_on_failure
 
 RAFT_FLAGS = [
     "--heartbeat-interval-ms",
@@ -32,14 +31,10 @@ SCHEMA = nyala.Schema.parse("id:int64, name:string?, v:double?", key=["id"])
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[MiniCluster]:
-    with MiniCluster(
-        3, num_masters=3, master_flags=MASTER_FLAGS, tserver_flags=TSERVER_FLAGS
+    with logs_on_failure(
+        MiniCluster(3, num_masters=3, master_flags=MASTER_FLAGS, tserver_flags=TSERVER_FLAGS)
     ) as mini:
-        try:
-            yield mini
-        except BaseException:
-            dump_logs(mini, sys.stderr)
-            raise
+        yield mini
 
 
 @pytest.fixture

@@ -9,7 +9,6 @@ follower whose leader is frozen stays without a leader well past a 300 ms stalen
 from __future__ import annotations
 
 import re
-import sys
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -19,7 +18,7 @@ import pyarrow as pa
 import pytest
 
 import nyala
-from nyala.testing import MiniCluster, ServerProcess, dump_logs
+from nyala.testing import MiniCluster, ServerProcess, logs_on_failure
 
 RAFT_FLAGS = ["--heartbeat-interval-ms", "100", "--leader-failure-max-missed-heartbeat-periods"]
 MASTER_FLAGS = [*RAFT_FLAGS, "3", "--background-task-interval-ms", "100"]
@@ -31,14 +30,10 @@ COMPOSITE = nyala.Schema.parse("a:int64, b:string, v:double?", key=["a", "b"])
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[MiniCluster]:
-    with MiniCluster(
-        3, num_masters=1, master_flags=MASTER_FLAGS, tserver_flags=TSERVER_FLAGS
+    with logs_on_failure(
+        MiniCluster(3, num_masters=1, master_flags=MASTER_FLAGS, tserver_flags=TSERVER_FLAGS)
     ) as mini:
-        try:
-            yield mini
-        except BaseException:
-            dump_logs(mini, sys.stderr)
-            raise
+        yield mini
 
 
 @pytest.fixture

@@ -18,7 +18,7 @@ import pytest
 from nyala import errors
 from nyala._proto import master_pb2, tserver_admin_pb2
 from nyala.schema import Column, Schema
-from nyala.testing import MiniCluster, dump_logs
+from nyala.testing import MiniCluster, dump_logs, logs_on_failure
 from nyala.testing import master_ops as ops
 from nyala.testing.mini_cluster import FAST_TSERVER_FLAGS, fast_master_flags
 from nyala.testing.tablet_ops import scan, write_to_leader
@@ -45,12 +45,8 @@ def _cluster(num_masters: int = 3) -> MiniCluster:
 
 @pytest.fixture(scope="module")
 def shared() -> Iterator[MiniCluster]:
-    with _cluster() as mini:
-        try:
-            yield mini
-        except BaseException:
-            dump_logs(mini, sys.stderr)
-            raise
+    with logs_on_failure(_cluster()) as mini:
+        yield mini
 
 
 @pytest.fixture

@@ -26,7 +26,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -494,7 +494,19 @@ def dump_logs(cluster: MiniCluster, out: IO[str] = sys.stderr) -> None:
             out.write(server.log_path.read_text(errors="replace"))
 
 
-__all__ = ["LOOPBACK", "MiniCluster", "ServerProcess", "dump_logs"]
+@contextlib.contextmanager
+def logs_on_failure(cluster: MiniCluster, out: IO[str] = sys.stderr) -> Iterator[MiniCluster]:
+    """Starts ``cluster`` and shuts it down after the block; if the block raised, every
+    server's log is written to ``out`` first (a module-scoped fixture's failure report)."""
+    with cluster as mini:
+        try:
+            yield mini
+        except BaseException:
+            dump_logs(mini, out)
+            raise
+
+
+__all__ = ["LOOPBACK", "MiniCluster", "ServerProcess", "dump_logs", "logs_on_failure"]
 
 
 #: Raft settings for tests: 100 ms heartbeats, an election after 3 missed ones.
