@@ -16,15 +16,10 @@ import pytest
 import nyala
 from nyala import errors
 from nyala.testing import MiniCluster, logs_on_failure
+from nyala.testing.mini_cluster import FAST_TSERVER_FLAGS, fast_master_flags
 
-RAFT_FLAGS = [
-    "--heartbeat-interval-ms",
-    "100",
-    "--leader-failure-max-missed-heartbeat-periods",
-    "3",
-]
-MASTER_FLAGS = [*RAFT_FLAGS, "--background-task-interval-ms", "100"]
-TSERVER_FLAGS = [*RAFT_FLAGS, "--master-heartbeat-interval-ms", "200"]
+MASTER_FLAGS = fast_master_flags()
+TSERVER_FLAGS = FAST_TSERVER_FLAGS
 
 SCHEMA = nyala.Schema.parse("id:int64, name:string?, v:double?", key=["id"])
 

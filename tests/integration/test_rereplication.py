@@ -80,18 +80,27 @@ def write_rows(cluster: MiniCluster, tablet_ids: list[str], first: int, seq: int
     return out
 
 
-def test_killed_tserver_is_replaced_and_its_replicas_tombstoned(cluster: MiniCluster) -> None:
-    ops.call(cluster, "CreateTable", ops.create_table_request("rr", SCHEMA, buckets=3))
-    ops.wait_create_done(cluster, "rr")
-    tablets = ops.locations(cluster, "rr")
-    tablet_ids = [t.tablet_id for t in tablets]
+def _table_and_busiest_tserver(
+    cluster: MiniCluster, name: str, *, buckets: int
+) -> tuple[list[Any], Any, list[str]]:
+    """Creates table ``name``; (its tablet locations, the tserver hosting the most of its
+    replicas, the ids of the tablets that tserver hosts)."""
+    ops.call(cluster, "CreateTable", ops.create_table_request(name, SCHEMA, buckets=buckets))
+    ops.wait_create_done(cluster, name)
+    tablets = ops.locations(cluster, name)
     hosting: dict[str, list[str]] = {}
     for t in tablets:
         for r in t.replicas:
             hosting.setdefault(r.ts_info.permanent_uuid, []).append(t.tablet_id)
-    victim_uuid = max(hosting, key=lambda u: len(hosting[u]))
-    victim = next(ts for ts in cluster.tservers if ts.uuid == victim_uuid)
-    affected = hosting[victim_uuid]
+    busiest = max(hosting, key=lambda u: len(hosting[u]))
+    server = next(ts for ts in cluster.tservers if ts.uuid == busiest)
+    return tablets, server, hosting[busiest]
+
+
+def test_killed_tserver_is_replaced_and_its_replicas_tombstoned(cluster: MiniCluster) -> None:
+    tablets, victim, affected = _table_and_busiest_tserver(cluster, "rr", buckets=3)
+    tablet_ids = [t.tablet_id for t in tablets]
+    victim_uuid = str(victim.uuid)
 
     expected = write_rows(cluster, tablet_ids, 0, 0)
     victim.kill()
@@ -247,16 +256,7 @@ def test_3_2_3_mode_evicts_before_adding(make_cluster: Callable[..., MiniCluster
 
 
 def test_replicas_of_a_table_deleted_while_down_are_tombstoned(cluster: MiniCluster) -> None:
-    ops.call(cluster, "CreateTable", ops.create_table_request("gone", SCHEMA, buckets=2))
-    ops.wait_create_done(cluster, "gone")
-    tablets = ops.locations(cluster, "gone")
-    hosting: dict[str, list[str]] = {}
-    for t in tablets:
-        for r in t.replicas:
-            hosting.setdefault(r.ts_info.permanent_uuid, []).append(t.tablet_id)
-    victim_uuid = max(hosting, key=lambda u: len(hosting[u]))
-    victim = next(ts for ts in cluster.tservers if ts.uuid == victim_uuid)
-    held = hosting[victim_uuid]
+    tablets, victim, held = _table_and_busiest_tserver(cluster, "gone", buckets=2)
     write_rows(cluster, [t.tablet_id for t in tablets], 0, 0)
 
     victim.kill()

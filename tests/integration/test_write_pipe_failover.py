@@ -11,15 +11,10 @@ import pytest
 
 import nyala
 from nyala.testing import MiniCluster, dump_logs
+from nyala.testing.mini_cluster import FAST_TSERVER_FLAGS, fast_master_flags
 
-RAFT_FLAGS = [
-    "--heartbeat-interval-ms",
-    "100",
-    "--leader-failure-max-missed-heartbeat-periods",
-    "3",
-]
-MASTER_FLAGS = [*RAFT_FLAGS, "--background-task-interval-ms", "100"]
-TSERVER_FLAGS = [*RAFT_FLAGS, "--master-heartbeat-interval-ms", "200"]
+MASTER_FLAGS = fast_master_flags()
+TSERVER_FLAGS = FAST_TSERVER_FLAGS
 SCHEMA = nyala.Schema.parse("id:int64, name:string", key=["id"])
 WRITERS = 32
 BEFORE_KILL_S = 2.0

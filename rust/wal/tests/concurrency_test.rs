@@ -8,19 +8,16 @@ use std::thread;
 use common::{entry, read_all, scratch_dir, small_options};
 use nyala_wal::Log;
 
-#[test]
-fn concurrent_appenders_roll_over_and_group_commit() {
-    let dir = scratch_dir();
-    let options = small_options(16 << 10);
-    let log = Arc::new(Log::open(dir.path(), "t", options.clone()).unwrap());
-    // Like a Raft leader: indexes are assigned under a lock, durability is awaited outside it.
+/// `writers` threads each append `appends` single entries and wait for each to be durable.
+/// Like a Raft leader: indexes are assigned under a lock, durability is awaited outside it.
+fn append_concurrently(log: &Arc<Log>, writers: usize, appends: u64) {
     let next_index = Arc::new(Mutex::new(1u64));
-    let threads: Vec<_> = (0..8)
+    let threads: Vec<_> = (0..writers)
         .map(|_| {
-            let log = Arc::clone(&log);
+            let log = Arc::clone(log);
             let next_index = Arc::clone(&next_index);
             thread::spawn(move || {
-                for _ in 0..150 {
+                for _ in 0..appends {
                     let ticket = {
                         let mut next = next_index.lock().unwrap();
                         let e = entry(1, *next);
@@ -37,6 +34,14 @@ fn concurrent_appenders_roll_over_and_group_commit() {
     for t in threads {
         t.join().unwrap();
     }
+}
+
+#[test]
+fn concurrent_appenders_roll_over_and_group_commit() {
+    let dir = scratch_dir();
+    let options = small_options(16 << 10);
+    let log = Arc::new(Log::open(dir.path(), "t", options.clone()).unwrap());
+    append_concurrently(&log, 8, 150);
     let metrics = log.metrics();
     assert_eq!(log.durable_index(), 1200);
     assert_eq!(metrics.entries_appended, 1200);
@@ -64,29 +69,7 @@ fn sixty_four_appenders_across_roll_overs_one_sync_per_group() {
     // segment, so no group is large enough to be split.
     let options = small_options(128 << 10);
     let log = Arc::new(Log::open(dir.path(), "t", options.clone()).unwrap());
-    let next_index = Arc::new(Mutex::new(1u64));
-    let threads: Vec<_> = (0..WRITERS)
-        .map(|_| {
-            let log = Arc::clone(&log);
-            let next_index = Arc::clone(&next_index);
-            thread::spawn(move || {
-                for _ in 0..APPENDS_PER_WRITER {
-                    let ticket = {
-                        let mut next = next_index.lock().unwrap();
-                        let e = entry(1, *next);
-                        let ticket = log.append(&[e.as_ref()]).unwrap();
-                        *next += 1;
-                        ticket
-                    };
-                    log.wait(ticket.ticket).unwrap();
-                    assert!(log.durable_index() >= ticket.last_index);
-                }
-            })
-        })
-        .collect();
-    for t in threads {
-        t.join().unwrap();
-    }
+    append_concurrently(&log, WRITERS, APPENDS_PER_WRITER);
     let total = WRITERS as u64 * APPENDS_PER_WRITER;
     let metrics = log.metrics();
     assert_eq!(log.durable_index(), total);
