@@ -42,6 +42,7 @@ from nyala.rpc import split_host_port
 from nyala.schema import Column, Schema
 from nyala.testing import MiniCluster
 from nyala.testing import master_ops as ops
+from nyala.testing.mini_cluster import corrupt_file
 from nyala.testing.replica_ops import committed_config, voters
 from nyala.testing.tablet_ops import write_to_leader
 
@@ -135,10 +136,7 @@ def _one_failed_replica(cluster: MiniCluster, tablet_id: str) -> float:
     members = voters(committed_config(leader, tablet_id))
     victim = next(ts for ts in cluster.tservers if ts.uuid in members - {leader.uuid})
     victim.kill()
-    superblock = victim.fs_root / "tablet-meta" / tablet_id
-    image = bytearray(superblock.read_bytes())
-    image[len(image) // 2] ^= 0x5A
-    superblock.write_bytes(bytes(image))
+    corrupt_file(victim.fs_root / "tablet-meta" / tablet_id)
     victim.start()
     start = _listening(victim.rpc_addr)
     victim.wait_ready()

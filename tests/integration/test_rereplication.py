@@ -24,7 +24,7 @@ from nyala.errors import NyalaError
 from nyala.schema import Column, Schema
 from nyala.testing import MiniCluster
 from nyala.testing import master_ops as ops
-from nyala.testing.mini_cluster import FAST_TSERVER_FLAGS, fast_master_flags
+from nyala.testing.mini_cluster import FAST_TSERVER_FLAGS, corrupt_file, fast_master_flags
 from nyala.testing.replica_ops import committed_config, tablet_states, voters
 from nyala.testing.tablet_ops import scan, write_to_leader
 
@@ -174,10 +174,7 @@ def test_replica_failed_on_a_live_tserver_is_replaced(
     victim_uuid = str(victim.uuid)
 
     victim.kill()
-    superblock = victim.fs_root / "tablet-meta" / broken
-    image = bytearray(superblock.read_bytes())
-    image[len(image) // 2] ^= 0x5A
-    superblock.write_bytes(bytes(image))
+    corrupt_file(victim.fs_root / "tablet-meta" / broken)
     victim.restart()
     states = {s.tablet_status.tablet_id: s.tablet_status.state for s in _listed(victim)}
     assert states[broken] == metadata_pb2.FAILED

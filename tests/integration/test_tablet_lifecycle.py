@@ -13,7 +13,7 @@ from nyala.common import metafile
 from nyala.rpc.schema_pb import schema_from_pb, schema_to_pb
 from nyala.schema import Column, Schema
 from nyala.testing import MiniCluster
-from nyala.testing.mini_cluster import ServerProcess
+from nyala.testing.mini_cluster import ServerProcess, corrupt_file
 
 SCHEMA = Schema([Column("id", "int64"), Column("v", "string", nullable=True)], ["id"])
 A, B = "a" * 32, "b" * 32
@@ -120,9 +120,7 @@ def test_damaged_superblock_or_cmeta_fails_only_that_tablet(cluster: MiniCluster
     ts = cluster.tserver(1)
     ts.kill()
     superblock = ts.fs_root / "tablet-meta" / A
-    image = bytearray(superblock.read_bytes())
-    image[len(image) // 2] ^= 0x5A
-    superblock.write_bytes(bytes(image))
+    corrupt_file(superblock)
     ts.restart()
     listed = _list(ts)
     failed = listed[A].tablet_status

@@ -251,6 +251,13 @@ class LocalCluster:
         out, self.events = self.events, []
         return out
 
+    def elect(self, uuid: str) -> None:
+        """``uuid`` campaigns and every message is delivered until it leads."""
+        self.node(uuid).running().campaign()
+        self.process(self.node(uuid))
+        self.deliver_all()
+        assert self.leaders() == [uuid], self.leaders()
+
     def leaders(self) -> list[str]:
         """Running replicas that believe they lead, by term."""
         found = [

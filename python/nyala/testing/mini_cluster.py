@@ -494,6 +494,14 @@ def dump_logs(cluster: MiniCluster, out: IO[str] = sys.stderr) -> None:
             out.write(server.log_path.read_text(errors="replace"))
 
 
+def corrupt_file(path: Path) -> None:
+    """Flips bits of the byte in the middle of ``path`` (a damaged metadata file: its
+    checksum no longer matches)."""
+    image = bytearray(path.read_bytes())
+    image[len(image) // 2] ^= 0x5A
+    path.write_bytes(bytes(image))
+
+
 @contextlib.contextmanager
 def logs_on_failure(cluster: MiniCluster, out: IO[str] = sys.stderr) -> Iterator[MiniCluster]:
     """Starts ``cluster`` and shuts it down after the block; if the block raised, every
@@ -506,7 +514,14 @@ def logs_on_failure(cluster: MiniCluster, out: IO[str] = sys.stderr) -> Iterator
             raise
 
 
-__all__ = ["LOOPBACK", "MiniCluster", "ServerProcess", "dump_logs", "logs_on_failure"]
+__all__ = [
+    "LOOPBACK",
+    "MiniCluster",
+    "ServerProcess",
+    "corrupt_file",
+    "dump_logs",
+    "logs_on_failure",
+]
 
 
 #: Raft settings for tests: 100 ms heartbeats, an election after 3 missed ones.

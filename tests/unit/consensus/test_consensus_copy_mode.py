@@ -11,10 +11,7 @@ from nyala.consensus.messages import AppendRequest
 
 def _leader_cluster() -> LocalCluster:
     cluster = LocalCluster(["a", "b", "c"])
-    cluster.node("a").running().campaign()
-    cluster.process(cluster.node("a"))
-    cluster.deliver_all()
-    assert cluster.leaders() == ["a"]
+    cluster.elect("a")
     return cluster
 
 

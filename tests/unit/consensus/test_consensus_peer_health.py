@@ -12,10 +12,7 @@ FAILED_AFTER_MS = 3_000
 
 def _leader_cluster() -> LocalCluster:
     cluster = LocalCluster(["a", "b", "c"])
-    cluster.node("a").running().campaign()
-    cluster.process(cluster.node("a"))
-    cluster.deliver_all()
-    assert cluster.leaders() == ["a"]
+    cluster.elect("a")
     return cluster
 
 
