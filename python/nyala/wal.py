@@ -12,6 +12,7 @@ that becomes readable whenever the durable point moves; the event loop watches i
 from __future__ import annotations
 
 import asyncio
+import collections
 import heapq
 import itertools
 import os
@@ -46,12 +47,16 @@ class EntryType(IntEnum):
     CONFIG_CHANGE = 3
 
 
-@dataclass(frozen=True, slots=True)
-class Entry:
-    """One log entry. The payload is opaque to the log."""
+class Entry(NamedTuple):
+    """One log entry. The payload is opaque to the log.
+
+    A named tuple, so the native log reads it as the 4-tuple it takes: an append builds no
+    second object per entry (this is on every write's path)."""
 
     term: int
-    index: int
+    # Shadows tuple.index(), which no caller of a log entry wants; the op index is the name
+    # every other part of nyala uses.
+    index: int  # type: ignore[assignment]
     entry_type: EntryType
     payload: bytes
 
@@ -59,10 +64,9 @@ class Entry:
 EntryLike: TypeAlias = "Entry | tuple[int, int, int, Buffer]"
 
 
-def _native_entries(entries: Iterable[EntryLike]) -> list[tuple[int, int, int, Buffer]]:
-    return [
-        (e.term, e.index, e.entry_type, e.payload) if isinstance(e, Entry) else e for e in entries
-    ]
+def _native_entries(entries: Iterable[EntryLike]) -> Iterable[tuple[int, int, int, Buffer]]:
+    # An Entry is already a (term, index, type, payload) tuple.
+    return entries
 
 
 class AppendTicket(NamedTuple):
@@ -132,8 +136,13 @@ class _DurabilityWatcher:
         self.loop = loop
         self._native = native
         self._fd = native.notification_fd()
-        # (ticket, tie-breaker, future): a heap, so one pass pops everything now durable.
-        self._pending: list[tuple[int, int, asyncio.Future[None]]] = []
+        # Waits arrive in ticket order almost always (an append, then its wait, with no await
+        # in between), so they queue in a FIFO: O(1) each way, no tie-breaking tuples. A wait
+        # for an older ticket than the FIFO's last goes to a heap instead.
+        self._fifo: collections.deque[tuple[int, asyncio.Future[None]]] = collections.deque()
+        self._fifo_last = 0
+        # (ticket, tie-breaker, future)
+        self._out_of_order: list[tuple[int, int, asyncio.Future[None]]] = []
         self._counter = itertools.count()
         loop.add_reader(self._fd, self._on_readable)
 
@@ -144,34 +153,48 @@ class _DurabilityWatcher:
             return future
         # A durable change after the check above signals the eventfd after publishing, so
         # `_on_readable` runs later and sees this future: no lost wake-up.
-        heapq.heappush(self._pending, (ticket, next(self._counter), future))
-        failure = self._native.failure()
-        if failure is not None:
+        if ticket >= self._fifo_last:
+            self._fifo.append((ticket, future))
+            self._fifo_last = ticket
+        else:
+            heapq.heappush(self._out_of_order, (ticket, next(self._counter), future))
+        if self._native.failure() is not None:
             self._fail_pending()
         return future
 
     def _on_readable(self) -> None:
         self._native.drain_notifications()
         durable = self._native.durable_ticket()
-        while self._pending and self._pending[0][0] <= durable:
-            _, _, future = heapq.heappop(self._pending)
+        fifo = self._fifo
+        while fifo and fifo[0][0] <= durable:
+            future = fifo.popleft()[1]
             if not future.done():
                 future.set_result(None)
-        if self._pending and self._native.failure() is not None:
+        heap = self._out_of_order
+        while heap and heap[0][0] <= durable:
+            future = heapq.heappop(heap)[2]
+            if not future.done():
+                future.set_result(None)
+        if (fifo or heap) and self._native.failure() is not None:
             self._fail_pending()
 
+    def _take_pending(self) -> list[asyncio.Future[None]]:
+        futures = [future for _, future in self._fifo]
+        futures += [future for _, _, future in self._out_of_order]
+        self._fifo.clear()
+        self._out_of_order.clear()
+        return futures
+
     def _fail_pending(self) -> None:
-        while self._pending:
-            _, _, future = heapq.heappop(self._pending)
-            failure = self._native.failure()
+        failure = self._native.failure()
+        for future in self._take_pending():
             if not future.done():
                 future.set_exception(failure or IllegalStateError("the log failed"))
 
     def close(self) -> None:
         if not self.loop.is_closed():
             self.loop.remove_reader(self._fd)
-        while self._pending:
-            _, _, future = heapq.heappop(self._pending)
+        for future in self._take_pending():
             if not future.done() and not future.get_loop().is_closed():
                 future.set_exception(IllegalStateError("the log was closed"))
 
@@ -217,9 +240,9 @@ class Log:
 
     async def append_async(self, entries: Iterable[EntryLike]) -> int:
         """Appends and awaits durability on the running loop; returns the last index."""
-        ticket = self.append(entries)
-        await self.wait_async(ticket.ticket)
-        return ticket.last_index
+        ticket, last_index = self._native.append(_native_entries(entries))
+        await self.wait_async(ticket)
+        return last_index
 
     def truncate_after(self, last_kept: int) -> int:
         """Discards entries after ``last_kept`` (ordered after queued appends); a ticket."""

@@ -20,7 +20,7 @@ from typing import Any
 import click
 
 from nyala.cli.options import given, one_line_errors, settings_options
-from nyala.cli.process import die_with_parent_if_asked
+from nyala.cli.process import die_with_parent_if_asked, tune_allocator
 from nyala.common.config import from_mapping, read_flagfile
 from nyala.tserver.server_settings import ServerSettings
 
@@ -63,6 +63,7 @@ def run_command(
         **tunables: Any,
     ) -> None:
         die_with_parent_if_asked()
+        tune_allocator()
         logging.basicConfig(
             level=log_level.upper(),
             stream=sys.stderr,
