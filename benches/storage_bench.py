@@ -7,6 +7,15 @@ next to ``pyarrow.parquet.read_table`` reading the same rows from one Parquet fi
 run (``scan_vs_parquet_ratio`` = engine rows/s / pyarrow rows/s; target >= 0.5). Also reported:
 the scan of the uncompacted tablet (a merge across rowsets), and apply through pyarrow FFI.
 
+Spark-shaped apply (issue 12): the 5-column table of ``benches/spark_load_bench.py`` (int64
+key, double, string, timestamp, nullable int32), one tablet's share of the bulk load (1M rows,
+500k with ``--quick``) in batches of 10k ascending keys from two interleaved key ranges (two
+Spark partitions), applied through the IPC path as INSERT batches of fresh keys and then as
+UPSERT batches of the same keys. Reported per phase: wall rows/s and rows per CPU second of the
+whole process (the applying thread plus the background flush thread, which is what a tserver
+pays). Baseline in the same run: pyarrow decoding the same IPC bytes and sorting each batch by
+key (``spark_*_vs_sort_ratio`` = engine rows per CPU second / baseline rows per CPU second).
+
 Usage: ``python benches/storage_bench.py [--quick]``; the last line printed is one JSON object.
 """
 
@@ -58,6 +67,70 @@ def batches(ids: np.ndarray[Any, Any], seed: int) -> list[pa.Buffer]:
     return out
 
 
+SPARK_SCHEMA = Schema.parse("id:int64, v:double, s:string, ts:timestamp, n:int32?", key=["id"])
+
+
+def spark_payloads(rows: int, op: OpType, seed: int) -> list[pa.Buffer]:
+    """``rows`` Spark-shaped rows as op batches of ``BATCH_ROWS``: distinct ascending keys with
+    gaps (a hash partition's share), the batches alternating between the lower and upper half
+    of the key range (two Spark partitions writing at once)."""
+    rng = np.random.default_rng(seed)
+    ids = np.arange(rows, dtype=np.int64) * 6 + rng.integers(0, 6, rows)
+    halves = [ids[: rows // 2], ids[rows // 2 :]]
+    chunks = [
+        [half[i : i + BATCH_ROWS] for i in range(0, len(half), BATCH_ROWS)] for half in halves
+    ]
+    out = []
+    for pair in zip(*chunks, strict=False):
+        for chunk in pair:
+            nulls = chunk % 10 == 0
+            data = {
+                "id": chunk,
+                "v": rng.random(len(chunk)),
+                "s": pa.array(chunk.astype(str).astype(object), pa.string()),
+                "ts": pa.array(chunk * 1000, pa.timestamp("us")),
+                "n": pa.array((chunk % 1000).astype(np.int32), mask=nulls),
+            }
+            out.append(encode(make_op_batch(data, op, SPARK_SCHEMA)))
+    assert sum(len(c) for pair in chunks for c in pair) == rows
+    return out
+
+
+def spark_apply(root: Path, rows: int) -> dict[str, Any]:
+    """INSERT then UPSERT of one tablet's share of the Spark load, next to the sort baseline."""
+    inserts = spark_payloads(rows, OpType.INSERT, 11)
+    upserts = spark_payloads(rows, OpType.UPSERT, 11)
+    engine = StorageEngine.create(root / "spark", SPARK_SCHEMA)
+    op_index = 0
+    figures: dict[str, Any] = {}
+    for name, payloads in (("insert", inserts), ("upsert", upserts)):
+        start, cpu_start = time.perf_counter(), time.process_time()
+        for payload in payloads:
+            op_index += 1
+            assert engine.apply(payload, op_index).ok
+        engine.flush()
+        wall_s = time.perf_counter() - start
+        cpu_s = time.process_time() - cpu_start
+        assert engine.background_error() is None
+        figures[f"spark_{name}_rows_per_s"] = round(rows / wall_s)
+        figures[f"spark_{name}_cpu_rows_per_s"] = round(rows / cpu_s)
+    assert engine.scan(columns=["id"]).num_rows == rows
+    # Baseline: decode the same IPC bytes and sort each batch by key, in pyarrow.
+    start, cpu_start = time.perf_counter(), time.process_time()
+    for payload in inserts:
+        batch = pa.ipc.open_stream(payload).read_next_batch()
+        batch.sort_by([("id", "descending")])
+    base_cpu_s = time.process_time() - cpu_start
+    base_rows_per_cpu_s = rows / base_cpu_s
+    figures["spark_sort_baseline_cpu_rows_per_s"] = round(base_rows_per_cpu_s)
+    for name in ("insert", "upsert"):
+        figures[f"spark_{name}_vs_sort_ratio"] = round(
+            figures[f"spark_{name}_cpu_rows_per_s"] / base_rows_per_cpu_s, 3
+        )
+    figures["spark_rows"] = rows
+    return figures
+
+
 def timed(fn: Callable[[], Any], repeats: int) -> tuple[float, Any]:
     """Median seconds of ``repeats`` calls, and the last result."""
     times = []
@@ -72,11 +145,19 @@ def timed(fn: Callable[[], Any], repeats: int) -> tuple[float, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="smaller run (< 2 minutes)")
+    parser.add_argument(
+        "--spark-apply-only", action="store_true", help="only the Spark-shaped apply figures"
+    )
     args = parser.parse_args()
+    if args.spark_apply_only:
+        with tempfile.TemporaryDirectory() as tmp:
+            print(json.dumps(spark_apply(Path(tmp), 500_000 if args.quick else 1_000_000)))
+        return
     upsert_rows = 500_000 if args.quick else 2_000_000
     repeats = 3 if args.quick else 5
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
+        spark_figures = spark_apply(root, 500_000 if args.quick else 1_000_000)
         # 1M rows already in the engine, flushed to disk.
         engine = StorageEngine.create(
             root / "tablet", SCHEMA, flush_threshold_bytes=32 * 1024 * 1024
@@ -166,12 +247,18 @@ def main() -> None:
         "rows": total_rows,
         "upsert_rows": upsert_rows,
         "batch_rows": BATCH_ROWS,
+        **spark_figures,
     }
     print(f"apply   {apply_rows_per_s / 1e6:6.2f} M rows/s (IPC path, {flushes} flush(es))")
     print(
         f"scan    {total_rows / full_s / 1e6:6.2f} M rows/s vs pyarrow "
         f"{total_rows / parquet_s / 1e6:6.2f} M rows/s"
     )
+    for name in ("insert", "upsert"):
+        print(
+            f"spark {name} {spark_figures[f'spark_{name}_cpu_rows_per_s'] / 1e6:6.2f} M rows/CPU s"
+            f" (sort baseline {spark_figures['spark_sort_baseline_cpu_rows_per_s'] / 1e6:.2f})"
+        )
     print(json.dumps(figures))
 
 
