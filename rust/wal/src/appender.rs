@@ -19,7 +19,7 @@ use crate::background::Job;
 use crate::error::{Result, WalError};
 use crate::format::{self, PAGE_BYTES};
 use crate::index::Location;
-use crate::log::{Request, Shared, Ticket};
+use crate::log::{Request, Shared, Ticket, SEGMENTS_PREPARED_AHEAD, SEGMENTS_PREPARED_AHEAD_MAX};
 use crate::metrics::Metrics;
 use crate::options::SyncPolicy;
 use crate::segment::SegmentFile;
@@ -92,6 +92,11 @@ pub(crate) struct Appender {
     group_batches: u64,
     group_queued_bytes: usize,
     group_last_ticket: Option<Ticket>,
+    /// How many segments to keep prepared beyond the active one (grows when a roll-over
+    /// finds none ready).
+    prepared_ahead: u64,
+    /// The highest sequence number handed to the background thread to prepare.
+    prepared_through: u64,
 }
 
 impl Appender {
@@ -100,6 +105,7 @@ impl Appender {
         active: ActiveSegment,
         log_last: OpIndex,
         background_tx: Sender<Job>,
+        prepared_through: u64,
     ) -> Self {
         let buf = active.tail.clone();
         Appender {
@@ -113,6 +119,8 @@ impl Appender {
             group_batches: 0,
             group_queued_bytes: 0,
             group_last_ticket: None,
+            prepared_ahead: SEGMENTS_PREPARED_AHEAD,
+            prepared_through,
         }
     }
 
@@ -175,15 +183,16 @@ impl Appender {
         // a roll-over's waiters at three sync times). Large groups (bulk appends) still fill
         // the segment first, so segments stay nearly full and roll-overs rare.
         let group_bytes: u64 = requests.iter().map(|r| r.queued_bytes() as u64).sum();
+        let segment_bytes = self.shared.options.segment_size_bytes;
         if self.active.has_batches
             && !self.fits(group_bytes)
-            && group_bytes <= self.active.capacity_bytes / WHOLE_GROUP_SEGMENT_FRACTION
+            && group_bytes <= segment_bytes / WHOLE_GROUP_SEGMENT_FRACTION
         {
             self.roll()?;
         }
         for request in requests.drain(..) {
             let has_data = self.active.has_batches || self.pending_bytes() > 0;
-            if !self.fits(request.queued_bytes() as u64) && has_data {
+            if has_data && !self.fits(request.queued_bytes() as u64) {
                 if self.write_pending()? {
                     start_writeback(&self.active.segment);
                     written.push(Arc::clone(&self.active.segment));
@@ -369,6 +378,8 @@ impl Appender {
             let mut ready = self.shared.prepared.lock();
             if ready.is_empty() {
                 Metrics::add(&self.shared.metrics.rollover_waits, 1);
+                // The writer outruns the preparation: keep more segments ready from now on.
+                self.prepared_ahead = (self.prepared_ahead * 2).min(SEGMENTS_PREPARED_AHEAD_MAX);
             }
             while ready.is_empty() {
                 self.shared.prepared_ready.wait(&mut ready);
@@ -378,8 +389,7 @@ impl Appender {
         let micros = started.elapsed().as_micros() as u64;
         Metrics::add(&self.shared.metrics.rollover_wait_micros_total, micros);
         let segment = Arc::new(prepared?);
-        // Segments are prepared in sequence order, this many ahead of the active one.
-        let next_sequence = segment.sequence + crate::log::SEGMENTS_PREPARED_AHEAD;
+        let active_sequence = segment.sequence;
         self.shared.segments.write().push_back(Arc::clone(&segment));
         let fresh = ActiveSegment::fresh(
             segment,
@@ -389,11 +399,15 @@ impl Appender {
         let old = mem::replace(&mut self.active, fresh);
         self.buf.clear();
         self.buf.extend_from_slice(&self.active.tail);
+        // Preparations first: the next roll-over may wait for them, nothing waits for a close.
+        while self.prepared_through < active_sequence + self.prepared_ahead {
+            self.prepared_through += 1;
+            let _ = self.background_tx.send(Job::Prepare(self.prepared_through));
+        }
         let _ = self.background_tx.send(Job::Close {
             segment: old.segment,
             write_end: old.write_end,
         });
-        let _ = self.background_tx.send(Job::Prepare(next_sequence));
         Ok(())
     }
 }

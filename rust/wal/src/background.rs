@@ -30,12 +30,31 @@ pub(crate) fn spawn(shared: Arc<Shared>, jobs: Receiver<Job>) -> Result<JoinHand
 }
 
 fn run(shared: &Shared, jobs: &Receiver<Job>) {
-    for job in jobs.iter() {
+    let mut next = None;
+    loop {
+        let Some(job) = next.take().or_else(|| jobs.recv().ok()) else {
+            break;
+        };
         match job {
-            Job::Prepare(sequence) => {
-                let recycled = shared.take_recyclable();
-                let result = segment::prepare_segment(&shared.prepare_spec(sequence, recycled));
-                shared.prepared.lock().push_back(result);
+            Job::Prepare(first) => {
+                // Every Prepare already queued behind this one is done with it, sharing the
+                // syncs (see `prepare_segments`); the first job of another kind waits its turn.
+                let mut sequences = vec![first];
+                while let Ok(job) = jobs.try_recv() {
+                    match job {
+                        Job::Prepare(sequence) => sequences.push(sequence),
+                        other => {
+                            next = Some(other);
+                            break;
+                        }
+                    }
+                }
+                let specs: Vec<_> = sequences
+                    .iter()
+                    .map(|&sequence| shared.prepare_spec(sequence, shared.take_recyclable()))
+                    .collect();
+                let results = segment::prepare_segments(&specs);
+                shared.prepared.lock().extend(results);
                 shared.prepared_ready.notify_all();
             }
             Job::Close { segment, write_end } => {

@@ -325,3 +325,43 @@ fn wrong_tablet_and_sync_none() {
         .unwrap();
     assert_eq!(err.kind(), ErrorKind::Corruption);
 }
+
+#[test]
+fn a_writer_that_outruns_preparation_gets_more_segments_prepared() {
+    // One 8 KiB entry fills a 16 KiB segment, so every append rolls over; a loop of appends
+    // that does not wait outruns the background thread's preparations (each syncs a file and
+    // the directory), so roll-overs wait, and the log then keeps more segments ready.
+    let dir = scratch_dir();
+    let log = Log::open(dir.path(), "t", small_options(16 << 10)).unwrap();
+    let payload = vec![7u8; 8 << 10];
+    let mut last = None;
+    for i in 1..=400 {
+        last = Some(
+            log.append(&[EntryRef::new(1, i, EntryType::Write, &payload)])
+                .unwrap(),
+        );
+    }
+    log.wait(last.unwrap().ticket).unwrap();
+    let metrics = log.metrics();
+    assert!(metrics.rollover_waits > 0, "{metrics:?}");
+    // Segments 1..=written are in use (none is prepared-only yet).
+    let written = log.segment_paths().len() as u64;
+    log.close().unwrap();
+    // Closing finishes the queued preparations: segments beyond the last one written.
+    let sequences: Vec<u64> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .filter_map(|e| {
+            let name = e.unwrap().file_name().to_string_lossy().into_owned();
+            name.strip_prefix("wal-")?.parse().ok()
+        })
+        .collect();
+    let newest = *sequences.iter().max().unwrap();
+    assert!(
+        newest >= written + 3,
+        "{newest} segments on disk, {written} hold data: more than 2 were prepared ahead"
+    );
+    let log = Log::open(dir.path(), "t", small_options(16 << 10)).unwrap();
+    let entries = read_all(&log);
+    assert_eq!(entries.len(), 400);
+    assert!(entries.iter().all(|e| e.payload == payload));
+}
