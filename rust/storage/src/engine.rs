@@ -22,7 +22,7 @@ use crate::error::{Result, StorageError};
 use crate::key::encode_keys;
 use crate::manifest::{self, Manifest, RowSetEntry};
 use crate::memrowset::{MemRowSet, Presence};
-use crate::ops::{OpBatch, OpType, RowStatus};
+use crate::ops::{OpBatch, RowStatus};
 use crate::scan::{merge_sorted, ScanPlan, ScanResult, ScanSpec, Source};
 use crate::schema::Schema;
 
@@ -130,22 +130,6 @@ struct State {
 }
 
 impl State {
-    /// Whether `key` is live before the batch being applied (newest layer that knows wins).
-    fn is_live(&self, key: &[u8]) -> Result<bool> {
-        let mut layers = std::iter::once(self.active.presence(key))
-            .chain(self.frozen.iter().map(|f| f.mem.presence(key)));
-        if let Some(found) = layers.find(|p| *p != Presence::Unknown) {
-            return Ok(found == Presence::Live);
-        }
-        for rowset in self.disk.iter().rev() {
-            match rowset.presence(key)? {
-                Presence::Unknown => continue,
-                found => return Ok(found == Presence::Live),
-            }
-        }
-        Ok(false)
-    }
-
     fn manifest(&self) -> Manifest {
         Manifest {
             last_flushed_index: self.last_flushed_index,
@@ -154,6 +138,24 @@ impl State {
             rowsets: self.disk.iter().map(|r| entry_of(r)).collect(),
         }
     }
+}
+
+/// Whether `key` is live in the layers older than the active MemRowSet (newest that knows
+/// wins); the disk rowsets may need I/O to answer.
+fn older_live(frozen: Option<&Frozen>, disk: &[RowSetRef], key: &[u8]) -> Result<bool> {
+    if let Some(frozen) = frozen {
+        match frozen.mem.presence(key) {
+            Presence::Unknown => {}
+            found => return Ok(found == Presence::Live),
+        }
+    }
+    for rowset in disk.iter().rev() {
+        match rowset.presence(key)? {
+            Presence::Unknown => continue,
+            found => return Ok(found == Presence::Live),
+        }
+    }
+    Ok(false)
 }
 
 fn entry_of(rowset: &DiskRowSet) -> RowSetEntry {
@@ -371,34 +373,15 @@ impl Engine {
                 st.last_applied_index
             )));
         }
-        // Phase 1, no side effects: liveness before this batch of every key an op must check.
-        let all_upserts = batch.ops.iter().all(|op| *op == OpType::Upsert);
-        let mut live_before = Vec::new();
-        if !all_upserts {
-            live_before.reserve(batch.len());
-            for (i, op) in batch.ops.iter().enumerate() {
-                let needs = *op != OpType::Upsert;
-                live_before.push(needs && st.is_live(batch.keys.get(i))?);
-            }
-        }
-        // Phase 2: apply, tracking this batch's own effects for keys it repeats.
-        let number = st.active.push_batch(batch, op_index)?;
-        let mut statuses = vec![RowStatus::Ok; batch.len()];
-        let mut touched: HashMap<&[u8], bool> = HashMap::new();
-        for (i, op) in batch.ops.iter().enumerate() {
-            let key = batch.keys.get(i);
-            if all_upserts {
-                st.active.put(key, number, i, *op);
-                continue;
-            }
-            let live = touched.get(key).copied().unwrap_or(live_before[i]);
-            let (status, write) = decide(*op, live);
-            statuses[i] = status;
-            if write {
-                st.active.put(key, number, i, *op);
-                touched.insert(key, !op.is_delete());
-            }
-        }
+        let State {
+            active,
+            frozen,
+            disk,
+            ..
+        } = &mut *st;
+        let statuses = active.apply(batch, op_index, |key| {
+            older_live(frozen.as_ref(), disk, key)
+        })?;
         st.last_applied_index = op_index;
         if self.shared.options.background_flush
             && st.frozen.is_none()
@@ -523,21 +506,6 @@ impl Engine {
             .remove(&id)
             .map(drop)
             .ok_or_else(|| StorageError::NotFound(format!("no snapshot {id}")))
-    }
-}
-
-/// What an op does given whether its key is live: (status, whether to write the row).
-fn decide(op: OpType, live: bool) -> (RowStatus, bool) {
-    match (op, live) {
-        (OpType::Upsert, _) => (RowStatus::Ok, true),
-        (OpType::Insert, true) => (RowStatus::AlreadyPresent, false),
-        (OpType::InsertIgnore, true) => (RowStatus::Ok, false),
-        (OpType::Insert | OpType::InsertIgnore, false) => (RowStatus::Ok, true),
-        (OpType::Update | OpType::Delete, false) => (RowStatus::NotFound, false),
-        (OpType::UpdateIgnore | OpType::DeleteIgnore, false) => (RowStatus::Ok, false),
-        (OpType::Update | OpType::UpdateIgnore | OpType::Delete | OpType::DeleteIgnore, true) => {
-            (RowStatus::Ok, true)
-        }
     }
 }
 

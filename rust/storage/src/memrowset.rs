@@ -5,6 +5,7 @@
 //! A MemRowSet is mutated only by apply; flush freezes it (moves it behind an `Arc`) and
 //! writes it out while a fresh one takes new writes.
 
+use std::collections::btree_map::Entry;
 use std::collections::BTreeMap;
 use std::ops::Bound;
 use std::sync::Arc;
@@ -14,7 +15,7 @@ use arrow::compute::interleave;
 use arrow::datatypes::{Field, Schema as ArrowSchema};
 
 use crate::error::{Result, StorageError};
-use crate::ops::{OpBatch, OpType};
+use crate::ops::{OpBatch, OpType, RowStatus};
 use nyala_common::OpIndex;
 
 /// Name of the tombstone flag column in sorted outputs and rowset files.
@@ -92,6 +93,56 @@ impl KeyIndex {
         }
     }
 
+    /// Finds `key` once and stores what `choose` makes of its current version (`None`: not
+    /// here); `choose` returning `None` leaves the slot as it was.
+    #[inline]
+    fn update<E>(
+        &mut self,
+        key: &[u8],
+        choose: impl FnOnce(Option<RowRef>) -> std::result::Result<Option<RowRef>, E>,
+    ) -> std::result::Result<Slot, E> {
+        let replace = |slot: &mut RowRef, choose: Option<RowRef>| match choose {
+            Some(next) => Slot::Replaced(std::mem::replace(slot, next)),
+            None => Slot::Unchanged,
+        };
+        match self {
+            KeyIndex::Short { width, map } => match map.entry(Self::short(*width, key)) {
+                Entry::Occupied(mut found) => {
+                    let current = *found.get();
+                    Ok(replace(found.get_mut(), choose(Some(current))?))
+                }
+                Entry::Vacant(empty) => Ok(match choose(None)? {
+                    Some(next) => {
+                        empty.insert(next);
+                        Slot::Inserted
+                    }
+                    None => Slot::Unchanged,
+                }),
+            },
+            // `entry` would need an owned key: probe by reference, box only a new key.
+            KeyIndex::Long(map) => match map.get_mut(key) {
+                Some(found) => {
+                    let current = *found;
+                    Ok(replace(found, choose(Some(current))?))
+                }
+                None => Ok(match choose(None)? {
+                    Some(next) => {
+                        map.insert(key.into(), next);
+                        Slot::Inserted
+                    }
+                    None => Slot::Unchanged,
+                }),
+            },
+        }
+    }
+
+    fn remove(&mut self, key: &[u8]) {
+        match self {
+            KeyIndex::Short { width, map } => map.remove(&Self::short(*width, key)),
+            KeyIndex::Long(map) => map.remove(key),
+        };
+    }
+
     fn key_range(&self) -> Option<(Vec<u8>, Vec<u8>)> {
         match self {
             KeyIndex::Short { width, map } => {
@@ -133,6 +184,15 @@ impl KeyIndex {
             }
         }
     }
+}
+
+/// What `KeyIndex::update` did to a key's slot.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Slot {
+    Unchanged,
+    Inserted,
+    /// The previous version.
+    Replaced(RowRef),
 }
 
 /// Rows applied since the last flush, sorted by key.
@@ -211,27 +271,78 @@ impl MemRowSet {
         self.index.key_range()
     }
 
-    /// Adds `batch` so its rows can be referenced; returns its number.
-    pub(crate) fn push_batch(&mut self, batch: &OpBatch, op_index: OpIndex) -> Result<u32> {
+    /// Applies `batch` as op `op_index` and returns each row's status. Each op sees the newest
+    /// version of its key: this MemRowSet's (which includes the batch's earlier rows), or, only
+    /// when this MemRowSet does not know the key and the op depends on it, `older_live(key)`
+    /// (the older layers' answer). One index lookup per row decides and writes. All or
+    /// nothing: if `older_live` fails, the rows already applied are rolled back and the error
+    /// is returned.
+    pub(crate) fn apply(
+        &mut self,
+        batch: &OpBatch,
+        op_index: OpIndex,
+        mut older_live: impl FnMut(&[u8]) -> Result<bool>,
+    ) -> Result<Vec<RowStatus>> {
         let number = u32::try_from(self.batches.len())
             .map_err(|_| StorageError::IllegalState("MemRowSet holds too many batches".into()))?;
-        self.bytes += batch.held_bytes;
-        self.batches.push(batch.rows.clone());
         debug_assert!(op_index > self.last_op_index);
+        // Only an op that asks the older layers can fail; without one nothing needs undoing.
+        let can_fail = batch.ops.iter().any(|op| *op != OpType::Upsert);
+        let mut undo: Vec<(usize, RowRef)> = Vec::new();
+        let mut statuses = Vec::with_capacity(batch.len());
+        let mut added_bytes = 0;
+        for (row, op) in batch.ops.iter().enumerate() {
+            let key = batch.keys.get(row);
+            let mut status = RowStatus::Ok;
+            let slot = self.index.update(key, |current| {
+                let live = match current {
+                    Some(found) => !found.deleted,
+                    None if *op == OpType::Upsert => false,
+                    None => older_live(key)?,
+                };
+                let (decided, write) = decide(*op, live);
+                status = decided;
+                Ok(write.then_some(RowRef {
+                    batch: number,
+                    row: row as u32,
+                    deleted: op.is_delete(),
+                }))
+            });
+            match slot {
+                Ok(Slot::Inserted) => added_bytes += key.len() + INDEX_ENTRY_BYTES,
+                // The first write of this batch over an older version: remember it for undo.
+                Ok(Slot::Replaced(old)) if can_fail && old.batch != number => undo.push((row, old)),
+                Ok(_) => {}
+                Err(e) => {
+                    self.roll_back(batch, row, number, undo);
+                    return Err(e);
+                }
+            }
+            statuses.push(status);
+        }
+        self.bytes += added_bytes + batch.held_bytes;
+        self.batches.push(batch.rows.clone());
         self.last_op_index = op_index;
-        Ok(number)
+        Ok(statuses)
     }
 
-    /// Records `key` -> (batch, row) as the newest version.
-    #[inline]
-    pub(crate) fn put(&mut self, key: &[u8], batch: u32, row: usize, op: OpType) {
-        let entry = RowRef {
-            batch,
-            row: row as u32,
-            deleted: op.is_delete(),
-        };
-        if self.index.insert(key, entry) {
-            self.bytes += key.len() + INDEX_ENTRY_BYTES;
+    /// Undoes the first `applied` rows of `batch` (number `number`): every key now written by
+    /// the batch goes, then the versions it replaced come back.
+    fn roll_back(
+        &mut self,
+        batch: &OpBatch,
+        applied: usize,
+        number: u32,
+        undo: Vec<(usize, RowRef)>,
+    ) {
+        for row in 0..applied {
+            let key = batch.keys.get(row);
+            if self.index.get(key).is_some_and(|r| r.batch == number) {
+                self.index.remove(key);
+            }
+        }
+        for (row, old) in undo {
+            self.index.insert(batch.keys.get(row), old);
         }
     }
 
@@ -290,5 +401,20 @@ impl MemRowSet {
             );
         }
         Ok(out)
+    }
+}
+
+/// What an op does given whether its key is live: (status, whether to write the row).
+fn decide(op: OpType, live: bool) -> (RowStatus, bool) {
+    match (op, live) {
+        (OpType::Upsert, _) => (RowStatus::Ok, true),
+        (OpType::Insert, true) => (RowStatus::AlreadyPresent, false),
+        (OpType::InsertIgnore, true) => (RowStatus::Ok, false),
+        (OpType::Insert | OpType::InsertIgnore, false) => (RowStatus::Ok, true),
+        (OpType::Update | OpType::Delete, false) => (RowStatus::NotFound, false),
+        (OpType::UpdateIgnore | OpType::DeleteIgnore, false) => (RowStatus::Ok, false),
+        (OpType::Update | OpType::UpdateIgnore | OpType::Delete | OpType::DeleteIgnore, true) => {
+            (RowStatus::Ok, true)
+        }
     }
 }

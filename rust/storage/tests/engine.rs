@@ -435,3 +435,59 @@ fn scan_rejects_empty_projection_and_bad_bounds() {
         Err(nyala_storage::StorageError::InvalidArgument(_))
     ));
 }
+
+#[test]
+fn failed_apply_changes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = Engine::create(dir.path(), schema(), options()).unwrap();
+    let s = engine.schema();
+    let on_disk: Vec<_> = (0..100).map(|i| (Insert, i * 2, Some(i), None)).collect();
+    engine.apply(&ops(&s, &on_disk), 1).unwrap();
+    engine.flush().unwrap();
+    let in_memory: Vec<_> = [300, 301, 40]
+        .iter()
+        .map(|k| (Upsert, *k, Some(1), Some("kept")))
+        .collect();
+    engine.apply(&ops(&s, &in_memory), 2).unwrap();
+    let before = all(&engine);
+    let stats = engine.stats();
+    // The rowset's key index loads lazily on the first bloom hit: breaking its file makes
+    // that lookup fail with an I/O or corruption error halfway through the batch.
+    let data = dir
+        .path()
+        .read_dir()
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|x| x == "parquet"))
+        .unwrap();
+    let image = std::fs::read(&data).unwrap();
+    std::fs::write(&data, b"not parquet").unwrap();
+    let failing = ops(
+        &s,
+        &[
+            (Upsert, 300, Some(2), Some("replaced")),
+            (Insert, 301, Some(2), None),
+            (Upsert, 500, Some(2), None),
+            (Insert, 500, Some(3), None),
+            (Delete, 40, None, None),
+            (Upsert, 40, Some(2), None),
+            (Insert, 1000, Some(2), None),
+            (Insert, 10, Some(2), None),
+            (Upsert, 600, Some(2), None),
+        ],
+    );
+    assert!(engine.apply(&failing, 3).is_err());
+    assert_eq!(engine.stats(), stats);
+    std::fs::write(&data, &image).unwrap();
+    assert_eq!(all(&engine), before);
+    // The same batch applies in full once the rowset reads again.
+    let r = engine.apply(&failing, 3).unwrap();
+    assert_eq!(
+        r.errors().map(|e| e.0).collect::<Vec<_>>(),
+        vec![1, 3, 7],
+        "301 in memory, 500 from this batch, 10 on disk"
+    );
+    let mut expected: Vec<i64> = (0..100).map(|i| i * 2).collect();
+    expected.extend([300, 301, 500, 600, 1000]);
+    assert_eq!(ids(&all(&engine)), expected);
+}
