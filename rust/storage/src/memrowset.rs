@@ -286,11 +286,26 @@ impl MemRowSet {
         let number = u32::try_from(self.batches.len())
             .map_err(|_| StorageError::IllegalState("MemRowSet holds too many batches".into()))?;
         debug_assert!(op_index > self.last_op_index);
-        // Only an op that asks the older layers can fail; without one nothing needs undoing.
-        let can_fail = batch.ops.iter().any(|op| *op != OpType::Upsert);
+        let mut added_bytes = 0;
+        // Only an op that asks the older layers can fail. Without one nothing needs undoing
+        // and nothing needs deciding: a plain insert-or-replace per row.
+        if batch.ops.iter().all(|op| *op == OpType::Upsert) {
+            for row in 0..batch.len() {
+                let key = batch.keys.get(row);
+                let entry = RowRef {
+                    batch: number,
+                    row: row as u32,
+                    deleted: false,
+                };
+                if self.index.insert(key, entry) {
+                    added_bytes += key.len() + INDEX_ENTRY_BYTES;
+                }
+            }
+            self.finish_apply(batch, op_index, added_bytes);
+            return Ok(vec![RowStatus::Ok; batch.len()]);
+        }
         let mut undo: Vec<(usize, RowRef)> = Vec::new();
         let mut statuses = Vec::with_capacity(batch.len());
-        let mut added_bytes = 0;
         for (row, op) in batch.ops.iter().enumerate() {
             let key = batch.keys.get(row);
             let mut status = RowStatus::Ok;
@@ -311,7 +326,7 @@ impl MemRowSet {
             match slot {
                 Ok(Slot::Inserted) => added_bytes += key.len() + INDEX_ENTRY_BYTES,
                 // The first write of this batch over an older version: remember it for undo.
-                Ok(Slot::Replaced(old)) if can_fail && old.batch != number => undo.push((row, old)),
+                Ok(Slot::Replaced(old)) if old.batch != number => undo.push((row, old)),
                 Ok(_) => {}
                 Err(e) => {
                     self.roll_back(batch, row, number, undo);
@@ -320,10 +335,15 @@ impl MemRowSet {
             }
             statuses.push(status);
         }
+        self.finish_apply(batch, op_index, added_bytes);
+        Ok(statuses)
+    }
+
+    /// Keeps the applied batch's rows (the index now points into them).
+    fn finish_apply(&mut self, batch: &OpBatch, op_index: OpIndex, added_bytes: usize) {
         self.bytes += added_bytes + batch.held_bytes;
         self.batches.push(batch.rows.clone());
         self.last_op_index = op_index;
-        Ok(statuses)
     }
 
     /// Undoes the first `applied` rows of `batch` (number `number`): every key now written by
