@@ -23,12 +23,13 @@ use parquet::arrow::{ArrowWriter, ProjectionMask};
 use parquet::basic::Compression;
 use parquet::file::metadata::KeyValue;
 use parquet::file::properties::WriterProperties;
+use parquet::schema::types::ColumnPath;
 
 use crate::error::{Result, StorageError};
 use crate::key::{encode_keys, EncodedKeys, KeyBloom};
 use crate::memrowset::{Presence, DELETED_COLUMN};
 use crate::predicate::{ColumnStats, Predicate};
-use crate::schema::{field_column_id, Schema};
+use crate::schema::{field_column_id, DataType, Schema};
 
 const BLOOM_MAGIC: &[u8; 4] = b"NYBF";
 const BLOOM_VERSION: u16 = 1;
@@ -505,10 +506,20 @@ impl RowSetWriter {
     ) -> Result<RowSetWriter> {
         let path = data_path(dir, id);
         let file = File::create(&path).map_err(|e| StorageError::io(&path, e))?;
-        let props = WriterProperties::builder()
+        // Dictionary pages only for strings and binaries (Kudu's default too): on numeric
+        // columns of mostly distinct values the dictionary fills, falls back to plain and
+        // costs a hash insert per value for nothing.
+        let mut props = WriterProperties::builder()
             .set_compression(Compression::SNAPPY)
             .set_max_row_group_row_count(Some(ROW_GROUP_ROWS))
-            .build();
+            .set_dictionary_enabled(false);
+        for column in schema.columns() {
+            if matches!(column.data_type, DataType::String | DataType::Binary) {
+                props = props
+                    .set_column_dictionary_enabled(ColumnPath::from(column.name.as_str()), true);
+            }
+        }
+        let props = props.build();
         let writer = ArrowWriter::try_new(
             file,
             output_schema(
