@@ -551,17 +551,21 @@ impl RowSetWriter {
         let keys = encode_keys(&batch.columns()[..self.key_count])?;
         for i in 0..keys.len() {
             let key = keys.get(i);
+            let previous = match i {
+                0 => self.max_key.as_deref(),
+                _ => Some(keys.get(i - 1)),
+            };
             // Assert in pairs: sorted on the way in, checked again by readers' binary search.
             assert!(
-                self.max_key.as_deref().is_none_or(|m| m < key),
+                previous.is_none_or(|p| p < key),
                 "rowset rows must arrive in strictly increasing key order"
             );
-            if self.min_key.is_none() {
-                self.min_key = Some(key.to_vec());
-            }
-            self.max_key = Some(key.to_vec());
             self.bloom.insert(key);
         }
+        if self.min_key.is_none() {
+            self.min_key = Some(keys.get(0).to_vec());
+        }
+        self.max_key = Some(keys.get(keys.len() - 1).to_vec());
         let deleted = batch.column(batch.num_columns() - 1).as_boolean();
         self.tombstones += deleted.true_count() as u64;
         self.rows += batch.num_rows() as u64;
