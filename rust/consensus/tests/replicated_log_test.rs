@@ -389,7 +389,13 @@ fn collected_entries_at_or_below_the_commit_index_match() {
     }
     follower.wait_durable(None).unwrap();
     follower.wal().register_anchor(60);
-    follower.wal().gc().unwrap();
+    // Finished segments are closed (and become collectable) by the WAL's background thread,
+    // a moment after the roll-over: collect until it has caught up.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while follower.wal().first_index() <= 5 && std::time::Instant::now() < deadline {
+        follower.wal().gc().unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
     let first = follower.wal().first_index();
     assert!(first > 5, "GC removed nothing (first index {first})");
     let leader = fx.open("leader", BIG_BYTES);

@@ -399,15 +399,16 @@ impl Appender {
         let old = mem::replace(&mut self.active, fresh);
         self.buf.clear();
         self.buf.extend_from_slice(&self.active.tail);
-        // Preparations first: the next roll-over may wait for them, nothing waits for a close.
-        while self.prepared_through < active_sequence + self.prepared_ahead {
-            self.prepared_through += 1;
-            let _ = self.background_tx.send(Job::Prepare(self.prepared_through));
-        }
+        // The close first (it writes no sync, so it is quick): GC can then collect the
+        // finished segment as soon as the caller expects it to.
         let _ = self.background_tx.send(Job::Close {
             segment: old.segment,
             write_end: old.write_end,
         });
+        while self.prepared_through < active_sequence + self.prepared_ahead {
+            self.prepared_through += 1;
+            let _ = self.background_tx.send(Job::Prepare(self.prepared_through));
+        }
         Ok(())
     }
 }
