@@ -35,6 +35,9 @@ const BLOOM_MAGIC: &[u8; 4] = b"NYBF";
 const BLOOM_VERSION: u16 = 1;
 /// Rows per Parquet row group: the unit of statistics pruning.
 pub const ROW_GROUP_ROWS: usize = 128 * 1024;
+/// Size at which a string or binary column chunk's dictionary falls back to plain encoding,
+/// in bytes (parquet's default is 1 MiB).
+pub const DICTIONARY_PAGE_BYTES_MAX: usize = 256 * 1024;
 /// Rows per batch handed out by readers.
 pub const READ_BATCH_ROWS: usize = 64 * 1024;
 
@@ -508,11 +511,14 @@ impl RowSetWriter {
         let file = File::create(&path).map_err(|e| StorageError::io(&path, e))?;
         // Dictionary pages only for strings and binaries (Kudu's default too): on numeric
         // columns of mostly distinct values the dictionary fills, falls back to plain and
-        // costs a hash insert per value for nothing.
+        // costs a hash insert per value for nothing. A string column gives up on its
+        // dictionary after DICTIONARY_PAGE_BYTES_MAX, so mostly distinct strings stop paying
+        // for it early while categorical ones keep it.
         let mut props = WriterProperties::builder()
             .set_compression(Compression::SNAPPY)
             .set_max_row_group_row_count(Some(ROW_GROUP_ROWS))
-            .set_dictionary_enabled(false);
+            .set_dictionary_enabled(false)
+            .set_dictionary_page_size_limit(DICTIONARY_PAGE_BYTES_MAX);
         for column in schema.columns() {
             if matches!(column.data_type, DataType::String | DataType::Binary) {
                 props = props

@@ -491,3 +491,84 @@ fn failed_apply_changes_nothing() {
     expected.extend([300, 301, 500, 600, 1000]);
     assert_eq!(ids(&all(&engine)), expected);
 }
+
+#[test]
+fn rowsets_use_dictionaries_for_strings_only() {
+    use arrow::array::{StringArray, UInt8Array};
+    use arrow::datatypes::{DataType as ArrowType, Field, Schema as ArrowSchema};
+    use parquet::basic::Encoding;
+    use parquet::file::reader::{FileReader, SerializedFileReader};
+
+    let dir = tempfile::tempdir().unwrap();
+    let s = nyala_storage::Schema::build(
+        vec![
+            ("id".into(), DataType::Int64, false),
+            ("v".into(), DataType::Int64, false),
+            ("category".into(), DataType::String, false),
+            ("unique".into(), DataType::String, false),
+        ],
+        &["id"],
+    )
+    .unwrap();
+    let engine = Engine::create(dir.path(), s, options()).unwrap();
+    let rows = 40_000i64;
+    let fields = vec![
+        Field::new("id", ArrowType::Int64, false),
+        Field::new("v", ArrowType::Int64, false),
+        Field::new("category", ArrowType::Utf8, false),
+        Field::new("unique", ArrowType::Utf8, false),
+        Field::new(nyala_storage::OP_COLUMN, ArrowType::UInt8, false),
+    ];
+    let columns: Vec<Arc<dyn Array>> = vec![
+        Arc::new(Int64Array::from_iter_values(0..rows)),
+        Arc::new(Int64Array::from_iter_values((0..rows).map(|i| i * 7919))),
+        Arc::new(StringArray::from_iter_values(
+            (0..rows).map(|i| format!("c{}", i % 100)),
+        )),
+        Arc::new(StringArray::from_iter_values(
+            (0..rows).map(|i| format!("unique-{i:08}")),
+        )),
+        Arc::new(UInt8Array::from(vec![Insert as u8; rows as usize])),
+    ];
+    let batch = RecordBatch::try_new(Arc::new(ArrowSchema::new(fields)), columns).unwrap();
+    let ops = engine.validate(&batch).unwrap();
+    engine.apply(&ops, 1).unwrap();
+    engine.flush().unwrap();
+    let data = dir
+        .path()
+        .read_dir()
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|x| x == "parquet"))
+        .unwrap();
+    let reader = SerializedFileReader::new(std::fs::File::open(&data).unwrap()).unwrap();
+    let group = reader.metadata().row_group(0);
+    // (dictionary page present, some data page dictionary-encoded, some data page plain)
+    let pages = |name: &str| {
+        let column = group
+            .columns()
+            .iter()
+            .find(|c| c.column_path().string() == name)
+            .unwrap();
+        let data_pages = column
+            .page_encoding_stats_mask()
+            .expect("writer records page encodings");
+        (
+            column.dictionary_page_offset().is_some(),
+            data_pages.is_set(Encoding::RLE_DICTIONARY),
+            data_pages.is_set(Encoding::PLAIN),
+        )
+    };
+    for numeric in ["id", "v"] {
+        let (dictionary, dict_pages, plain_pages) = pages(numeric);
+        assert!(!dictionary && !dict_pages && plain_pages, "{numeric}");
+    }
+    // 100 categories: every data page dictionary-encoded.
+    let (dictionary, dict_pages, plain_pages) = pages("category");
+    assert!(dictionary && dict_pages && !plain_pages);
+    // 40k distinct 15-byte strings (~760 KiB of dictionary, under parquet's default limit)
+    // outgrow DICTIONARY_PAGE_BYTES_MAX and fall back to plain.
+    let (dictionary, dict_pages, plain_pages) = pages("unique");
+    assert!(dictionary && dict_pages && plain_pages);
+    assert_eq!(ids(&all(&engine)).len(), rows as usize);
+}
