@@ -16,6 +16,11 @@ sink (every row crosses into the JVM): ``nyala_scan_rows_per_s``, next to a Pyth
 that yields the same rows from memory (``noop_source_rows_per_s``) and a Parquet scan
 (``parquet_scan_rows_per_s``); ``scan_ratio_vs_noop``.
 
+Where the CPU went: ``machine_cpu_us_per_row_noop`` and ``machine_cpu_us_per_row_nyala`` (all
+CPU time of the machine, from ``/proc/stat``, per row written) and ``tserver_cpu_us_per_row``
+(the three tablet servers together, replication and fsync included). On two cores the write
+ratio is about the no-op sink's machine CPU per row over the nyala load's: docs/spark.md.
+
 ``--quick`` loads 500k rows to stay under two minutes on a shared 2-core machine. The last line
 printed is one JSON object with every figure.
 """
@@ -159,6 +164,24 @@ def timed(action: Any) -> float:
     return time.perf_counter() - started
 
 
+def machine_cpu_s() -> float:
+    """CPU seconds the whole machine has spent busy so far (every state but idle and iowait)."""
+    with open("/proc/stat") as f:
+        fields = [int(v) for v in f.readline().split()[1:]]
+    busy = sum(fields) - fields[3] - fields[4]
+    return busy / os.sysconf("SC_CLK_TCK")
+
+
+def process_cpu_s(pids: list[int]) -> float:
+    """User + system CPU seconds the processes ``pids`` used so far."""
+    total = 0
+    for pid in pids:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
+
+
 def run(rows: int, tservers: int) -> dict[str, Any]:
     spark = make_session()
     register_baselines(spark)
@@ -167,8 +190,10 @@ def run(rows: int, tservers: int) -> dict[str, Any]:
     # The first Python job of a session starts the worker daemon; keep that out of every figure.
     df.limit(1000).write.format("nyala_bench_noop").mode("append").save()
     spark.read.format("nyala_bench_noop").option("rows", "1000").load().count()
+    cpu_before = machine_cpu_s()
     noop_s = timed(lambda: df.write.format("nyala_bench_noop").mode("append").save())
     figures["noop_rows_per_s"] = rows / noop_s
+    figures["machine_cpu_us_per_row_noop"] = (machine_cpu_s() - cpu_before) / rows * 1e6
     with tempfile.TemporaryDirectory(prefix="nyala-spark-bench-") as tmp:
         path = os.path.join(tmp, "parquet")
         parquet_s = timed(lambda: df.write.mode("overwrite").parquet(path))
@@ -208,6 +233,8 @@ def nyala_figures(spark: Any, df: Any, rows: int, tservers: int, tmp: str) -> di
                 partitioning=HashPartitioning(["id"], buckets=2 * tservers),
                 replicas=min(3, tservers),
             )
+        pids = [p for p in (cluster.tserver(i).pid for i in range(tservers)) if p is not None]
+        machine_before, servers_before = machine_cpu_s(), process_cpu_s(pids)
         load_s = timed(
             lambda: (
                 df.write.format("nyala")
@@ -218,6 +245,8 @@ def nyala_figures(spark: Any, df: Any, rows: int, tservers: int, tmp: str) -> di
                 .save()
             )
         )
+        machine_us = (machine_cpu_s() - machine_before) / rows * 1e6
+        servers_us = (process_cpu_s(pids) - servers_before) / rows * 1e6
         table = (
             spark.read.format("nyala")
             .option("nyala.masters", masters)
@@ -228,7 +257,12 @@ def nyala_figures(spark: Any, df: Any, rows: int, tservers: int, tmp: str) -> di
         read_back = table.count()
     if read_back != rows:
         raise SystemExit(f"read back {read_back} rows, wrote {rows}")
-    return {"nyala_rows_per_s": rows / load_s, "nyala_scan_rows_per_s": rows / scan_s}
+    return {
+        "nyala_rows_per_s": rows / load_s,
+        "nyala_scan_rows_per_s": rows / scan_s,
+        "machine_cpu_us_per_row_nyala": machine_us,
+        "tserver_cpu_us_per_row": servers_us,
+    }
 
 
 def main() -> None:
