@@ -213,6 +213,26 @@ def test_periodic_flush_writes_rowsets_that_survive_a_restart() -> None:
         assert _checksum(table) == _expected(list(range(20)))
 
 
+def test_memory_pressure_flushes_memrowsets_that_survive_a_restart() -> None:
+    # Neither the size threshold (1 GiB) nor the periodic flush (60 s) would flush these rows
+    # during the test: only the 1 MiB limit on all MemRowSets together does.
+    flags = ["--memrowsets-memory-limit-mb", "1", "--memory-pressure-check-interval-ms", "100"]
+    with MiniCluster(3, tserver_flags=flags) as cluster:
+        cluster.create_tablet(TABLET, SCHEMA)
+        ids = list(range(20_000))
+        for seq, start in enumerate(range(0, len(ids), 5_000)):
+            _write_anywhere(cluster, ids[start : start + 5_000], seq)
+        deadline = time.monotonic() + DEADLINE_S
+        data_dirs = [ts.fs_root / "data" / TABLET for ts in cluster.tservers]
+        while not all(list(d.rglob("*.parquet")) for d in data_dirs):
+            assert time.monotonic() < deadline, "no MemRowSet was flushed under memory pressure"
+            time.sleep(0.1)
+        for ts in cluster.tservers:
+            ts.kill()
+            ts.restart()
+        assert _checksum(_scan(cluster.leader_of(TABLET))) == _expected(ids)
+
+
 def test_sigkill_of_every_server_mid_write_keeps_acknowledged_rows(cluster: MiniCluster) -> None:
     """SIGKILL while appends are in flight leaves torn WAL tails; after a restart every
     acknowledged row is there and the tablet takes writes again."""

@@ -39,6 +39,7 @@ from nyala.errors import (
     TabletNotFoundError,
 )
 from nyala.schema import Schema
+from nyala.storage import FLUSH_THRESHOLD_BYTES
 from nyala.tablet.replica import ReplicaPaths, TabletReplica, TabletState
 from nyala.tablet.superblock import (
     DataState,
@@ -104,9 +105,16 @@ class _Failed:
 class TabletManager:
     """All replicas of one server."""
 
-    def __init__(self, dirs: TabletDirs, wal_options: WalLogOptions | None = None) -> None:
+    def __init__(
+        self,
+        dirs: TabletDirs,
+        wal_options: WalLogOptions | None = None,
+        *,
+        flush_threshold_bytes: int = FLUSH_THRESHOLD_BYTES,
+    ) -> None:
         self.dirs = dirs
         self._wal_options = wal_options or WalLogOptions()
+        self._flush_threshold_bytes = flush_threshold_bytes
         self._lock = threading.Lock()
         self._replicas: dict[str, TabletReplica] = {}
         self._unreadable: dict[str, _Failed] = {}
@@ -130,7 +138,7 @@ class TabletManager:
             log.error("tablet %s: superblock unreadable: %s", tablet_id, exc)
             self._unreadable[tablet_id] = _Failed(tablet_id, f"{type(exc).__name__}: {exc}")
             return
-        replica = TabletReplica(sb, paths, self._wal_options)
+        replica = TabletReplica(sb, paths, self._wal_options, self._flush_threshold_bytes)
         try:
             if sb.data_state is DataState.DELETED:
                 self._finish_delete(replica)
@@ -190,7 +198,9 @@ class TabletManager:
             existing = self._existing(tablet_id)
             if existing is not None:
                 return self._same_request(existing, sb)
-            replica = TabletReplica(sb, self.dirs.paths(tablet_id), self._wal_options)
+            replica = TabletReplica(
+                sb, self.dirs.paths(tablet_id), self._wal_options, self._flush_threshold_bytes
+            )
             self._clear_leftovers(replica.paths)
             replica.create_files()
             write_superblock(replica.paths.superblock, sb)
@@ -348,7 +358,7 @@ class TabletManager:
             write_superblock(paths.superblock, sb)
             paths.data_dir.mkdir(parents=True, exist_ok=True)
             paths.wal_dir.mkdir(parents=True, exist_ok=True)
-            replica = TabletReplica(sb, paths, self._wal_options)
+            replica = TabletReplica(sb, paths, self._wal_options, self._flush_threshold_bytes)
             replica.state_reason = reason
             self._replicas[tablet_id] = replica
             return replica

@@ -45,7 +45,7 @@ from nyala.errors import (
     TabletNotRunningError,
 )
 from nyala.schema import Schema
-from nyala.storage import Predicate, StorageEngine
+from nyala.storage import FLUSH_THRESHOLD_BYTES, Predicate, StorageEngine
 from nyala.tablet.applier import Applier, WriteOutcome
 from nyala.tablet.superblock import (
     DataState,
@@ -85,10 +85,17 @@ class ReplicaPaths:
 class TabletReplica:
     """The open parts of one replica; created by ``TabletManager`` only."""
 
-    def __init__(self, superblock: Superblock, paths: ReplicaPaths, wal_options: WalLogOptions):
+    def __init__(
+        self,
+        superblock: Superblock,
+        paths: ReplicaPaths,
+        wal_options: WalLogOptions,
+        flush_threshold_bytes: int = FLUSH_THRESHOLD_BYTES,
+    ):
         self.superblock = superblock
         self.paths = paths
         self._wal_options = wal_options
+        self._flush_threshold_bytes = flush_threshold_bytes
         self.state = TabletState.NOT_STARTED
         self.state_reason = ""
         self.cmeta: ConsensusMetadata | None = None
@@ -124,7 +131,9 @@ class TabletReplica:
         self.state = TabletState.BOOTSTRAPPING
         try:
             self.cmeta = FileCmetaStore(self.paths.cmeta).load()
-            self.storage = StorageEngine.open(self.paths.data_dir)
+            self.storage = StorageEngine.open(
+                self.paths.data_dir, flush_threshold_bytes=self._flush_threshold_bytes
+            )
             self.wal = WalLog(self.paths.wal_dir, self.tablet_id, self._wal_options)
             self._roll_schema_forward(self.storage)
             self.applier = Applier(self.wal, self.storage, self._on_alter_schema)

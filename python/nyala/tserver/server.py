@@ -24,6 +24,7 @@ from nyala.consensus.core import ReplicaStatus
 from nyala.consensus.types import Role
 from nyala.errors import NyalaError, ServiceUnavailableError
 from nyala.rpc import HttpResponse, HttpServer, RpcServer
+from nyala.rpc.settings import MIB
 from nyala.tablet.replica import TabletReplica
 from nyala.tserver.consensus_service import ConsensusService
 from nyala.tserver.scanners import ScannerRegistry
@@ -34,6 +35,19 @@ from nyala.tserver.tablet_copy_service import TabletCopy
 from nyala.tserver.tablet_meta import TabletReport, peer_health
 
 log = logging.getLogger(__name__)
+
+
+def memrowsets_to_flush(mem_bytes: dict[str, int], limit_bytes: int) -> list[str]:
+    """The tablets whose MemRowSets to flush, largest first, until the rest fit in
+    ``limit_bytes`` (none if they fit already)."""
+    total = sum(mem_bytes.values())
+    chosen: list[str] = []
+    for tablet_id, size in sorted(mem_bytes.items(), key=lambda item: (-item[1], item[0])):
+        if total <= limit_bytes or size == 0:
+            break
+        chosen.append(tablet_id)
+        total -= size
+    return chosen
 
 
 def _is_leader(status: ReplicaStatus) -> float:
@@ -115,6 +129,7 @@ class TabletServer(ServerBase):
             tasks.create_task(self.http.wait_closed(), name="http-server")
             tasks.create_task(self._shutdown_when_stopped(), name="shutdown")
             self._flush_task = tasks.create_task(self._flush_loop(), name="flush")
+            tasks.create_task(self._memory_pressure_loop(), name="memory-pressure")
             if self.settings.masters:
                 self._heartbeat_task = tasks.create_task(self._heartbeat(), name="heartbeater")
             if self.copy is not None:
@@ -197,6 +212,28 @@ class TabletServer(ServerBase):
                 except NyalaError as exc:
                     # The rows stay in memory and in the WAL; the next round tries again.
                     log.warning("flush of tablet %s failed: %s", replica.tablet_id, exc)
+
+    async def _memory_pressure_loop(self) -> None:
+        """Flushes the largest MemRowSets while all of them together exceed
+        ``memrowsets_memory_limit_mb``."""
+        assert self.tablets is not None
+        limit_bytes = self.settings.memrowsets_memory_limit_mb * MIB
+        while not self._stopping:
+            await asyncio.sleep(self.settings.memory_pressure_check_interval_ms / 1000)
+            sizes: dict[str, int] = {}
+            storages = {}
+            for replica in self.tablets.replicas():
+                if replica.storage is not None:
+                    storages[replica.tablet_id] = replica.storage
+                    sizes[replica.tablet_id] = replica.storage.stats()["mem_bytes"]
+            for tablet_id in memrowsets_to_flush(sizes, limit_bytes):
+                if self._stopping:
+                    return
+                try:
+                    await asyncio.to_thread(storages[tablet_id].flush)
+                except NyalaError as exc:
+                    # The rows stay in memory and in the WAL; the next check tries again.
+                    log.warning("memory-pressure flush of %s failed: %s", tablet_id, exc)
 
     async def _heartbeat(self) -> None:
         """Heartbeats to every master (``nyala.tserver.heartbeater``) until cancelled."""

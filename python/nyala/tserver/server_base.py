@@ -21,6 +21,7 @@ from nyala.consensus.options import RaftOptions
 from nyala.consensus.transport import GrpcTransport
 from nyala.consensus.wal_log import WalLogOptions
 from nyala.rpc import HttpResponse, HttpServer, RpcMetrics, RpcServer
+from nyala.rpc.settings import MIB
 from nyala.tablet import TabletDirs, TabletManager
 from nyala.tablet.replica import TabletReplica
 from nyala.tserver.fs_manager import FsManager, InstanceInfo
@@ -72,7 +73,9 @@ class ServerBase:
             sync="group" if s.wal_sync else "none",
             min_segments_to_retain=s.wal_min_segments_to_retain,
         )
-        manager = self.tablets = TabletManager(dirs, options)
+        manager = self.tablets = TabletManager(
+            dirs, options, flush_threshold_bytes=s.flush_threshold_mb * MIB
+        )
         manager.open_all()
         return manager
 

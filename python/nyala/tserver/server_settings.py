@@ -42,6 +42,10 @@ class ServerSettings:
     # Closed WAL segments kept whatever the anchors say (retention).
     wal_min_segments_to_retain: int = 1
 
+    # Storage: a replica's MemRowSet is flushed once it holds this much (Kudu's
+    # --flush_threshold_mb). Tablet servers also flush under memory pressure and by age.
+    flush_threshold_mb: int = 1024
+
     # RPC.
     rpc_message_bytes_max: int = 50 * MIB
     rpc_client_timeout_ms: int = 10_000
@@ -56,6 +60,7 @@ class ServerSettings:
         "consensus_batch_bytes_max",
         "wal_segment_bytes",
         "follower_unavailable_considered_failed_sec",
+        "flush_threshold_mb",
     )
     POSITIVE_FIELDS: ClassVar[tuple[str, ...]] = ()
 

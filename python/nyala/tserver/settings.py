@@ -19,6 +19,11 @@ class TabletServerSettings(ServerSettings):
     # Each replica's MemRowSet is flushed at least this often, bounding WAL replay at restart
     # (size-triggered flushes happen in the storage engine on their own).
     flush_interval_ms: int = 60_000
+    # Memory pressure: when all replicas' MemRowSets together hold more than this, the
+    # largest are flushed until they fit (Kudu flushes the biggest MemRowSet first under
+    # memory pressure too). Checked every memory_pressure_check_interval_ms.
+    memrowsets_memory_limit_mb: int = 1024
+    memory_pressure_check_interval_ms: int = 500
 
     # Tablet copy.
     tablet_copy_chunk_bytes: int = 4 * MIB
@@ -43,6 +48,8 @@ class TabletServerSettings(ServerSettings):
         "master_heartbeat_interval_ms",
         "scanner_ttl_ms",
         "flush_interval_ms",
+        "memrowsets_memory_limit_mb",
+        "memory_pressure_check_interval_ms",
         "tablet_copy_session_idle_timeout_ms",
         "tablet_copy_concurrency_max",
         "tablet_copy_parallel_files_max",
