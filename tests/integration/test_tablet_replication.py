@@ -197,20 +197,25 @@ def test_a_scanner_continues_keeps_alive_and_closes(cluster: MiniCluster) -> Non
             )
 
 
+def _flushed_everywhere_then_restarted(cluster: MiniCluster, ids: list[int], why: str) -> None:
+    """Waits until every replica has written a rowset, restarts every server and checks that
+    the rows ``ids`` read back."""
+    deadline = time.monotonic() + DEADLINE_S
+    data_dirs = [ts.fs_root / "data" / TABLET for ts in cluster.tservers]
+    while not all(list(d.rglob("*.parquet")) for d in data_dirs):
+        assert time.monotonic() < deadline, why
+        time.sleep(0.1)
+    for ts in cluster.tservers:
+        ts.kill()
+        ts.restart()
+    assert _checksum(_scan(cluster.leader_of(TABLET))) == _expected(ids)
+
+
 def test_periodic_flush_writes_rowsets_that_survive_a_restart() -> None:
     with MiniCluster(3, tserver_flags=["--flush-interval-ms", "200"]) as cluster:
         cluster.create_tablet(TABLET, SCHEMA)
         _write_anywhere(cluster, list(range(20)), 0)
-        deadline = time.monotonic() + DEADLINE_S
-        data_dirs = [ts.fs_root / "data" / TABLET for ts in cluster.tservers]
-        while not all(list(d.rglob("*.parquet")) for d in data_dirs):
-            assert time.monotonic() < deadline, "no rowset was flushed"
-            time.sleep(0.1)
-        for ts in cluster.tservers:
-            ts.kill()
-            ts.restart()
-        table = _scan(cluster.leader_of(TABLET))
-        assert _checksum(table) == _expected(list(range(20)))
+        _flushed_everywhere_then_restarted(cluster, list(range(20)), "no rowset was flushed")
 
 
 def test_memory_pressure_flushes_memrowsets_that_survive_a_restart() -> None:
@@ -222,15 +227,9 @@ def test_memory_pressure_flushes_memrowsets_that_survive_a_restart() -> None:
         ids = list(range(20_000))
         for seq, start in enumerate(range(0, len(ids), 5_000)):
             _write_anywhere(cluster, ids[start : start + 5_000], seq)
-        deadline = time.monotonic() + DEADLINE_S
-        data_dirs = [ts.fs_root / "data" / TABLET for ts in cluster.tservers]
-        while not all(list(d.rglob("*.parquet")) for d in data_dirs):
-            assert time.monotonic() < deadline, "no MemRowSet was flushed under memory pressure"
-            time.sleep(0.1)
-        for ts in cluster.tservers:
-            ts.kill()
-            ts.restart()
-        assert _checksum(_scan(cluster.leader_of(TABLET))) == _expected(ids)
+        _flushed_everywhere_then_restarted(
+            cluster, ids, "no MemRowSet was flushed under memory pressure"
+        )
 
 
 def test_sigkill_of_every_server_mid_write_keeps_acknowledged_rows(cluster: MiniCluster) -> None:

@@ -453,13 +453,7 @@ fn failed_apply_changes_nothing() {
     let stats = engine.stats();
     // The rowset's key index loads lazily on the first bloom hit: breaking its file makes
     // that lookup fail with an I/O or corruption error halfway through the batch.
-    let data = dir
-        .path()
-        .read_dir()
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .find(|p| p.extension().is_some_and(|x| x == "parquet"))
-        .unwrap();
+    let data = rowset_file(dir.path());
     let image = std::fs::read(&data).unwrap();
     std::fs::write(&data, b"not parquet").unwrap();
     let failing = ops(
@@ -534,13 +528,7 @@ fn rowsets_use_dictionaries_for_strings_only() {
     let ops = engine.validate(&batch).unwrap();
     engine.apply(&ops, 1).unwrap();
     engine.flush().unwrap();
-    let data = dir
-        .path()
-        .read_dir()
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .find(|p| p.extension().is_some_and(|x| x == "parquet"))
-        .unwrap();
+    let data = rowset_file(dir.path());
     let reader = SerializedFileReader::new(std::fs::File::open(&data).unwrap()).unwrap();
     let group = reader.metadata().row_group(0);
     // (dictionary page present, some data page dictionary-encoded, some data page plain)
@@ -571,4 +559,13 @@ fn rowsets_use_dictionaries_for_strings_only() {
     let (dictionary, dict_pages, plain_pages) = pages("unique");
     assert!(dictionary && dict_pages && plain_pages);
     assert_eq!(ids(&all(&engine)).len(), rows as usize);
+}
+
+/// The (only) rowset data file in `dir`.
+fn rowset_file(dir: &std::path::Path) -> std::path::PathBuf {
+    dir.read_dir()
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|x| x == "parquet"))
+        .expect("a rowset file")
 }
