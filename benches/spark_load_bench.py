@@ -165,11 +165,14 @@ def timed(action: Any) -> float:
 
 
 def machine_cpu_s() -> float:
-    """CPU seconds the whole machine has spent busy so far (every state but idle and iowait)."""
+    """CPU seconds the whole machine has spent running something so far: user, nice,
+    system, irq and softirq (not idle, iowait or time stolen by the hypervisor; guest time
+    is already in user)."""
     with open("/proc/stat") as f:
-        fields = [int(v) for v in f.readline().split()[1:]]
-    busy = sum(fields) - fields[3] - fields[4]
-    return busy / os.sysconf("SC_CLK_TCK")
+        user, nice, system, _idle, _iowait, irq, softirq = (
+            int(v) for v in f.readline().split()[1:8]
+        )
+    return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
 
 
 def process_cpu_s(pids: list[int]) -> float:
