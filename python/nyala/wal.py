@@ -64,11 +64,6 @@ class Entry(NamedTuple):
 EntryLike: TypeAlias = "Entry | tuple[int, int, int, Buffer]"
 
 
-def _native_entries(entries: Iterable[EntryLike]) -> Iterable[tuple[int, int, int, Buffer]]:
-    # An Entry is already a (term, index, type, payload) tuple.
-    return entries
-
-
 class AppendTicket(NamedTuple):
     """What an append returns: the ticket to await and the last index appended."""
 
@@ -230,7 +225,7 @@ class Log:
 
     def append(self, entries: Iterable[EntryLike]) -> AppendTicket:
         """Queues contiguous entries that continue the log; does not wait for the disk."""
-        return AppendTicket(*self._native.append(_native_entries(entries)))
+        return AppendTicket(*self._native.append(entries))
 
     def append_durable(self, entries: Iterable[EntryLike]) -> int:
         """Appends and blocks until durable; returns the last index."""
@@ -240,7 +235,7 @@ class Log:
 
     async def append_async(self, entries: Iterable[EntryLike]) -> int:
         """Appends and awaits durability on the running loop; returns the last index."""
-        ticket, last_index = self._native.append(_native_entries(entries))
+        ticket, last_index = self._native.append(entries)
         await self.wait_async(ticket)
         return last_index
 
@@ -250,7 +245,7 @@ class Log:
 
     def truncate_and_append(self, last_kept: int, entries: Iterable[EntryLike]) -> AppendTicket:
         """Truncates after ``last_kept`` and appends ``entries`` with nothing in between."""
-        return AppendTicket(*self._native.truncate_and_append(last_kept, _native_entries(entries)))
+        return AppendTicket(*self._native.truncate_and_append(last_kept, entries))
 
     # --- durability ---------------------------------------------------------------------
 

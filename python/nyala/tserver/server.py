@@ -25,6 +25,7 @@ from nyala.consensus.types import Role
 from nyala.errors import NyalaError, ServiceUnavailableError
 from nyala.rpc import HttpResponse, HttpServer, RpcServer
 from nyala.rpc.settings import MIB
+from nyala.storage import StorageEngine
 from nyala.tablet.replica import TabletReplica
 from nyala.tserver.consensus_service import ConsensusService
 from nyala.tserver.scanners import ScannerRegistry
@@ -207,11 +208,7 @@ class TabletServer(ServerBase):
                 storage = replica.storage
                 if storage is None or self._stopping or not storage.stats()["mem_rows"]:
                     continue
-                try:
-                    await asyncio.to_thread(storage.flush)
-                except NyalaError as exc:
-                    # The rows stay in memory and in the WAL; the next round tries again.
-                    log.warning("flush of tablet %s failed: %s", replica.tablet_id, exc)
+                await self._flush(replica.tablet_id, storage)
 
     async def _memory_pressure_loop(self) -> None:
         """Flushes the largest MemRowSets while all of them together exceed
@@ -220,20 +217,22 @@ class TabletServer(ServerBase):
         limit_bytes = self.settings.memrowsets_memory_limit_mb * MIB
         while not self._stopping:
             await asyncio.sleep(self.settings.memory_pressure_check_interval_ms / 1000)
-            sizes: dict[str, int] = {}
-            storages = {}
-            for replica in self.tablets.replicas():
-                if replica.storage is not None:
-                    storages[replica.tablet_id] = replica.storage
-                    sizes[replica.tablet_id] = replica.storage.stats()["mem_bytes"]
+            storages = {
+                r.tablet_id: r.storage for r in self.tablets.replicas() if r.storage is not None
+            }
+            sizes = {tablet_id: s.stats()["mem_bytes"] for tablet_id, s in storages.items()}
             for tablet_id in memrowsets_to_flush(sizes, limit_bytes):
                 if self._stopping:
                     return
-                try:
-                    await asyncio.to_thread(storages[tablet_id].flush)
-                except NyalaError as exc:
-                    # The rows stay in memory and in the WAL; the next check tries again.
-                    log.warning("memory-pressure flush of %s failed: %s", tablet_id, exc)
+                await self._flush(tablet_id, storages[tablet_id])
+
+    async def _flush(self, tablet_id: str, storage: StorageEngine) -> None:
+        """Flushes one replica's MemRowSet off the event loop. A failure is logged: the rows
+        stay in memory and in the WAL, and the next round tries again."""
+        try:
+            await asyncio.to_thread(storage.flush)
+        except NyalaError as exc:
+            log.warning("flush of tablet %s failed: %s", tablet_id, exc)
 
     async def _heartbeat(self) -> None:
         """Heartbeats to every master (``nyala.tserver.heartbeater``) until cancelled."""
