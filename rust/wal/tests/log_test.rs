@@ -282,15 +282,7 @@ fn back_pressure_bounds_the_queue() {
         ..small_options(1 << 20)
     };
     let log = Log::open(dir.path(), "t", options).unwrap();
-    let payload = vec![1u8; 1000];
-    let mut last = None;
-    for i in 1..=200 {
-        last = Some(
-            log.append(&[EntryRef::new(1, i, EntryType::Write, &payload)])
-                .unwrap(),
-        );
-    }
-    log.wait(last.unwrap().ticket).unwrap();
+    append_without_waiting_then_wait(&log, &[1u8; 1000], 200);
     assert_eq!(log.durable_index(), 200);
     assert!(log.metrics().append_backpressure_waits > 0);
 }
@@ -334,14 +326,7 @@ fn a_writer_that_outruns_preparation_gets_more_segments_prepared() {
     let dir = scratch_dir();
     let log = Log::open(dir.path(), "t", small_options(16 << 10)).unwrap();
     let payload = vec![7u8; 8 << 10];
-    let mut last = None;
-    for i in 1..=400 {
-        last = Some(
-            log.append(&[EntryRef::new(1, i, EntryType::Write, &payload)])
-                .unwrap(),
-        );
-    }
-    log.wait(last.unwrap().ticket).unwrap();
+    append_without_waiting_then_wait(&log, &payload, 400);
     let metrics = log.metrics();
     assert!(metrics.rollover_waits > 0, "{metrics:?}");
     // Segments 1..=written are in use (none is prepared-only yet).
@@ -364,4 +349,17 @@ fn a_writer_that_outruns_preparation_gets_more_segments_prepared() {
     let entries = read_all(&log);
     assert_eq!(entries.len(), 400);
     assert!(entries.iter().all(|e| e.payload == payload));
+}
+
+/// Appends `payload` as entries 1..=`count` (term 1) without waiting for any, then waits for
+/// the last: a writer as fast as the caller's loop.
+fn append_without_waiting_then_wait(log: &Log, payload: &[u8], count: u64) {
+    let mut last = None;
+    for i in 1..=count {
+        last = Some(
+            log.append(&[EntryRef::new(1, i, EntryType::Write, payload)])
+                .unwrap(),
+        );
+    }
+    log.wait(last.unwrap().ticket).unwrap();
 }
