@@ -215,6 +215,16 @@ class RaftCore:
         return self._last_applied
 
     @property
+    def all_replicated_index(self) -> int:
+        """Leader: the highest index every peer has received (Kudu's all-replicated
+        watermark); entries up to it need not stay in memory for replication. Other roles:
+        the last index, as no peer reads this replica's log."""
+        last = self._log.last_op_id().index
+        if self._role is not Role.LEADER:
+            return last
+        return min((p.match_index for p in self._progress.values()), default=last)
+
+    @property
     def active_config(self) -> RaftConfig:
         """The config in use: the pending one if any, else the committed one."""
         return self._pending_config or self._committed_config

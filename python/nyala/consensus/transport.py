@@ -335,7 +335,7 @@ class GrpcTransport:
                 continue
             proxy = self._proxy(address)
             call = proxy.open_stream(
-                proxy.consensus.UpdateConsensusStream, timeout_ms=self._opts.stream_lifetime_ms
+                proxy.consensus_stream_serialized, timeout_ms=self._opts.stream_lifetime_ms
             )
             seqs: deque[int] = deque()  # seq of each request written and not yet answered
             try:
@@ -357,7 +357,7 @@ class GrpcTransport:
                 continue
             request = peer.queue.popleft()
             seqs.append(request.seq)
-            await call.write(wire.append_request_to_pb(request, self.tablet_id))
+            await call.write(wire.append_request_to_wire(request, self.tablet_id))
 
     async def _read_stream(self, peer_uuid: str, call: Any, seqs: deque[int]) -> None:
         async for pb in call:

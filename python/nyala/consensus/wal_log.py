@@ -95,6 +95,14 @@ class WalEntryBatch:
         """The encoding to send (``ConsensusRequestPB.entries``)."""
         return self._batch.to_bytes()
 
+    def to_field_bytes(self, prefix: bytes, field_number: int) -> bytes:
+        """``prefix`` then the encoding as protobuf field ``field_number``, one copy."""
+        return self._batch.to_field_bytes(prefix, field_number)
+
+    def wire_view(self) -> memoryview:
+        """The encoding without a copy (read-only; keeps the batch alive)."""
+        return memoryview(self._batch)
+
     @property
     def first_op_id(self) -> OpId:
         """OpId of the first entry."""
@@ -226,6 +234,14 @@ class WalLog:
             native = self._log.read_batch(after_index, max(bytes_max, 0), max(last_index, 0))
         return None if native is None else WalEntryBatch(native)
 
+    def read_whole_batch(self, after_index: int, last_index: int) -> WalEntryBatch | None:
+        """The entries after ``after_index`` as the batch they were appended in, shared (no
+        copy), if the cache holds it whole and it ends by ``last_index``; else None."""
+        if after_index < 0 or last_index < 0:
+            return None
+        native = self._log.read_whole_batch(after_index, last_index)
+        return None if native is None else WalEntryBatch(native)
+
     def append_replicated(
         self, preceding: OpId, entries: EntryBatch | None, committed_index: int
     ) -> AppendResult:
@@ -304,6 +320,11 @@ class WalLog:
     def segment_paths(self) -> list[Path]:
         """The live segment files, oldest first (the last is being appended to)."""
         return [Path(p) for p in self._log.segment_paths()]
+
+    def evict_through(self, index: int) -> None:
+        """Frees cached entries at or below ``index`` that are durable: nobody will read
+        them from memory again (reads of them go to the WAL)."""
+        self._log.evict_through(max(index, 0))
 
     def cache_stats(self) -> LogCacheStats:
         """What the log cache holds."""

@@ -3,7 +3,8 @@ gRPC transport: the leader's client (``GrpcTransport``) and the tablet server's
 ``ConsensusService`` handlers. Pure functions; no I/O.
 
 Entries travel as the native entry-batch bytes (``docs/wal-format.md``): encoding asks the batch
-for ``to_wire()``; decoding goes through a ``BatchDecoder`` the caller supplies
+for ``to_wire()``, or on the hot path for the whole serialized message in one copy
+(``append_request_to_wire``); decoding goes through a ``BatchDecoder`` the caller supplies
 (``WalEntryBatch.from_wire`` in servers),
 so row data never becomes Python objects per entry. The header counts and OpIds sent next to the
 bytes are checked against the decoded batch.
@@ -53,6 +54,10 @@ class WireBatch(EntryBatch, Protocol):
         """The batch's wire encoding."""
         ...
 
+    def to_field_bytes(self, prefix: bytes, field_number: int) -> bytes:
+        """``prefix`` then the wire encoding as protobuf field ``field_number``."""
+        ...
+
     @property
     def entry_count(self) -> int:
         """How many entries the batch holds."""
@@ -93,10 +98,38 @@ def op_id_from_pb(pb: Any) -> OpId:
 # --- UpdateConsensus ----------------------------------------------------------------------------
 
 
+#: The field number of ``ConsensusRequestPB.entries``, which ``append_request_to_wire``
+#: appends by hand.
+_ENTRIES_FIELD = consensus_pb2.ConsensusRequestPB.DESCRIPTOR.fields_by_name["entries"].number
+
+
 def append_request_to_pb(
     request: AppendRequest, tablet_id: str, *, last_appended_index: int = 0
 ) -> Any:
     """The ``ConsensusRequestPB`` of an AppendEntries (``entries`` must be a ``WireBatch``)."""
+    pb = _append_request_header_pb(request, tablet_id, last_appended_index)
+    if request.entries is not None:
+        pb.entries = cast(WireBatch, request.entries).to_wire()
+    return pb
+
+
+def append_request_to_wire(
+    request: AppendRequest, tablet_id: str, *, last_appended_index: int = 0
+) -> bytes:
+    """The serialized ``ConsensusRequestPB`` of an AppendEntries, what
+    ``append_request_to_pb(...).SerializeToString()`` gives, but with the entries copied once
+    (protobuf parses a message followed by one more field as the message with that field)."""
+    prefix = _append_request_header_pb(request, tablet_id, last_appended_index)
+    if request.entries is None:
+        return cast(bytes, prefix.SerializeToString())
+    batch = cast(WireBatch, request.entries)  # the WAL log's batches; others cannot be sent
+    return batch.to_field_bytes(prefix.SerializeToString(), _ENTRIES_FIELD)
+
+
+def _append_request_header_pb(
+    request: AppendRequest, tablet_id: str, last_appended_index: int
+) -> Any:
+    """An AppendEntries' ``ConsensusRequestPB`` without the entries' bytes."""
     pb = consensus_pb2.ConsensusRequestPB(
         dest_uuid=request.dest,
         tablet_id=tablet_id,
@@ -108,9 +141,7 @@ def append_request_to_pb(
     )
     batch = request.entries
     if batch is not None:
-        wire_batch = cast(WireBatch, batch)  # the WAL log's batches; others cannot be sent
-        pb.entries = wire_batch.to_wire()
-        pb.entry_count = wire_batch.entry_count
+        pb.entry_count = cast(WireBatch, batch).entry_count
         pb.first_entry_id.CopyFrom(op_id_to_pb(batch.first_op_id))
         pb.last_entry_id.CopyFrom(op_id_to_pb(batch.last_op_id))
     return pb

@@ -13,6 +13,7 @@ from typing import Any
 import grpc
 
 from nyala._proto import (
+    consensus_pb2,
     consensus_pb2_grpc,
     master_pb2_grpc,
     tablet_copy_pb2_grpc,
@@ -33,6 +34,20 @@ class _Stubs:
         self.consensus = consensus_pb2_grpc.ConsensusServiceStub(channel)
         self.tablet_copy = tablet_copy_pb2_grpc.TabletCopyServiceStub(channel)
         self.master = master_pb2_grpc.MasterServiceStub(channel)
+        # UpdateConsensusStream taking requests already serialized
+        # (``nyala.consensus.wire.append_request_to_wire``): the entries are copied once.
+        self.consensus_stream_serialized = channel.stream_stream(
+            _method_path(consensus_pb2, "ConsensusService", "UpdateConsensusStream"),
+            request_serializer=None,
+            response_deserializer=consensus_pb2.ConsensusResponsePB.FromString,
+        )
+
+
+def _method_path(module: Any, service: str, method: str) -> str:
+    """The gRPC path of ``service.method`` as declared in the proto ``module``."""
+    full_name = module.DESCRIPTOR.services_by_name[service].methods_by_name[method].full_name
+    package_service, _, name = full_name.rpartition(".")
+    return f"/{package_service}/{name}"
 
 
 class ServerProxy(_Stubs):

@@ -51,7 +51,7 @@ class WriteOutcome:
     error: str | None = None
 
 
-def iter_write_payloads(wire: bytes) -> Iterator[tuple[int, memoryview]]:
+def iter_write_payloads(wire: bytes | memoryview) -> Iterator[tuple[int, memoryview]]:
     """(index, payload) of each WRITE entry in an encoded, already verified entry batch."""
     view = memoryview(wire)
     offset = _BATCH_HEADER_BYTES
@@ -124,10 +124,14 @@ class Applier:
         while after < last_index:
             # Bounded by ``last_index``: the uncommitted tail behind it is not read (reading it
             # made applying a backlog quadratic in its length).
-            batch = self._log.read_batch(after, APPLY_READ_BYTES_MAX, last_index)
+            # The batch as appended, shared with the log cache, when it is there whole; a
+            # copy of the range otherwise (older entries come from the WAL).
+            batch = self._log.read_whole_batch(after, last_index) or self._log.read_batch(
+                after, APPLY_READ_BYTES_MAX, last_index
+            )
             if batch is None:
                 raise CorruptionError(f"committed entry {after + 1} is not in the log")
-            wire = batch.to_wire()
+            wire = batch.wire_view()
             for index, payload in iter_write_payloads(wire):
                 if after < index <= last_index:
                     self._apply_write(index, payload)

@@ -257,6 +257,11 @@ class TabletReplica:
             if self.runtime is not None:
                 self.runtime.stop()
             raise
+        runtime, wal = self.runtime, self.wal
+        if runtime is not None and wal is not None:
+            # Applied here and received by every peer: the log cache's copy has no reader
+            # left (Kudu evicts through its all-replicated index the same way).
+            wal.evict_through(min(applier.applied_index, runtime.core.all_replicated_index))
 
     def _running(self) -> tuple[RaftRuntime, StorageEngine, Applier]:
         if self.state is not TabletState.RUNNING:

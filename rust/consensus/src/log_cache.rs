@@ -134,6 +134,30 @@ impl LogCache {
         }
     }
 
+    /// Drops the oldest runs whose entries are all at or below both `index` and
+    /// `durable_index`, whatever the byte limit: Kudu's eviction through the index every
+    /// peer has received. Entries nobody will ask for again then cost no memory (during a
+    /// bulk load the cache otherwise held a second copy of everything until the limit). The
+    /// last run stays, as in `evict`.
+    pub fn evict_through(&mut self, index: OpIndex, durable_index: OpIndex) {
+        let through = index.min(durable_index);
+        while self.runs.len() > 1 && self.runs[0].last_index() <= through {
+            let front = self.runs.pop_front().expect("more than one run");
+            self.bytes -= front.bytes();
+        }
+    }
+
+    /// The cached batch that starts at `first` and is cached whole (as it was appended),
+    /// if there is one: a reader can then share its bytes instead of copying them.
+    pub fn whole_batch_at(&self, first: OpIndex) -> Option<&EntryBatch> {
+        if first < self.first_index() || first >= self.next_index {
+            return None;
+        }
+        let run = &self.runs[self.runs.partition_point(|r| r.last_index() < first)];
+        let whole = run.start == 0 && run.end == run.batch.len() && run.first_index() == first;
+        whole.then_some(&run.batch)
+    }
+
     /// Appends cached entries `from..=last` to `builder`, stopping before the next entry
     /// would pass `bytes_max` (the builder always gets at least one entry). `from` must be
     /// cached.
@@ -267,5 +291,29 @@ mod tests {
         cache.evict(5);
         assert_eq!(cache.first_index(), 4); // 200 bytes <= 250
         assert_eq!(cache.stats().bytes, 200);
+    }
+
+    #[test]
+    fn eviction_through_an_index_ignores_the_limit_but_keeps_what_is_not_durable() {
+        let mut cache = LogCache::new(0, usize::MAX);
+        cache.push(&batch(1, 1..=2, 10), 0);
+        cache.push(&batch(1, 3..=4, 10), 0);
+        cache.push(&batch(1, 5..=6, 10), 0);
+        cache.evict_through(3, 6); // the run 3..=4 is not wholly at or below 3
+        assert_eq!(cache.first_index(), 3);
+        cache.evict_through(6, 4); // nor is 5..=6 durable
+        assert_eq!(cache.first_index(), 5);
+        assert!(cache.whole_batch_at(5).is_some());
+        assert!(cache.whole_batch_at(6).is_none()); // inside a batch
+        assert!(cache.whole_batch_at(3).is_none()); // evicted
+        cache.truncate_after(5);
+        assert!(cache.whole_batch_at(5).is_none()); // no longer whole
+        cache.push(&batch(2, 6..=7, 10), 0);
+        cache.evict_through(6, 6); // the last run always stays
+        assert_eq!(cache.first_index(), 6);
+        assert_eq!(
+            read(&cache, 6, usize::MAX),
+            (OpId::new(2, 6), OpId::new(2, 7))
+        );
     }
 }

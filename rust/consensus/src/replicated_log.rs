@@ -240,6 +240,26 @@ impl ReplicatedLog {
         Ok(Some(builder.finish()?))
     }
 
+    /// Frees cached entries at or below `index` that are durable (see
+    /// `LogCache::evict_through`); later reads of them come from the WAL.
+    pub fn evict_through(&self, index: OpIndex) {
+        let durable = self.durable_index();
+        self.state.lock().cache.evict_through(index, durable);
+    }
+
+    /// The batch of entries from `after_index + 1`, shared rather than copied, when the
+    /// cache holds it whole (as appended) and it ends at or before `last_index`; `None`
+    /// otherwise (then `read_range` builds a batch).
+    pub fn read_whole_batch(
+        &self,
+        after_index: OpIndex,
+        last_index: OpIndex,
+    ) -> Option<EntryBatch> {
+        let state = self.state.lock();
+        let batch = state.cache.whole_batch_at(after_index.checked_add(1)?)?;
+        (batch.last_op_id().index <= last_index).then(|| batch.clone())
+    }
+
     /// Follower side: log matching against `preceding`, truncation of a conflicting suffix
     /// (never at or below `committed_index`: that is `TruncateCommitted`, nothing changes),
     /// append of the entries not already in the log. A mismatch changes nothing and returns

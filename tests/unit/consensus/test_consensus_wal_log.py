@@ -137,6 +137,59 @@ def test_cache_is_bounded_and_reads_fall_back_to_the_wal(tmp_path: Path) -> None
         assert (batch.first_op_id, batch.last_op_id) == (OpId(1, 1), OpId(1, 200))
 
 
+def test_eviction_through_an_index_frees_the_cache_and_reads_fall_back_to_the_wal(
+    log: WalLog,
+) -> None:
+    for i in range(1, 11):
+        log.append(1, EntryKind.WRITE, bytes([i]) * 1000)
+    log.wait_durable()
+    assert log.cache_stats().first_index == 1
+    log.evict_through(6)
+    stats = log.cache_stats()
+    assert stats.first_index == 7
+    assert stats.entries == 4
+    batch = log.read_batch(0, BIG_BYTES)  # 1..6 from the WAL, 7..10 from the cache
+    assert batch is not None
+    assert (batch.first_op_id, batch.last_op_id) == (OpId(1, 1), OpId(1, 10))
+    log.evict_through(100)
+    assert log.cache_stats().first_index == 10  # the last entry always stays
+
+
+def test_whole_cached_batches_are_shared_and_views_need_no_copy(log: WalLog) -> None:
+    log.append(1, EntryKind.WRITE, b"a" * 3000)
+    log.append(1, EntryKind.WRITE, b"b" * 10)
+    whole = log.read_whole_batch(0, 2)
+    assert whole is not None
+    assert (whole.first_op_id, whole.last_op_id) == (OpId(1, 1), OpId(1, 1))
+    assert log.read_whole_batch(0, 0) is None  # ends after the last index asked for
+    view = whole.wire_view()
+    assert view.readonly
+    assert bytes(view) == whole.to_wire()
+    log.append(1, EntryKind.WRITE, b"c" * 10)
+    log.wait_durable()
+    log.evict_through(1)
+    assert log.read_whole_batch(0, 3) is None  # evicted: read_batch gets it from the WAL
+
+
+def test_a_request_serialized_with_its_entries_equals_the_protobuf_message(log: WalLog) -> None:
+    from nyala._proto import consensus_pb2
+    from nyala.consensus import wire
+    from nyala.consensus.messages import AppendRequest
+
+    log.append(1, EntryKind.WRITE, b"row data" * 1000)
+    log.append(1, EntryKind.NO_OP, b"")
+    batch = log.read_batch(0, BIG_BYTES)
+    for entries in (batch, None):
+        request = AppendRequest("a", "b", 3, MIN_OP_ID, entries, 2, 0)
+        serialized = wire.append_request_to_wire(request, TABLET_ID, last_appended_index=2)
+        expected = wire.append_request_to_pb(request, TABLET_ID, last_appended_index=2)
+        assert consensus_pb2.ConsensusRequestPB.FromString(serialized) == expected
+        decoded = wire.append_request_from_pb(
+            consensus_pb2.ConsensusRequestPB.FromString(serialized), WalEntryBatch.from_wire
+        )
+        assert (decoded.entries is None) == (entries is None)
+
+
 def test_watch_durable_reports_progress_from_the_event_loop(tmp_path: Path) -> None:
     async def scenario() -> list[int]:
         reported: list[int] = []
