@@ -10,7 +10,9 @@ Measured in one run, in one directory (``--dir``, default a temporary directory)
   the same with OS threads is reported as ``wal_threads_*`` (there the GIL hand-offs of 64
   Python threads, not the log, set the pace on a 2-core machine);
 * segment preallocation by ``fallocate`` versus recycling GC'd segments, 64 writers, small
-  segments and a GC thread so both reach their steady state.
+  segments and a GC thread so both reach their steady state;
+* pipelined group commit: 64 writers with 1, 2 and 3 group syncs allowed in flight
+  (``LogOptions.syncs_in_flight_max``), alternating (``syncs_in_flight_*`` keys).
 
 The headline figures are repeated ``--runs`` times (default 5, also with ``--quick``); each
 run measures its own raw baseline right before and right after the 64-writer WAL run (and
@@ -349,7 +351,37 @@ def run(root: Path, seconds: float, total_bytes: int, runs: int) -> dict[str, ob
     results["wal_threads_records_per_s_64"] = round(threads["records_per_s"], 1)
     results["wal_threads_p99_ms_64"] = round(threads["p99_ms"], 3)
     results.update(preallocation_comparison(root, seconds))
+    results.update(in_flight_comparison(root, seconds))
     return results
+
+
+def in_flight_comparison(root: Path, seconds: float) -> dict[str, object]:
+    """64 asyncio writers with 1, 2 and 3 group syncs in flight, alternating twice so drift
+    in the machine's load hits all alike; each run against raw syncs measured right before."""
+    modes = (1, 2, 3)
+    speedups: dict[int, list[float]] = {m: [] for m in modes}
+    p99s: dict[int, list[float]] = {m: [] for m in modes}
+    groups: dict[int, list[float]] = {m: [] for m in modes}
+    for _ in range(2):
+        for mode in modes:
+            raw = raw_syncs(root, seconds * 0.2)
+            r = wal_tasks(root / "inflight", 64, seconds / 2, LogOptions(syncs_in_flight_max=mode))
+            speedups[mode].append(r["records_per_s"] * raw.mean_ms / 1000)
+            p99s[mode].append(r["p99_ms"] / raw.mean_ms)
+            groups[mode].append(r["mean_group"])
+    out: dict[str, object] = {}
+    for mode in modes:
+        speedup = statistics.median(speedups[mode])
+        p99 = statistics.median(p99s[mode])
+        group = statistics.median(groups[mode])
+        print(
+            f"syncs_in_flight_max={mode}: group_commit_speedup {speedup:.1f},"
+            f" p99 {p99:.2f} raw syncs, {group:.1f} entries/group (64 asyncio writers)"
+        )
+        out[f"syncs_in_flight_{mode}_speedup"] = round(speedup, 2)
+        out[f"syncs_in_flight_{mode}_p99_in_raw_syncs"] = round(p99, 2)
+        out[f"syncs_in_flight_{mode}_mean_group"] = round(group, 1)
+    return out
 
 
 def preallocation_comparison(root: Path, seconds: float) -> dict[str, object]:

@@ -20,6 +20,7 @@ use crate::errors::to_py;
 // Literal defaults in the signature (so Python sees them) must equal the Rust ones.
 const _: () = assert!(nyala_wal::SEGMENT_SIZE_BYTES_DEFAULT == 8_388_608);
 const _: () = assert!(nyala_wal::QUEUE_BYTES_MAX_DEFAULT == 67_108_864);
+const _: () = assert!(nyala_wal::SYNCS_IN_FLIGHT_MAX_DEFAULT == 1);
 
 /// Appends with at most this many payload bytes keep the GIL (see `PyLog::append`).
 const SMALL_APPEND_BYTES_MAX: usize = 64 << 10;
@@ -132,6 +133,7 @@ impl PyLog {
         *,
         segment_size_bytes = 8388608,
         sync = "group",
+        syncs_in_flight_max = 1,
         queue_bytes_max = 67108864,
         min_segments_to_retain = 1,
         preallocation = "recycle",
@@ -144,6 +146,7 @@ impl PyLog {
         tablet_id: &str,
         segment_size_bytes: u64,
         sync: &str,
+        syncs_in_flight_max: usize,
         queue_bytes_max: usize,
         min_segments_to_retain: usize,
         preallocation: &str,
@@ -171,6 +174,7 @@ impl PyLog {
         let options = LogOptions {
             segment_size_bytes,
             sync_policy,
+            syncs_in_flight_max,
             queue_bytes_max,
             min_segments_to_retain,
             preallocation,
@@ -331,6 +335,8 @@ impl PyLog {
             ("syncs", m.syncs),
             ("sync_micros_total", m.sync_micros_total),
             ("sync_micros_max", m.sync_micros_max),
+            ("syncs_overlapped", m.syncs_overlapped),
+            ("sync_threads", m.sync_threads),
             ("segments_created", m.segments_created),
             ("segments_recycled", m.segments_recycled),
             ("segments_deleted", m.segments_deleted),

@@ -27,6 +27,7 @@ class Log:
         *,
         segment_size_bytes: int = 8388608,
         sync: str = "group",
+        syncs_in_flight_max: int = 1,
         queue_bytes_max: int = 67108864,
         min_segments_to_retain: int = 1,
         preallocation: str = "recycle",

@@ -16,6 +16,7 @@ import collections
 import heapq
 import itertools
 import os
+import threading
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, fields
 from enum import IntEnum
@@ -85,6 +86,9 @@ class LogOptions:
 
     segment_size_bytes: int = 8 << 20
     sync: Literal["group", "none"] = "group"
+    # Group syncs that may run at once: the next group is written while earlier ones sync;
+    # durability is still reported in order (docs/wal-format.md, "Group commit latency").
+    syncs_in_flight_max: int = 1
     queue_bytes_max: int = 64 << 20
     min_segments_to_retain: int = 1
     preallocation: Literal["fallocate", "recycle", "zero_fill"] = "recycle"
@@ -105,6 +109,8 @@ class WalCounters:
     syncs: int
     sync_micros_total: int
     sync_micros_max: int
+    syncs_overlapped: int
+    sync_threads: int
     segments_created: int
     segments_recycled: int
     segments_deleted: int
@@ -129,7 +135,12 @@ class _DurabilityWatcher:
 
     def __init__(self, native: _native.Log, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
+        # The thread `loop` runs in (the watcher is created from inside it).
+        self.thread = threading.get_ident()
         self._native = native
+        # The log's error once this watcher has seen it (checked per eventfd wake-up, not
+        # per wait: a failure signals the eventfd too).
+        self._failure = native.failure()
         self._fd = native.notification_fd()
         # Waits arrive in ticket order almost always (an append, then its wait, with no await
         # in between), so they queue in a FIFO: O(1) each way, no tie-breaking tuples. A wait
@@ -146,15 +157,16 @@ class _DurabilityWatcher:
         if self._native.durable_ticket() >= ticket:
             future.set_result(None)
             return future
-        # A durable change after the check above signals the eventfd after publishing, so
-        # `_on_readable` runs later and sees this future: no lost wake-up.
+        if self._failure is not None:
+            future.set_exception(self._failure)
+            return future
+        # A durable change or a failure after the checks above signals the eventfd after
+        # publishing, so `_on_readable` runs later and sees this future: no lost wake-up.
         if ticket >= self._fifo_last:
             self._fifo.append((ticket, future))
             self._fifo_last = ticket
         else:
             heapq.heappush(self._out_of_order, (ticket, next(self._counter), future))
-        if self._native.failure() is not None:
-            self._fail_pending()
         return future
 
     def _on_readable(self) -> None:
@@ -170,7 +182,9 @@ class _DurabilityWatcher:
             future = heapq.heappop(heap)[2]
             if not future.done():
                 future.set_result(None)
-        if (fifo or heap) and self._native.failure() is not None:
+        if self._failure is None:
+            self._failure = self._native.failure()
+        if self._failure is not None:
             self._fail_pending()
 
     def _take_pending(self) -> list[asyncio.Future[None]]:
@@ -181,10 +195,10 @@ class _DurabilityWatcher:
         return futures
 
     def _fail_pending(self) -> None:
-        failure = self._native.failure()
+        failure = self._failure or IllegalStateError("the log failed")
         for future in self._take_pending():
             if not future.done():
-                future.set_exception(failure or IllegalStateError("the log failed"))
+                future.set_exception(failure)
 
     def close(self) -> None:
         if not self.loop.is_closed():
@@ -214,6 +228,7 @@ class Log:
             tablet_id,
             segment_size_bytes=opts.segment_size_bytes,
             sync=opts.sync,
+            syncs_in_flight_max=opts.syncs_in_flight_max,
             queue_bytes_max=opts.queue_bytes_max,
             min_segments_to_retain=opts.min_segments_to_retain,
             preallocation=opts.preallocation,
@@ -256,12 +271,23 @@ class Log:
 
     def wait_async(self, ticket: int) -> asyncio.Future[None]:
         """A future on the running loop that completes when ``ticket`` is durable."""
-        loop = asyncio.get_running_loop()
         watcher = self._watcher
-        if watcher is None or watcher.loop is not loop:
-            if watcher is not None:
-                watcher.close()
-            watcher = self._watcher = _DurabilityWatcher(self._native, loop)
+        # While the watcher's loop runs in this thread it is the running loop (a thread runs
+        # one loop at a time). Checking that is cheaper than asyncio.get_running_loop(),
+        # which makes a getpid() system call per call on Python 3.11 (every append).
+        if (
+            watcher is None
+            or watcher.thread != threading.get_ident()
+            or not watcher.loop.is_running()
+        ):
+            loop = asyncio.get_running_loop()
+            if watcher is not None and watcher.loop is loop:
+                # The same loop, now run by another thread.
+                watcher.thread = threading.get_ident()
+            else:
+                if watcher is not None:
+                    watcher.close()
+                watcher = self._watcher = _DurabilityWatcher(self._native, loop)
         return watcher.wait(ticket)
 
     @property

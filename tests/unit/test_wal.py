@@ -226,3 +226,53 @@ def test_counters_are_typed(tmp_path: Path) -> None:
         assert c.bytes_written >= 4096
         assert sum(c.sync_micros_histogram) == c.syncs
         assert sum(c.group_entries_histogram) == c.groups
+
+
+def test_waits_after_a_failure_fail_at_once(tmp_path: Path) -> None:
+    async def main(log: Log) -> None:
+        await log.append_async(make_entries(1, 1, 1))
+        log.inject_sync_failures(1, errno.EIO)
+        ticket = log.append(make_entries(1, 2, 2)).ticket
+        with pytest.raises(errors.DiskError):
+            await asyncio.wait_for(log.wait_async(ticket), 10)
+        # The watcher has seen the failure: a later wait fails at once instead of waiting
+        # for an eventfd wake-up that will never come.
+        with pytest.raises(errors.DiskError):
+            await asyncio.wait_for(log.wait_async(ticket), 10)
+        assert log.durable_index == 1
+
+    log = Log(tmp_path, "t", SMALL)
+    asyncio.run(main(log))
+    with pytest.raises(errors.DiskError):
+        log.close()
+
+
+@pytest.mark.parametrize("syncs_in_flight_max", [1, 3])
+def test_syncs_in_flight_setting(tmp_path: Path, syncs_in_flight_max: int) -> None:
+    writers = 200
+
+    async def main(log: Log) -> None:
+        next_index = 1
+
+        async def writer() -> None:
+            nonlocal next_index
+            for _ in range(5):
+                index = next_index
+                next_index += 1
+                await log.append_async([Entry(1, index, EntryType.WRITE, b"x" * 50)])
+
+        await asyncio.gather(*(writer() for _ in range(writers)))
+
+    options = LogOptions(segment_size_bytes=16 << 10, syncs_in_flight_max=syncs_in_flight_max)
+    with Log(tmp_path, "t", options) as log:
+        asyncio.run(main(log))
+        assert log.durable_index == writers * 5
+        counters = log.counters()
+        assert 1 <= counters.sync_threads <= syncs_in_flight_max
+        assert counters.syncs >= counters.groups
+        assert [e.index for e in log.entries()] == list(range(1, writers * 5 + 1))
+
+
+def test_syncs_in_flight_max_is_validated(tmp_path: Path) -> None:
+    with pytest.raises(errors.InvalidArgumentError):
+        Log(tmp_path, "t", LogOptions(syncs_in_flight_max=0))

@@ -10,7 +10,7 @@
 //! ```text
 //! cargo run --release -p nyala-wal --example group_commit_latency -- \
 //!     [--dir DIR] [--writers 64] [--seconds 3] [--runs 3] [--segment-bytes 8388608]
-//!     [--preallocation recycle|fallocate|zero_fill]
+//!     [--preallocation recycle|fallocate|zero_fill] [--syncs-in-flight 2]
 //! ```
 //!
 //! Prints one line per run and, last, one JSON object with the medians over the runs.
@@ -38,6 +38,7 @@ struct Args {
     runs: usize,
     segment_bytes: u64,
     preallocation: Preallocation,
+    syncs_in_flight_max: usize,
 }
 
 fn parse_args() -> Args {
@@ -48,6 +49,7 @@ fn parse_args() -> Args {
         runs: 3,
         segment_bytes: nyala_wal::SEGMENT_SIZE_BYTES_DEFAULT,
         preallocation: Preallocation::Recycle,
+        syncs_in_flight_max: nyala_wal::SYNCS_IN_FLIGHT_MAX_DEFAULT,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -58,6 +60,9 @@ fn parse_args() -> Args {
             "--seconds" => args.seconds = value.parse().expect("--seconds S"),
             "--runs" => args.runs = value.parse().expect("--runs N"),
             "--segment-bytes" => args.segment_bytes = value.parse().expect("--segment-bytes B"),
+            "--syncs-in-flight" => {
+                args.syncs_in_flight_max = value.parse().expect("--syncs-in-flight N")
+            }
             "--preallocation" => {
                 args.preallocation = match value.as_str() {
                     "recycle" => Preallocation::Recycle,
@@ -147,6 +152,7 @@ fn wal_writers(dir: &Path, args: &Args) -> WalRun {
     let options = LogOptions {
         segment_size_bytes: args.segment_bytes,
         preallocation: args.preallocation,
+        syncs_in_flight_max: args.syncs_in_flight_max,
         ..LogOptions::default()
     };
     let log = Arc::new(Log::open(dir, "bench", options).expect("open log"));

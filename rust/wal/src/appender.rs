@@ -1,19 +1,39 @@
-//! The appender thread: group commit.
+//! Group commit: the committer threads.
 //!
-//! It drains everything queued, frames it behind the segment's partial last page, writes the
-//! whole pages in one `pwrite`, calls `fdatasync` once, and only then publishes the durable
-//! ticket and index. It also rolls over to the segment the background thread prepared.
-//! This thread is the only writer of segment data and of the durable point.
+//! A committer takes the *write turn* (one holder at a time, so the order on disk is the
+//! ticket order), drains everything queued, frames it behind the segment's partial last
+//! page, writes the whole pages in one `pwrite`, registers the group in the *pipeline*,
+//! and gives the turn up. Only then does it call `fdatasync` for its group, so the next
+//! committer writes the next group while this one's sync runs: up to
+//! `LogOptions::syncs_in_flight_max` syncs overlap, which a disk that serves concurrent
+//! flushes turns into more groups per second (docs/wal-format.md, "Group commit").
+//!
+//! Durability is published strictly in group order: a group's ticket and index become
+//! durable only once its own sync and every earlier group's sync have returned. A sync that
+//! fails stops publication for good (no later group is ever reported durable) and fails the
+//! log. Each committer syncs through its own open file description of the segment: Linux
+//! reports a writeback error once per description, so with one shared description a
+//! concurrent sync could consume the error of an earlier group's pages and let that group's
+//! sync return success.
+//!
+//! The first committer starts with the log; more start (up to the limit) only when an
+//! append found every committer busy, so a quiet tablet keeps one thread. The last
+//! committer to stop closes the active segment, after every sync has returned. The turn
+//! holder also rolls over to the segment the background thread prepared; committers are
+//! the only writers of segment data and of the durable point.
 
+use std::collections::VecDeque;
+use std::fs::{File, OpenOptions};
 use std::mem;
 use std::os::unix::fs::FileExt;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crossbeam_channel::Sender;
 use nyala_common::OpIndex;
+use parking_lot::{Condvar, Mutex};
 
 use crate::background::Job;
 use crate::error::{Result, WalError};
@@ -30,6 +50,10 @@ use crate::segment::SegmentFile;
 /// group always fits in the new segment (its header and footer are far below a quarter).
 const WHOLE_GROUP_SEGMENT_FRACTION: u64 = 4;
 
+/// Stack of a committer thread: it keeps its buffers on the heap, and a tablet server runs
+/// one or more per tablet.
+const COMMITTER_STACK_BYTES: usize = 256 << 10;
+
 /// The segment being appended to, with a copy of its partial last page so every write can
 /// cover whole pages.
 pub(crate) struct ActiveSegment {
@@ -42,6 +66,10 @@ pub(crate) struct ActiveSegment {
     tail: Vec<u8>,
     capacity_bytes: u64,
     has_batches: bool,
+    /// Further open file descriptions of the segment, one per committer beyond the first
+    /// (which syncs through `segment.file`). Opened when the segment becomes active, before
+    /// any data is written to it, so each sees every writeback error of that data.
+    sync_handles: Vec<Arc<File>>,
 }
 
 impl ActiveSegment {
@@ -61,6 +89,7 @@ impl ActiveSegment {
             tail: header,
             capacity_bytes,
             has_batches: false,
+            sync_handles: Vec::new(),
         }
     }
 
@@ -71,6 +100,42 @@ impl ActiveSegment {
     pub(crate) fn segment(&self) -> &Arc<SegmentFile> {
         &self.segment
     }
+
+    /// Opens the descriptions committers 1..=`count` sync through.
+    pub(crate) fn open_sync_handles(&mut self, count: usize) -> Result<()> {
+        let path = &self.segment.path;
+        while self.sync_handles.len() < count {
+            let file = OpenOptions::new()
+                .read(true)
+                .open(path)
+                .map_err(|e| WalError::io("open for sync", path, e))?;
+            self.sync_handles.push(Arc::new(file));
+        }
+        Ok(())
+    }
+
+    /// What committer `slot` syncs to make this segment's data durable.
+    fn sync_target(&self, slot: usize) -> SyncTarget {
+        SyncTarget {
+            segment: Arc::clone(&self.segment),
+            handle: slot
+                .checked_sub(1)
+                .map(|i| Arc::clone(&self.sync_handles[i])),
+        }
+    }
+}
+
+/// One segment a group wrote to, and the description its committer syncs it through.
+struct SyncTarget {
+    segment: Arc<SegmentFile>,
+    /// `None`: `segment.file`.
+    handle: Option<Arc<File>>,
+}
+
+impl SyncTarget {
+    fn file(&self) -> &File {
+        self.handle.as_deref().unwrap_or(&self.segment.file)
+    }
 }
 
 enum Staged {
@@ -78,11 +143,280 @@ enum Staged {
     Truncate(OpIndex),
 }
 
-/// The appender thread's state.
+/// A written group whose durability is not published yet.
+struct PendingGroup {
+    id: u64,
+    last_ticket: Ticket,
+    /// The log's last index once this group is durable (lowered by later truncations).
+    log_last: OpIndex,
+    entries: u64,
+    batches: u64,
+    synced: bool,
+}
+
+/// Written groups in write order whose durability is not published yet.
+#[derive(Default)]
+pub(crate) struct Pipeline {
+    groups: VecDeque<PendingGroup>,
+    next_id: u64,
+    /// When the latest group's sync started (about: when it was registered).
+    last_sync_started: Option<Instant>,
+    /// Moving average of recent sync times (0 until the first sync returned).
+    sync_estimate_micros: u64,
+    /// Syncs returned so far (a committer holding a group back watches it).
+    syncs_returned: u64,
+    /// A write or sync failed: nothing is published any more.
+    stopped: bool,
+}
+
+impl Pipeline {
+    /// Publishes the durable point of every leading group whose sync has returned; returns
+    /// whether it moved. Runs under the pipeline lock, so groups publish one after another.
+    fn publish_ready(&mut self, shared: &Shared) -> bool {
+        let mut moved = false;
+        while !self.stopped && self.groups.front().is_some_and(|g| g.synced) {
+            let group = self.groups.pop_front().expect("a leading group");
+            // Counters first, so whoever sees the entries durable also sees them counted.
+            let metrics = &shared.metrics;
+            metrics.record_group(group.entries);
+            Metrics::add(&metrics.entries_appended, group.entries);
+            Metrics::add(&metrics.batches_appended, group.batches);
+            shared
+                .durable_index
+                .store(group.log_last, Ordering::Release);
+            shared
+                .durable_ticket
+                .store(group.last_ticket, Ordering::Release);
+            moved = true;
+        }
+        moved
+    }
+
+    /// A truncation to `kept` was framed: no group before it may publish a later index.
+    fn cap_log_last(&mut self, kept: OpIndex) {
+        for group in &mut self.groups {
+            group.log_last = group.log_last.min(kept);
+        }
+    }
+}
+
+/// A written group its committer still has to sync.
+struct GroupToSync {
+    id: u64,
+    targets: Vec<SyncTarget>,
+}
+
+/// What the committer threads share: the write turn (with the appending state), the
+/// pipeline of written groups, and the threads' handles.
+pub(crate) struct Committers {
+    shared: Arc<Shared>,
+    /// The write turn. Its holder alone drains the queue, writes and rolls over.
+    turn: Mutex<Appender>,
+    pipeline: Arc<Mutex<Pipeline>>,
+    /// Signalled (with the pipeline lock) whenever a sync returns.
+    sync_returned: Condvar,
+    handles: Mutex<Vec<JoinHandle<()>>>,
+}
+
+impl Committers {
+    /// Starts the first committer.
+    pub(crate) fn start(shared: Arc<Shared>, mut appender: Appender) -> Result<Arc<Self>> {
+        let handles = appender.sync_handle_count();
+        appender.active.open_sync_handles(handles)?;
+        appender.running = 1;
+        appender.spawned = 1;
+        let pipeline = Arc::clone(&appender.pipeline);
+        let committers = Arc::new(Committers {
+            shared,
+            turn: Mutex::new(appender),
+            pipeline,
+            sync_returned: Condvar::new(),
+            handles: Mutex::new(Vec::new()),
+        });
+        let handle = committers.spawn(0)?;
+        committers.handles.lock().push(handle);
+        Ok(committers)
+    }
+
+    /// Waits for every committer to stop (after `closing` was set or the log failed).
+    /// Committers that start meanwhile are started by one not yet joined, so this sees them.
+    pub(crate) fn join_all(&self) -> std::thread::Result<()> {
+        let mut outcome = Ok(());
+        loop {
+            let Some(handle) = self.handles.lock().pop() else {
+                return outcome;
+            };
+            if let Err(panic) = handle.join() {
+                outcome = Err(panic);
+            }
+        }
+    }
+
+    fn spawn(self: &Arc<Self>, slot: usize) -> Result<JoinHandle<()>> {
+        let committers = Arc::clone(self);
+        Metrics::add(&self.shared.metrics.sync_threads, 1);
+        std::thread::Builder::new()
+            .name(format!("wal-commit-{slot}"))
+            .stack_size(COMMITTER_STACK_BYTES)
+            .spawn(move || committers.run(slot))
+            .map_err(|e| WalError::io("spawn committer thread", "", e))
+    }
+
+    /// Starts one more committer if appends found every committer busy and the limit
+    /// allows (called by the turn holder).
+    fn maybe_grow(self: &Arc<Self>, turn: &mut Appender) {
+        let options = &self.shared.options;
+        if options.sync_policy != SyncPolicy::Group || turn.spawned >= options.syncs_in_flight_max {
+            return;
+        }
+        // Without a thread the log keeps working with those it has.
+        if let Ok(handle) = self.spawn(turn.spawned) {
+            turn.spawned += 1;
+            turn.running += 1;
+            self.handles.lock().push(handle);
+        }
+    }
+
+    fn run(self: Arc<Self>, slot: usize) {
+        let shared = &self.shared;
+        let mut requests = Vec::new();
+        loop {
+            let mut turn = self.turn.lock();
+            let contended = {
+                let mut queue = shared.lock_queue();
+                while queue.requests.is_empty() && !queue.closing && !failed(shared) {
+                    // Set under the lock before sleeping, so an append either sees it and
+                    // signals, or queued its request before this check saw the queue empty.
+                    queue.appender_idle = true;
+                    queue = shared
+                        .work_ready
+                        .wait(queue)
+                        .unwrap_or_else(std::sync::PoisonError::into_inner);
+                }
+                queue.appender_idle = false;
+                if queue.requests.is_empty() || failed(shared) {
+                    break;
+                }
+                if shared.syncs_in_flight.load(Ordering::Acquire) > 0 && !queue.closing {
+                    drop(queue);
+                    self.stagger();
+                    queue = shared.lock_queue();
+                    if failed(shared) {
+                        break;
+                    }
+                }
+                requests.extend(queue.requests.drain(..));
+                mem::take(&mut queue.appends_found_busy) && !queue.closing
+            };
+            let group = match turn.commit(&mut requests, slot) {
+                Ok(group) => group,
+                Err(err) => {
+                    self.pipeline.lock().stopped = true;
+                    shared.fail(&err);
+                    break;
+                }
+            };
+            if contended {
+                self.maybe_grow(&mut turn);
+            }
+            drop(turn);
+            if let Some(group) = group {
+                if let Err(err) = self.sync_and_publish(&group) {
+                    shared.fail(&err);
+                    break;
+                }
+            }
+        }
+        let mut turn = self.turn.lock();
+        turn.running -= 1;
+        if turn.running == 0 {
+            turn.finish();
+        }
+    }
+
+    /// Holds the next group back while an earlier group syncs: until 1/`syncs_in_flight_max`
+    /// of a sync time after the latest sync started, or until a sync returns. Syncs in
+    /// flight then start evenly spaced and each group gathers the appends of one interval.
+    /// A free committer that started a group with the first append to arrive would write
+    /// groups of one or two entries, each costing a sync and a wake-up of the event loop.
+    /// Never longer than without pipelining: a group waited for the sync in flight then.
+    fn stagger(&self) {
+        let mut pipeline = self.pipeline.lock();
+        let Some(started) = pipeline.last_sync_started else {
+            return;
+        };
+        let spacing_micros =
+            pipeline.sync_estimate_micros / self.shared.options.syncs_in_flight_max as u64;
+        let until = started + Duration::from_micros(spacing_micros);
+        let returned = pipeline.syncs_returned;
+        while pipeline.syncs_returned == returned
+            && !self
+                .sync_returned
+                .wait_until(&mut pipeline, until)
+                .timed_out()
+        {}
+    }
+
+    /// Syncs every segment the group wrote to, then publishes what is now durable in order.
+    fn sync_and_publish(&self, group: &GroupToSync) -> Result<()> {
+        let started = Instant::now();
+        for target in &group.targets {
+            if let Err(err) = sync(&self.shared, target) {
+                // Stopped under the pipeline lock before the log fails, so no group at or
+                // after this one (nor one whose sync overlapped it) is ever published.
+                let mut pipeline = self.pipeline.lock();
+                pipeline.stopped = true;
+                pipeline.syncs_returned += 1;
+                self.shared.syncs_in_flight.fetch_sub(1, Ordering::AcqRel);
+                self.sync_returned.notify_all();
+                return Err(err);
+            }
+        }
+        let micros = started.elapsed().as_micros() as u64;
+        let moved = {
+            let mut pipeline = self.pipeline.lock();
+            self.shared.syncs_in_flight.fetch_sub(1, Ordering::AcqRel);
+            pipeline.syncs_returned += 1;
+            pipeline.sync_estimate_micros = match pipeline.sync_estimate_micros {
+                0 => micros,
+                estimate => (estimate * 7 + micros) / 8,
+            };
+            self.sync_returned.notify_all();
+            let front = pipeline.groups.front().map_or(group.id, |g| g.id);
+            if let Some(pending) = pipeline.groups.get_mut((group.id - front) as usize) {
+                debug_assert_eq!(pending.id, group.id);
+                pending.synced = true;
+            }
+            pipeline.publish_ready(&self.shared)
+        };
+        if moved {
+            self.shared.publish_durable_change();
+        }
+        Ok(())
+    }
+}
+
+fn failed(shared: &Shared) -> bool {
+    shared.failed.load(Ordering::SeqCst)
+}
+
+fn sync(shared: &Shared, target: &SyncTarget) -> Result<()> {
+    let started = Instant::now();
+    let result = match shared.faults.before_sync() {
+        Some(err) => Err(err),
+        None => target.file().sync_data(),
+    };
+    result.map_err(|e| WalError::io("fdatasync", &target.segment.path, e))?;
+    shared.metrics.record_sync(started.elapsed());
+    Ok(())
+}
+
+/// The appending state, owned by whichever committer holds the write turn.
 pub(crate) struct Appender {
     shared: Arc<Shared>,
     active: ActiveSegment,
     background_tx: Sender<Job>,
+    pipeline: Arc<Mutex<Pipeline>>,
     /// Last entry index of the log as written (after truncations).
     log_last: OpIndex,
     /// The group being built: the active tail followed by new frames.
@@ -97,6 +431,9 @@ pub(crate) struct Appender {
     prepared_ahead: u64,
     /// The highest sequence number handed to the background thread to prepare.
     prepared_through: u64,
+    /// Committer threads started, and those not yet stopped.
+    spawned: usize,
+    running: usize,
 }
 
 impl Appender {
@@ -112,6 +449,7 @@ impl Appender {
             shared,
             active,
             background_tx,
+            pipeline: Arc::default(),
             log_last,
             buf,
             staged: Vec::new(),
@@ -121,43 +459,23 @@ impl Appender {
             group_last_ticket: None,
             prepared_ahead: SEGMENTS_PREPARED_AHEAD,
             prepared_through,
+            spawned: 0,
+            running: 0,
         }
     }
 
-    pub(crate) fn spawn(self) -> Result<JoinHandle<()>> {
-        std::thread::Builder::new()
-            .name("wal-appender".into())
-            .spawn(move || self.run())
-            .map_err(|e| WalError::io("spawn appender thread", "", e))
+    /// How many extra descriptions each active segment needs.
+    fn sync_handle_count(&self) -> usize {
+        match self.shared.options.sync_policy {
+            SyncPolicy::Group => self.shared.options.syncs_in_flight_max - 1,
+            SyncPolicy::None => 0,
+        }
     }
 
-    fn run(mut self) {
-        let mut requests = Vec::new();
-        loop {
-            {
-                let mut queue = self.shared.lock_queue();
-                while queue.requests.is_empty() && !queue.closing && !self.failed() {
-                    // Set under the lock before sleeping, so an append either sees it and
-                    // signals, or queued its request before this check saw the queue empty.
-                    queue.appender_idle = true;
-                    queue = self
-                        .shared
-                        .work_ready
-                        .wait(queue)
-                        .unwrap_or_else(std::sync::PoisonError::into_inner);
-                }
-                queue.appender_idle = false;
-                if queue.requests.is_empty() || self.failed() {
-                    break;
-                }
-                requests.extend(queue.requests.drain(..));
-            }
-            if let Err(err) = self.commit(&mut requests) {
-                self.shared.fail(&err);
-                break;
-            }
-        }
-        if !self.failed() {
+    /// Run by the last committer to stop: every sync has returned, so the active segment
+    /// can get its footer; then the background thread stops.
+    fn finish(&mut self) {
+        if !failed(&self.shared) {
             if let Err(err) =
                 crate::segment::close_segment(&self.active.segment, self.active.write_end, true)
             {
@@ -167,16 +485,13 @@ impl Appender {
         let _ = self.background_tx.send(Job::Stop);
     }
 
-    fn failed(&self) -> bool {
-        self.shared.failed.load(Ordering::SeqCst)
-    }
-
-    /// Writes `requests` as one group: one write per segment it touches, then one sync per
-    /// such segment, then the durable point moves once. Only a large group (over a quarter
-    /// of a segment) crosses a roll-over; it starts writeback of each finished segment early
-    /// so that segment's sync overlaps the next write.
-    fn commit(&mut self, requests: &mut Vec<Request>) -> Result<()> {
-        let mut written: Vec<Arc<SegmentFile>> = Vec::new();
+    /// Writes `requests` as one group: one write per segment it touches, then registers the
+    /// group in the pipeline. Returns what the caller must sync once it gave the turn up
+    /// (`None` when there is nothing to sync). Only a large group (over a quarter of a
+    /// segment) crosses a roll-over; it starts writeback of each finished segment early so
+    /// that segment's sync overlaps the next write.
+    fn commit(&mut self, requests: &mut Vec<Request>, slot: usize) -> Result<Option<GroupToSync>> {
+        let mut written: Vec<SyncTarget> = Vec::new();
         // A small group that does not fit in what is left of the active segment moves to the
         // next segment whole: the finished segment's data was synced by earlier groups, so
         // this group needs one write and one sync, not two of each back to back (which put
@@ -195,16 +510,16 @@ impl Appender {
             if has_data && !self.fits(request.queued_bytes() as u64) {
                 if self.write_pending()? {
                     start_writeback(&self.active.segment);
-                    written.push(Arc::clone(&self.active.segment));
+                    written.push(self.active.sync_target(slot));
                 }
                 self.roll()?;
             }
             self.add(request);
         }
         if self.write_pending()? {
-            written.push(Arc::clone(&self.active.segment));
+            written.push(self.active.sync_target(slot));
         }
-        self.finish_group(&written)
+        Ok(self.register_group(written))
     }
 
     /// Whether `frame_bytes` more fit in the active segment after what is pending, leaving
@@ -229,9 +544,14 @@ impl Appender {
                 self.staged.push(Staged::Truncate(kept.index));
                 self.log_last = kept.index;
                 // Lowering the durable index early is always safe; raising waits for a sync.
+                // Under the pipeline lock, so a group written before the truncation and
+                // published after it cannot raise the index past the kept entry again.
+                let mut pipeline = self.pipeline.lock();
+                pipeline.cap_log_last(kept.index);
                 self.shared
                     .durable_index
                     .fetch_min(kept.index, Ordering::AcqRel);
+                drop(pipeline);
                 Metrics::add(&self.shared.metrics.truncations, 1);
             }
             None => {
@@ -291,43 +611,39 @@ impl Appender {
         Ok(true)
     }
 
-    /// Syncs every segment the group wrote to, then publishes the durable ticket and index.
-    fn finish_group(&mut self, written: &[Arc<SegmentFile>]) -> Result<()> {
-        let Some(last_ticket) = self.group_last_ticket else {
-            return Ok(());
-        };
-        if self.shared.options.sync_policy == SyncPolicy::Group {
-            for segment in written {
-                self.sync(segment)?;
+    /// Registers the group just written in the pipeline (in write order, under the turn).
+    /// Without syncs it is durable now and published at once; otherwise its committer
+    /// syncs `written` next and publishes then.
+    fn register_group(&mut self, written: Vec<SyncTarget>) -> Option<GroupToSync> {
+        let last_ticket = self.group_last_ticket.take()?;
+        let syncing = self.shared.options.sync_policy == SyncPolicy::Group && !written.is_empty();
+        let mut pipeline = self.pipeline.lock();
+        let id = pipeline.next_id;
+        pipeline.next_id += 1;
+        pipeline.groups.push_back(PendingGroup {
+            id,
+            last_ticket,
+            log_last: self.log_last,
+            entries: mem::take(&mut self.group_entries),
+            batches: mem::take(&mut self.group_batches),
+            synced: !syncing,
+        });
+        if !syncing {
+            let moved = pipeline.publish_ready(&self.shared);
+            drop(pipeline);
+            if moved {
+                self.shared.publish_durable_change();
             }
+            return None;
         }
-        // Counters first, so whoever sees the entries durable also sees them counted.
-        let metrics = &self.shared.metrics;
-        metrics.record_group(self.group_entries);
-        Metrics::add(&metrics.entries_appended, self.group_entries);
-        Metrics::add(&metrics.batches_appended, self.group_batches);
-        self.shared
-            .durable_index
-            .store(self.log_last, Ordering::Release);
-        self.shared
-            .durable_ticket
-            .store(last_ticket, Ordering::Release);
-        self.shared.publish_durable_change();
-        self.group_entries = 0;
-        self.group_batches = 0;
-        self.group_last_ticket = None;
-        Ok(())
-    }
-
-    fn sync(&self, segment: &SegmentFile) -> Result<()> {
-        let started = Instant::now();
-        let result = match self.shared.faults.take_sync_failure() {
-            Some(err) => Err(err),
-            None => segment.file.sync_data(),
-        };
-        result.map_err(|e| WalError::io("fdatasync", &segment.path, e))?;
-        self.shared.metrics.record_sync(started.elapsed());
-        Ok(())
+        pipeline.last_sync_started = Some(Instant::now());
+        if self.shared.syncs_in_flight.fetch_add(1, Ordering::AcqRel) > 0 {
+            Metrics::add(&self.shared.metrics.syncs_overlapped, 1);
+        }
+        Some(GroupToSync {
+            id,
+            targets: written,
+        })
     }
 
     /// Moves the write position past `data_len` new bytes and keeps the new partial page.
@@ -391,11 +707,12 @@ impl Appender {
         let segment = Arc::new(prepared?);
         let active_sequence = segment.sequence;
         self.shared.segments.write().push_back(Arc::clone(&segment));
-        let fresh = ActiveSegment::fresh(
+        let mut fresh = ActiveSegment::fresh(
             segment,
             &self.shared.tablet_id,
             self.shared.options.segment_size_bytes,
         );
+        fresh.open_sync_handles(self.sync_handle_count())?;
         let old = mem::replace(&mut self.active, fresh);
         self.buf.clear();
         self.buf.extend_from_slice(&self.active.tail);

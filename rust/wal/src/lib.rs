@@ -36,6 +36,9 @@ pub use error::{Result, WalError};
 pub use faults::FaultInjection;
 pub use log::{AnchorId, AppendTicket, GcReport, Log, Ticket};
 pub use metrics::{MetricsSnapshot, HISTOGRAM_BUCKETS};
-pub use options::{LogOptions, SyncPolicy, QUEUE_BYTES_MAX_DEFAULT, SEGMENT_SIZE_BYTES_DEFAULT};
+pub use options::{
+    LogOptions, SyncPolicy, QUEUE_BYTES_MAX_DEFAULT, SEGMENT_SIZE_BYTES_DEFAULT,
+    SYNCS_IN_FLIGHT_LIMIT, SYNCS_IN_FLIGHT_MAX_DEFAULT,
+};
 pub use reader::EntryIter;
 pub use segment::{parse_segment_name, segment_file_name, Preallocation};

@@ -1,16 +1,18 @@
 //! `Log`: the public face of one tablet's write-ahead log.
 //!
 //! Appending threads frame their batch, then reserve its place in a bounded queue under one
-//! lock (that order is the order on disk). The appender thread (`appender`) drains the queue
-//! into one write and one `fdatasync` per group and publishes the durable point; the
-//! background thread (`background`) prepares the next segment and closes finished ones.
+//! lock (that order is the order on disk). The committer threads (`appender`) drain the
+//! queue into one write and one `fdatasync` per group, with up to
+//! `LogOptions::syncs_in_flight_max` syncs overlapping, and publish the durable point in
+//! order; the background thread (`background`) prepares the next segment and closes
+//! finished ones.
 //! This module owns the shared state those threads meet in and the caller-facing API.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::fs;
 use std::os::fd::RawFd;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -18,7 +20,7 @@ use std::time::{Duration, Instant};
 use nyala_common::{ErrorKind, OpId, OpIndex, Term};
 use parking_lot::{Condvar, Mutex, RwLock};
 
-use crate::appender::{ActiveSegment, Appender};
+use crate::appender::{ActiveSegment, Appender, Committers};
 use crate::background::{self, Job};
 use crate::entry::{Entry, EntryRef};
 use crate::error::{Result, WalError};
@@ -27,7 +29,7 @@ use crate::format::{self, EncodedPayload};
 use crate::index::{LogIndex, TermRuns};
 use crate::metrics::{Metrics, MetricsSnapshot};
 use crate::notify::EventFd;
-use crate::options::LogOptions;
+use crate::options::{LogOptions, SYNCS_IN_FLIGHT_LIMIT};
 use crate::recovery;
 use crate::segment::{self, Preallocation, PrepareSpec, SegmentFile};
 
@@ -83,6 +85,11 @@ pub(crate) struct Queue {
     /// the 63 other appends of a 64-writer round cost no syscall, and a woken appender
     /// never finds the queue still locked by the thread that woke it.
     pub appender_idle: bool,
+    /// An append found the committer holding the write turn busy (not waiting for work)
+    /// while a group was syncing: appends overlap syncs, so the turn holder may start
+    /// another committer. (A lone writer appends only after its group's sync returned, so
+    /// it never sets this.)
+    pub appends_found_busy: bool,
 }
 
 /// Segments prepared by the background thread, in sequence order, waiting for the appender.
@@ -115,6 +122,9 @@ pub(crate) struct Shared {
     pub space_ready: std::sync::Condvar,
     /// Highest ticket that is durable; only the appender raises it.
     pub durable_ticket: AtomicU64,
+    /// Group syncs running now (committers raise it when a group is written, lower it when
+    /// its sync returns, before publishing).
+    pub syncs_in_flight: AtomicUsize,
     /// Last entry index that is durable (drops on truncation).
     pub durable_index: AtomicU64,
     pub durable_lock: Mutex<()>,
@@ -218,7 +228,9 @@ impl Shared {
 /// everything but `close`, which also works through `&self`).
 pub struct Log {
     shared: Arc<Shared>,
+    /// The background thread (the committers stop it when the last of them stops).
     threads: Mutex<Vec<JoinHandle<()>>>,
+    committers: Arc<Committers>,
 }
 
 impl Log {
@@ -244,10 +256,12 @@ impl Log {
                 terms: recovered.terms,
                 closing: false,
                 appender_idle: false,
+                appends_found_busy: false,
             }),
             work_ready: std::sync::Condvar::new(),
             space_ready: std::sync::Condvar::new(),
             durable_ticket: AtomicU64::new(0),
+            syncs_in_flight: AtomicUsize::new(0),
             durable_index: AtomicU64::new(last.index),
             durable_lock: Mutex::new(()),
             durable_changed: Condvar::new(),
@@ -274,14 +288,13 @@ impl Log {
         )?;
         let next_sequence = active.sequence() + 1;
         let (background_tx, background_rx) = crossbeam_channel::unbounded();
-        let mut threads = Vec::new();
-        threads.push(background::spawn(Arc::clone(&shared), background_rx)?);
+        let threads = vec![background::spawn(Arc::clone(&shared), background_rx)?];
         for ahead in 0..SEGMENTS_PREPARED_AHEAD {
             background_tx
                 .send(Job::Prepare(next_sequence + ahead))
                 .expect("background thread is running");
         }
-        // The appender owns the only sender: when it stops, the background thread stops.
+        // The committers own the only sender: when the last stops, the background thread stops.
         let prepared_through = next_sequence + SEGMENTS_PREPARED_AHEAD - 1;
         let appender = Appender::new(
             Arc::clone(&shared),
@@ -290,10 +303,11 @@ impl Log {
             background_tx,
             prepared_through,
         );
-        threads.push(appender.spawn()?);
+        let committers = Committers::start(Arc::clone(&shared), appender)?;
         Ok(Log {
             shared,
             threads: Mutex::new(threads),
+            committers,
         })
     }
 
@@ -551,15 +565,20 @@ impl Log {
             self.shared.work_ready.notify_all();
             self.shared.space_ready.notify_all();
         }
-        // The appender (started last) stops the background thread when it is done, so join
-        // in reverse order.
-        let threads: Vec<_> = self.threads.lock().drain(..).rev().collect();
+        // The last committer to stop waits for nothing in flight (each stops only after
+        // its own sync returned), closes the active segment and stops the background
+        // thread, so join the committers first.
+        let panicked = || WalError::Failed {
+            kind: ErrorKind::IllegalState,
+            message: "a WAL thread panicked".into(),
+        };
+        if self.committers.join_all().is_err() {
+            return Err(panicked());
+        }
+        let threads: Vec<_> = self.threads.lock().drain(..).collect();
         for thread in threads {
             if thread.join().is_err() {
-                return Err(WalError::Failed {
-                    kind: ErrorKind::IllegalState,
-                    message: "a WAL thread panicked".into(),
-                });
+                return Err(panicked());
             }
         }
         match self.failure() {
@@ -667,6 +686,8 @@ impl Log {
         let wake = queue.appender_idle && !queue.requests.is_empty();
         if wake {
             queue.appender_idle = false;
+        } else if self.shared.syncs_in_flight.load(Ordering::Relaxed) > 0 {
+            queue.appends_found_busy = true;
         }
         drop(queue);
         if wake {
@@ -694,6 +715,11 @@ fn validate_options(tablet_id: &str, options: &LogOptions) -> Result<()> {
     if options.segment_size_bytes < segment_min {
         return Err(WalError::InvalidArgument(format!(
             "segment_size_bytes must be at least {segment_min}"
+        )));
+    }
+    if !(1..=SYNCS_IN_FLIGHT_LIMIT).contains(&options.syncs_in_flight_max) {
+        return Err(WalError::InvalidArgument(format!(
+            "syncs_in_flight_max must be 1..={SYNCS_IN_FLIGHT_LIMIT}"
         )));
     }
     if options.queue_bytes_max == 0 {

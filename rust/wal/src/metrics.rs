@@ -46,6 +46,8 @@ pub(crate) struct Metrics {
     pub syncs: AtomicU64,
     pub sync_micros_total: AtomicU64,
     pub sync_micros_max: AtomicU64,
+    pub syncs_overlapped: AtomicU64,
+    pub sync_threads: AtomicU64,
     pub segments_created: AtomicU64,
     pub segments_recycled: AtomicU64,
     pub segments_deleted: AtomicU64,
@@ -88,6 +90,8 @@ impl Metrics {
             syncs: load(&self.syncs),
             sync_micros_total: load(&self.sync_micros_total),
             sync_micros_max: load(&self.sync_micros_max),
+            syncs_overlapped: load(&self.syncs_overlapped),
+            sync_threads: load(&self.sync_threads),
             segments_created: load(&self.segments_created),
             segments_recycled: load(&self.segments_recycled),
             segments_deleted: load(&self.segments_deleted),
@@ -117,10 +121,15 @@ pub struct MetricsSnapshot {
     pub groups: u64,
     /// Largest number of entries in one group.
     pub group_entries_max: u64,
-    /// `fdatasync` calls on segments by the appender.
+    /// Successful `fdatasync` calls on segments by the group-commit threads.
     pub syncs: u64,
     pub sync_micros_total: u64,
     pub sync_micros_max: u64,
+    /// Group syncs started while an earlier group's sync was still running (pipelining).
+    pub syncs_overlapped: u64,
+    /// Threads that write and sync groups (started as appends start to overlap, at most
+    /// `LogOptions::syncs_in_flight_max`).
+    pub sync_threads: u64,
     pub segments_created: u64,
     pub segments_recycled: u64,
     pub segments_deleted: u64,

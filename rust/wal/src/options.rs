@@ -22,6 +22,12 @@ pub struct LogOptions {
     /// (a single batch larger than this gets a segment of its own).
     pub segment_size_bytes: u64,
     pub sync_policy: SyncPolicy,
+    /// Group syncs that may run at once (1..=`SYNCS_IN_FLIGHT_LIMIT`). With more than one,
+    /// the next group is written while earlier groups' `fdatasync`s are still running;
+    /// durability is still published strictly in order (docs/wal-format.md, "Group commit").
+    /// Each one beyond the first costs a thread (started only once appends overlap) and a
+    /// file descriptor on the active segment.
+    pub syncs_in_flight_max: usize,
     /// Bytes of appended batches queued for the appender before appends block
     /// (back-pressure). One batch larger than this is admitted alone.
     pub queue_bytes_max: usize,
@@ -36,6 +42,11 @@ pub struct LogOptions {
 
 /// Default segment size (Kudu's is 8 MiB in nyala's DESIGN.md §8).
 pub const SEGMENT_SIZE_BYTES_DEFAULT: u64 = 8 << 20;
+/// Default number of group syncs in flight, chosen by benches/wal_bench.py
+/// (docs/wal-format.md, "Group commit latency").
+pub const SYNCS_IN_FLIGHT_MAX_DEFAULT: usize = 1;
+/// The most group syncs a log may have in flight.
+pub const SYNCS_IN_FLIGHT_LIMIT: usize = 8;
 /// Default bound of the append queue.
 pub const QUEUE_BYTES_MAX_DEFAULT: usize = 64 << 20;
 
@@ -44,6 +55,7 @@ impl Default for LogOptions {
         LogOptions {
             segment_size_bytes: SEGMENT_SIZE_BYTES_DEFAULT,
             sync_policy: SyncPolicy::Group,
+            syncs_in_flight_max: SYNCS_IN_FLIGHT_MAX_DEFAULT,
             queue_bytes_max: QUEUE_BYTES_MAX_DEFAULT,
             min_segments_to_retain: 1,
             // Chosen by benches/wal_bench.py (docs/wal-format.md): recycled segments gave

@@ -4,9 +4,11 @@ mod common;
 
 use std::sync::{Arc, Mutex};
 use std::thread;
+use std::time::{Duration, Instant};
 
 use common::{entry, read_all, scratch_dir, small_options};
-use nyala_wal::Log;
+use nyala_common::{Classify, ErrorKind};
+use nyala_wal::{AppendTicket, FaultInjection, Log, LogOptions};
 
 /// `writers` threads each append `appends` single entries and wait for each to be durable.
 /// Like a Raft leader: indexes are assigned under a lock, durability is awaited outside it.
@@ -84,4 +86,240 @@ fn sixty_four_appenders_across_roll_overs_one_sync_per_group() {
     log.close().unwrap();
     let reopened = Log::open(dir.path(), "t", options).unwrap();
     assert_eq!(read_all(&reopened), expected);
+}
+
+/// Options whose faults the test controls, with `syncs_in_flight_max` syncs allowed at once.
+fn pipelined(
+    segment_size_bytes: u64,
+    syncs_in_flight_max: usize,
+) -> (LogOptions, Arc<FaultInjection>) {
+    let faults = Arc::new(FaultInjection::default());
+    let options = LogOptions {
+        syncs_in_flight_max,
+        fault_injection: Some(Arc::clone(&faults)),
+        ..small_options(segment_size_bytes)
+    };
+    (options, faults)
+}
+
+/// Appends from several threads while every sync is slowed, until the log runs a second
+/// committer (it starts one only once appends find the first busy).
+fn start_second_committer(log: &Arc<Log>, faults: &FaultInjection) {
+    faults.delay_next_syncs(u32::MAX, Duration::from_millis(1));
+    for _ in 0..50 {
+        if log.metrics().sync_threads >= 2 {
+            break;
+        }
+        let next = log.last_op_id().index + 1;
+        append_concurrently_from(log, 4, 5, next);
+    }
+    faults.delay_next_syncs(0, Duration::ZERO);
+    assert!(log.metrics().sync_threads >= 2, "{:?}", log.metrics());
+}
+
+/// Like `append_concurrently`, continuing the log at `first`.
+fn append_concurrently_from(log: &Arc<Log>, writers: usize, appends: u64, first: u64) {
+    let next_index = Arc::new(Mutex::new(first));
+    let threads: Vec<_> = (0..writers)
+        .map(|_| {
+            let log = Arc::clone(log);
+            let next_index = Arc::clone(&next_index);
+            thread::spawn(move || {
+                for _ in 0..appends {
+                    let ticket = {
+                        let mut next = next_index.lock().unwrap();
+                        let ticket = log.append(&[entry(1, *next).as_ref()]).unwrap();
+                        *next += 1;
+                        ticket
+                    };
+                    log.wait(ticket.ticket).unwrap();
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+}
+
+/// Polls `condition` for up to five seconds.
+fn eventually(what: &str, condition: impl Fn() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !condition() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// Appends one entry without waiting and returns once it is written (not yet durable).
+fn append_written(log: &Log, index: u64) -> AppendTicket {
+    let ticket = log.append(&[entry(1, index).as_ref()]).unwrap();
+    eventually("the entry to be written", || {
+        log.read(index, index, usize::MAX)
+            .is_ok_and(|e| e.len() == 1)
+    });
+    ticket
+}
+
+#[test]
+fn a_later_group_synced_first_waits_for_the_earlier_one() {
+    let dir = scratch_dir();
+    let (options, faults) = pipelined(64 << 10, 2);
+    let log = Arc::new(Log::open(dir.path(), "t", options).unwrap());
+    start_second_committer(&log, &faults);
+    let before = log.durable_index();
+    faults.delay_next_syncs(1, Duration::from_millis(400));
+    let slow = append_written(&log, before + 1);
+    let synced = log.metrics().syncs;
+    let fast = log.append(&[entry(1, before + 2).as_ref()]).unwrap();
+    eventually("the later group's sync", || log.metrics().syncs > synced);
+    // Its sync returned, but the earlier group's has not: nothing of either is durable.
+    assert_eq!(log.durable_index(), before);
+    assert!(log.durable_ticket() < slow.ticket);
+    assert!(!log.wait_timeout(fast.ticket, Duration::ZERO).unwrap());
+    log.wait(fast.ticket).unwrap();
+    assert_eq!(log.durable_index(), before + 2);
+    let metrics = log.metrics();
+    assert!(metrics.syncs_overlapped >= 1, "{metrics:?}");
+    assert_eq!(metrics.syncs, metrics.groups, "{metrics:?}");
+}
+
+#[test]
+fn a_failed_sync_publishes_nothing_at_or_after_it_while_a_later_sync_succeeds() {
+    let dir = scratch_dir();
+    let (options, faults) = pipelined(64 << 10, 2);
+    let log = Arc::new(Log::open(dir.path(), "t", options.clone()).unwrap());
+    start_second_committer(&log, &faults);
+    let acked = log.durable_index();
+    faults.delay_next_syncs(1, Duration::from_millis(400));
+    faults.fail_next_syncs(1, libc::EIO);
+    let failing = append_written(&log, acked + 1);
+    let synced = log.metrics().syncs;
+    let later = log.append(&[entry(1, acked + 2).as_ref()]).unwrap();
+    eventually("the later group's sync", || log.metrics().syncs > synced);
+    assert_eq!(log.durable_index(), acked);
+    let err = log.wait(later.ticket).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Io, "{err}");
+    assert!(log.wait(failing.ticket).is_err());
+    // The later group's sync succeeded, yet neither group was ever reported durable.
+    assert_eq!(log.durable_index(), acked);
+    assert!(log.durable_ticket() < failing.ticket);
+    assert!(log.close().is_err());
+    drop(log);
+    let reopened = Log::open(dir.path(), "t", options).unwrap();
+    let entries = read_all(&reopened);
+    let expected: Vec<_> = (1..=acked).map(|i| entry(1, i)).collect();
+    assert_eq!(
+        entries[..acked as usize],
+        expected[..],
+        "acknowledged prefix kept"
+    );
+}
+
+#[test]
+fn a_truncation_behind_a_slow_group_never_shows_the_truncated_index_durable() {
+    let dir = scratch_dir();
+    let (options, faults) = pipelined(64 << 10, 2);
+    let log = Arc::new(Log::open(dir.path(), "t", options).unwrap());
+    start_second_committer(&log, &faults);
+    let base = log.durable_index();
+    // Group 1 (entries base+1..=base+10) syncs slowly; group 2 (truncate to base+5, append
+    // base+6 in term 2) syncs even more slowly, so group 1 publishes alone.
+    faults.delay_next_syncs(1, Duration::from_millis(300));
+    let entries: Vec<_> = (base + 1..=base + 10).map(|i| entry(1, i)).collect();
+    let refs: Vec<_> = entries.iter().map(|e| e.as_ref()).collect();
+    let first = log.append(&refs).unwrap();
+    eventually("group 1's delayed sync to start", || {
+        faults.sync_delays_pending() == 0
+    });
+    faults.delay_next_syncs(1, Duration::from_millis(1500));
+    let replacement = entry(2, base + 6);
+    let second = log
+        .truncate_and_append(base + 5, &[replacement.as_ref()])
+        .unwrap();
+    log.wait(first.ticket).unwrap();
+    assert!(
+        log.durable_ticket() < second.ticket,
+        "group 2 still syncing"
+    );
+    assert_eq!(
+        log.durable_index(),
+        base + 5,
+        "the truncated suffix is not durable"
+    );
+    log.wait(second.ticket).unwrap();
+    assert_eq!(log.durable_index(), base + 6);
+    assert_eq!(log.term_at(base + 6), Some(2));
+}
+
+#[test]
+fn close_waits_for_syncs_in_flight() {
+    let dir = scratch_dir();
+    let (options, faults) = pipelined(64 << 10, 2);
+    let log = Log::open(dir.path(), "t", options.clone()).unwrap();
+    faults.delay_next_syncs(1, Duration::from_millis(300));
+    let ticket = append_written(&log, 1);
+    assert_eq!(log.durable_index(), 0);
+    log.close().unwrap();
+    assert_eq!(log.durable_index(), 1, "published before close returned");
+    assert!(log.durable_ticket() >= ticket.ticket);
+    drop(log);
+    let reopened = Log::open(dir.path(), "t", options).unwrap();
+    assert_eq!(read_all(&reopened), vec![entry(1, 1)]);
+}
+
+/// Many appenders over many roll-overs with up to three syncs in flight on a slow disk:
+/// every entry durable once, in order, one sync per group, across reopen.
+#[test]
+fn pipelined_appenders_across_roll_overs() {
+    const WRITERS: usize = 16;
+    const APPENDS_PER_WRITER: u64 = 60;
+    let dir = scratch_dir();
+    let (options, faults) = pipelined(16 << 10, 3);
+    let log = Arc::new(Log::open(dir.path(), "t", options.clone()).unwrap());
+    faults.delay_next_syncs(u32::MAX, Duration::from_millis(1));
+    append_concurrently(&log, WRITERS, APPENDS_PER_WRITER);
+    let total = WRITERS as u64 * APPENDS_PER_WRITER;
+    let metrics = log.metrics();
+    assert_eq!(log.durable_index(), total);
+    assert_eq!(metrics.entries_appended, total);
+    assert!(metrics.sync_threads >= 2, "{metrics:?}");
+    assert!(metrics.syncs_overlapped > 0, "{metrics:?}");
+    assert_eq!(metrics.syncs, metrics.groups, "{metrics:?}");
+    assert!(
+        metrics.segments_created + metrics.segments_recycled >= 5,
+        "{metrics:?}"
+    );
+    let expected: Vec<_> = (1..=total).map(|i| entry(1, i)).collect();
+    assert_eq!(read_all(&log), expected);
+    log.close().unwrap();
+    let reopened = Log::open(dir.path(), "t", options).unwrap();
+    assert_eq!(read_all(&reopened), expected);
+}
+
+#[test]
+fn one_writer_keeps_one_committer() {
+    let dir = scratch_dir();
+    let (options, faults) = pipelined(64 << 10, 2);
+    let log = Log::open(dir.path(), "t", options).unwrap();
+    faults.delay_next_syncs(u32::MAX, Duration::from_millis(1));
+    for i in 1..=20 {
+        log.append_durable(&[entry(1, i).as_ref()]).unwrap();
+    }
+    let metrics = log.metrics();
+    assert_eq!(metrics.sync_threads, 1, "{metrics:?}");
+    assert_eq!(metrics.syncs_overlapped, 0, "{metrics:?}");
+}
+
+#[test]
+fn syncs_in_flight_max_is_validated() {
+    let dir = scratch_dir();
+    for bad in [0, nyala_wal::SYNCS_IN_FLIGHT_LIMIT + 1] {
+        let options = LogOptions {
+            syncs_in_flight_max: bad,
+            ..small_options(64 << 10)
+        };
+        let err = Log::open(dir.path(), "t", options).err().expect("refused");
+        assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{err}");
+    }
 }
