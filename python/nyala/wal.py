@@ -152,9 +152,12 @@ class _DurabilityWatcher:
         self._counter = itertools.count()
         loop.add_reader(self._fd, self._on_readable)
 
-    def wait(self, ticket: int) -> asyncio.Future[None]:
+    def wait(self, ticket: int, just_appended: bool = False) -> asyncio.Future[None]:
+        """A future for ``ticket``. ``just_appended``: the ticket was queued by this thread a
+        moment ago, so its publication (and the eventfd signal after it) comes later than
+        that: no need to ask the log whether it is durable already."""
         future: asyncio.Future[None] = self.loop.create_future()
-        if self._native.durable_ticket() >= ticket:
+        if not just_appended and self._native.durable_ticket() >= ticket:
             future.set_result(None)
             return future
         if self._failure is not None:
@@ -251,7 +254,7 @@ class Log:
     async def append_async(self, entries: Iterable[EntryLike]) -> int:
         """Appends and awaits durability on the running loop; returns the last index."""
         ticket, last_index = self._native.append(entries)
-        await self.wait_async(ticket)
+        await self._wait_async(ticket, True)
         return last_index
 
     def truncate_after(self, last_kept: int) -> int:
@@ -271,6 +274,9 @@ class Log:
 
     def wait_async(self, ticket: int) -> asyncio.Future[None]:
         """A future on the running loop that completes when ``ticket`` is durable."""
+        return self._wait_async(ticket, False)
+
+    def _wait_async(self, ticket: int, just_appended: bool) -> asyncio.Future[None]:
         watcher = self._watcher
         # While the watcher's loop runs in this thread it is the running loop (a thread runs
         # one loop at a time). Checking that is cheaper than asyncio.get_running_loop(),
@@ -288,7 +294,7 @@ class Log:
                 if watcher is not None:
                     watcher.close()
                 watcher = self._watcher = _DurabilityWatcher(self._native, loop)
-        return watcher.wait(ticket)
+        return watcher.wait(ticket, just_appended)
 
     @property
     def durable_ticket(self) -> int:
