@@ -282,12 +282,17 @@ impl Committers {
         let mut requests = Vec::new();
         loop {
             let mut turn = self.turn.lock();
+            // Held back before looking at the queue, without the idle flag: appends that
+            // arrive meanwhile queue up and wake nobody (no system call on their path).
+            self.stagger();
             let contended = {
                 let mut queue = shared.lock_queue();
+                let mut waited = false;
                 while queue.requests.is_empty() && !queue.closing && !failed(shared) {
                     // Set under the lock before sleeping, so an append either sees it and
                     // signals, or queued its request before this check saw the queue empty.
                     queue.appender_idle = true;
+                    waited = true;
                     queue = shared
                         .work_ready
                         .wait(queue)
@@ -297,7 +302,8 @@ impl Committers {
                 if queue.requests.is_empty() || failed(shared) {
                     break;
                 }
-                if shared.syncs_in_flight.load(Ordering::Acquire) > 0 && !queue.closing {
+                if waited && !queue.closing {
+                    // Woken by the first append: let the group gather while a sync runs.
                     drop(queue);
                     self.stagger();
                     queue = shared.lock_queue();
@@ -341,10 +347,17 @@ impl Committers {
     /// groups of one or two entries, each costing a sync and a wake-up of the event loop.
     /// Never longer than without pipelining: a group waited for the sync in flight then.
     fn stagger(&self) {
+        if self.shared.syncs_in_flight.load(Ordering::Acquire) == 0 {
+            return;
+        }
         let mut pipeline = self.pipeline.lock();
         let Some(started) = pipeline.last_sync_started else {
             return;
         };
+        // Checked again under the lock a returning sync takes to lower it.
+        if self.shared.syncs_in_flight.load(Ordering::Acquire) == 0 {
+            return;
+        }
         let spacing_micros =
             pipeline.sync_estimate_micros / self.shared.options.syncs_in_flight_max as u64;
         let until = started + Duration::from_micros(spacing_micros);
