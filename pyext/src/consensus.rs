@@ -25,6 +25,7 @@ const WAIT_SLICE_MS: u64 = 100;
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyEntryBatch>()?;
     m.add_class::<PyReplicatedLog>()?;
+    m.add_function(wrap_pyfunction!(split_proto_field, m)?)?;
     Ok(())
 }
 
@@ -53,10 +54,29 @@ pub struct PyEntryBatch {
 
 #[pymethods]
 impl PyEntryBatch {
-    /// Validates an encoded batch (checksums, framing, order) and keeps its bytes.
+    /// Validates an encoded batch (checksums, framing, order) and keeps its bytes: all of
+    /// `data`, or `data[start:end]` (still without a copy: the batch holds `data`).
     #[staticmethod]
-    fn decode(py: Python<'_>, data: PyBackedBytes) -> PyResult<Self> {
-        let batch = py.detach(|| EntryBatch::decode(data)).map_err(to_py)?;
+    #[pyo3(signature = (data, start = 0, end = None))]
+    fn decode(
+        py: Python<'_>,
+        data: PyBackedBytes,
+        start: usize,
+        end: Option<usize>,
+    ) -> PyResult<Self> {
+        let end = end.unwrap_or(data.len());
+        if start > end || end > data.len() {
+            return Err(invalid(format!(
+                "range {start}..{end} is outside the {} bytes given",
+                data.len()
+            )));
+        }
+        let batch = if start == 0 && end == data.len() {
+            py.detach(|| EntryBatch::decode(data))
+        } else {
+            py.detach(|| EntryBatch::decode(ByteRange { data, start, end }))
+        }
+        .map_err(to_py)?;
         Ok(PyEntryBatch { batch })
     }
 
@@ -422,4 +442,94 @@ fn put_varint(out: &mut Vec<u8>, mut value: u64) {
         value >>= 7;
     }
     out.push(value as u8);
+}
+
+/// `data[start..end]` of a Python `bytes`, which it keeps alive (a received message whose
+/// entries field becomes a batch without being copied out).
+struct ByteRange {
+    data: PyBackedBytes,
+    start: usize,
+    end: usize,
+}
+
+impl AsRef<[u8]> for ByteRange {
+    fn as_ref(&self) -> &[u8] {
+        &self.data[self.start..self.end]
+    }
+}
+
+/// Splits a serialized protobuf message: returns the message without field `field_number`
+/// (a copy of the other fields, which are small) and the byte range of that field's value
+/// in `data` (its last occurrence, as protobuf reads a repeated singular field), or `None`.
+/// The field must be length-delimited.
+#[pyfunction]
+pub fn split_proto_field<'py>(
+    py: Python<'py>,
+    data: &[u8],
+    field_number: u32,
+) -> PyResult<(Bound<'py, PyBytes>, Option<(usize, usize)>)> {
+    let mut rest = Vec::new();
+    let mut found = None;
+    let mut at = 0;
+    while at < data.len() {
+        let field_start = at;
+        let key = take_varint(data, &mut at)?;
+        let value_start;
+        match key & 7 {
+            0 => {
+                take_varint(data, &mut at)?;
+                value_start = at;
+            }
+            1 | 5 => {
+                at += if key & 7 == 1 { 8 } else { 4 };
+                value_start = at;
+            }
+            2 => {
+                let len = take_varint(data, &mut at)?;
+                value_start = at;
+                at = usize::try_from(len)
+                    .ok()
+                    .and_then(|len| at.checked_add(len))
+                    .unwrap_or(usize::MAX);
+            }
+            other => {
+                return Err(invalid(format!(
+                    "protobuf wire type {other} at byte {field_start} is not supported"
+                )))
+            }
+        }
+        if at > data.len() {
+            return Err(invalid(format!(
+                "protobuf field at byte {field_start} runs past the {} byte message",
+                data.len()
+            )));
+        }
+        if key >> 3 == u64::from(field_number) {
+            if key & 7 != 2 {
+                return Err(invalid(format!(
+                    "protobuf field {field_number} is not length-delimited"
+                )));
+            }
+            found = Some((value_start, at));
+        } else {
+            rest.extend_from_slice(&data[field_start..at]);
+        }
+    }
+    Ok((PyBytes::new(py, &rest), found))
+}
+
+/// Reads a protobuf varint at `*at`, advancing past it.
+fn take_varint(data: &[u8], at: &mut usize) -> PyResult<u64> {
+    let mut value = 0u64;
+    for shift in (0..64).step_by(7) {
+        let Some(&byte) = data.get(*at) else {
+            return Err(invalid(format!("protobuf varint cut short at byte {}", *at)));
+        };
+        *at += 1;
+        value |= u64::from(byte & 0x7f) << shift;
+        if byte & 0x80 == 0 {
+            return Ok(value);
+        }
+    }
+    Err(invalid(format!("protobuf varint too long at byte {}", *at)))
 }

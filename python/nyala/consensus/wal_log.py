@@ -68,15 +68,18 @@ class WalEntryBatch:
     def from_wire(
         cls,
         data: bytes,
+        start: int = 0,
+        end: int | None = None,
         *,
         entry_count: int | None = None,
         first_op_id: OpId | None = None,
         last_op_id: OpId | None = None,
     ) -> WalEntryBatch:
-        """Decodes a received batch (checksums, framing, contiguity, terms) and checks it
-        against what the message says it holds. Raises ``CorruptionError`` on a checksum
-        mismatch, ``InvalidArgumentError`` on anything else."""
-        batch = cls(_native.EntryBatch.decode(data))
+        """Decodes a received batch, ``data[start:end]`` (kept without a copy), and checks
+        it (checksums, framing, contiguity, terms) and against what the message says it
+        holds. Raises ``CorruptionError`` on a checksum mismatch, ``InvalidArgumentError`` on
+        anything else."""
+        batch = cls(_native.EntryBatch.decode(data, start, end))
         if entry_count is not None and entry_count != batch.entry_count:
             raise InvalidArgumentError(
                 f"message says {entry_count} entries, the batch holds {batch.entry_count}"

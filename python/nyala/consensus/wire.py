@@ -32,6 +32,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Protocol, cast
 
+from nyala import _native
 from nyala._proto import common_pb2, consensus_pb2
 from nyala.consensus.log import EntryBatch
 from nyala.consensus.messages import (
@@ -64,8 +65,43 @@ class WireBatch(EntryBatch, Protocol):
         ...
 
 
-BatchDecoder = Callable[[bytes], EntryBatch]
-"""Checks and wraps received batch bytes (raises ``CorruptionError`` on damage)."""
+BatchDecoder = Callable[[bytes, int, int], EntryBatch]
+"""Checks and wraps received batch bytes ``data[start:end]`` (raises ``CorruptionError`` on
+damage); may keep ``data`` rather than copy the range."""
+
+
+class ReceivedAppendRequest:
+    """A received ``ConsensusRequestPB`` whose entries were not parsed by protobuf: the other
+    fields as a message, and where the entries lie in the received bytes. Made by
+    ``append_request_from_wire`` (the server's deserializer of UpdateConsensusStream), so a
+    follower decodes its batch straight from the bytes gRPC handed over; protobuf would have
+    copied them twice (into the message, then into a new ``bytes`` on access)."""
+
+    __slots__ = ("data", "entries_range", "header")
+
+    def __init__(self, header: Any, data: bytes, entries_range: tuple[int, int] | None) -> None:
+        self.header = header
+        self.data = data
+        self.entries_range = entries_range
+
+    @property
+    def tablet_id(self) -> str:
+        return cast(str, self.header.tablet_id)
+
+    @property
+    def dest_uuid(self) -> str:
+        return cast(str, self.header.dest_uuid)
+
+
+def append_request_from_wire(data: bytes) -> ReceivedAppendRequest:
+    """Splits a serialized ``ConsensusRequestPB`` (``InvalidArgumentError`` if malformed)."""
+    header_bytes, entries_range = _native.split_proto_field(data, _ENTRIES_FIELD)
+    try:
+        header = consensus_pb2.ConsensusRequestPB.FromString(header_bytes)
+    except Exception as exc:  # protobuf's DecodeError: a malformed message
+        raise InvalidArgumentError(f"malformed ConsensusRequestPB: {exc}") from exc
+    return ReceivedAppendRequest(header, data, entries_range)
+
 
 _DENIAL_TO_CODE = {
     VoteDenial.TERM_TOO_OLD: consensus_pb2.INVALID_TERM,
@@ -147,11 +183,20 @@ def _append_request_header_pb(
     return pb
 
 
-def append_request_from_pb(pb: Any, decode_batch: BatchDecoder) -> AppendRequest:
-    """The AppendEntries of a ``ConsensusRequestPB`` (seq 0: the wire does not carry it)."""
+def append_request_from_pb(
+    pb: Any | ReceivedAppendRequest, decode_batch: BatchDecoder
+) -> AppendRequest:
+    """The AppendEntries of a ``ConsensusRequestPB``, parsed or as received (seq 0: the wire
+    does not carry it)."""
     entries: EntryBatch | None = None
-    if pb.entries:
-        entries = decode_batch(pb.entries)
+    if isinstance(pb, ReceivedAppendRequest):
+        data, entries_range = pb.data, pb.entries_range
+        pb = pb.header
+    else:
+        data = pb.entries
+        entries_range = (0, len(data)) if data else None
+    if entries_range is not None and entries_range[0] < entries_range[1]:
+        entries = decode_batch(data, *entries_range)
         _check_batch_header(pb, entries)
     elif pb.entry_count:
         raise InvalidArgumentError(f"request announces {pb.entry_count} entries but has none")

@@ -52,3 +52,31 @@ class RpcServer:
     async def stop(self, grace_s: float) -> None:
         """Refuses new calls, lets running ones finish for up to ``grace_s``, then cancels."""
         await self._server.stop(grace_s)
+
+
+class DeserializerOverride:
+    """Stands in for the server while a generated ``add_<Service>Servicer_to_server`` runs,
+    replacing the request deserializer of the methods named in ``deserializers``.
+
+    gRPC serves a method through its registered handler when there is one, so replacing it
+    there is enough; the generic handler registered next to it keeps the generated
+    deserializer and is only a fallback, which handlers must also accept.
+    """
+
+    def __init__(self, server: Any, deserializers: dict[str, Callable[[bytes], Any]]) -> None:
+        self._server = server
+        self._deserializers = deserializers
+
+    def add_generic_rpc_handlers(self, handlers: Any) -> None:
+        self._server.add_generic_rpc_handlers(handlers)
+
+    def add_registered_method_handlers(self, service: str, handlers: dict[str, Any]) -> None:
+        replaced = {
+            method: (
+                handler._replace(request_deserializer=self._deserializers[method])
+                if method in self._deserializers
+                else handler
+            )
+            for method, handler in handlers.items()
+        }
+        self._server.add_registered_method_handlers(service, replaced)

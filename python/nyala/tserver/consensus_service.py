@@ -22,6 +22,7 @@ from nyala.consensus.types import MemberType
 from nyala.consensus.wal_log import WalEntryBatch
 from nyala.errors import InvalidArgumentError, TabletNotRunningError
 from nyala.rpc import RpcMetrics, ServiceBase, unary
+from nyala.rpc.server import DeserializerOverride
 from nyala.rpc.service import bidi_stream
 from nyala.tablet import TabletManager
 from nyala.tablet.copy_vote import VOTING_DATA_STATES, tombstoned_vote
@@ -37,8 +38,17 @@ _CHANGE_TYPES = {
 }
 
 
-def _decode_batch(data: bytes) -> WalEntryBatch:
-    return WalEntryBatch.from_wire(data)
+def _decode_batch(data: bytes, start: int, end: int) -> WalEntryBatch:
+    return WalEntryBatch.from_wire(data, start, end)
+
+
+def add_consensus_service(servicer: ConsensusService, server: Any) -> None:
+    """Registers the ConsensusService, with UpdateConsensusStream's requests deserialized by
+    ``wire.append_request_from_wire`` (entries decoded from the received bytes, no copy)."""
+    consensus_pb2_grpc.add_ConsensusServiceServicer_to_server(
+        servicer,
+        DeserializerOverride(server, {"UpdateConsensusStream": wire.append_request_from_wire}),
+    )
 
 
 class ConsensusService(ServiceBase, consensus_pb2_grpc.ConsensusServiceServicer):  # type: ignore[misc]

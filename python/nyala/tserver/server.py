@@ -15,7 +15,6 @@ import logging
 from collections.abc import Callable
 
 from nyala._proto import (
-    consensus_pb2_grpc,
     tablet_copy_pb2_grpc,
     tserver_admin_pb2_grpc,
     tserver_pb2_grpc,
@@ -27,7 +26,7 @@ from nyala.rpc import HttpResponse, HttpServer, RpcServer
 from nyala.rpc.settings import MIB
 from nyala.storage import StorageEngine
 from nyala.tablet.replica import TabletReplica
-from nyala.tserver.consensus_service import ConsensusService
+from nyala.tserver.consensus_service import ConsensusService, add_consensus_service
 from nyala.tserver.scanners import ScannerRegistry
 from nyala.tserver.server_base import ServerBase
 from nyala.tserver.services import AdminService, TabletService
@@ -178,8 +177,7 @@ class TabletServer(ServerBase):
             ),
         )
         server.add_service(
-            consensus_pb2_grpc.add_ConsensusServiceServicer_to_server,
-            ConsensusService(self.uuid, self._rpc_metrics, self.tablets),
+            add_consensus_service, ConsensusService(self.uuid, self._rpc_metrics, self.tablets)
         )
         server.add_service(
             tserver_admin_pb2_grpc.add_TabletServerAdminServiceServicer_to_server,

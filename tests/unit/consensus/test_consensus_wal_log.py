@@ -4,6 +4,7 @@ suite, plus its wire batches and the event-loop durability path."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 from collections.abc import Iterator
 from pathlib import Path
@@ -184,10 +185,41 @@ def test_a_request_serialized_with_its_entries_equals_the_protobuf_message(log: 
         serialized = wire.append_request_to_wire(request, TABLET_ID, last_appended_index=2)
         expected = wire.append_request_to_pb(request, TABLET_ID, last_appended_index=2)
         assert consensus_pb2.ConsensusRequestPB.FromString(serialized) == expected
-        decoded = wire.append_request_from_pb(
+        parsed = wire.append_request_from_pb(
             consensus_pb2.ConsensusRequestPB.FromString(serialized), WalEntryBatch.from_wire
         )
-        assert (decoded.entries is None) == (entries is None)
+        received = wire.append_request_from_pb(
+            wire.append_request_from_wire(serialized), WalEntryBatch.from_wire
+        )
+        assert received == dataclasses.replace(parsed, entries=received.entries)
+        assert (received.entries is None) == (entries is None)
+        if entries is not None:
+            assert isinstance(received.entries, WalEntryBatch)
+            assert received.entries.to_wire() == entries.to_wire()
+
+
+def test_received_requests_are_split_without_parsing_the_entries() -> None:
+    from nyala import _native
+    from nyala._proto import consensus_pb2
+
+    pb = consensus_pb2.ConsensusRequestPB(tablet_id="t", caller_term=7, entries=b"E" * 300)
+    data = pb.SerializeToString()
+    header, entries_range = _native.split_proto_field(data, 9)
+    assert entries_range is not None
+    assert data[entries_range[0] : entries_range[1]] == b"E" * 300
+    rest = consensus_pb2.ConsensusRequestPB.FromString(header)
+    assert (rest.tablet_id, rest.caller_term, rest.entries) == ("t", 7, b"")
+    assert _native.split_proto_field(header, 9)[1] is None
+    for damaged, message in [
+        (data[:-1], "runs past"),
+        (data[:1] + b"\xff" * 11, "varint"),
+        (b"\x0b", "wire type 3"),  # a group start
+        (b"\x48\x01", "not length-delimited"),  # field 9 as a varint
+    ]:
+        with pytest.raises(InvalidArgumentError, match=message):
+            _native.split_proto_field(damaged, 9)
+    with pytest.raises(InvalidArgumentError, match="outside"):
+        _native.EntryBatch.decode(data, 10, len(data) + 1)
 
 
 def test_watch_durable_reports_progress_from_the_event_loop(tmp_path: Path) -> None:

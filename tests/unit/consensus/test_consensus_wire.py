@@ -57,8 +57,8 @@ class JsonBatch:
         return len(self.payloads)
 
 
-def decode_json_batch(data: bytes) -> EntryBatch:
-    ft, fi, lt, li, payloads = json.loads(data)
+def decode_json_batch(data: bytes, start: int, end: int) -> EntryBatch:
+    ft, fi, lt, li, payloads = json.loads(data[start:end])
     return JsonBatch(OpId(ft, fi), OpId(lt, li), tuple(payloads))
 
 
