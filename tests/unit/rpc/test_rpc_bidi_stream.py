@@ -26,8 +26,11 @@ class _Consensus(ServiceBase, consensus_pb2_grpc.ConsensusServiceServicer):  # t
         self, requests: AsyncIterator[Any], context: Any
     ) -> AsyncIterator[Any]:
         async for request in requests:
+            # A request deserialized by ``wire.append_request_from_wire`` holds the message's
+            # other fields in ``header``.
+            fields = getattr(request, "header", request)
             yield consensus_pb2.ConsensusResponsePB(
-                responder_uuid=self.server_uuid, responder_term=request.caller_term
+                responder_uuid=self.server_uuid, responder_term=fields.caller_term
             )
 
 
@@ -86,3 +89,38 @@ def test_a_stream_past_its_deadline_times_out() -> None:
             await server.stop(0)
 
     asyncio.run(main())
+
+
+def test_a_replaced_deserializer_serves_the_stream_and_serialized_requests_go_through() -> None:
+    """``DeserializerOverride`` puts its deserializer on the method gRPC actually serves, and
+    ``consensus_stream_serialized`` sends requests that are already bytes."""
+    from nyala.consensus import wire
+    from nyala.rpc.server import DeserializerOverride
+
+    seen: list[type] = []
+
+    def deserialize(data: bytes) -> Any:
+        received = wire.append_request_from_wire(data)
+        seen.append(type(received))
+        return received
+
+    async def main() -> None:
+        server = RpcServer("127.0.0.1:0", RpcSettings())
+        server.add_service(
+            lambda servicer, grpc_server: consensus_pb2_grpc.add_ConsensusServiceServicer_to_server(
+                servicer, DeserializerOverride(grpc_server, {"UpdateConsensusStream": deserialize})
+            ),
+            _Consensus(UUID, RpcMetrics(MetricsRegistry())),
+        )
+        await server.start()
+        try:
+            async with ServerProxy(server.address) as proxy:
+                call = proxy.open_stream(proxy.consensus_stream_serialized, timeout_ms=5_000)
+                await call.write(_request(8).SerializeToString())
+                assert raise_for_response(await call.read()).responder_term == 8
+                await call.done_writing()
+        finally:
+            await server.stop(0)
+
+    asyncio.run(main())
+    assert seen == [wire.ReceivedAppendRequest]
