@@ -49,7 +49,7 @@ fn invalid(message: String) -> PyErr {
 /// A run of log entries in wire encoding (native part; see `nyala.consensus.wal_log`).
 #[pyclass(frozen, name = "EntryBatch", module = "nyala._native")]
 pub struct PyEntryBatch {
-    batch: EntryBatch,
+    pub(crate) batch: EntryBatch,
 }
 
 #[pymethods]

@@ -19,6 +19,7 @@ use pyo3::buffer::PyBuffer;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyInt, PyString};
 
+use crate::consensus::PyEntryBatch;
 use crate::errors::to_py;
 
 /// One column as Python passes it: (id, name, type name, nullable, default or None).
@@ -106,6 +107,46 @@ impl StorageEngine {
         let statuses = py
             .detach(move || {
                 let batch = engine.decode(Buffer::from_vec(bytes))?;
+                engine.apply(&batch, op_index)
+            })
+            .map_err(to_py)?;
+        Ok(status_bytes(py, &statuses.statuses))
+    }
+
+    /// Applies the IPC op batch at bytes `start..end` of a log entry batch as op `op_index`,
+    /// without copying it: the stored columns share the batch's bytes (which they keep
+    /// alive) wherever the IPC buffers are aligned, as WRITE entries lay them out.
+    fn apply_from_entry_batch<'py>(
+        &self,
+        py: Python<'py>,
+        batch: PyRef<'py, PyEntryBatch>,
+        start: usize,
+        end: usize,
+        op_index: u64,
+    ) -> PyResult<Bound<'py, PyBytes>> {
+        let owner = batch.batch.clone();
+        let bytes = owner.as_bytes();
+        if start > end || end > bytes.len() {
+            return Err(to_py(StorageError::invalid(format!(
+                "op batch range {start}..{end} is outside the {} byte entry batch",
+                bytes.len()
+            ))));
+        }
+        let ptr = std::ptr::NonNull::new(bytes[start..].as_ptr().cast_mut())
+            .expect("a slice's pointer is never null");
+        // SAFETY: `ptr..ptr + (end - start)` lies in the batch's bytes, which are immutable
+        // and live as long as `owner`, which the buffer keeps.
+        let data = unsafe {
+            Buffer::from_custom_allocation(
+                ptr,
+                end - start,
+                Arc::new(std::panic::AssertUnwindSafe(owner)),
+            )
+        };
+        let engine = self.engine.clone();
+        let statuses = py
+            .detach(move || {
+                let batch = engine.decode(data)?;
                 engine.apply(&batch, op_index)
             })
             .map_err(to_py)?;

@@ -13,12 +13,15 @@ import enum
 import os
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
 
 from nyala import _native
+
+if TYPE_CHECKING:
+    from nyala.consensus.wal_log import WalEntryBatch
 from nyala.errors import InvalidArgumentError
 from nyala.rowops import OpType, encode, make_op_batch
 from nyala.schema import Schema
@@ -131,6 +134,15 @@ class StorageEngine:
             # pyarrow buffers export signed bytes ('b'); the binding takes unsigned ones.
             view = memoryview(ops)
             raw = self._native.apply_ipc(view if view.format == "B" else view.cast("B"), op_index)
+        return ApplyResult(np.frombuffer(raw, dtype=np.uint8))
+
+    def apply_from_entry_batch(
+        self, batch: WalEntryBatch, start: int, end: int, op_index: int
+    ) -> ApplyResult:
+        """Applies the IPC op batch at bytes ``start:end`` of a log entry batch's encoding as
+        op ``op_index``. The stored rows share the batch's bytes (no copy where the IPC
+        buffers are 8-byte aligned, as WRITE entries lay them out)."""
+        raw = self._native.apply_from_entry_batch(batch.native, start, end, op_index)
         return ApplyResult(np.frombuffer(raw, dtype=np.uint8))
 
     def write(self, data: Any, op: OpType | str, op_index: int) -> ApplyResult:

@@ -26,53 +26,53 @@ from nyala._proto import common_pb2 as nyala_dot_common__pb2
 from nyala._proto import metadata_pb2 as nyala_dot_metadata__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15nyala/consensus.proto\x12\x05nyala\x1a\x12nyala/common.proto\x1a\x14nyala/metadata.proto\"L\n\x10\x43onsensusErrorPB\x12\'\n\x04\x63ode\x18\x01 \x01(\x0e\x32\x19.nyala.ConsensusErrorCode\x12\x0f\n\x07message\x18\x02 \x01(\t\"\xdb\x01\n\x11\x43onsensusStatusPB\x12$\n\rlast_received\x18\x01 \x01(\x0b\x32\r.nyala.OpIdPB\x12\x33\n\x1clast_received_current_leader\x18\x02 \x01(\x0b\x32\r.nyala.OpIdPB\x12\x1a\n\x12last_committed_idx\x18\x03 \x01(\x03\x12\x18\n\x10last_durable_idx\x18\x04 \x01(\x03\x12+\n\x05\x65rror\x18\x05 \x01(\x0b\x32\x17.nyala.ConsensusErrorPBH\x00\x88\x01\x01\x42\x08\n\x06_error\"\xd8\x02\n\x12\x43onsensusRequestPB\x12\x11\n\tdest_uuid\x18\x01 \x01(\t\x12\x11\n\ttablet_id\x18\x02 \x01(\t\x12\x13\n\x0b\x63\x61ller_uuid\x18\x03 \x01(\t\x12\x13\n\x0b\x63\x61ller_term\x18\x04 \x01(\x03\x12#\n\x0cpreceding_id\x18\x05 \x01(\x0b\x32\r.nyala.OpIdPB\x12\x17\n\x0f\x63ommitted_index\x18\x06 \x01(\x03\x12\x1c\n\x14\x61ll_replicated_index\x18\x07 \x01(\x03\x12#\n\x1blast_idx_appended_to_leader\x18\x08 \x01(\x03\x12\x0f\n\x07\x65ntries\x18\t \x01(\x0c\x12\x13\n\x0b\x65ntry_count\x18\n \x01(\r\x12%\n\x0e\x66irst_entry_id\x18\x0b \x01(\x0b\x32\r.nyala.OpIdPB\x12$\n\rlast_entry_id\x18\x0c \x01(\x0b\x32\r.nyala.OpIdPB\"\x9d\x01\n\x13\x43onsensusResponsePB\x12\x16\n\x0eresponder_uuid\x18\x01 \x01(\t\x12\x16\n\x0eresponder_term\x18\x02 \x01(\x03\x12(\n\x06status\x18\x03 \x01(\x0b\x32\x18.nyala.ConsensusStatusPB\x12\"\n\x05\x65rror\x18\x0f \x01(\x0b\x32\x0e.nyala.ErrorPBH\x00\x88\x01\x01\x42\x08\n\x06_error\"\xce\x01\n\rVoteRequestPB\x12\x11\n\tdest_uuid\x18\x01 \x01(\t\x12\x11\n\ttablet_id\x18\x02 \x01(\t\x12\x16\n\x0e\x63\x61ndidate_uuid\x18\x03 \x01(\t\x12\x16\n\x0e\x63\x61ndidate_term\x18\x04 \x01(\x03\x12\x32\n\x10\x63\x61ndidate_status\x18\x05 \x01(\x0b\x32\x18.nyala.ConsensusStatusPB\x12\x1a\n\x12ignore_live_leader\x18\x06 \x01(\x08\x12\x17\n\x0fis_pre_election\x18\x07 \x01(\x08\"\xcf\x01\n\x0eVoteResponsePB\x12\x16\n\x0eresponder_uuid\x18\x01 \x01(\t\x12\x16\n\x0eresponder_term\x18\x02 \x01(\x03\x12\x14\n\x0cvote_granted\x18\x03 \x01(\x08\x12\x35\n\x0f\x63onsensus_error\x18\x04 \x01(\x0b\x32\x17.nyala.ConsensusErrorPBH\x00\x88\x01\x01\x12\"\n\x05\x65rror\x18\x0f \x01(\x0b\x32\x0e.nyala.ErrorPBH\x01\x88\x01\x01\x42\x12\n\x10_consensus_errorB\x08\n\x06_error\"\xc5\x01\n\x15\x43hangeConfigRequestPB\x12\x11\n\tdest_uuid\x18\x01 \x01(\t\x12\x11\n\ttablet_id\x18\x02 \x01(\t\x12%\n\x04type\x18\x03 \x01(\x0e\x32\x17.nyala.ChangeConfigType\x12!\n\x06server\x18\x04 \x01(\x0b\x32\x11.nyala.RaftPeerPB\x12\"\n\x15\x63\x61s_config_opid_index\x18\x05 \x01(\x03H\x00\x88\x01\x01\x42\x18\n\x16_cas_config_opid_index\"o\n\x16\x43hangeConfigResponsePB\x12\'\n\nnew_config\x18\x01 \x01(\x0b\x32\x13.nyala.RaftConfigPB\x12\"\n\x05\x65rror\x18\x0f \x01(\x0b\x32\x0e.nyala.ErrorPBH\x00\x88\x01\x01\x42\x08\n\x06_error\"\x7f\n\x1bUnsafeChangeConfigRequestPB\x12\x11\n\tdest_uuid\x18\x01 \x01(\t\x12\x11\n\ttablet_id\x18\x02 \x01(\t\x12\x11\n\tcaller_id\x18\x03 \x01(\t\x12\'\n\nnew_config\x18\x04 \x01(\x0b\x32\x13.nyala.RaftConfigPB\"L\n\x1cUnsafeChangeConfigResponsePB\x12\"\n\x05\x65rror\x18\x0f \x01(\x0b\x32\x0e.nyala.ErrorPBH\x00\x88\x01\x01\x42\x08\n\x06_error\"\x81\x01\n\x17LeaderStepDownRequestPB\x12\x11\n\tdest_uuid\x18\x01 \x01(\t\x12\x11\n\ttablet_id\x18\x02 \x01(\t\x12\'\n\x04mode\x18\x03 \x01(\x0e\x32\x19.nyala.LeaderStepDownMode\x12\x17\n\x0fnew_leader_uuid\x18\x04 \x01(\t\"H\n\x18LeaderStepDownResponsePB\x12\"\n\x05\x65rror\x18\x0f \x01(\x0b\x32\x0e.nyala.ErrorPBH\x00\x88\x01\x01\x42\x08\n\x06_error\"B\n\x1aRunLeaderElectionRequestPB\x12\x11\n\tdest_uuid\x18\x01 \x01(\t\x12\x11\n\ttablet_id\x18\x02 \x01(\t\"K\n\x1bRunLeaderElectionResponsePB\x12\"\n\x05\x65rror\x18\x0f \x01(\x0b\x32\x0e.nyala.ErrorPBH\x00\x88\x01\x01\x42\x08\n\x06_error\"C\n\x1aGetConsensusStateRequestPB\x12\x11\n\tdest_uuid\x18\x01 \x01(\t\x12\x12\n\ntablet_ids\x18\x02 \x03(\t\"\xa9\x02\n\x1bGetConsensusStateResponsePB\x12I\n\x07tablets\x18\x01 \x03(\x0b\x32\x38.nyala.GetConsensusStateResponsePB.TabletConsensusInfoPB\x12\"\n\x05\x65rror\x18\x0f \x01(\x0b\x32\x0e.nyala.ErrorPBH\x00\x88\x01\x01\x1a\x90\x01\n\x15TabletConsensusInfoPB\x12\x11\n\ttablet_id\x18\x01 \x01(\t\x12\'\n\x06\x63state\x18\x02 \x01(\x0b\x32\x17.nyala.ConsensusStatePB\x12\"\n\x0blast_logged\x18\x03 \x01(\x0b\x32\r.nyala.OpIdPB\x12\x17\n\x0f\x63ommitted_index\x18\x04 \x01(\x03\x42\x08\n\x06_error*\xdb\x01\n\x12\x43onsensusErrorCode\x12\x18\n\x14\x43ONSENSUS_ERROR_NONE\x10\x00\x12\x10\n\x0cINVALID_TERM\x10\x01\x12\x15\n\x11LAST_OPID_TOO_OLD\x10\x02\x12\x11\n\rALREADY_VOTED\x10\x03\x12\x11\n\rNOT_IN_QUORUM\x10\x04\x12\x1f\n\x1bPRECEDING_ENTRY_DIDNT_MATCH\x10\x05\x12\x13\n\x0fLEADER_IS_ALIVE\x10\x06\x12\x12\n\x0e\x43ONSENSUS_BUSY\x10\x07\x12\x12\n\x0e\x43\x41NNOT_PREPARE\x10\x08*b\n\x10\x43hangeConfigType\x12\x1e\n\x1a\x43HANGE_CONFIG_TYPE_UNKNOWN\x10\x00\x12\x0c\n\x08\x41\x44\x44_PEER\x10\x01\x12\x0f\n\x0bREMOVE_PEER\x10\x02\x12\x0f\n\x0bMODIFY_PEER\x10\x03*Q\n\x12LeaderStepDownMode\x12!\n\x1dLEADER_STEP_DOWN_MODE_UNKNOWN\x10\x00\x12\n\n\x06\x41\x42RUPT\x10\x01\x12\x0c\n\x08GRACEFUL\x10\x02\x32\xa3\x05\n\x10\x43onsensusService\x12H\n\x0fUpdateConsensus\x12\x19.nyala.ConsensusRequestPB\x1a\x1a.nyala.ConsensusResponsePB\x12R\n\x15UpdateConsensusStream\x12\x19.nyala.ConsensusRequestPB\x1a\x1a.nyala.ConsensusResponsePB(\x01\x30\x01\x12:\n\x0bRequestVote\x12\x14.nyala.VoteRequestPB\x1a\x15.nyala.VoteResponsePB\x12K\n\x0c\x43hangeConfig\x12\x1c.nyala.ChangeConfigRequestPB\x1a\x1d.nyala.ChangeConfigResponsePB\x12]\n\x12UnsafeChangeConfig\x12\".nyala.UnsafeChangeConfigRequestPB\x1a#.nyala.UnsafeChangeConfigResponsePB\x12Q\n\x0eLeaderStepDown\x12\x1e.nyala.LeaderStepDownRequestPB\x1a\x1f.nyala.LeaderStepDownResponsePB\x12Z\n\x11RunLeaderElection\x12!.nyala.RunLeaderElectionRequestPB\x1a\".nyala.RunLeaderElectionResponsePB\x12Z\n\x11GetConsensusState\x12!.nyala.GetConsensusStateRequestPB\x1a\".nyala.GetConsensusStateResponsePBb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15nyala/consensus.proto\x12\x05nyala\x1a\x12nyala/common.proto\x1a\x14nyala/metadata.proto\"L\n\x10\x43onsensusErrorPB\x12\'\n\x04\x63ode\x18\x01 \x01(\x0e\x32\x19.nyala.ConsensusErrorCode\x12\x0f\n\x07message\x18\x02 \x01(\t\"\xdb\x01\n\x11\x43onsensusStatusPB\x12$\n\rlast_received\x18\x01 \x01(\x0b\x32\r.nyala.OpIdPB\x12\x33\n\x1clast_received_current_leader\x18\x02 \x01(\x0b\x32\r.nyala.OpIdPB\x12\x1a\n\x12last_committed_idx\x18\x03 \x01(\x03\x12\x18\n\x10last_durable_idx\x18\x04 \x01(\x03\x12+\n\x05\x65rror\x18\x05 \x01(\x0b\x32\x17.nyala.ConsensusErrorPBH\x00\x88\x01\x01\x42\x08\n\x06_error\"\xf3\x02\n\x12\x43onsensusRequestPB\x12\x11\n\tdest_uuid\x18\x01 \x01(\t\x12\x11\n\ttablet_id\x18\x02 \x01(\t\x12\x13\n\x0b\x63\x61ller_uuid\x18\x03 \x01(\t\x12\x13\n\x0b\x63\x61ller_term\x18\x04 \x01(\x03\x12#\n\x0cpreceding_id\x18\x05 \x01(\x0b\x32\r.nyala.OpIdPB\x12\x17\n\x0f\x63ommitted_index\x18\x06 \x01(\x03\x12\x1c\n\x14\x61ll_replicated_index\x18\x07 \x01(\x03\x12#\n\x1blast_idx_appended_to_leader\x18\x08 \x01(\x03\x12\x0f\n\x07\x65ntries\x18\t \x01(\x0c\x12\x13\n\x0b\x65ntry_count\x18\n \x01(\r\x12%\n\x0e\x66irst_entry_id\x18\x0b \x01(\x0b\x32\r.nyala.OpIdPB\x12$\n\rlast_entry_id\x18\x0c \x01(\x0b\x32\r.nyala.OpIdPB\x12\x19\n\x11\x65ntries_alignment\x18\r \x01(\x0c\"\x9d\x01\n\x13\x43onsensusResponsePB\x12\x16\n\x0eresponder_uuid\x18\x01 \x01(\t\x12\x16\n\x0eresponder_term\x18\x02 \x01(\x03\x12(\n\x06status\x18\x03 \x01(\x0b\x32\x18.nyala.ConsensusStatusPB\x12\"\n\x05\x65rror\x18\x0f \x01(\x0b\x32\x0e.nyala.ErrorPBH\x00\x88\x01\x01\x42\x08\n\x06_error\"\xce\x01\n\rVoteRequestPB\x12\x11\n\tdest_uuid\x18\x01 \x01(\t\x12\x11\n\ttablet_id\x18\x02 \x01(\t\x12\x16\n\x0e\x63\x61ndidate_uuid\x18\x03 \x01(\t\x12\x16\n\x0e\x63\x61ndidate_term\x18\x04 \x01(\x03\x12\x32\n\x10\x63\x61ndidate_status\x18\x05 \x01(\x0b\x32\x18.nyala.ConsensusStatusPB\x12\x1a\n\x12ignore_live_leader\x18\x06 \x01(\x08\x12\x17\n\x0fis_pre_election\x18\x07 \x01(\x08\"\xcf\x01\n\x0eVoteResponsePB\x12\x16\n\x0eresponder_uuid\x18\x01 \x01(\t\x12\x16\n\x0eresponder_term\x18\x02 \x01(\x03\x12\x14\n\x0cvote_granted\x18\x03 \x01(\x08\x12\x35\n\x0f\x63onsensus_error\x18\x04 \x01(\x0b\x32\x17.nyala.ConsensusErrorPBH\x00\x88\x01\x01\x12\"\n\x05\x65rror\x18\x0f \x01(\x0b\x32\x0e.nyala.ErrorPBH\x01\x88\x01\x01\x42\x12\n\x10_consensus_errorB\x08\n\x06_error\"\xc5\x01\n\x15\x43hangeConfigRequestPB\x12\x11\n\tdest_uuid\x18\x01 \x01(\t\x12\x11\n\ttablet_id\x18\x02 \x01(\t\x12%\n\x04type\x18\x03 \x01(\x0e\x32\x17.nyala.ChangeConfigType\x12!\n\x06server\x18\x04 \x01(\x0b\x32\x11.nyala.RaftPeerPB\x12\"\n\x15\x63\x61s_config_opid_index\x18\x05 \x01(\x03H\x00\x88\x01\x01\x42\x18\n\x16_cas_config_opid_index\"o\n\x16\x43hangeConfigResponsePB\x12\'\n\nnew_config\x18\x01 \x01(\x0b\x32\x13.nyala.RaftConfigPB\x12\"\n\x05\x65rror\x18\x0f \x01(\x0b\x32\x0e.nyala.ErrorPBH\x00\x88\x01\x01\x42\x08\n\x06_error\"\x7f\n\x1bUnsafeChangeConfigRequestPB\x12\x11\n\tdest_uuid\x18\x01 \x01(\t\x12\x11\n\ttablet_id\x18\x02 \x01(\t\x12\x11\n\tcaller_id\x18\x03 \x01(\t\x12\'\n\nnew_config\x18\x04 \x01(\x0b\x32\x13.nyala.RaftConfigPB\"L\n\x1cUnsafeChangeConfigResponsePB\x12\"\n\x05\x65rror\x18\x0f \x01(\x0b\x32\x0e.nyala.ErrorPBH\x00\x88\x01\x01\x42\x08\n\x06_error\"\x81\x01\n\x17LeaderStepDownRequestPB\x12\x11\n\tdest_uuid\x18\x01 \x01(\t\x12\x11\n\ttablet_id\x18\x02 \x01(\t\x12\'\n\x04mode\x18\x03 \x01(\x0e\x32\x19.nyala.LeaderStepDownMode\x12\x17\n\x0fnew_leader_uuid\x18\x04 \x01(\t\"H\n\x18LeaderStepDownResponsePB\x12\"\n\x05\x65rror\x18\x0f \x01(\x0b\x32\x0e.nyala.ErrorPBH\x00\x88\x01\x01\x42\x08\n\x06_error\"B\n\x1aRunLeaderElectionRequestPB\x12\x11\n\tdest_uuid\x18\x01 \x01(\t\x12\x11\n\ttablet_id\x18\x02 \x01(\t\"K\n\x1bRunLeaderElectionResponsePB\x12\"\n\x05\x65rror\x18\x0f \x01(\x0b\x32\x0e.nyala.ErrorPBH\x00\x88\x01\x01\x42\x08\n\x06_error\"C\n\x1aGetConsensusStateRequestPB\x12\x11\n\tdest_uuid\x18\x01 \x01(\t\x12\x12\n\ntablet_ids\x18\x02 \x03(\t\"\xa9\x02\n\x1bGetConsensusStateResponsePB\x12I\n\x07tablets\x18\x01 \x03(\x0b\x32\x38.nyala.GetConsensusStateResponsePB.TabletConsensusInfoPB\x12\"\n\x05\x65rror\x18\x0f \x01(\x0b\x32\x0e.nyala.ErrorPBH\x00\x88\x01\x01\x1a\x90\x01\n\x15TabletConsensusInfoPB\x12\x11\n\ttablet_id\x18\x01 \x01(\t\x12\'\n\x06\x63state\x18\x02 \x01(\x0b\x32\x17.nyala.ConsensusStatePB\x12\"\n\x0blast_logged\x18\x03 \x01(\x0b\x32\r.nyala.OpIdPB\x12\x17\n\x0f\x63ommitted_index\x18\x04 \x01(\x03\x42\x08\n\x06_error*\xdb\x01\n\x12\x43onsensusErrorCode\x12\x18\n\x14\x43ONSENSUS_ERROR_NONE\x10\x00\x12\x10\n\x0cINVALID_TERM\x10\x01\x12\x15\n\x11LAST_OPID_TOO_OLD\x10\x02\x12\x11\n\rALREADY_VOTED\x10\x03\x12\x11\n\rNOT_IN_QUORUM\x10\x04\x12\x1f\n\x1bPRECEDING_ENTRY_DIDNT_MATCH\x10\x05\x12\x13\n\x0fLEADER_IS_ALIVE\x10\x06\x12\x12\n\x0e\x43ONSENSUS_BUSY\x10\x07\x12\x12\n\x0e\x43\x41NNOT_PREPARE\x10\x08*b\n\x10\x43hangeConfigType\x12\x1e\n\x1a\x43HANGE_CONFIG_TYPE_UNKNOWN\x10\x00\x12\x0c\n\x08\x41\x44\x44_PEER\x10\x01\x12\x0f\n\x0bREMOVE_PEER\x10\x02\x12\x0f\n\x0bMODIFY_PEER\x10\x03*Q\n\x12LeaderStepDownMode\x12!\n\x1dLEADER_STEP_DOWN_MODE_UNKNOWN\x10\x00\x12\n\n\x06\x41\x42RUPT\x10\x01\x12\x0c\n\x08GRACEFUL\x10\x02\x32\xa3\x05\n\x10\x43onsensusService\x12H\n\x0fUpdateConsensus\x12\x19.nyala.ConsensusRequestPB\x1a\x1a.nyala.ConsensusResponsePB\x12R\n\x15UpdateConsensusStream\x12\x19.nyala.ConsensusRequestPB\x1a\x1a.nyala.ConsensusResponsePB(\x01\x30\x01\x12:\n\x0bRequestVote\x12\x14.nyala.VoteRequestPB\x1a\x15.nyala.VoteResponsePB\x12K\n\x0c\x43hangeConfig\x12\x1c.nyala.ChangeConfigRequestPB\x1a\x1d.nyala.ChangeConfigResponsePB\x12]\n\x12UnsafeChangeConfig\x12\".nyala.UnsafeChangeConfigRequestPB\x1a#.nyala.UnsafeChangeConfigResponsePB\x12Q\n\x0eLeaderStepDown\x12\x1e.nyala.LeaderStepDownRequestPB\x1a\x1f.nyala.LeaderStepDownResponsePB\x12Z\n\x11RunLeaderElection\x12!.nyala.RunLeaderElectionRequestPB\x1a\".nyala.RunLeaderElectionResponsePB\x12Z\n\x11GetConsensusState\x12!.nyala.GetConsensusStateRequestPB\x1a\".nyala.GetConsensusStateResponsePBb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'nyala.consensus_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_CONSENSUSERRORCODE']._serialized_start=2541
-  _globals['_CONSENSUSERRORCODE']._serialized_end=2760
-  _globals['_CHANGECONFIGTYPE']._serialized_start=2762
-  _globals['_CHANGECONFIGTYPE']._serialized_end=2860
-  _globals['_LEADERSTEPDOWNMODE']._serialized_start=2862
-  _globals['_LEADERSTEPDOWNMODE']._serialized_end=2943
+  _globals['_CONSENSUSERRORCODE']._serialized_start=2568
+  _globals['_CONSENSUSERRORCODE']._serialized_end=2787
+  _globals['_CHANGECONFIGTYPE']._serialized_start=2789
+  _globals['_CHANGECONFIGTYPE']._serialized_end=2887
+  _globals['_LEADERSTEPDOWNMODE']._serialized_start=2889
+  _globals['_LEADERSTEPDOWNMODE']._serialized_end=2970
   _globals['_CONSENSUSERRORPB']._serialized_start=74
   _globals['_CONSENSUSERRORPB']._serialized_end=150
   _globals['_CONSENSUSSTATUSPB']._serialized_start=153
   _globals['_CONSENSUSSTATUSPB']._serialized_end=372
   _globals['_CONSENSUSREQUESTPB']._serialized_start=375
-  _globals['_CONSENSUSREQUESTPB']._serialized_end=719
-  _globals['_CONSENSUSRESPONSEPB']._serialized_start=722
-  _globals['_CONSENSUSRESPONSEPB']._serialized_end=879
-  _globals['_VOTEREQUESTPB']._serialized_start=882
-  _globals['_VOTEREQUESTPB']._serialized_end=1088
-  _globals['_VOTERESPONSEPB']._serialized_start=1091
-  _globals['_VOTERESPONSEPB']._serialized_end=1298
-  _globals['_CHANGECONFIGREQUESTPB']._serialized_start=1301
-  _globals['_CHANGECONFIGREQUESTPB']._serialized_end=1498
-  _globals['_CHANGECONFIGRESPONSEPB']._serialized_start=1500
-  _globals['_CHANGECONFIGRESPONSEPB']._serialized_end=1611
-  _globals['_UNSAFECHANGECONFIGREQUESTPB']._serialized_start=1613
-  _globals['_UNSAFECHANGECONFIGREQUESTPB']._serialized_end=1740
-  _globals['_UNSAFECHANGECONFIGRESPONSEPB']._serialized_start=1742
-  _globals['_UNSAFECHANGECONFIGRESPONSEPB']._serialized_end=1818
-  _globals['_LEADERSTEPDOWNREQUESTPB']._serialized_start=1821
-  _globals['_LEADERSTEPDOWNREQUESTPB']._serialized_end=1950
-  _globals['_LEADERSTEPDOWNRESPONSEPB']._serialized_start=1952
-  _globals['_LEADERSTEPDOWNRESPONSEPB']._serialized_end=2024
-  _globals['_RUNLEADERELECTIONREQUESTPB']._serialized_start=2026
-  _globals['_RUNLEADERELECTIONREQUESTPB']._serialized_end=2092
-  _globals['_RUNLEADERELECTIONRESPONSEPB']._serialized_start=2094
-  _globals['_RUNLEADERELECTIONRESPONSEPB']._serialized_end=2169
-  _globals['_GETCONSENSUSSTATEREQUESTPB']._serialized_start=2171
-  _globals['_GETCONSENSUSSTATEREQUESTPB']._serialized_end=2238
-  _globals['_GETCONSENSUSSTATERESPONSEPB']._serialized_start=2241
-  _globals['_GETCONSENSUSSTATERESPONSEPB']._serialized_end=2538
-  _globals['_GETCONSENSUSSTATERESPONSEPB_TABLETCONSENSUSINFOPB']._serialized_start=2384
-  _globals['_GETCONSENSUSSTATERESPONSEPB_TABLETCONSENSUSINFOPB']._serialized_end=2528
-  _globals['_CONSENSUSSERVICE']._serialized_start=2946
-  _globals['_CONSENSUSSERVICE']._serialized_end=3621
+  _globals['_CONSENSUSREQUESTPB']._serialized_end=746
+  _globals['_CONSENSUSRESPONSEPB']._serialized_start=749
+  _globals['_CONSENSUSRESPONSEPB']._serialized_end=906
+  _globals['_VOTEREQUESTPB']._serialized_start=909
+  _globals['_VOTEREQUESTPB']._serialized_end=1115
+  _globals['_VOTERESPONSEPB']._serialized_start=1118
+  _globals['_VOTERESPONSEPB']._serialized_end=1325
+  _globals['_CHANGECONFIGREQUESTPB']._serialized_start=1328
+  _globals['_CHANGECONFIGREQUESTPB']._serialized_end=1525
+  _globals['_CHANGECONFIGRESPONSEPB']._serialized_start=1527
+  _globals['_CHANGECONFIGRESPONSEPB']._serialized_end=1638
+  _globals['_UNSAFECHANGECONFIGREQUESTPB']._serialized_start=1640
+  _globals['_UNSAFECHANGECONFIGREQUESTPB']._serialized_end=1767
+  _globals['_UNSAFECHANGECONFIGRESPONSEPB']._serialized_start=1769
+  _globals['_UNSAFECHANGECONFIGRESPONSEPB']._serialized_end=1845
+  _globals['_LEADERSTEPDOWNREQUESTPB']._serialized_start=1848
+  _globals['_LEADERSTEPDOWNREQUESTPB']._serialized_end=1977
+  _globals['_LEADERSTEPDOWNRESPONSEPB']._serialized_start=1979
+  _globals['_LEADERSTEPDOWNRESPONSEPB']._serialized_end=2051
+  _globals['_RUNLEADERELECTIONREQUESTPB']._serialized_start=2053
+  _globals['_RUNLEADERELECTIONREQUESTPB']._serialized_end=2119
+  _globals['_RUNLEADERELECTIONRESPONSEPB']._serialized_start=2121
+  _globals['_RUNLEADERELECTIONRESPONSEPB']._serialized_end=2196
+  _globals['_GETCONSENSUSSTATEREQUESTPB']._serialized_start=2198
+  _globals['_GETCONSENSUSSTATEREQUESTPB']._serialized_end=2265
+  _globals['_GETCONSENSUSSTATERESPONSEPB']._serialized_start=2268
+  _globals['_GETCONSENSUSSTATERESPONSEPB']._serialized_end=2565
+  _globals['_GETCONSENSUSSTATERESPONSEPB_TABLETCONSENSUSINFOPB']._serialized_start=2411
+  _globals['_GETCONSENSUSSTATERESPONSEPB_TABLETCONSENSUSINFOPB']._serialized_end=2555
+  _globals['_CONSENSUSSERVICE']._serialized_start=2973
+  _globals['_CONSENSUSSERVICE']._serialized_end=3648
 # @@protoc_insertion_point(module_scope)

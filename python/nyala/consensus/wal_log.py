@@ -102,6 +102,11 @@ class WalEntryBatch:
         """``prefix`` then the encoding as protobuf field ``field_number``, one copy."""
         return self._batch.to_field_bytes(prefix, field_number)
 
+    @property
+    def native(self) -> _native.EntryBatch:
+        """The native batch (for bindings that read its bytes in place)."""
+        return self._batch
+
     def wire_view(self) -> memoryview:
         """The encoding without a copy (read-only; keeps the batch alive)."""
         return memoryview(self._batch)

@@ -137,6 +137,19 @@ def op_id_from_pb(pb: Any) -> OpId:
 #: The field number of ``ConsensusRequestPB.entries``, which ``append_request_to_wire``
 #: appends by hand.
 _ENTRIES_FIELD = consensus_pb2.ConsensusRequestPB.DESCRIPTOR.fields_by_name["entries"].number
+#: Where ``entries`` starts in a serialized request is made a multiple of this (see
+#: ``entries_alignment`` in consensus.proto) so a follower keeps aligned Arrow buffers.
+_ENTRIES_ALIGNMENT = 8
+#: Serialized ``entries_alignment`` fields by how many bytes, modulo 8, they add (none at
+#: all for 0; an empty field is not serialized, so 1 and 2 take 7 and 8 zeros).
+_ALIGNMENT_FIELDS = {
+    len(field) % _ENTRIES_ALIGNMENT: field
+    for field in (
+        consensus_pb2.ConsensusRequestPB(entries_alignment=bytes(n)).SerializeToString()
+        for n in range(_ENTRIES_ALIGNMENT + 1)
+    )
+}
+assert sorted(_ALIGNMENT_FIELDS) == list(range(_ENTRIES_ALIGNMENT))
 
 
 def append_request_to_pb(
@@ -155,11 +168,20 @@ def append_request_to_wire(
     """The serialized ``ConsensusRequestPB`` of an AppendEntries, what
     ``append_request_to_pb(...).SerializeToString()`` gives, but with the entries copied once
     (protobuf parses a message followed by one more field as the message with that field)."""
-    prefix = _append_request_header_pb(request, tablet_id, last_appended_index)
+    header = _append_request_header_pb(request, tablet_id, last_appended_index)
     if request.entries is None:
-        return cast(bytes, prefix.SerializeToString())
+        return cast(bytes, header.SerializeToString())
     batch = cast(WireBatch, request.entries)  # the WAL log's batches; others cannot be sent
-    return batch.to_field_bytes(prefix.SerializeToString(), _ENTRIES_FIELD)
+    prefix = header.SerializeToString()
+    # `entries` starts after the prefix, the padding, its tag (1 byte) and its length.
+    entries_head = 1 + _varint_bytes(batch.size_bytes)
+    pad = -(len(prefix) + entries_head) % _ENTRIES_ALIGNMENT
+    return batch.to_field_bytes(prefix + _ALIGNMENT_FIELDS[pad], _ENTRIES_FIELD)
+
+
+def _varint_bytes(value: int) -> int:
+    """How many bytes protobuf's varint encoding of ``value`` (>= 0) takes."""
+    return max(1, -(-value.bit_length() // 7))
 
 
 def _append_request_header_pb(

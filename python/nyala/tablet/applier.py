@@ -24,7 +24,7 @@ import struct
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from nyala.consensus.wal_log import WalLog
+from nyala.consensus.wal_log import WalEntryBatch, WalLog
 from nyala.errors import CorruptionError, InvalidArgumentError
 from nyala.storage import ApplyResult, StorageEngine
 from nyala.tablet.write_entry import KIND_ALTER_SCHEMA, RequestId, decode_write_entry
@@ -51,8 +51,9 @@ class WriteOutcome:
     error: str | None = None
 
 
-def iter_write_payloads(wire: bytes | memoryview) -> Iterator[tuple[int, memoryview]]:
-    """(index, payload) of each WRITE entry in an encoded, already verified entry batch."""
+def iter_write_payloads(wire: bytes | memoryview) -> Iterator[tuple[int, int, int]]:
+    """(index, start, end) of each WRITE entry's payload in an encoded, already verified
+    entry batch."""
     view = memoryview(wire)
     offset = _BATCH_HEADER_BYTES
     while offset < len(view):
@@ -61,7 +62,7 @@ def iter_write_payloads(wire: bytes | memoryview) -> Iterator[tuple[int, memoryv
         if start + length > len(view):
             raise CorruptionError(f"entry {index} overruns its batch")
         if entry_type == _WAL_TYPE_WRITE:
-            yield index, view[start : start + length]
+            yield index, start, start + length
         offset = start + length
 
 
@@ -132,14 +133,17 @@ class Applier:
             if batch is None:
                 raise CorruptionError(f"committed entry {after + 1} is not in the log")
             wire = batch.wire_view()
-            for index, payload in iter_write_payloads(wire):
+            for index, start, end in iter_write_payloads(wire):
                 if after < index <= last_index:
-                    self._apply_write(index, payload)
+                    self._apply_write(index, batch, wire, start, end)
             after = min(last_index, batch.last_op_id.index)
             self.applied_index = after
 
-    def _apply_write(self, index: int, payload: memoryview) -> None:
-        entry = decode_write_entry(payload)
+    def _apply_write(
+        self, index: int, batch: WalEntryBatch, wire: memoryview, start: int, end: int
+    ) -> None:
+        """Applies the WRITE entry at ``wire[start:end]`` (``wire`` views ``batch``)."""
+        entry = decode_write_entry(wire[start:end])
         if entry.kind == KIND_ALTER_SCHEMA:
             if self._on_alter_schema is None:
                 raise CorruptionError(f"entry {index} changes the schema; nothing can apply it")
@@ -156,8 +160,10 @@ class Applier:
                 self._keep(WriteOutcome(index, None, "stale retry of a completed request"))
                 return
         try:
-            # A view of the log's bytes (format 'B'): handed over without a copy or a cast.
-            outcome = WriteOutcome(index, self._storage.apply(entry.ops, index))
+            # The op batch is the payload's tail; storage keeps the log's bytes, not a copy.
+            ops_start = end - len(entry.ops)
+            result = self._storage.apply_from_entry_batch(batch, ops_start, end, index)
+            outcome = WriteOutcome(index, result)
         except InvalidArgumentError as exc:
             # A malformed batch is refused whole, the same way on every replica (the engine
             # validates before it changes anything), so the replicas stay identical.

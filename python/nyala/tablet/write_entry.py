@@ -4,18 +4,21 @@ Layout (little-endian; docs/tablet-write-entry.md)::
 
     offset  bytes  field
     0       4      magic b"NYWR"
-    4       1      format version (1)
+    4       1      format version (2; 1 is still read)
     5       1      kind: 0 = row ops, 1 = schema change (the tail is the new schema, JSON)
     6       2      client id length in bytes (n, at most 1024)
     8       8      sequence number (signed; -1 = no request id)
     16      8      first incomplete sequence number (signed)
     24      4      schema version the ops were encoded for
     28      n      client id (UTF-8)
-    28+n    ...    the op batch: one Arrow IPC stream (table columns + op-type column)
+    28+n    p      zeros up to a multiple of 8 (version 2; version 1 has none)
+    28+n+p  ...    the op batch: one Arrow IPC stream (table columns + op-type column)
 
-The op batch is the tail so that it can be handed to storage as a zero-copy slice. The request
-id travels in the entry so that every replica, applying the same log, remembers the same
-outcomes per client (exactly-once, DESIGN.md §4).
+The op batch is the tail so that it can be handed to storage as a zero-copy slice; version 2
+starts it 8-byte aligned, so the columns storage keeps can be the log's own bytes rather than
+a realigned copy (an IPC stream's length is a multiple of 8, so entries stay aligned too).
+The request id travels in the entry so that every replica, applying the same log, remembers
+the same outcomes per client (exactly-once, DESIGN.md §4).
 """
 
 from __future__ import annotations
@@ -26,7 +29,10 @@ from dataclasses import dataclass
 from nyala.errors import CorruptionError, InvalidArgumentError, NotSupportedError
 
 MAGIC = b"NYWR"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+#: Version 1 had no padding before the op batch; its entries are still read.
+_UNPADDED_VERSION = 1
+_OPS_ALIGNMENT = 8
 _HEADER = struct.Struct("<4sBBHqqI")
 HEADER_BYTES = _HEADER.size
 CLIENT_ID_BYTES_MAX = 1024
@@ -34,6 +40,10 @@ NO_SEQ_NO = -1
 #: ``WriteEntry.kind`` values: the tail is an op batch, or a schema change (AlterSchema).
 KIND_ROWS = 0
 KIND_ALTER_SCHEMA = 1
+
+
+#: The zeros that follow a header and client id of length ``len % 8 == i``: ``_PADDING[i]``.
+_PADDING = tuple(bytes(-i % 8) for i in range(8))
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,7 +72,7 @@ def encode_alter_schema_entry(schema_version: int, schema_doc: bytes) -> bytes:
     head = _HEADER.pack(
         MAGIC, FORMAT_VERSION, KIND_ALTER_SCHEMA, 0, NO_SEQ_NO, NO_SEQ_NO, schema_version
     )
-    return head + schema_doc
+    return head + _PADDING[HEADER_BYTES % _OPS_ALIGNMENT] + schema_doc
 
 
 def encode_write_entry(request_id: RequestId | None, schema_version: int, ops: bytes) -> bytes:
@@ -75,7 +85,7 @@ def encode_write_entry(request_id: RequestId | None, schema_version: int, ops: b
     seq = NO_SEQ_NO if request_id is None else request_id.seq_no
     first = NO_SEQ_NO if request_id is None else request_id.first_incomplete_seq_no
     head = _HEADER.pack(MAGIC, FORMAT_VERSION, 0, len(client), seq, first, schema_version)
-    return b"".join((head, client, ops))
+    return b"".join((head, client, _PADDING[(HEADER_BYTES + len(client)) % _OPS_ALIGNMENT], ops))
 
 
 def decode_write_entry(payload: bytes | memoryview) -> WriteEntry:
@@ -87,14 +97,15 @@ def decode_write_entry(payload: bytes | memoryview) -> WriteEntry:
     magic, version, kind, client_len, seq, first, schema_version = _HEADER.unpack_from(view)
     if magic != MAGIC:
         raise CorruptionError(f"WRITE payload has magic {magic!r}, expected {MAGIC!r}")
-    if version != FORMAT_VERSION:
+    if version not in (FORMAT_VERSION, _UNPADDED_VERSION):
         raise NotSupportedError(f"WRITE payload format {version} is not supported")
     end = HEADER_BYTES + client_len
-    if end > len(view):
+    ops_start = end if version == _UNPADDED_VERSION else -(-end // _OPS_ALIGNMENT) * _OPS_ALIGNMENT
+    if ops_start > len(view):
         raise CorruptionError("WRITE payload's client id overruns the payload")
     request_id = None
     if seq != NO_SEQ_NO:
         request_id = RequestId(bytes(view[HEADER_BYTES:end]).decode(), seq, first)
     if kind not in (KIND_ROWS, KIND_ALTER_SCHEMA):
         raise NotSupportedError(f"WRITE payload kind {kind} is not supported")
-    return WriteEntry(request_id, schema_version, view[end:], kind)
+    return WriteEntry(request_id, schema_version, view[ops_start:], kind)

@@ -61,6 +61,21 @@ def test_write_entry_round_trip_and_damage() -> None:
         encode_write_entry(RequestId("c", -2, 0), 0, b"")
 
 
+@pytest.mark.parametrize("client_id", ["", "c", "client-1", "0123456789abcdef0123456789abcdef"])
+def test_write_entry_ops_start_aligned_and_version_1_is_still_read(client_id: str) -> None:
+    rid = RequestId(client_id, 1, 0)
+    payload = encode_write_entry(rid, 2, b"ops")
+    assert payload.index(b"ops") % 8 == 0
+    assert payload[4] == 2
+    # Version 1 (before the padding) put the ops right after the client id.
+    header = bytearray(payload[: 28 + len(client_id)])
+    header[4] = 1
+    old = decode_write_entry(bytes(header) + b"old-ops")
+    assert (old.request_id, bytes(old.ops)) == (rid, b"old-ops")
+    with pytest.raises(errors.NotSupportedError):
+        decode_write_entry(payload[:4] + b"\x03" + payload[5:])
+
+
 def _managers(root: Path) -> dict[str, TabletManager]:
     out = {}
     for uuid in UUIDS:
