@@ -18,8 +18,11 @@ that yields the same rows from memory (``noop_source_rows_per_s``) and a Parquet
 
 Where the CPU went: ``machine_cpu_us_per_row_noop`` and ``machine_cpu_us_per_row_nyala`` (all
 CPU time of the machine, from ``/proc/stat``, per row written) and ``tserver_cpu_us_per_row``
-(the three tablet servers together, replication and fsync included). On two cores the write
-ratio is about the no-op sink's machine CPU per row over the nyala load's: docs/spark.md.
+(the three tablet servers together, replication and fsync included), and
+``tserver_faulted_bytes_per_row`` (memory the tablet servers touched for the first time, which
+the kernel zero-fills: it was a quarter of their CPU when every copy of a request was fresh
+memory). On two cores the write ratio is about the no-op sink's machine CPU per row over the
+nyala load's: docs/spark.md.
 
 ``--quick`` loads 500k rows to stay under two minutes on a shared 2-core machine. The last line
 printed is one JSON object with every figure.
@@ -185,6 +188,16 @@ def process_cpu_s(pids: list[int]) -> float:
     return total / os.sysconf("SC_CLK_TCK")
 
 
+def process_faulted_bytes(pids: list[int]) -> int:
+    """Bytes of memory the processes ``pids`` touched for the first time so far (minor page
+    faults × page size): memory they took on, which the kernel zero-fills."""
+    faults = 0
+    for pid in pids:
+        with open(f"/proc/{pid}/stat") as f:
+            faults += int(f.read().rsplit(")", 1)[1].split()[7])  # minflt
+    return faults * os.sysconf("SC_PAGE_SIZE")
+
+
 def run(rows: int, tservers: int) -> dict[str, Any]:
     spark = make_session()
     register_baselines(spark)
@@ -238,6 +251,7 @@ def nyala_figures(spark: Any, df: Any, rows: int, tservers: int, tmp: str) -> di
             )
         pids = [p for p in (cluster.tserver(i).pid for i in range(tservers)) if p is not None]
         machine_before, servers_before = machine_cpu_s(), process_cpu_s(pids)
+        faulted_before = process_faulted_bytes(pids)
         load_s = timed(
             lambda: (
                 df.write.format("nyala")
@@ -250,6 +264,7 @@ def nyala_figures(spark: Any, df: Any, rows: int, tservers: int, tmp: str) -> di
         )
         machine_us = (machine_cpu_s() - machine_before) / rows * 1e6
         servers_us = (process_cpu_s(pids) - servers_before) / rows * 1e6
+        faulted_per_row = (process_faulted_bytes(pids) - faulted_before) / rows
         table = (
             spark.read.format("nyala")
             .option("nyala.masters", masters)
@@ -265,6 +280,7 @@ def nyala_figures(spark: Any, df: Any, rows: int, tservers: int, tmp: str) -> di
         "nyala_scan_rows_per_s": rows / scan_s,
         "machine_cpu_us_per_row_nyala": machine_us,
         "tserver_cpu_us_per_row": servers_us,
+        "tserver_faulted_bytes_per_row": faulted_per_row,
     }
 
 
