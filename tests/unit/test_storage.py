@@ -88,6 +88,42 @@ def test_ipc_bytes_path_and_malformed_input(engine: StorageEngine) -> None:
     assert engine.scan().num_rows == 10
 
 
+def test_rows_applied_from_a_log_batch_outlive_the_batch(
+    engine: StorageEngine, tmp_path: Path
+) -> None:
+    """The MemRowSet keeps a log entry batch's bytes as its columns: they must stay valid
+    after every Python reference to the batch and the log's cache copy are gone."""
+    import gc
+
+    from nyala.consensus.types import EntryKind
+    from nyala.consensus.wal_log import WalLog, WalLogOptions
+    from nyala.tablet.write_entry import RequestId, decode_write_entry, encode_write_entry
+
+    ops = encode(make_op_batch(_rows(np.arange(500)), OpType.INSERT, SCHEMA)).to_pybytes()
+    with WalLog(tmp_path / "wal", "t" * 32, WalLogOptions(sync="none")) as log:
+        log.append(1, EntryKind.WRITE, encode_write_entry(RequestId("client", 1, 0), 0, ops))
+        log.append(1, EntryKind.NO_OP, b"")
+        batch = log.read_whole_batch(0, 1)
+        assert batch is not None
+        wire = batch.wire_view()
+        payload_start = 24 + 24  # batch header, entry header
+        entry = decode_write_entry(wire[payload_start:])
+        start = len(wire) - len(entry.ops)
+        assert start % 8 == 0  # aligned: Arrow can keep the bytes without a copy
+        with pytest.raises(InvalidArgumentError, match="outside"):
+            engine.apply_from_entry_batch(batch, start, len(wire) + 1, 1)
+        assert engine.apply_from_entry_batch(batch, start, len(wire), 1).ok
+        del wire, entry, batch
+        log.wait_durable()
+        log.evict_through(2)
+    gc.collect()
+    table = engine.scan()
+    assert table.column("id").to_pylist() == list(range(500))
+    assert table.column("name").to_pylist()[-1] == "n499"
+    engine.flush()
+    assert engine.scan().num_rows == 500
+
+
 def test_flush_compact_reopen(tmp_path: Path) -> None:
     path = tmp_path / "tablet"
     engine = StorageEngine.create(path, SCHEMA, background_flush=False)
