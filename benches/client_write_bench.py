@@ -14,8 +14,9 @@ Measured in one run:
   figure includes replication to followers and fsync), which says who limits the end-to-end
   figure on a shared machine.
 
-The last line is one JSON object with ``rows_per_s``, ``mb_per_s``, ``client_encode_rows_per_s``
-and the CPU split, plus the memory the servers faulted in per input byte. Target (issue 11): ``rows_per_s >= 300000`` on the 2-core machine.
+The last line is one JSON object with ``rows_per_s``, ``mb_per_s``, ``client_encode_rows_per_s``,
+the CPU split, and the memory the servers faulted in per input byte. Target (issue 11):
+``rows_per_s >= 300000`` on the 2-core machine.
 """
 
 from __future__ import annotations
