@@ -10,8 +10,13 @@
 //! ```text
 //! cargo run --release -p nyala-wal --example group_commit_latency -- \
 //!     [--dir DIR] [--writers 64] [--seconds 3] [--runs 3] [--segment-bytes 8388608]
-//!     [--preallocation recycle|fallocate|zero_fill] [--syncs-in-flight 2]
+//!     [--preallocation recycle|fallocate|zero_fill] [--syncs-in-flight 1]
+//!     [--added-sync-latency-us 0]
 //! ```
+//!
+//! `--added-sync-latency-us` makes every WAL sync wait that long before the real `fdatasync`
+//! (the test-only fault injection), modelling storage whose flush latency is a round trip
+//! that concurrent flushes share (network block devices); the raw baseline is not slowed.
 //!
 //! Prints one line per run and, last, one JSON object with the medians over the runs.
 
@@ -39,6 +44,7 @@ struct Args {
     segment_bytes: u64,
     preallocation: Preallocation,
     syncs_in_flight_max: usize,
+    added_sync_latency_us: u64,
 }
 
 fn parse_args() -> Args {
@@ -50,6 +56,7 @@ fn parse_args() -> Args {
         segment_bytes: nyala_wal::SEGMENT_SIZE_BYTES_DEFAULT,
         preallocation: Preallocation::Recycle,
         syncs_in_flight_max: nyala_wal::SYNCS_IN_FLIGHT_MAX_DEFAULT,
+        added_sync_latency_us: 0,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -60,6 +67,9 @@ fn parse_args() -> Args {
             "--seconds" => args.seconds = value.parse().expect("--seconds S"),
             "--runs" => args.runs = value.parse().expect("--runs N"),
             "--segment-bytes" => args.segment_bytes = value.parse().expect("--segment-bytes B"),
+            "--added-sync-latency-us" => {
+                args.added_sync_latency_us = value.parse().expect("--added-sync-latency-us N")
+            }
             "--syncs-in-flight" => {
                 args.syncs_in_flight_max = value.parse().expect("--syncs-in-flight N")
             }
@@ -156,6 +166,10 @@ fn wal_writers(dir: &Path, args: &Args) -> WalRun {
         ..LogOptions::default()
     };
     let log = Arc::new(Log::open(dir, "bench", options).expect("open log"));
+    if args.added_sync_latency_us > 0 {
+        let delay = Duration::from_micros(args.added_sync_latency_us);
+        log.fault_injection().delay_next_syncs(u32::MAX, delay);
+    }
     let next_index = Arc::new(Mutex::new(1u64));
     let stop = Arc::new(AtomicBool::new(false));
     let opened = Instant::now();
