@@ -323,3 +323,20 @@ fn syncs_in_flight_max_is_validated() {
         assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{err}");
     }
 }
+
+#[test]
+fn sync_none_keeps_one_committer_whatever_the_setting() {
+    let dir = scratch_dir();
+    let options = LogOptions {
+        sync_policy: nyala_wal::SyncPolicy::None,
+        syncs_in_flight_max: 3,
+        ..small_options(16 << 10)
+    };
+    let log = Arc::new(Log::open(dir.path(), "t", options).unwrap());
+    append_concurrently(&log, 8, 50);
+    let metrics = log.metrics();
+    assert_eq!(log.durable_index(), 400);
+    assert_eq!((metrics.sync_threads, metrics.syncs), (1, 0), "{metrics:?}");
+    let expected: Vec<_> = (1..=400).map(|i| entry(1, i)).collect();
+    assert_eq!(read_all(&log), expected);
+}
