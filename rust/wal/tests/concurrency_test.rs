@@ -168,7 +168,7 @@ fn a_later_group_synced_first_waits_for_the_earlier_one() {
     let log = Arc::new(Log::open(dir.path(), "t", options).unwrap());
     start_second_committer(&log, &faults);
     let before = log.durable_index();
-    faults.delay_next_syncs(1, Duration::from_millis(400));
+    faults.delay_next_syncs(1, Duration::from_millis(1000));
     let slow = append_written(&log, before + 1);
     let synced = log.metrics().syncs;
     let fast = log.append(&[entry(1, before + 2).as_ref()]).unwrap();
@@ -191,7 +191,7 @@ fn a_failed_sync_publishes_nothing_at_or_after_it_while_a_later_sync_succeeds() 
     let log = Arc::new(Log::open(dir.path(), "t", options.clone()).unwrap());
     start_second_committer(&log, &faults);
     let acked = log.durable_index();
-    faults.delay_next_syncs(1, Duration::from_millis(400));
+    faults.delay_next_syncs(1, Duration::from_millis(1000));
     faults.fail_next_syncs(1, libc::EIO);
     let failing = append_written(&log, acked + 1);
     let synced = log.metrics().syncs;
