@@ -35,6 +35,9 @@ type OpIdTuple = (u64, u64);
 /// `(term, index, wal entry type, payload)` of a NO_OP or CONFIG_CHANGE entry.
 type ControlEntry<'py> = (u64, u64, u8, Bound<'py, PyBytes>);
 
+/// What `split_proto_field` returns: the message without the field, and the field's range.
+type SplitField<'py> = (Bound<'py, PyBytes>, Option<(usize, usize)>);
+
 /// What `append_replicated` returns to Python.
 type AppendOutcomeTuple = (bool, OpIdTuple, u64, Option<u64>, u64);
 
@@ -467,7 +470,7 @@ pub fn split_proto_field<'py>(
     py: Python<'py>,
     data: &[u8],
     field_number: u32,
-) -> PyResult<(Bound<'py, PyBytes>, Option<(usize, usize)>)> {
+) -> PyResult<SplitField<'py>> {
     let mut rest = Vec::new();
     let mut found = None;
     let mut at = 0;
@@ -523,7 +526,10 @@ fn take_varint(data: &[u8], at: &mut usize) -> PyResult<u64> {
     let mut value = 0u64;
     for shift in (0..64).step_by(7) {
         let Some(&byte) = data.get(*at) else {
-            return Err(invalid(format!("protobuf varint cut short at byte {}", *at)));
+            return Err(invalid(format!(
+                "protobuf varint cut short at byte {}",
+                *at
+            )));
         };
         *at += 1;
         value |= u64::from(byte & 0x7f) << shift;

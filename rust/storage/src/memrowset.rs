@@ -53,11 +53,176 @@ pub enum Presence {
 /// comparisons; the byte order of such keys equals the numeric order of their big-endian value.
 #[derive(Debug)]
 enum KeyIndex {
-    Short {
-        width: usize,
-        map: BTreeMap<u64, RowRef>,
-    },
+    Short { width: usize, map: ShortKeys },
     Long(BTreeMap<Box<[u8]>, RowRef>),
+}
+
+/// `u64` keys in order: a B-tree, and after it a sorted run of keys above every key in the
+/// tree. A bulk load inserts ascending keys (each writer's share of a hash partition), and a
+/// key above every key so far is pushed onto the run instead of descending the tree: profiled
+/// at 12 % of a tablet server's CPU during a Spark load. A key that falls inside the run's
+/// range moves the run into the tree first, so each key enters the tree at most once.
+///
+/// Invariants: `run` is strictly ascending, and every key in `tree` is below `run[0]`.
+#[derive(Debug, Default)]
+struct ShortKeys {
+    tree: BTreeMap<u64, RowRef>,
+    run: Vec<(u64, RowRef)>,
+}
+
+impl ShortKeys {
+    fn len(&self) -> usize {
+        self.tree.len() + self.run.len()
+    }
+
+    /// Whether `key` is above every key held (then it can be pushed onto the run).
+    #[inline]
+    fn above_all(&self, key: u64) -> bool {
+        match self.run.last() {
+            Some(&(last, _)) => key > last,
+            None => self
+                .tree
+                .last_key_value()
+                .is_none_or(|(&last, _)| key > last),
+        }
+    }
+
+    /// Where `key` is or would go in the run, if it is not below the run's first key.
+    #[inline]
+    fn in_run(&self, key: u64) -> Option<std::result::Result<usize, usize>> {
+        let &(first, _) = self.run.first()?;
+        (key >= first).then(|| self.run.binary_search_by_key(&key, |&(k, _)| k))
+    }
+
+    /// Moves the run into the tree (its keys are all above the tree's, so each insert
+    /// goes to the tree's right edge).
+    fn spill(&mut self) {
+        self.tree.extend(self.run.drain(..));
+    }
+
+    fn get(&self, key: u64) -> Option<&RowRef> {
+        match self.in_run(key) {
+            Some(Ok(at)) => Some(&self.run[at].1),
+            Some(Err(_)) => None,
+            None => self.tree.get(&key),
+        }
+    }
+
+    /// Inserts or replaces; true if the key is new.
+    #[inline]
+    fn insert(&mut self, key: u64, entry: RowRef) -> bool {
+        if self.above_all(key) {
+            self.run.push((key, entry));
+            return true;
+        }
+        match self.in_run(key) {
+            Some(Ok(at)) => {
+                self.run[at].1 = entry;
+                false
+            }
+            Some(Err(_)) => {
+                self.spill();
+                self.tree.insert(key, entry).is_none()
+            }
+            None => self.tree.insert(key, entry).is_none(),
+        }
+    }
+
+    /// `KeyIndex::update` for short keys.
+    #[inline]
+    fn update<E>(
+        &mut self,
+        key: u64,
+        choose: impl FnOnce(Option<RowRef>) -> std::result::Result<Option<RowRef>, E>,
+    ) -> std::result::Result<Slot, E> {
+        let inserted = |this: &mut Self, next: Option<RowRef>, push: bool| match next {
+            Some(next) if push => {
+                this.run.push((key, next));
+                Slot::Inserted
+            }
+            Some(next) => {
+                this.tree.insert(key, next);
+                Slot::Inserted
+            }
+            None => Slot::Unchanged,
+        };
+        if self.above_all(key) {
+            let next = choose(None)?;
+            return Ok(inserted(self, next, true));
+        }
+        match self.in_run(key) {
+            Some(Ok(at)) => Ok(match choose(Some(self.run[at].1))? {
+                Some(next) => Slot::Replaced(std::mem::replace(&mut self.run[at].1, next)),
+                None => Slot::Unchanged,
+            }),
+            Some(Err(_)) => {
+                let next = choose(None)?;
+                if next.is_some() {
+                    self.spill();
+                }
+                Ok(inserted(self, next, false))
+            }
+            None => match self.tree.entry(key) {
+                Entry::Occupied(mut found) => {
+                    let current = *found.get();
+                    Ok(match choose(Some(current))? {
+                        Some(next) => Slot::Replaced(std::mem::replace(found.get_mut(), next)),
+                        None => Slot::Unchanged,
+                    })
+                }
+                Entry::Vacant(empty) => Ok(match choose(None)? {
+                    Some(next) => {
+                        empty.insert(next);
+                        Slot::Inserted
+                    }
+                    None => Slot::Unchanged,
+                }),
+            },
+        }
+    }
+
+    fn remove(&mut self, key: u64) {
+        match self.in_run(key) {
+            Some(Ok(at)) => {
+                self.run.remove(at);
+            }
+            Some(Err(_)) => {}
+            None => {
+                self.tree.remove(&key);
+            }
+        }
+    }
+
+    fn first(&self) -> Option<u64> {
+        self.tree
+            .first_key_value()
+            .map(|(&k, _)| k)
+            .or_else(|| self.run.first().map(|&(k, _)| k))
+    }
+
+    fn last(&self) -> Option<u64> {
+        self.run
+            .last()
+            .map(|&(k, _)| k)
+            .or_else(|| self.tree.last_key_value().map(|(&k, _)| k))
+    }
+
+    /// Entries with keys in `[lower, upper)`, in key order: the tree's, then the run's.
+    fn range(&self, lower: Option<u64>, upper: Option<u64>) -> impl Iterator<Item = RowRef> + '_ {
+        let bounds = (
+            lower.map_or(Bound::Unbounded, Bound::Included),
+            upper.map_or(Bound::Unbounded, Bound::Excluded),
+        );
+        let from = lower.map_or(0, |l| self.run.partition_point(|&(k, _)| k < l));
+        let to = upper.map_or(self.run.len(), |u| {
+            self.run.partition_point(|&(k, _)| k < u)
+        });
+        let run = &self.run[from..to.max(from)];
+        self.tree
+            .range(bounds)
+            .map(|(_, r)| *r)
+            .chain(run.iter().map(|&(_, r)| r))
+    }
 }
 
 impl KeyIndex {
@@ -78,7 +243,7 @@ impl KeyIndex {
 
     fn get(&self, key: &[u8]) -> Option<&RowRef> {
         match self {
-            KeyIndex::Short { width, map } => map.get(&Self::short(*width, key)),
+            KeyIndex::Short { width, map } => map.get(Self::short(*width, key)),
             KeyIndex::Long(map) => map.get(key),
         }
     }
@@ -87,7 +252,7 @@ impl KeyIndex {
     #[inline]
     fn insert(&mut self, key: &[u8], entry: RowRef) -> bool {
         match self {
-            KeyIndex::Short { width, map } => map.insert(Self::short(*width, key), entry).is_none(),
+            KeyIndex::Short { width, map } => map.insert(Self::short(*width, key), entry),
             // A repeated key keeps its boxed copy and drops the new one.
             KeyIndex::Long(map) => map.insert(key.into(), entry).is_none(),
         }
@@ -106,19 +271,7 @@ impl KeyIndex {
             None => Slot::Unchanged,
         };
         match self {
-            KeyIndex::Short { width, map } => match map.entry(Self::short(*width, key)) {
-                Entry::Occupied(mut found) => {
-                    let current = *found.get();
-                    Ok(replace(found.get_mut(), choose(Some(current))?))
-                }
-                Entry::Vacant(empty) => Ok(match choose(None)? {
-                    Some(next) => {
-                        empty.insert(next);
-                        Slot::Inserted
-                    }
-                    None => Slot::Unchanged,
-                }),
-            },
+            KeyIndex::Short { width, map } => map.update(Self::short(*width, key), choose),
             // `entry` would need an owned key: probe by reference, box only a new key.
             KeyIndex::Long(map) => match map.get_mut(key) {
                 Some(found) => {
@@ -138,16 +291,18 @@ impl KeyIndex {
 
     fn remove(&mut self, key: &[u8]) {
         match self {
-            KeyIndex::Short { width, map } => map.remove(&Self::short(*width, key)),
-            KeyIndex::Long(map) => map.remove(key),
-        };
+            KeyIndex::Short { width, map } => map.remove(Self::short(*width, key)),
+            KeyIndex::Long(map) => {
+                map.remove(key);
+            }
+        }
     }
 
     fn key_range(&self) -> Option<(Vec<u8>, Vec<u8>)> {
         match self {
             KeyIndex::Short { width, map } => {
-                let first = map.first_key_value()?.0.to_be_bytes()[..*width].to_vec();
-                let last = map.last_key_value()?.0.to_be_bytes()[..*width].to_vec();
+                let first = map.first()?.to_be_bytes()[..*width].to_vec();
+                let last = map.last()?.to_be_bytes()[..*width].to_vec();
                 Some((first, last))
             }
             KeyIndex::Long(map) => Some((
@@ -164,17 +319,10 @@ impl KeyIndex {
         upper: Option<&[u8]>,
     ) -> Box<dyn Iterator<Item = RowRef> + 'a> {
         match self {
-            KeyIndex::Short { width, map } => {
-                let range = (
-                    lower.map_or(Bound::Unbounded, |l| {
-                        Bound::Included(Self::short(*width, l))
-                    }),
-                    upper.map_or(Bound::Unbounded, |u| {
-                        Bound::Excluded(Self::short(*width, u))
-                    }),
-                );
-                Box::new(map.range(range).map(|(_, r)| *r))
-            }
+            KeyIndex::Short { width, map } => Box::new(map.range(
+                lower.map(|l| Self::short(*width, l)),
+                upper.map(|u| Self::short(*width, u)),
+            )),
             KeyIndex::Long(map) => {
                 let range = (
                     lower.map_or(Bound::Unbounded, Bound::Included),
@@ -217,7 +365,7 @@ impl MemRowSet {
         let index = match fixed_key_width {
             Some(width) if (1..=8).contains(&width) => KeyIndex::Short {
                 width,
-                map: BTreeMap::new(),
+                map: ShortKeys::default(),
             },
             _ => KeyIndex::Long(BTreeMap::new()),
         };
@@ -435,6 +583,131 @@ fn decide(op: OpType, live: bool) -> (RowStatus, bool) {
         (OpType::UpdateIgnore | OpType::DeleteIgnore, false) => (RowStatus::Ok, false),
         (OpType::Update | OpType::UpdateIgnore | OpType::Delete | OpType::DeleteIgnore, true) => {
             (RowStatus::Ok, true)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use proptest::prelude::*;
+
+    use super::{RowRef, ShortKeys, Slot};
+
+    fn row(n: u32) -> RowRef {
+        RowRef {
+            batch: n,
+            row: n,
+            deleted: n.is_multiple_of(3),
+        }
+    }
+
+    #[derive(Clone, Debug)]
+    enum Op {
+        Insert(u64),
+        UpdateKeep(u64),
+        UpdateWrite(u64),
+        Remove(u64),
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        // Small keys collide often; a rising counter shape comes from sorted runs below.
+        let key = prop_oneof![0u64..40, 0u64..u64::MAX];
+        prop_oneof![
+            key.clone().prop_map(Op::Insert),
+            key.clone().prop_map(Op::UpdateKeep),
+            key.clone().prop_map(Op::UpdateWrite),
+            key.prop_map(Op::Remove),
+        ]
+    }
+
+    /// The tree-plus-run index behaves exactly like one ordered map, whatever the order of
+    /// keys (ascending runs, keys inside the run, below it, removals), for lookups, sizes,
+    /// first/last and every range.
+    fn check(ops: &[Op]) {
+        let mut keys = ShortKeys::default();
+        let mut model: BTreeMap<u64, RowRef> = BTreeMap::new();
+        for (n, op) in ops.iter().enumerate() {
+            let entry = row(n as u32);
+            match *op {
+                Op::Insert(k) => {
+                    assert_eq!(keys.insert(k, entry), model.insert(k, entry).is_none());
+                }
+                Op::UpdateKeep(k) => {
+                    let slot = keys.update(k, |_| Ok::<_, ()>(None)).unwrap();
+                    assert_eq!(slot, Slot::Unchanged);
+                }
+                Op::UpdateWrite(k) => {
+                    let before = model.get(&k).copied();
+                    let slot = keys
+                        .update(k, |current| {
+                            assert_eq!(current, before);
+                            Ok::<_, ()>(Some(entry))
+                        })
+                        .unwrap();
+                    model.insert(k, entry);
+                    let expected = before.map_or(Slot::Inserted, Slot::Replaced);
+                    assert_eq!(slot, expected);
+                }
+                Op::Remove(k) => {
+                    keys.remove(k);
+                    model.remove(&k);
+                }
+            }
+            assert!(keys.run.windows(2).all(|w| w[0].0 < w[1].0));
+            if let (Some((&top, _)), Some(&(bottom, _))) =
+                (keys.tree.last_key_value(), keys.run.first())
+            {
+                assert!(top < bottom);
+            }
+        }
+        assert_eq!(keys.len(), model.len());
+        assert_eq!(keys.first(), model.keys().next().copied());
+        assert_eq!(keys.last(), model.keys().next_back().copied());
+        for (&k, v) in &model {
+            assert_eq!(keys.get(k), Some(v));
+        }
+        let mut bounds: Vec<u64> = model.keys().copied().collect();
+        bounds.extend([0, 1, 20, 39, u64::MAX]);
+        for &lower in &bounds {
+            for &upper in &bounds {
+                if lower > upper {
+                    continue;
+                }
+                let got: Vec<RowRef> = keys.range(Some(lower), Some(upper)).collect();
+                let want: Vec<RowRef> = model.range(lower..upper).map(|(_, v)| *v).collect();
+                assert_eq!(got, want, "range {lower}..{upper}");
+            }
+        }
+        let all: Vec<RowRef> = keys.range(None, None).collect();
+        assert_eq!(all, model.values().copied().collect::<Vec<_>>());
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(96))]
+
+        #[test]
+        fn tree_and_run_act_as_one_ordered_map(ops in prop::collection::vec(op(), 0..120)) {
+            check(&ops);
+        }
+
+        #[test]
+        fn interleaved_ascending_writers(
+            starts in prop::collection::vec(0u64..1000, 1..4),
+            steps in prop::collection::vec(0usize..4, 0..200),
+        ) {
+            // Several writers each inserting ascending keys, interleaved: the bulk-load shape.
+            let mut next: Vec<u64> = starts.iter().enumerate().map(|(i, s)| s + 10_000 * i as u64).collect();
+            let ops: Vec<Op> = steps
+                .iter()
+                .map(|&w| {
+                    let w = w % next.len();
+                    next[w] += 1 + (w as u64);
+                    Op::Insert(next[w])
+                })
+                .collect();
+            check(&ops);
         }
     }
 }
