@@ -149,6 +149,14 @@ impl EntryBatch {
     }
 
     /// The encoded entries at `positions` as one contiguous byte range of the payload.
+    /// The storage holding entries `positions` and where their frames lie in it: what the
+    /// WAL queues without copying (`Log::append_shared`).
+    pub(crate) fn shared_frames(&self, positions: Range<usize>) -> (BatchStorage, Range<usize>) {
+        let frames = self.frames(positions);
+        let start = frames.as_ptr() as usize - self.as_bytes().as_ptr() as usize;
+        (Arc::clone(&self.storage), start..start + frames.len())
+    }
+
     pub(crate) fn frames(&self, positions: Range<usize>) -> &[u8] {
         if positions.is_empty() {
             return &[];

@@ -182,7 +182,9 @@ impl ReplicatedLog {
         let op_id = OpId::new(term, last.index + 1);
         let entry = EntryRef::new(op_id.term, op_id.index, entry_type, payload);
         let batch = EntryBatch::encode(&[entry])?;
-        let ticket = self.wal.append(&[entry])?;
+        // The WAL queues the batch's frame itself rather than a copy of it.
+        let (storage, range) = batch.shared_frames(0..1);
+        let ticket = self.wal.append_shared(&[entry], storage, range)?;
         debug_assert_eq!(ticket.last_index, op_id.index);
         state.last_ticket = ticket.ticket;
         self.cache_appended(&mut state, &batch, 0);
@@ -295,7 +297,10 @@ impl ReplicatedLog {
         let truncated_from = (start_index <= last.index).then_some(start_index);
         let entries = batch.entries(start..batch.len());
         let ticket = match truncated_from {
-            None => self.wal.append(&entries)?.ticket,
+            None => {
+                let (storage, range) = batch.shared_frames(start..batch.len());
+                self.wal.append_shared(&entries, storage, range)?.ticket
+            }
             Some(from) => {
                 if from <= committed_index {
                     return Err(ConsensusError::TruncateCommitted {

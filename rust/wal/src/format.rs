@@ -116,9 +116,72 @@ pub fn decode_segment_header(buf: &[u8]) -> Result<SegmentHeader, HeaderError> {
 #[derive(Debug)]
 pub struct EncodedPayload {
     pub kind: BatchKind,
-    pub bytes: Vec<u8>,
+    pub bytes: PayloadBytes,
     pub crc: u32,
     pub entry_count: u32,
+}
+
+/// Bytes that outlive the call that hands them over, shared rather than copied.
+pub type SharedBytes = std::sync::Arc<dyn AsRef<[u8]> + Send + Sync>;
+
+/// A batch payload's bytes: framed here, or entry frames the caller already holds in this
+/// format (a consensus entry batch), shared until the appender has written them.
+pub enum PayloadBytes {
+    Owned(Vec<u8>),
+    Shared {
+        storage: SharedBytes,
+        range: std::ops::Range<usize>,
+    },
+}
+
+impl std::ops::Deref for PayloadBytes {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        match self {
+            PayloadBytes::Owned(bytes) => bytes,
+            PayloadBytes::Shared { storage, range } => &(**storage).as_ref()[range.clone()],
+        }
+    }
+}
+
+impl std::fmt::Debug for PayloadBytes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "PayloadBytes({} bytes)", self.len())
+    }
+}
+
+/// The payload of `entries` from frames the caller holds, `storage[range]`, without copying
+/// them; `None` unless those bytes are exactly what `encode_entries` would frame (each
+/// entry's header and length are checked: the index is built from these bytes).
+pub fn shared_entries(
+    entries: &[EntryRef<'_>],
+    storage: SharedBytes,
+    range: std::ops::Range<usize>,
+) -> Option<EncodedPayload> {
+    let bytes = (*storage).as_ref().get(range.clone())?;
+    let mut at = 0usize;
+    for e in entries {
+        let header = bytes.get(at..at + ENTRY_HEADER_BYTES)?;
+        let expected_len = e.payload.len();
+        if read_u64(header, 0) != e.term
+            || read_u64(header, 8) != e.index
+            || header[16..20] != [e.entry_type.as_u8(), 0, 0, 0]
+            || read_u32(header, 20) as usize != expected_len
+        {
+            return None;
+        }
+        at += ENTRY_HEADER_BYTES + expected_len;
+    }
+    if at != bytes.len() {
+        return None;
+    }
+    Some(EncodedPayload {
+        kind: BatchKind::Entries,
+        crc: crc32c::crc32c(bytes),
+        entry_count: entries.len() as u32,
+        bytes: PayloadBytes::Shared { storage, range },
+    })
 }
 
 /// Frames entries into one batch payload. Callers validate lengths first.
@@ -139,7 +202,7 @@ pub fn encode_entries(entries: &[EntryRef<'_>]) -> EncodedPayload {
     EncodedPayload {
         kind: BatchKind::Entries,
         crc: crc32c::crc32c(&bytes),
-        bytes,
+        bytes: PayloadBytes::Owned(bytes),
         entry_count: entries.len() as u32,
     }
 }
@@ -152,7 +215,7 @@ pub fn encode_truncate(last_kept: OpId) -> EncodedPayload {
     EncodedPayload {
         kind: BatchKind::Truncate,
         crc: crc32c::crc32c(&bytes),
-        bytes,
+        bytes: PayloadBytes::Owned(bytes),
         entry_count: 0,
     }
 }

@@ -324,6 +324,26 @@ impl Log {
         Ok(ticket)
     }
 
+    /// Like `append`, for entries whose frames the caller already holds in the WAL's entry
+    /// framing (`storage[range]`, e.g. a consensus entry batch): the queue shares those bytes
+    /// instead of copying them. Frames that do not match `entries` exactly are refused.
+    pub fn append_shared(
+        &self,
+        entries: &[EntryRef<'_>],
+        storage: format::SharedBytes,
+        range: std::ops::Range<usize>,
+    ) -> Result<AppendTicket> {
+        validate_batch(entries)?;
+        let payload = format::shared_entries(entries, storage, range).ok_or_else(|| {
+            WalError::InvalidArgument("shared frames do not match the entries".into())
+        })?;
+        let mut queue = self.reserve_space(format::BATCH_HEADER_BYTES + payload.bytes.len())?;
+        check_continues(&queue.terms, entries)?;
+        let ticket = self.push_entries(&mut queue, entries, payload);
+        self.wake_appender(queue);
+        Ok(ticket)
+    }
+
     /// Like `append`, but never blocks: `None` when the queue is full (nothing was queued).
     /// For callers that must not block the thread they run on (e.g. one holding the GIL).
     pub fn try_append(&self, entries: &[EntryRef<'_>]) -> Result<Option<AppendTicket>> {

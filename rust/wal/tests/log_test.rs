@@ -363,3 +363,35 @@ fn append_without_waiting_then_wait(log: &Log, payload: &[u8], count: u64) {
     }
     log.wait(last.unwrap().ticket).unwrap();
 }
+
+#[test]
+fn shared_frames_are_appended_without_a_copy_and_must_match_the_entries() {
+    let dir = scratch_dir();
+    let entries: Vec<Entry> = (1..=4).map(|i| entry(1, i)).collect();
+    let refs: Vec<EntryRef<'_>> = entries.iter().map(Entry::as_ref).collect();
+    // The caller's buffer: some bytes of its own, then the frames as the WAL frames them.
+    let framed = nyala_wal::format::encode_entries(&refs);
+    let mut held = b"caller header".to_vec();
+    let start = held.len();
+    held.extend_from_slice(&framed.bytes);
+    let end = held.len();
+    let storage: nyala_wal::format::SharedBytes = Arc::new(held);
+    {
+        let log = Log::open(dir.path(), "t", small_options(64 << 10)).unwrap();
+        // Frames that do not match (a wrong range, or other entries) are refused: the index
+        // is built from the frames, so they must be exactly these entries.
+        for (range, wanted) in [(start..end - 1, &refs[..]), (start..end, &refs[..3])] {
+            let refused = log.append_shared(wanted, Arc::clone(&storage), range);
+            assert!(matches!(refused, Err(WalError::InvalidArgument(_))));
+        }
+        let ticket = log
+            .append_shared(&refs, Arc::clone(&storage), start..end)
+            .unwrap();
+        assert_eq!(ticket.last_index, 4);
+        log.wait(ticket.ticket).unwrap();
+        assert_eq!(read_all(&log), entries);
+        log.close().unwrap();
+    }
+    let log = Log::open(dir.path(), "t", small_options(64 << 10)).unwrap();
+    assert_eq!(read_all(&log), entries);
+}
