@@ -30,11 +30,6 @@ from nyala.errors import InvalidArgumentError
 __all__ = ["DurableWatch", "LogCacheStats", "WalEntryBatch", "WalLog", "WalLogOptions"]
 
 # The WAL's entry type bytes (docs/wal-format.md) differ from ``EntryKind``'s values.
-#: ``read_batch`` returns a cached batch of at least this many bytes alone and shared (no
-#: copy) instead of packing it with the next ones (a bulk load's entries are this large).
-SHARED_BATCH_BYTES_MIN = 64 * 1024
-_LAST_INDEX_MAX = 2**64 - 1
-
 _WAL_TYPE_OF_KIND = {EntryKind.WRITE: 1, EntryKind.NO_OP: 2, EntryKind.CONFIG_CHANGE: 3}
 _KIND_OF_WAL_TYPE = {code: kind for kind, code in _WAL_TYPE_OF_KIND.items()}
 
@@ -241,17 +236,6 @@ class WalLog:
         none after ``last_index`` if given."""
         if after_index < 0:
             raise InvalidArgumentError(f"read after index {after_index}: not in the log")
-        # A large batch the cache holds whole goes alone, shared rather than copied into a
-        # new batch: packing it with its neighbours would save nothing per byte.
-        whole = self._log.read_whole_batch(
-            after_index, _LAST_INDEX_MAX if last_index is None else max(last_index, 0)
-        )
-        if (
-            whole is not None
-            and whole.size_bytes >= SHARED_BATCH_BYTES_MIN
-            and (whole.size_bytes <= bytes_max or len(whole) == 1)
-        ):
-            return WalEntryBatch(whole)
         if last_index is None:
             native = self._log.read_batch(after_index, max(bytes_max, 0))
         else:

@@ -15,7 +15,7 @@ from log_conformance import BIG_BYTES, RaftLogConformance
 from nyala.consensus.log import RaftLog
 from nyala.consensus.memory_log import MemoryLog
 from nyala.consensus.types import MIN_OP_ID, EntryKind, OpId
-from nyala.consensus.wal_log import SHARED_BATCH_BYTES_MIN, WalEntryBatch, WalLog, WalLogOptions
+from nyala.consensus.wal_log import WalEntryBatch, WalLog, WalLogOptions
 from nyala.errors import CorruptionError, InvalidArgumentError
 
 TABLET_ID = "0" * 32
@@ -166,16 +166,6 @@ def test_whole_cached_batches_are_shared_and_views_need_no_copy(log: WalLog) -> 
     view = whole.wire_view()
     assert view.readonly
     assert bytes(view) == whole.to_wire()
-    # read_batch packs small batches, and sends a large one alone without copying it
-    packed = log.read_batch(0, BIG_BYTES)
-    assert packed is not None
-    assert packed.last_op_id == OpId(1, 2)
-    log.append(1, EntryKind.WRITE, b"L" * SHARED_BATCH_BYTES_MIN)
-    log.append(1, EntryKind.WRITE, b"s")
-    alone = log.read_batch(2, BIG_BYTES)
-    assert alone is not None
-    assert (alone.first_op_id, alone.last_op_id) == (OpId(1, 3), OpId(1, 3))
-    assert log.read_batch(2, 100) is not None  # one entry over the budget still goes
     log.append(1, EntryKind.WRITE, b"c" * 10)
     log.wait_durable()
     log.evict_through(1)
