@@ -13,29 +13,7 @@ use nyala_wal::{AppendTicket, FaultInjection, Log, LogOptions};
 /// `writers` threads each append `appends` single entries and wait for each to be durable.
 /// Like a Raft leader: indexes are assigned under a lock, durability is awaited outside it.
 fn append_concurrently(log: &Arc<Log>, writers: usize, appends: u64) {
-    let next_index = Arc::new(Mutex::new(1u64));
-    let threads: Vec<_> = (0..writers)
-        .map(|_| {
-            let log = Arc::clone(log);
-            let next_index = Arc::clone(&next_index);
-            thread::spawn(move || {
-                for _ in 0..appends {
-                    let ticket = {
-                        let mut next = next_index.lock().unwrap();
-                        let e = entry(1, *next);
-                        let ticket = log.append(&[e.as_ref()]).unwrap();
-                        *next += 1;
-                        ticket
-                    };
-                    log.wait(ticket.ticket).unwrap();
-                    assert!(log.durable_index() >= ticket.last_index);
-                }
-            })
-        })
-        .collect();
-    for t in threads {
-        t.join().unwrap();
-    }
+    append_concurrently_from(log, writers, appends, 1);
 }
 
 #[test]
@@ -117,7 +95,7 @@ fn start_second_committer(log: &Arc<Log>, faults: &FaultInjection) {
     assert!(log.metrics().sync_threads >= 2, "{:?}", log.metrics());
 }
 
-/// Like `append_concurrently`, continuing the log at `first`.
+/// `append_concurrently`, continuing the log at `first`.
 fn append_concurrently_from(log: &Arc<Log>, writers: usize, appends: u64, first: u64) {
     let next_index = Arc::new(Mutex::new(first));
     let threads: Vec<_> = (0..writers)
@@ -133,6 +111,7 @@ fn append_concurrently_from(log: &Arc<Log>, writers: usize, appends: u64, first:
                         ticket
                     };
                     log.wait(ticket.ticket).unwrap();
+                    assert!(log.durable_index() >= ticket.last_index);
                 }
             })
         })
