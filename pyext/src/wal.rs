@@ -389,6 +389,14 @@ impl PyLog {
         self.log.fault_injection().fail_next_syncs(count, errno);
     }
 
+    /// FAULT INJECTION, tests and benchmarks only: the next `count` syncs first sleep
+    /// `delay_s` seconds (a slow device, without another process's I/O on the disk).
+    fn _inject_sync_delays(&self, count: u32, delay_s: f64) {
+        self.log
+            .fault_injection()
+            .delay_next_syncs(count, Duration::from_secs_f64(delay_s.max(0.0)));
+    }
+
     /// FAULT INJECTION, tests only: preallocate as if `fallocate` were unsupported.
     fn _inject_fallocate_unsupported(&self, unsupported: bool) {
         self.log

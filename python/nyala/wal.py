@@ -393,3 +393,9 @@ class Log:
     def inject_fallocate_unsupported(self, unsupported: bool = True) -> None:
         """FAULT INJECTION, not for production: preallocate as if ``fallocate`` failed."""
         self._native._inject_fallocate_unsupported(unsupported)
+
+    def inject_sync_delays(self, count: int, delay_s: float) -> None:
+        """FAULT INJECTION, not for production: the next ``count`` syncs first sleep
+        ``delay_s`` (a slow device; benchmarks use it to take another process's disk
+        traffic out of a CPU-side comparison)."""
+        self._native._inject_sync_delays(count, delay_s)

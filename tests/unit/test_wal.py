@@ -207,6 +207,16 @@ def test_sync_failure_fails_waiters_with_disk_full(tmp_path: Path) -> None:
         log.close()
 
 
+def test_delayed_syncs_delay_durability(tmp_path: Path) -> None:
+    with Log(tmp_path, "t", SMALL) as log:
+        log.append_durable(make_entries(1, 1, 1))
+        log.inject_sync_delays(1, 0.3)
+        ticket = log.append(make_entries(1, 2, 2)).ticket
+        assert not log.wait(ticket, timeout_s=0.05)
+        assert log.wait(ticket, timeout_s=10)
+        assert log.durable_index == 2
+
+
 def test_fallocate_fallback(tmp_path: Path) -> None:
     with Log(tmp_path, "t", LogOptions(segment_size_bytes=8 << 10)) as log:
         log.inject_fallocate_unsupported()

@@ -279,7 +279,9 @@ impl Committers {
 
     fn run(self: Arc<Self>, slot: usize) {
         let shared = &self.shared;
-        let mut requests = Vec::new();
+        let mut requests = VecDeque::new();
+        // The queue arena this committer took last (emptied), swapped in at the next drain.
+        let mut arena = Vec::new();
         loop {
             let mut turn = self.turn.lock();
             // Held back before looking at the queue, without the idle flag: appends that
@@ -311,10 +313,13 @@ impl Committers {
                         break;
                     }
                 }
-                requests.extend(queue.requests.drain(..));
+                mem::swap(&mut requests, &mut queue.requests);
+                mem::swap(&mut arena, &mut queue.arena);
                 mem::take(&mut queue.appends_found_busy) && !queue.closing
             };
-            let group = match turn.commit(&mut requests, slot) {
+            let committed = turn.commit(&mut requests, &arena, slot);
+            arena.clear();
+            let group = match committed {
                 Ok(group) => group,
                 Err(err) => {
                     self.pipeline.lock().stopped = true;
@@ -503,7 +508,12 @@ impl Appender {
     /// (`None` when there is nothing to sync). Only a large group (over a quarter of a
     /// segment) crosses a roll-over; it starts writeback of each finished segment early so
     /// that segment's sync overlaps the next write.
-    fn commit(&mut self, requests: &mut Vec<Request>, slot: usize) -> Result<Option<GroupToSync>> {
+    fn commit(
+        &mut self,
+        requests: &mut VecDeque<Request>,
+        arena: &[u8],
+        slot: usize,
+    ) -> Result<Option<GroupToSync>> {
         let mut written: Vec<SyncTarget> = Vec::new();
         // A small group that does not fit in what is left of the active segment moves to the
         // next segment whole: the finished segment's data was synced by earlier groups, so
@@ -527,7 +537,7 @@ impl Appender {
                 }
                 self.roll()?;
             }
-            self.add(request);
+            self.add(request, arena);
         }
         if self.write_pending()? {
             written.push(self.active.sync_target(slot));
@@ -547,11 +557,20 @@ impl Appender {
     }
 
     /// Frames one request into the group and stages its index changes.
-    fn add(&mut self, request: Request) {
+    fn add(&mut self, request: Request, arena: &[u8]) {
         let batch_offset = self.active.write_end + self.pending_bytes();
         let frame_len = request.queued_bytes() as u32;
-        format::write_batch_header(&mut self.buf, &request.payload, self.active.sequence());
-        self.buf.extend_from_slice(&request.payload.bytes);
+        let bytes = request.payload_bytes(arena);
+        let payload = &request.payload;
+        format::write_frame_header(
+            &mut self.buf,
+            payload.kind,
+            self.active.sequence(),
+            bytes.len(),
+            payload.entry_count,
+            payload.crc,
+        );
+        self.buf.extend_from_slice(bytes);
         match request.truncate_to {
             Some(kept) => {
                 self.staged.push(Staged::Truncate(kept.index));
@@ -569,7 +588,6 @@ impl Appender {
             }
             None => {
                 let mut offset = 0usize;
-                let bytes = &request.payload.bytes;
                 let mut index = request.first_index;
                 while offset < bytes.len() {
                     let term =
@@ -615,9 +633,14 @@ impl Appender {
         Metrics::add(&self.shared.metrics.bytes_written, padded as u64);
         self.advance_tail(data_len);
         self.apply_staged();
-        {
+        let space_waited = {
             let mut queue = self.shared.lock_queue();
             queue.queued_bytes -= self.group_queued_bytes;
+            queue.space_waiters > 0
+        };
+        // After the unlock, and only for a waiter: appends queueing meanwhile never find the
+        // lock held across a system call.
+        if space_waited {
             self.shared.space_ready.notify_all();
         }
         self.group_queued_bytes = 0;

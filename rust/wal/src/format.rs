@@ -184,27 +184,39 @@ pub fn shared_entries(
     })
 }
 
-/// Frames entries into one batch payload. Callers validate lengths first.
-pub fn encode_entries(entries: &[EntryRef<'_>]) -> EncodedPayload {
-    let len: usize = entries
+/// Bytes `entries` take framed as a batch payload (entry headers and payloads).
+pub fn entries_payload_len(entries: &[EntryRef<'_>]) -> usize {
+    entries
         .iter()
         .map(|e| ENTRY_HEADER_BYTES + e.payload.len())
-        .sum();
-    let mut bytes = Vec::with_capacity(len);
-    for e in entries {
-        bytes.extend_from_slice(&e.term.to_le_bytes());
-        bytes.extend_from_slice(&e.index.to_le_bytes());
-        bytes.extend_from_slice(&[e.entry_type.as_u8(), 0, 0, 0]);
-        bytes.extend_from_slice(&(e.payload.len() as u32).to_le_bytes());
-        bytes.extend_from_slice(e.payload);
-    }
-    debug_assert_eq!(bytes.len(), len);
+        .sum()
+}
+
+/// Frames entries into one batch payload. Callers validate lengths first.
+pub fn encode_entries(entries: &[EntryRef<'_>]) -> EncodedPayload {
+    let mut bytes = Vec::with_capacity(entries_payload_len(entries));
+    let crc = encode_entries_into(entries, &mut bytes);
     EncodedPayload {
         kind: BatchKind::Entries,
-        crc: crc32c::crc32c(&bytes),
+        crc,
         bytes: PayloadBytes::Owned(bytes),
         entry_count: entries.len() as u32,
     }
+}
+
+/// Appends the batch payload framing `entries` to `out` (as `encode_entries` frames them);
+/// returns the CRC32C of the bytes appended.
+pub fn encode_entries_into(entries: &[EntryRef<'_>], out: &mut Vec<u8>) -> u32 {
+    let start = out.len();
+    out.reserve(entries_payload_len(entries));
+    for e in entries {
+        out.extend_from_slice(&e.term.to_le_bytes());
+        out.extend_from_slice(&e.index.to_le_bytes());
+        out.extend_from_slice(&[e.entry_type.as_u8(), 0, 0, 0]);
+        out.extend_from_slice(&(e.payload.len() as u32).to_le_bytes());
+        out.extend_from_slice(e.payload);
+    }
+    crc32c::crc32c(&out[start..])
 }
 
 /// Frames a truncation record that keeps everything up to and including `last_kept`.
@@ -222,13 +234,33 @@ pub fn encode_truncate(last_kept: OpId) -> EncodedPayload {
 
 /// Appends the frame header for `payload` in segment `sequence` to `out`.
 pub fn write_batch_header(out: &mut Vec<u8>, payload: &EncodedPayload, sequence: u64) {
+    write_frame_header(
+        out,
+        payload.kind,
+        sequence,
+        payload.bytes.len(),
+        payload.entry_count,
+        payload.crc,
+    );
+}
+
+/// Appends a frame header to `out`: `kind`, segment `sequence`, and the payload's length,
+/// entry count and CRC32C.
+pub fn write_frame_header(
+    out: &mut Vec<u8>,
+    kind: BatchKind,
+    sequence: u64,
+    payload_len: usize,
+    entry_count: u32,
+    payload_crc: u32,
+) {
     let start = out.len();
     out.extend_from_slice(&BATCH_MAGIC);
-    out.extend_from_slice(&[payload.kind as u8, 0, 0, 0]);
+    out.extend_from_slice(&[kind as u8, 0, 0, 0]);
     out.extend_from_slice(&sequence.to_le_bytes());
-    out.extend_from_slice(&(payload.bytes.len() as u32).to_le_bytes());
-    out.extend_from_slice(&payload.entry_count.to_le_bytes());
-    out.extend_from_slice(&payload.crc.to_le_bytes());
+    out.extend_from_slice(&(payload_len as u32).to_le_bytes());
+    out.extend_from_slice(&entry_count.to_le_bytes());
+    out.extend_from_slice(&payload_crc.to_le_bytes());
     let crc = crc32c::crc32c(&out[start..]);
     out.extend_from_slice(&crc.to_le_bytes());
     debug_assert_eq!(out.len() - start, BATCH_HEADER_BYTES);

@@ -319,3 +319,92 @@ fn sync_none_keeps_one_committer_whatever_the_setting() {
     let expected: Vec<_> = (1..=400).map(|i| entry(1, i)).collect();
     assert_eq!(read_all(&log), expected);
 }
+
+/// Small appends are framed into the queue's arena, larger ones into buffers of their own,
+/// shared ones stay in the caller's storage; one group mixes all three (and truncations),
+/// with a queue small enough that appenders may block on back-pressure (`back_pressure_*`
+/// in log_test.rs makes sure they do). Everything comes back in order, before and after
+/// reopening, and no appender is left waiting.
+#[test]
+fn small_large_and_shared_appends_mix_in_groups_under_back_pressure() {
+    const WRITERS: usize = 6;
+    const APPENDS_PER_WRITER: u64 = 60;
+    let dir = scratch_dir();
+    let options = LogOptions {
+        queue_bytes_max: 16 << 10,
+        ..small_options(256 << 10)
+    };
+    let log = Arc::new(Log::open(dir.path(), "t", options.clone()).unwrap());
+    // The entries the log must hold, by index (a truncation replaces a suffix).
+    let expected = Arc::new(Mutex::new(Vec::<nyala_wal::Entry>::new()));
+    let threads: Vec<_> = (0..WRITERS)
+        .map(|writer| {
+            let log = Arc::clone(&log);
+            let expected = Arc::clone(&expected);
+            thread::spawn(move || {
+                for round in 0..APPENDS_PER_WRITER {
+                    let ticket = {
+                        let mut expected = expected.lock().unwrap();
+                        let next = expected.len() as u64 + 1;
+                        // Above the arena limit (4 KiB framed) every few appends.
+                        let len = if (round + writer as u64).is_multiple_of(5) {
+                            6000
+                        } else {
+                            (round * 13 % 200) as usize
+                        };
+                        let e = nyala_wal::Entry {
+                            term: 1,
+                            index: next,
+                            entry_type: nyala_wal::EntryType::Write,
+                            payload: vec![(next % 251) as u8; len],
+                        };
+                        let ticket = match round % 7 {
+                            3 => {
+                                // Shared frames, as the replicated log hands them over.
+                                let framed = nyala_wal::format::encode_entries(&[e.as_ref()]);
+                                let bytes: Vec<u8> = framed.bytes.to_vec();
+                                let end = bytes.len();
+                                let storage: nyala_wal::format::SharedBytes = Arc::new(bytes);
+                                log.append_shared(&[e.as_ref()], storage, 0..end).unwrap()
+                            }
+                            5 if next > 2 => {
+                                // A follower replacing its last entry.
+                                expected.pop();
+                                let e = nyala_wal::Entry {
+                                    index: next - 1,
+                                    term: 1,
+                                    ..e.clone()
+                                };
+                                let ticket = log.truncate_and_append(next - 2, &[e.as_ref()]);
+                                expected.push(e);
+                                let ticket = ticket.unwrap();
+                                drop(expected);
+                                log.wait(ticket.ticket).unwrap();
+                                continue;
+                            }
+                            _ => log.append(&[e.as_ref()]).unwrap(),
+                        };
+                        expected.push(e);
+                        ticket
+                    };
+                    log.wait(ticket.ticket).unwrap();
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    let expected = expected.lock().unwrap().clone();
+    let metrics = log.metrics();
+    assert!(metrics.truncations > 0, "{metrics:?}");
+    assert!(
+        metrics.groups < metrics.batches_appended,
+        "some groups held several appends: {metrics:?}"
+    );
+    assert_eq!(log.durable_index(), expected.len() as u64);
+    assert_eq!(read_all(&log), expected);
+    log.close().unwrap();
+    let reopened = Log::open(dir.path(), "t", options).unwrap();
+    assert_eq!(read_all(&reopened), expected);
+}
