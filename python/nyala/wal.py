@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import heapq
 import itertools
 import os
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, fields
 from enum import IntEnum
 from types import TracebackType
@@ -28,6 +29,8 @@ from nyala.errors import IllegalStateError
 
 if TYPE_CHECKING:
     from typing_extensions import Buffer
+
+_get_ident = threading.get_ident
 
 __all__ = [
     "AppendTicket",
@@ -147,6 +150,14 @@ class _DurabilityWatcher:
         # for an older ticket than the FIFO's last goes to a heap instead.
         self._fifo: collections.deque[tuple[int, asyncio.Future[None]]] = collections.deque()
         self._fifo_last = 0
+        # A future of this loop. asyncio's own loops make one in a Python-level method; the
+        # C type called directly is the same future one frame cheaper (once per append).
+        # Loops that override create_future (uvloop, ...) keep theirs.
+        self.new_future: Callable[[], asyncio.Future[None]]
+        if type(loop).create_future is asyncio.BaseEventLoop.create_future:
+            self.new_future = functools.partial(asyncio.Future, loop=loop)
+        else:
+            self.new_future = loop.create_future
         # (ticket, tie-breaker, future)
         self._out_of_order: list[tuple[int, int, asyncio.Future[None]]] = []
         self._counter = itertools.count()
@@ -156,13 +167,19 @@ class _DurabilityWatcher:
         """A future for ``ticket``. ``just_appended``: the ticket was queued by this thread a
         moment ago, so its publication (and the eventfd signal after it) comes later than
         that: no need to ask the log whether it is durable already."""
-        future: asyncio.Future[None] = self.loop.create_future()
+        future = self.new_future()
         if not just_appended and self._native.durable_ticket() >= ticket:
             future.set_result(None)
             return future
+        self.enqueue(ticket, future)
+        return future
+
+    def enqueue(self, ticket: int, future: asyncio.Future[None]) -> None:
+        """Resolves ``future`` once ``ticket`` is durable (fails it once the log failed).
+        ``Log.append_async`` inlines the common case; keep the two alike."""
         if self._failure is not None:
             future.set_exception(self._failure)
-            return future
+            return
         # A durable change or a failure after the checks above signals the eventfd after
         # publishing, so `_on_readable` runs later and sees this future: no lost wake-up.
         if ticket >= self._fifo_last:
@@ -170,7 +187,6 @@ class _DurabilityWatcher:
             self._fifo_last = ticket
         else:
             heapq.heappush(self._out_of_order, (ticket, next(self._counter), future))
-        return future
 
     def _on_readable(self) -> None:
         self._native.drain_notifications()
@@ -254,7 +270,19 @@ class Log:
     async def append_async(self, entries: Iterable[EntryLike]) -> int:
         """Appends and awaits durability on the running loop; returns the last index."""
         ticket, last_index = self._native.append(entries)
-        await self._wait_async(ticket, True)
+        # `self._wait_async(ticket, True)` inlined, with the watcher's `enqueue` for the usual
+        # case (no failure, tickets in order): this runs once per append, and each Python
+        # call it saves was about 3 % of an event loop's time with 64 writers.
+        watcher = self._watcher
+        if watcher is None or watcher.thread != _get_ident() or not watcher.loop.is_running():
+            watcher = self._watcher_for_running_loop()
+        future = watcher.new_future()
+        if watcher._failure is None and ticket >= watcher._fifo_last:
+            watcher._fifo.append((ticket, future))
+            watcher._fifo_last = ticket
+        else:
+            watcher.enqueue(ticket, future)
+        await future
         return last_index
 
     def truncate_after(self, last_kept: int) -> int:
@@ -281,20 +309,21 @@ class Log:
         # While the watcher's loop runs in this thread it is the running loop (a thread runs
         # one loop at a time). Checking that is cheaper than asyncio.get_running_loop(),
         # which makes a getpid() system call per call on Python 3.11 (every append).
-        if (
-            watcher is None
-            or watcher.thread != threading.get_ident()
-            or not watcher.loop.is_running()
-        ):
-            loop = asyncio.get_running_loop()
-            if watcher is not None and watcher.loop is loop:
-                # The same loop, now run by another thread.
-                watcher.thread = threading.get_ident()
-            else:
-                if watcher is not None:
-                    watcher.close()
-                watcher = self._watcher = _DurabilityWatcher(self._native, loop)
+        if watcher is None or watcher.thread != _get_ident() or not watcher.loop.is_running():
+            watcher = self._watcher_for_running_loop()
         return watcher.wait(ticket, just_appended)
+
+    def _watcher_for_running_loop(self) -> _DurabilityWatcher:
+        loop = asyncio.get_running_loop()
+        watcher = self._watcher
+        if watcher is not None and watcher.loop is loop:
+            # The same loop, now run by another thread.
+            watcher.thread = _get_ident()
+            return watcher
+        if watcher is not None:
+            watcher.close()
+        watcher = self._watcher = _DurabilityWatcher(self._native, loop)
+        return watcher
 
     @property
     def durable_ticket(self) -> int:
