@@ -522,6 +522,17 @@ impl Appender {
         // the segment first, so segments stay nearly full and roll-overs rare.
         let group_bytes: u64 = requests.iter().map(|r| r.queued_bytes() as u64).sum();
         let segment_bytes = self.shared.options.segment_size_bytes;
+        if group_bytes > segment_bytes / WHOLE_GROUP_SEGMENT_FRACTION
+            && self.prepared_ahead < SEGMENTS_PREPARED_AHEAD_MAX
+        {
+            // A bulk writer: it fills segments faster than one preparation's syncs (a journal
+            // commit each, 5-20 ms under its writeback). Asking for the most segments now
+            // lets the background thread prepare them together, sharing those syncs; waiting
+            // for roll-overs to find none ready (which doubles the count) cost two or three
+            // waits of 30-40 ms in every 128 MiB run.
+            self.prepared_ahead = SEGMENTS_PREPARED_AHEAD_MAX;
+            self.request_preparations();
+        }
         if self.active.has_batches
             && !self.fits(group_bytes)
             && group_bytes <= segment_bytes / WHOLE_GROUP_SEGMENT_FRACTION
@@ -758,11 +769,25 @@ impl Appender {
             segment: old.segment,
             write_end: old.write_end,
         });
-        while self.prepared_through < active_sequence + self.prepared_ahead {
+        debug_assert_eq!(active_sequence, self.active.sequence());
+        self.request_preparations();
+        Ok(())
+    }
+
+    /// Asks the background thread for the segments not yet requested up to
+    /// `prepared_ahead` beyond the active one, once at most half of them are left: requests
+    /// sent together are prepared together, sharing their syncs (one at a time, each roll-over
+    /// of a bulk writer cost a journal commit of 5-20 ms, slower than the writer filled a
+    /// segment). With two ahead (the default) this is still one request per roll-over.
+    fn request_preparations(&mut self) {
+        let target = self.active.sequence() + self.prepared_ahead;
+        if self.prepared_through > target - self.prepared_ahead.div_ceil(2) {
+            return;
+        }
+        while self.prepared_through < target {
             self.prepared_through += 1;
             let _ = self.background_tx.send(Job::Prepare(self.prepared_through));
         }
-        Ok(())
     }
 }
 

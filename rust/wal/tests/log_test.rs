@@ -395,3 +395,30 @@ fn shared_frames_are_appended_without_a_copy_and_must_match_the_entries() {
     let log = Log::open(dir.path(), "t", small_options(64 << 10)).unwrap();
     assert_eq!(read_all(&log), entries);
 }
+
+/// A group larger than a quarter segment (a bulk writer) asks for the most segments to be
+/// prepared at once, so the roll-overs that follow find them ready.
+#[test]
+fn a_bulk_group_prepares_the_most_segments_ahead_at_once() {
+    let dir = scratch_dir();
+    let log = Log::open(dir.path(), "t", small_options(64 << 10)).unwrap();
+    let big = vec![7u8; 20 << 10];
+    let first = log
+        .append_durable(&[EntryRef::new(1, 1, EntryType::Write, &big)])
+        .unwrap();
+    assert_eq!(first, 1);
+    // The active segment plus eight prepared ahead (the bound on preallocated space).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while log.metrics().segments_created < 9 {
+        assert!(std::time::Instant::now() < deadline, "{:?}", log.metrics());
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+    for index in 2..=20 {
+        log.append_durable(&[EntryRef::new(1, index, EntryType::Write, &big)])
+            .unwrap();
+    }
+    let metrics = log.metrics();
+    assert_eq!(metrics.rollover_waits, 0, "{metrics:?}");
+    assert!(metrics.segments_created <= 20 / 3 + 9 + 1, "{metrics:?}");
+    assert_eq!(read_all(&log).len(), 20);
+}
