@@ -57,75 +57,230 @@ enum KeyIndex {
     Long(BTreeMap<Box<[u8]>, RowRef>),
 }
 
-/// `u64` keys in order: a B-tree, and after it a sorted run of keys above every key in the
-/// tree. A bulk load inserts ascending keys (each writer's share of a hash partition), and a
-/// key above every key so far is pushed onto the run instead of descending the tree: profiled
-/// at 12 % of a tablet server's CPU during a Spark load. A key that falls inside the run's
-/// range moves the run into the tree first, so each key enters the tree at most once.
+/// `u64` keys in order: a B-tree, and beside it up to `RunLimits::runs_max` sorted runs. A bulk
+/// load inserts ascending keys, one stream per writer (each Spark task's share of a hash
+/// partition), and streams interleave. A key just above a run's last key, with nothing held
+/// between the two, is pushed onto that run instead of descending the tree: the tree's search
+/// was 12 % of a tablet server's CPU during a Spark load with one run (session 5), and still
+/// about 6 % with two interleaved streams, because one of them always fell to the tree.
 ///
-/// Invariants: `run` is strictly ascending, and every key in `tree` is below `run[0]`.
+/// Invariants:
+/// * every key is held once, in the tree or in one run;
+/// * each run is non-empty and strictly ascending; the runs are ordered by first key and their
+///   ranges `[first, last]` are disjoint;
+/// * no key is held anywhere in `(run.last, run.limit)` (so a key in that gap is known absent
+///   and can be pushed without a lookup). The tree may hold keys inside a run's range.
 #[derive(Debug, Default)]
 struct ShortKeys {
     tree: BTreeMap<u64, RowRef>,
-    run: Vec<(u64, RowRef)>,
+    runs: Vec<Run>,
+    limits: RunLimits,
+    /// Keys that wanted a run while every slot was taken, since the last eviction attempt.
+    misses: u32,
+}
+
+/// A sorted run of keys beside the tree.
+#[derive(Debug)]
+struct Run {
+    keys: Vec<(u64, RowRef)>,
+    /// Exclusive upper end of the gap above `last` known to hold no key (`None`: no key is
+    /// held above `last` at all).
+    limit: Option<u64>,
+}
+
+impl Run {
+    #[inline]
+    fn first(&self) -> u64 {
+        self.keys[0].0
+    }
+
+    #[inline]
+    fn last(&self) -> u64 {
+        self.keys[self.keys.len() - 1].0
+    }
+
+    /// Whether `key` lies in the known-empty gap above the run.
+    #[inline]
+    fn takes(&self, key: u64) -> bool {
+        key > self.last() && self.limit.is_none_or(|limit| key < limit)
+    }
+}
+
+/// How many runs `ShortKeys` keeps and when it reshapes them.
+#[derive(Clone, Copy, Debug)]
+struct RunLimits {
+    runs_max: usize,
+    /// A run splits to take a key inside its range only if at most this many keys move.
+    split_tail_keys_max: usize,
+    /// With every slot taken, a run of at most this many keys may be folded into the tree.
+    evict_keys_max: usize,
+    /// With every slot taken, an eviction is tried once per this many keys wanting a run, so
+    /// random keys (which would each start a run of one) cost almost nothing extra.
+    evict_interval: u32,
+}
+
+impl Default for RunLimits {
+    fn default() -> Self {
+        RunLimits {
+            runs_max: 16,
+            split_tail_keys_max: 1024,
+            evict_keys_max: 1024,
+            evict_interval: 64,
+        }
+    }
+}
+
+/// Where a key is, or would go, among the runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Spot {
+    /// Held in run `run` at position `at`.
+    Found { run: usize, at: usize },
+    /// Absent everywhere, and run `run` can take it on its end.
+    Append { run: usize },
+    /// Inside run `run`'s range but not in it: it may be in the tree; it would go at `at`.
+    Inside { run: usize, at: usize },
+    /// Outside every run's range: it may be in the tree; a new run for it would go at `run`.
+    Gap { run: usize },
+}
+
+/// What `ShortKeys::make_room` achieved.
+enum Room {
+    Free,
+    /// A run was folded into the tree: positions changed.
+    Evicted,
+    Full,
 }
 
 impl ShortKeys {
-    fn len(&self) -> usize {
-        self.tree.len() + self.run.len()
-    }
-
-    /// Whether `key` is above every key held (then it can be pushed onto the run).
-    #[inline]
-    fn above_all(&self, key: u64) -> bool {
-        match self.run.last() {
-            Some(&(last, _)) => key > last,
-            None => self
-                .tree
-                .last_key_value()
-                .is_none_or(|(&last, _)| key > last),
+    #[cfg(test)]
+    fn with_limits(limits: RunLimits) -> Self {
+        ShortKeys {
+            limits,
+            ..ShortKeys::default()
         }
     }
 
-    /// Where `key` is or would go in the run, if it is not below the run's first key.
-    #[inline]
-    fn in_run(&self, key: u64) -> Option<std::result::Result<usize, usize>> {
-        let &(first, _) = self.run.first()?;
-        (key >= first).then(|| self.run.binary_search_by_key(&key, |&(k, _)| k))
+    fn len(&self) -> usize {
+        self.tree.len() + self.runs.iter().map(|r| r.keys.len()).sum::<usize>()
     }
 
-    /// Moves the run into the tree (its keys are all above the tree's, so each insert
-    /// goes to the tree's right edge).
-    fn spill(&mut self) {
-        self.tree.extend(self.run.drain(..));
+    #[inline]
+    fn locate(&self, key: u64) -> Spot {
+        let next = self.runs.partition_point(|r| r.first() <= key);
+        let Some(run) = next.checked_sub(1) else {
+            return Spot::Gap { run: 0 };
+        };
+        let r = &self.runs[run];
+        if key <= r.last() {
+            return match r.keys.binary_search_by_key(&key, |&(k, _)| k) {
+                Ok(at) => Spot::Found { run, at },
+                Err(at) => Spot::Inside { run, at },
+            };
+        }
+        if r.takes(key) {
+            Spot::Append { run }
+        } else {
+            Spot::Gap { run: next }
+        }
+    }
+
+    /// The smallest key held in the tree or a run above `key`, if below `bound`.
+    fn next_above(&self, key: u64, bound: Option<u64>) -> Option<u64> {
+        let in_tree = self
+            .tree
+            .range((Bound::Excluded(key), Bound::Unbounded))
+            .next()
+            .map(|(&k, _)| k);
+        match (in_tree, bound) {
+            (Some(t), Some(b)) => Some(t.min(b)),
+            (t, b) => t.or(b),
+        }
+    }
+
+    fn make_room(&mut self) -> Room {
+        if self.runs.len() < self.limits.runs_max {
+            return Room::Free;
+        }
+        self.misses += 1;
+        if self.misses < self.limits.evict_interval {
+            return Room::Full;
+        }
+        self.misses = 0;
+        let smallest = (0..self.runs.len()).min_by_key(|&i| self.runs[i].keys.len());
+        match smallest {
+            Some(i) if self.runs[i].keys.len() <= self.limits.evict_keys_max => {
+                // The keys stay held (in the tree), so every other run's gap stays empty.
+                let run = self.runs.remove(i);
+                self.tree.extend(run.keys);
+                Room::Evicted
+            }
+            _ => Room::Full,
+        }
+    }
+
+    /// Places `key`, known to be held nowhere: on a run's end, in a new run (splitting the
+    /// run it falls inside when few keys move), or in the tree.
+    fn insert_absent(&mut self, key: u64, entry: RowRef) {
+        // Each pass either places the key or reshapes the runs (an eviction, then possibly a
+        // split) so that the next pass can; four passes always suffice.
+        for _ in 0..4 {
+            match self.locate(key) {
+                Spot::Found { .. } => unreachable!("insert_absent of a held key"),
+                Spot::Append { run } => {
+                    self.runs[run].keys.push((key, entry));
+                    return;
+                }
+                Spot::Inside { run, at } => {
+                    if self.runs[run].keys.len() - at > self.limits.split_tail_keys_max {
+                        break;
+                    }
+                    match self.make_room() {
+                        Room::Full => break,
+                        Room::Evicted => continue,
+                        Room::Free => self.split(run, at),
+                    }
+                }
+                Spot::Gap { run } => match self.make_room() {
+                    Room::Full => break,
+                    Room::Evicted => continue,
+                    Room::Free => {
+                        let bound = self.runs.get(run).map(Run::first);
+                        let limit = self.next_above(key, bound);
+                        let keys = vec![(key, entry)];
+                        self.runs.insert(run, Run { keys, limit });
+                        return;
+                    }
+                },
+            }
+        }
+        self.tree.insert(key, entry);
+    }
+
+    /// Splits run `run` before position `at` (`at` ≥ 1) into two runs.
+    fn split(&mut self, run: usize, at: usize) {
+        let tail = self.runs[run].keys.split_off(at);
+        let head_last = self.runs[run].last();
+        let tail_first = tail[0].0;
+        let limit = self.runs[run].limit;
+        self.runs[run].limit = self.next_above(head_last, Some(tail_first));
+        self.runs.insert(run + 1, Run { keys: tail, limit });
     }
 
     fn get(&self, key: u64) -> Option<&RowRef> {
-        match self.in_run(key) {
-            Some(Ok(at)) => Some(&self.run[at].1),
-            Some(Err(_)) => None,
-            None => self.tree.get(&key),
+        match self.locate(key) {
+            Spot::Found { run, at } => Some(&self.runs[run].keys[at].1),
+            Spot::Append { .. } => None,
+            Spot::Inside { .. } | Spot::Gap { .. } => self.tree.get(&key),
         }
     }
 
     /// Inserts or replaces; true if the key is new.
     #[inline]
     fn insert(&mut self, key: u64, entry: RowRef) -> bool {
-        if self.above_all(key) {
-            self.run.push((key, entry));
-            return true;
-        }
-        match self.in_run(key) {
-            Some(Ok(at)) => {
-                self.run[at].1 = entry;
-                false
-            }
-            Some(Err(_)) => {
-                self.spill();
-                self.tree.insert(key, entry).is_none()
-            }
-            None => self.tree.insert(key, entry).is_none(),
-        }
+        matches!(
+            self.update(key, |_| Ok::<_, std::convert::Infallible>(Some(entry))),
+            Ok(Slot::Inserted)
+        )
     }
 
     /// `KeyIndex::update` for short keys.
@@ -135,93 +290,135 @@ impl ShortKeys {
         key: u64,
         choose: impl FnOnce(Option<RowRef>) -> std::result::Result<Option<RowRef>, E>,
     ) -> std::result::Result<Slot, E> {
-        let inserted = |this: &mut Self, next: Option<RowRef>, push: bool| match next {
-            Some(next) if push => {
-                this.run.push((key, next));
-                Slot::Inserted
-            }
-            Some(next) => {
-                this.tree.insert(key, next);
-                Slot::Inserted
-            }
+        let replace = |slot: &mut RowRef, choose: Option<RowRef>| match choose {
+            Some(next) => Slot::Replaced(std::mem::replace(slot, next)),
             None => Slot::Unchanged,
         };
-        if self.above_all(key) {
-            let next = choose(None)?;
-            return Ok(inserted(self, next, true));
-        }
-        match self.in_run(key) {
-            Some(Ok(at)) => Ok(match choose(Some(self.run[at].1))? {
-                Some(next) => Slot::Replaced(std::mem::replace(&mut self.run[at].1, next)),
-                None => Slot::Unchanged,
-            }),
-            Some(Err(_)) => {
-                let next = choose(None)?;
-                if next.is_some() {
-                    self.spill();
-                }
-                Ok(inserted(self, next, false))
+        let spot = self.locate(key);
+        let splits = match spot {
+            Spot::Found { run, at } => {
+                let slot = &mut self.runs[run].keys[at].1;
+                let current = *slot;
+                return Ok(replace(slot, choose(Some(current))?));
             }
-            None => match self.tree.entry(key) {
-                Entry::Occupied(mut found) => {
-                    let current = *found.get();
-                    Ok(match choose(Some(current))? {
-                        Some(next) => Slot::Replaced(std::mem::replace(found.get_mut(), next)),
-                        None => Slot::Unchanged,
-                    })
-                }
-                Entry::Vacant(empty) => Ok(match choose(None)? {
+            Spot::Append { run } => {
+                return Ok(match choose(None)? {
                     Some(next) => {
-                        empty.insert(next);
+                        self.runs[run].keys.push((key, next));
                         Slot::Inserted
                     }
                     None => Slot::Unchanged,
-                }),
+                });
+            }
+            Spot::Inside { run, at } => {
+                self.runs[run].keys.len() - at <= self.limits.split_tail_keys_max
+            }
+            Spot::Gap { .. } => true,
+        };
+        let wants_run = splits
+            && (self.runs.len() < self.limits.runs_max
+                || self.misses + 1 >= self.limits.evict_interval);
+        match self.tree.entry(key) {
+            Entry::Occupied(mut found) => {
+                let current = *found.get();
+                Ok(replace(found.get_mut(), choose(Some(current))?))
+            }
+            Entry::Vacant(empty) => match choose(None)? {
+                Some(next) if wants_run => {
+                    self.insert_absent(key, next);
+                    Ok(Slot::Inserted)
+                }
+                Some(next) => {
+                    // No run can take it now: insert where the search already stands (and
+                    // count a miss when every run slot is taken, towards an eviction).
+                    empty.insert(next);
+                    if splits {
+                        self.misses += 1;
+                    }
+                    Ok(Slot::Inserted)
+                }
+                None => Ok(Slot::Unchanged),
             },
         }
     }
 
     fn remove(&mut self, key: u64) {
-        match self.in_run(key) {
-            Some(Ok(at)) => {
-                self.run.remove(at);
+        match self.locate(key) {
+            Spot::Found { run, at } => {
+                let r = &mut self.runs[run];
+                r.keys.remove(at);
+                if r.keys.is_empty() {
+                    self.runs.remove(run);
+                } else if at == r.keys.len() {
+                    // The tree may hold keys between the new last key and the removed one:
+                    // stop appends to this run rather than search for them.
+                    r.limit = Some(r.last() + 1);
+                }
             }
-            Some(Err(_)) => {}
-            None => {
+            Spot::Append { .. } => {}
+            Spot::Inside { .. } | Spot::Gap { .. } => {
                 self.tree.remove(&key);
             }
         }
     }
 
     fn first(&self) -> Option<u64> {
-        self.tree
-            .first_key_value()
-            .map(|(&k, _)| k)
-            .or_else(|| self.run.first().map(|&(k, _)| k))
+        let tree = self.tree.first_key_value().map(|(&k, _)| k);
+        let runs = self.runs.first().map(Run::first);
+        match (tree, runs) {
+            (Some(t), Some(r)) => Some(t.min(r)),
+            (t, r) => t.or(r),
+        }
     }
 
     fn last(&self) -> Option<u64> {
-        self.run
-            .last()
-            .map(|&(k, _)| k)
-            .or_else(|| self.tree.last_key_value().map(|(&k, _)| k))
+        let tree = self.tree.last_key_value().map(|(&k, _)| k);
+        let runs = self.runs.last().map(Run::last);
+        match (tree, runs) {
+            (Some(t), Some(r)) => Some(t.max(r)),
+            (t, r) => t.or(r),
+        }
     }
 
-    /// Entries with keys in `[lower, upper)`, in key order: the tree's, then the run's.
+    /// Entries with keys in `[lower, upper)`, in key order: the tree's and the runs' merged
+    /// (the runs' ranges are disjoint and ordered, so their keys chained are sorted).
     fn range(&self, lower: Option<u64>, upper: Option<u64>) -> impl Iterator<Item = RowRef> + '_ {
         let bounds = (
             lower.map_or(Bound::Unbounded, Bound::Included),
             upper.map_or(Bound::Unbounded, Bound::Excluded),
         );
-        let from = lower.map_or(0, |l| self.run.partition_point(|&(k, _)| k < l));
-        let to = upper.map_or(self.run.len(), |u| {
-            self.run.partition_point(|&(k, _)| k < u)
+        let runs = self.runs.iter().flat_map(move |r| {
+            let from = lower.map_or(0, |l| r.keys.partition_point(|&(k, _)| k < l));
+            let to = upper.map_or(r.keys.len(), |u| r.keys.partition_point(|&(k, _)| k < u));
+            r.keys[from..to.max(from)].iter().copied()
         });
-        let run = &self.run[from..to.max(from)];
-        self.tree
-            .range(bounds)
-            .map(|(_, r)| *r)
-            .chain(run.iter().map(|&(_, r)| r))
+        MergeByKey {
+            a: self.tree.range(bounds).map(|(&k, &r)| (k, r)).peekable(),
+            b: runs.peekable(),
+        }
+        .map(|(_, r)| r)
+    }
+}
+
+/// Merges two iterators of ascending, mutually distinct keys.
+struct MergeByKey<A: Iterator, B: Iterator> {
+    a: std::iter::Peekable<A>,
+    b: std::iter::Peekable<B>,
+}
+
+impl<A, B> Iterator for MergeByKey<A, B>
+where
+    A: Iterator<Item = (u64, RowRef)>,
+    B: Iterator<Item = (u64, RowRef)>,
+{
+    type Item = (u64, RowRef);
+
+    fn next(&mut self) -> Option<Self::Item> {
+        match (self.a.peek(), self.b.peek()) {
+            (Some(&(ka, _)), Some(&(kb, _))) if kb < ka => self.b.next(),
+            (Some(_), _) => self.a.next(),
+            (None, _) => self.b.next(),
+        }
     }
 }
 
@@ -593,7 +790,9 @@ mod tests {
 
     use proptest::prelude::*;
 
-    use super::{RowRef, ShortKeys, Slot};
+    use std::ops::Bound;
+
+    use super::{RowRef, RunLimits, ShortKeys, Slot};
 
     fn row(n: u32) -> RowRef {
         RowRef {
@@ -622,11 +821,47 @@ mod tests {
         ]
     }
 
-    /// The tree-plus-run index behaves exactly like one ordered map, whatever the order of
-    /// keys (ascending runs, keys inside the run, below it, removals), for lookups, sizes,
-    /// first/last and every range.
+    /// The runs' invariants (see `ShortKeys`) against the model of everything held.
+    fn check_invariants(keys: &ShortKeys, model: &BTreeMap<u64, RowRef>) {
+        assert!(keys.runs.len() <= keys.limits.runs_max);
+        for r in &keys.runs {
+            assert!(!r.keys.is_empty());
+            assert!(r.keys.windows(2).all(|w| w[0].0 < w[1].0));
+            // The gap above the run holds no key.
+            let gap_end = r.limit.map_or(Bound::Unbounded, Bound::Excluded);
+            assert_eq!(
+                model.range((Bound::Excluded(r.last()), gap_end)).next(),
+                None,
+                "gap above run ending {} (limit {:?})",
+                r.last(),
+                r.limit
+            );
+            for (k, _) in &r.keys {
+                assert!(!keys.tree.contains_key(k), "{k} held twice");
+            }
+        }
+        assert!(keys.runs.windows(2).all(|w| w[0].last() < w[1].first()));
+        assert_eq!(keys.len(), model.len());
+    }
+
+    /// The tree-plus-runs index behaves exactly like one ordered map, whatever the order of
+    /// keys (ascending streams, keys inside a run, between runs, removals) and however few
+    /// runs it may keep, for lookups, sizes, first/last and every range.
     fn check(ops: &[Op]) {
-        let mut keys = ShortKeys::default();
+        check_with(ops, RunLimits::default());
+    }
+
+    fn small_limits() -> RunLimits {
+        RunLimits {
+            runs_max: 3,
+            split_tail_keys_max: 4,
+            evict_keys_max: 6,
+            evict_interval: 2,
+        }
+    }
+
+    fn check_with(ops: &[Op], limits: RunLimits) {
+        let mut keys = ShortKeys::with_limits(limits);
         let mut model: BTreeMap<u64, RowRef> = BTreeMap::new();
         for (n, op) in ops.iter().enumerate() {
             let entry = row(n as u32);
@@ -655,12 +890,7 @@ mod tests {
                     model.remove(&k);
                 }
             }
-            assert!(keys.run.windows(2).all(|w| w[0].0 < w[1].0));
-            if let (Some((&top, _)), Some(&(bottom, _))) =
-                (keys.tree.last_key_value(), keys.run.first())
-            {
-                assert!(top < bottom);
-            }
+            check_invariants(&keys, &model);
         }
         assert_eq!(keys.len(), model.len());
         assert_eq!(keys.first(), model.keys().next().copied());
@@ -693,6 +923,29 @@ mod tests {
         }
 
         #[test]
+        fn few_runs_act_as_one_ordered_map(ops in prop::collection::vec(op(), 0..160)) {
+            check_with(&ops, small_limits());
+        }
+
+        #[test]
+        fn many_streams_with_few_runs(
+            starts in prop::collection::vec(0u64..1000, 1..8),
+            steps in prop::collection::vec((0usize..8, any::<bool>()), 0..300),
+        ) {
+            // More ascending writers than runs, with stray keys: splits and evictions.
+            let mut next: Vec<u64> = starts.iter().enumerate().map(|(i, s)| s + 97 * i as u64).collect();
+            let ops: Vec<Op> = steps
+                .iter()
+                .map(|&(w, stray)| {
+                    let w = w % next.len();
+                    next[w] += 1;
+                    if stray { Op::UpdateWrite(next[w] * 7 % 1500) } else { Op::Insert(next[w]) }
+                })
+                .collect();
+            check_with(&ops, small_limits());
+        }
+
+        #[test]
         fn interleaved_ascending_writers(
             starts in prop::collection::vec(0u64..1000, 1..4),
             steps in prop::collection::vec(0usize..4, 0..200),
@@ -708,6 +961,28 @@ mod tests {
                 })
                 .collect();
             check(&ops);
+        }
+    }
+
+    /// The Spark bulk-load shape: two writers, each ascending through its own half of the key
+    /// space, interleaved. Every key ends on a run's end, whichever writer comes first, and
+    /// none goes down the tree.
+    #[test]
+    fn interleaved_halves_stay_out_of_the_tree() {
+        for high_first in [false, true] {
+            let mut keys = ShortKeys::default();
+            let mut model = BTreeMap::new();
+            for i in 0..10_000u64 {
+                let (a, b) = (i, 1_000_000 + i);
+                let (first, second) = if high_first { (b, a) } else { (a, b) };
+                for k in [first, second] {
+                    assert!(keys.insert(k, row(i as u32)));
+                    model.insert(k, row(i as u32));
+                }
+            }
+            check_invariants(&keys, &model);
+            assert!(keys.tree.is_empty(), "tree holds {} keys", keys.tree.len());
+            assert_eq!(keys.runs.len(), 2);
         }
     }
 }
