@@ -338,6 +338,7 @@ impl PyLog {
             ("syncs_overlapped", m.syncs_overlapped),
             ("sync_threads", m.sync_threads),
             ("segments_created", m.segments_created),
+            ("segments_zero_filled", m.segments_zero_filled),
             ("segments_recycled", m.segments_recycled),
             ("segments_deleted", m.segments_deleted),
             ("fallocate_fallbacks", m.fallocate_fallbacks),

@@ -115,6 +115,7 @@ class WalCounters:
     syncs_overlapped: int
     sync_threads: int
     segments_created: int
+    segments_zero_filled: int
     segments_recycled: int
     segments_deleted: int
     fallocate_fallbacks: int

@@ -172,11 +172,29 @@ pub(crate) struct Shared {
     pub prepared: Mutex<PreparedSegments>,
     pub prepared_ready: Condvar,
     pub recycle_pool: Mutex<Vec<PathBuf>>,
+    /// What the log's recent groups look like, for `fresh_segment_preallocation`.
+    pub group_profile: Mutex<GroupProfile>,
     pub anchors: Mutex<Anchors>,
     pub gc_lock: Mutex<()>,
     pub metrics: Metrics,
     pub notify: EventFd,
 }
+
+/// Groups committed and bytes written when `fresh_segment_preallocation` last decided, and
+/// what it decided.
+#[derive(Default)]
+pub(crate) struct GroupProfile {
+    groups: u64,
+    bytes: u64,
+    small_groups: bool,
+}
+
+/// Groups a log must have committed since the last decision before its group sizes count:
+/// an idle or newly opened log keeps `fallocate` (zero-filling costs a segment of writes).
+const PROFILE_GROUPS_MIN: u64 = 64;
+/// Average bytes per group (page padding included) at or below which groups count as small:
+/// such a log is bound by sync latency, not bandwidth.
+const SMALL_GROUP_BYTES_MAX: u64 = 64 * 1024;
 
 #[derive(Default)]
 pub(crate) struct Anchors {
@@ -237,13 +255,45 @@ impl Shared {
         self.notify.signal();
     }
 
+    /// How `Recycle` prepares a segment when no GC'd file is free. A log committing many
+    /// small groups (sync-latency bound: a consensus log under many small writes) gets a
+    /// zero-filled segment: a sync after writing into already-written blocks took 0.14 ms
+    /// against 0.23 ms into `fallocate`d ones (unwritten extents are converted in the journal
+    /// at each sync), and 64 asyncio writers appended 25–35 % more records per second
+    /// (docs/wal-format.md, "Choice of the default preallocation"). A bulk writer, whose
+    /// groups are large, keeps `fallocate`, so it does not write every byte twice; so does an
+    /// idle or newly opened log.
+    pub(crate) fn fresh_segment_preallocation(&self) -> Preallocation {
+        let mut profile = self.group_profile.lock();
+        let groups = self.metrics.groups.load(Ordering::Relaxed);
+        let bytes = self.metrics.bytes_written.load(Ordering::Relaxed);
+        let new_groups = groups.saturating_sub(profile.groups);
+        if new_groups >= PROFILE_GROUPS_MIN {
+            let per_group = bytes.saturating_sub(profile.bytes) / new_groups;
+            *profile = GroupProfile {
+                groups,
+                bytes,
+                small_groups: per_group <= SMALL_GROUP_BYTES_MAX,
+            };
+        }
+        if profile.small_groups {
+            Preallocation::ZeroFill
+        } else {
+            Preallocation::Fallocate
+        }
+    }
+
     pub(crate) fn prepare_spec(&self, sequence: u64, recycled: Option<PathBuf>) -> PrepareSpec<'_> {
+        let preallocation = match self.options.preallocation {
+            Preallocation::Recycle if recycled.is_none() => self.fresh_segment_preallocation(),
+            chosen => chosen,
+        };
         PrepareSpec {
             dir: &self.dir,
             tablet_id: &self.tablet_id,
             sequence,
             capacity_bytes: self.options.segment_size_bytes,
-            preallocation: self.options.preallocation,
+            preallocation,
             recycled,
             faults: &self.faults,
             metrics: &self.metrics,
@@ -309,6 +359,7 @@ impl Log {
             prepared: Mutex::new(VecDeque::new()),
             prepared_ready: Condvar::new(),
             recycle_pool: Mutex::new(Vec::new()),
+            group_profile: Mutex::new(GroupProfile::default()),
             anchors: Mutex::new(Anchors::default()),
             gc_lock: Mutex::new(()),
             metrics: Metrics::default(),

@@ -50,6 +50,7 @@ pub(crate) struct Metrics {
     pub sync_threads: AtomicU64,
     pub segments_created: AtomicU64,
     pub segments_recycled: AtomicU64,
+    pub segments_zero_filled: AtomicU64,
     pub segments_deleted: AtomicU64,
     pub fallocate_fallbacks: AtomicU64,
     pub rollover_waits: AtomicU64,
@@ -94,6 +95,7 @@ impl Metrics {
             sync_threads: load(&self.sync_threads),
             segments_created: load(&self.segments_created),
             segments_recycled: load(&self.segments_recycled),
+            segments_zero_filled: load(&self.segments_zero_filled),
             segments_deleted: load(&self.segments_deleted),
             fallocate_fallbacks: load(&self.fallocate_fallbacks),
             rollover_waits: load(&self.rollover_waits),
@@ -132,6 +134,9 @@ pub struct MetricsSnapshot {
     pub sync_threads: u64,
     pub segments_created: u64,
     pub segments_recycled: u64,
+    /// New segments written with zeros before use (`Preallocation::Recycle` chooses that for
+    /// logs of many small groups when no GC'd file is free, or `ZeroFill`).
+    pub segments_zero_filled: u64,
     pub segments_deleted: u64,
     /// Preallocations that fell back to `ftruncate` because `fallocate` is unsupported.
     pub fallocate_fallbacks: u64,

@@ -211,7 +211,10 @@ fn stage_segment(spec: &PrepareSpec<'_>) -> Result<(File, PathBuf, PathBuf)> {
     file.write_all_at(&page, 0)
         .map_err(|e| WalError::io("write", &temp_path, e))?;
     match spec.preallocation {
-        Preallocation::ZeroFill if !recycled => zero_fill(&file, &temp_path, spec.capacity_bytes)?,
+        Preallocation::ZeroFill if !recycled => {
+            zero_fill(&file, &temp_path, spec.capacity_bytes)?;
+            Metrics::add(&spec.metrics.segments_zero_filled, 1);
+        }
         _ => preallocate(
             &file,
             &temp_path,

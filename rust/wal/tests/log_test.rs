@@ -177,6 +177,51 @@ fn recycled_segments_are_reused_and_old_data_is_never_replayed() {
     assert_eq!(entries.last().unwrap(), &entry(1, last));
 }
 
+/// `Recycle` with no GC'd file free zero-fills the next segments of a log committing many
+/// small groups (cheaper syncs) and keeps `fallocate` for a bulk writer (no double writes).
+#[test]
+fn recycle_zero_fills_fresh_segments_only_for_logs_of_small_groups() {
+    let dir = scratch_dir();
+    let options = LogOptions {
+        preallocation: Preallocation::Recycle,
+        ..small_options(8 << 10)
+    };
+    let log = Log::open(dir.path(), "small", options).unwrap();
+    for i in 1..=400 {
+        append_range(&log, 1, i, i);
+    }
+    let m = log.metrics();
+    assert!(m.groups >= 400, "{m:?}");
+    assert!(m.segments_zero_filled > 0, "{m:?}");
+    // The first segments were prepared before the log had committed anything: fallocate.
+    assert!(m.segments_created > m.segments_zero_filled, "{m:?}");
+    log.close().unwrap();
+    assert_eq!(
+        read_all(&Log::open(dir.path(), "small", small_options(8 << 10)).unwrap()).len(),
+        400
+    );
+
+    let bulk_dir = scratch_dir();
+    let options = LogOptions {
+        preallocation: Preallocation::Recycle,
+        ..small_options(512 << 10)
+    };
+    let log = Log::open(bulk_dir.path(), "bulk", options).unwrap();
+    for i in 1..=200u64 {
+        let payload = vec![i as u8; 96 << 10];
+        let big = Entry {
+            term: 1,
+            index: i,
+            entry_type: EntryType::Write,
+            payload,
+        };
+        log.append_durable(&[big.as_ref()]).unwrap();
+    }
+    let m = log.metrics();
+    assert!(m.segments_created > 10, "{m:?}");
+    assert_eq!(m.segments_zero_filled, 0, "{m:?}");
+}
+
 #[test]
 fn zero_fill_preallocation_round_trips() {
     let dir = scratch_dir();
