@@ -110,7 +110,10 @@ impl Run {
 #[derive(Clone, Copy, Debug)]
 struct RunLimits {
     runs_max: usize,
-    /// A run splits to take a key inside its range only if at most this many keys move.
+    /// A run splits to take a key inside its range only if at most this many keys move. Two
+    /// bulk writers' first batches can land on one run (the second writer's keys are above
+    /// the first's), so a split must move a whole batch (up to 64 Ki rows, 1.5 MiB) once; the
+    /// slots bound how often a split can happen.
     split_tail_keys_max: usize,
     /// With every slot taken, a run of at most this many keys may be folded into the tree.
     evict_keys_max: usize,
@@ -123,7 +126,7 @@ impl Default for RunLimits {
     fn default() -> Self {
         RunLimits {
             runs_max: 16,
-            split_tail_keys_max: 1024,
+            split_tail_keys_max: 64 * 1024,
             evict_keys_max: 1024,
             evict_interval: 64,
         }
@@ -965,24 +968,31 @@ mod tests {
     }
 
     /// The Spark bulk-load shape: two writers, each ascending through its own half of the key
-    /// space, interleaved. Every key ends on a run's end, whichever writer comes first, and
-    /// none goes down the tree.
+    /// space, interleaved key by key or batch by batch. Every key ends on a run's end,
+    /// whichever writer comes first, and none goes down the tree.
     #[test]
     fn interleaved_halves_stay_out_of_the_tree() {
-        for high_first in [false, true] {
-            let mut keys = ShortKeys::default();
-            let mut model = BTreeMap::new();
-            for i in 0..10_000u64 {
-                let (a, b) = (i, 1_000_000 + i);
-                let (first, second) = if high_first { (b, a) } else { (a, b) };
-                for k in [first, second] {
-                    assert!(keys.insert(k, row(i as u32)));
-                    model.insert(k, row(i as u32));
+        for batch in [1u64, 5000, 20_000] {
+            for high_first in [false, true] {
+                let mut keys = ShortKeys::default();
+                let mut model = BTreeMap::new();
+                for start in (0..60_000u64).step_by(batch as usize) {
+                    let low: Vec<u64> = (start..start + batch).collect();
+                    let high: Vec<u64> = low.iter().map(|k| 1_000_000 + k).collect();
+                    let (first, second) = if high_first { (high, low) } else { (low, high) };
+                    for k in first.into_iter().chain(second) {
+                        assert!(keys.insert(k, row(k as u32)));
+                        model.insert(k, row(k as u32));
+                    }
                 }
+                check_invariants(&keys, &model);
+                assert!(
+                    keys.tree.is_empty(),
+                    "batch {batch}: tree holds {}",
+                    keys.tree.len()
+                );
+                assert_eq!(keys.runs.len(), 2);
             }
-            check_invariants(&keys, &model);
-            assert!(keys.tree.is_empty(), "tree holds {} keys", keys.tree.len());
-            assert_eq!(keys.runs.len(), 2);
         }
     }
 }
