@@ -3,17 +3,24 @@ listing, idempotence, tombstones and deletes across restarts, damaged metadata."
 
 from __future__ import annotations
 
+import contextlib
+import errno
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from nyala import errors
 from nyala._proto import metadata_pb2, tserver_admin_pb2
+from nyala.chaos.disk_fault import DiskFaults
 from nyala.common import metafile
 from nyala.rpc.schema_pb import schema_from_pb, schema_to_pb
 from nyala.schema import Column, Schema
 from nyala.testing import MiniCluster
+from nyala.testing.master_ops import wait_until
 from nyala.testing.mini_cluster import ServerProcess, corrupt_file
+from nyala.testing.tablet_ops import scan, write, write_request, write_to_leader
 
 SCHEMA = Schema([Column("id", "int64"), Column("v", "string", nullable=True)], ["id"])
 A, B = "a" * 32, "b" * 32
@@ -37,6 +44,10 @@ def _states(ts: ServerProcess) -> dict[str, tuple[str, str]]:
         )
         for tablet_id, e in _list(ts).items()
     }
+
+
+def _rows(first: int, end: int) -> dict[str, list[Any]]:
+    return {"id": list(range(first, end)), "v": [f"v{i}" for i in range(first, end)]}
 
 
 def _delete(ts: ServerProcess, tablet_id: str, kind: int) -> None:
@@ -140,3 +151,37 @@ def test_damaged_superblock_or_cmeta_fails_only_that_tablet(cluster: MiniCluster
     # The other servers never noticed.
     for other in (cluster.tserver(0), cluster.tserver(2)):
         assert all(state != "FAILED" for state, _ in _states(other).values())
+
+
+def test_a_replica_whose_wal_fails_goes_failed_and_its_server_keeps_serving(
+    tmp_path: Path, make_cluster: Callable[..., MiniCluster]
+) -> None:
+    """Every sync of the leader's process fails (the chaos disk shim): its replica goes FAILED
+    with the reason, the process keeps running and answering, the other two go on without it,
+    and after a restart on a healthy disk the replica serves again with every acknowledged
+    row."""
+    faults = DiskFaults(tmp_path)
+    faults.build()
+    with faults.environment():
+        cluster = make_cluster(3)
+    cluster.create_tablet(A, SCHEMA)
+    write_to_leader(cluster, A, SCHEMA, _rows(0, 100), op="insert", client_id="c", seq_no=1)
+    victim = cluster.leader_of(A)
+    assert victim.pid is not None
+    faults.arm(victim.pid, errno.EIO)
+    with contextlib.suppress(errors.NyalaError):  # its sync fails: never acknowledged
+        write(victim, write_request(victim, A, SCHEMA, _rows(100, 200), op="insert",
+                                    client_id="c", seq_no=2))  # fmt: skip
+    wait_until(lambda: _states(victim)[A][0] == "FAILED", what="the replica FAILED")
+    reason = _list(victim)[A].tablet_status.state_reason
+    assert "consensus failed" in reason
+    assert victim.is_running()
+    assert victim.ping().server_uuid == victim.uuid
+    # The two others elect a leader among themselves and take writes.
+    write_to_leader(cluster, A, SCHEMA, _rows(100, 200), op="upsert", client_id="c", seq_no=3)
+
+    faults.disarm(victim.pid)
+    victim.restart()
+    wait_until(lambda: _states(victim)[A][0] == "RUNNING", what="the replica RUNNING again")
+    leader = cluster.leader_of(A)
+    assert sorted(scan(leader, A, SCHEMA).column("id").to_pylist()) == list(range(200))

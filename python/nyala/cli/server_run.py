@@ -85,6 +85,9 @@ def run_command(
             # SIGUSR1 prints every thread's stack to the log: how to see where a stuck server
             # waits (not possible when stderr is no file, e.g. under click's test runner).
             faulthandler.register(signal.SIGUSR1, all_threads=True)
+            # A fatal signal (a crash in native code, an abort) leaves every thread's Python
+            # stack in the log instead of a log that just stops.
+            faulthandler.enable(all_threads=True)
         asyncio.run(serve(settings))
 
     return run

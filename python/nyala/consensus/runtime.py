@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import random
 from collections import deque
 from collections.abc import Callable
@@ -52,6 +53,8 @@ from nyala.errors import (
     WrongServerUuidError,
 )
 
+log = logging.getLogger(__name__)
+
 
 class DurabilityNotifier(Protocol):
     """What the runtime needs from a log whose appends become durable asynchronously."""
@@ -83,6 +86,7 @@ ApplyCallback = Callable[[Apply], None]
 RoleCallback = Callable[[RoleChanged], None]
 ConfigCallback = Callable[[ConfigCommitted], None]
 CopyCallback = Callable[[StartTabletCopy], None]
+FailureCallback = Callable[[BaseException], None]
 
 
 class RaftRuntime:
@@ -91,6 +95,12 @@ class RaftRuntime:
     The owner bootstraps cmeta, creates the runtime, calls ``start(task_group)``, and later
     ``stop()`` (or cancels the group). Callbacks run on the event loop and must not block:
     ``on_apply`` is told every committed range once, in order.
+
+    A failure of the core or the log (a bug, a failed sync) ends the runtime and is logged with
+    its traceback. With ``on_failure`` the owner is told and the task ends quietly, so one
+    failed replica never brings down the other tasks of the group (a tablet server marks it
+    FAILED and keeps serving its other tablets); without it the task raises, which ends the
+    group (the master's sys catalog, without which the master cannot serve).
     """
 
     def __init__(
@@ -110,6 +120,7 @@ class RaftRuntime:
         on_role_change: RoleCallback | None = None,
         on_config_committed: ConfigCallback | None = None,
         on_start_copy: CopyCallback | None = None,
+        on_failure: FailureCallback | None = None,
     ) -> None:
         self.uuid = uuid
         self.core = RaftCore(
@@ -130,6 +141,7 @@ class RaftRuntime:
         self._on_config_committed = on_config_committed
         # Auto-vivification: sends StartTabletCopy to a follower (must not block).
         self.on_start_copy = on_start_copy
+        self._on_failure = on_failure
         # Proposals waiting for commit: (index, term, future), ascending index.
         self._commits: deque[tuple[int, int, asyncio.Future[OpId]]] = deque()
         self._reads: dict[int, asyncio.Future[int]] = {}
@@ -171,6 +183,13 @@ class RaftRuntime:
             async with asyncio.TaskGroup() as group:
                 group.create_task(self._transport.run(self.deliver))
                 group.create_task(self._tick_loop())
+        except Exception as exc:  # an ExceptionGroup of the tasks above
+            failure = self._failure if self._failure is not None else exc
+            self._failure = failure
+            log.error("the runtime of replica %s failed", self.uuid, exc_info=failure)
+            if self._on_failure is None:
+                raise
+            self._on_failure(failure)
         finally:
             self._loop = None
             if fd is not None and not loop.is_closed():

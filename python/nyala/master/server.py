@@ -33,6 +33,8 @@ log = logging.getLogger(__name__)
 class MasterServer(ServerBase):
     """One master. ``run`` serves until ``request_stop`` (or a signal)."""
 
+    REPLICA_FAILURE_STOPS_SERVER = True
+
     def __init__(self, settings: MasterSettings) -> None:
         super().__init__(settings)
         self.settings = settings

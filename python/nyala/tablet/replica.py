@@ -207,8 +207,12 @@ class TabletReplica:
         *,
         raft_options: RaftOptions | None = None,
         runtime_options: RuntimeOptions | None = None,
+        isolate_failure: bool = True,
     ) -> RaftRuntime:
-        """Runs Raft for this replica as a task of ``task_group``; the replica is RUNNING."""
+        """Runs Raft for this replica as a task of ``task_group``; the replica is RUNNING.
+
+        If Raft or the WAL fails, the replica goes FAILED and the group goes on
+        (``isolate_failure``), or the failure ends the whole group."""
         if self.wal is None or self.storage is None or self.applier is None:
             raise IllegalStateError(f"tablet {self.tablet_id} is not open ({self.state.value})")
         applier = self.applier
@@ -224,6 +228,7 @@ class TabletReplica:
             rng=random.Random(),
             last_applied_index=applier.applied_index,
             on_apply=lambda effect: self._on_apply(applier, effect),
+            on_failure=self._on_consensus_failure if isolate_failure else None,
         )
         runtime.start(task_group)
         self.runtime = runtime
@@ -247,6 +252,16 @@ class TabletReplica:
         if self.state is TabletState.RUNNING:
             self.state = TabletState.STOPPED
 
+    def _on_consensus_failure(self, failure: BaseException) -> None:
+        """Raft or the WAL failed (the runtime logged why): this replica goes offline until the
+        server restarts, as Kudu's does; the server's other replicas are not affected."""
+        if self.state is not TabletState.FAILED:  # a failed apply already said why
+            self.fail(f"consensus failed: {type(failure).__name__}: {failure}")
+        # Consensus RPCs and writes now find no Raft here (TabletNotRunningError) instead of
+        # the frozen state of a runtime that no longer runs.
+        self.runtime = None
+        self.transport = None
+
     def _on_apply(self, applier: Applier, effect: Apply) -> None:
         try:
             applier.apply(effect.first_index, effect.last_index)
@@ -254,9 +269,7 @@ class TabletReplica:
             # A committed entry that cannot be applied stops this replica: skipping it would
             # make it diverge from the others.
             self.fail(f"apply of {effect.first_index}..{effect.last_index} failed: {exc!r}")
-            if self.runtime is not None:
-                self.runtime.stop()
-            raise
+            raise  # the runtime fails with it and tells ``_on_consensus_failure``
         runtime, wal = self.runtime, self.wal
         if runtime is not None and wal is not None:
             # Applied here and received by every peer: the log cache's copy has no reader

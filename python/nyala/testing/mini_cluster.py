@@ -487,8 +487,18 @@ class MiniCluster:
 
 
 def dump_logs(cluster: MiniCluster, out: IO[str] = sys.stderr) -> None:
-    """Writes every server's log to ``out`` (for a failing test's output)."""
-    for server in [*cluster.masters, *cluster.tservers]:
+    """Writes every server's log to ``out`` (for a failing test's output).
+
+    A one-line state of every server comes first, and the logs of servers that have exited
+    come before those of running ones: a server that died on its own is the likeliest cause,
+    and a CI report that keeps only the head of the output still shows it.
+    """
+    servers = [*cluster.masters, *cluster.tservers]
+    states = [
+        f"{s.name} {'running' if s.is_running() else f'exited ({s.returncode})'}" for s in servers
+    ]
+    out.write(f"----- server states: {', '.join(states)} -----\n")
+    for server in sorted(servers, key=lambda s: s.is_running()):
         out.write(f"----- {server.name} ({server.log_path}) -----\n")
         with contextlib.suppress(FileNotFoundError):
             out.write(server.log_path.read_text(errors="replace"))

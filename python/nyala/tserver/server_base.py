@@ -35,6 +35,10 @@ class ServerBase:
 
     #: Batches in flight to each follower (None: the Raft core's default).
     PEER_INFLIGHT_BATCHES_MAX: ClassVar[int | None] = None
+    #: Whether a replica whose Raft or WAL fails ends the server (the master, which cannot
+    #: serve without its sys catalog) or only goes FAILED (a tablet server's other replicas
+    #: keep serving).
+    REPLICA_FAILURE_STOPS_SERVER: ClassVar[bool] = False
 
     def __init__(self, settings: ServerSettings) -> None:
         self.server_settings = settings
@@ -93,7 +97,12 @@ class ServerBase:
             settings=self.server_settings.rpc_settings(),
         )
         replica.start_consensus(
-            self.uuid, tasks, transport, RealClock(), raft_options=self._raft_options()
+            self.uuid,
+            tasks,
+            transport,
+            RealClock(),
+            raft_options=self._raft_options(),
+            isolate_failure=not self.REPLICA_FAILURE_STOPS_SERVER,
         )
 
     def _raft_options(self) -> RaftOptions:
