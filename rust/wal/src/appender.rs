@@ -39,7 +39,10 @@ use crate::background::Job;
 use crate::error::{Result, WalError};
 use crate::format::{self, PAGE_BYTES};
 use crate::index::Location;
-use crate::log::{Request, Shared, Ticket, SEGMENTS_PREPARED_AHEAD, SEGMENTS_PREPARED_AHEAD_MAX};
+use crate::log::{
+    Request, Shared, Ticket, PROFILE_GROUPS_MIN, SEGMENTS_PREPARED_AHEAD,
+    SEGMENTS_PREPARED_AHEAD_MAX,
+};
 use crate::metrics::Metrics;
 use crate::options::SyncPolicy;
 use crate::segment::SegmentFile;
@@ -460,9 +463,9 @@ impl Appender {
         active: ActiveSegment,
         log_last: OpIndex,
         background_tx: Sender<Job>,
-        prepared_through: u64,
     ) -> Self {
         let buf = active.tail.clone();
+        let prepared_through = active.sequence();
         Appender {
             shared,
             active,
@@ -533,6 +536,7 @@ impl Appender {
             self.prepared_ahead = SEGMENTS_PREPARED_AHEAD_MAX;
             self.request_preparations();
         }
+        self.request_first_preparations();
         if self.active.has_batches
             && !self.fits(group_bytes)
             && group_bytes <= segment_bytes / WHOLE_GROUP_SEGMENT_FRACTION
@@ -739,6 +743,12 @@ impl Appender {
         let started = Instant::now();
         let prepared = {
             let mut ready = self.shared.prepared.lock();
+            if ready.is_empty() && self.prepared_through <= self.active.sequence() {
+                // Nothing requested yet (`request_first_preparations` had not fired).
+                drop(ready);
+                self.request_preparations();
+                ready = self.shared.prepared.lock();
+            }
             if ready.is_empty() {
                 Metrics::add(&self.shared.metrics.rollover_waits, 1);
                 // The writer outruns the preparation: keep more segments ready from now on.
@@ -772,6 +782,24 @@ impl Appender {
         debug_assert_eq!(active_sequence, self.active.sequence());
         self.request_preparations();
         Ok(())
+    }
+
+    /// The first request for segments ahead of a newly opened log, once it has committed
+    /// `PROFILE_GROUPS_MIN` groups or filled a quarter of its active segment: by then
+    /// `Shared::fresh_segment_preallocation` knows whether its groups are small, so a log of
+    /// small groups gets zero-filled segments from its second one on (requested at open,
+    /// they were `fallocate`d before the log had committed anything, and a short-lived
+    /// writer spent most of its life in them). A quarter of a segment leaves the background
+    /// thread three quarters of one to prepare the next.
+    fn request_first_preparations(&mut self) {
+        if self.prepared_through > self.active.sequence() {
+            return;
+        }
+        let groups = self.shared.metrics.groups.load(Ordering::Relaxed);
+        let quarter = self.shared.options.segment_size_bytes / 4;
+        if groups >= PROFILE_GROUPS_MIN || self.active.write_end >= quarter {
+            self.request_preparations();
+        }
     }
 
     /// Asks the background thread for the segments not yet requested up to

@@ -22,7 +22,7 @@ use nyala_common::{ErrorKind, OpId, OpIndex, Term};
 use parking_lot::{Condvar, Mutex, RwLock};
 
 use crate::appender::{ActiveSegment, Appender, Committers};
-use crate::background::{self, Job};
+use crate::background;
 use crate::entry::{Entry, EntryRef};
 use crate::error::{Result, WalError};
 use crate::faults::FaultInjection;
@@ -191,7 +191,7 @@ pub(crate) struct GroupProfile {
 
 /// Groups a log must have committed since the last decision before its group sizes count:
 /// an idle or newly opened log keeps `fallocate` (zero-filling costs a segment of writes).
-const PROFILE_GROUPS_MIN: u64 = 64;
+pub(crate) const PROFILE_GROUPS_MIN: u64 = 64;
 /// Average bytes per group (page padding included) at or below which groups count as small:
 /// such a log is bound by sync latency, not bandwidth.
 const SMALL_GROUP_BYTES_MAX: u64 = 64 * 1024;
@@ -374,23 +374,14 @@ impl Log {
             recovered.recyclable,
             recovered.next_sequence,
         )?;
-        let next_sequence = active.sequence() + 1;
         let (background_tx, background_rx) = crossbeam_channel::unbounded();
         let threads = vec![background::spawn(Arc::clone(&shared), background_rx)?];
-        for ahead in 0..SEGMENTS_PREPARED_AHEAD {
-            background_tx
-                .send(Job::Prepare(next_sequence + ahead))
-                .expect("background thread is running");
-        }
-        // The committers own the only sender: when the last stops, the background thread stops.
-        let prepared_through = next_sequence + SEGMENTS_PREPARED_AHEAD - 1;
-        let appender = Appender::new(
-            Arc::clone(&shared),
-            active,
-            last.index,
-            background_tx,
-            prepared_through,
-        );
+        // No segment is prepared ahead yet: the appender asks once the log has shown what its
+        // groups look like (`Appender::request_first_preparations`), so those segments get
+        // the preallocation that suits it, and a log that stays idle preallocates nothing
+        // beyond its active segment. The committers own the only sender: when the last
+        // stops, the background thread stops.
+        let appender = Appender::new(Arc::clone(&shared), active, last.index, background_tx);
         let committers = Committers::start(Arc::clone(&shared), appender)?;
         Ok(Log {
             shared,

@@ -193,7 +193,7 @@ fn recycle_zero_fills_fresh_segments_only_for_logs_of_small_groups() {
     let m = log.metrics();
     assert!(m.groups >= 400, "{m:?}");
     assert!(m.segments_zero_filled > 0, "{m:?}");
-    // The first segments were prepared before the log had committed anything: fallocate.
+    // The first segment was prepared before the log had committed anything: fallocate.
     assert!(m.segments_created > m.segments_zero_filled, "{m:?}");
     log.close().unwrap();
     assert_eq!(
@@ -220,6 +220,47 @@ fn recycle_zero_fills_fresh_segments_only_for_logs_of_small_groups() {
     let m = log.metrics();
     assert!(m.segments_created > 10, "{m:?}");
     assert_eq!(m.segments_zero_filled, 0, "{m:?}");
+}
+
+/// A new log asks for segments ahead only once its groups have shown what they are like: a
+/// log of small groups gets zero-filled segments from its second one on, and a log that
+/// stays idle preallocates nothing beyond its active segment.
+#[test]
+fn a_new_log_prepares_segments_ahead_once_its_groups_are_known() {
+    let dir = scratch_dir();
+    let options = LogOptions {
+        preallocation: Preallocation::Recycle,
+        ..small_options(64 << 10)
+    };
+    let wal_files = |path: &std::path::Path| {
+        std::fs::read_dir(path)
+            .unwrap()
+            .filter(|e| {
+                let name = e.as_ref().unwrap().file_name();
+                name.to_string_lossy().starts_with("wal-")
+            })
+            .count()
+    };
+    let log = Log::open(dir.path(), "idle", options.clone()).unwrap();
+    append_range(&log, 1, 1, 3);
+    assert_eq!(
+        wal_files(dir.path()),
+        1,
+        "an idle log prepared segments ahead"
+    );
+    log.close().unwrap();
+
+    let dir = scratch_dir();
+    let log = Log::open(dir.path(), "small", options).unwrap();
+    // One small entry per group: several segments' worth.
+    for i in 1..=3000 {
+        append_range(&log, 1, i, i);
+    }
+    let m = log.metrics();
+    assert!(m.segments_created >= 4, "{m:?}");
+    // Only the first segment, prepared at open, was fallocated.
+    assert_eq!(m.segments_zero_filled, m.segments_created - 1, "{m:?}");
+    log.close().unwrap();
 }
 
 #[test]
