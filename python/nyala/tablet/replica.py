@@ -257,8 +257,8 @@ class TabletReplica:
         server restarts, as Kudu's does; the server's other replicas are not affected."""
         if self.state is not TabletState.FAILED:  # a failed apply already said why
             self.fail(f"consensus failed: {type(failure).__name__}: {failure}")
-        # Consensus RPCs and writes now find no Raft here (TabletNotRunningError) instead of
-        # the frozen state of a runtime that no longer runs.
+        # Consensus RPCs and writes are refused with TABLET_FAILED (the tablet manager's
+        # lookup) rather than served from the frozen state of a runtime that no longer runs.
         self.runtime = None
         self.transport = None
 
