@@ -40,9 +40,13 @@ $(STAMPS)/deps: requirements-dev.txt | $(PY)
 
 setup: $(STAMPS)/deps build
 
-# Incremental: cargo rebuilds only what changed.
+# Incremental: cargo rebuilds only what changed. The editable install gets no bytecode from
+# pip, and with PYTHONDONTWRITEBYTECODE set (as on our machines) every server, Spark worker and
+# CLI process would compile nyala's sources at start-up; compiling them here once is what pip
+# does for a wheel.
 build: $(STAMPS)/deps
 	cd $(CURDIR) && maturin develop --release --quiet
+	$(PY) -m compileall -q python/nyala
 
 lint: $(STAMPS)/deps proto-check
 	cargo fmt --all --check

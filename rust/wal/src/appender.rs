@@ -741,14 +741,11 @@ impl Appender {
     /// if the next segment is not ready yet.
     fn roll(&mut self) -> Result<()> {
         let started = Instant::now();
+        // Asks for the next segment if `request_first_preparations` had not fired yet (a no-op
+        // when enough segments are already requested).
+        self.request_preparations();
         let prepared = {
             let mut ready = self.shared.prepared.lock();
-            if ready.is_empty() && self.prepared_through <= self.active.sequence() {
-                // Nothing requested yet (`request_first_preparations` had not fired).
-                drop(ready);
-                self.request_preparations();
-                ready = self.shared.prepared.lock();
-            }
             if ready.is_empty() {
                 Metrics::add(&self.shared.metrics.rollover_waits, 1);
                 // The writer outruns the preparation: keep more segments ready from now on.
