@@ -6,7 +6,9 @@ double, string, timestamp, nullable int32), cached in Spark first so that every 
 same in-memory rows, is written to
 
 * a no-op Python Arrow data source that only counts the Arrow batches it is handed (the
-  Spark → Python ceiling every Python data source shares): ``noop_rows_per_s``;
+  Spark → Python ceiling every Python data source shares): ``noop_rows_per_s``, the mean of
+  a run first and a run last (``noop_rows_per_s_before`` / ``_after``), so that noise in one
+  of them does not set the baseline alone;
 * Parquet files (Spark's own JVM writer): ``parquet_rows_per_s``;
 * a nyala table (3 tservers, RF 3, hash-partitioned) with ``nyala.operation=insert``:
   ``nyala_rows_per_s``, and ``ratio_vs_noop`` = nyala / noop (target ≥ 0.5).
@@ -33,6 +35,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -206,10 +209,7 @@ def run(rows: int, tservers: int) -> dict[str, Any]:
     # The first Python job of a session starts the worker daemon; keep that out of every figure.
     df.limit(1000).write.format("nyala_bench_noop").mode("append").save()
     spark.read.format("nyala_bench_noop").option("rows", "1000").load().count()
-    cpu_before = machine_cpu_s()
-    noop_s = timed(lambda: df.write.format("nyala_bench_noop").mode("append").save())
-    figures["noop_rows_per_s"] = rows / noop_s
-    figures["machine_cpu_us_per_row_noop"] = (machine_cpu_s() - cpu_before) / rows * 1e6
+    noop_before = noop_figures(df, rows)
     with tempfile.TemporaryDirectory(prefix="nyala-spark-bench-") as tmp:
         path = os.path.join(tmp, "parquet")
         parquet_s = timed(lambda: df.write.mode("overwrite").parquet(path))
@@ -223,12 +223,26 @@ def run(rows: int, tservers: int) -> dict[str, Any]:
             lambda: read_parquet.write.format("noop").mode("overwrite").save()
         )
         figures.update(nyala_figures(spark, df, rows, tservers, tmp))
+    noop_after = noop_figures(df, rows)
     spark.stop()
+    # The no-op sink before and after everything else: noise in one of those minutes (or JIT
+    # compiling still going on in the first) then moves the baseline half as much.
+    figures["noop_rows_per_s_before"] = noop_before[0]
+    figures["noop_rows_per_s_after"] = noop_after[0]
+    figures["noop_rows_per_s"] = statistics.mean([noop_before[0], noop_after[0]])
+    figures["machine_cpu_us_per_row_noop"] = statistics.mean([noop_before[1], noop_after[1]])
     figures["ratio_vs_noop"] = figures["nyala_rows_per_s"] / figures["noop_rows_per_s"]
     figures["scan_ratio_vs_noop"] = (
         figures["nyala_scan_rows_per_s"] / figures["noop_source_rows_per_s"]
     )
     return figures
+
+
+def noop_figures(df: Any, rows: int) -> tuple[float, float]:
+    """Rows/s and machine CPU microseconds per row of ``df`` written to the no-op sink."""
+    cpu_before = machine_cpu_s()
+    seconds = timed(lambda: df.write.format("nyala_bench_noop").mode("append").save())
+    return rows / seconds, (machine_cpu_s() - cpu_before) / rows * 1e6
 
 
 def nyala_figures(spark: Any, df: Any, rows: int, tservers: int, tmp: str) -> dict[str, Any]:
