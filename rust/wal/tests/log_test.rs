@@ -8,6 +8,28 @@ use common::{append_range, entry, read_all, scratch_dir, small_options};
 use nyala_common::{Classify, ErrorKind, OpId};
 use nyala_wal::{Entry, EntryRef, EntryType, Log, LogOptions, Preallocation, SyncPolicy, WalError};
 
+/// `small_options` with GC'd segments recycled (`Preallocation::Recycle`).
+fn recycling_options(segment_size_bytes: u64) -> LogOptions {
+    LogOptions {
+        preallocation: Preallocation::Recycle,
+        ..small_options(segment_size_bytes)
+    }
+}
+
+/// How many segment files (`wal-*`) `dir` holds.
+fn wal_files(dir: &std::path::Path) -> usize {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .filter(|e| {
+            e.as_ref()
+                .unwrap()
+                .file_name()
+                .to_string_lossy()
+                .starts_with("wal-")
+        })
+        .count()
+}
+
 #[test]
 fn append_wait_read_and_reopen() {
     let dir = scratch_dir();
@@ -182,10 +204,7 @@ fn recycled_segments_are_reused_and_old_data_is_never_replayed() {
 #[test]
 fn recycle_zero_fills_fresh_segments_only_for_logs_of_small_groups() {
     let dir = scratch_dir();
-    let options = LogOptions {
-        preallocation: Preallocation::Recycle,
-        ..small_options(8 << 10)
-    };
+    let options = recycling_options(8 << 10);
     let log = Log::open(dir.path(), "small", options).unwrap();
     for i in 1..=400 {
         append_range(&log, 1, i, i);
@@ -202,10 +221,7 @@ fn recycle_zero_fills_fresh_segments_only_for_logs_of_small_groups() {
     );
 
     let bulk_dir = scratch_dir();
-    let options = LogOptions {
-        preallocation: Preallocation::Recycle,
-        ..small_options(512 << 10)
-    };
+    let options = recycling_options(512 << 10);
     let log = Log::open(bulk_dir.path(), "bulk", options).unwrap();
     for i in 1..=200u64 {
         let payload = vec![i as u8; 96 << 10];
@@ -228,19 +244,7 @@ fn recycle_zero_fills_fresh_segments_only_for_logs_of_small_groups() {
 #[test]
 fn a_new_log_prepares_segments_ahead_once_its_groups_are_known() {
     let dir = scratch_dir();
-    let options = LogOptions {
-        preallocation: Preallocation::Recycle,
-        ..small_options(64 << 10)
-    };
-    let wal_files = |path: &std::path::Path| {
-        std::fs::read_dir(path)
-            .unwrap()
-            .filter(|e| {
-                let name = e.as_ref().unwrap().file_name();
-                name.to_string_lossy().starts_with("wal-")
-            })
-            .count()
-    };
+    let options = recycling_options(64 << 10);
     let log = Log::open(dir.path(), "idle", options.clone()).unwrap();
     append_range(&log, 1, 1, 3);
     assert_eq!(
