@@ -236,11 +236,10 @@ class Writer:
                     attempt_no=attempt,
                 ),
                 schema_version=info.schema.version,
-                ops=request.ops,
             )
             attempt += 1
             try:
-                return self.pipe(replica.addr).write(pb, backoff.remaining_ms())
+                return self.pipe(replica.addr).write(pb, request.ops, backoff.remaining_ms())
             except errors.SchemaMismatchError:
                 self.cache.forget_table(info.name)
                 raise

@@ -46,6 +46,7 @@ from nyala.consensus.messages import (
 )
 from nyala.consensus.types import OpId
 from nyala.errors import InvalidArgumentError
+from nyala.rpc.pb_fields import length_delimited_head
 
 
 class WireBatch(EntryBatch, Protocol):
@@ -173,15 +174,10 @@ def append_request_to_wire(
         return cast(bytes, header.SerializeToString())
     batch = cast(WireBatch, request.entries)  # the WAL log's batches; others cannot be sent
     prefix = header.SerializeToString()
-    # `entries` starts after the prefix, the padding, its tag (1 byte) and its length.
-    entries_head = 1 + _varint_bytes(batch.size_bytes)
+    # `entries` starts after the prefix, the padding, its tag and its length.
+    entries_head = len(length_delimited_head(_ENTRIES_FIELD, batch.size_bytes))
     pad = -(len(prefix) + entries_head) % _ENTRIES_ALIGNMENT
     return batch.to_field_bytes(prefix + _ALIGNMENT_FIELDS[pad], _ENTRIES_FIELD)
-
-
-def _varint_bytes(value: int) -> int:
-    """How many bytes protobuf's varint encoding of ``value`` (>= 0) takes."""
-    return max(1, -(-value.bit_length() // 7))
 
 
 def _append_request_header_pb(

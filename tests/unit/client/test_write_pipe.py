@@ -31,6 +31,7 @@ class _Server(tserver_pb2_grpc.TabletServiceServicer):  # type: ignore[misc]
         self.gate.set()
         self.calls: list[list[str]] = []  # tablet ids of each call, in arrival order
         self.entered = threading.Semaphore(0)
+        self.rows: list[tuple[str, bytes]] = []  # (tablet id, ops) of every write received
 
     def _answer(self, request: Any) -> Any:
         if request.tablet_id.startswith("follower"):
@@ -45,6 +46,7 @@ class _Server(tserver_pb2_grpc.TabletServiceServicer):  # type: ignore[misc]
 
     def _serve(self, requests: list[Any], context: Any) -> None:
         self.calls.append([r.tablet_id for r in requests])
+        self.rows += [(r.tablet_id, r.ops) for r in requests]
         self.entered.release()
         self.gate.wait()
         if any(r.tablet_id.startswith("crash") for r in requests):
@@ -84,19 +86,25 @@ def pool() -> Iterator[ChannelPool]:
         channels.close()
 
 
-def _request(tablet: str, seq_no: int) -> Any:
-    return tserver_pb2.WriteRequestPB(
+def _rows_of(tablet: str, seq_no: int) -> tuple[str, bytes]:
+    """(tablet id, rows) as the server receives ``_request(tablet, seq_no)``."""
+    return tablet, _request(tablet, seq_no)[1]
+
+
+def _request(tablet: str, seq_no: int) -> tuple[Any, bytes]:
+    """A write's request (without rows) and its 100 bytes of rows."""
+    request = tserver_pb2.WriteRequestPB(
         dest_uuid=UUID,
         tablet_id=tablet,
         request_id=common_pb2.RequestIdPB(client_id="c", seq_no=seq_no),
-        ops=b"x" * 100,
     )
+    return request, tablet.encode() * (100 // len(tablet)) + b"x" * (100 % len(tablet))
 
 
 class _Writers:
     """Writes issued each from its own thread; ``join`` returns each answer or exception."""
 
-    def __init__(self, pipe: WritePipe, requests: list[Any]) -> None:
+    def __init__(self, pipe: WritePipe, requests: list[tuple[Any, bytes]]) -> None:
         self.results: list[Any] = [None] * len(requests)
         self.threads = [
             threading.Thread(target=self._one, args=(pipe, i, r)) for i, r in enumerate(requests)
@@ -104,9 +112,9 @@ class _Writers:
         for t in self.threads:
             t.start()
 
-    def _one(self, pipe: WritePipe, i: int, request: Any) -> None:
+    def _one(self, pipe: WritePipe, i: int, request: tuple[Any, bytes]) -> None:
         try:
-            self.results[i] = pipe.write(request, 10_000)
+            self.results[i] = pipe.write(request[0], request[1], 10_000)
         except Exception as exc:
             self.results[i] = exc
 
@@ -117,7 +125,7 @@ class _Writers:
         return self.results
 
 
-def _hold_first_call(servicer: _Server, pipe: WritePipe, first: Any) -> _Writers:
+def _hold_first_call(servicer: _Server, pipe: WritePipe, first: tuple[Any, bytes]) -> _Writers:
     """Starts ``first`` with the server's gate closed and waits until its call arrived."""
     servicer.gate.clear()
     started = _Writers(pipe, [first])
@@ -138,9 +146,41 @@ def test_an_idle_pipe_sends_a_write_at_once_and_alone(
     servicer, addr = server
     pipe = WritePipe(pool.get(addr))
     for seq in range(3):
-        assert pipe.write(_request("ok", seq), 5_000).op_id.index == seq
+        assert pipe.write(*_request("ok", seq), 5_000).op_id.index == seq
     assert servicer.calls == [["ok"], ["ok"], ["ok"]]
     assert (pipe.calls_sent, pipe.writes_sent) == (3, 3)
+
+
+def test_rows_reach_the_server_intact_alone_and_in_a_shared_call(
+    server: tuple[_Server, str], pool: ChannelPool
+) -> None:
+    servicer, addr = server
+    pipe = WritePipe(pool.get(addr), inflight_calls_max=1)
+    big = bytes(range(256)) * 1200  # 307200 bytes: a three-byte length
+    big_request = _request("ok-big", 7)[0]
+    assert pipe.write(big_request, big, 5_000).op_id.index == 7
+    first = _hold_first_call(servicer, pipe, _request("ok-first", 100))
+    empty_request = _request("ok-empty", 2)[0]
+    later = _Writers(pipe, [(big_request, big), _request("ok-small", 1), (empty_request, b"")])
+    _wait_queued(pipe, 3)
+    servicer.gate.set()
+    first.join()
+    assert [a.op_id.index for a in later.join()] == [7, 1, 2]
+    assert [len(c) for c in servicer.calls] == [1, 1, 3]  # alone, alone, then shared
+    assert servicer.rows[:2] == [("ok-big", big), _rows_of("ok-first", 100)]
+    assert sorted(servicer.rows[2:]) == sorted(
+        [("ok-big", big), _rows_of("ok-small", 1), ("ok-empty", b"")]
+    )
+
+
+def test_a_request_that_carries_its_rows_itself_is_refused(
+    server: tuple[_Server, str], pool: ChannelPool
+) -> None:
+    _, addr = server
+    request, rows = _request("ok", 1)
+    request.ops = rows
+    with pytest.raises(errors.InvalidArgumentError, match="ops"):
+        WritePipe(pool.get(addr)).write(request, rows, 5_000)
 
 
 def test_writes_issued_while_a_call_is_in_flight_share_the_next_call(
@@ -223,7 +263,7 @@ def test_a_failed_call_fails_only_the_writes_it_carried(
     assert isinstance(ok_1, errors.NetworkError)  # it shared the failed call
     assert (ok_2.op_id.index, ok_3.op_id.index) == (2, 3)
     # The failed writes can simply be sent again (same request ids) and now go through.
-    assert pipe.write(_request("ok-1", 1), 5_000).op_id.index == 1
+    assert pipe.write(*_request("ok-1", 1), 5_000).op_id.index == 1
 
 
 def test_a_write_not_answered_in_time_times_out_and_a_queued_one_is_never_sent(
@@ -233,12 +273,12 @@ def test_a_write_not_answered_in_time_times_out_and_a_queued_one_is_never_sent(
     pipe = WritePipe(pool.get(addr), inflight_calls_max=1)
     servicer.gate.clear()
     with pytest.raises(errors.TimedOutError):
-        pipe.write(_request("ok-slow", 1), 200)  # sent; the server holds it past its deadline
+        pipe.write(*_request("ok-slow", 1), 200)  # sent; the server holds it past its deadline
     assert servicer.entered.acquire(timeout=10)
     held = _hold_first_call(servicer, pipe, _request("ok-held", 2))
     with pytest.raises(errors.TimedOutError, match="outcome is unknown"):
-        pipe.write(_request("ok-queued", 3), 200)  # queued behind the held call
+        pipe.write(*_request("ok-queued", 3), 200)  # queued behind the held call
     servicer.gate.set()
     assert held.join()[0].op_id.index == 2
-    assert pipe.write(_request("ok-after", 4), 5_000).op_id.index == 4
+    assert pipe.write(*_request("ok-after", 4), 5_000).op_id.index == 4
     assert all("ok-queued" not in c for c in servicer.calls)
