@@ -89,7 +89,9 @@ class TabletStatus:
     state: str  # a TabletState name
     data_state: str  # a DataState name, or UNKNOWN when the superblock is unreadable
     state_reason: str
-    on_disk_bytes: int
+    # Bytes of the replica's WAL and data files; None unless asked for (``statuses(sizes=True)``,
+    # a walk of its directories).
+    on_disk_bytes: int | None
     schema: Schema | None
     partition: Partition | None
 
@@ -418,18 +420,30 @@ class TabletManager:
                 raise TabletFailedError(f"tablet {tablet_id} failed: {replica.state_reason}")
             return replica
 
-    def statuses(self) -> list[TabletStatus]:
-        """Every replica (tombstones and failures included), sorted by tablet id."""
+    def statuses(self, *, sizes: bool = True) -> list[TabletStatus]:
+        """Every replica (tombstones and failures included), sorted by tablet id. ``sizes``:
+        with each replica's bytes on disk, which lists and stats every file of its directories
+        (for ListTablets and /tablets, not for every heartbeat)."""
         with self._lock:
-            out = [self._status(r) for r in self._replicas.values()]
+            out = [self._status(r, sizes) for r in self._replicas.values()]
             out += [
-                TabletStatus(f.tablet_id, "", "", "FAILED", "UNKNOWN", f.reason, 0, None, None)
+                TabletStatus(
+                    f.tablet_id,
+                    "",
+                    "",
+                    "FAILED",
+                    "UNKNOWN",
+                    f.reason,
+                    0 if sizes else None,
+                    None,
+                    None,
+                )
                 for f in self._unreadable.values()
             ]
         return sorted(out, key=lambda s: s.tablet_id)
 
     @staticmethod
-    def _status(replica: TabletReplica) -> TabletStatus:
+    def _status(replica: TabletReplica, sizes: bool) -> TabletStatus:
         sb = replica.superblock
         return TabletStatus(
             tablet_id=sb.tablet_id,
@@ -438,7 +452,7 @@ class TabletManager:
             state=replica.state.value,
             data_state=sb.data_state.value,
             state_reason=replica.state_reason,
-            on_disk_bytes=replica.on_disk_bytes(),
+            on_disk_bytes=replica.on_disk_bytes() if sizes else None,
             schema=sb.schema,
             partition=sb.partition,
         )

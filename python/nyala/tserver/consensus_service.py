@@ -121,7 +121,7 @@ class ConsensusService(ServiceBase, consensus_pb2_grpc.ConsensusServiceServicer)
     async def GetConsensusState(self, request: Any, context: Any) -> Any:
         response = consensus_pb2.GetConsensusStateResponsePB()
         wanted = list(request.tablet_ids) or [
-            s.tablet_id for s in self._tablets.statuses() if s.state == "RUNNING"
+            s.tablet_id for s in self._tablets.statuses(sizes=False) if s.state == "RUNNING"
         ]
         for tablet_id in wanted:
             _, runtime, _ = self._raft(tablet_id)

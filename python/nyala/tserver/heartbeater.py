@@ -133,7 +133,7 @@ class Heartbeater:
     def _snapshot(self) -> dict[str, tuple[Signature, Any]]:
         """Every replica's report and signature, now."""
         out: dict[str, tuple[Signature, Any]] = {}
-        for status in self._tablets.statuses():
+        for status in self._tablets.statuses(sizes=False):
             pb = master_pb2.ReportedTabletPB(
                 tablet_id=status.tablet_id,
                 state=metadata_pb2.TabletState.Value(status.state),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -92,6 +93,29 @@ def test_create_writes_superblock_cmeta_storage_and_wal(dirs: TabletDirs) -> Non
     assert replica.state_reason == NOT_WIRED_REASON
     assert replica.storage is not None
     assert replica.storage.schema == SCHEMA
+    manager.shutdown()
+
+
+def test_statuses_count_bytes_on_disk_only_when_asked(dirs: TabletDirs) -> None:
+    manager = _manager(dirs)
+    _create(manager, T1)
+    _create(manager, T2)
+    paths = dirs.paths(T1)
+    on_disk = sum(
+        f.stat().st_size
+        for root in (paths.wal_dir, paths.data_dir)
+        for f in root.rglob("*")
+        if f.is_file()
+    )
+    assert on_disk > 0  # the WAL's first segment at least
+    sized = {s.tablet_id: s for s in manager.statuses()}
+    assert sized[T1].on_disk_bytes == on_disk
+    # The heartbeat's form: the same report without walking the tablets' directories.
+    unsized = manager.statuses(sizes=False)
+    assert [s.on_disk_bytes for s in unsized] == [None, None]
+    assert [dataclasses.replace(s, on_disk_bytes=0) for s in unsized] == [
+        dataclasses.replace(s, on_disk_bytes=0) for s in sized.values()
+    ]
     manager.shutdown()
 
 
