@@ -164,7 +164,7 @@ class WritePipe:
         timeout_s = max(0.001, max(p.deadline for p in batch) - time.monotonic())
         try:
             if len(batch) == 1:
-                call = self._write.future(_request_bytes(batch[0]), timeout=timeout_s)
+                call = self._write.future(b"".join(_request_parts(batch[0])), timeout=timeout_s)
             else:
                 multi = tserver_pb2.WriteMultiRequestPB(dest_uuid=batch[0].dest_uuid)
                 parts = [multi.SerializeToString()]
@@ -225,10 +225,6 @@ class WritePipe:
 def _request_parts(pending: _Pending) -> list[bytes]:
     """The serialized ``WriteRequestPB`` of ``pending``, in pieces that join into it."""
     return [pending.head, length_delimited_head(_OPS_FIELD, len(pending.ops)), pending.ops]
-
-
-def _request_bytes(pending: _Pending) -> bytes:
-    return b"".join(_request_parts(pending))
 
 
 __all__ = ["CALL_BYTES_MAX", "CALL_REQUESTS_MAX", "INFLIGHT_CALLS_MAX", "WritePipe"]
