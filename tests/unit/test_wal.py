@@ -151,8 +151,21 @@ def test_many_concurrent_asyncio_appenders(tmp_path: Path) -> None:
         assert counters.entries_appended == writers
         assert counters.syncs < writers, "group commit shared syncs between appenders"
         assert counters.group_entries_max > 1
+
         # A second event loop gets its own watcher.
-        assert asyncio.run(log.append_async(make_entries(1, writers + 1, writers + 1))) == 501
+        async def one_more() -> int:
+            return await log.append_async(make_entries(1, writers + 1, writers + 1))
+
+        assert asyncio.run(one_more()) == 501
+
+
+def test_append_async_outside_an_event_loop_appends_nothing(tmp_path: Path) -> None:
+    with Log(tmp_path, "t", SMALL) as log:
+        with pytest.raises(RuntimeError):
+            log.append_async(make_entries(1, 1, 1))
+        assert log.last_op_id == (0, 0)
+        # The log takes the same entries afterwards: nothing half-done was left behind.
+        assert log.append_durable(make_entries(1, 1, 1)) == 1
 
 
 def test_threads_and_asyncio_together(tmp_path: Path) -> None:
