@@ -318,7 +318,7 @@ def headline_run(root: Path, seconds: float, total_bytes: int) -> dict[str, floa
         "wal_mean_group_64": r["mean_group"],
         "wal_sync_ms_64": r["sync_ms"],
         # Milliseconds of CPU per second the hypervisor took during the 64-writer run
-        # (docs/wal-format.md, "Host throttling"): where it is high, so is the p99.
+        # (docs/wal-format.md, "Group commit latency", session 10): the higher, the higher p99.
         "steal_ms_per_s_64": stolen * 1000 / (seconds + WARM_UP_S),
         "wal_mb_per_s": wal_mb,
         "group_commit_speedup": r["records_per_s"] * raw_ms / 1000,

@@ -278,7 +278,7 @@ class Log:
 
         A method that returns a future rather than a coroutine: an awaiting writer then
         blocks on the future directly, without a coroutine object and its frame per append
-        (about 4 % of an event loop's time with 64 writers, docs/wal-format.md)."""
+        (3–4 % of an event loop's CPU per append with 64 writers, docs/wal-format.md)."""
         # `self._wait_async(ticket, True)` inlined, with the watcher's `enqueue` for the usual
         # case (no failure, tickets in order): this runs once per append, and each Python
         # call it saves was about 3 % of an event loop's time with 64 writers. The loop is
