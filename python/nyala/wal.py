@@ -167,12 +167,10 @@ class _DurabilityWatcher:
         self._counter = itertools.count()
         loop.add_reader(self._fd, self._on_readable)
 
-    def wait(self, ticket: int, just_appended: bool = False) -> asyncio.Future[None]:
-        """A future for ``ticket``. ``just_appended``: the ticket was queued by this thread a
-        moment ago, so its publication (and the eventfd signal after it) comes later than
-        that: no need to ask the log whether it is durable already."""
+    def wait(self, ticket: int) -> asyncio.Future[None]:
+        """A future for ``ticket``, done at once if it is durable already."""
         future = self.new_future()
-        if not just_appended and self._native.durable_ticket() >= ticket:
+        if self._native.durable_ticket() >= ticket:
             future.set_result(None)
             return future
         self.enqueue(ticket, future, None)
@@ -279,10 +277,11 @@ class Log:
         A method that returns a future rather than a coroutine: an awaiting writer then
         blocks on the future directly, without a coroutine object and its frame per append
         (3–4 % of an event loop's CPU per append with 64 writers, docs/wal-format.md)."""
-        # `self._wait_async(ticket, True)` inlined, with the watcher's `enqueue` for the usual
-        # case (no failure, tickets in order): this runs once per append, and each Python
-        # call it saves was about 3 % of an event loop's time with 64 writers. The loop is
-        # found first, so a call outside one appends nothing.
+        # `wait_async`'s watcher lookup and the watcher's `enqueue` inlined for the usual case
+        # (no failure, tickets in order): this runs once per append, and each Python call it
+        # saves was about 3 % of an event loop's time with 64 writers. No need to ask whether
+        # the ticket is durable already: its publication (and the eventfd signal after it)
+        # comes later. The loop is found first, so a call outside one appends nothing.
         watcher = self._watcher
         if watcher is None or watcher.thread != _get_ident() or not watcher.loop.is_running():
             watcher = self._watcher_for_running_loop()
@@ -312,16 +311,13 @@ class Log:
 
     def wait_async(self, ticket: int) -> asyncio.Future[None]:
         """A future on the running loop that completes when ``ticket`` is durable."""
-        return self._wait_async(ticket, False)
-
-    def _wait_async(self, ticket: int, just_appended: bool) -> asyncio.Future[None]:
         watcher = self._watcher
         # While the watcher's loop runs in this thread it is the running loop (a thread runs
         # one loop at a time). Checking that is cheaper than asyncio.get_running_loop(),
         # which makes a getpid() system call per call on Python 3.11 (every append).
         if watcher is None or watcher.thread != _get_ident() or not watcher.loop.is_running():
             watcher = self._watcher_for_running_loop()
-        return watcher.wait(ticket, just_appended)
+        return watcher.wait(ticket)
 
     def _watcher_for_running_loop(self) -> _DurabilityWatcher:
         loop = asyncio.get_running_loop()
