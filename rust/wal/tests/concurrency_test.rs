@@ -408,3 +408,58 @@ fn small_large_and_shared_appends_mix_in_groups_under_back_pressure() {
     let reopened = Log::open(dir.path(), "t", options).unwrap();
     assert_eq!(read_all(&reopened), expected);
 }
+
+/// Threads parked on different tickets: a durable change wakes the ones it completes, a
+/// timeout returns `false` while the ticket is pending, and a failed sync wakes every one
+/// with the error, whatever ticket it waits for.
+#[test]
+fn parked_waiters_wake_for_their_own_tickets_and_all_on_failure() {
+    const TEN_SECONDS: Duration = Duration::from_secs(10);
+    let dir = scratch_dir();
+    let (options, faults) = pipelined(64 << 10, 1);
+    let log = Arc::new(Log::open(dir.path(), "t", options).unwrap());
+    // Group 1 (index 1) syncs slowly; indexes 2..=4 queue behind it as group 2.
+    faults.delay_next_syncs(1, Duration::from_millis(300));
+    let first = append_written(&log, 1);
+    let queued: Vec<_> = (2..=4)
+        .map(|i| log.append(&[entry(1, i).as_ref()]).unwrap())
+        .collect();
+    let first_waiter = {
+        let log = Arc::clone(&log);
+        thread::spawn(move || log.wait_timeout(first.ticket, TEN_SECONDS))
+    };
+    assert!(!log
+        .wait_timeout(queued[2].ticket, Duration::from_millis(50))
+        .unwrap());
+    assert!(first_waiter.join().unwrap().unwrap());
+    for ticket in &queued {
+        log.wait(ticket.ticket).unwrap();
+    }
+    assert_eq!(log.durable_index(), 4);
+
+    // The next sync waits, then fails: eight threads parked on five different tickets.
+    faults.delay_next_syncs(1, Duration::from_millis(300));
+    faults.fail_next_syncs(1, libc::EIO);
+    let failing = append_written(&log, 5);
+    let pending: Vec<_> = (6..=9)
+        .map(|i| log.append(&[entry(1, i).as_ref()]).unwrap())
+        .collect();
+    let tickets: Vec<_> = std::iter::once(failing.ticket)
+        .chain(pending.iter().map(|t| t.ticket))
+        .cycle()
+        .take(8)
+        .collect();
+    let waiters: Vec<_> = tickets
+        .into_iter()
+        .map(|ticket| {
+            let log = Arc::clone(&log);
+            thread::spawn(move || log.wait_timeout(ticket, TEN_SECONDS))
+        })
+        .collect();
+    // A waiter the failure did not wake would time out with Ok(false).
+    for waiter in waiters {
+        let err = waiter.join().unwrap().unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Io, "{err}");
+    }
+    assert_eq!(log.durable_index(), 4);
+}
