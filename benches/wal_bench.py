@@ -14,7 +14,8 @@ Measured in one run, in one directory (``--dir``, default a temporary directory)
 * segment preallocation by ``fallocate`` versus recycling GC'd segments, 64 writers, small
   segments and a GC thread so both reach their steady state;
 * pipelined group commit: 64 writers with 1, 2 and 3 group syncs allowed in flight
-  (``LogOptions.syncs_in_flight_max``), alternating (``syncs_in_flight_*`` keys).
+  (``LogOptions.syncs_in_flight_max``), alternating (``syncs_in_flight_*`` keys), next to
+  what the disk gives two syncs at once (``raw_sync_concurrency_2``).
 
 The headline figures are repeated ``--runs`` times (default 5, also with ``--quick``); each
 run measures its own raw baselines right before and right after the 64-writer WAL run and
@@ -93,6 +94,35 @@ def raw_syncs(directory: Path, seconds: float) -> RawSync:
     elapsed = time.perf_counter() - started
     samples.sort()
     return RawSync(len(samples) / elapsed, elapsed / len(samples) * 1000, quantile(samples, 0.99))
+
+
+def raw_overwrite_syncs(directory: Path, writers: int, seconds: float) -> float:
+    """`writers` threads at once, each overwriting its own written 8 MiB file with 4 KiB
+    pwrite + fdatasync (as the WAL's recycled and zero-filled segments are): total syncs/s."""
+    counts = [0] * writers
+
+    def writer(slot: int) -> None:
+        path = directory / f"raw-overwrite-{slot}"
+        fd = os.open(path, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o644)
+        try:
+            os.pwrite(fd, bytes(8 << 20), 0)
+            os.fsync(fd)
+            page = b"o" * 4096
+            started = time.perf_counter()
+            while time.perf_counter() - started < seconds:
+                os.pwrite(fd, page, counts[slot] % 2048 * 4096)
+                os.fdatasync(fd)
+                counts[slot] += 1
+        finally:
+            os.close(fd)
+            path.unlink()
+
+    threads = [threading.Thread(target=writer, args=(slot,)) for slot in range(writers)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return sum(counts) / seconds
 
 
 def raw_bandwidth(directory: Path, total_bytes: int) -> float:
@@ -388,13 +418,17 @@ def in_flight_comparison(root: Path, seconds: float) -> dict[str, object]:
     """64 asyncio writers with 1, 2 and 3 group syncs in flight, in alternating rounds so drift
     in the machine's load hits all alike. Each round measures raw syncs once, before its three
     runs; ``syncs_in_flight_N_vs_1`` is the median over rounds of records/s with N in flight
-    divided by records/s with 1 in the same round."""
+    divided by records/s with 1 in the same round. ``raw_sync_concurrency_2`` is what the disk
+    offers them: the syncs/s of two raw overwrite loops at once over those of one."""
     modes = (1, 2, 3)
     rates: dict[int, list[float]] = {m: [] for m in modes}
     speedups: dict[int, list[float]] = {m: [] for m in modes}
     p99s: dict[int, list[float]] = {m: [] for m in modes}
     groups: dict[int, list[float]] = {m: [] for m in modes}
+    concurrency: list[float] = []
     for _ in range(2):
+        one = raw_overwrite_syncs(root, 1, seconds * 0.2)
+        concurrency.append(raw_overwrite_syncs(root, 2, seconds * 0.2) / one)
         raw = raw_syncs(root, seconds * 0.3)
         for mode in modes:
             r = wal_tasks(root / "inflight", 64, seconds / 2, LogOptions(syncs_in_flight_max=mode))
@@ -402,7 +436,11 @@ def in_flight_comparison(root: Path, seconds: float) -> dict[str, object]:
             speedups[mode].append(r["records_per_s"] * raw.mean_ms / 1000)
             p99s[mode].append(r["p99_ms"] / raw.mean_ms)
             groups[mode].append(r["mean_group"])
-    out: dict[str, object] = {}
+    out: dict[str, object] = {"raw_sync_concurrency_2": round(statistics.median(concurrency), 2)}
+    print(
+        f"raw overwrite syncs, two loops at once: {out['raw_sync_concurrency_2']} x the syncs/s"
+        " of one (what pipelined group syncs can gain on this disk)"
+    )
     for mode in modes:
         versus_1 = statistics.median(a / b for a, b in zip(rates[mode], rates[1], strict=True))
         speedup = statistics.median(speedups[mode])
