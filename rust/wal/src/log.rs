@@ -542,7 +542,7 @@ impl Log {
     fn wait_until(&self, ticket: Ticket, deadline: Option<Instant>) -> Result<bool> {
         let shared = &*self.shared;
         let durable = || shared.durable_ticket.load(Ordering::Acquire) >= ticket;
-        let token = ParkToken(usize::try_from(ticket).unwrap_or(usize::MAX));
+        let token = ticket_token(ticket);
         loop {
             if durable() {
                 return Ok(true);
@@ -873,8 +873,13 @@ impl Drop for Log {
     }
 }
 
-/// The ticket a waiter parked with (saturated where `usize` is narrower: such a waiter
-/// wakes early and parks again).
+/// The park token of a waiter for `ticket`, saturated where `usize` is narrower than a
+/// ticket (such a waiter wakes early and parks again).
+fn ticket_token(ticket: Ticket) -> ParkToken {
+    ParkToken(usize::try_from(ticket).unwrap_or(usize::MAX))
+}
+
+/// The ticket a waiter parked with (`ticket_token`'s inverse, up to that saturation).
 fn token_ticket(token: ParkToken) -> Ticket {
     token.0 as Ticket
 }
