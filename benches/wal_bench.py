@@ -50,6 +50,11 @@ BATCH_BYTES = 1 << 20
 # Appends started this soon after the log is opened are not measured: the background thread
 # is still preparing the first segments, which no steady-state append competes with.
 WARM_UP_S = 0.3
+# A sync that took at least this long (the log's sync histogram bucket from 4.096 ms, some
+# 25 raw syncs) counts as a stall: here, the host pausing the machine while its CPU and its
+# disk are busy together (docs/wal-format.md, "Group commit latency", session 12).
+STALL_MS = 4.096
+STALL_BUCKET = 12
 
 
 class RawSync(NamedTuple):
@@ -58,6 +63,7 @@ class RawSync(NamedTuple):
     per_s: float
     mean_ms: float
     p99_ms: float
+    stalls: int
 
 
 def quantile(sorted_values: list[float], q: float) -> float:
@@ -93,7 +99,9 @@ def raw_syncs(directory: Path, seconds: float) -> RawSync:
         path.unlink()
     elapsed = time.perf_counter() - started
     samples.sort()
-    return RawSync(len(samples) / elapsed, elapsed / len(samples) * 1000, quantile(samples, 0.99))
+    stalls = sum(1 for ms in samples if ms >= STALL_MS)
+    mean_ms = elapsed / len(samples) * 1000
+    return RawSync(len(samples) / elapsed, mean_ms, quantile(samples, 0.99), stalls)
 
 
 def raw_overwrite_syncs(directory: Path, writers: int, seconds: float) -> float:
@@ -254,6 +262,7 @@ def wal_tasks(
         "p99_ms": latencies[min(len(latencies) - 1, len(latencies) * 99 // 100)] / 1e6,
         "mean_group": counters.entries_appended / max(1, counters.groups),
         "sync_ms": counters.sync_micros_total / max(1, counters.syncs) / 1000,
+        "stalls": sum(counters.sync_micros_histogram[STALL_BUCKET:]),
     }
 
 
@@ -356,6 +365,10 @@ def headline_run(root: Path, seconds: float, total_bytes: int) -> dict[str, floa
         # Milliseconds of CPU per second the hypervisor took during the 64-writer run
         # (docs/wal-format.md, "Group commit latency", session 10): the higher, the higher p99.
         "steal_ms_per_s_64": stolen * 1000 / (seconds + WARM_UP_S),
+        # Syncs of STALL_MS or more per second, the WAL's in the 64-writer run and the raw
+        # loop's around it: each WAL stall holds up all 64 writers at once.
+        "wal_stalls_per_s_64": r["stalls"] / (seconds + WARM_UP_S),
+        "raw_stalls_per_s": (before.stalls + after.stalls) / (2 * seconds * 0.3),
         "wal_mb_per_s": wal_mb,
         "group_commit_speedup": r["records_per_s"] * raw_ms / 1000,
         "bandwidth_ratio": wal_mb / raw_mb,
@@ -376,7 +389,8 @@ def run(root: Path, seconds: float, total_bytes: int, runs: int) -> dict[str, ob
             f" {h['wal_records_per_s_64']:.0f} records/s, p50 {h['wal_p50_ms_64']:.2f} ms,"
             f" p99 {h['wal_p99_ms_64']:.2f} ms = {h['p99_64_in_raw_syncs']:.2f} raw syncs,"
             f" {h['wal_mean_group_64']:.1f} entries/group, {h['wal_sync_ms_64']:.2f} ms/sync,"
-            f" steal {h['steal_ms_per_s_64']:.0f} ms/s;"
+            f" steal {h['steal_ms_per_s_64']:.0f} ms/s,"
+            f" stalls {h['wal_stalls_per_s_64']:.1f}/s (raw {h['raw_stalls_per_s']:.1f}/s);"
             f" wal 1 MiB batches {h['wal_mb_per_s']:.0f} MB/s"
         )
     for key in per_run[0]:
@@ -426,9 +440,16 @@ def in_flight_comparison(root: Path, seconds: float) -> dict[str, object]:
     p99s: dict[int, list[float]] = {m: [] for m in modes}
     groups: dict[int, list[float]] = {m: [] for m in modes}
     concurrency: list[float] = []
-    for _ in range(2):
-        one = raw_overwrite_syncs(root, 1, seconds * 0.2)
-        concurrency.append(raw_overwrite_syncs(root, 2, seconds * 0.2) / one)
+    for round_number in range(2):
+        # One loop then two in the first round, two then one in the second: whichever comes
+        # second on this disk pays for the first one's writeback.
+        if round_number % 2 == 0:
+            one = raw_overwrite_syncs(root, 1, seconds * 0.2)
+            two = raw_overwrite_syncs(root, 2, seconds * 0.2)
+        else:
+            two = raw_overwrite_syncs(root, 2, seconds * 0.2)
+            one = raw_overwrite_syncs(root, 1, seconds * 0.2)
+        concurrency.append(two / one)
         raw = raw_syncs(root, seconds * 0.3)
         for mode in modes:
             r = wal_tasks(root / "inflight", 64, seconds / 2, LogOptions(syncs_in_flight_max=mode))
