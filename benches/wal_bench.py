@@ -19,7 +19,10 @@ Measured in one run, in one directory (``--dir``, default a temporary directory)
 
 The headline figures are repeated ``--runs`` times (default 5, also with ``--quick``); each
 run measures its own raw baselines right before and right after the 64-writer WAL run and
-the WAL's MB/s, so every ratio compares the same minute of a noisy disk.
+the WAL's MB/s, so every ratio compares the same minute of a noisy disk. It also counts the
+stalls of each (syncs of ``STALL_MS`` or more, per second: ``wal_stalls_per_s_64``,
+``raw_stalls_per_s``), which on a virtual machine that the host pauses under load set much
+of the 64-writer p99.
 The JSON holds the median of the per-run ratios (``group_commit_speedup``,
 ``bandwidth_ratio``, ``p99_64_in_raw_syncs``) and the per-run values (``*_runs``). The first
 ``WARM_UP_S`` of each WAL run (the background thread preparing the first segments) is not
