@@ -53,11 +53,12 @@ BATCH_BYTES = 1 << 20
 # Appends started this soon after the log is opened are not measured: the background thread
 # is still preparing the first segments, which no steady-state append competes with.
 WARM_UP_S = 0.3
-# A sync that took at least this long (the log's sync histogram bucket from 4.096 ms, some
-# 25 raw syncs) counts as a stall: here, the host pausing the machine while its CPU and its
-# disk are busy together (docs/wal-format.md, "Group commit latency", session 12).
-STALL_MS = 4.096
+# A sync that took 2**STALL_BUCKET microseconds (4.096 ms, some 25 raw syncs) or more counts
+# as a stall: here, the host pausing the machine while its CPU and its disk are busy together
+# (docs/wal-format.md, "Group commit latency", session 12). The log's sync histogram counts
+# them from this bucket on.
 STALL_BUCKET = 12
+STALL_MS = (1 << STALL_BUCKET) / 1000
 
 
 class RawSync(NamedTuple):
