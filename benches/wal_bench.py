@@ -447,13 +447,9 @@ def in_flight_comparison(root: Path, seconds: float) -> dict[str, object]:
     for round_number in range(2):
         # One loop then two in the first round, two then one in the second: whichever comes
         # second on this disk pays for the first one's writeback.
-        if round_number % 2 == 0:
-            one = raw_overwrite_syncs(root, 1, seconds * 0.2)
-            two = raw_overwrite_syncs(root, 2, seconds * 0.2)
-        else:
-            two = raw_overwrite_syncs(root, 2, seconds * 0.2)
-            one = raw_overwrite_syncs(root, 1, seconds * 0.2)
-        concurrency.append(two / one)
+        order = (1, 2) if round_number % 2 == 0 else (2, 1)
+        per_s = {loops: raw_overwrite_syncs(root, loops, seconds * 0.2) for loops in order}
+        concurrency.append(per_s[2] / per_s[1])
         raw = raw_syncs(root, seconds * 0.3)
         for mode in modes:
             r = wal_tasks(root / "inflight", 64, seconds / 2, LogOptions(syncs_in_flight_max=mode))
