@@ -629,6 +629,8 @@ impl Appender {
         }
         self.group_queued_bytes += request.queued_bytes();
         self.group_last_ticket = Some(request.ticket);
+        // Copied into the group's buffer above: a large payload's own buffer can be reused.
+        request.recycle();
     }
 
     /// Writes the frames pending for the active segment (whole pages) and updates the index;

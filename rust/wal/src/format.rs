@@ -194,7 +194,7 @@ pub fn entries_payload_len(entries: &[EntryRef<'_>]) -> usize {
 
 /// Frames entries into one batch payload. Callers validate lengths first.
 pub fn encode_entries(entries: &[EntryRef<'_>]) -> EncodedPayload {
-    let mut bytes = Vec::with_capacity(entries_payload_len(entries));
+    let mut bytes = crate::buffers::take(entries_payload_len(entries));
     let crc = encode_entries_into(entries, &mut bytes);
     EncodedPayload {
         kind: BatchKind::Entries,

@@ -16,6 +16,7 @@
 
 mod appender;
 mod background;
+mod buffers;
 mod entry;
 mod error;
 mod faults;

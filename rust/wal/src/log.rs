@@ -83,6 +83,13 @@ impl Request {
         format::BATCH_HEADER_BYTES + self.payload_len()
     }
 
+    /// Hands a payload buffer of its own back for reuse once the batch is written.
+    pub(crate) fn recycle(self) {
+        if let format::PayloadBytes::Owned(bytes) = self.payload.bytes {
+            crate::buffers::give_back(bytes);
+        }
+    }
+
     /// The payload; `arena` is the queue arena taken together with this request.
     pub(crate) fn payload_bytes<'a>(&'a self, arena: &'a [u8]) -> &'a [u8] {
         match &self.in_arena {
