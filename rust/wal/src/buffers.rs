@@ -36,8 +36,13 @@ impl Pool {
         }
     }
 
+    /// A kept buffer with room for `len` bytes but at most twice that: the queue counts a
+    /// batch by its length, so a much larger buffer would hold memory it does not see.
     fn take(&mut self, len: usize) -> Option<Vec<u8>> {
-        let at = self.buffers.iter().rposition(|b| b.capacity() >= len)?;
+        let at = self
+            .buffers
+            .iter()
+            .rposition(|b| (len..=len.saturating_mul(2)).contains(&b.capacity()))?;
         let buffer = self.buffers.swap_remove(at);
         self.retained_bytes -= buffer.capacity();
         Some(buffer)
@@ -60,7 +65,8 @@ impl Pool {
 
 static POOL: Mutex<Pool> = parking_lot::const_mutex(Pool::new(RETAINED_BYTES_MAX));
 
-/// An empty buffer with room for at least `len` bytes.
+/// An empty buffer with room for at least `len` bytes (reused when the pool has one that
+/// fits).
 pub(crate) fn take(len: usize) -> Vec<u8> {
     if len >= POOLED_BYTES_MIN {
         if let Some(buffer) = POOL.lock().take(len) {
@@ -94,6 +100,10 @@ mod tests {
         assert!(
             pool.take(POOLED_BYTES_MIN * 4).is_none(),
             "nothing large enough"
+        );
+        assert!(
+            pool.take(POOLED_BYTES_MIN / 2).is_none(),
+            "nothing more than twice the size asked for"
         );
         let again = pool.take(POOLED_BYTES_MIN).expect("the kept buffer");
         assert!(again.is_empty(), "a reused buffer comes back empty");
