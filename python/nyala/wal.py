@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextvars
 import functools
 import heapq
 import itertools
@@ -31,6 +32,25 @@ if TYPE_CHECKING:
     from typing_extensions import Buffer
 
 _get_ident = threading.get_ident
+
+# A future's pending done callbacks, as ``asyncio.Future._callbacks`` lists them.
+_Callbacks: TypeAlias = "list[tuple[Callable[[Any], object], contextvars.Context]]"
+
+
+def _resolve(
+    future: asyncio.Future[Any],
+    result: object,
+    waking: list[tuple[asyncio.Future[Any], _Callbacks]],
+) -> None:
+    """Completes ``future`` with ``result``, first taking its done callbacks off it (into
+    ``waking``) so that ``set_result`` does not schedule them; the watcher runs them."""
+    callbacks: _Callbacks | None = getattr(future, "_callbacks", None)
+    if callbacks:
+        for callback, _ in callbacks:
+            future.remove_done_callback(callback)
+        waking.append((future, callbacks))
+    future.set_result(result)
+
 
 __all__ = [
     "AppendTicket",
@@ -193,20 +213,59 @@ class _DurabilityWatcher:
     def _on_readable(self) -> None:
         self._native.drain_notifications()
         durable = self._native.durable_ticket()
+        # Tasks waiting on the futures made durable now, resumed below in ticket order.
+        waking: list[tuple[asyncio.Future[Any], _Callbacks]] = []
         fifo = self._fifo
         while fifo and fifo[0][0] <= durable:
             _, future, result = fifo.popleft()
             if not future.done():
-                future.set_result(result)
+                _resolve(future, result, waking)
         heap = self._out_of_order
         while heap and heap[0][0] <= durable:
             _, _, future, result = heapq.heappop(heap)
             if not future.done():
-                future.set_result(result)
+                _resolve(future, result, waking)
+        if waking:
+            self._resume(waking)
         if self._failure is None:
             self._failure = self._native.failure()
         if self._failure is not None:
             self._fail_pending()
+
+    def _resume(self, waking: list[tuple[asyncio.Future[Any], _Callbacks]]) -> None:
+        """Runs the done callbacks taken from durable futures: a task's wake-up at once,
+        anything else through ``call_soon`` as asyncio would.
+
+        A future's ``set_result`` schedules each callback with ``call_soon``, so every
+        awaiting task costs a ``Handle`` and a turn of ``_run_once`` (Python code in 3.11)
+        before it runs, the largest part of the event loop's time per append with 64
+        writers. Resumed here, the tasks of a group commit run back to back in this
+        callback: with 64 writers, 26 % more records per second and p99 a fifth lower
+        (docs/wal-format.md, session 13). Only outside any task (this is a reader callback,
+        so always in practice): a wake-up runs the task's next step, which asyncio does not
+        allow inside another task's."""
+        loop = self.loop
+        direct = asyncio.current_task(loop) is None
+        pending = [(c, ctx, future) for future, callbacks in waking for c, ctx in callbacks]
+        for at, (callback, context, future) in enumerate(pending):
+            if not (direct and isinstance(getattr(callback, "__self__", None), asyncio.Task)):
+                loop.call_soon(callback, future, context=context)
+                continue
+            try:
+                context.run(callback, future)
+            except (SystemExit, KeyboardInterrupt):
+                # The rest still get their wake-ups, or their tasks would wait forever.
+                for later, later_context, later_future in pending[at + 1 :]:
+                    loop.call_soon(later, later_future, context=later_context)
+                raise
+            except BaseException as exc:  # reported as asyncio's Handle reports it
+                loop.call_exception_handler(
+                    {
+                        "message": "Exception resuming a task after a WAL append",
+                        "exception": exc,
+                        "future": future,
+                    }
+                )
 
     def _take_pending(self) -> list[asyncio.Future[Any]]:
         futures = [future for _, future, _ in self._fifo]

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import errno
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -157,6 +159,66 @@ def test_many_concurrent_asyncio_appenders(tmp_path: Path) -> None:
             return await log.append_async(make_entries(1, writers + 1, writers + 1))
 
         assert asyncio.run(one_more()) == 501
+
+
+class _CountingLoop(asyncio.SelectorEventLoop):
+    """Counts the task wake-ups scheduled with ``call_soon``."""
+
+    wakeups_scheduled = 0
+
+    def call_soon(
+        self,
+        callback: Callable[..., object],
+        *args: object,
+        context: contextvars.Context | None = None,
+    ) -> asyncio.Handle:
+        if "wakeup" in getattr(callback, "__name__", ""):
+            _CountingLoop.wakeups_scheduled += 1
+        return super().call_soon(callback, *args, context=context)
+
+
+def test_durable_appends_resume_their_tasks_directly_in_order_and_context(
+    tmp_path: Path,
+) -> None:
+    """The watcher resumes the tasks awaiting durable appends itself, in ticket order and
+    each in its own context, instead of scheduling a wake-up per task; other done callbacks
+    still run as asyncio runs them."""
+    writers, rounds = 32, 20
+    current_writer: contextvars.ContextVar[int] = contextvars.ContextVar("current_writer")
+
+    async def main(log: Log) -> tuple[list[int], list[int]]:
+        next_index = 1
+        resumed: list[int] = []
+        called_back: list[int] = []
+
+        async def writer(w: int) -> None:
+            nonlocal next_index
+            current_writer.set(w)
+            for _ in range(rounds):
+                index = next_index
+                next_index += 1
+                future = log.append_async([Entry(1, index, EntryType.WRITE, b"x")])
+                if w == 0:
+                    future.add_done_callback(lambda f: called_back.append(f.result()))
+                assert await future == index
+                assert current_writer.get() == w, "resumed in its own context"
+                resumed.append(index)
+
+        await asyncio.gather(*(writer(w) for w in range(writers)))
+        await asyncio.sleep(0)
+        return resumed, called_back
+
+    _CountingLoop.wakeups_scheduled = 0
+    with Log(tmp_path, "t", SMALL) as log, asyncio.Runner(loop_factory=_CountingLoop) as runner:
+        resumed, called_back = runner.run(main(log))
+    appends = writers * rounds
+    assert sorted(resumed) == list(range(1, appends + 1))
+    # Within one wake-up, tasks resume in ticket order; across wake-ups too.
+    assert resumed == sorted(resumed)
+    assert len(called_back) == rounds, "a plain done callback still runs"
+    # The gather and the first step of each task are scheduled as usual; the wake-ups after
+    # durable appends are not (with `set_result` there would be one per append).
+    assert _CountingLoop.wakeups_scheduled < appends // 4
 
 
 def test_append_async_outside_an_event_loop_appends_nothing(tmp_path: Path) -> None:
