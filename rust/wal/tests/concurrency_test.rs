@@ -409,6 +409,81 @@ fn small_large_and_shared_appends_mix_in_groups_under_back_pressure() {
     assert_eq!(read_all(&reopened), expected);
 }
 
+/// Payloads of 64 KiB and more are written from their own buffers (or the caller's shared
+/// storage) within the group's write, between frames copied into the group's buffer: odd
+/// sizes put every payload and frame at a different place in its pages, groups hold
+/// several of them, and segments roll over between and within groups. Everything reads
+/// back in order before and after reopening, and the partial page each group leaves is
+/// carried into the next.
+#[test]
+fn large_payloads_written_from_their_own_buffers_among_small_ones() {
+    const WRITERS: usize = 4;
+    const APPENDS_PER_WRITER: u64 = 40;
+    let dir = scratch_dir();
+    let options = small_options(1 << 20);
+    let log = Arc::new(Log::open(dir.path(), "t", options.clone()).unwrap());
+    let expected = Arc::new(Mutex::new(Vec::<nyala_wal::Entry>::new()));
+    let threads: Vec<_> = (0..WRITERS)
+        .map(|writer| {
+            let log = Arc::clone(&log);
+            let expected = Arc::clone(&expected);
+            thread::spawn(move || {
+                let mut tickets = Vec::new();
+                for round in 0..APPENDS_PER_WRITER {
+                    let mut expected = expected.lock().unwrap();
+                    let next = expected.len() as u64 + 1;
+                    let len = match (round + writer as u64) % 4 {
+                        0 => (64 << 10) - 24 + (next * 7 % 5) as usize,
+                        1 => (100 << 10) + (next * 131 % 4096) as usize,
+                        2 => (next * 13 % 300) as usize,
+                        _ => 5000 + next as usize,
+                    };
+                    let e = nyala_wal::Entry {
+                        term: 1,
+                        index: next,
+                        entry_type: nyala_wal::EntryType::Write,
+                        payload: (0..len).map(|i| (i as u64 * 7 + next) as u8).collect(),
+                    };
+                    let ticket = if round % 3 == 1 {
+                        let framed = nyala_wal::format::encode_entries(&[e.as_ref()]);
+                        let bytes: Vec<u8> = framed.bytes.to_vec();
+                        let end = bytes.len();
+                        let storage: nyala_wal::format::SharedBytes = Arc::new(bytes);
+                        log.append_shared(&[e.as_ref()], storage, 0..end).unwrap()
+                    } else {
+                        log.append(&[e.as_ref()]).unwrap()
+                    };
+                    expected.push(e);
+                    drop(expected);
+                    // Wait only now and then, so groups gather several appends.
+                    tickets.push(ticket.ticket);
+                    if round % 5 == 4 {
+                        log.wait(*tickets.last().unwrap()).unwrap();
+                    }
+                }
+                for ticket in tickets {
+                    log.wait(ticket).unwrap();
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    let expected = expected.lock().unwrap().clone();
+    let metrics = log.metrics();
+    assert!(
+        metrics.groups < metrics.batches_appended,
+        "some groups held several appends: {metrics:?}"
+    );
+    assert!(log.segment_paths().len() > 3, "roll-overs happened");
+    assert_eq!(log.durable_index(), expected.len() as u64);
+    assert_eq!(read_all(&log), expected);
+    log.close().unwrap();
+    let reopened = Log::open(dir.path(), "t", options).unwrap();
+    assert_eq!(read_all(&reopened), expected);
+}
+
 /// Threads parked on different tickets: a durable change wakes the ones it completes, a
 /// timeout returns `false` while the ticket is pending, and a failed sync wakes every one
 /// with the error, whatever ticket it waits for.
