@@ -391,7 +391,7 @@ impl Committers {
     fn sync_and_publish(&self, group: &GroupToSync) -> Result<()> {
         let started = Instant::now();
         for target in &group.targets {
-            if let Err(err) = sync(&self.shared, target) {
+            if let Err(err) = sync(&self.shared, target).and_then(|()| sync_name(target)) {
                 // Stopped under the pipeline lock before the log fails, so no group at or
                 // after this one (nor one whose sync overlapped it) is ever published.
                 let mut pipeline = self.pipeline.lock();
@@ -428,6 +428,20 @@ impl Committers {
 
 fn failed(shared: &Shared) -> bool {
     shared.failed.load(Ordering::SeqCst)
+}
+
+/// Makes the name of a segment prepared with deferred syncs durable (see
+/// `segment::prepare_segments`), once, after its first group's `fdatasync`: that sync
+/// committed the journal holding the rename, so this one waits for no commit of its own.
+fn sync_name(target: &SyncTarget) -> Result<()> {
+    let segment = &target.segment;
+    if segment.name_durable.load(Ordering::Acquire) {
+        return Ok(());
+    }
+    let dir = segment.path.parent().unwrap_or(std::path::Path::new("."));
+    crate::segment::sync_dir(dir)?;
+    segment.name_durable.store(true, Ordering::Release);
+    Ok(())
 }
 
 fn sync(shared: &Shared, target: &SyncTarget) -> Result<()> {
@@ -963,6 +977,56 @@ mod tests {
                 copy_group_range(&buf, &external, start..end, &mut out);
                 assert_eq!(&out[1..], &group[start..end], "{start}..{end}");
             }
+        }
+    }
+
+    /// Segments `fallocate`d ahead are renamed without a directory sync; the committer that
+    /// first syncs a group into one syncs the directory before the group is acknowledged.
+    #[test]
+    fn a_segment_prepared_without_syncs_has_its_name_synced_by_its_first_group() {
+        use std::sync::atomic::Ordering;
+
+        use crate::{EntryRef, EntryType, Log, LogOptions, Preallocation, SyncPolicy};
+
+        let dir = tempfile::tempdir().unwrap();
+        let options = LogOptions {
+            segment_size_bytes: 64 << 10,
+            sync_policy: SyncPolicy::Group,
+            preallocation: Preallocation::Fallocate,
+            ..LogOptions::default()
+        };
+        let log = Log::open(dir.path(), "t", options).unwrap();
+        let payload = vec![7u8; 3000];
+        for index in 1..=100u64 {
+            let entry = EntryRef {
+                term: 1,
+                index,
+                entry_type: EntryType::Write,
+                payload: &payload,
+            };
+            log.append_durable(&[entry]).unwrap();
+        }
+        let segments = log.shared.segments.read().clone();
+        let with_entries: Vec<_> = segments
+            .iter()
+            .filter(|s| s.entry_count.load(Ordering::Relaxed) > 0)
+            .collect();
+        assert!(with_entries.len() >= 4, "roll-overs happened");
+        for segment in &with_entries {
+            assert!(
+                segment.name_durable.load(Ordering::Acquire),
+                "{:?}",
+                segment.path
+            );
+        }
+        let prepared = log.shared.prepared.lock();
+        assert!(!prepared.is_empty(), "segments are prepared ahead");
+        for segment in prepared.iter() {
+            let segment = segment.as_ref().unwrap();
+            assert!(
+                !segment.name_durable.load(Ordering::Acquire),
+                "not synced ahead"
+            );
         }
     }
 

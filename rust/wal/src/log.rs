@@ -340,7 +340,7 @@ impl Shared {
 /// One tablet's write-ahead log. Cheap to share between threads (`&Log` is enough for
 /// everything but `close`, which also works through `&self`).
 pub struct Log {
-    shared: Arc<Shared>,
+    pub(crate) shared: Arc<Shared>,
     /// The background thread (the committers stop it when the last of them stops).
     threads: Mutex<Vec<JoinHandle<()>>>,
     committers: Arc<Committers>,

@@ -50,8 +50,8 @@ pub(crate) fn recover(dir: &Path, tablet_id: &str) -> Result<Recovered> {
         recyclable: listing.recyclable,
     };
     check_consecutive(dir, &listing.sequences)?;
-    let count = listing.sequences.len();
-    for (position, &sequence) in listing.sequences.iter().enumerate() {
+    let mut found = Vec::with_capacity(listing.sequences.len());
+    for &sequence in &listing.sequences {
         let path = dir.join(segment::segment_file_name(sequence));
         let file = OpenOptions::new()
             .read(true)
@@ -60,17 +60,31 @@ pub(crate) fn recover(dir: &Path, tablet_id: &str) -> Result<Recovered> {
             .map_err(|e| WalError::io("open", &path, e))?;
         let bytes = read_all(&file, &path)?;
         let scan = segment::scan_segment(&path, &bytes, tablet_id, sequence)?;
-        let is_last = position + 1 == count;
-        if scan.unformatted {
-            // Only a crash while creating the newest file leaves one without a header.
-            if !is_last {
-                return Err(WalError::corruption(&path, 0, "segment has no header"));
-            }
-            // Its sequence number is free again: the next segment must follow the last one.
-            recovered.next_sequence = sequence;
-            recovered.leftovers.push(path);
-            continue;
+        found.push((sequence, path, file, scan));
+    }
+    // A segment without a header was never made durable by a sync (the first group written
+    // into a segment syncs its header page with its data): a crash while preparing it or
+    // before its first group's sync returned. Nothing in it or after it was acknowledged,
+    // because durability is published in log order and the log never moves on to the next
+    // segment before writing into this one. Such segments can only be the newest ones;
+    // one with batches or a footer after it means damage, not a crash.
+    if let Some(first) = found.iter().position(|(_, _, _, scan)| scan.unformatted) {
+        let (sequence, path, _, _) = &found[first];
+        let later_content = found[first + 1..]
+            .iter()
+            .any(|(_, _, _, scan)| !scan.batches.is_empty() || scan.footer.is_some());
+        if later_content {
+            return Err(WalError::corruption(path, 0, "segment has no header"));
         }
+        // Their sequence numbers are free again: the next segment follows the last kept one.
+        recovered.next_sequence = *sequence;
+        for (_, path, _, _) in found.drain(first..) {
+            recovered.leftovers.push(path);
+        }
+    }
+    let count = found.len();
+    for (position, (sequence, path, file, scan)) in found.into_iter().enumerate() {
+        let is_last = position + 1 == count;
         let segment = SegmentFile::new(sequence, path, file);
         rebuild.apply(&segment, &scan)?;
         if let Some(footer) = scan.footer {

@@ -61,6 +61,10 @@ pub(crate) struct SegmentFile {
     pub max_index: AtomicU64,
     /// Set once the footer is durable; only closed segments may be garbage-collected.
     pub closed: AtomicBool,
+    /// Whether the segment's name is known durable in its directory. A segment prepared
+    /// with its syncs deferred (see `prepare_segments`) gets it from the first committer
+    /// that syncs data into it, before that data is acknowledged.
+    pub name_durable: AtomicBool,
 }
 
 impl SegmentFile {
@@ -73,6 +77,7 @@ impl SegmentFile {
             min_index: AtomicU64::new(0),
             max_index: AtomicU64::new(0),
             closed: AtomicBool::new(false),
+            name_durable: AtomicBool::new(true),
         }
     }
 
@@ -119,14 +124,33 @@ pub(crate) struct PrepareSpec<'a> {
     pub metrics: &'a Metrics,
 }
 
+impl PrepareSpec<'_> {
+    /// Whether the segment is left for its first group's sync to make durable.
+    fn sync_deferred(&self) -> bool {
+        self.recycled.is_none() && self.preallocation != Preallocation::ZeroFill
+    }
+}
+
 /// Creates segments ready for appends, in sequence order: header page written, space
-/// allocated, durable under their final names. Each is prepared under a temporary name and
-/// renamed, so a crash leaves either nothing or a complete empty segment of each.
+/// allocated, under their final names. Each is prepared under a temporary name and
+/// renamed, so the final name never shows a half-prepared file while the machine runs.
 ///
-/// Several at once share their syncs: the files are staged first, then synced, renamed and
-/// the directory synced once. On ext4 every fsync waits for a journal commit, which under a
-/// bulk append took 5-18 ms; two per segment let a fast writer outrun the preparation.
-/// Once one segment fails, the later ones fail too (never a gap in the sequence numbers).
+/// Segments whose space is `fallocate`d (or sparse) are not synced here: a crash may leave
+/// one missing, empty or with a zeroed header (recovery drops such trailing segments), and
+/// the first group written into one makes it durable on the way: its `fdatasync` carries
+/// the header page and the allocation (it commits the journal anyway, to mark the written
+/// extents), and its committer syncs the directory once before acknowledging anything in
+/// it (`SegmentFile::name_durable`). Their syncs here were journal commits of their own,
+/// each a cache flush of the disk in the middle of a bulk writer's stream, for 3-5 % of
+/// its bandwidth (docs/wal-format.md, "Session 14").
+///
+/// Zero-filled and recycled segments are still synced here: a zero-filled one's 8 MiB of
+/// zeros would otherwise be written by the first group's sync, and a recycled file's data
+/// is overwritten in place, so its first group's sync commits no journal that the rename
+/// could share. Several at once share their syncs: the files are staged first, then synced,
+/// renamed and the directory synced once. On ext4 every fsync waits for a journal commit,
+/// which under a bulk append took 5-18 ms. Once one segment fails, the later ones fail too
+/// (never a gap in the sequence numbers).
 pub(crate) fn prepare_segments(specs: &[PrepareSpec<'_>]) -> Vec<Result<SegmentFile>> {
     let mut staged: Vec<Result<(File, PathBuf, PathBuf)>> = Vec::with_capacity(specs.len());
     for spec in specs {
@@ -138,15 +162,20 @@ pub(crate) fn prepare_segments(specs: &[PrepareSpec<'_>]) -> Vec<Result<SegmentF
         });
     }
     let mut renamed = 0usize;
-    for item in &mut staged {
+    let mut synced_dir = false;
+    for (spec, item) in specs.iter().zip(&mut staged) {
         let outcome = match item {
-            Ok((file, temp_path, final_path)) => file
-                .sync_all()
-                .map_err(|e| WalError::io("fsync", temp_path.as_path(), e))
-                .and_then(|()| {
-                    fs::rename(&*temp_path, &*final_path)
-                        .map_err(|e| WalError::io("rename", temp_path.as_path(), e))
-                }),
+            Ok((file, temp_path, final_path)) => (if spec.sync_deferred() {
+                Ok(())
+            } else {
+                synced_dir = true;
+                file.sync_all()
+            })
+            .map_err(|e| WalError::io("fsync", temp_path.as_path(), e))
+            .and_then(|()| {
+                fs::rename(&*temp_path, &*final_path)
+                    .map_err(|e| WalError::io("rename", temp_path.as_path(), e))
+            }),
             Err(_) => break,
         };
         if let Err(err) = outcome {
@@ -160,7 +189,7 @@ pub(crate) fn prepare_segments(specs: &[PrepareSpec<'_>]) -> Vec<Result<SegmentF
     for item in staged.iter_mut().skip(renamed + 1) {
         *item = Err(WalError::Closed);
     }
-    if renamed > 0 {
+    if synced_dir {
         if let Err(err) = sync_dir(specs[0].dir) {
             staged[0] = Err(err);
             for item in staged.iter_mut().skip(1) {
@@ -179,7 +208,11 @@ pub(crate) fn prepare_segments(specs: &[PrepareSpec<'_>]) -> Vec<Result<SegmentF
                 &spec.metrics.segments_created
             };
             Metrics::add(counter, 1);
-            Ok(SegmentFile::new(spec.sequence, final_path, file))
+            let segment = SegmentFile::new(spec.sequence, final_path, file);
+            if spec.sync_deferred() {
+                segment.name_durable.store(false, Ordering::Release);
+            }
+            Ok(segment)
         })
         .collect()
 }
@@ -330,7 +363,8 @@ pub(crate) struct ScannedBatch {
 /// The result of reading one segment file from start to end.
 #[derive(Debug)]
 pub(crate) struct SegmentScan {
-    /// The header was never written (crash while creating the file).
+    /// The header never reached the disk (a crash before the segment's first sync), and no
+    /// valid data of the segment did either.
     pub unformatted: bool,
     pub batches: Vec<ScannedBatch>,
     /// Offset just past the last valid batch.
@@ -368,6 +402,13 @@ pub(crate) fn scan_segment(
             }
         }
         Err(HeaderError::Unformatted) => {
+            // A header that never reached the disk is a crash's leftover only while nothing
+            // of the segment did: valid data behind it is damage (the data was meant to be
+            // read), so it is corruption as anywhere else before valid data.
+            if let Some(at) = find_valid_frame(bytes, format::SEGMENT_HEADER_BYTES, sequence) {
+                let reason = format!("segment has no header; valid data follows at offset {at}");
+                return Err(WalError::corruption(path, 0, reason));
+            }
             scan.unformatted = true;
             return Ok(scan);
         }

@@ -244,3 +244,91 @@ fn unformatted_newest_segment_is_dropped() {
         log.close().unwrap();
     }
 }
+
+/// Segments prepared ahead are not synced until their first group is (`prepare_segments`),
+/// so a crash can leave several of the newest without a header: zero-filled, empty, or
+/// zeroed in front of a group that never reached the disk whole; a prepared one may sit
+/// between them. All are dropped, every acknowledged entry comes back, and the log carries
+/// on with consecutive segments.
+#[test]
+fn several_unprepared_newest_segments_are_dropped() {
+    let (mut image, acked) = crashed_image();
+    let newest = image
+        .keys()
+        .filter_map(|n| nyala_wal::parse_segment_name(n))
+        .max()
+        .unwrap();
+    let name = |k: u64| nyala_wal::segment_file_name(newest + k);
+    let data = image[&last_data_segment(&image)].clone();
+    image.insert(name(1), vec![0u8; 8 << 10]);
+    // A prepared header, intact, after the first unformatted one.
+    let mut prepared = format::encode_segment_header(TABLET, newest + 2).to_vec();
+    prepared.resize(8 << 10, 0);
+    image.insert(name(2), prepared);
+    image.insert(name(3), Vec::new());
+    // Part of a batch of another segment behind a zeroed header: nothing valid for this one.
+    let mut torn = vec![0u8; 8 << 10];
+    let (start, end, _) = frames(&data)[0];
+    torn[SEGMENT_HEADER_BYTES..SEGMENT_HEADER_BYTES + end - start]
+        .copy_from_slice(&data[start..end]);
+    image.insert(name(4), torn);
+    assert_eq!(recover(&image, &acked, acked.len()), Ok(acked.len()));
+    let dir = scratch_dir();
+    restore(&image, dir.path());
+    let mut expected = acked.clone();
+    for round in 0..3u64 {
+        let log = Log::open(dir.path(), TABLET, options()).unwrap();
+        assert_eq!(read_all(&log), expected);
+        for _ in 0..40 {
+            let e = entry(4 + round, expected.len() as u64 + 1);
+            log.append_durable(&[e.as_ref()]).unwrap();
+            expected.push(e);
+        }
+        let sequences: Vec<u64> = log
+            .segment_paths()
+            .iter()
+            .map(|p| {
+                nyala_wal::parse_segment_name(p.file_name().unwrap().to_str().unwrap()).unwrap()
+            })
+            .collect();
+        assert!(
+            sequences.windows(2).all(|w| w[1] == w[0] + 1),
+            "consecutive segments: {sequences:?}"
+        );
+        log.close().unwrap();
+    }
+}
+
+/// A segment without a header followed by one holding batches, or holding valid batches
+/// of its own behind it, is damage rather than a crash's leftover: a typed error naming
+/// the file, and nothing changed on disk.
+#[test]
+fn a_missing_header_before_valid_data_is_corruption_and_changes_nothing() {
+    let (image, _acked) = crashed_image();
+    let data_segments: Vec<String> = image
+        .iter()
+        .filter(|(name, _)| nyala_wal::parse_segment_name(name).is_some())
+        .filter(|(_, bytes)| format::decode_batch_header(&bytes[SEGMENT_HEADER_BYTES..]).is_ok())
+        .map(|(name, _)| name.clone())
+        .collect();
+    assert!(data_segments.len() >= 2, "{data_segments:?}");
+    // Earlier than the last data segment, then the last one itself.
+    for victim in [
+        &data_segments[data_segments.len() - 2],
+        data_segments.last().unwrap(),
+    ] {
+        let mut damaged = image.clone();
+        damaged.get_mut(victim).unwrap()[..SEGMENT_HEADER_BYTES].fill(0);
+        let dir = scratch_dir();
+        restore(&damaged, dir.path());
+        let err = Log::open(dir.path(), TABLET, options())
+            .err()
+            .expect("must fail");
+        assert_eq!(err.kind(), ErrorKind::Corruption, "{victim}: {err}");
+        assert!(
+            err.to_string().contains(victim.as_str()),
+            "names the file: {err}"
+        );
+        assert_eq!(snapshot(dir.path()), damaged, "nothing was changed on disk");
+    }
+}
