@@ -1027,5 +1027,7 @@ fn finish_recovery(
     };
     table.push_back(Arc::clone(active.segment()));
     segment::sync_dir(&shared.dir)?;
+    // That sync covered the active segment's name too, prepared without syncs or not.
+    active.segment().name_durable.store(true, Ordering::Release);
     Ok(active)
 }

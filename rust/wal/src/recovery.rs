@@ -50,8 +50,24 @@ pub(crate) fn recover(dir: &Path, tablet_id: &str) -> Result<Recovered> {
         recyclable: listing.recyclable,
     };
     check_consecutive(dir, &listing.sequences)?;
-    let mut found = Vec::with_capacity(listing.sequences.len());
-    for &sequence in &listing.sequences {
+    // A segment without a header was never made durable by a sync (the first group written
+    // into a segment syncs its header page with its data): a crash while preparing it or
+    // before its first group's sync returned. Nothing in it or after it was acknowledged,
+    // because durability is published in log order and the log writes into a segment before
+    // it moves on to the next. So such segments are dropped, from the first one on, unless
+    // one of them holds data (`drop_unprepared`).
+    let mut kept = listing.sequences.len();
+    for (position, &sequence) in listing.sequences.iter().enumerate() {
+        let path = dir.join(segment::segment_file_name(sequence));
+        if segment::header_unformatted(&path)? {
+            kept = position;
+            break;
+        }
+    }
+    if kept < listing.sequences.len() {
+        drop_unprepared(dir, tablet_id, &listing.sequences[kept..], &mut recovered)?;
+    }
+    for (position, &sequence) in listing.sequences[..kept].iter().enumerate() {
         let path = dir.join(segment::segment_file_name(sequence));
         let file = OpenOptions::new()
             .read(true)
@@ -60,31 +76,7 @@ pub(crate) fn recover(dir: &Path, tablet_id: &str) -> Result<Recovered> {
             .map_err(|e| WalError::io("open", &path, e))?;
         let bytes = read_all(&file, &path)?;
         let scan = segment::scan_segment(&path, &bytes, tablet_id, sequence)?;
-        found.push((sequence, path, file, scan));
-    }
-    // A segment without a header was never made durable by a sync (the first group written
-    // into a segment syncs its header page with its data): a crash while preparing it or
-    // before its first group's sync returned. Nothing in it or after it was acknowledged,
-    // because durability is published in log order and the log never moves on to the next
-    // segment before writing into this one. Such segments can only be the newest ones;
-    // one with batches or a footer after it means damage, not a crash.
-    if let Some(first) = found.iter().position(|(_, _, _, scan)| scan.unformatted) {
-        let (sequence, path, _, _) = &found[first];
-        let later_content = found[first + 1..]
-            .iter()
-            .any(|(_, _, _, scan)| !scan.batches.is_empty() || scan.footer.is_some());
-        if later_content {
-            return Err(WalError::corruption(path, 0, "segment has no header"));
-        }
-        // Their sequence numbers are free again: the next segment follows the last kept one.
-        recovered.next_sequence = *sequence;
-        for (_, path, _, _) in found.drain(first..) {
-            recovered.leftovers.push(path);
-        }
-    }
-    let count = found.len();
-    for (position, (sequence, path, file, scan)) in found.into_iter().enumerate() {
-        let is_last = position + 1 == count;
+        let is_last = position + 1 == kept;
         let segment = SegmentFile::new(sequence, path, file);
         rebuild.apply(&segment, &scan)?;
         if let Some(footer) = scan.footer {
@@ -103,6 +95,34 @@ pub(crate) fn recover(dir: &Path, tablet_id: &str) -> Result<Recovered> {
     recovered.index = rebuild.index;
     recovered.terms = rebuild.terms;
     Ok(recovered)
+}
+
+/// Checks that the segments from the first one without a header on (`sequences`) hold no
+/// data, and makes them leftovers: the next segment takes the first one's sequence number.
+/// A valid frame in any of them, or a batch or footer in a later one, is corruption (data
+/// after damage), and nothing is changed.
+fn drop_unprepared(
+    dir: &Path,
+    tablet_id: &str,
+    sequences: &[u64],
+    recovered: &mut Recovered,
+) -> Result<()> {
+    let mut paths = Vec::with_capacity(sequences.len());
+    for &sequence in sequences {
+        let path = dir.join(segment::segment_file_name(sequence));
+        let file = fs::File::open(&path).map_err(|e| WalError::io("open", &path, e))?;
+        let bytes = read_all(&file, &path)?;
+        let scan = segment::scan_segment(&path, &bytes, tablet_id, sequence)?;
+        if !scan.batches.is_empty() || scan.footer.is_some() {
+            let first = dir.join(segment::segment_file_name(sequences[0]));
+            let reason = format!("segment has no header, and segment {sequence} holds data");
+            return Err(WalError::corruption(first, 0, reason));
+        }
+        paths.push(path);
+    }
+    recovered.next_sequence = sequences[0];
+    recovered.leftovers.extend(paths);
+    Ok(())
 }
 
 struct Listing {

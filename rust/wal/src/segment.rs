@@ -162,13 +162,13 @@ pub(crate) fn prepare_segments(specs: &[PrepareSpec<'_>]) -> Vec<Result<SegmentF
         });
     }
     let mut renamed = 0usize;
-    let mut synced_dir = false;
+    // Whether a segment synced here was renamed: its name is made durable here too.
+    let mut dir_sync_needed = false;
     for (spec, item) in specs.iter().zip(&mut staged) {
         let outcome = match item {
             Ok((file, temp_path, final_path)) => (if spec.sync_deferred() {
                 Ok(())
             } else {
-                synced_dir = true;
                 file.sync_all()
             })
             .map_err(|e| WalError::io("fsync", temp_path.as_path(), e))
@@ -183,13 +183,14 @@ pub(crate) fn prepare_segments(specs: &[PrepareSpec<'_>]) -> Vec<Result<SegmentF
             break;
         }
         renamed += 1;
+        dir_sync_needed |= !spec.sync_deferred();
     }
     // Nothing after the first failure is published (its `.tmp` file is a leftover that the
     // next open deletes). The appender stops at the first error, so later ones never surface.
     for item in staged.iter_mut().skip(renamed + 1) {
         *item = Err(WalError::Closed);
     }
-    if synced_dir {
+    if dir_sync_needed {
         if let Err(err) = sync_dir(specs[0].dir) {
             staged[0] = Err(err);
             for item in staged.iter_mut().skip(1) {
@@ -358,6 +359,26 @@ pub(crate) struct ScannedBatch {
     pub entries: Vec<EntryMeta>,
     /// For truncation records: the last entry kept.
     pub last_kept: Option<OpId>,
+}
+
+/// Whether the file's header never reached the disk (shorter than a header, or all zeros
+/// there): see `scan_segment` for what else such a file may hold.
+pub(crate) fn header_unformatted(path: &Path) -> Result<bool> {
+    let file = File::open(path).map_err(|e| WalError::io("open", path, e))?;
+    let mut header = [0u8; format::SEGMENT_HEADER_BYTES];
+    let mut filled = 0;
+    while filled < header.len() {
+        match file.read_at(&mut header[filled..], filled as u64) {
+            Ok(0) => break,
+            Ok(n) => filled += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(WalError::io("read", path, e)),
+        }
+    }
+    Ok(matches!(
+        format::decode_segment_header(&header[..filled]),
+        Err(HeaderError::Unformatted)
+    ))
 }
 
 /// The result of reading one segment file from start to end.

@@ -299,8 +299,8 @@ fn several_unprepared_newest_segments_are_dropped() {
     }
 }
 
-/// A segment without a header followed by one holding batches, or holding valid batches
-/// of its own behind it, is damage rather than a crash's leftover: a typed error naming
+/// A segment without a header that holds valid batches of its own behind it, or is followed
+/// by one holding batches, is damage rather than a crash's leftover: a typed error naming
 /// the file, and nothing changed on disk.
 #[test]
 fn a_missing_header_before_valid_data_is_corruption_and_changes_nothing() {
@@ -312,13 +312,19 @@ fn a_missing_header_before_valid_data_is_corruption_and_changes_nothing() {
         .map(|(name, _)| name.clone())
         .collect();
     assert!(data_segments.len() >= 2, "{data_segments:?}");
-    // Earlier than the last data segment, then the last one itself.
-    for victim in [
-        &data_segments[data_segments.len() - 2],
-        data_segments.last().unwrap(),
-    ] {
+    let earlier = &data_segments[data_segments.len() - 2];
+    let last = data_segments.last().unwrap();
+    // A zeroed header before its own batches (earlier than the last data segment, then the
+    // last one itself), and a segment zeroed whole before one holding batches.
+    for (victim, whole) in [(earlier, false), (last, false), (earlier, true)] {
         let mut damaged = image.clone();
-        damaged.get_mut(victim).unwrap()[..SEGMENT_HEADER_BYTES].fill(0);
+        let bytes = damaged.get_mut(victim).unwrap();
+        let end = if whole {
+            bytes.len()
+        } else {
+            SEGMENT_HEADER_BYTES
+        };
+        bytes[..end].fill(0);
         let dir = scratch_dir();
         restore(&damaged, dir.path());
         let err = Log::open(dir.path(), TABLET, options())
