@@ -6,7 +6,9 @@ use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::{entry, read_all, scratch_dir, small_options};
+use common::{
+    append_as_shared, assert_holds_across_reopen, entry, read_all, scratch_dir, small_options,
+};
 use nyala_common::{Classify, ErrorKind};
 use nyala_wal::{AppendTicket, FaultInjection, Log, LogOptions};
 
@@ -31,10 +33,7 @@ fn concurrent_appenders_roll_over_and_group_commit() {
         "some groups held more than one append: {metrics:?}"
     );
     let expected: Vec<_> = (1..=1200).map(|i| entry(1, i)).collect();
-    assert_eq!(read_all(&log), expected);
-    log.close().unwrap();
-    let reopened = Log::open(dir.path(), "t", options).unwrap();
-    assert_eq!(read_all(&reopened), expected);
+    assert_holds_across_reopen(&log, dir.path(), options, &expected);
 }
 
 /// 64 appenders over many roll-overs: nothing lost or reordered, and every group, roll-over
@@ -60,10 +59,7 @@ fn sixty_four_appenders_across_roll_overs_one_sync_per_group() {
     );
     assert_eq!(metrics.syncs, metrics.groups, "{metrics:?}");
     let expected: Vec<_> = (1..=total).map(|i| entry(1, i)).collect();
-    assert_eq!(read_all(&log), expected);
-    log.close().unwrap();
-    let reopened = Log::open(dir.path(), "t", options).unwrap();
-    assert_eq!(read_all(&reopened), expected);
+    assert_holds_across_reopen(&log, dir.path(), options, &expected);
 }
 
 /// Options whose faults the test controls, with `syncs_in_flight_max` syncs allowed at once.
@@ -270,10 +266,7 @@ fn pipelined_appenders_across_roll_overs() {
         "{metrics:?}"
     );
     let expected: Vec<_> = (1..=total).map(|i| entry(1, i)).collect();
-    assert_eq!(read_all(&log), expected);
-    log.close().unwrap();
-    let reopened = Log::open(dir.path(), "t", options).unwrap();
-    assert_eq!(read_all(&reopened), expected);
+    assert_holds_across_reopen(&log, dir.path(), options, &expected);
 }
 
 #[test]
@@ -359,14 +352,7 @@ fn small_large_and_shared_appends_mix_in_groups_under_back_pressure() {
                             payload: vec![(next % 251) as u8; len],
                         };
                         let ticket = match round % 7 {
-                            3 => {
-                                // Shared frames, as the replicated log hands them over.
-                                let framed = nyala_wal::format::encode_entries(&[e.as_ref()]);
-                                let bytes: Vec<u8> = framed.bytes.to_vec();
-                                let end = bytes.len();
-                                let storage: nyala_wal::format::SharedBytes = Arc::new(bytes);
-                                log.append_shared(&[e.as_ref()], storage, 0..end).unwrap()
-                            }
+                            3 => append_as_shared(&log, &e),
                             5 if next > 2 => {
                                 // A follower replacing its last entry.
                                 expected.pop();
@@ -403,10 +389,7 @@ fn small_large_and_shared_appends_mix_in_groups_under_back_pressure() {
         "some groups held several appends: {metrics:?}"
     );
     assert_eq!(log.durable_index(), expected.len() as u64);
-    assert_eq!(read_all(&log), expected);
-    log.close().unwrap();
-    let reopened = Log::open(dir.path(), "t", options).unwrap();
-    assert_eq!(read_all(&reopened), expected);
+    assert_holds_across_reopen(&log, dir.path(), options, &expected);
 }
 
 /// Payloads of 64 KiB and more are written from their own buffers (or the caller's shared
@@ -445,11 +428,7 @@ fn large_payloads_written_from_their_own_buffers_among_small_ones() {
                         payload: (0..len).map(|i| (i as u64 * 7 + next) as u8).collect(),
                     };
                     let ticket = if round % 3 == 1 {
-                        let framed = nyala_wal::format::encode_entries(&[e.as_ref()]);
-                        let bytes: Vec<u8> = framed.bytes.to_vec();
-                        let end = bytes.len();
-                        let storage: nyala_wal::format::SharedBytes = Arc::new(bytes);
-                        log.append_shared(&[e.as_ref()], storage, 0..end).unwrap()
+                        append_as_shared(&log, &e)
                     } else {
                         log.append(&[e.as_ref()]).unwrap()
                     };
@@ -478,10 +457,7 @@ fn large_payloads_written_from_their_own_buffers_among_small_ones() {
     );
     assert!(log.segment_paths().len() > 3, "roll-overs happened");
     assert_eq!(log.durable_index(), expected.len() as u64);
-    assert_eq!(read_all(&log), expected);
-    log.close().unwrap();
-    let reopened = Log::open(dir.path(), "t", options).unwrap();
-    assert_eq!(read_all(&reopened), expected);
+    assert_holds_across_reopen(&log, dir.path(), options, &expected);
 }
 
 /// Threads parked on different tickets: a durable change wakes the ones it completes, a

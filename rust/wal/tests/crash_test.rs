@@ -118,6 +118,25 @@ fn recover(image: &Image, acked: &[Entry], at_least: usize) -> Result<usize, Err
     Ok(entries.len())
 }
 
+/// Opening `damaged` fails with a Corruption error naming `file`, and leaves it as it was.
+fn assert_corruption_changes_nothing(damaged: &Image, file: &str, case: &str) {
+    let dir = scratch_dir();
+    restore(damaged, dir.path());
+    let err = Log::open(dir.path(), TABLET, options())
+        .err()
+        .expect("must fail");
+    assert_eq!(err.kind(), ErrorKind::Corruption, "{file}, {case}: {err}");
+    assert!(
+        err.to_string().contains(file),
+        "the error names the file: {err}"
+    );
+    assert_eq!(
+        &snapshot(dir.path()),
+        damaged,
+        "nothing was changed on disk"
+    );
+}
+
 #[test]
 fn cut_or_zeroed_tail_recovers_a_prefix() {
     let (image, acked) = crashed_image();
@@ -192,17 +211,7 @@ fn damage_in_a_closed_segment_is_corruption_and_changes_nothing() {
     for offset in (start..end).step_by(7) {
         let mut damaged = image.clone();
         damaged.get_mut(&first).unwrap()[offset] ^= 0x40;
-        let dir = scratch_dir();
-        restore(&damaged, dir.path());
-        let err = Log::open(dir.path(), TABLET, options())
-            .err()
-            .expect("must fail");
-        assert_eq!(err.kind(), ErrorKind::Corruption, "offset {offset}: {err}");
-        assert!(
-            err.to_string().contains(&first),
-            "the error names the file: {err}"
-        );
-        assert_eq!(snapshot(dir.path()), damaged, "nothing was changed on disk");
+        assert_corruption_changes_nothing(&damaged, &first, &format!("offset {offset}"));
     }
 }
 
@@ -325,16 +334,6 @@ fn a_missing_header_before_valid_data_is_corruption_and_changes_nothing() {
             SEGMENT_HEADER_BYTES
         };
         bytes[..end].fill(0);
-        let dir = scratch_dir();
-        restore(&damaged, dir.path());
-        let err = Log::open(dir.path(), TABLET, options())
-            .err()
-            .expect("must fail");
-        assert_eq!(err.kind(), ErrorKind::Corruption, "{victim}: {err}");
-        assert!(
-            err.to_string().contains(victim.as_str()),
-            "names the file: {err}"
-        );
-        assert_eq!(snapshot(dir.path()), damaged, "nothing was changed on disk");
+        assert_corruption_changes_nothing(&damaged, victim, &format!("whole {whole}"));
     }
 }

@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use nyala_wal::{Entry, EntryRef, EntryType, Log, LogOptions, SyncPolicy};
+use nyala_wal::{AppendTicket, Entry, EntryRef, EntryType, Log, LogOptions, SyncPolicy};
 
 /// A scratch directory; on tmpfs when one is mounted, so tests that open many logs stay fast.
 pub fn scratch_dir() -> tempfile::TempDir {
@@ -65,4 +65,24 @@ pub fn read_all(log: &Log) -> Vec<Entry> {
     log.entries_from(log.first_index(), 1 << 20)
         .collect::<Result<Vec<_>, _>>()
         .expect("read all")
+}
+
+/// Appends `entry` as frames the caller holds (`Log::append_shared`), the way the replicated
+/// log hands its entry batches over.
+pub fn append_as_shared(log: &Log, entry: &Entry) -> AppendTicket {
+    let framed = nyala_wal::format::encode_entries(&[entry.as_ref()]);
+    let bytes: Vec<u8> = framed.bytes.to_vec();
+    let end = bytes.len();
+    let storage: nyala_wal::format::SharedBytes = std::sync::Arc::new(bytes);
+    log.append_shared(&[entry.as_ref()], storage, 0..end)
+        .expect("append_shared")
+}
+
+/// Checks that `log` holds exactly `expected`, then closes it and checks that reopening the
+/// directory gives the same.
+pub fn assert_holds_across_reopen(log: &Log, dir: &Path, options: LogOptions, expected: &[Entry]) {
+    assert_eq!(read_all(log), expected);
+    log.close().expect("close");
+    let reopened = Log::open(dir, "t", options).expect("reopen");
+    assert_eq!(read_all(&reopened), expected);
 }
