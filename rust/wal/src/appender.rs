@@ -391,7 +391,9 @@ impl Committers {
     fn sync_and_publish(&self, group: &GroupToSync) -> Result<()> {
         let started = Instant::now();
         for target in &group.targets {
-            if let Err(err) = sync(&self.shared, target).and_then(|()| sync_name(target)) {
+            if let Err(err) =
+                sync(&self.shared, target).and_then(|()| sync_name(&self.shared, target))
+            {
                 // Stopped under the pipeline lock before the log fails, so no group at or
                 // after this one (nor one whose sync overlapped it) is ever published.
                 let mut pipeline = self.pipeline.lock();
@@ -433,13 +435,12 @@ fn failed(shared: &Shared) -> bool {
 /// Makes the name of a segment prepared with deferred syncs durable (see
 /// `segment::prepare_segments`), once, after its first group's `fdatasync`: that sync
 /// committed the journal holding the rename, so this one waits for no commit of its own.
-fn sync_name(target: &SyncTarget) -> Result<()> {
+fn sync_name(shared: &Shared, target: &SyncTarget) -> Result<()> {
     let segment = &target.segment;
     if segment.name_durable.load(Ordering::Acquire) {
         return Ok(());
     }
-    let dir = segment.path.parent().unwrap_or(std::path::Path::new("."));
-    crate::segment::sync_dir(dir)?;
+    crate::segment::sync_dir(&shared.dir)?;
     segment.name_durable.store(true, Ordering::Release);
     Ok(())
 }
