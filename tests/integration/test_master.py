@@ -7,6 +7,7 @@ tests that change the master set or start a master with a wrong list have their 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -270,15 +271,26 @@ def test_tablet_not_created_in_time_is_replaced_elsewhere(cluster: MiniCluster) 
     stuck = cluster.tservers[0]
     stuck.pause()
     try:
-        # RF 1 tablets land on every server; those on the paused one never get a leader and
-        # are replaced, after the creation timeout, on a server that answers.
-        names = [f"r{i}" for i in range(4)]
+        # RF 1 tablets land on every server (eight make missing the paused one about a
+        # 1-in-2000 chance); those on the paused one never get a leader and are replaced, after
+        # the creation timeout, on a server that answers.
+        names = [f"r{i}" for i in range(8)]
         for name in names:
             ops.call(cluster, "CreateTable", ops.create_table_request(name, SCHEMA, replicas=1))
         for name in names:
             ops.wait_create_done(cluster, name, timeout_s=60)
             for tablet in ops.locations(cluster, name):
                 assert [r.ts_info.permanent_uuid for r in tablet.replicas] != [stuck.uuid]
+        # A replacement stays off the server that never reported the replica it replaces,
+        # so no replacement is itself replaced.
+        replaced = dict(
+            re.findall(
+                r"replaced tablet (\w+) \(creation timed out\) by (\w+)",
+                "".join(m.log_path.read_text(errors="replace") for m in cluster.masters),
+            )
+        )
+        assert replaced, "no tablet was placed on the paused server"
+        assert not set(replaced.values()) & set(replaced), replaced
     finally:
         stuck.resume()
 

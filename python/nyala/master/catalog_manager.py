@@ -23,6 +23,7 @@ import logging
 import random
 import time
 import uuid as uuid_lib
+from collections.abc import Collection
 from typing import Any
 
 from nyala._proto import master_pb2, metadata_pb2
@@ -266,9 +267,12 @@ class CatalogManager:
         load: dict[str, int],
         num_replicas: int,
         now_us: int,
+        *,
+        avoid: Collection[str] = (),
     ) -> Any:
-        """A CREATING tablet record with replicas placed on ``live`` servers."""
-        chosen = choose_replicas(sorted(live), load, num_replicas, self._rng)
+        """A CREATING tablet record with replicas placed on ``live`` servers (those in
+        ``avoid`` only when there are not enough others)."""
+        chosen = choose_replicas(sorted(live), load, num_replicas, self._rng, avoid=avoid)
         record = master_pb2.SysTabletEntryPB(
             tablet_id=uuid_lib.uuid4().hex,
             table_id=table_id,
@@ -369,6 +373,15 @@ class CatalogManager:
             num_replicas = table.pb.num_replicas
             if num_replicas > len(live):
                 return  # not enough servers to place a replacement; try again later
+            # The servers that never reported a working replica are why creation timed out
+            # (down, paused, or failing CreateTablet): the replacement goes elsewhere if it can.
+            reported = self.reports.get(tablet_id, {})
+            silent = {
+                peer.permanent_uuid
+                for peer in old.pb.consensus_state.committed_config.peers
+                if peer.permanent_uuid not in reported
+                or reported[peer.permanent_uuid].state == metadata_pb2.FAILED
+            }
             new = self.new_tablet_record(
                 table.table_id,
                 old.pb.partition,
@@ -376,6 +389,7 @@ class CatalogManager:
                 catalog.replica_counts(),
                 num_replicas,
                 _now_us(),
+                avoid=silent,
             )
             replaced = _copy(old.pb)
             replaced.state = master_pb2.SYS_TABLET_REPLACED

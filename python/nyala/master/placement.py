@@ -10,22 +10,36 @@ same one (Mitzenmacher, "The Power of Two Choices in Randomized Load Balancing")
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 from nyala.errors import InvalidArgumentError
 
 
 def choose_replicas(
-    live: Sequence[str], load: dict[str, int], count: int, rng: random.Random
+    live: Sequence[str],
+    load: dict[str, int],
+    count: int,
+    rng: random.Random,
+    *,
+    avoid: Collection[str] = (),
 ) -> list[str]:
-    """``count`` distinct servers of ``live``; ``load`` is updated with the choice."""
+    """``count`` distinct servers of ``live``; ``load`` is updated with the choice.
+
+    Servers in ``avoid`` are taken only once every other live server has been chosen: a
+    replacement for a tablet whose creation timed out stays off the servers that never
+    reported it, as far as the live servers allow.
+    """
     if count > len(live):
         raise InvalidArgumentError(
             f"{count} replicas requested, but only {len(live)} tablet servers are live"
         )
+    preferred = [ts for ts in live if ts not in avoid]
+    fallback = [ts for ts in live if ts in avoid]
     chosen: list[str] = []
     for _ in range(count):
-        candidates = [ts for ts in live if ts not in chosen]
+        candidates = [ts for ts in preferred if ts not in chosen] or [
+            ts for ts in fallback if ts not in chosen
+        ]
         if len(candidates) == 1:
             pick = candidates[0]
         else:

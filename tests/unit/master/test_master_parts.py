@@ -41,6 +41,29 @@ def test_placement_refuses_more_replicas_than_live_servers() -> None:
         choose_replicas(["a", "b"], {}, 3, random.Random(1))
 
 
+def test_placement_keeps_off_avoided_servers_while_others_remain() -> None:
+    rng = random.Random(3)
+    for _ in range(100):
+        # The avoided server is by far the least loaded: load alone would pick it.
+        load = {"stuck": 0, "a": 50, "b": 50}
+        assert choose_replicas(["a", "b", "stuck"], load, 1, rng, avoid={"stuck"}) != ["stuck"]
+        load = {"stuck": 0, "a": 50, "b": 50, "c": 50}
+        chosen = choose_replicas(["a", "b", "c", "stuck"], load, 3, rng, avoid={"stuck"})
+        assert sorted(chosen) == ["a", "b", "c"]
+
+
+def test_placement_takes_avoided_servers_only_when_too_few_others() -> None:
+    rng = random.Random(5)
+    seen: set[str] = set()
+    for _ in range(100):
+        chosen = choose_replicas(["a", "b", "x", "y"], {}, 3, rng, avoid={"x", "y"})
+        assert len(set(chosen)) == 3
+        assert {"a", "b"} <= set(chosen[:2])
+        seen.add(chosen[2])
+    assert seen == {"x", "y"}  # the last one still chosen among the avoided ones
+    assert sorted(choose_replicas(["a", "x"], {}, 2, rng, avoid={"a", "x"})) == ["a", "x"]
+
+
 def test_partitions_hash_times_range_splits() -> None:
     request = master_pb2.CreateTableRequestPB()
     request.partition_schema.hash_schema.add(columns=["id"], num_buckets=3)
