@@ -117,6 +117,41 @@ fn append_concurrently_from(log: &Arc<Log>, writers: usize, appends: u64, first:
     }
 }
 
+/// `writers` threads run `body(writer, log, expected)`, where `expected` is the list of
+/// entries the log must hold, by index, that each writer extends (or truncates) under its
+/// lock as it appends; returns that list once every writer has finished.
+fn run_writers_tracking_expected(
+    log: &Arc<Log>,
+    writers: usize,
+    body: impl Fn(usize, &Log, &Mutex<Vec<nyala_wal::Entry>>) + Send + Sync + 'static,
+) -> Vec<nyala_wal::Entry> {
+    let expected = Arc::new(Mutex::new(Vec::new()));
+    let body = Arc::new(body);
+    let threads: Vec<_> = (0..writers)
+        .map(|writer| {
+            let log = Arc::clone(log);
+            let expected = Arc::clone(&expected);
+            let body = Arc::clone(&body);
+            thread::spawn(move || body(writer, &log, &expected))
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    let expected = expected.lock().unwrap().clone();
+    expected
+}
+
+/// A WRITE entry of term 1.
+fn write_entry(index: u64, payload: Vec<u8>) -> nyala_wal::Entry {
+    nyala_wal::Entry {
+        term: 1,
+        index,
+        entry_type: nyala_wal::EntryType::Write,
+        payload,
+    }
+}
+
 /// Polls `condition` for up to five seconds.
 fn eventually(what: &str, condition: impl Fn() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(5);
@@ -328,60 +363,43 @@ fn small_large_and_shared_appends_mix_in_groups_under_back_pressure() {
         ..small_options(256 << 10)
     };
     let log = Arc::new(Log::open(dir.path(), "t", options.clone()).unwrap());
-    // The entries the log must hold, by index (a truncation replaces a suffix).
-    let expected = Arc::new(Mutex::new(Vec::<nyala_wal::Entry>::new()));
-    let threads: Vec<_> = (0..WRITERS)
-        .map(|writer| {
-            let log = Arc::clone(&log);
-            let expected = Arc::clone(&expected);
-            thread::spawn(move || {
-                for round in 0..APPENDS_PER_WRITER {
-                    let ticket = {
-                        let mut expected = expected.lock().unwrap();
-                        let next = expected.len() as u64 + 1;
-                        // Above the arena limit (4 KiB framed) every few appends.
-                        let len = if (round + writer as u64).is_multiple_of(5) {
-                            6000
-                        } else {
-                            (round * 13 % 200) as usize
-                        };
+    // A truncation replaces a suffix of the entries the log must hold.
+    let expected = run_writers_tracking_expected(&log, WRITERS, |writer, log, expected| {
+        for round in 0..APPENDS_PER_WRITER {
+            let ticket = {
+                let mut expected = expected.lock().unwrap();
+                let next = expected.len() as u64 + 1;
+                // Above the arena limit (4 KiB framed) every few appends.
+                let len = if (round + writer as u64).is_multiple_of(5) {
+                    6000
+                } else {
+                    (round * 13 % 200) as usize
+                };
+                let e = write_entry(next, vec![(next % 251) as u8; len]);
+                let ticket = match round % 7 {
+                    3 => append_as_shared(log, &e),
+                    5 if next > 2 => {
+                        // A follower replacing its last entry.
+                        expected.pop();
                         let e = nyala_wal::Entry {
-                            term: 1,
-                            index: next,
-                            entry_type: nyala_wal::EntryType::Write,
-                            payload: vec![(next % 251) as u8; len],
+                            index: next - 1,
+                            ..e.clone()
                         };
-                        let ticket = match round % 7 {
-                            3 => append_as_shared(&log, &e),
-                            5 if next > 2 => {
-                                // A follower replacing its last entry.
-                                expected.pop();
-                                let e = nyala_wal::Entry {
-                                    index: next - 1,
-                                    term: 1,
-                                    ..e.clone()
-                                };
-                                let ticket = log.truncate_and_append(next - 2, &[e.as_ref()]);
-                                expected.push(e);
-                                let ticket = ticket.unwrap();
-                                drop(expected);
-                                log.wait(ticket.ticket).unwrap();
-                                continue;
-                            }
-                            _ => log.append(&[e.as_ref()]).unwrap(),
-                        };
+                        let ticket = log.truncate_and_append(next - 2, &[e.as_ref()]);
                         expected.push(e);
-                        ticket
-                    };
-                    log.wait(ticket.ticket).unwrap();
-                }
-            })
-        })
-        .collect();
-    for t in threads {
-        t.join().unwrap();
-    }
-    let expected = expected.lock().unwrap().clone();
+                        let ticket = ticket.unwrap();
+                        drop(expected);
+                        log.wait(ticket.ticket).unwrap();
+                        continue;
+                    }
+                    _ => log.append(&[e.as_ref()]).unwrap(),
+                };
+                expected.push(e);
+                ticket
+            };
+            log.wait(ticket.ticket).unwrap();
+        }
+    });
     let metrics = log.metrics();
     assert!(metrics.truncations > 0, "{metrics:?}");
     assert!(
@@ -405,51 +423,38 @@ fn large_payloads_written_from_their_own_buffers_among_small_ones() {
     let dir = scratch_dir();
     let options = small_options(1 << 20);
     let log = Arc::new(Log::open(dir.path(), "t", options.clone()).unwrap());
-    let expected = Arc::new(Mutex::new(Vec::<nyala_wal::Entry>::new()));
-    let threads: Vec<_> = (0..WRITERS)
-        .map(|writer| {
-            let log = Arc::clone(&log);
-            let expected = Arc::clone(&expected);
-            thread::spawn(move || {
-                let mut tickets = Vec::new();
-                for round in 0..APPENDS_PER_WRITER {
-                    let mut expected = expected.lock().unwrap();
-                    let next = expected.len() as u64 + 1;
-                    let len = match (round + writer as u64) % 4 {
-                        0 => (64 << 10) - 24 + (next * 7 % 5) as usize,
-                        1 => (100 << 10) + (next * 131 % 4096) as usize,
-                        2 => (next * 13 % 300) as usize,
-                        _ => 5000 + next as usize,
-                    };
-                    let e = nyala_wal::Entry {
-                        term: 1,
-                        index: next,
-                        entry_type: nyala_wal::EntryType::Write,
-                        payload: (0..len).map(|i| (i as u64 * 7 + next) as u8).collect(),
-                    };
-                    let ticket = if round % 3 == 1 {
-                        append_as_shared(&log, &e)
-                    } else {
-                        log.append(&[e.as_ref()]).unwrap()
-                    };
-                    expected.push(e);
-                    drop(expected);
-                    // Wait only now and then, so groups gather several appends.
-                    tickets.push(ticket.ticket);
-                    if round % 5 == 4 {
-                        log.wait(*tickets.last().unwrap()).unwrap();
-                    }
-                }
-                for ticket in tickets {
-                    log.wait(ticket).unwrap();
-                }
-            })
-        })
-        .collect();
-    for t in threads {
-        t.join().unwrap();
-    }
-    let expected = expected.lock().unwrap().clone();
+    let expected = run_writers_tracking_expected(&log, WRITERS, |writer, log, expected| {
+        let mut tickets = Vec::new();
+        for round in 0..APPENDS_PER_WRITER {
+            let mut expected = expected.lock().unwrap();
+            let next = expected.len() as u64 + 1;
+            let len = match (round + writer as u64) % 4 {
+                0 => (64 << 10) - 24 + (next * 7 % 5) as usize,
+                1 => (100 << 10) + (next * 131 % 4096) as usize,
+                2 => (next * 13 % 300) as usize,
+                _ => 5000 + next as usize,
+            };
+            let e = write_entry(
+                next,
+                (0..len).map(|i| (i as u64 * 7 + next) as u8).collect(),
+            );
+            let ticket = if round % 3 == 1 {
+                append_as_shared(log, &e)
+            } else {
+                log.append(&[e.as_ref()]).unwrap()
+            };
+            expected.push(e);
+            drop(expected);
+            // Wait only now and then, so groups gather several appends.
+            tickets.push(ticket.ticket);
+            if round % 5 == 4 {
+                log.wait(*tickets.last().unwrap()).unwrap();
+            }
+        }
+        for ticket in tickets {
+            log.wait(ticket).unwrap();
+        }
+    });
     let metrics = log.metrics();
     assert!(
         metrics.groups < metrics.batches_appended,
