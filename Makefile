@@ -84,7 +84,7 @@ wheel: $(STAMPS)/deps
 	bash scripts/check_wheel.sh dist
 
 demo: setup
-	$(PY) -m nyala.demo
+	$(PY) -m nyala.cli.demo
 
 clean:
 	rm -rf $(VENV) $(STAMPS) dist

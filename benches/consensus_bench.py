@@ -33,7 +33,6 @@ from typing import Any
 
 from nyala.common.clock import RealClock
 from nyala.consensus import (
-    FileCmetaStore,
     MemoryLog,
     RaftConfig,
     RaftPeer,
@@ -41,8 +40,9 @@ from nyala.consensus import (
     bootstrap_cmeta,
 )
 from nyala.consensus.runtime import RaftRuntime
-from nyala.consensus.transport import InMemoryNetwork
-from nyala.wal import LogOptions
+from nyala.consensus.runtime.cmeta_store import FileCmetaStore
+from nyala.consensus.runtime.transport import InMemoryNetwork
+from nyala.testing.wal import LogOptions
 
 PROPOSERS = 64
 RECORD_BYTES = 100
@@ -65,7 +65,7 @@ def open_log(directory: Path, uuid: str, kind: str) -> Any:
     and durable at once (``--log memory``: the CPU cost of consensus alone)."""
     if kind == "memory":
         return MemoryLog(sync_on_append=True)
-    from nyala.consensus.wal_log import WalLog
+    from nyala.consensus.runtime.wal_log import WalLog
 
     return WalLog(directory / "wal", uuid)
 

@@ -46,7 +46,8 @@ import time
 from pathlib import Path
 from typing import NamedTuple
 
-from nyala.wal import Entry, EntryType, Log, LogOptions
+from nyala.consensus.types import EntryKind
+from nyala.testing.wal import Entry, Log, LogOptions
 
 RECORD_BYTES = 100
 BATCH_BYTES = 1 << 20
@@ -172,7 +173,7 @@ def wal_writers(
             with lock:
                 index = state["next"]
                 state["next"] = index + 1
-                ticket = log.append([Entry(1, index, EntryType.WRITE, payload)])
+                ticket = log.append([Entry(1, index, EntryKind.WRITE, payload)])
             log.wait(ticket.ticket)
             slot.append(time.perf_counter_ns() - started)
 
@@ -220,7 +221,7 @@ def wal_tasks(
     payload = b"p" * RECORD_BYTES
     latencies: list[int] = []
     next_index = 1
-    write = int(EntryType.WRITE)
+    write = int(EntryKind.WRITE)
 
     async def writer(measure_from: int, deadline: int) -> None:
         # Per append only what any caller does (take the next index, build the entry as the
@@ -278,7 +279,7 @@ def wal_bandwidth(directory: Path, total_bytes: int, options: LogOptions) -> flo
     started = time.perf_counter()
     ticket = None
     for index in range(1, total_bytes // BATCH_BYTES + 1):
-        ticket = log.append([Entry(1, index, EntryType.WRITE, payload)])
+        ticket = log.append([Entry(1, index, EntryKind.WRITE, payload)])
     assert ticket is not None
     log.wait(ticket.ticket)
     elapsed = time.perf_counter() - started

@@ -1,4 +1,4 @@
-"""Micro-benchmark of the replicated log (``nyala.consensus.wal_log``) on a real WAL.
+"""Micro-benchmark of the replicated log (``nyala.consensus.runtime.wal_log``) on a real WAL.
 
 Figures, each the median of several runs in this process:
 
@@ -24,8 +24,8 @@ import time
 from pathlib import Path
 
 from nyala import _native
+from nyala.consensus.runtime.wal_log import WalEntryBatch, WalLog, WalLogOptions
 from nyala.consensus.types import MIN_OP_ID, EntryKind, OpId
-from nyala.consensus.wal_log import WalEntryBatch, WalLog, WalLogOptions
 
 TABLET_ID = "0" * 32
 ENTRIES_PER_BATCH = 100

@@ -1,31 +1,57 @@
 """nyala: a replicated, Arrow-native tablet store in the shape of Apache Kudu.
 
-The public API grows issue by issue; see README.md for the tour. This module re-exports the
-names users reach for (DESIGN.md §9) and must not import heavy optional dependencies (pyspark,
-pandas). ``LocalCluster`` is imported on first use: it pulls in the process machinery.
+This module re-exports the names users reach for (DESIGN.md §9; README.md has the tour). It
+imports nothing when it is imported itself: every name is loaded on first use (PEP 562), so
+``import nyala.consensus`` or ``import nyala.storage`` loads neither gRPC nor the client, and
+servers, the Raft core and tests pay only for what they use.
 """
 
 from __future__ import annotations
 
+import importlib
 from typing import TYPE_CHECKING, Any
 
-from nyala import errors
-from nyala._native import __version__
-from nyala.client import Client, RowError, Scanner, Session, Table, WriteResult, connect
-from nyala.partition import HashPartitioning, RangePartitioning
-from nyala.rowops import OpType
-from nyala.schema import Column, Schema
-
 if TYPE_CHECKING:
+    from nyala import errors
+    from nyala._native import __version__
+    from nyala.client import Client, RowError, Scanner, Session, Table, WriteResult, connect
     from nyala.local_cluster import LocalCluster
+    from nyala.partition import HashPartitioning, RangePartitioning
+    from nyala.rowops import OpType
+    from nyala.schema import Column, Schema
+
+#: Public name -> the module that defines it.
+_HOMES = {
+    "Client": "nyala.client",
+    "Column": "nyala.schema",
+    "HashPartitioning": "nyala.partition",
+    "LocalCluster": "nyala.local_cluster",
+    "OpType": "nyala.rowops",
+    "RangePartitioning": "nyala.partition",
+    "RowError": "nyala.client",
+    "Scanner": "nyala.client",
+    "Schema": "nyala.schema",
+    "Session": "nyala.client",
+    "Table": "nyala.client",
+    "WriteResult": "nyala.client",
+    "__version__": "nyala._native",
+    "connect": "nyala.client",
+}
 
 
 def __getattr__(name: str) -> Any:
-    if name == "LocalCluster":
-        from nyala.local_cluster import LocalCluster
+    if name == "errors":
+        return importlib.import_module("nyala.errors")
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'nyala' has no attribute {name!r}")
+    value = getattr(importlib.import_module(home), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
 
-        return LocalCluster
-    raise AttributeError(f"module 'nyala' has no attribute {name!r}")
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_HOMES, "errors"])
 
 
 __all__ = [

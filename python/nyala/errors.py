@@ -11,25 +11,23 @@ Every error nyala raises is a ``NyalaError``. Errors split into two families:
 ``TimedOutError`` is neither: the outcome is unknown (indeterminate). Clients that attach a
 request id can retry it safely; others must read to find out.
 
+``RETRIABLE`` (and ``is_retriable``) is the one definition of which errors a client answers by
+sending the same request again: the ``RetriableError`` family plus the few final-looking errors
+that concern one server or one attempt, not the request.
+
 Native (Rust) errors arrive here through one mapping (``pyext/src/errors.rs``): each Rust error
 kind names one class below. Keep ``ErrorKind::python_class`` and this module in step.
 """
 
 from __future__ import annotations
 
-from typing import ClassVar
-
 
 class NyalaError(Exception):
     """Base class of every error nyala raises."""
 
-    retriable: ClassVar[bool] = False
-
 
 class RetriableError(NyalaError):
     """The operation may succeed if retried (possibly elsewhere, after a back-off)."""
-
-    retriable: ClassVar[bool] = True
 
 
 # --- retriable -----------------------------------------------------------------------------
@@ -152,7 +150,27 @@ class ScannerExpiredError(NotFoundError):
     """The scanner is unknown to the server: it expired or was never opened."""
 
 
+#: Errors after which a client may send the same request again, to the same or another server,
+#: without risk: writes carry a request id, so a retry of an applied write is answered from the
+#: replicas' result cache rather than applied twice. Besides the ``RetriableError`` family:
+#: a timeout (outcome unknown: the retry settles it), a request that reached the wrong server
+#: (stale address), an aborted attempt and a failed replica (another replica may serve it).
+RETRIABLE: tuple[type[NyalaError], ...] = (
+    RetriableError,
+    TimedOutError,
+    WrongServerUuidError,
+    AbortedError,
+    TabletFailedError,
+)
+
+
+def is_retriable(error: BaseException) -> bool:
+    """Whether ``error`` is one of ``RETRIABLE``."""
+    return isinstance(error, RETRIABLE)
+
+
 __all__ = [
+    "RETRIABLE",
     "AbortedError",
     "AlreadyInProgressError",
     "AlreadyPresentError",
@@ -178,4 +196,5 @@ __all__ = [
     "ThrottledError",
     "TimedOutError",
     "WrongServerUuidError",
+    "is_retriable",
 ]

@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from nyala import errors
-from nyala.cli.process import PARENT_PID_ENV
 from nyala.client import Client, connect
+from nyala.common.process import PARENT_PID_ENV
 from nyala.rpc import BlockingServerProxy, join_host_port
 from nyala.rpc.ports import free_loopback_ports
 from nyala.testing.mini_cluster import LOOPBACK, MiniCluster

@@ -13,15 +13,12 @@ import enum
 import os
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 import pyarrow as pa
 
 from nyala import _native
-
-if TYPE_CHECKING:
-    from nyala.consensus.wal_log import WalEntryBatch
 from nyala.errors import InvalidArgumentError
 from nyala.rowops import OpType, encode, make_op_batch
 from nyala.schema import Schema
@@ -30,6 +27,16 @@ from nyala.schema import Schema
 FLUSH_THRESHOLD_BYTES = 64 * 1024 * 1024
 
 Predicate = tuple[str, str, Any]
+
+
+class NativeEntryBatch(Protocol):
+    """A log entry batch held in native memory (``nyala.consensus.runtime.wal_log``'s
+    ``WalEntryBatch``); storage reads WRITE payloads from it in place."""
+
+    @property
+    def native(self) -> _native.EntryBatch:
+        """The native batch."""
+        ...
 
 
 class RowStatus(enum.IntEnum):
@@ -137,7 +144,7 @@ class StorageEngine:
         return ApplyResult(np.frombuffer(raw, dtype=np.uint8))
 
     def apply_from_entry_batch(
-        self, batch: WalEntryBatch, start: int, end: int, op_index: int
+        self, batch: NativeEntryBatch, start: int, end: int, op_index: int
     ) -> ApplyResult:
         """Applies the IPC op batch at bytes ``start:end`` of a log entry batch's encoding as
         op ``op_index``. The stored rows share the batch's bytes (no copy where the IPC

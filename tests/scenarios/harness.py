@@ -7,7 +7,7 @@ A scenario file is a sequence of blocks::
     ----
     expected output (never empty: "ok" when nothing happened)
 
-separated by blank lines. ``run_scenario`` replays the commands against a ``LocalCluster`` and
+separated by blank lines. ``run_scenario`` replays the commands against a ``SimCluster`` and
 returns the file as it should be; the test compares it with the file on disk, and
 ``pytest tests/scenarios --rewrite`` writes it back.
 
@@ -40,7 +40,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from nyala.consensus import ChangeType, ConfigChange, MemberType, RaftOptions, RaftPeer
-from nyala.consensus.local_cluster import LocalCluster, describe_config
 from nyala.consensus.memory_log import LogEntry
 from nyala.consensus.messages import (
     AppendRequest,
@@ -51,7 +50,8 @@ from nyala.consensus.messages import (
     VoteRequest,
     VoteResponse,
 )
-from nyala.consensus.metadata import FileCmetaStore
+from nyala.consensus.runtime.cmeta_store import FileCmetaStore
+from nyala.consensus.sim_cluster import SimCluster, describe_config
 from nyala.consensus.types import EntryKind, decode_config
 from nyala.errors import CasFailedError, NyalaError
 
@@ -154,11 +154,11 @@ def describe_entry(entry: LogEntry) -> str:
 
 
 class Runner:
-    """Executes scenario commands against one ``LocalCluster``."""
+    """Executes scenario commands against one ``SimCluster``."""
 
     def __init__(self, tmp_dir: Path) -> None:
         self.tmp_dir = tmp_dir
-        self._cluster: LocalCluster | None = None
+        self._cluster: SimCluster | None = None
         self._commands: dict[str, Callable[[list[str], dict[str, str]], list[str]]] = {
             name.removeprefix("cmd_").replace("_", "-"): getattr(self, name)
             for name in dir(self)
@@ -166,7 +166,7 @@ class Runner:
         }
 
     @property
-    def cluster(self) -> LocalCluster:
+    def cluster(self) -> SimCluster:
         assert self._cluster is not None, "the scenario must start with 'cluster'"
         return self._cluster
 
@@ -209,7 +209,7 @@ class Runner:
             peer_inflight_bytes_max=int(kw.get("inflight-bytes", str(4 * 1024 * 1024))),
             failed_follower_timeout_ms=5_000,
         )
-        self._cluster = LocalCluster(
+        self._cluster = SimCluster(
             voters,
             non_voters,
             promote=promote,

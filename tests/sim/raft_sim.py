@@ -25,8 +25,8 @@ import random
 from dataclasses import dataclass, field
 
 from nyala.consensus import ChangeType, ConfigChange, MemberType, RaftOptions, RaftPeer, Role
-from nyala.consensus.local_cluster import LocalCluster
 from nyala.consensus.memory_log import LogEntry
+from nyala.consensus.sim_cluster import SimCluster
 from nyala.consensus.types import RaftConfig
 from nyala.errors import NyalaError
 
@@ -58,7 +58,7 @@ class Checker:
     applied_checked: dict[str, int] = field(default_factory=dict)
     leaders_checked: set[tuple[int, str]] = field(default_factory=set)
 
-    def check(self, cluster: LocalCluster) -> None:
+    def check(self, cluster: SimCluster) -> None:
         for node in cluster.nodes.values():
             core = node.core
             if core is None:
@@ -78,9 +78,7 @@ class Checker:
                 self._check_leader(node.uuid, core.term, cluster)
         self._check_log_matching(cluster)
 
-    def _record_commit(
-        self, uuid: str, commit_index: int, term: int, cluster: LocalCluster
-    ) -> None:
+    def _record_commit(self, uuid: str, commit_index: int, term: int, cluster: SimCluster) -> None:
         log = cluster.nodes[uuid].log
         while len(self.committed) < commit_index:
             index = len(self.committed) + 1
@@ -105,7 +103,7 @@ class Checker:
                 )
         self.applied_checked[uuid] = len(applied)
 
-    def _check_leader(self, uuid: str, term: int, cluster: LocalCluster) -> None:
+    def _check_leader(self, uuid: str, term: int, cluster: SimCluster) -> None:
         previous = self.leader_of_term.setdefault(term, uuid)
         if previous != uuid:
             raise InvariantViolation(f"election safety: {previous} and {uuid} lead term {term}")
@@ -121,7 +119,7 @@ class Checker:
                     f"leader completeness: leader {uuid} of term {term} lacks committed {entry}"
                 )
 
-    def _check_log_matching(self, cluster: LocalCluster) -> None:
+    def _check_log_matching(self, cluster: SimCluster) -> None:
         logs = [(n.uuid, n.log.entries()) for n in cluster.nodes.values()]
         for a in range(len(logs)):
             for b in range(a + 1, len(logs)):
@@ -142,7 +140,7 @@ class Simulation:
         self.seed = seed
         self.rng = random.Random(seed)
         uuids = [f"r{i}" for i in range(voters)]
-        self.cluster = LocalCluster(uuids, options=SIM_OPTIONS, seed=seed)
+        self.cluster = SimCluster(uuids, options=SIM_OPTIONS, seed=seed)
         for uuid in uuids:
             self.cluster.node(uuid).auto_sync = self.rng.random() < 0.5
         self.config_changes = config_changes

@@ -22,17 +22,26 @@ def test_every_native_error_kind_has_a_python_class() -> None:
         (errors.ServiceUnavailableError, True),
         (errors.TabletNotFoundError, True),
         (errors.NetworkError, True),
-        (errors.TimedOutError, False),
+        (errors.TimedOutError, True),
+        (errors.WrongServerUuidError, True),
+        (errors.TabletFailedError, True),
         (errors.CorruptionError, False),
         (errors.DiskFullError, False),
         (errors.CasFailedError, False),
+        (errors.InvalidArgumentError, False),
+        (errors.NotFoundError, False),
     ],
 )
 def test_retriable_errors_are_kept_apart_from_final_ones(
     cls: type[errors.NyalaError], retriable: bool
 ) -> None:
-    assert cls.retriable is retriable
-    assert issubclass(cls, errors.RetriableError) is retriable
+    assert errors.is_retriable(cls("x")) is retriable
+    assert issubclass(cls, errors.RETRIABLE) is retriable
+
+
+def test_the_retriable_family_did_not_happen_and_the_timeout_is_indeterminate() -> None:
+    assert issubclass(errors.NotLeaderError, errors.RetriableError)
+    assert not issubclass(errors.TimedOutError, errors.RetriableError)
 
 
 def test_not_leader_carries_the_leader_hint() -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from nyala.errors import IllegalStateError
-from nyala.tserver.fs_manager import LOCK_FILE, FsManager
+from nyala.server.fs_manager import LOCK_FILE, FsManager
 
 
 def test_a_second_owner_is_refused_with_the_holders_pid(tmp_path: Path) -> None:
@@ -31,7 +31,7 @@ def test_the_lock_dies_with_its_process(tmp_path: Path) -> None:
     code = (
         "import os, sys\n"
         "from pathlib import Path\n"
-        "from nyala.tserver.fs_manager import FsManager\n"
+        "from nyala.server.fs_manager import FsManager\n"
         f"FsManager(Path({str(root)!r})).open()\n"
         "os._exit(0)\n"  # no cleanup: the kernel must release the flock
     )

@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from nyala.cli.process import PARENT_PID_ENV
+from nyala.common.process import PARENT_PID_ENV
 
 # The parent starts the child from a thread that ends at once, prints the child's pid, and waits
 # for a line on stdin before exiting.
@@ -18,7 +18,7 @@ import os, subprocess, sys, threading
 child = []
 def spawn():
     env = dict(os.environ, {env}=str(os.getpid()))
-    code = "from nyala.cli.process import die_with_parent_if_asked as d; import time; "
+    code = "from nyala.common.process import die_with_parent_if_asked as d; import time; "
     code += "d(); time.sleep(60)"
     child.append(subprocess.Popen([sys.executable, "-c", code], env=env))
 t = threading.Thread(target=spawn)
@@ -72,7 +72,7 @@ def test_child_outlives_the_spawning_thread_and_dies_with_the_parent_process() -
 
 _FAULTS_SCRIPT = """
 import resource, sys
-from nyala.cli.process import tune_allocator
+from nyala.common.process import tune_allocator
 if sys.argv[1] == "tuned":
     assert tune_allocator()
 def churn():

@@ -95,8 +95,8 @@ def test_rows_applied_from_a_log_batch_outlive_the_batch(
     after every Python reference to the batch and the log's cache copy are gone."""
     import gc
 
+    from nyala.consensus.runtime.wal_log import WalLog, WalLogOptions
     from nyala.consensus.types import EntryKind
-    from nyala.consensus.wal_log import WalLog, WalLogOptions
     from nyala.tablet.write_entry import RequestId, decode_write_entry, encode_write_entry
 
     ops = encode(make_op_batch(_rows(np.arange(500)), OpType.INSERT, SCHEMA)).to_pybytes()

@@ -13,14 +13,15 @@ from pathlib import Path
 import pytest
 
 from nyala import errors
-from nyala.wal import Entry, EntryType, Log, LogOptions
+from nyala.consensus.types import EntryKind
+from nyala.testing.wal import Entry, Log, LogOptions
 
 SMALL = LogOptions(segment_size_bytes=64 << 10)
 
 
 def make_entries(term: int, first: int, last: int) -> list[Entry]:
     return [
-        Entry(term, i, EntryType.WRITE, f"payload-{i}".encode() * (i % 5 + 1))
+        Entry(term, i, EntryKind.WRITE, f"payload-{i}".encode() * (i % 5 + 1))
         for i in range(first, last + 1)
     ]
 
@@ -37,7 +38,7 @@ def test_append_wait_read_and_reopen(tmp_path: Path) -> None:
         assert log.term_at(20) == 1
         assert log.term_at(21) is None
         assert log.read(5, 7) == written[4:7]
-        noop = Entry(2, 21, EntryType.NO_OP, b"")
+        noop = Entry(2, 21, EntryKind.NO_OP, b"")
         log.append_durable([noop])
     with Log(tmp_path, "tablet-1", SMALL) as log:
         assert list(log.entries()) == [*written, noop]
@@ -57,7 +58,7 @@ def test_buffers_of_every_kind_are_accepted(tmp_path: Path) -> None:
         mutable[:] = b"changed"  # the log copied it before releasing the GIL
         payloads = [e.payload for e in log.read(1, 3)]
         assert payloads == [b"bytes", b"mutable", b"view"]
-        assert log.read(3, 3)[0].entry_type is EntryType.CONFIG_CHANGE
+        assert log.read(3, 3)[0].entry_type is EntryKind.CONFIG_CHANGE
 
 
 def test_typed_errors(tmp_path: Path) -> None:
@@ -141,7 +142,7 @@ def test_many_concurrent_asyncio_appenders(tmp_path: Path) -> None:
             # event loop keeps them contiguous (as the leader's lock would).
             index = next_index
             next_index += 1
-            return await log.append_async([Entry(1, index, EntryType.WRITE, b"w%d" % w)])
+            return await log.append_async([Entry(1, index, EntryKind.WRITE, b"w%d" % w)])
 
         return await asyncio.gather(*(writer(w) for w in range(writers)))
 
@@ -197,7 +198,7 @@ def test_durable_appends_resume_their_tasks_directly_in_order_and_context(
             for _ in range(rounds):
                 index = next_index
                 next_index += 1
-                future = log.append_async([Entry(1, index, EntryType.WRITE, b"x")])
+                future = log.append_async([Entry(1, index, EntryKind.WRITE, b"x")])
                 if w == 0:
                     future.add_done_callback(lambda f: called_back.append(f.result()))
                 assert await future == index
@@ -238,7 +239,7 @@ def test_threads_and_asyncio_together(tmp_path: Path) -> None:
         with lock:
             index = state["next"]
             state["next"] += 1
-            ticket = log.append([Entry(1, index, EntryType.WRITE, b"x")])
+            ticket = log.append([Entry(1, index, EntryKind.WRITE, b"x")])
         log.wait(ticket.ticket)
         return index
 
@@ -247,7 +248,7 @@ def test_threads_and_asyncio_together(tmp_path: Path) -> None:
             with lock:
                 index = state["next"]
                 state["next"] += 1
-                ticket = log.append([Entry(1, index, EntryType.WRITE, b"y")])
+                ticket = log.append([Entry(1, index, EntryKind.WRITE, b"y")])
             await log.wait_async(ticket.ticket)
 
         threads = [
@@ -344,7 +345,7 @@ def test_syncs_in_flight_setting(tmp_path: Path, syncs_in_flight_max: int) -> No
             for _ in range(5):
                 index = next_index
                 next_index += 1
-                await log.append_async([Entry(1, index, EntryType.WRITE, b"x" * 50)])
+                await log.append_async([Entry(1, index, EntryKind.WRITE, b"x" * 50)])
 
         await asyncio.gather(*(writer() for _ in range(writers)))
 

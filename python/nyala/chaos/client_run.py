@@ -68,13 +68,13 @@ def _schema() -> Schema:
 
 class _ClientChaos:
     def __init__(self, cluster: MiniCluster, seed: int, kinds: tuple[str, ...]) -> None:
-        import nyala
+        from nyala.client import connect
 
         self.cluster = cluster
         self.rng = random.Random(seed)
         self.kinds = kinds
         self.masters = ",".join(cluster.master_addrs)
-        self.client = nyala.connect(self.masters)
+        self.client = connect(self.masters)
         self.rows = History()
         self.ddl = History()
         self.double_applied: list[int] = []
@@ -208,7 +208,7 @@ def run_client(
 
 
 def _partitioning() -> Any:
-    from nyala import HashPartitioning
+    from nyala.partition import HashPartitioning
 
     return HashPartitioning(["id"], buckets=2)
 

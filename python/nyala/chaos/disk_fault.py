@@ -1,11 +1,12 @@
 """Disk faults in server processes: an ``LD_PRELOAD`` shim that makes ``fsync``/``fdatasync``
 fail with a chosen errno while a per-process trigger file exists.
 
-Why a shim rather than the WAL's in-process failpoint (``nyala.wal.Log.inject_sync_failures``):
-a chaos run arms and disarms the fault on a live server process from outside, at any moment,
-and the fault then hits every sync of that process (WAL appender, consensus metadata,
-superblocks), as a dying disk would. Only the syncs fail; the writes before them succeed, so
-the data may or may not be on disk and the server must not acknowledge it.
+Why a shim rather than the WAL's in-process failpoint
+(``nyala.testing.wal.Log.inject_sync_failures``): a chaos run arms and disarms the fault on a
+live server process from outside, at any moment, and the fault then hits every sync of that
+process (WAL appender, consensus metadata, superblocks), as a dying disk would. Only the syncs
+fail; the writes before them succeed, so the data may or may not be on disk and the server must
+not acknowledge it.
 
 The shim is compiled once per run with the system C compiler into the run's directory. It
 reads ``$NYALA_CHAOS_FAULT_DIR/<pid>`` (an errno as text) on every sync; no file, no fault.

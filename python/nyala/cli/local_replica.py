@@ -25,13 +25,13 @@ import click
 from nyala import _native
 from nyala.cli.options import one_line_errors
 from nyala.cli.output import emit, emit_one, format_option
-from nyala.consensus.metadata import ConsensusMetadata, FileCmetaStore
-from nyala.consensus.types import MemberType, RaftConfig, RaftPeer, config_to_dict
+from nyala.consensus.metadata import ConsensusMetadata
+from nyala.consensus.runtime.cmeta_store import FileCmetaStore
+from nyala.consensus.types import EntryKind, MemberType, RaftConfig, RaftPeer, config_to_dict
 from nyala.errors import IllegalStateError, InvalidArgumentError, NotFoundError, NyalaError
+from nyala.server.fs_manager import FsManager
 from nyala.tablet.manager import TabletDirs, TabletManager, is_tablet_id
 from nyala.tablet.superblock import DataState, read_superblock
-from nyala.tserver.fs_manager import FsManager
-from nyala.wal import EntryType
 
 _FS_ROOT = click.option(
     "--fs-root",
@@ -290,7 +290,7 @@ def wal_dump(path: Path, entries: bool, fmt: str) -> None:
                     {
                         "segment": file.name,
                         "offset": offset,
-                        "kind": EntryType(entry_type).name,
+                        "kind": EntryKind(entry_type).name,
                         "term": term,
                         "index": index,
                         "payload_bytes": payload_bytes,

@@ -20,9 +20,9 @@ from typing import Any
 import click
 
 from nyala.cli.options import given, one_line_errors, settings_options
-from nyala.cli.process import die_with_parent_if_asked, tune_allocator
 from nyala.common.config import from_mapping, read_flagfile
-from nyala.tserver.server_settings import ServerSettings
+from nyala.common.process import die_with_parent_if_asked, tune_allocator
+from nyala.server.settings import ServerSettings
 
 _SERVER_FIELDS = ("fs_root", "rpc_bind", "http_bind", "masters", "uuid")
 _MASTERS_HELP = "Comma-separated master addresses (default: $NYALA_MASTERS)."

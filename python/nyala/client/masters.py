@@ -18,7 +18,7 @@ from typing import Any
 
 from nyala import errors
 from nyala._proto import master_pb2
-from nyala.client.rpc import RETRIABLE, Backoff, ChannelPool, Stubs
+from nyala.client.rpc import Backoff, ChannelPool, Stubs
 from nyala.rpc.errors import join_host_port, split_host_port
 
 #: How long one ConnectToMaster round may take, in milliseconds.
@@ -138,7 +138,7 @@ class MasterConnection:
             request.dest_uuid = leader.uuid
             try:
                 return stubs.call(method(stubs), request, backoff.remaining_ms())
-            except RETRIABLE as exc:
+            except errors.RETRIABLE as exc:
                 with self._lock:
                     if self._leader == leader:
                         self._leader = None

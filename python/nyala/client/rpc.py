@@ -23,17 +23,6 @@ from nyala.rpc.settings import RpcSettings
 RETRY_BACKOFF_MIN_MS = 20
 RETRY_BACKOFF_MAX_MS = 1_000
 
-#: Errors after which the same request may be sent again (to the same or another server)
-#: without risk: writes carry a request id, so a retry of an applied write is answered from
-#: the replicas' result cache rather than applied twice.
-RETRIABLE: tuple[type[errors.NyalaError], ...] = (
-    errors.RetriableError,
-    errors.WrongServerUuidError,
-    errors.TimedOutError,
-    errors.AbortedError,
-    errors.TabletFailedError,
-)
-
 
 class Stubs:
     """The generated stubs of the services a client calls, over one channel."""
@@ -120,4 +109,4 @@ class Backoff:
         time.sleep(max(0.0, min(pause_s, self.deadline - time.monotonic())))
 
 
-__all__ = ["RETRIABLE", "Backoff", "ChannelPool", "Stubs"]
+__all__ = ["Backoff", "ChannelPool", "Stubs"]

@@ -36,7 +36,7 @@ import pyarrow as pa
 from nyala import errors
 from nyala._proto import tserver_pb2
 from nyala.client.meta_cache import MetaCache, Replica, TableInfo, TabletLocation
-from nyala.client.rpc import RETRIABLE, Backoff, ChannelPool
+from nyala.client.rpc import Backoff, ChannelPool
 from nyala.client.write import pick_replica
 from nyala.rpc.errors import error_from_pb
 from nyala.schema import Schema
@@ -253,13 +253,14 @@ class Scanner:
             except Exception as exc:
                 mapped = _map_error(exc, target.addr)
                 if follower and isinstance(
-                    mapped, (*RETRIABLE, errors.NotSupportedError, errors.ScannerExpiredError)
+                    mapped,
+                    (*errors.RETRIABLE, errors.NotSupportedError, errors.ScannerExpiredError),
                 ):
                     candidates.pop(0)
                     if backoff.expired():
                         raise mapped from None
                     continue
-                resumable = isinstance(mapped, (*RETRIABLE, errors.ScannerExpiredError))
+                resumable = isinstance(mapped, (*errors.RETRIABLE, errors.ScannerExpiredError))
                 if not resumable or backoff.expired():
                     raise mapped from None
                 if isinstance(mapped, (errors.NetworkError, errors.TimedOutError)):

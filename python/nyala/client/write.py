@@ -26,7 +26,7 @@ import pyarrow as pa
 from nyala import errors
 from nyala._proto import common_pb2, tserver_pb2
 from nyala.client.meta_cache import MetaCache, Replica, TableInfo, TabletLocation
-from nyala.client.rpc import RETRIABLE, Backoff, ChannelPool
+from nyala.client.rpc import Backoff, ChannelPool
 from nyala.client.write_pipe import WritePipe
 from nyala.rowops import OP_COLUMN
 
@@ -243,7 +243,7 @@ class Writer:
             except errors.SchemaMismatchError:
                 self.cache.forget_table(info.name)
                 raise
-            except RETRIABLE as exc:
+            except errors.RETRIABLE as exc:
                 if isinstance(exc, (errors.NetworkError, errors.TimedOutError)):
                     unreachable.add(replica.uuid)
                 self._on_retriable(info, tablet, exc)

@@ -1,8 +1,12 @@
 """The Raft control plane of a tablet replica: roles, elections (pre-vote, vote withholding),
 failure detection, replication and commit, leadership transfer, ReadIndex reads and one-by-one
 membership change. Sans-I/O: ``RaftCore`` takes messages and ticks and returns effects; the log
-(``RaftLog``), cmeta store (``CmetaStore``) and clock are injected. It must not open sockets,
-read the clock, or look inside WRITE payloads.
+(``RaftLog``), cmeta store (``CmetaStore``) and clock are injected. The core modules must not
+open sockets or files, read the clock, import gRPC, protobufs or the native extension, or look
+inside WRITE payloads; ``sim_cluster`` runs replicas in one process on a manual clock.
+
+Everything that does I/O lives in the ``runtime`` subpackage: the asyncio driver, the gRPC
+transport and wire conversion, the WAL-backed log and the cmeta file store.
 """
 
 from __future__ import annotations
@@ -25,7 +29,6 @@ from nyala.consensus.messages import Message
 from nyala.consensus.metadata import (
     CmetaStore,
     ConsensusMetadata,
-    FileCmetaStore,
     MemoryCmetaStore,
 )
 from nyala.consensus.options import RaftOptions
@@ -42,7 +45,6 @@ __all__ = [
     "Effect",
     "EntryBatch",
     "EntryKind",
-    "FileCmetaStore",
     "LogTruncated",
     "MemberType",
     "MemoryCmetaStore",

@@ -1,8 +1,9 @@
 """Consensus metadata (cmeta): the current term, the vote, and the committed config of a replica.
 
 The Raft core writes cmeta through a ``CmetaStore`` before it sends any message that depends on
-a new term or vote (Raft's "persist before answering"); the file store makes it durable with
-``nyala.common.metafile`` (atomic replace, checksums, fsync) under ``MetaKind.CONSENSUS_META``.
+a new term or vote (Raft's "persist before answering"). This module owns the state and its
+encoding, and an in-memory store for the simulation; the file store that makes it durable is
+the runtime's (``nyala.consensus.runtime.cmeta_store``).
 
 Payload layout (UTF-8 JSON object, keys sorted)::
 
@@ -28,11 +29,8 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Protocol
 
-from nyala.common import metafile
-from nyala.common.metafile import MetaKind
 from nyala.consensus.types import RaftConfig, config_from_dict, config_to_dict
 from nyala.errors import CorruptionError, NotFoundError, NotSupportedError
 
@@ -92,22 +90,6 @@ class CmetaStore(Protocol):
     def save(self, meta: ConsensusMetadata) -> None:
         """Replaces the state durably."""
         ...
-
-
-class FileCmetaStore:
-    """Cmeta in ``<fs_root>/consensus-meta/<tablet_id>`` (DESIGN.md §6)."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-
-    def load(self) -> ConsensusMetadata:
-        """Reads and checks the file."""
-        payload = metafile.read(self.path, MetaKind.CONSENSUS_META)
-        return decode_cmeta(payload, name=str(self.path))
-
-    def save(self, meta: ConsensusMetadata) -> None:
-        """Atomic replace with fsync of the file and its directory."""
-        metafile.write_atomic(self.path, MetaKind.CONSENSUS_META, encode_cmeta(meta))
 
 
 class MemoryCmetaStore:

@@ -37,10 +37,14 @@ MIN_OP_ID = OpId(0, 0)
 
 
 class EntryKind(enum.IntEnum):
-    """What a log entry holds. Only NO_OP and CONFIG_CHANGE are interpreted by consensus."""
+    """What a log entry holds. Only NO_OP and CONFIG_CHANGE are interpreted by consensus.
 
-    NO_OP = 1
-    WRITE = 2
+    The values are the entry type byte of the WAL and of the entry-batch encoding
+    (docs/wal-format.md, docs/entry-batch.md; Rust's ``nyala_wal::EntryType``): this is the one
+    Python name for them."""
+
+    WRITE = 1
+    NO_OP = 2
     CONFIG_CHANGE = 3
 
 

@@ -1,8 +1,9 @@
 """The master: the sys-catalog tablet, the catalog manager (DDL, locations, tablet reports),
 the tserver manager, placement, background tasks and master membership (issue 9).
 
-It imports downwards only: tablet and consensus for the sys catalog, rpc for its services and
-the RPCs it sends; tserver only for shared pieces (fs layout, consensus service, conversions).
+It imports downwards only: ``nyala.server`` for what every server shares (fs layout, server base,
+consensus service, conversions), tablet and consensus for the sys catalog, rpc for its services
+and the RPCs it sends; never ``nyala.tserver``.
 """
 
 from __future__ import annotations

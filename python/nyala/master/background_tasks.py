@@ -30,6 +30,7 @@ from nyala._proto import master_pb2, metadata_pb2, tserver_admin_pb2
 from nyala.errors import CasFailedError, NetworkError, NyalaError, TabletNotFoundError
 from nyala.master.catalog import TableInfo, TabletInfo
 from nyala.master.catalog_manager import CatalogManager
+from nyala.master.ddl import TableDdl
 from nyala.master.rereplication import Action, PlannedChange, Rereplicator
 from nyala.rpc import ServerProxy
 from nyala.rpc.settings import RpcSettings
@@ -48,6 +49,7 @@ class BackgroundTasks:
 
     def __init__(self, manager: CatalogManager, rpc_settings: RpcSettings) -> None:
         self._m = manager
+        self._ddl = TableDdl(manager)
         self._settings = manager.settings
         self._rpc_settings = rpc_settings
         self._proxies: dict[str, ServerProxy] = {}
@@ -95,7 +97,7 @@ class BackgroundTasks:
             if tablet.pb.state != master_pb2.SYS_TABLET_CREATING:
                 continue
             if now_us - tablet.pb.create_time_us > timeout_us:
-                await self._m.replace_tablet(tablet.tablet_id)
+                await self._ddl.replace_tablet(tablet.tablet_id)
                 continue
             table = catalog.tables_by_id.get(tablet.pb.table_id)
             if table is not None:

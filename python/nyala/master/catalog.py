@@ -25,6 +25,18 @@ TABLE_REMOVED = master_pb2.SYS_TABLE_REMOVED
 TABLET_LIVE_STATES = (master_pb2.SYS_TABLET_CREATING, master_pb2.SYS_TABLET_RUNNING)
 
 
+def copy_record(pb: Any) -> Any:
+    """A copy of a record, to change and replicate (records are never changed in place)."""
+    new = type(pb)()
+    new.CopyFrom(pb)
+    return new
+
+
+def config_opid_index(config: Any) -> int:
+    """The op index of a ``RaftConfigPB`` (-1: the bootstrap config, which has none)."""
+    return int(config.opid_index) if config.HasField("opid_index") else -1
+
+
 @dataclass(eq=False)
 class TabletInfo:
     """One tablet; ``pb`` is its committed record."""

@@ -274,7 +274,7 @@ class ReplicaAdmin:
     async def _persist_retired(self, ts_uuid: str) -> None:
         """Replicates the retired mark before any replica is moved (so placement on any later
         leader master keeps new replicas off the server), then adds it to the in-memory set."""
-        async with self._m._lock:
+        async with self._m.lock:
             self._m.require_leader()
             if ts_uuid in self._m.retired_tservers:
                 return
@@ -290,7 +290,7 @@ class ReplicaAdmin:
         evicts. Done once every tablet has that many voters."""
         if num_replicas < 1 or num_replicas % 2 == 0:
             raise InvalidArgumentError(f"replication factor {num_replicas} must be odd")
-        async with self._m._lock:
+        async with self._m.lock:
             catalog = self._m.require_leader()
             table = catalog.table(ident)
             if table.pb.num_replicas != num_replicas:

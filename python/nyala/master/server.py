@@ -23,9 +23,9 @@ from nyala.master.settings import MasterSettings
 from nyala.master.sys_catalog import SysCatalog
 from nyala.master.ts_manager import TSManager
 from nyala.rpc import HttpResponse, HttpServer, RpcServer
+from nyala.server.base import ServerBase
+from nyala.server.consensus_service import ConsensusService
 from nyala.tablet.replica import TabletState
-from nyala.tserver.consensus_service import ConsensusService
-from nyala.tserver.server_base import ServerBase
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""The master's RPC service: thin handlers over the catalog manager (master.proto)."""
+"""The master's RPC service: thin handlers over the catalog and its operations (master.proto)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,10 @@ from nyala.consensus.types import Role
 from nyala.errors import InvalidArgumentError
 from nyala.master import membership
 from nyala.master.catalog_manager import CatalogManager, role_pb
+from nyala.master.ddl import TableDdl
+from nyala.master.locations import Locations
 from nyala.master.replica_admin import ReplicaAdmin
+from nyala.master.tablet_reports import TabletReports
 from nyala.rpc import RpcMetrics, ServiceBase, join_host_port, unary
 
 
@@ -19,13 +22,16 @@ class MasterService(ServiceBase, master_pb2_grpc.MasterServiceServicer):  # type
     def __init__(self, server_uuid: str, metrics: RpcMetrics, manager: CatalogManager) -> None:
         super().__init__(server_uuid, metrics)
         self._m = manager
+        self._ddl = TableDdl(manager)
+        self._locations = Locations(manager)
+        self._reports = TabletReports(manager)
         self._admin = ReplicaAdmin(manager)
 
     @unary(master_pb2.TSHeartbeatResponsePB, allow_empty_dest=True)
     async def TSHeartbeat(self, request: Any, context: Any) -> Any:
         if not request.ts_uuid:
             raise InvalidArgumentError("a heartbeat needs ts_uuid")
-        return await self._m.heartbeat(request)
+        return await self._reports.heartbeat(request)
 
     @unary(master_pb2.ConnectToMasterResponsePB, allow_empty_dest=True)
     async def ConnectToMaster(self, request: Any, context: Any) -> Any:
@@ -41,40 +47,40 @@ class MasterService(ServiceBase, master_pb2_grpc.MasterServiceServicer):  # type
 
     @unary(master_pb2.CreateTableResponsePB)
     async def CreateTable(self, request: Any, context: Any) -> Any:
-        table_id = await self._m.create_table(request)
+        table_id = await self._ddl.create_table(request)
         return master_pb2.CreateTableResponsePB(table_id=table_id)
 
     @unary(master_pb2.IsCreateTableDoneResponsePB)
     async def IsCreateTableDone(self, request: Any, context: Any) -> Any:
-        return master_pb2.IsCreateTableDoneResponsePB(done=self._m.is_create_done(request))
+        return master_pb2.IsCreateTableDoneResponsePB(done=self._ddl.is_create_done(request))
 
     @unary(master_pb2.AlterTableResponsePB)
     async def AlterTable(self, request: Any, context: Any) -> Any:
-        table_id, version = await self._m.alter_table(request)
+        table_id, version = await self._ddl.alter_table(request)
         return master_pb2.AlterTableResponsePB(table_id=table_id, schema_version=version)
 
     @unary(master_pb2.IsAlterTableDoneResponsePB)
     async def IsAlterTableDone(self, request: Any, context: Any) -> Any:
-        done, version = self._m.is_alter_done(request)
+        done, version = self._ddl.is_alter_done(request)
         return master_pb2.IsAlterTableDoneResponsePB(done=done, schema_version=version)
 
     @unary(master_pb2.DeleteTableResponsePB)
     async def DeleteTable(self, request: Any, context: Any) -> Any:
-        await self._m.delete_table(request)
+        await self._ddl.delete_table(request)
         return master_pb2.DeleteTableResponsePB()
 
     @unary(master_pb2.GetTableSchemaResponsePB)
     async def GetTableSchema(self, request: Any, context: Any) -> Any:
-        return self._m.table_schema(request)
+        return self._locations.table_schema(request)
 
     @unary(master_pb2.GetTableLocationsResponsePB)
     async def GetTableLocations(self, request: Any, context: Any) -> Any:
-        return self._m.table_locations(request)
+        return self._locations.table_locations(request)
 
     @unary(master_pb2.ListTablesResponsePB)
     async def ListTables(self, request: Any, context: Any) -> Any:
         response = master_pb2.ListTablesResponsePB()
-        for table in self._m.list_tables(request.name_filter):
+        for table in self._locations.list_tables(request.name_filter):
             response.tables.add(
                 id=table.table_id,
                 name=table.name,

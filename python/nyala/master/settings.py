@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from nyala.tserver.server_settings import ServerSettings
+from nyala.server.settings import ServerSettings
 
 
 @dataclass(frozen=True)

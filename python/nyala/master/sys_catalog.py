@@ -47,7 +47,7 @@ SYS_CATALOG_SCHEMA = Schema(
 )
 
 
-class EntryType(enum.IntEnum):
+class RecordType(enum.IntEnum):
     """What a sys-catalog row holds."""
 
     TABLE = 1
@@ -59,24 +59,24 @@ class EntryType(enum.IntEnum):
 class CatalogRecord:
     """One row to write."""
 
-    entry_type: EntryType
+    entry_type: RecordType
     entry_id: str
     metadata: Any  # a SysTableEntryPB, SysTabletEntryPB or SysTServerEntryPB
 
     @staticmethod
     def table(pb: Any) -> CatalogRecord:
         """The row of a table record."""
-        return CatalogRecord(EntryType.TABLE, str(pb.table_id), pb)
+        return CatalogRecord(RecordType.TABLE, str(pb.table_id), pb)
 
     @staticmethod
     def tablet(pb: Any) -> CatalogRecord:
         """The row of a tablet record."""
-        return CatalogRecord(EntryType.TABLET, str(pb.tablet_id), pb)
+        return CatalogRecord(RecordType.TABLET, str(pb.tablet_id), pb)
 
     @staticmethod
     def tserver(pb: Any) -> CatalogRecord:
         """The row of a tablet-server record."""
-        return CatalogRecord(EntryType.TSERVER, str(pb.ts_uuid), pb)
+        return CatalogRecord(RecordType.TSERVER, str(pb.ts_uuid), pb)
 
 
 @dataclass(frozen=True)
@@ -111,13 +111,13 @@ def decode_contents(table: pa.Table) -> CatalogContents:
     for kind, entry_id, raw in zip(
         columns["entry_type"], columns["entry_id"], columns["metadata"], strict=True
     ):
-        if kind == EntryType.TABLE:
+        if kind == RecordType.TABLE:
             pb: Any = master_pb2.SysTableEntryPB()
             target = tables
-        elif kind == EntryType.TABLET:
+        elif kind == RecordType.TABLET:
             pb = master_pb2.SysTabletEntryPB()
             target = tablets
-        elif kind == EntryType.TSERVER:
+        elif kind == RecordType.TSERVER:
             pb = master_pb2.SysTServerEntryPB()
             target = tservers
         else:

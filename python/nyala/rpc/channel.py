@@ -35,7 +35,7 @@ class _Stubs:
         self.tablet_copy = tablet_copy_pb2_grpc.TabletCopyServiceStub(channel)
         self.master = master_pb2_grpc.MasterServiceStub(channel)
         # UpdateConsensusStream taking requests already serialized
-        # (``nyala.consensus.wire.append_request_to_wire``): the entries are copied once.
+        # (``nyala.consensus.runtime.wire.append_request_to_wire``): the entries are copied once.
         self.consensus_stream_serialized = channel.stream_stream(
             _method_path(consensus_pb2, "ConsensusService", "UpdateConsensusStream"),
             request_serializer=None,

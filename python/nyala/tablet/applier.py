@@ -24,7 +24,8 @@ import struct
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from nyala.consensus.wal_log import WalEntryBatch, WalLog
+from nyala.consensus.runtime.wal_log import WalEntryBatch, WalLog
+from nyala.consensus.types import EntryKind
 from nyala.errors import CorruptionError, InvalidArgumentError
 from nyala.storage import ApplyResult, StorageEngine
 from nyala.tablet.write_entry import KIND_ALTER_SCHEMA, RequestId, decode_write_entry
@@ -33,7 +34,6 @@ from nyala.tablet.write_entry import KIND_ALTER_SCHEMA, RequestId, decode_write_
 # a 24-byte header (term u64, index u64, type u8, 3 reserved, payload length u32) + payload.
 _BATCH_HEADER_BYTES = 24
 _ENTRY_HEADER = struct.Struct("<QQB3xI")
-_WAL_TYPE_WRITE = 1
 
 #: Encoded bytes read from the log per step while applying.
 APPLY_READ_BYTES_MAX = 4 * 1024 * 1024
@@ -61,7 +61,7 @@ def iter_write_payloads(wire: bytes | memoryview) -> Iterator[tuple[int, int, in
         start = offset + _ENTRY_HEADER.size
         if start + length > len(view):
             raise CorruptionError(f"entry {index} overruns its batch")
-        if entry_type == _WAL_TYPE_WRITE:
+        if entry_type == EntryKind.WRITE:
             yield index, start, start + length
         offset = start + length
 

@@ -36,7 +36,8 @@ from pathlib import Path
 from typing import Any
 
 from nyala.common import metafile
-from nyala.consensus.metadata import FileCmetaStore, decode_cmeta
+from nyala.consensus.metadata import decode_cmeta
+from nyala.consensus.runtime.cmeta_store import FileCmetaStore
 from nyala.consensus.types import MIN_OP_ID
 from nyala.errors import (
     AlreadyInProgressError,

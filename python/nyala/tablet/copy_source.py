@@ -29,8 +29,9 @@ from pathlib import Path
 
 from nyala import _native
 from nyala.common.clock import Clock
-from nyala.consensus.metadata import FileCmetaStore, encode_cmeta
-from nyala.consensus.wal_log import WalLog
+from nyala.consensus.metadata import encode_cmeta
+from nyala.consensus.runtime.cmeta_store import FileCmetaStore
+from nyala.consensus.runtime.wal_log import WalLog
 from nyala.errors import InvalidArgumentError, NotFoundError, NyalaError, TabletNotRunningError
 from nyala.storage import StorageEngine, StorageSnapshot
 from nyala.tablet.replica import TabletReplica

@@ -14,7 +14,8 @@ vote; so no two cmeta read-modify-writes of one tablet interleave.
 from __future__ import annotations
 
 from nyala.consensus.messages import VoteDenial, VoteRequest, VoteResponse
-from nyala.consensus.metadata import ConsensusMetadata, FileCmetaStore
+from nyala.consensus.metadata import ConsensusMetadata
+from nyala.consensus.runtime.cmeta_store import FileCmetaStore
 from nyala.errors import NotFoundError, TabletNotFoundError
 from nyala.tablet.replica import TabletReplica
 from nyala.tablet.superblock import DataState

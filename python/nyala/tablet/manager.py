@@ -27,8 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from nyala.common import metafile
+from nyala.consensus.runtime.wal_log import WalLogOptions
 from nyala.consensus.types import MIN_OP_ID, OpId, RaftConfig
-from nyala.consensus.wal_log import WalLogOptions
 from nyala.errors import (
     AlreadyPresentError,
     CasFailedError,

@@ -30,12 +30,13 @@ import pyarrow as pa
 from nyala.common.clock import Clock
 from nyala.consensus.core import LeaderContact, bootstrap_cmeta
 from nyala.consensus.effects import Apply
-from nyala.consensus.metadata import ConsensusMetadata, FileCmetaStore
+from nyala.consensus.metadata import ConsensusMetadata
 from nyala.consensus.options import RaftOptions
 from nyala.consensus.runtime import RaftRuntime, RuntimeOptions
-from nyala.consensus.transport import Transport
+from nyala.consensus.runtime.cmeta_store import FileCmetaStore
+from nyala.consensus.runtime.transport import Transport
+from nyala.consensus.runtime.wal_log import WalLog, WalLogOptions
 from nyala.consensus.types import MIN_OP_ID, OpId, Role
-from nyala.consensus.wal_log import WalLog, WalLogOptions
 from nyala.errors import (
     AbortedError,
     IllegalStateError,

@@ -20,7 +20,6 @@ from nyala.schema import Schema
 from nyala.testing.mini_cluster import MiniCluster
 
 RETRY_PAUSE_S = 0.05
-_RETRIABLE = (errors.RetriableError, errors.TimedOutError, errors.AbortedError)
 
 
 def call_once(cluster: MiniCluster, method: str, request: Any, *, timeout_ms: int = 10_000) -> Any:
@@ -37,7 +36,7 @@ def call(cluster: MiniCluster, method: str, request: Any, *, deadline_s: float =
     while True:
         try:
             return call_once(cluster, method, request)
-        except _RETRIABLE:
+        except errors.RETRIABLE:
             if time.monotonic() > deadline:
                 raise
             time.sleep(RETRY_PAUSE_S)
@@ -85,7 +84,7 @@ def wait_until(predicate: Any, *, timeout_s: float = 30.0, what: str = "conditio
         try:
             if predicate():
                 return
-        except _RETRIABLE:
+        except errors.RETRIABLE:
             pass
         time.sleep(RETRY_PAUSE_S)
     raise errors.TimedOutError(f"{what} not reached within {timeout_s} s")

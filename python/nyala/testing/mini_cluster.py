@@ -7,7 +7,7 @@ paused (SIGSTOP/SIGCONT), stopped gracefully (SIGTERM), restarted and wiped (a n
 
 No process outlives its cluster: ``shutdown`` (also run by ``with`` and at interpreter exit)
 kills every child, and each child exits by itself once the test process is gone (a watchdog on
-its parent pid, see ``nyala.cli.process``), so even ``kill -9`` of pytest leaks nothing.
+its parent pid, see ``nyala.common.process``), so even ``kill -9`` of pytest leaks nothing.
 
 With ``num_masters`` (1 or more) the cluster starts ``nyala master run`` processes first, all
 given the same ``--masters`` list, and every tserver is given it too; ``leader_master`` finds
@@ -30,7 +30,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import IO, Any
 
-from nyala.cli.process import PARENT_PID_ENV
+from nyala.common.process import PARENT_PID_ENV
 from nyala.errors import NyalaError, TimedOutError
 from nyala.rpc import BlockingServerProxy, join_host_port
 from nyala.rpc.ports import free_loopback_ports

@@ -36,8 +36,8 @@ from nyala.consensus.progress import PeerHealth
 from nyala.errors import NetworkError, NyalaError, WrongServerUuidError
 from nyala.rpc import ServerProxy, split_host_port
 from nyala.rpc.settings import RpcSettings
+from nyala.server.convert import config_to_pb
 from nyala.tablet import TabletManager
-from nyala.tserver.convert import config_to_pb
 from nyala.tserver.tablet_meta import peer_health
 
 log = logging.getLogger(__name__)

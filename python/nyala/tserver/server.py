@@ -24,11 +24,11 @@ from nyala.consensus.types import Role
 from nyala.errors import NyalaError, ServiceUnavailableError
 from nyala.rpc import HttpResponse, HttpServer, RpcServer
 from nyala.rpc.settings import MIB
+from nyala.server.base import ServerBase
+from nyala.server.consensus_service import ConsensusService, add_consensus_service
 from nyala.storage import StorageEngine
 from nyala.tablet.replica import TabletReplica
-from nyala.tserver.consensus_service import ConsensusService, add_consensus_service
 from nyala.tserver.scanners import ScannerRegistry
-from nyala.tserver.server_base import ServerBase
 from nyala.tserver.services import AdminService, TabletService
 from nyala.tserver.settings import TabletServerSettings
 from nyala.tserver.tablet_copy_service import TabletCopy

@@ -31,12 +31,12 @@ from nyala.rpc import RpcMetrics, ServiceBase, server_stream, unary
 from nyala.rpc.errors import error_to_pb
 from nyala.rpc.schema_pb import schema_from_pb
 from nyala.rpc.service import check_dest_uuid
+from nyala.server.convert import config_from_pb, partition_from_pb
 from nyala.storage import Predicate, RowStatus
 from nyala.tablet import DataState, TabletManager
 from nyala.tablet.applier import WriteOutcome
 from nyala.tablet.replica import TabletReplica
 from nyala.tablet.write_entry import RequestId
-from nyala.tserver.convert import config_from_pb, partition_from_pb
 from nyala.tserver.scanners import Scanner, ScannerRegistry
 from nyala.tserver.tablet_meta import TabletReport
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from nyala.rpc.settings import MIB
-from nyala.tserver.server_settings import ServerSettings
+from nyala.server.settings import ServerSettings
 
 
 @dataclass(frozen=True)

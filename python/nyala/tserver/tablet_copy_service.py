@@ -27,7 +27,7 @@ from nyala._proto import common_pb2, tablet_copy_pb2, tablet_copy_pb2_grpc
 from nyala.common.clock import RealClock
 from nyala.consensus.effects import StartTabletCopy
 from nyala.consensus.metadata import decode_cmeta
-from nyala.consensus.transport import GrpcTransport
+from nyala.consensus.runtime.transport import GrpcTransport
 from nyala.errors import (
     CorruptionError,
     InvalidArgumentError,
@@ -37,6 +37,7 @@ from nyala.errors import (
 from nyala.rpc import HttpResponse, RpcMetrics, ServiceBase, unary
 from nyala.rpc.channel import ServerProxy
 from nyala.rpc.errors import join_host_port, split_host_port
+from nyala.server.convert import config_to_pb
 from nyala.tablet import TabletManager
 from nyala.tablet.copy_client import DownloadOptions
 from nyala.tablet.copy_jobs import CopyJob, StartReplica, StopReplica, TabletCopyJobs
@@ -48,7 +49,6 @@ from nyala.tablet.copy_source import (
     DataKind,
 )
 from nyala.tablet.replica import TabletReplica
-from nyala.tserver.convert import config_to_pb
 from nyala.tserver.settings import TabletServerSettings
 
 log = logging.getLogger(__name__)

@@ -9,8 +9,8 @@ from typing import Any
 from nyala._proto import metadata_pb2, tserver_admin_pb2
 from nyala.consensus.progress import PeerHealth
 from nyala.rpc.schema_pb import schema_to_pb
+from nyala.server.convert import partition_to_pb
 from nyala.tablet import TabletStatus
-from nyala.tserver.convert import partition_to_pb
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,8 @@ from nyala.chaos.history import EventType, Operation
 from nyala.chaos.nemesis import ALL_KINDS, tear_wal_tail
 from nyala.chaos.runner import expand_register_reads
 from nyala.cli.chaos import parse_kinds
-from nyala.wal import Entry, EntryType, Log, LogOptions
+from nyala.consensus.types import EntryKind
+from nyala.testing.wal import Entry, Log, LogOptions
 
 ENTRIES = 30
 SYNC_ONCE = "import os; fd = os.open('x', os.O_WRONLY | os.O_CREAT); os.fsync(fd); print('ok')"
@@ -30,10 +31,11 @@ def _crash_after_appending(directory: Path) -> None:
     script = textwrap.dedent(
         f"""
         import os
-        from nyala.wal import Entry, EntryType, Log, LogOptions
+        from nyala.consensus.types import EntryKind
+        from nyala.testing.wal import Entry, Log, LogOptions
         log = Log({str(directory)!r}, "tablet-1", LogOptions(segment_size_bytes=1 << 20))
         for i in range(1, {ENTRIES} + 1):
-            log.append_durable([Entry(1, i, EntryType.WRITE, b"row-%d" % i * 7)])
+            log.append_durable([Entry(1, i, EntryKind.WRITE, b"row-%d" % i * 7)])
         os._exit(0)
         """
     )
@@ -52,12 +54,12 @@ def test_torn_tail_is_the_end_of_the_log_and_loses_nothing_synced(
     with Log(tmp_path, "tablet-1", LogOptions(segment_size_bytes=1 << 20)) as log:
         entries = list(log.entries())
     assert [e.index for e in entries] == list(range(1, ENTRIES + 1))
-    assert entries[-1] == Entry(1, ENTRIES, EntryType.WRITE, b"row-%d" % ENTRIES * 7)
+    assert entries[-1] == Entry(1, ENTRIES, EntryKind.WRITE, b"row-%d" % ENTRIES * 7)
 
 
 def test_tearing_after_a_clean_close_loses_nothing(tmp_path: Path) -> None:
     with Log(tmp_path, "tablet-1", LogOptions(segment_size_bytes=1 << 20)) as log:
-        log.append_durable([Entry(1, 1, EntryType.WRITE, b"x")])
+        log.append_durable([Entry(1, 1, EntryKind.WRITE, b"x")])
     # The newest file is a closed segment (left alone) or a prepared empty one (torn).
     tear_wal_tail(tmp_path, random.Random(0))
     with Log(tmp_path, "tablet-1", LogOptions(segment_size_bytes=1 << 20)) as log:

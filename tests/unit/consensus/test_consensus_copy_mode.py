@@ -5,12 +5,12 @@ heartbeat interval, and leaves copy mode once it answers with a log."""
 from __future__ import annotations
 
 from nyala.consensus.effects import Send, StartTabletCopy
-from nyala.consensus.local_cluster import LocalCluster
 from nyala.consensus.messages import AppendRequest
+from nyala.consensus.sim_cluster import SimCluster
 
 
-def _leader_cluster() -> LocalCluster:
-    cluster = LocalCluster(["a", "b", "c"])
+def _leader_cluster() -> SimCluster:
+    cluster = SimCluster(["a", "b", "c"])
     cluster.elect("a")
     return cluster
 

@@ -11,11 +11,11 @@ from nyala.common import metafile
 from nyala.common.metafile import MetaKind
 from nyala.consensus.metadata import (
     ConsensusMetadata,
-    FileCmetaStore,
     MemoryCmetaStore,
     decode_cmeta,
     encode_cmeta,
 )
+from nyala.consensus.runtime.cmeta_store import FileCmetaStore
 from nyala.consensus.types import MemberType, RaftConfig, RaftPeer
 from nyala.errors import CorruptionError, NotFoundError, NotSupportedError
 

@@ -4,19 +4,19 @@ once the follower says its replica is FAILED, and HEALTHY again when it answers 
 
 from __future__ import annotations
 
-from nyala.consensus.local_cluster import LocalCluster
 from nyala.consensus.progress import PeerHealth, PeerProgress
+from nyala.consensus.sim_cluster import SimCluster
 
 FAILED_AFTER_MS = 3_000
 
 
-def _leader_cluster() -> LocalCluster:
-    cluster = LocalCluster(["a", "b", "c"])
+def _leader_cluster() -> SimCluster:
+    cluster = SimCluster(["a", "b", "c"])
     cluster.elect("a")
     return cluster
 
 
-def _run(cluster: LocalCluster, total_ms: int, step_ms: int = 100) -> None:
+def _run(cluster: SimCluster, total_ms: int, step_ms: int = 100) -> None:
     for _ in range(total_ms // step_ms):
         cluster.tick(step_ms)
         cluster.deliver_all()

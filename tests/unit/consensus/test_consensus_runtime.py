@@ -20,7 +20,6 @@ import pytest
 from nyala._proto import consensus_pb2, consensus_pb2_grpc
 from nyala.common.clock import RealClock
 from nyala.consensus import (
-    FileCmetaStore,
     MemoryLog,
     RaftConfig,
     RaftOptions,
@@ -29,7 +28,8 @@ from nyala.consensus import (
     bootstrap_cmeta,
 )
 from nyala.consensus.runtime import DurabilityNotifier, RaftRuntime, RuntimeOptions
-from nyala.consensus.transport import GrpcTransport, InMemoryNetwork
+from nyala.consensus.runtime.cmeta_store import FileCmetaStore
+from nyala.consensus.runtime.transport import GrpcTransport, InMemoryNetwork
 from nyala.errors import AbortedError, NotLeaderError
 from nyala.rpc import RpcServer, RpcSettings
 
@@ -46,7 +46,7 @@ def memory_log(_directory: Path, _uuid: str) -> tuple[Any, DurabilityNotifier | 
 
 
 def wal_log(directory: Path, uuid: str) -> tuple[Any, DurabilityNotifier | None]:
-    wal_log_module = pytest.importorskip("nyala.consensus.wal_log")
+    wal_log_module = pytest.importorskip("nyala.consensus.runtime.wal_log")
     log = wal_log_module.WalLog(directory / "wal", uuid)
     return log, log
 
@@ -265,7 +265,7 @@ class ConsensusServicer(consensus_pb2_grpc.ConsensusServiceServicer):  # type: i
 
 
 def test_replicates_over_grpc_streams(tmp_path: Path) -> None:
-    wal_log_module = pytest.importorskip("nyala.consensus.wal_log")
+    wal_log_module = pytest.importorskip("nyala.consensus.runtime.wal_log")
 
     async def scenario() -> None:
         servers = {u: RpcServer("127.0.0.1:0", RpcSettings()) for u in UUIDS}

@@ -14,8 +14,8 @@ from log_conformance import BIG_BYTES, RaftLogConformance
 
 from nyala.consensus.log import RaftLog
 from nyala.consensus.memory_log import MemoryLog
+from nyala.consensus.runtime.wal_log import WalEntryBatch, WalLog, WalLogOptions
 from nyala.consensus.types import MIN_OP_ID, EntryKind, OpId
-from nyala.consensus.wal_log import WalEntryBatch, WalLog, WalLogOptions
 from nyala.errors import CorruptionError, InvalidArgumentError
 
 TABLET_ID = "0" * 32
@@ -174,8 +174,8 @@ def test_whole_cached_batches_are_shared_and_views_need_no_copy(log: WalLog) -> 
 
 def test_a_request_serialized_with_its_entries_equals_the_protobuf_message(log: WalLog) -> None:
     from nyala._proto import consensus_pb2
-    from nyala.consensus import wire
     from nyala.consensus.messages import AppendRequest
+    from nyala.consensus.runtime import wire
 
     log.append(1, EntryKind.WRITE, b"row data" * 1000)
     log.append(1, EntryKind.NO_OP, b"")

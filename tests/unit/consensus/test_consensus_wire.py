@@ -1,5 +1,5 @@
-"""``nyala.consensus.wire``: every message survives message -> protobuf bytes -> message, and
-headers that disagree with the batch they announce are refused."""
+"""``nyala.consensus.runtime.wire``: every message survives message -> protobuf bytes -> message,
+and headers that disagree with the batch they announce are refused."""
 
 from __future__ import annotations
 
@@ -13,7 +13,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from nyala._proto import consensus_pb2
-from nyala.consensus import wire
 from nyala.consensus.log import EntryBatch
 from nyala.consensus.messages import (
     AppendRequest,
@@ -24,6 +23,7 @@ from nyala.consensus.messages import (
     VoteRequest,
     VoteResponse,
 )
+from nyala.consensus.runtime import wire
 from nyala.consensus.types import OpId
 from nyala.errors import InvalidArgumentError
 
@@ -214,7 +214,7 @@ def test_unknown_error_codes_are_refused() -> None:
 
 
 def test_wal_log_batches_cross_the_wire_as_native_bytes(tmp_path: Any) -> None:
-    wal_log = pytest.importorskip("nyala.consensus.wal_log")
+    wal_log = pytest.importorskip("nyala.consensus.runtime.wal_log")
     from nyala.consensus.types import EntryKind
 
     with wal_log.WalLog(tmp_path / "leader", "t", wal_log.WalLogOptions(sync="none")) as leader:

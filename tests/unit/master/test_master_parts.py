@@ -12,11 +12,11 @@ from nyala._proto import master_pb2, metadata_pb2
 from nyala.consensus.types import RaftConfig, RaftPeer
 from nyala.errors import IllegalStateError, InvalidArgumentError
 from nyala.master.catalog import Catalog
-from nyala.master.catalog_manager import _merge_report
 from nyala.master.formation import check_masters_match
 from nyala.master.partitions import table_partitions
 from nyala.master.placement import choose_replicas
 from nyala.master.sys_catalog import CatalogRecord, decode_contents, encode_records
+from nyala.master.tablet_reports import _merge_report
 from nyala.partition import rows_to_ipc
 from nyala.schema import Column, Schema
 from nyala.storage import StorageEngine

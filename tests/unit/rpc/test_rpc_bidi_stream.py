@@ -94,7 +94,7 @@ def test_a_stream_past_its_deadline_times_out() -> None:
 def test_a_replaced_deserializer_serves_the_stream_and_serialized_requests_go_through() -> None:
     """``DeserializerOverride`` puts its deserializer on the method gRPC actually serves, and
     ``consensus_stream_serialized`` sends requests that are already bytes."""
-    from nyala.consensus import wire
+    from nyala.consensus.runtime import wire
     from nyala.rpc.server import DeserializerOverride
 
     seen: list[type] = []

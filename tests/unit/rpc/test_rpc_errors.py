@@ -41,7 +41,7 @@ def test_not_leader_carries_the_hint_across_the_wire() -> None:
     assert isinstance(back, errors.NotLeaderError)
     assert back.leader_uuid == "ab" * 16
     assert back.leader_addr == "10.0.0.7:7050"
-    assert back.retriable
+    assert errors.is_retriable(back)
 
 
 def test_not_leader_without_a_hint_has_none() -> None:

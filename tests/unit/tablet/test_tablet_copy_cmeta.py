@@ -10,9 +10,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from nyala.consensus.messages import VoteDenial, VoteRequest
-from nyala.consensus.metadata import ConsensusMetadata, FileCmetaStore
+from nyala.consensus.metadata import ConsensusMetadata
+from nyala.consensus.runtime.cmeta_store import FileCmetaStore
+from nyala.consensus.runtime.wal_log import WalLogOptions
 from nyala.consensus.types import OpId, RaftConfig, RaftPeer
-from nyala.consensus.wal_log import WalLogOptions
 from nyala.errors import TabletNotFoundError
 from nyala.schema import Column, Schema
 from nyala.tablet.copy_cmeta import merge_cmeta

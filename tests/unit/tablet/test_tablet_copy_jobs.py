@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from nyala.consensus.metadata import ConsensusMetadata, FileCmetaStore
+from nyala.consensus.metadata import ConsensusMetadata
+from nyala.consensus.runtime.cmeta_store import FileCmetaStore
 from nyala.consensus.types import OpId, RaftConfig, RaftPeer
 from nyala.errors import AlreadyInProgressError, IllegalStateError, ThrottledError
 from nyala.schema import Column, Schema

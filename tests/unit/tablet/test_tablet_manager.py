@@ -9,9 +9,9 @@ import pytest
 
 from nyala import errors
 from nyala.common import metafile
-from nyala.consensus.metadata import FileCmetaStore
+from nyala.consensus.runtime.cmeta_store import FileCmetaStore
+from nyala.consensus.runtime.wal_log import WalLogOptions
 from nyala.consensus.types import EntryKind, OpId, RaftConfig, RaftPeer
-from nyala.consensus.wal_log import WalLogOptions
 from nyala.schema import Column, Schema
 from nyala.tablet import DataState, Partition, TabletDirs, TabletManager
 from nyala.tablet.replica import NOT_WIRED_REASON, TabletState

@@ -16,9 +16,9 @@ from nyala import errors
 from nyala.common.clock import RealClock
 from nyala.consensus.options import RaftOptions
 from nyala.consensus.runtime import RuntimeOptions
-from nyala.consensus.transport import InMemoryNetwork
+from nyala.consensus.runtime.transport import InMemoryNetwork
+from nyala.consensus.runtime.wal_log import WalLogOptions
 from nyala.consensus.types import RaftConfig, RaftPeer, Role
-from nyala.consensus.wal_log import WalLogOptions
 from nyala.rowops import encode, make_op_batch
 from nyala.schema import Column, Schema
 from nyala.storage import RowStatus

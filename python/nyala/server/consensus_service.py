@@ -1,4 +1,5 @@
-"""The tablet server's ConsensusService: routes each call to the hosted replica's Raft.
+"""Every server's ConsensusService (tservers and masters alike): routes each call to the hosted
+replica's Raft.
 
 Handlers only find the replica and hand the request to its ``GrpcTransport`` (which steps the
 core and awaits its answer) or its ``RaftRuntime``. Membership rules (leader only, one change at
@@ -14,20 +15,19 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from nyala._proto import common_pb2, consensus_pb2, consensus_pb2_grpc, metadata_pb2
-from nyala.consensus import wire
 from nyala.consensus.membership import ChangeType, ConfigChange
-from nyala.consensus.runtime import RaftRuntime
-from nyala.consensus.transport import GrpcTransport
+from nyala.consensus.runtime import RaftRuntime, wire
+from nyala.consensus.runtime.transport import GrpcTransport
+from nyala.consensus.runtime.wal_log import WalEntryBatch
 from nyala.consensus.types import MemberType
-from nyala.consensus.wal_log import WalEntryBatch
 from nyala.errors import InvalidArgumentError, TabletNotRunningError
 from nyala.rpc import RpcMetrics, ServiceBase, unary
 from nyala.rpc.server import DeserializerOverride
 from nyala.rpc.service import bidi_stream
+from nyala.server.convert import config_to_pb, peer_from_pb
 from nyala.tablet import TabletManager
 from nyala.tablet.copy_vote import VOTING_DATA_STATES, tombstoned_vote
 from nyala.tablet.replica import TabletReplica
-from nyala.tserver.convert import config_to_pb, peer_from_pb
 
 log = logging.getLogger(__name__)
 

@@ -43,7 +43,7 @@ from nyala.consensus.messages import Message
 from nyala.consensus.metadata import CmetaStore
 from nyala.consensus.options import RaftOptions
 from nyala.consensus.progress import PeerHealth
-from nyala.consensus.transport import Transport
+from nyala.consensus.runtime.transport import Transport
 from nyala.consensus.types import OpId, Role
 from nyala.errors import (
     AbortedError,

@@ -29,10 +29,6 @@ from nyala.errors import InvalidArgumentError
 
 __all__ = ["DurableWatch", "LogCacheStats", "WalEntryBatch", "WalLog", "WalLogOptions"]
 
-# The WAL's entry type bytes (docs/wal-format.md) differ from ``EntryKind``'s values.
-_WAL_TYPE_OF_KIND = {EntryKind.WRITE: 1, EntryKind.NO_OP: 2, EntryKind.CONFIG_CHANGE: 3}
-_KIND_OF_WAL_TYPE = {code: kind for kind, code in _WAL_TYPE_OF_KIND.items()}
-
 
 @dataclass(frozen=True, slots=True)
 class WalLogOptions:
@@ -134,7 +130,7 @@ class WalEntryBatch:
     def control_entries(self) -> list[tuple[OpId, EntryKind, bytes]]:
         """The NO_OP and CONFIG_CHANGE entries, in log order."""
         return [
-            (OpId(term, index), _KIND_OF_WAL_TYPE[code], payload)
+            (OpId(term, index), EntryKind(code), payload)
             for term, index, code, payload in self._batch.control_entries()
         ]
 
@@ -227,7 +223,7 @@ class WalLog:
 
     def append(self, term: int, kind: EntryKind, payload: bytes) -> OpId:
         """Appends one entry after the last; durable later."""
-        return OpId(*self._log.append(term, _WAL_TYPE_OF_KIND[kind], payload))
+        return OpId(*self._log.append(term, int(kind), payload))
 
     def read_batch(
         self, after_index: int, bytes_max: int, last_index: int | None = None

@@ -50,7 +50,7 @@ from nyala.rpc.pb_fields import length_delimited_head
 
 
 class WireBatch(EntryBatch, Protocol):
-    """An entry batch that can be sent (``nyala.consensus.wal_log.WalEntryBatch``)."""
+    """An entry batch that can be sent (``nyala.consensus.runtime.wal_log.WalEntryBatch``)."""
 
     def to_wire(self) -> bytes:
         """The batch's wire encoding."""

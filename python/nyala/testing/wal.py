@@ -1,8 +1,11 @@
-"""The tablet write-ahead log: a typed wrapper over ``nyala._native.Log`` (Rust).
+"""The raw write-ahead log driven from Python: a typed wrapper over ``nyala._native.Log`` (Rust)
+for the WAL's own tests (``tests/unit/test_wal.py``), its benchmarks (``benches/wal_bench.py``)
+and the chaos suite's torn-tail checks.
 
-This module owns the Python face of the WAL: entry and option types, and awaiting
-durability from asyncio. The log itself (segments, group commit, recovery, GC) lives in
-``rust/wal``; nothing here touches files.
+Servers never use it: a replica's log is ``nyala.consensus.runtime.wal_log.WalLog``, the WAL
+plus its log cache. This module drives the bare WAL from threads and asyncio to measure and
+test group commit, durability waits and failure injection on their own. The log itself
+(segments, group commit, recovery, GC) lives in ``rust/wal``; nothing here touches files.
 
 Durability from asyncio costs no thread and no polling: the native log exposes an eventfd
 that becomes readable whenever the durable point moves; the event loop watches it with
@@ -21,11 +24,11 @@ import os
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, fields
-from enum import IntEnum
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Self, TypeAlias
 
 from nyala import _native
+from nyala.consensus.types import EntryKind
 from nyala.errors import IllegalStateError
 
 if TYPE_CHECKING:
@@ -55,20 +58,11 @@ def _resolve(
 __all__ = [
     "AppendTicket",
     "Entry",
-    "EntryType",
     "GcReport",
     "Log",
     "LogOptions",
     "WalCounters",
 ]
-
-
-class EntryType(IntEnum):
-    """What an entry carries (one byte on disk; other values are reserved)."""
-
-    WRITE = 1
-    NO_OP = 2
-    CONFIG_CHANGE = 3
 
 
 class Entry(NamedTuple):
@@ -81,7 +75,7 @@ class Entry(NamedTuple):
     # Shadows tuple.index(), which no caller of a log entry wants; the op index is the name
     # every other part of nyala uses.
     index: int  # type: ignore[assignment]
-    entry_type: EntryType
+    entry_type: EntryKind
     payload: bytes
 
 
@@ -418,7 +412,7 @@ class Log:
     def read(self, from_index: int, to_index: int, max_bytes: int = 1 << 20) -> list[Entry]:
         """Written entries ``from_index..=to_index`` up to ``max_bytes`` (at least one)."""
         return [
-            Entry(term, index, EntryType(kind), payload)
+            Entry(term, index, EntryKind(kind), payload)
             for term, index, kind, payload in self._native.read(from_index, to_index, max_bytes)
         ]
 

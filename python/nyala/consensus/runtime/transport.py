@@ -23,7 +23,6 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
 from nyala._proto import common_pb2
-from nyala.consensus import wire
 from nyala.consensus.messages import (
     AppendRequest,
     AppendResponse,
@@ -33,6 +32,7 @@ from nyala.consensus.messages import (
     VoteRequest,
     VoteResponse,
 )
+from nyala.consensus.runtime import wire
 from nyala.errors import NyalaError, ServiceUnavailableError
 from nyala.rpc.channel import ServerProxy
 from nyala.rpc.errors import raise_for_response

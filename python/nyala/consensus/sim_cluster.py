@@ -1,4 +1,4 @@
-"""``LocalCluster``: several ``RaftCore`` replicas in one process, over an in-memory network,
+"""``SimCluster``: several ``RaftCore`` replicas in one process, over an in-memory network,
 ``MemoryLog``s and one ``ManualClock``. Deterministic for a given seed.
 
 It is the runtime the scenario harness (``tests/scenarios``) and the randomized simulation
@@ -52,7 +52,7 @@ class Node:
 
     @property
     def auto_sync(self) -> bool:
-        """Whether every append is durable at once (else only on ``LocalCluster.sync``)."""
+        """Whether every append is durable at once (else only on ``SimCluster.sync``)."""
         return self.log.sync_on_append
 
     @auto_sync.setter
@@ -71,7 +71,7 @@ class Node:
         return self.core
 
 
-class LocalCluster:
+class SimCluster:
     """An in-process Raft cluster (see the module docstring)."""
 
     def __init__(

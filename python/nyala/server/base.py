@@ -18,14 +18,14 @@ from typing import ClassVar
 from nyala.common.clock import RealClock
 from nyala.common.metrics import MetricsRegistry
 from nyala.consensus.options import RaftOptions
-from nyala.consensus.transport import GrpcTransport
-from nyala.consensus.wal_log import WalLogOptions
+from nyala.consensus.runtime.transport import GrpcTransport
+from nyala.consensus.runtime.wal_log import WalLogOptions
 from nyala.rpc import HttpResponse, HttpServer, RpcMetrics, RpcServer
 from nyala.rpc.settings import MIB
+from nyala.server.fs_manager import FsManager, InstanceInfo
+from nyala.server.settings import ServerSettings
 from nyala.tablet import TabletDirs, TabletManager
 from nyala.tablet.replica import TabletReplica
-from nyala.tserver.fs_manager import FsManager, InstanceInfo
-from nyala.tserver.server_settings import ServerSettings
 
 log = logging.getLogger(__name__)
 
