@@ -59,7 +59,7 @@ from nyala.tablet.write_entry import RequestId, encode_alter_schema_entry, encod
 
 log = logging.getLogger(__name__)
 
-NOT_WIRED_REASON = "storage, WAL and cmeta open; the Raft runtime is not wired in yet"
+OPENED_REASON = "storage, WAL and cmeta open; consensus not started yet"
 
 
 class TabletState(enum.Enum):
@@ -145,7 +145,7 @@ class TabletReplica:
             log.warning("tablet %s failed to start: %s", self.tablet_id, self.state_reason)
             return
         self.state = TabletState.NOT_STARTED
-        self.state_reason = NOT_WIRED_REASON
+        self.state_reason = OPENED_REASON
 
     def fail(self, reason: str) -> None:
         """Marks the replica offline with ``reason``."""

@@ -1,11 +1,12 @@
-"""The RPC services a tablet server answers today: Ping, Write, WriteMulti, Scan, CreateTablet,
-DeleteTablet, AlterSchema and ListTablets.
+"""The tablet server's client-facing and admin RPC services: Ping, Write, WriteMulti, Scan,
+ScannerKeepAlive, CreateTablet, DeleteTablet, AlterSchema and ListTablets.
 
 Handlers are thin: they check nothing themselves (``nyala.rpc.service`` checks ``dest_uuid``
-and turns exceptions into ``ErrorPB``) and delegate to the server's state; the tablet manager's
-blocking disk work runs in a worker thread so the event loop keeps serving. Write, Scan,
-consensus and tablet copy methods need the Raft runtime; until it is wired in, gRPC answers
-them UNIMPLEMENTED (``NotSupportedError``).
+and turns exceptions into ``ErrorPB``) and delegate to the hosted replicas: a write is proposed
+to the tablet's Raft leader and answered with its per-row results once committed and applied;
+the tablet manager's blocking disk work runs in a worker thread so the event loop keeps serving.
+Consensus RPCs are ``nyala.server.consensus_service``'s, tablet copy's
+``nyala.tserver.tablet_copy_service``'s.
 """
 
 from __future__ import annotations

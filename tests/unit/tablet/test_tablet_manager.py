@@ -14,7 +14,7 @@ from nyala.consensus.runtime.wal_log import WalLogOptions
 from nyala.consensus.types import EntryKind, OpId, RaftConfig, RaftPeer
 from nyala.schema import Column, Schema
 from nyala.tablet import DataState, Partition, TabletDirs, TabletManager
-from nyala.tablet.replica import NOT_WIRED_REASON, TabletState
+from nyala.tablet.replica import OPENED_REASON, TabletState
 from nyala.tablet.superblock import (
     Superblock,
     decode_superblock,
@@ -90,7 +90,7 @@ def test_create_writes_superblock_cmeta_storage_and_wal(dirs: TabletDirs) -> Non
     assert paths.wal_dir.is_dir()
     replica = manager.replica(T1)
     assert replica.state is TabletState.NOT_STARTED
-    assert replica.state_reason == NOT_WIRED_REASON
+    assert replica.state_reason == OPENED_REASON
     assert replica.storage is not None
     assert replica.storage.schema == SCHEMA
     manager.shutdown()
