@@ -15,6 +15,11 @@ Commands (``a``, ``b`` are replica ids; times in ms):
 
 - ``cluster voters=a,b,c [non-voters=d] [promote=d] [heartbeat-ms=500] [batch-bytes=N]
   [inflight-bytes=N]``: a new cluster at term 0, nobody leading
+- ``bootstrap voters=a,b,c [leader=a] [other cluster options]``: ``cluster``, ``campaign``
+  ``leader`` (default: the first voter), ``deliver`` until nothing is queued, all without
+  output; prints only the final ``status`` of every replica (the clock is still at 0). For
+  scripts whose subject starts after a routine election; a script about the election itself
+  spells out the three commands
 - ``add-node d``: a new empty replica outside the config
 - ``campaign a`` / ``run-election a``: an election with pre-vote / RunLeaderElection
 - ``tick [ms] [a,b|-]``: advance the clock (default one heartbeat) and fire the timers of the
@@ -57,6 +62,9 @@ from nyala.errors import CasFailedError, NyalaError
 
 SEPARATOR = "----"
 DELIVER_ROUNDS_MAX = 10_000  # a scenario that never quiesces is a bug, not a hang
+CLUSTER_OPTIONS = frozenset(
+    ["voters", "non-voters", "promote", "heartbeat-ms", "batch-bytes", "inflight-bytes"]
+)
 
 
 @dataclass
@@ -197,9 +205,17 @@ class Runner:
             if node.alive:
                 self.cluster.process(node)
 
+    def _settle(self) -> None:
+        """What ``run`` does after a command, with the events discarded."""
+        self._process_all()
+        self.cluster.drain_events()
+
     # --- commands ---------------------------------------------------------------------------
 
     def cmd_cluster(self, args: list[str], kw: dict[str, str]) -> list[str]:
+        unknown = sorted(kw.keys() - CLUSTER_OPTIONS)
+        if args or unknown:
+            raise ValueError(f"cluster: unknown arguments {args + unknown}")
         voters = kw["voters"].split(",")
         non_voters = kw["non-voters"].split(",") if "non-voters" in kw else []
         promote = kw["promote"].split(",") if "promote" in kw else []
@@ -218,6 +234,22 @@ class Runner:
         )
         self.cluster.drain_events()
         return []
+
+    def cmd_bootstrap(self, args: list[str], kw: dict[str, str]) -> list[str]:
+        """``cluster``, ``campaign``, ``deliver`` with each step settled as ``run`` settles a
+        command, so everything after it replays exactly as after the three commands."""
+        options = dict(kw)
+        leader = options.pop("leader", kw["voters"].split(",")[0])
+        self.cmd_cluster(args, options)
+        self._settle()
+        self.cmd_campaign([leader], {})
+        self._settle()
+        self.cmd_deliver([], {})
+        self._settle()
+        core = self.cluster.node(leader).running()
+        # deliver left no message behind; a failed election belongs in a script that shows it
+        assert core.role.value == "LEADER", f"bootstrap: {leader} did not become leader"
+        return self.cmd_status([], {})
 
     def cmd_add_node(self, args: list[str], kw: dict[str, str]) -> list[str]:
         self.cluster.add_node(args[0])
