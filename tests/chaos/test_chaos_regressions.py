@@ -1,7 +1,7 @@
 """Regression tests for bugs the chaos suite found in other parts of nyala.
 
-A test is xfail while its bug is open, so the default suite stays green; the marker goes when
-the fix is committed.
+Each was a bug when it was found; each is fixed, and its test keeps it fixed. A test for a new,
+still-open bug is marked xfail until its fix is committed, so the default suite stays green.
 """
 
 from __future__ import annotations
