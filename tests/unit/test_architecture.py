@@ -32,6 +32,20 @@ REPO = Path(__file__).resolve().parents[2]
 PACKAGE = REPO / "python" / "nyala"
 
 FOUNDATION = frozenset({"errors", "common", "_native", "_proto"})
+#: What masters and tablet servers may stand on (never on each other).
+SERVER_SIDE = frozenset(
+    {
+        "server",
+        "tablet",
+        "consensus",
+        "consensus.runtime",
+        "storage",
+        "rpc",
+        "schema",
+        "rowops",
+        "partition",
+    }
+)
 #: Layer -> the other layers it may import (besides itself and the foundation).
 ALLOWED: dict[str, frozenset[str]] = {
     "schema": frozenset(),
@@ -45,32 +59,8 @@ ALLOWED: dict[str, frozenset[str]] = {
     "server": frozenset(
         {"tablet", "consensus", "consensus.runtime", "storage", "rpc", "schema", "rowops"}
     ),
-    "master": frozenset(
-        {
-            "server",
-            "tablet",
-            "consensus",
-            "consensus.runtime",
-            "storage",
-            "rpc",
-            "schema",
-            "rowops",
-            "partition",
-        }
-    ),
-    "tserver": frozenset(
-        {
-            "server",
-            "tablet",
-            "consensus",
-            "consensus.runtime",
-            "storage",
-            "rpc",
-            "schema",
-            "rowops",
-            "partition",
-        }
-    ),
+    "master": SERVER_SIDE,
+    "tserver": SERVER_SIDE,
     "client": frozenset({"rpc", "schema", "rowops", "partition"}),
     "spark": frozenset({"client", "rpc", "schema", "rowops", "partition"}),
     "testing": frozenset({"rpc", "schema", "rowops", "partition", "consensus"}),
