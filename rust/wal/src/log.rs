@@ -614,7 +614,7 @@ impl Log {
 
     /// Iterates every written entry from `from` on, reading `chunk_bytes` at a time.
     pub fn entries_from(&self, from: OpIndex, chunk_bytes: usize) -> crate::reader::EntryIter<'_> {
-        crate::reader::EntryIter::new(self, from, chunk_bytes)
+        crate::reader::EntryIter::new(&self.shared, from, chunk_bytes)
     }
 
     /// Registers an anchor: GC keeps every entry at or after `index` until it is released.
