@@ -41,13 +41,13 @@ use crate::background::Job;
 use crate::error::{Result, WalError};
 use crate::format::{self, PAGE_BYTES};
 use crate::index::Location;
-use crate::log::{
-    Request, Shared, Ticket, PROFILE_GROUPS_MIN, SEGMENTS_PREPARED_AHEAD,
-    SEGMENTS_PREPARED_AHEAD_MAX,
-};
 use crate::metrics::Metrics;
 use crate::options::SyncPolicy;
 use crate::segment::SegmentFile;
+use crate::shared::{
+    Request, Shared, Ticket, PROFILE_GROUPS_MIN, SEGMENTS_PREPARED_AHEAD,
+    SEGMENTS_PREPARED_AHEAD_MAX,
+};
 
 /// A group of at most 1/this of a segment that does not fit in the active segment starts
 /// the next one instead of being split across both. At 4, a segment is left at most a
@@ -302,7 +302,7 @@ impl Committers {
             let contended = {
                 let mut queue = shared.lock_queue();
                 let mut waited = false;
-                while queue.requests.is_empty() && !queue.closing && !failed(shared) {
+                while queue.requests.is_empty() && !queue.closing && !shared.has_failed() {
                     // Set under the lock before sleeping, so an append either sees it and
                     // signals, or queued its request before this check saw the queue empty.
                     queue.appender_idle = true;
@@ -313,7 +313,7 @@ impl Committers {
                         .unwrap_or_else(std::sync::PoisonError::into_inner);
                 }
                 queue.appender_idle = false;
-                if queue.requests.is_empty() || failed(shared) {
+                if queue.requests.is_empty() || shared.has_failed() {
                     break;
                 }
                 if waited && !queue.closing {
@@ -321,7 +321,7 @@ impl Committers {
                     drop(queue);
                     self.stagger();
                     queue = shared.lock_queue();
-                    if failed(shared) {
+                    if shared.has_failed() {
                         break;
                     }
                 }
@@ -428,10 +428,6 @@ impl Committers {
     }
 }
 
-fn failed(shared: &Shared) -> bool {
-    shared.failed.load(Ordering::SeqCst)
-}
-
 /// Makes the name of a segment prepared with deferred syncs durable (see
 /// `segment::prepare_segments`), once, after its first group's `fdatasync`: that sync
 /// committed the journal holding the rename, so this one waits for no commit of its own.
@@ -528,7 +524,7 @@ impl Appender {
     /// Run by the last committer to stop: every sync has returned, so the active segment
     /// can get its footer; then the background thread stops.
     fn finish(&mut self) {
-        if !failed(&self.shared) {
+        if !self.shared.has_failed() {
             if let Err(err) =
                 crate::segment::close_segment(&self.active.segment, self.active.write_end, true)
             {

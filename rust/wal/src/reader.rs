@@ -13,8 +13,8 @@ use crate::entry::Entry;
 use crate::error::{Result, WalError};
 use crate::format::{self, BatchKind};
 use crate::index::Location;
-use crate::log::Shared;
 use crate::segment::SegmentFile;
+use crate::shared::Shared;
 
 /// Reads entries `from..=to` (see `Log::read`).
 pub(crate) fn read_range(
