@@ -14,9 +14,11 @@
 //! # Ok::<(), nyala_wal::WalError>(())
 //! ```
 
+mod active_segment;
 mod appender;
 mod background;
 mod buffers;
+mod committers;
 mod entry;
 mod error;
 mod faults;
@@ -28,6 +30,7 @@ mod log;
 mod metrics;
 mod notify;
 mod options;
+mod pipeline;
 mod reader;
 mod recovery;
 mod segment;

@@ -1,7 +1,7 @@
 //! `Log`: the public face of one tablet's write-ahead log.
 //!
 //! Appending threads frame their batch, then reserve its place in a bounded queue under one
-//! lock (that order is the order on disk). The committer threads (`appender`) drain the
+//! lock (that order is the order on disk). The committer threads (`committers`) drain the
 //! queue into one write and one `fdatasync` per group, with up to
 //! `LogOptions::syncs_in_flight_max` syncs overlapping, and publish the durable point in
 //! order; the background thread (`background`) prepares the next segment and closes
@@ -23,8 +23,10 @@ use std::time::{Duration, Instant};
 use nyala_common::{ErrorKind, OpId, OpIndex, Term};
 use parking_lot::{Condvar, Mutex, RwLock};
 
-use crate::appender::{ActiveSegment, Appender, Committers};
+use crate::active_segment::ActiveSegment;
+use crate::appender::Appender;
 use crate::background;
+use crate::committers::Committers;
 use crate::entry::{Entry, EntryRef};
 use crate::error::{Result, WalError};
 use crate::faults::FaultInjection;
