@@ -7,8 +7,8 @@ use std::thread::JoinHandle;
 use crossbeam_channel::Receiver;
 
 use crate::error::{Result, WalError};
-use crate::log::Shared;
 use crate::segment::{self, SegmentFile};
+use crate::shared::Shared;
 
 /// Work for the background thread, done in the order sent.
 pub(crate) enum Job {

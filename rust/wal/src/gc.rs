@@ -7,9 +7,18 @@ use std::sync::Arc;
 use nyala_common::OpIndex;
 
 use crate::error::{Result, WalError};
-use crate::log::{GcReport, Shared};
 use crate::metrics::Metrics;
 use crate::segment::{self, Preallocation, SegmentFile};
+use crate::shared::Shared;
+
+/// What a `gc` call removed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GcReport {
+    pub segments_deleted: usize,
+    pub segments_recycled: usize,
+    /// The first entry index still in the log after GC.
+    pub first_index: OpIndex,
+}
 
 /// Removes the oldest closed segments whose entries all lie below `min(anchor, durable
 /// index)` (so the segment holding the last entry always stays), keeping

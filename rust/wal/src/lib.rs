@@ -14,9 +14,11 @@
 //! # Ok::<(), nyala_wal::WalError>(())
 //! ```
 
+mod active_segment;
 mod appender;
 mod background;
 mod buffers;
+mod committers;
 mod entry;
 mod error;
 mod faults;
@@ -28,14 +30,17 @@ mod log;
 mod metrics;
 mod notify;
 mod options;
+mod pipeline;
 mod reader;
 mod recovery;
 mod segment;
+mod shared;
 
 pub use entry::{Entry, EntryRef, EntryType};
 pub use error::{Result, WalError};
 pub use faults::FaultInjection;
-pub use log::{AnchorId, AppendTicket, GcReport, Log, Ticket};
+pub use gc::GcReport;
+pub use log::{AnchorId, Log};
 pub use metrics::{MetricsSnapshot, HISTOGRAM_BUCKETS};
 pub use options::{
     LogOptions, SyncPolicy, QUEUE_BYTES_MAX_DEFAULT, SEGMENT_SIZE_BYTES_DEFAULT,
@@ -43,3 +48,4 @@ pub use options::{
 };
 pub use reader::EntryIter;
 pub use segment::{parse_segment_name, segment_file_name, Preallocation};
+pub use shared::{AppendTicket, Ticket};

@@ -1,16 +1,18 @@
 //! `Log`: the public face of one tablet's write-ahead log.
 //!
 //! Appending threads frame their batch, then reserve its place in a bounded queue under one
-//! lock (that order is the order on disk). The committer threads (`appender`) drain the
+//! lock (that order is the order on disk). The committer threads (`committers`) drain the
 //! queue into one write and one `fdatasync` per group, with up to
 //! `LogOptions::syncs_in_flight_max` syncs overlapping, and publish the durable point in
 //! order; the background thread (`background`) prepares the next segment and closes
-//! finished ones.
-//! This module owns the shared state those threads meet in and the caller-facing API.
+//! finished ones. They meet in `Shared` (`shared`).
+//!
+//! This module owns the caller-facing API: opening (recovery, then starting the threads),
+//! appending, waiting, truncating, reading, anchors, GC and closing, and the checks of what
+//! callers pass in. It is the top of the crate: the modules below never reach back into it.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::VecDeque;
 use std::fs;
-use std::ops::Range;
 use std::os::fd::RawFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -20,322 +22,30 @@ use std::time::{Duration, Instant};
 
 use nyala_common::{ErrorKind, OpId, OpIndex, Term};
 use parking_lot::{Condvar, Mutex, RwLock};
-use parking_lot_core::{FilterOp, ParkResult, ParkToken, DEFAULT_UNPARK_TOKEN};
 
-use crate::appender::{ActiveSegment, Appender, Committers};
+use crate::active_segment::ActiveSegment;
+use crate::appender::Appender;
 use crate::background;
+use crate::committers::Committers;
 use crate::entry::{Entry, EntryRef};
 use crate::error::{Result, WalError};
 use crate::faults::FaultInjection;
-use crate::format::{self, EncodedPayload};
-use crate::index::{LogIndex, TermRuns};
+use crate::format;
+use crate::gc::{self, GcReport};
+use crate::index::TermRuns;
 use crate::metrics::{Metrics, MetricsSnapshot};
 use crate::notify::EventFd;
 use crate::options::{LogOptions, SYNCS_IN_FLIGHT_LIMIT};
+use crate::reader::{self, EntryIter};
 use crate::recovery;
-use crate::segment::{self, Preallocation, PrepareSpec, SegmentFile};
-
-/// Identifies an append (or truncation) in queue order; durability is reported per ticket.
-pub type Ticket = u64;
-
-/// What `append` returns: the ticket to wait for and the index of the last entry appended.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct AppendTicket {
-    pub ticket: Ticket,
-    pub last_index: OpIndex,
-}
+use crate::segment::{self, Preallocation, SegmentFile};
+use crate::shared::{
+    Anchors, AppendTicket, GroupProfile, Queue, Shared, Ticket, ARENA_PAYLOAD_BYTES_MAX,
+};
 
 /// A registered log anchor: GC keeps every entry at or after its index.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct AnchorId(pub u64);
-
-/// What a `gc` call removed.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct GcReport {
-    pub segments_deleted: usize,
-    pub segments_recycled: usize,
-    /// The first entry index still in the log after GC.
-    pub first_index: OpIndex,
-}
-
-/// A queued request; the appender handles them strictly in ticket order.
-pub(crate) struct Request {
-    pub ticket: Ticket,
-    pub payload: EncodedPayload,
-    /// For a small append framed into the queue's arena (`Queue::arena`): where its payload
-    /// is there (`payload.bytes` is then empty). `None`: the payload is `payload.bytes`.
-    pub in_arena: Option<Range<usize>>,
-    /// For truncation records, the last entry kept; `None` for entries.
-    pub truncate_to: Option<OpId>,
-    /// Index of the batch's first entry (entries only).
-    pub first_index: OpIndex,
-}
-
-impl Request {
-    pub(crate) fn payload_len(&self) -> usize {
-        match &self.in_arena {
-            Some(range) => range.len(),
-            None => self.payload.bytes.len(),
-        }
-    }
-
-    pub(crate) fn queued_bytes(&self) -> usize {
-        format::BATCH_HEADER_BYTES + self.payload_len()
-    }
-
-    /// Hands a payload buffer of its own back for reuse once the batch is written.
-    pub(crate) fn recycle(self) {
-        if let format::PayloadBytes::Owned(bytes) = self.payload.bytes {
-            crate::buffers::give_back(bytes);
-        }
-    }
-
-    /// The payload; `arena` is the queue arena taken together with this request.
-    pub(crate) fn payload_bytes<'a>(&'a self, arena: &'a [u8]) -> &'a [u8] {
-        match &self.in_arena {
-            Some(range) => &arena[range.clone()],
-            None => &self.payload.bytes,
-        }
-    }
-}
-
-/// Appends whose framed payload is at most this many bytes are framed straight into the
-/// queue's arena, under the queue lock (checksum included: a few hundred nanoseconds at
-/// most), instead of into a buffer of their own. A buffer per append was allocated by the
-/// appending thread and freed by the committer; glibc then takes the allocating thread's
-/// arena lock for most frees, and an event loop appending while the committer freed the
-/// previous group's buffers slept on that lock (and on the queue lock held meanwhile).
-const ARENA_PAYLOAD_BYTES_MAX: usize = 4 << 10;
-
-pub(crate) struct Queue {
-    pub requests: VecDeque<Request>,
-    /// Payloads of the small appends in `requests`, back to back (`Request::in_arena`). A
-    /// committer takes it together with the requests and swaps in its own emptied one, so
-    /// in steady state appends allocate nothing.
-    pub arena: Vec<u8>,
-    /// Appends blocked by back-pressure on `space_ready`: the committer signals it only
-    /// when one waits (a condition variable's signal is a system call even with no waiter).
-    pub space_waiters: usize,
-    /// Bytes of requests not yet written (queued or in the appender's current group).
-    pub queued_bytes: usize,
-    pub next_ticket: Ticket,
-    /// Terms of the log including queued appends.
-    pub terms: TermRuns,
-    pub closing: bool,
-    /// The appender is blocked on `work_ready` (or about to be) and nobody has woken it
-    /// yet. Appends signal it only then, and after releasing the lock: while it syncs,
-    /// the 63 other appends of a 64-writer round cost no syscall, and a woken appender
-    /// never finds the queue still locked by the thread that woke it.
-    pub appender_idle: bool,
-    /// An append found the committer holding the write turn busy (not waiting for work)
-    /// while a group was syncing: appends overlap syncs, so the turn holder may start
-    /// another committer. (A lone writer appends only after its group's sync returned, so
-    /// it never sets this.)
-    pub appends_found_busy: bool,
-}
-
-/// Segments prepared by the background thread, in sequence order, waiting for the appender.
-pub(crate) type PreparedSegments = VecDeque<Result<SegmentFile>>;
-
-/// How many segments the background thread keeps ready beyond the active one. Two, so a
-/// slow preparation (two fsyncs on a busy disk) does not stall a fast writer at roll-over.
-pub(crate) const SEGMENTS_PREPARED_AHEAD: u64 = 2;
-
-/// The most segments kept prepared: a roll-over that finds none ready doubles the count up
-/// to this (a bulk writer fills an 8 MiB segment in a few ms, faster than one preparation's
-/// fsyncs on a busy disk). Bounds the space preallocated ahead to this many segments.
-pub(crate) const SEGMENTS_PREPARED_AHEAD_MAX: u64 = 8;
-
-/// State shared by callers, the appender thread and the background thread.
-pub(crate) struct Shared {
-    pub dir: PathBuf,
-    pub tablet_id: String,
-    pub options: LogOptions,
-    pub faults: Arc<FaultInjection>,
-    /// A `std` mutex, not `parking_lot`'s: parking_lot hands a contended lock over to the
-    /// woken waiter every ~0.5 ms ("eventual fairness"), and on a busy machine the waiter is
-    /// often the appender thread not yet scheduled, so a caller holding the GIL (term_at,
-    /// append) stalled a whole Python process for a scheduling quantum. A barging mutex lets
-    /// the running thread take it (docs/performance.md).
-    pub queue: std::sync::Mutex<Queue>,
-    /// The appender waits here for requests.
-    pub work_ready: std::sync::Condvar,
-    /// Appenders blocked by back-pressure wait here.
-    pub space_ready: std::sync::Condvar,
-    /// Highest ticket that is durable; only the appender raises it.
-    pub durable_ticket: AtomicU64,
-    /// Group syncs running now (committers raise it when a group is written, lower it when
-    /// its sync returns, before publishing).
-    pub syncs_in_flight: AtomicUsize,
-    /// Last entry index that is durable (drops on truncation).
-    pub durable_index: AtomicU64,
-    /// Set, with the first error, when a write or sync failed; never cleared.
-    pub failure: Mutex<Option<(ErrorKind, String)>>,
-    pub failed: AtomicBool,
-    pub index: RwLock<LogIndex>,
-    /// Open segments in sequence order; the last one is the active segment.
-    pub segments: RwLock<VecDeque<Arc<SegmentFile>>>,
-    pub prepared: Mutex<PreparedSegments>,
-    pub prepared_ready: Condvar,
-    pub recycle_pool: Mutex<Vec<PathBuf>>,
-    /// What the log's recent groups look like, for `fresh_segment_preallocation`.
-    pub group_profile: Mutex<GroupProfile>,
-    pub anchors: Mutex<Anchors>,
-    pub gc_lock: Mutex<()>,
-    pub metrics: Metrics,
-    pub notify: EventFd,
-}
-
-/// Groups committed and bytes written when `fresh_segment_preallocation` last decided, and
-/// what it decided.
-#[derive(Default)]
-pub(crate) struct GroupProfile {
-    groups: u64,
-    bytes: u64,
-    small_groups: bool,
-}
-
-/// Groups a log must have committed since the last decision before its group sizes count:
-/// an idle or newly opened log keeps `fallocate` (zero-filling costs a segment of writes).
-pub(crate) const PROFILE_GROUPS_MIN: u64 = 64;
-/// Average bytes per group (page padding included) at or below which groups count as small:
-/// such a log is bound by sync latency, not bandwidth.
-const SMALL_GROUP_BYTES_MAX: u64 = 64 * 1024;
-
-#[derive(Default)]
-pub(crate) struct Anchors {
-    next_id: u64,
-    by_id: BTreeMap<u64, OpIndex>,
-}
-
-impl Shared {
-    /// Locks the append queue. A panic while holding it leaves nothing half-done that a later
-    /// holder could trip over (every change is a push, a drain or a counter), so poisoning is
-    /// ignored.
-    pub(crate) fn lock_queue(&self) -> std::sync::MutexGuard<'_, Queue> {
-        self.queue
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
-    /// The error every waiter and later append gets once the log has failed.
-    pub(crate) fn failure_error(&self) -> WalError {
-        match &*self.failure.lock() {
-            Some((kind, message)) => WalError::Failed {
-                kind: *kind,
-                message: message.clone(),
-            },
-            None => WalError::Closed,
-        }
-    }
-
-    /// Puts the log into the failed state (first error wins) and wakes every waiter.
-    pub(crate) fn fail(&self, err: &WalError) {
-        use nyala_common::Classify;
-        {
-            let mut failure = self.failure.lock();
-            if failure.is_none() {
-                *failure = Some((err.kind(), err.to_string()));
-            }
-        }
-        {
-            let mut queue = self.lock_queue();
-            self.failed.store(true, Ordering::SeqCst);
-            queue.requests.clear();
-            queue.arena.clear();
-            self.space_ready.notify_all();
-            self.work_ready.notify_all();
-        }
-        self.publish_durable_change();
-        let mut ready = self.prepared.lock();
-        if ready.is_empty() {
-            ready.push_back(Err(WalError::Closed));
-        }
-        self.prepared_ready.notify_all();
-    }
-
-    /// Wakes the threads in `Log::wait` whose tickets are durable now (every one once the
-    /// log failed), then signals the event-loop descriptor. Call after raising
-    /// `durable_ticket` or setting `failed`.
-    pub(crate) fn publish_durable_change(&self) {
-        let durable = self.durable_ticket.load(Ordering::Acquire);
-        let failed = self.failed.load(Ordering::SeqCst);
-        let filter = |token: ParkToken| {
-            if failed || token_ticket(token) <= durable {
-                FilterOp::Unpark
-            } else {
-                FilterOp::Skip
-            }
-        };
-        // SAFETY: the key is the address of this `Shared`'s `durable_ticket`, which no lock
-        // or other parking uses; the callbacks neither panic nor call into parking_lot.
-        unsafe {
-            parking_lot_core::unpark_filter(self.durable_key(), filter, |_| DEFAULT_UNPARK_TOKEN)
-        };
-        self.notify.signal();
-    }
-
-    /// Where threads waiting for a ticket park, each with its ticket as the park token, so a
-    /// durable change wakes only the threads it completes. With one condition variable for
-    /// all, each group commit woke every waiter, most of them only to wait again: with 64
-    /// threads on 2 cores some waited 50-120 group commits for a CPU (docs/wal-format.md).
-    fn durable_key(&self) -> usize {
-        std::ptr::from_ref(&self.durable_ticket) as usize
-    }
-
-    /// How `Recycle` prepares a segment when no GC'd file is free. A log committing many
-    /// small groups (sync-latency bound: a consensus log under many small writes) gets a
-    /// zero-filled segment: a sync after writing into already-written blocks took 0.14 ms
-    /// against 0.23 ms into `fallocate`d ones (unwritten extents are converted in the journal
-    /// at each sync), and 64 asyncio writers appended 25–35 % more records per second
-    /// (docs/wal-format.md, "Choice of the default preallocation"). A bulk writer, whose
-    /// groups are large, keeps `fallocate`, so it does not write every byte twice; so does an
-    /// idle or newly opened log.
-    pub(crate) fn fresh_segment_preallocation(&self) -> Preallocation {
-        let mut profile = self.group_profile.lock();
-        let groups = self.metrics.groups.load(Ordering::Relaxed);
-        let bytes = self.metrics.bytes_written.load(Ordering::Relaxed);
-        let new_groups = groups.saturating_sub(profile.groups);
-        if new_groups >= PROFILE_GROUPS_MIN {
-            let per_group = bytes.saturating_sub(profile.bytes) / new_groups;
-            *profile = GroupProfile {
-                groups,
-                bytes,
-                small_groups: per_group <= SMALL_GROUP_BYTES_MAX,
-            };
-        }
-        if profile.small_groups {
-            Preallocation::ZeroFill
-        } else {
-            Preallocation::Fallocate
-        }
-    }
-
-    pub(crate) fn prepare_spec(&self, sequence: u64, recycled: Option<PathBuf>) -> PrepareSpec<'_> {
-        let preallocation = match self.options.preallocation {
-            Preallocation::Recycle if recycled.is_none() => self.fresh_segment_preallocation(),
-            chosen => chosen,
-        };
-        PrepareSpec {
-            dir: &self.dir,
-            tablet_id: &self.tablet_id,
-            sequence,
-            capacity_bytes: self.options.segment_size_bytes,
-            preallocation,
-            recycled,
-            faults: &self.faults,
-            metrics: &self.metrics,
-        }
-    }
-
-    /// A GC'd file to reuse for the next segment, if recycling is on and one is free.
-    pub(crate) fn take_recyclable(&self) -> Option<PathBuf> {
-        if self.options.preallocation != Preallocation::Recycle {
-            return None;
-        }
-        self.recycle_pool.lock().pop()
-    }
-}
 
 /// One tablet's write-ahead log. Cheap to share between threads (`&Log` is enough for
 /// everything but `close`, which also works through `&self`).
@@ -423,17 +133,21 @@ impl Log {
         validate_batch(entries)?;
         let len = format::entries_payload_len(entries);
         if len <= ARENA_PAYLOAD_BYTES_MAX {
-            let mut queue = self.reserve_space(format::BATCH_HEADER_BYTES + len)?;
+            let mut queue = self
+                .shared
+                .reserve_space(format::BATCH_HEADER_BYTES + len)?;
             check_continues(&queue.terms, entries)?;
-            let ticket = self.push_entries_in_arena(&mut queue, entries);
-            self.wake_appender(queue);
+            let ticket = queue.push_entries_in_arena(entries);
+            self.shared.wake_appender(queue);
             return Ok(ticket);
         }
         let payload = format::encode_entries(entries);
-        let mut queue = self.reserve_space(format::BATCH_HEADER_BYTES + payload.bytes.len())?;
+        let mut queue = self
+            .shared
+            .reserve_space(format::BATCH_HEADER_BYTES + payload.bytes.len())?;
         check_continues(&queue.terms, entries)?;
-        let ticket = self.push_entries(&mut queue, entries, payload);
-        self.wake_appender(queue);
+        let ticket = queue.push_entries(entries, payload);
+        self.shared.wake_appender(queue);
         Ok(ticket)
     }
 
@@ -450,10 +164,12 @@ impl Log {
         let payload = format::shared_entries(entries, storage, range).ok_or_else(|| {
             WalError::InvalidArgument("shared frames do not match the entries".into())
         })?;
-        let mut queue = self.reserve_space(format::BATCH_HEADER_BYTES + payload.bytes.len())?;
+        let mut queue = self
+            .shared
+            .reserve_space(format::BATCH_HEADER_BYTES + payload.bytes.len())?;
         check_continues(&queue.terms, entries)?;
-        let ticket = self.push_entries(&mut queue, entries, payload);
-        self.wake_appender(queue);
+        let ticket = queue.push_entries(entries, payload);
+        self.shared.wake_appender(queue);
         Ok(ticket)
     }
 
@@ -463,23 +179,27 @@ impl Log {
         validate_batch(entries)?;
         let len = format::entries_payload_len(entries);
         if len <= ARENA_PAYLOAD_BYTES_MAX {
-            let Some(mut queue) = self.reserve(format::BATCH_HEADER_BYTES + len, false)? else {
+            let Some(mut queue) = self
+                .shared
+                .reserve(format::BATCH_HEADER_BYTES + len, false)?
+            else {
                 return Ok(None);
             };
             check_continues(&queue.terms, entries)?;
-            let ticket = self.push_entries_in_arena(&mut queue, entries);
-            self.wake_appender(queue);
+            let ticket = queue.push_entries_in_arena(entries);
+            self.shared.wake_appender(queue);
             return Ok(Some(ticket));
         }
         let payload = format::encode_entries(entries);
-        let Some(mut queue) =
-            self.reserve(format::BATCH_HEADER_BYTES + payload.bytes.len(), false)?
+        let Some(mut queue) = self
+            .shared
+            .reserve(format::BATCH_HEADER_BYTES + payload.bytes.len(), false)?
         else {
             return Ok(None);
         };
         check_continues(&queue.terms, entries)?;
-        let ticket = self.push_entries(&mut queue, entries, payload);
-        self.wake_appender(queue);
+        let ticket = queue.push_entries(entries, payload);
+        self.shared.wake_appender(queue);
         Ok(Some(ticket))
     }
 
@@ -493,10 +213,11 @@ impl Log {
     /// Discards every entry after `last_kept` (a follower whose suffix conflicts with the
     /// leader's), ordered after everything queued before it. Returns the ticket to wait for.
     pub fn truncate_after(&self, last_kept: OpIndex) -> Result<Ticket> {
-        let mut queue =
-            self.reserve_space(format::BATCH_HEADER_BYTES + format::TRUNCATE_PAYLOAD_BYTES)?;
-        let ticket = self.push_truncation(&mut queue, last_kept)?;
-        self.wake_appender(queue);
+        let mut queue = self
+            .shared
+            .reserve_space(format::BATCH_HEADER_BYTES + format::TRUNCATE_PAYLOAD_BYTES)?;
+        let ticket = queue.push_truncation(last_kept)?;
+        self.shared.wake_appender(queue);
         Ok(ticket)
     }
 
@@ -511,7 +232,7 @@ impl Log {
         let payload = format::encode_entries(entries);
         let bytes =
             2 * format::BATCH_HEADER_BYTES + format::TRUNCATE_PAYLOAD_BYTES + payload.bytes.len();
-        let mut queue = self.reserve_space(bytes)?;
+        let mut queue = self.shared.reserve_space(bytes)?;
         let mut terms_after = OpId::new(queue.terms.term_at(last_kept).unwrap_or(0), last_kept);
         if last_kept >= queue.terms.last().index {
             terms_after = queue.terms.last();
@@ -529,54 +250,22 @@ impl Log {
                 previous: terms_after.term,
             });
         }
-        self.push_truncation(&mut queue, last_kept)?;
-        let ticket = self.push_entries(&mut queue, entries, payload);
-        self.wake_appender(queue);
+        queue.push_truncation(last_kept)?;
+        let ticket = queue.push_entries(entries, payload);
+        self.shared.wake_appender(queue);
         Ok(ticket)
     }
 
     /// Blocks until the append (or truncation) with `ticket`, and everything before it, is
     /// durable. Fails with the log's error if a write or sync failed before that.
     pub fn wait(&self, ticket: Ticket) -> Result<()> {
-        self.wait_until(ticket, None).map(|_| ())
+        self.shared.wait_durable(ticket, None).map(|_| ())
     }
 
     /// Like `wait`, giving up after `timeout`; returns whether the ticket is durable.
     pub fn wait_timeout(&self, ticket: Ticket, timeout: Duration) -> Result<bool> {
-        self.wait_until(ticket, Some(Instant::now() + timeout))
-    }
-
-    fn wait_until(&self, ticket: Ticket, deadline: Option<Instant>) -> Result<bool> {
-        let shared = &*self.shared;
-        let durable = || shared.durable_ticket.load(Ordering::Acquire) >= ticket;
-        let token = ticket_token(ticket);
-        loop {
-            if durable() {
-                return Ok(true);
-            }
-            if shared.failed.load(Ordering::SeqCst) {
-                return Err(shared.failure_error());
-            }
-            // The publisher raises `durable_ticket` (or sets `failed`) before it takes the
-            // parking bucket's lock to unpark, and `validate` runs under that lock: either it
-            // sees the change and this thread does not park, or the publisher finds it parked.
-            let validate = || !durable() && !shared.failed.load(Ordering::SeqCst);
-            // SAFETY: as in `Shared::publish_durable_change`; the callbacks neither panic nor
-            // call into parking_lot.
-            let parked = unsafe {
-                parking_lot_core::park(
-                    shared.durable_key(),
-                    validate,
-                    || {},
-                    |_, _| {},
-                    token,
-                    deadline,
-                )
-            };
-            if parked == ParkResult::TimedOut {
-                return Ok(durable());
-            }
-        }
+        self.shared
+            .wait_durable(ticket, Some(Instant::now() + timeout))
     }
 
     /// The highest ticket that is durable.
@@ -609,58 +298,47 @@ impl Log {
     /// (payload plus the 24-byte entry header) would be exceeded (at least one entry is returned when any is available). Entries queued but
     /// not yet written are not returned; `from` below the first retained index is NotFound.
     pub fn read(&self, from: OpIndex, to: OpIndex, max_bytes: usize) -> Result<Vec<Entry>> {
-        crate::reader::read_range(&self.shared, from, to, max_bytes)
+        reader::read_range(&self.shared, from, to, max_bytes)
     }
 
     /// Iterates every written entry from `from` on, reading `chunk_bytes` at a time.
-    pub fn entries_from(&self, from: OpIndex, chunk_bytes: usize) -> crate::reader::EntryIter<'_> {
-        crate::reader::EntryIter::new(self, from, chunk_bytes)
+    pub fn entries_from(&self, from: OpIndex, chunk_bytes: usize) -> EntryIter<'_> {
+        EntryIter::new(&self.shared, from, chunk_bytes)
     }
 
     /// Registers an anchor: GC keeps every entry at or after `index` until it is released.
     pub fn register_anchor(&self, index: OpIndex) -> AnchorId {
-        let mut anchors = self.shared.anchors.lock();
-        anchors.next_id += 1;
-        let id = anchors.next_id;
-        anchors.by_id.insert(id, index);
-        AnchorId(id)
+        AnchorId(self.shared.anchors.lock().register(index))
     }
 
     /// Moves an anchor (e.g. after a flush made older entries unnecessary).
     pub fn update_anchor(&self, anchor: AnchorId, index: OpIndex) -> Result<()> {
-        match self.shared.anchors.lock().by_id.get_mut(&anchor.0) {
-            Some(slot) => {
-                *slot = index;
-                Ok(())
-            }
-            None => Err(WalError::InvalidArgument(format!(
-                "unknown anchor {}",
-                anchor.0
-            ))),
+        if self.shared.anchors.lock().update(anchor.0, index) {
+            Ok(())
+        } else {
+            Err(unknown_anchor(anchor))
         }
     }
 
     /// Releases an anchor.
     pub fn release_anchor(&self, anchor: AnchorId) -> Result<()> {
-        match self.shared.anchors.lock().by_id.remove(&anchor.0) {
-            Some(_) => Ok(()),
-            None => Err(WalError::InvalidArgument(format!(
-                "unknown anchor {}",
-                anchor.0
-            ))),
+        if self.shared.anchors.lock().release(anchor.0) {
+            Ok(())
+        } else {
+            Err(unknown_anchor(anchor))
         }
     }
 
     /// The lowest registered anchor, if any.
     pub fn min_anchor(&self) -> Option<OpIndex> {
-        self.shared.anchors.lock().by_id.values().min().copied()
+        self.shared.anchors.lock().min()
     }
 
     /// Deletes (or keeps for reuse) whole closed segments whose entries all lie below the
     /// lowest anchor and below the durable index, keeping `min_segments_to_retain` closed
     /// segments and never the one holding the last entry.
     pub fn gc(&self) -> Result<GcReport> {
-        crate::gc::collect(&self.shared, self.min_anchor())
+        gc::collect(&self.shared, self.min_anchor())
     }
 
     /// Counters since open.
@@ -737,139 +415,6 @@ impl Log {
             None => Ok(()),
         }
     }
-
-    fn reserve_space(&self, bytes: usize) -> Result<std::sync::MutexGuard<'_, Queue>> {
-        self.reserve(bytes, true)
-            .map(|queue| queue.expect("a blocking reservation always succeeds"))
-    }
-
-    /// Locks the queue once it has room for `bytes`; without `block`, `None` when it has not.
-    fn reserve(
-        &self,
-        bytes: usize,
-        block: bool,
-    ) -> Result<Option<std::sync::MutexGuard<'_, Queue>>> {
-        let shared = &self.shared;
-        let mut queue = shared.lock_queue();
-        let mut waited = false;
-        loop {
-            if queue.closing {
-                return Err(WalError::Closed);
-            }
-            if shared.failed.load(Ordering::SeqCst) {
-                return Err(shared.failure_error());
-            }
-            if queue.queued_bytes == 0
-                || queue.queued_bytes + bytes <= shared.options.queue_bytes_max
-            {
-                return Ok(Some(queue));
-            }
-            if !block {
-                return Ok(None);
-            }
-            if !waited {
-                waited = true;
-                Metrics::add(&shared.metrics.append_backpressure_waits, 1);
-            }
-            queue.space_waiters += 1;
-            queue = shared
-                .space_ready
-                .wait(queue)
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            queue.space_waiters -= 1;
-        }
-    }
-
-    fn push_entries(
-        &self,
-        queue: &mut Queue,
-        entries: &[EntryRef<'_>],
-        payload: EncodedPayload,
-    ) -> AppendTicket {
-        for e in entries {
-            queue.terms.push(OpId::new(e.term, e.index));
-        }
-        let ticket = self.push_request(queue, payload, None, None, entries[0].index);
-        AppendTicket {
-            ticket,
-            last_index: entries[entries.len() - 1].index,
-        }
-    }
-
-    /// Like `push_entries`, framing the entries into the queue's arena.
-    fn push_entries_in_arena(&self, queue: &mut Queue, entries: &[EntryRef<'_>]) -> AppendTicket {
-        for e in entries {
-            queue.terms.push(OpId::new(e.term, e.index));
-        }
-        let start = queue.arena.len();
-        let crc = format::encode_entries_into(entries, &mut queue.arena);
-        let payload = EncodedPayload {
-            kind: format::BatchKind::Entries,
-            bytes: format::PayloadBytes::Owned(Vec::new()),
-            crc,
-            entry_count: entries.len() as u32,
-        };
-        let range = start..queue.arena.len();
-        let ticket = self.push_request(queue, payload, Some(range), None, entries[0].index);
-        AppendTicket {
-            ticket,
-            last_index: entries[entries.len() - 1].index,
-        }
-    }
-
-    fn push_truncation(&self, queue: &mut Queue, last_kept: OpIndex) -> Result<Ticket> {
-        let last = queue.terms.last();
-        if last_kept >= last.index {
-            // Nothing to discard; the caller may still wait for everything queued so far.
-            return Ok(queue.next_ticket - 1);
-        }
-        let Some(term) = queue.terms.term_at(last_kept) else {
-            return Err(WalError::NotFound {
-                index: last_kept,
-                first: queue.terms.first(),
-                last: last.index,
-            });
-        };
-        let kept = OpId::new(term, last_kept);
-        queue.terms.truncate_after(kept);
-        Ok(self.push_request(queue, format::encode_truncate(kept), None, Some(kept), 0))
-    }
-
-    fn push_request(
-        &self,
-        queue: &mut Queue,
-        payload: EncodedPayload,
-        in_arena: Option<Range<usize>>,
-        truncate_to: Option<OpId>,
-        first_index: OpIndex,
-    ) -> Ticket {
-        let ticket = queue.next_ticket;
-        queue.next_ticket += 1;
-        let request = Request {
-            ticket,
-            payload,
-            in_arena,
-            truncate_to,
-            first_index,
-        };
-        queue.queued_bytes += request.queued_bytes();
-        queue.requests.push_back(request);
-        ticket
-    }
-
-    /// Releases the queue and wakes the appender if it is idle and work is queued.
-    fn wake_appender(&self, mut queue: std::sync::MutexGuard<'_, Queue>) {
-        let wake = queue.appender_idle && !queue.requests.is_empty();
-        if wake {
-            queue.appender_idle = false;
-        } else if self.shared.syncs_in_flight.load(Ordering::Relaxed) > 0 {
-            queue.appends_found_busy = true;
-        }
-        drop(queue);
-        if wake {
-            self.shared.work_ready.notify_one();
-        }
-    }
 }
 
 impl Drop for Log {
@@ -878,17 +423,6 @@ impl Drop for Log {
             let _ = self.close();
         }
     }
-}
-
-/// The park token of a waiter for `ticket`, saturated where `usize` is narrower than a
-/// ticket (such a waiter wakes early and parks again).
-fn ticket_token(ticket: Ticket) -> ParkToken {
-    ParkToken(usize::try_from(ticket).unwrap_or(usize::MAX))
-}
-
-/// The ticket a waiter parked with (`ticket_token`'s inverse, up to that saturation).
-fn token_ticket(token: ParkToken) -> Ticket {
-    token.0 as Ticket
 }
 
 fn validate_options(tablet_id: &str, options: &LogOptions) -> Result<()> {
@@ -1030,4 +564,9 @@ fn finish_recovery(
     // That sync covered the active segment's name too, prepared without syncs or not.
     active.segment().name_durable.store(true, Ordering::Release);
     Ok(active)
+}
+
+/// The error for an anchor id that is not registered.
+fn unknown_anchor(anchor: AnchorId) -> WalError {
+    WalError::InvalidArgument(format!("unknown anchor {}", anchor.0))
 }

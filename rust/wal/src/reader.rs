@@ -13,8 +13,8 @@ use crate::entry::Entry;
 use crate::error::{Result, WalError};
 use crate::format::{self, BatchKind};
 use crate::index::Location;
-use crate::log::{Log, Shared};
 use crate::segment::SegmentFile;
+use crate::shared::Shared;
 
 /// Reads entries `from..=to` (see `Log::read`).
 pub(crate) fn read_range(
@@ -152,7 +152,7 @@ fn mismatch(segment: &SegmentFile, location: &Location, reason: &str) -> WalErro
 /// Iterates written entries in index order, reading a chunk at a time (see
 /// `Log::entries_from`). Stops at the last written entry.
 pub struct EntryIter<'a> {
-    log: &'a Log,
+    shared: &'a Shared,
     next: OpIndex,
     chunk_bytes: usize,
     buffered: std::vec::IntoIter<Entry>,
@@ -160,9 +160,9 @@ pub struct EntryIter<'a> {
 }
 
 impl<'a> EntryIter<'a> {
-    pub(crate) fn new(log: &'a Log, from: OpIndex, chunk_bytes: usize) -> Self {
+    pub(crate) fn new(shared: &'a Shared, from: OpIndex, chunk_bytes: usize) -> Self {
         EntryIter {
-            log,
+            shared,
             next: from,
             chunk_bytes,
             buffered: Vec::new().into_iter(),
@@ -181,7 +181,7 @@ impl Iterator for EntryIter<'_> {
         if self.done {
             return None;
         }
-        match self.log.read(self.next, OpIndex::MAX, self.chunk_bytes) {
+        match read_range(self.shared, self.next, OpIndex::MAX, self.chunk_bytes) {
             Ok(chunk) if chunk.is_empty() => {
                 self.done = true;
                 None
