@@ -102,7 +102,11 @@ class ChaosCluster:
         """Starts ``ts`` without waiting for it."""
         self._spawner.submit(ts.start).result()
 
-    def peer(self, ts: ServerProcess, member_type: int = metadata_pb2.VOTER) -> Any:
+    def peer(
+        self,
+        ts: ServerProcess,
+        member_type: metadata_pb2.MemberType.ValueType = metadata_pb2.VOTER,
+    ) -> Any:
         """The ``RaftPeerPB`` of ``ts``, addressed through its proxy."""
         assert ts.uuid is not None, f"{ts.name} has not started"
         peer = metadata_pb2.RaftPeerPB(permanent_uuid=ts.uuid, member_type=member_type)
@@ -127,7 +131,7 @@ class ChaosCluster:
 
         assert self.schema is not None
         request = tserver_admin_pb2.CreateTabletRequestPB(
-            dest_uuid=ts.uuid,
+            dest_uuid=ts.uuid or "",
             table_id=self.tablet_id,
             table_name="chaos",
             tablet_id=self.tablet_id,
@@ -140,7 +144,7 @@ class ChaosCluster:
     def cstate(self, ts: ServerProcess, *, timeout_ms: int = 2_000) -> Any:
         """The consensus state ``ts`` reports for the tablet."""
         request = consensus_pb2.GetConsensusStateRequestPB(
-            dest_uuid=ts.uuid, tablet_ids=[self.tablet_id]
+            dest_uuid=ts.uuid or "", tablet_ids=[self.tablet_id]
         )
         with ts.proxy() as proxy:
             response = proxy.call(proxy.consensus.GetConsensusState, request, timeout_ms=timeout_ms)
@@ -176,18 +180,27 @@ class ChaosCluster:
     def step_down(self, ts: ServerProcess, *, abrupt: bool) -> None:
         mode = consensus_pb2.ABRUPT if abrupt else consensus_pb2.GRACEFUL
         request = consensus_pb2.LeaderStepDownRequestPB(
-            dest_uuid=ts.uuid, tablet_id=self.tablet_id, mode=mode
+            dest_uuid=ts.uuid or "", tablet_id=self.tablet_id, mode=mode
         )
         self.consensus_call(ts, "LeaderStepDown", request)
 
-    def change_config(self, change_type: int, peer: Any, *, deadline_s: float = 15.0) -> Any:
+    def change_config(
+        self,
+        change_type: consensus_pb2.ChangeConfigType.ValueType,
+        peer: Any,
+        *,
+        deadline_s: float = 15.0,
+    ) -> Any:
         """Sends ``ChangeConfig`` to the leader, retrying while leadership is unsettled."""
         deadline = time.monotonic() + deadline_s
         while True:
             try:
                 leader = self.leader(timeout_s=max(0.1, deadline - time.monotonic()))
                 request = consensus_pb2.ChangeConfigRequestPB(
-                    dest_uuid=leader.uuid, tablet_id=self.tablet_id, type=change_type, server=peer
+                    dest_uuid=leader.uuid or "",
+                    tablet_id=self.tablet_id,
+                    type=change_type,
+                    server=peer,
                 )
                 return self.consensus_call(leader, "ChangeConfig", request)
             except (errors.RetriableError, errors.IllegalStateError):

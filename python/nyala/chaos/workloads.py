@@ -94,7 +94,7 @@ class TabletClient:
                 last = exc
                 break
             request = tserver_pb2.WriteRequestPB(
-                dest_uuid=leader.uuid,
+                dest_uuid=leader.uuid or "",
                 tablet_id=self.cluster.tablet_id,
                 request_id=common_pb2.RequestIdPB(
                     client_id=self.client_id, seq_no=seq_no, first_incomplete_seq_no=seq_no
@@ -117,7 +117,7 @@ class TabletClient:
         """A linearizable scan at the leader: every (id, v) row."""
         leader = self._find_leader(time.monotonic() + OP_DEADLINE_S)
         request = tserver_pb2.ScanRequestPB(
-            dest_uuid=leader.uuid,
+            dest_uuid=leader.uuid or "",
             new_scan=tserver_pb2.NewScanRequestPB(
                 tablet_id=self.cluster.tablet_id, read_mode=tserver_pb2.READ_LATEST
             ),

@@ -23,10 +23,10 @@ ADMIN_POLL_S = 0.2
 _MEMBER_TYPES = {"VOTER": metadata_pb2.VOTER, "NON_VOTER": metadata_pb2.NON_VOTER}
 
 
-def member_type(name: str) -> int:
+def member_type(name: str) -> metadata_pb2.MemberType.ValueType:
     """``VOTER``/``NON_VOTER`` as the ``MemberType`` value."""
     try:
-        return int(_MEMBER_TYPES[name.upper()])
+        return _MEMBER_TYPES[name.upper()]
     except KeyError:
         raise errors.InvalidArgumentError(
             f"member type must be VOTER or NON_VOTER: {name!r}"

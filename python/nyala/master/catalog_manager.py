@@ -57,9 +57,9 @@ _ROLES = {
 }
 
 
-def role_pb(role: Role) -> int:
+def role_pb(role: Role) -> master_pb2.RaftRole.ValueType:
     """The ``RaftRole`` of a consensus role."""
-    return int(_ROLES.get(role, master_pb2.ROLE_UNKNOWN))
+    return _ROLES.get(role, master_pb2.ROLE_UNKNOWN)
 
 
 class CatalogManager:

@@ -119,7 +119,13 @@ class ReplicaAdmin:
                     raise
                 await asyncio.sleep(_COMMIT_POLL_S)
 
-    async def _change(self, tablet: _Tablet, kind: int, peer: Any, what: str) -> Outcome:
+    async def _change(
+        self,
+        tablet: _Tablet,
+        kind: consensus_pb2.ChangeConfigType.ValueType,
+        peer: Any,
+        what: str,
+    ) -> Outcome:
         request = consensus_pb2.ChangeConfigRequestPB(
             dest_uuid=tablet.leader_uuid,
             tablet_id=tablet.tablet_id,
@@ -131,7 +137,9 @@ class ReplicaAdmin:
         log.info("tablet %s: %s", tablet.tablet_id, what)
         return Outcome(False, f"{what} (sent; repeat until done)")
 
-    def _new_peer(self, ts_uuid: str, member_type: int, *, promote: bool) -> Any:
+    def _new_peer(
+        self, ts_uuid: str, member_type: metadata_pb2.MemberType.ValueType, *, promote: bool
+    ) -> Any:
         ts = self._m.ts_manager.get(ts_uuid)
         if ts is None or not self._m.ts_manager.is_live(ts):
             raise InvalidArgumentError(f"tablet server {ts_uuid} is not live")
@@ -152,7 +160,9 @@ class ReplicaAdmin:
 
     # --- operations -------------------------------------------------------------------------
 
-    async def add_replica(self, tablet_id: str, ts_uuid: str, member_type: int) -> Outcome:
+    async def add_replica(
+        self, tablet_id: str, ts_uuid: str, member_type: metadata_pb2.MemberType.ValueType
+    ) -> Outcome:
         """AddReplica: done once ``ts_uuid`` is in the config with the wanted type."""
         tablet = await self._tablet(tablet_id)
         wanted = member_type or _VOTER
@@ -178,7 +188,9 @@ class ReplicaAdmin:
         peer = metadata_pb2.RaftPeerPB(permanent_uuid=ts_uuid)
         return await self._change(tablet, consensus_pb2.REMOVE_PEER, peer, f"removing {ts_uuid}")
 
-    async def change_replica_type(self, tablet_id: str, ts_uuid: str, member_type: int) -> Outcome:
+    async def change_replica_type(
+        self, tablet_id: str, ts_uuid: str, member_type: metadata_pb2.MemberType.ValueType
+    ) -> Outcome:
         """ChangeReplicaType: done once ``ts_uuid`` has ``member_type``."""
         if member_type not in (_VOTER, _NON_VOTER):
             raise InvalidArgumentError("member_type must be VOTER or NON_VOTER")
@@ -319,5 +331,5 @@ class ReplicaAdmin:
         return Outcome(True, f"every tablet of {table.name} has {num_replicas} voters")
 
 
-def _name(member_type: int) -> str:
-    return str(metadata_pb2.MemberType.Name(member_type))
+def _name(member_type: metadata_pb2.MemberType.ValueType) -> str:
+    return metadata_pb2.MemberType.Name(member_type)

@@ -230,10 +230,10 @@ class Rereplicator:
         if decision.action is Action.NONE:
             return None
         if decision.action is Action.STEP_DOWN:
-            request = consensus_pb2.LeaderStepDownRequestPB(
+            step_down = consensus_pb2.LeaderStepDownRequestPB(
                 dest_uuid=leader, tablet_id=tablet.tablet_id, mode=consensus_pb2.GRACEFUL
             )
-            return PlannedChange(tablet.tablet_id, leader, decision, request)
+            return PlannedChange(tablet.tablet_id, leader, decision, step_down)
         request = consensus_pb2.ChangeConfigRequestPB(
             dest_uuid=leader, tablet_id=tablet.tablet_id, cas_config_opid_index=cas
         )

@@ -16,7 +16,7 @@ from nyala.master.tablet_reports import TabletReports
 from nyala.rpc import RpcMetrics, ServiceBase, join_host_port, unary
 
 
-class MasterService(ServiceBase, master_pb2_grpc.MasterServiceServicer):  # type: ignore[misc]
+class MasterService(ServiceBase, master_pb2_grpc.MasterServiceServicer):
     """Heartbeats, leader discovery, DDL, catalog reads and membership."""
 
     def __init__(self, server_uuid: str, metrics: RpcMetrics, manager: CatalogManager) -> None:

@@ -8,7 +8,7 @@ error codes.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeAlias
 
 import grpc
 
@@ -16,10 +16,11 @@ from nyala import errors
 from nyala._proto import common_pb2
 
 ErrorCode = common_pb2.ErrorCode
+_Code: TypeAlias = common_pb2.ErrorCode.ValueType
 
 # Code -> class. Each class appears once, so the mapping round-trips; a subclass is listed
 # before its base class in lookups (see ``_code_for``).
-CODE_TO_CLASS: dict[int, type[errors.NyalaError]] = {
+CODE_TO_CLASS: dict[_Code, type[errors.NyalaError]] = {
     common_pb2.UNKNOWN_ERROR: errors.NyalaError,
     common_pb2.INVALID_ARGUMENT: errors.InvalidArgumentError,
     common_pb2.NOT_THE_LEADER: errors.NotLeaderError,
@@ -44,7 +45,7 @@ CODE_TO_CLASS: dict[int, type[errors.NyalaError]] = {
     common_pb2.TIMED_OUT: errors.TimedOutError,
 }
 
-_CLASS_TO_CODE: dict[type[errors.NyalaError], int] = {
+_CLASS_TO_CODE: dict[type[errors.NyalaError], _Code] = {
     cls: code for code, cls in CODE_TO_CLASS.items()
 }
 assert len(_CLASS_TO_CODE) == len(CODE_TO_CLASS), "each class maps to exactly one code"
@@ -61,13 +62,13 @@ _GRPC_STATUS_TO_CLASS: dict[grpc.StatusCode, type[errors.NyalaError]] = {
 }
 
 
-def _code_for(exc: BaseException) -> int:
+def _code_for(exc: BaseException) -> _Code:
     """The code of the most specific mapped class ``exc`` is an instance of."""
     for cls in type(exc).__mro__:
         code = _CLASS_TO_CODE.get(cls)
         if code is not None:
-            return int(code)
-    return int(common_pb2.UNKNOWN_ERROR)
+            return code
+    return common_pb2.UNKNOWN_ERROR
 
 
 def error_to_pb(exc: BaseException) -> Any:

@@ -14,6 +14,8 @@ import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
+import grpc
+
 from nyala._proto import common_pb2, consensus_pb2, consensus_pb2_grpc, metadata_pb2
 from nyala.consensus.membership import ChangeType, ConfigChange
 from nyala.consensus.runtime import RaftRuntime, wire
@@ -42,16 +44,16 @@ def _decode_batch(data: bytes, start: int, end: int) -> WalEntryBatch:
     return WalEntryBatch.from_wire(data, start, end)
 
 
-def add_consensus_service(servicer: ConsensusService, server: Any) -> None:
+def add_consensus_service(servicer: ConsensusService, server: grpc.aio.Server) -> None:
     """Registers the ConsensusService, with UpdateConsensusStream's requests deserialized by
     ``wire.append_request_from_wire`` (entries decoded from the received bytes, no copy)."""
-    consensus_pb2_grpc.add_ConsensusServiceServicer_to_server(
-        servicer,
-        DeserializerOverride(server, {"UpdateConsensusStream": wire.append_request_from_wire}),
+    override = DeserializerOverride(
+        server, {"UpdateConsensusStream": wire.append_request_from_wire}
     )
+    consensus_pb2_grpc.add_ConsensusServiceServicer_to_server(servicer, override.as_server())
 
 
-class ConsensusService(ServiceBase, consensus_pb2_grpc.ConsensusServiceServicer):  # type: ignore[misc]
+class ConsensusService(ServiceBase, consensus_pb2_grpc.ConsensusServiceServicer):
     """Raft traffic between the replicas of the tablets this server hosts."""
 
     def __init__(self, server_uuid: str, metrics: RpcMetrics, tablets: TabletManager) -> None:

@@ -380,7 +380,7 @@ class MiniCluster:
         config = self.initial_config(members)
         for ts in members:
             request = tserver_admin_pb2.CreateTabletRequestPB(
-                dest_uuid=ts.uuid,
+                dest_uuid=ts.uuid or "",
                 table_id=tablet_id,
                 table_name=table_name,
                 tablet_id=tablet_id,

@@ -12,7 +12,9 @@ from nyala.testing.mini_cluster import ServerProcess
 
 def committed_config(ts: ServerProcess, tablet_id: str) -> Any | None:
     """``tablet_id``'s committed config as ``ts`` reports it (None: not answered)."""
-    request = consensus_pb2.GetConsensusStateRequestPB(dest_uuid=ts.uuid, tablet_ids=[tablet_id])
+    request = consensus_pb2.GetConsensusStateRequestPB(
+        dest_uuid=ts.uuid or "", tablet_ids=[tablet_id]
+    )
     try:
         with ts.proxy() as proxy:
             answer = proxy.call(proxy.consensus.GetConsensusState, request, timeout_ms=2_000)
@@ -32,6 +34,6 @@ def tablet_states(ts: ServerProcess) -> dict[str, int]:
     """tablet id -> data state of every replica ``ts`` holds."""
     with ts.proxy() as proxy:
         answer = proxy.call(
-            proxy.admin.ListTablets, tserver_admin_pb2.ListTabletsRequestPB(dest_uuid=ts.uuid)
+            proxy.admin.ListTablets, tserver_admin_pb2.ListTabletsRequestPB(dest_uuid=ts.uuid or "")
         )
     return {s.tablet_status.tablet_id: s.tablet_status.data_state for s in answer.status_and_schema}

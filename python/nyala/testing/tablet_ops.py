@@ -37,7 +37,7 @@ def write_request(
     """A ``WriteRequestPB`` for ``data`` (anything ``rowops.make_op_batch`` takes)."""
     batch = make_op_batch(data, op, schema)
     return tserver_pb2.WriteRequestPB(
-        dest_uuid=ts.uuid,
+        dest_uuid=ts.uuid or "",
         tablet_id=tablet_id,
         request_id=common_pb2.RequestIdPB(
             client_id=client_id, seq_no=seq_no, first_incomplete_seq_no=seq_no
@@ -85,7 +85,7 @@ def scan(
 ) -> pa.Table:
     """A linearizable full scan of ``tablet_id`` on ``ts`` (which must lead it)."""
     request = tserver_pb2.ScanRequestPB(
-        dest_uuid=ts.uuid,
+        dest_uuid=ts.uuid or "",
         new_scan=tserver_pb2.NewScanRequestPB(
             tablet_id=tablet_id, read_mode=tserver_pb2.READ_LATEST
         ),

@@ -132,7 +132,7 @@ def _write_response(outcome: WriteOutcome) -> Any:
     return response
 
 
-class TabletService(ServiceBase, tserver_pb2_grpc.TabletServiceServicer):  # type: ignore[misc]
+class TabletService(ServiceBase, tserver_pb2_grpc.TabletServiceServicer):
     """Client-facing service: liveness, writes and scans through tablet leaders."""
 
     def __init__(
@@ -272,7 +272,7 @@ class TabletService(ServiceBase, tserver_pb2_grpc.TabletServiceServicer):  # typ
         return tserver_pb2.ScannerKeepAliveResponsePB()
 
 
-class AdminService(ServiceBase, tserver_admin_pb2_grpc.TabletServerAdminServiceServicer):  # type: ignore[misc]
+class AdminService(ServiceBase, tserver_admin_pb2_grpc.TabletServerAdminServiceServicer):
     """Master-facing service: create, tombstone, delete and list replicas."""
 
     def __init__(

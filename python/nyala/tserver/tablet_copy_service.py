@@ -302,7 +302,7 @@ class TabletCopy:
         return TabletCopyService(self, metrics)
 
 
-class TabletCopyService(ServiceBase, tablet_copy_pb2_grpc.TabletCopyServiceServicer):  # type: ignore[misc]
+class TabletCopyService(ServiceBase, tablet_copy_pb2_grpc.TabletCopyServiceServicer):
     """The TabletCopyService RPCs (proto/nyala/tablet_copy.proto)."""
 
     def __init__(self, copy: TabletCopy, metrics: RpcMetrics) -> None:

@@ -75,7 +75,7 @@ class TabletReport:
             state=metadata_pb2.TabletState.Value(s.state),
             data_state=metadata_pb2.TabletDataState.Value(f"TABLET_DATA_{s.data_state}"),
             state_reason=s.state_reason,
-            estimated_on_disk_bytes=s.on_disk_bytes,
+            estimated_on_disk_bytes=s.on_disk_bytes or 0,  # None (not measured): unset
         )
         if s.partition is not None:
             pb.partition.CopyFrom(partition_to_pb(s.partition))
