@@ -8,15 +8,19 @@ error codes.
 
 from __future__ import annotations
 
-from typing import Any, TypeAlias
+from typing import TypeAlias, TypeVar
 
 import grpc
 
 from nyala import errors
 from nyala._proto import common_pb2
+from nyala.rpc.messages import Answer
 
 ErrorCode = common_pb2.ErrorCode
 _Code: TypeAlias = common_pb2.ErrorCode.ValueType
+
+
+_Answer = TypeVar("_Answer", bound=Answer)
 
 # Code -> class. Each class appears once, so the mapping round-trips; a subclass is listed
 # before its base class in lookups (see ``_code_for``).
@@ -71,7 +75,7 @@ def _code_for(exc: BaseException) -> _Code:
     return common_pb2.UNKNOWN_ERROR
 
 
-def error_to_pb(exc: BaseException) -> Any:
+def error_to_pb(exc: BaseException) -> common_pb2.ErrorPB:
     """The ``ErrorPB`` a server sends for ``exc`` (any exception; non-nyala ones are UNKNOWN)."""
     pb = common_pb2.ErrorPB(code=_code_for(exc), message=str(exc) or type(exc).__name__)
     if isinstance(exc, errors.NotLeaderError):
@@ -86,7 +90,7 @@ def error_to_pb(exc: BaseException) -> Any:
     return pb
 
 
-def error_from_pb(pb: Any) -> errors.NyalaError:
+def error_from_pb(pb: common_pb2.ErrorPB) -> errors.NyalaError:
     """The exception a client raises for an ``ErrorPB``."""
     cls = CODE_TO_CLASS.get(pb.code, errors.NyalaError)
     message = pb.message
@@ -103,7 +107,7 @@ def error_from_pb(pb: Any) -> errors.NyalaError:
     return cls(message)
 
 
-def raise_for_response(response: Any) -> Any:
+def raise_for_response(response: _Answer) -> _Answer:
     """Returns ``response`` unless its ``error`` field is set, in which case raises it."""
     if response.HasField("error"):
         raise error_from_pb(response.error)
