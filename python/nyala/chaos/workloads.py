@@ -19,7 +19,6 @@ import random
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
 import grpc
 import pyarrow as pa
@@ -77,7 +76,7 @@ class TabletClient:
         self.seq_no = 0
         self._leader: ServerProcess | None = None
 
-    def write(self, rows: dict[str, list[int]], op: str) -> Any:
+    def write(self, rows: dict[str, list[int]], op: str) -> tserver_pb2.WriteResponsePB:
         """One write, retried with the same request id until ``OP_DEADLINE_S``; raises
         ``Outcome`` (definite or not) when it gives up."""
         assert self.cluster.schema is not None

@@ -14,7 +14,6 @@ import dataclasses
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any
 
 from nyala import _native
 from nyala._proto import master_pb2, metadata_pb2
@@ -166,7 +165,7 @@ class MetaCache:
         return False
 
 
-def _location_from_pb(pb: Any) -> TabletLocation:
+def _location_from_pb(pb: master_pb2.TabletLocationsPB) -> TabletLocation:
     replicas = tuple(
         Replica(
             uuid=r.ts_info.permanent_uuid,
