@@ -24,7 +24,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from nyala._proto import metadata_pb2
+from nyala._proto import master_pb2, metadata_pb2
 from nyala.errors import InvalidArgumentError
 from nyala.schema import Schema
 
@@ -271,7 +271,7 @@ class PartitionSchema:
         out += self.encode_range_key(schema, [row[c] for c in self.range_columns])
         return bytes(out)
 
-    def to_pb(self) -> Any:
+    def to_pb(self) -> metadata_pb2.PartitionSchemaPB:
         """The ``PartitionSchemaPB``."""
         pb = metadata_pb2.PartitionSchemaPB(range_columns=list(self.range_columns))
         for level in self.hash_levels:
@@ -281,7 +281,7 @@ class PartitionSchema:
         return pb
 
     @classmethod
-    def from_pb(cls, pb: Any) -> PartitionSchema:
+    def from_pb(cls, pb: metadata_pb2.PartitionSchemaPB) -> PartitionSchema:
         """Inverse of ``to_pb``."""
         levels = tuple(
             HashPartitioning(list(h.columns), h.num_buckets, h.seed) for h in pb.hash_schema
@@ -314,7 +314,7 @@ class Partition:
             not self.key_end or partition_key < self.key_end
         )
 
-    def to_pb(self) -> Any:
+    def to_pb(self) -> metadata_pb2.PartitionPB:
         """The ``PartitionPB``."""
         return metadata_pb2.PartitionPB(
             hash_buckets=list(self.hash_buckets),
@@ -323,7 +323,7 @@ class Partition:
         )
 
     @classmethod
-    def from_pb(cls, pb: Any) -> Partition:
+    def from_pb(cls, pb: metadata_pb2.PartitionPB) -> Partition:
         """Inverse of ``to_pb``."""
         return cls(
             bytes(pb.partition_key_start), bytes(pb.partition_key_end), tuple(pb.hash_buckets)
@@ -430,7 +430,7 @@ def rows_to_ipc(schema: Schema, columns: Sequence[str], rows: Sequence[Sequence[
 
 def range_spec_to_pb(
     schema: Schema, partition_schema: PartitionSchema, spec: PartitioningSpec
-) -> tuple[list[Any], bytes]:
+) -> tuple[list[master_pb2.RangeBoundsPB], bytes]:
     """The ``range_bounds`` and ``split_rows`` fields of a ``CreateTableRequestPB`` for a
     user's partitioning."""
     items = [spec] if isinstance(spec, (HashPartitioning, RangePartitioning)) else spec or []
@@ -450,10 +450,8 @@ def range_spec_to_pb(
     return bounds, splits
 
 
-def _range_bounds_pb(lower: bytes, upper: bytes) -> Any:
+def _range_bounds_pb(lower: bytes, upper: bytes) -> master_pb2.RangeBoundsPB:
     """A ``RangeBoundsPB`` (master.proto)."""
-    from nyala._proto import master_pb2
-
     return master_pb2.RangeBoundsPB(lower=lower, upper=upper)
 
 
@@ -465,7 +463,9 @@ def _keys_from_ipc(schema: Schema, partition_schema: PartitionSchema, data: byte
     return partition_schema.range_keys_from_arrow(schema, rows)
 
 
-def partitions_for_create_table(schema: Schema, request: Any) -> list[Any]:
+def partitions_for_create_table(
+    schema: Schema, request: master_pb2.CreateTableRequestPB
+) -> list[metadata_pb2.PartitionPB]:
     """The ``PartitionPB`` of every tablet of a table created by ``request`` (a
     ``CreateTableRequestPB``), in key order: what the master calls."""
     partition_schema = PartitionSchema.from_pb(request.partition_schema)

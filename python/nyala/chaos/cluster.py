@@ -12,18 +12,23 @@ import contextlib
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TypeVar
 
 from nyala import errors
 from nyala._proto import consensus_pb2, metadata_pb2, tserver_admin_pb2
 from nyala.chaos.disk_fault import DiskFaults
 from nyala.chaos.proxy import LOOPBACK, Network
+from nyala.rpc.channel import BlockingMethod
+from nyala.rpc.messages import Answer
 from nyala.schema import Schema
 from nyala.testing.mini_cluster import MiniCluster, ServerProcess
 
 ADMIN_TIMEOUT_MS = 10_000
 # A restart replays the WAL; on a loaded 2-core machine that has taken more than 30 s.
 RESTART_TIMEOUT_S = 120.0
+
+_Req = TypeVar("_Req")
+_Resp = TypeVar("_Resp", bound=Answer)
 
 
 class ChaosCluster:
@@ -102,7 +107,11 @@ class ChaosCluster:
         """Starts ``ts`` without waiting for it."""
         self._spawner.submit(ts.start).result()
 
-    def peer(self, ts: ServerProcess, member_type: int = metadata_pb2.VOTER) -> Any:
+    def peer(
+        self,
+        ts: ServerProcess,
+        member_type: metadata_pb2.MemberType.ValueType = metadata_pb2.VOTER,
+    ) -> metadata_pb2.RaftPeerPB:
         """The ``RaftPeerPB`` of ``ts``, addressed through its proxy."""
         assert ts.uuid is not None, f"{ts.name} has not started"
         peer = metadata_pb2.RaftPeerPB(permanent_uuid=ts.uuid, member_type=member_type)
@@ -122,12 +131,17 @@ class ChaosCluster:
         for ts in self.members:
             self.create_replica(ts, config, schema_to_pb(schema))
 
-    def create_replica(self, ts: ServerProcess, config: Any, schema_pb: Any = None) -> None:
+    def create_replica(
+        self,
+        ts: ServerProcess,
+        config: metadata_pb2.RaftConfigPB,
+        schema_pb: metadata_pb2.SchemaPB | None = None,
+    ) -> None:
         from nyala.rpc.schema_pb import schema_to_pb
 
         assert self.schema is not None
         request = tserver_admin_pb2.CreateTabletRequestPB(
-            dest_uuid=ts.uuid,
+            dest_uuid=ts.uuid or "",
             table_id=self.tablet_id,
             table_name="chaos",
             tablet_id=self.tablet_id,
@@ -137,10 +151,12 @@ class ChaosCluster:
         with ts.proxy() as proxy:
             proxy.admin_call(proxy.admin.CreateTablet, request, timeout_ms=ADMIN_TIMEOUT_MS)
 
-    def cstate(self, ts: ServerProcess, *, timeout_ms: int = 2_000) -> Any:
+    def cstate(
+        self, ts: ServerProcess, *, timeout_ms: int = 2_000
+    ) -> consensus_pb2.GetConsensusStateResponsePB.TabletConsensusInfoPB:
         """The consensus state ``ts`` reports for the tablet."""
         request = consensus_pb2.GetConsensusStateRequestPB(
-            dest_uuid=ts.uuid, tablet_ids=[self.tablet_id]
+            dest_uuid=ts.uuid or "", tablet_ids=[self.tablet_id]
         )
         with ts.proxy() as proxy:
             response = proxy.call(proxy.consensus.GetConsensusState, request, timeout_ms=timeout_ms)
@@ -167,29 +183,38 @@ class ChaosCluster:
                 raise errors.TimedOutError(f"no leader of {self.tablet_id} in {timeout_s} s")
             time.sleep(0.05)
 
-    def consensus_call(self, ts: ServerProcess, method: str, request: Any) -> Any:
+    def consensus_call(
+        self, ts: ServerProcess, method: BlockingMethod[_Req, _Resp], request: _Req
+    ) -> _Resp:
         with ts.proxy() as proxy:
-            return proxy.call(
-                getattr(proxy.consensus, method), request, timeout_ms=ADMIN_TIMEOUT_MS
-            )
+            return proxy.call(method(proxy), request, timeout_ms=ADMIN_TIMEOUT_MS)
 
     def step_down(self, ts: ServerProcess, *, abrupt: bool) -> None:
         mode = consensus_pb2.ABRUPT if abrupt else consensus_pb2.GRACEFUL
         request = consensus_pb2.LeaderStepDownRequestPB(
-            dest_uuid=ts.uuid, tablet_id=self.tablet_id, mode=mode
+            dest_uuid=ts.uuid or "", tablet_id=self.tablet_id, mode=mode
         )
-        self.consensus_call(ts, "LeaderStepDown", request)
+        self.consensus_call(ts, lambda p: p.consensus.LeaderStepDown, request)
 
-    def change_config(self, change_type: int, peer: Any, *, deadline_s: float = 15.0) -> Any:
+    def change_config(
+        self,
+        change_type: consensus_pb2.ChangeConfigType.ValueType,
+        peer: metadata_pb2.RaftPeerPB,
+        *,
+        deadline_s: float = 15.0,
+    ) -> consensus_pb2.ChangeConfigResponsePB:
         """Sends ``ChangeConfig`` to the leader, retrying while leadership is unsettled."""
         deadline = time.monotonic() + deadline_s
         while True:
             try:
                 leader = self.leader(timeout_s=max(0.1, deadline - time.monotonic()))
                 request = consensus_pb2.ChangeConfigRequestPB(
-                    dest_uuid=leader.uuid, tablet_id=self.tablet_id, type=change_type, server=peer
+                    dest_uuid=leader.uuid or "",
+                    tablet_id=self.tablet_id,
+                    type=change_type,
+                    server=peer,
                 )
-                return self.consensus_call(leader, "ChangeConfig", request)
+                return self.consensus_call(leader, lambda p: p.consensus.ChangeConfig, request)
             except (errors.RetriableError, errors.IllegalStateError):
                 if time.monotonic() > deadline:
                     raise

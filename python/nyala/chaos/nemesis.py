@@ -220,7 +220,7 @@ class Nemesis:
         try:
             self.cluster.change_config(
                 consensus_pb2.REMOVE_PEER,
-                metadata_pb2.RaftPeerPB(permanent_uuid=leaving.uuid),
+                metadata_pb2.RaftPeerPB(permanent_uuid=leaving.uuid or ""),
             )
         except errors.NyalaError as exc:
             # Four voters now (still safe); there is no spare left for another move.
@@ -256,7 +256,7 @@ class Nemesis:
         self.anomalies.append(f"membership: {spare.name} not promoted in {PROMOTION_TIMEOUT_S} s")
         with contextlib.suppress(errors.NyalaError):
             self.cluster.change_config(
-                consensus_pb2.REMOVE_PEER, metadata_pb2.RaftPeerPB(permanent_uuid=spare.uuid)
+                consensus_pb2.REMOVE_PEER, metadata_pb2.RaftPeerPB(permanent_uuid=spare.uuid or "")
             )
         spare.kill()
         return False

@@ -19,7 +19,6 @@ import random
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
 import grpc
 import pyarrow as pa
@@ -77,7 +76,7 @@ class TabletClient:
         self.seq_no = 0
         self._leader: ServerProcess | None = None
 
-    def write(self, rows: dict[str, list[int]], op: str) -> Any:
+    def write(self, rows: dict[str, list[int]], op: str) -> tserver_pb2.WriteResponsePB:
         """One write, retried with the same request id until ``OP_DEADLINE_S``; raises
         ``Outcome`` (definite or not) when it gives up."""
         assert self.cluster.schema is not None
@@ -94,7 +93,7 @@ class TabletClient:
                 last = exc
                 break
             request = tserver_pb2.WriteRequestPB(
-                dest_uuid=leader.uuid,
+                dest_uuid=leader.uuid or "",
                 tablet_id=self.cluster.tablet_id,
                 request_id=common_pb2.RequestIdPB(
                     client_id=self.client_id, seq_no=seq_no, first_incomplete_seq_no=seq_no
@@ -117,7 +116,7 @@ class TabletClient:
         """A linearizable scan at the leader: every (id, v) row."""
         leader = self._find_leader(time.monotonic() + OP_DEADLINE_S)
         request = tserver_pb2.ScanRequestPB(
-            dest_uuid=leader.uuid,
+            dest_uuid=leader.uuid or "",
             new_scan=tserver_pb2.NewScanRequestPB(
                 tablet_id=self.cluster.tablet_id, read_mode=tserver_pb2.READ_LATEST
             ),

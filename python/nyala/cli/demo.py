@@ -79,7 +79,9 @@ def _leaders(client: nyala.Client) -> collections.Counter[str]:
 
 
 def _committed(ts: ServerProcess, tablet_ids: list[str]) -> dict[str, int]:
-    request = consensus_pb2.GetConsensusStateRequestPB(dest_uuid=ts.uuid, tablet_ids=tablet_ids)
+    request = consensus_pb2.GetConsensusStateRequestPB(
+        dest_uuid=ts.uuid or "", tablet_ids=tablet_ids
+    )
     with ts.proxy() as proxy:
         response = proxy.call(proxy.consensus.GetConsensusState, request)
     return {t.tablet_id: int(t.committed_index) for t in response.tablets}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any
+from collections.abc import Iterable
 
 import click
 
@@ -73,7 +73,7 @@ def find_leader(addrs: list[str], timeout_s: float = 15.0) -> tuple[str, str]:
     raise TimedOutError(f"no leader master among {','.join(addrs)} ({last})")
 
 
-def _print_masters(entries: Any, fmt: str) -> None:
+def _print_masters(entries: Iterable[master_pb2.MasterEntryPB], fmt: str) -> None:
     rows = [
         {
             "uuid": e.permanent_uuid,

@@ -23,7 +23,7 @@ def group() -> None:
     """List and cancel tablet copies onto a tablet server."""
 
 
-def _job_json(pb: Any) -> dict[str, Any]:
+def _job_json(pb: tablet_copy_pb2.TabletCopyJobPB) -> dict[str, Any]:
     return {
         "id": pb.job_id,
         "tablet_id": pb.tablet_id,

@@ -10,23 +10,27 @@ tablet's Raft config). ``wait=False`` sends one step and returns the master's me
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypeVar
 
 from nyala import errors
 from nyala._proto import master_pb2, metadata_pb2
+from nyala.client.rpc import StubMethod
+from nyala.rpc.messages import Addressable
 
 if TYPE_CHECKING:
     from nyala.client.client import Client
+
+_Req = TypeVar("_Req", bound=Addressable)
 
 #: Pause between two steps of an operation that is not done yet.
 ADMIN_POLL_S = 0.2
 _MEMBER_TYPES = {"VOTER": metadata_pb2.VOTER, "NON_VOTER": metadata_pb2.NON_VOTER}
 
 
-def member_type(name: str) -> int:
+def member_type(name: str) -> metadata_pb2.MemberType.ValueType:
     """``VOTER``/``NON_VOTER`` as the ``MemberType`` value."""
     try:
-        return int(_MEMBER_TYPES[name.upper()])
+        return _MEMBER_TYPES[name.upper()]
     except KeyError:
         raise errors.InvalidArgumentError(
             f"member type must be VOTER or NON_VOTER: {name!r}"
@@ -38,7 +42,14 @@ class ReplicaAdminMixin:
 
     _client: Client
 
-    def _until_done(self, method: str, request: Any, *, wait: bool, timeout_s: float | None) -> str:
+    def _until_done(
+        self,
+        method: StubMethod[_Req, master_pb2.ReplicaAdminResponsePB],
+        request: _Req,
+        *,
+        wait: bool,
+        timeout_s: float | None,
+    ) -> str:
         client = self._client
         limit_s = timeout_s if timeout_s is not None else client.admin_timeout_ms / 1000
         deadline = time.monotonic() + limit_s
@@ -47,9 +58,8 @@ class ReplicaAdminMixin:
             if answer.done or not wait:
                 return str(answer.message)
             if time.monotonic() > deadline:
-                raise errors.TimedOutError(
-                    f"{method} not done within {limit_s} s: {answer.message}"
-                )
+                name = type(request).__name__.removesuffix("RequestPB")
+                raise errors.TimedOutError(f"{name} not done within {limit_s} s: {answer.message}")
             time.sleep(ADMIN_POLL_S)
 
     def add_replica(
@@ -65,14 +75,18 @@ class ReplicaAdminMixin:
         request = master_pb2.AddReplicaRequestPB(
             tablet_id=tablet_id, ts_uuid=ts_uuid, member_type=member_type(replica_type)
         )
-        return self._until_done("AddReplica", request, wait=wait, timeout_s=timeout_s)
+        return self._until_done(
+            lambda s: s.master.AddReplica, request, wait=wait, timeout_s=timeout_s
+        )
 
     def remove_replica(
         self, tablet_id: str, ts_uuid: str, *, wait: bool = True, timeout_s: float | None = None
     ) -> str:
         """Removes the replica on ``ts_uuid`` (a leader hands leadership over first)."""
         request = master_pb2.RemoveReplicaRequestPB(tablet_id=tablet_id, ts_uuid=ts_uuid)
-        return self._until_done("RemoveReplica", request, wait=wait, timeout_s=timeout_s)
+        return self._until_done(
+            lambda s: s.master.RemoveReplica, request, wait=wait, timeout_s=timeout_s
+        )
 
     def change_replica_type(
         self,
@@ -87,7 +101,9 @@ class ReplicaAdminMixin:
         request = master_pb2.ChangeReplicaTypeRequestPB(
             tablet_id=tablet_id, ts_uuid=ts_uuid, member_type=member_type(replica_type)
         )
-        return self._until_done("ChangeReplicaType", request, wait=wait, timeout_s=timeout_s)
+        return self._until_done(
+            lambda s: s.master.ChangeReplicaType, request, wait=wait, timeout_s=timeout_s
+        )
 
     def move_replica(
         self,
@@ -102,7 +118,9 @@ class ReplicaAdminMixin:
         request = master_pb2.MoveReplicaRequestPB(
             tablet_id=tablet_id, from_ts_uuid=from_ts, to_ts_uuid=to_ts
         )
-        return self._until_done("MoveReplica", request, wait=wait, timeout_s=timeout_s)
+        return self._until_done(
+            lambda s: s.master.MoveReplica, request, wait=wait, timeout_s=timeout_s
+        )
 
     def step_down_leader(
         self,
@@ -117,14 +135,18 @@ class ReplicaAdminMixin:
         request = master_pb2.TabletLeaderStepDownRequestPB(
             tablet_id=tablet_id, abrupt=abrupt, new_leader_uuid=new_leader or ""
         )
-        return self._until_done("TabletLeaderStepDown", request, wait=wait, timeout_s=timeout_s)
+        return self._until_done(
+            lambda s: s.master.TabletLeaderStepDown, request, wait=wait, timeout_s=timeout_s
+        )
 
     def retire_tserver(
         self, ts_uuid: str, *, wait: bool = True, timeout_s: float | None = None
     ) -> str:
         """Moves every replica off ``ts_uuid`` and keeps new ones off it."""
         request = master_pb2.RetireTabletServerRequestPB(ts_uuid=ts_uuid)
-        return self._until_done("RetireTabletServer", request, wait=wait, timeout_s=timeout_s)
+        return self._until_done(
+            lambda s: s.master.RetireTabletServer, request, wait=wait, timeout_s=timeout_s
+        )
 
     def change_replication_factor(
         self, table: str, replicas: int, *, wait: bool = True, timeout_s: float | None = None
@@ -133,4 +155,6 @@ class ReplicaAdminMixin:
         request = master_pb2.ChangeReplicationFactorRequestPB(
             table=master_pb2.TableIdentifierPB(table_name=table), num_replicas=replicas
         )
-        return self._until_done("ChangeReplicationFactor", request, wait=wait, timeout_s=timeout_s)
+        return self._until_done(
+            lambda s: s.master.ChangeReplicationFactor, request, wait=wait, timeout_s=timeout_s
+        )

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, TypeVar
 
 import pyarrow as pa
 
@@ -20,13 +20,14 @@ from nyala._proto import consensus_pb2, master_pb2, metadata_pb2
 from nyala.client.admin import ReplicaAdminMixin
 from nyala.client.masters import MasterConnection, parse_masters
 from nyala.client.meta_cache import MetaCache, TableInfo, TabletLocation
-from nyala.client.rpc import ChannelPool
+from nyala.client.rpc import ChannelPool, StubMethod
 from nyala.client.session import Session
 from nyala.client.table import Table
 from nyala.client.write import Writer, WriteResult
 from nyala.partition import PartitioningSpec, PartitionSchema, range_spec_to_pb
 from nyala.rowops import OpType, make_op_batch
 from nyala.rpc.errors import join_host_port
+from nyala.rpc.messages import Addressable, Answer
 from nyala.rpc.schema_pb import schema_to_pb
 from nyala.rpc.settings import RpcSettings
 from nyala.schema import Column, Schema
@@ -37,6 +38,9 @@ ADMIN_TIMEOUT_MS = 30_000
 #: Threads sending tablet writes in parallel.
 WRITE_THREADS = 16
 _DDL_POLL_S = 0.1
+
+_Req = TypeVar("_Req", bound=Addressable)
+_Resp = TypeVar("_Resp", bound=Answer)
 
 
 def connect(
@@ -115,9 +119,9 @@ class Client:
             num_replicas=replicas,
             request_id=uuid.uuid4().hex,
         )
-        self._master_call("CreateTable", request, admin=True)
+        self._master_call(lambda s: s.master.CreateTable, request, admin=True)
         if wait:
-            self._wait_done("IsCreateTableDone", name)
+            self._wait_done("IsCreateTableDone", name, self._create_done)
         return self.table(name)
 
     def table(self, name: str) -> Table:
@@ -153,11 +157,11 @@ class Client:
             step.rename_column.new_name = new
         if not request.steps and not new_name:
             raise errors.InvalidArgumentError("alter_table needs at least one change")
-        self._master_call("AlterTable", request, admin=True)
+        self._master_call(lambda s: s.master.AlterTable, request, admin=True)
         self._cache.forget_table(name)
         final = new_name or name
         if wait:
-            self._wait_done("IsAlterTableDone", final)
+            self._wait_done("IsAlterTableDone", final, self._alter_done)
         return self.table(final)
 
     def delete_table(self, name: str) -> None:
@@ -165,13 +169,13 @@ class Client:
         request = master_pb2.DeleteTableRequestPB(
             table=master_pb2.TableIdentifierPB(table_name=name), request_id=uuid.uuid4().hex
         )
-        self._master_call("DeleteTable", request, admin=True)
+        self._master_call(lambda s: s.master.DeleteTable, request, admin=True)
         self._cache.forget_table(name)
 
     def list_tables(self, name_filter: str = "") -> list[dict[str, Any]]:
         """Live tables, sorted by name: id, name, tablets, replicas, state, schema version."""
         request = master_pb2.ListTablesRequestPB(name_filter=name_filter)
-        response = self._master_call("ListTables", request)
+        response = self._master_call(lambda s: s.master.ListTables, request)
         return [
             {
                 "name": t.name,
@@ -205,7 +209,9 @@ class Client:
 
     def list_tablet_servers(self) -> list[dict[str, Any]]:
         """Every tablet server the leader master knows, with liveness and replica count."""
-        response = self._master_call("ListTabletServers", master_pb2.ListTabletServersRequestPB())
+        response = self._master_call(
+            lambda s: s.master.ListTabletServers, master_pb2.ListTabletServersRequestPB()
+        )
         return [
             {
                 "uuid": s.ts_info.permanent_uuid,
@@ -219,7 +225,9 @@ class Client:
 
     def list_masters(self) -> list[dict[str, Any]]:
         """The masters of the cluster and their roles."""
-        response = self._master_call("ListMasters", master_pb2.ListMastersRequestPB())
+        response = self._master_call(
+            lambda s: s.master.ListMasters, master_pb2.ListMastersRequestPB()
+        )
         return [
             {
                 "uuid": m.permanent_uuid,
@@ -247,20 +255,31 @@ class Client:
 
     # --- plumbing -----------------------------------------------------------------------------
 
-    def _master_call(self, method: str, request: Any, *, admin: bool = False) -> Any:
+    def _master_call(
+        self, method: StubMethod[_Req, _Resp], request: _Req, *, admin: bool = False
+    ) -> _Resp:
         timeout = self.admin_timeout_ms if admin else self.timeout_ms
-        return self._masters.call(lambda s: getattr(s.master, method), request, timeout_ms=timeout)
+        return self._masters.call(method, request, timeout_ms=timeout)
 
-    def _wait_done(self, method: str, name: str) -> None:
+    def _wait_done(
+        self, method: str, name: str, done: Callable[[master_pb2.TableIdentifierPB], bool]
+    ) -> None:
+        """Asks ``done`` (``method`` of the master) about table ``name`` until it says so."""
         deadline = time.monotonic() + self.admin_timeout_ms / 1000
-        request_cls = getattr(master_pb2, f"{method}RequestPB")
         while True:
-            request = request_cls(table=master_pb2.TableIdentifierPB(table_name=name))
-            if self._master_call(method, request, admin=True).done:
+            if done(master_pb2.TableIdentifierPB(table_name=name)):
                 return
             if time.monotonic() > deadline:
                 raise errors.TimedOutError(f"{method} of {name!r} not done within the deadline")
             time.sleep(_DDL_POLL_S)
+
+    def _create_done(self, table: master_pb2.TableIdentifierPB) -> bool:
+        request = master_pb2.IsCreateTableDoneRequestPB(table=table)
+        return self._master_call(lambda s: s.master.IsCreateTableDone, request, admin=True).done
+
+    def _alter_done(self, table: master_pb2.TableIdentifierPB) -> bool:
+        request = master_pb2.IsAlterTableDoneRequestPB(table=table)
+        return self._master_call(lambda s: s.master.IsAlterTableDone, request, admin=True).done
 
 
 class Admin(ReplicaAdminMixin):

@@ -19,14 +19,24 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, TypeAlias, TypeVar
 
 from nyala._proto import consensus_pb2, master_pb2, metadata_pb2, tserver_admin_pb2
 from nyala.errors import NyalaError, TimedOutError
 from nyala.rpc import BlockingServerProxy, join_host_port
+from nyala.rpc.channel import BlockingMethod
+from nyala.rpc.messages import Addressable, Answer
 
 #: Deadline of each RPC ksck sends, in milliseconds.
 KSCK_RPC_TIMEOUT_MS = 5_000
+
+_Req = TypeVar("_Req")
+_AddressedReq = TypeVar("_AddressedReq", bound=Addressable)
+_Resp = TypeVar("_Resp", bound=Answer)
+# What a tablet server says of its replicas: status and consensus state by tablet id.
+_Replicas: TypeAlias = tuple[
+    dict[str, tserver_admin_pb2.TabletStatusPB], dict[str, metadata_pb2.ConsensusStatePB]
+]
 
 
 @dataclass(frozen=True)
@@ -88,16 +98,15 @@ class ClusterSnapshot:
     tablets: list[TabletView] = field(default_factory=list)
 
 
-def _call(addr: str, stub: str, method: str, request: Any) -> Any:
+def _call(addr: str, method: BlockingMethod[_Req, _Resp], request: _Req) -> _Resp:
     with BlockingServerProxy(addr) as proxy:
-        return proxy.call(
-            getattr(getattr(proxy, stub), method), request, timeout_ms=KSCK_RPC_TIMEOUT_MS
-        )
+        return proxy.call(method(proxy), request, timeout_ms=KSCK_RPC_TIMEOUT_MS)
 
 
 def _ask_master(addr: str) -> MasterView:
     try:
-        answer = _call(addr, "master", "ConnectToMaster", master_pb2.ConnectToMasterRequestPB())
+        request = master_pb2.ConnectToMasterRequestPB()
+        answer = _call(addr, lambda p: p.master.ConnectToMaster, request)
     except NyalaError as exc:
         return MasterView(addr, error=f"{type(exc).__name__}: {exc}")
     return MasterView(
@@ -122,31 +131,34 @@ def gather(masters: Sequence[str], *, leader_wait_s: float = 10.0) -> ClusterSna
             return ClusterSnapshot(views)
         time.sleep(0.2)
     snapshot = ClusterSnapshot(views)
-    master_call = _leader_caller(leader)
-    servers = master_call("ListTabletServers", master_pb2.ListTabletServersRequestPB())
+    servers = _leader_call(
+        leader, lambda p: p.master.ListTabletServers, master_pb2.ListTabletServersRequestPB()
+    )
     for s in servers.servers:
         addr = join_host_port(s.ts_info.rpc_addr.host, s.ts_info.rpc_addr.port)
         snapshot.tservers.append({"uuid": s.ts_info.permanent_uuid, "addr": addr, "live": s.live})
-    tables = master_call("ListTables", master_pb2.ListTablesRequestPB())
+    tables = _leader_call(leader, lambda p: p.master.ListTables, master_pb2.ListTablesRequestPB())
     for table in tables.tables:
         request = master_pb2.GetTableLocationsRequestPB(
             table=master_pb2.TableIdentifierPB(table_id=table.id)
         )
-        for loc in master_call("GetTableLocations", request).tablet_locations:
+        locations = _leader_call(leader, lambda p: p.master.GetTableLocations, request)
+        for loc in locations.tablet_locations:
             snapshot.tablets.append(_tablet_view(table, loc))
     _ask_tservers(snapshot)
     return snapshot
 
 
-def _leader_caller(leader: MasterView) -> Any:
-    def call(method: str, request: Any) -> Any:
-        request.dest_uuid = leader.uuid
-        return _call(leader.addr, "master", method, request)
+def _leader_call(
+    leader: MasterView, method: BlockingMethod[_AddressedReq, _Resp], request: _AddressedReq
+) -> _Resp:
+    request.dest_uuid = leader.uuid
+    return _call(leader.addr, method, request)
 
-    return call
 
-
-def _tablet_view(table: Any, loc: Any) -> TabletView:
+def _tablet_view(
+    table: master_pb2.ListTablesResponsePB.TableInfoPB, loc: master_pb2.TabletLocationsPB
+) -> TabletView:
     voters = [r.ts_info.permanent_uuid for r in loc.replicas if r.member_type == metadata_pb2.VOTER]
     others = [r.ts_info.permanent_uuid for r in loc.replicas if r.member_type != metadata_pb2.VOTER]
     return TabletView(
@@ -161,7 +173,7 @@ def _tablet_view(table: Any, loc: Any) -> TabletView:
 
 
 def _ask_tservers(snapshot: ClusterSnapshot) -> None:
-    by_ts: dict[str, tuple[dict[str, Any], dict[str, Any]] | str] = {}
+    by_ts: dict[str, _Replicas | str] = {}
     for ts in snapshot.tservers:
         if not ts["live"]:
             by_ts[ts["uuid"]] = "tablet server is not live"
@@ -175,21 +187,21 @@ def _ask_tservers(snapshot: ClusterSnapshot) -> None:
             tablet.replicas.append(_replica_view(uuid, tablet.tablet_id, by_ts.get(uuid)))
 
 
-def _replicas_of(uuid: str, addr: str) -> tuple[dict[str, Any], dict[str, Any]]:
+def _replicas_of(uuid: str, addr: str) -> _Replicas:
     listed = _call(
-        addr, "admin", "ListTablets", tserver_admin_pb2.ListTabletsRequestPB(dest_uuid=uuid)
+        addr, lambda p: p.admin.ListTablets, tserver_admin_pb2.ListTabletsRequestPB(dest_uuid=uuid)
     )
     statuses = {s.tablet_status.tablet_id: s.tablet_status for s in listed.status_and_schema}
     running = [t for t, s in statuses.items() if s.state == metadata_pb2.RUNNING]
-    cstates: dict[str, Any] = {}
+    cstates: dict[str, metadata_pb2.ConsensusStatePB] = {}
     if running:
         request = consensus_pb2.GetConsensusStateRequestPB(dest_uuid=uuid, tablet_ids=running)
-        for info in _call(addr, "consensus", "GetConsensusState", request).tablets:
+        for info in _call(addr, lambda p: p.consensus.GetConsensusState, request).tablets:
             cstates[info.tablet_id] = info.cstate
     return statuses, cstates
 
 
-def _replica_view(uuid: str, tablet_id: str, found: Any) -> ReplicaView:
+def _replica_view(uuid: str, tablet_id: str, found: _Replicas | str | None) -> ReplicaView:
     if found is None:
         return ReplicaView(uuid, error="tablet server unknown to the leader master")
     if isinstance(found, str):

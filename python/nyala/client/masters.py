@@ -12,14 +12,18 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TypeVar
 
 from nyala import errors
 from nyala._proto import master_pb2
-from nyala.client.rpc import Backoff, ChannelPool, Stubs
+from nyala.client.rpc import Backoff, ChannelPool, StubMethod
 from nyala.rpc.errors import join_host_port, split_host_port
+from nyala.rpc.messages import Addressable, Answer
+
+_Req = TypeVar("_Req", bound=Addressable)
+_Resp = TypeVar("_Resp", bound=Answer)
 
 #: How long one ConnectToMaster round may take, in milliseconds.
 CONNECT_ROUND_TIMEOUT_MS = 2_000
@@ -110,7 +114,7 @@ class MasterConnection:
             raise errors.ServiceUnavailableError("; ".join(problems) or "no master answered")
         return found
 
-    def _check_membership(self, addr: str, response: Any) -> None:
+    def _check_membership(self, addr: str, response: master_pb2.ConnectToMasterResponsePB) -> None:
         cluster = sorted(
             join_host_port(m.rpc_addr.host, m.rpc_addr.port)
             for m in response.masters
@@ -126,8 +130,12 @@ class MasterConnection:
             )
 
     def call(
-        self, method: Callable[[Stubs], Any], request: Any, *, timeout_ms: int | None = None
-    ) -> Any:
+        self,
+        method: StubMethod[_Req, _Resp],
+        request: _Req,
+        *,
+        timeout_ms: int | None = None,
+    ) -> _Resp:
         """Sends ``request`` (its ``dest_uuid`` is filled in) to ``method(stubs)`` of the leader
         master, rediscovering and retrying on retriable errors until the deadline."""
         deadline = time.monotonic() + (timeout_ms or self.timeout_ms) / 1000

@@ -14,10 +14,9 @@ import dataclasses
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any
 
 from nyala import _native
-from nyala._proto import master_pb2
+from nyala._proto import master_pb2, metadata_pb2
 from nyala.client.masters import MasterConnection
 from nyala.partition import Partition, PartitionSchema
 from nyala.rpc.errors import join_host_port
@@ -166,7 +165,7 @@ class MetaCache:
         return False
 
 
-def _location_from_pb(pb: Any) -> TabletLocation:
+def _location_from_pb(pb: master_pb2.TabletLocationsPB) -> TabletLocation:
     replicas = tuple(
         Replica(
             uuid=r.ts_info.permanent_uuid,
@@ -184,10 +183,8 @@ def _location_from_pb(pb: Any) -> TabletLocation:
     )
 
 
-def _member_type_name(value: int) -> str:
-    from nyala._proto import metadata_pb2
-
-    return str(metadata_pb2.MemberType.Name(value))
+def _member_type_name(value: metadata_pb2.MemberType.ValueType) -> str:
+    return metadata_pb2.MemberType.Name(value)
 
 
 __all__ = ["MetaCache", "Replica", "TableInfo", "TableLocations", "TabletLocation"]

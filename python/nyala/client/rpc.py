@@ -10,14 +10,19 @@ from __future__ import annotations
 import random
 import threading
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import TypeAlias, TypeVar
 
 import grpc
 
 from nyala import errors
 from nyala._proto import consensus_pb2_grpc, master_pb2_grpc, tserver_pb2_grpc
 from nyala.rpc.errors import error_from_grpc, raise_for_response, split_host_port
+from nyala.rpc.messages import Answer
 from nyala.rpc.settings import RpcSettings
+
+_Req = TypeVar("_Req")
+_Resp = TypeVar("_Resp", bound=Answer)
 
 #: First and largest pause between retries, in milliseconds (exponential with jitter).
 RETRY_BACKOFF_MIN_MS = 20
@@ -27,14 +32,16 @@ RETRY_BACKOFF_MAX_MS = 1_000
 class Stubs:
     """The generated stubs of the services a client calls, over one channel."""
 
-    def __init__(self, addr: str, channel: Any) -> None:
+    def __init__(self, addr: str, channel: grpc.Channel) -> None:
         self.addr = addr
         self.channel = channel
         self.master = master_pb2_grpc.MasterServiceStub(channel)
         self.tablet = tserver_pb2_grpc.TabletServiceStub(channel)
         self.consensus = consensus_pb2_grpc.ConsensusServiceStub(channel)
 
-    def call(self, method: Any, request: Any, timeout_ms: int) -> Any:
+    def call(
+        self, method: grpc.UnaryUnaryMultiCallable[_Req, _Resp], request: _Req, timeout_ms: int
+    ) -> _Resp:
         """A blocking unary call; raises the mapped ``nyala.errors`` exception on failure."""
         try:
             response = method(request, timeout=timeout_ms / 1000)
@@ -42,17 +49,25 @@ class Stubs:
             raise error_from_grpc(err, target=self.addr) from None
         return raise_for_response(response)
 
-    def start(self, method: Any, request: Any, timeout_ms: int) -> Any:
+    def start(
+        self, method: grpc.UnaryUnaryMultiCallable[_Req, _Resp], request: _Req, timeout_ms: int
+    ) -> grpc.Future[_Resp]:
         """A unary call in flight; finish it with ``finish``."""
         return method.future(request, timeout=timeout_ms / 1000)
 
-    def finish(self, future: Any) -> Any:
+    def finish(self, future: grpc.Future[_Resp]) -> _Resp:
         """The answer of a call from ``start``; raises like ``call``."""
         try:
             response = future.result()
         except grpc.RpcError as err:
             raise error_from_grpc(err, target=self.addr) from None
         return raise_for_response(response)
+
+
+#: Picks the method to call from the stubs of the server it is sent to
+#: (``lambda s: s.master.CreateTable``). Quoted: grpc's classes are generic only to the type
+#: checker.
+StubMethod: TypeAlias = "Callable[[Stubs], grpc.UnaryUnaryMultiCallable[_Req, _Resp]]"
 
 
 class ChannelPool:
@@ -109,4 +124,4 @@ class Backoff:
         time.sleep(max(0.0, min(pause_s, self.deadline - time.monotonic())))
 
 
-__all__ = ["Backoff", "ChannelPool", "Stubs"]
+__all__ = ["Backoff", "ChannelPool", "StubMethod", "Stubs"]

@@ -73,7 +73,7 @@ _OPS = {
 Predicate = tuple[Any, ...]
 
 
-def predicate_to_pb(schema: Schema, predicate: Predicate) -> Any:
+def predicate_to_pb(schema: Schema, predicate: Predicate) -> tserver_pb2.ColumnPredicatePB:
     """The ``ColumnPredicatePB`` of one predicate; ``InvalidArgumentError`` if malformed."""
     if len(predicate) not in (2, 3):
         raise errors.InvalidArgumentError(f"predicate {predicate!r} must be (column, op[, value])")
@@ -95,7 +95,7 @@ def predicate_to_pb(schema: Schema, predicate: Predicate) -> Any:
     return pb
 
 
-def _scalar(pb: Any, type_: str, value: Any) -> None:
+def _scalar(pb: tserver_pb2.ScalarPB, type_: str, value: Any) -> None:
     try:
         if type_ == "timestamp":
             if isinstance(value, (dt.datetime, str)):
@@ -222,7 +222,9 @@ class Scanner:
             else:
                 target = self._pick_leader(tablet, attempt, unreachable)
                 attempt += 1
-            request = self._request(tablet.tablet_id, target.uuid, last_key, limit, follower)
+            request: tserver_pb2.ScanRequestPB | None = self._request(
+                tablet.tablet_id, target.uuid, last_key, limit, follower
+            )
             # A resumed scan's lower bound is inclusive: its first row may be the last one sent.
             resumed = last_key is not None
             stubs = self.pool.get(target.addr)
@@ -268,7 +270,7 @@ class Scanner:
                 self.cache.invalidate(self.info.table_id)
                 backoff.sleep()
 
-    def _continue(self, dest_uuid: str, scanner_id: str) -> Any:
+    def _continue(self, dest_uuid: str, scanner_id: str) -> tserver_pb2.ScanRequestPB:
         return tserver_pb2.ScanRequestPB(
             dest_uuid=dest_uuid,
             scanner_id=scanner_id,
@@ -340,7 +342,7 @@ class Scanner:
         last_key: pa.RecordBatch | None,
         limit: int | None,
         follower: bool,
-    ) -> Any:
+    ) -> tserver_pb2.ScanRequestPB:
         if limit is not None and last_key is not None:
             limit += 1  # the inclusive bound may return the last row sent again
         scan = tserver_pb2.NewScanRequestPB(

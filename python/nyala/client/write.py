@@ -213,7 +213,9 @@ class Writer:
                 self.requests.done(request.seq_no)
         return row_errors
 
-    def _send(self, info: TableInfo, request: _Request, deadline: float) -> Any:
+    def _send(
+        self, info: TableInfo, request: _Request, deadline: float
+    ) -> tserver_pb2.WriteResponsePB:
         backoff = Backoff(deadline)
         attempt = 0
         unreachable: set[str] = set()

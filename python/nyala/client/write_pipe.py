@@ -28,9 +28,10 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TypeAlias, TypeVar
 
 import grpc
+from google.protobuf.message import Message
 
 from nyala import errors
 from nyala._proto import tserver_pb2
@@ -49,6 +50,13 @@ CALL_BYTES_MAX = 8 * 1024 * 1024
 
 _OPS_FIELD = tserver_pb2.WriteRequestPB.DESCRIPTOR.fields_by_name["ops"].number
 _REQUESTS_FIELD = tserver_pb2.WriteMultiRequestPB.DESCRIPTOR.fields_by_name["requests"].number
+_Response = TypeVar("_Response", bound=Message)
+
+# A call in flight: Write (one write) or WriteMulti (several). Quoted: ``grpc.Future`` is
+# generic only to the type checker.
+_Call: TypeAlias = (
+    "grpc.Future[tserver_pb2.WriteResponsePB] | grpc.Future[tserver_pb2.WriteMultiResponsePB]"
+)
 
 
 @dataclass(eq=False)
@@ -60,11 +68,13 @@ class _Pending:
     ops: bytes
     deadline: float  # time.monotonic()
     done: threading.Event = field(default_factory=threading.Event)
-    response: Any = None
+    response: tserver_pb2.WriteResponsePB | None = None
     error: BaseException | None = None
     abandoned: bool = False  # its caller stopped waiting before it was sent
 
-    def settle(self, response: Any, error: BaseException | None) -> None:
+    def settle(
+        self, response: tserver_pb2.WriteResponsePB | None, error: BaseException | None
+    ) -> None:
         self.response, self.error = response, error
         self.done.set()
 
@@ -87,17 +97,9 @@ class WritePipe:
         self.call_requests_max = call_requests_max
         self.call_bytes_max = call_bytes_max
         # Write and WriteMulti taking the request already serialized (see the module doc).
-        self._write = stubs.channel.unary_unary(
-            "/nyala.TabletService/Write",
-            request_serializer=None,
-            response_deserializer=tserver_pb2.WriteResponsePB.FromString,
-            _registered_method=True,
-        )
-        self._write_multi = stubs.channel.unary_unary(
-            "/nyala.TabletService/WriteMulti",
-            request_serializer=None,
-            response_deserializer=tserver_pb2.WriteMultiResponsePB.FromString,
-            _registered_method=True,
+        self._write = _serialized_call(stubs.channel, "Write", tserver_pb2.WriteResponsePB)
+        self._write_multi = _serialized_call(
+            stubs.channel, "WriteMulti", tserver_pb2.WriteMultiResponsePB
         )
         self._lock = threading.Lock()
         self._queue: deque[_Pending] = deque()
@@ -106,7 +108,9 @@ class WritePipe:
         self.calls_sent = 0
         self.writes_sent = 0
 
-    def write(self, request: Any, ops: bytes, timeout_ms: int) -> Any:
+    def write(
+        self, request: tserver_pb2.WriteRequestPB, ops: bytes, timeout_ms: int
+    ) -> tserver_pb2.WriteResponsePB:
         """Sends ``request`` (a ``WriteRequestPB`` without its ``ops``) with ``ops`` as its rows
         and returns its ``WriteResponsePB``; raises its error as a ``nyala.errors`` exception
         (``TimedOutError`` once ``timeout_ms`` has passed without an answer: the outcome is
@@ -135,6 +139,7 @@ class WritePipe:
                 )
         if pending.error is not None:
             raise pending.error
+        assert pending.response is not None, "settled with a response or an error"
         return pending.response
 
     def _take_locked(self) -> list[_Pending]:
@@ -162,6 +167,7 @@ class WritePipe:
 
     def _start(self, batch: list[_Pending]) -> None:
         timeout_s = max(0.001, max(p.deadline for p in batch) - time.monotonic())
+        call: _Call
         try:
             if len(batch) == 1:
                 call = self._write.future(b"".join(_request_parts(batch[0])), timeout=timeout_s)
@@ -178,7 +184,9 @@ class WritePipe:
             return
         call.add_done_callback(lambda done: self._finish(batch, done, None))
 
-    def _finish(self, batch: list[_Pending], call: Any, failure: BaseException | None) -> None:
+    def _finish(
+        self, batch: list[_Pending], call: _Call | None, failure: BaseException | None
+    ) -> None:
         try:
             self._settle(batch, call, failure)
         finally:
@@ -188,8 +196,11 @@ class WritePipe:
             if following:
                 self._start(following)
 
-    def _settle(self, batch: list[_Pending], call: Any, failure: BaseException | None) -> None:
+    def _settle(
+        self, batch: list[_Pending], call: _Call | None, failure: BaseException | None
+    ) -> None:
         if failure is None:
+            assert call is not None, "a call that did not fail to start"
             try:
                 response = call.result()
             except grpc.RpcError as err:
@@ -205,7 +216,7 @@ class WritePipe:
             for p in batch:
                 p.settle(None, error)
             return
-        if len(batch) == 1:
+        if isinstance(response, tserver_pb2.WriteResponsePB):  # one write: a Write call
             batch[0].settle(response, None)
             return
         if len(response.responses) != len(batch):
@@ -220,6 +231,20 @@ class WritePipe:
                 p.settle(None, error_from_pb(sub.error))
             else:
                 p.settle(sub, None)
+
+
+def _serialized_call(
+    channel: grpc.Channel, method: str, response_type: type[_Response]
+) -> grpc.UnaryUnaryMultiCallable[bytes, _Response]:
+    """TabletService's ``method`` over ``channel``, taking its request already serialized."""
+    # ``_registered_method`` is gRPC's own argument, which the generated stubs pass too;
+    # grpc's type stubs do not declare it.
+    return channel.unary_unary(  # type: ignore[call-arg]
+        f"/nyala.TabletService/{method}",
+        request_serializer=None,
+        response_deserializer=response_type.FromString,
+        _registered_method=True,
+    )
 
 
 def _request_parts(pending: _Pending) -> list[bytes]:

@@ -24,7 +24,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable
-from typing import Any
+from typing import TypeAlias
 
 from nyala._proto import master_pb2, metadata_pb2, tserver_admin_pb2
 from nyala.errors import CasFailedError, NetworkError, NyalaError, TabletNotFoundError
@@ -42,6 +42,12 @@ TASK_RPC_TIMEOUT_MS = 10_000
 # One RPC to start: its (kind, tserver, tablet) key and the coroutine that sends it.
 _Call = tuple[tuple[str, str, str], Awaitable[None]]
 _RUNNING_STATES = (metadata_pb2.RUNNING, metadata_pb2.BOOTSTRAPPING, metadata_pb2.NOT_STARTED)
+# What the background tasks ask a tablet server's admin service (the method named with it).
+_AdminRequest: TypeAlias = (
+    tserver_admin_pb2.CreateTabletRequestPB
+    | tserver_admin_pb2.AlterSchemaRequestPB
+    | tserver_admin_pb2.DeleteTabletRequestPB
+)
 
 
 class BackgroundTasks:
@@ -235,7 +241,9 @@ class BackgroundTasks:
                 exc,
             )
 
-    async def _delete(self, ts_uuid: str, tablet_id: str, request: Any) -> None:
+    async def _delete(
+        self, ts_uuid: str, tablet_id: str, request: tserver_admin_pb2.DeleteTabletRequestPB
+    ) -> None:
         try:
             await self._call("DeleteTablet", ts_uuid, request)
         except (TabletNotFoundError, CasFailedError) as exc:
@@ -245,13 +253,13 @@ class BackgroundTasks:
             return
         self._m.pending_deletes.pop((ts_uuid, tablet_id), None)
 
-    async def _send(self, method: str, ts_uuid: str, request: Any) -> None:
+    async def _send(self, method: str, ts_uuid: str, request: _AdminRequest) -> None:
         try:
             await self._call(method, ts_uuid, request)
         except NyalaError as exc:
             log.info("%s %s on %s failed (will retry): %s", method, request.tablet_id, ts_uuid, exc)
 
-    async def _call(self, method: str, ts_uuid: str, request: Any) -> None:
+    async def _call(self, method: str, ts_uuid: str, request: _AdminRequest) -> None:
         proxy = self._proxy(ts_uuid)
         if proxy is None:
             return

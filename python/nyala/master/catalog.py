@@ -14,9 +14,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TypeVar
 
-from nyala._proto import master_pb2
+from google.protobuf.message import Message
+
+from nyala._proto import master_pb2, metadata_pb2
 from nyala.errors import NotFoundError
 from nyala.rpc.schema_pb import schema_from_pb
 from nyala.schema import Schema
@@ -24,15 +26,17 @@ from nyala.schema import Schema
 TABLE_REMOVED = master_pb2.SYS_TABLE_REMOVED
 TABLET_LIVE_STATES = (master_pb2.SYS_TABLET_CREATING, master_pb2.SYS_TABLET_RUNNING)
 
+_Record = TypeVar("_Record", bound=Message)
 
-def copy_record(pb: Any) -> Any:
+
+def copy_record(pb: _Record) -> _Record:
     """A copy of a record, to change and replicate (records are never changed in place)."""
     new = type(pb)()
     new.CopyFrom(pb)
     return new
 
 
-def config_opid_index(config: Any) -> int:
+def config_opid_index(config: metadata_pb2.RaftConfigPB) -> int:
     """The op index of a ``RaftConfigPB`` (-1: the bootstrap config, which has none)."""
     return int(config.opid_index) if config.HasField("opid_index") else -1
 
@@ -41,7 +45,7 @@ def config_opid_index(config: Any) -> int:
 class TabletInfo:
     """One tablet; ``pb`` is its committed record."""
 
-    pb: Any  # SysTabletEntryPB, replaced on commit, never mutated
+    pb: master_pb2.SysTabletEntryPB  # replaced on commit, never mutated
 
     @property
     def tablet_id(self) -> str:
@@ -58,7 +62,7 @@ class TabletInfo:
 class TableInfo:
     """One table; ``pb`` is its committed record, ``tablets`` every tablet ever created for it."""
 
-    pb: Any  # SysTableEntryPB, replaced on commit, never mutated
+    pb: master_pb2.SysTableEntryPB  # replaced on commit, never mutated
     tablets: dict[str, TabletInfo] = field(default_factory=dict)
 
     @property
@@ -101,16 +105,19 @@ class Catalog:
         self.tablets_by_id: dict[str, TabletInfo] = {}
 
     @staticmethod
-    def from_records(tables: Iterable[Any], tablets: Iterable[Any]) -> Catalog:
+    def from_records(
+        tables: Iterable[master_pb2.SysTableEntryPB],
+        tablets: Iterable[master_pb2.SysTabletEntryPB],
+    ) -> Catalog:
         """The catalog a sys-catalog load describes."""
         catalog = Catalog()
-        for pb in tables:
-            catalog.commit_table(pb)
-        for pb in tablets:
-            catalog.commit_tablet(pb)
+        for table_pb in tables:
+            catalog.commit_table(table_pb)
+        for tablet_pb in tablets:
+            catalog.commit_tablet(tablet_pb)
         return catalog
 
-    def table(self, ident: Any) -> TableInfo:
+    def table(self, ident: master_pb2.TableIdentifierPB) -> TableInfo:
         """The live table a ``TableIdentifierPB`` names; ``NotFoundError`` otherwise."""
         info: TableInfo | None = None
         if ident.table_id:
@@ -122,7 +129,7 @@ class Catalog:
             raise NotFoundError(f"table {what} does not exist")
         return info
 
-    def commit_tablet(self, pb: Any) -> TabletInfo:
+    def commit_tablet(self, pb: master_pb2.SysTabletEntryPB) -> TabletInfo:
         """Swaps in a committed tablet record (tablets commit before their table)."""
         info = self.tablets_by_id.get(pb.tablet_id)
         if info is None:
@@ -135,7 +142,7 @@ class Catalog:
             table.tablets[info.tablet_id] = info
         return info
 
-    def commit_table(self, pb: Any) -> TableInfo:
+    def commit_table(self, pb: master_pb2.SysTableEntryPB) -> TableInfo:
         """Swaps in a committed table record and fixes the name map."""
         info = self.tables_by_id.get(pb.table_id)
         if info is None:

@@ -26,7 +26,6 @@ import asyncio
 import contextlib
 import logging
 import random
-from typing import Any
 
 from nyala._proto import master_pb2, metadata_pb2
 from nyala.consensus.core import ReplicaStatus
@@ -57,9 +56,9 @@ _ROLES = {
 }
 
 
-def role_pb(role: Role) -> int:
+def role_pb(role: Role) -> master_pb2.RaftRole.ValueType:
     """The ``RaftRole`` of a consensus role."""
-    return int(_ROLES.get(role, master_pb2.ROLE_UNKNOWN))
+    return _ROLES.get(role, master_pb2.ROLE_UNKNOWN)
 
 
 class CatalogManager:
@@ -87,7 +86,7 @@ class CatalogManager:
         self.wake = asyncio.Event()  # set when there is work for the background tasks
         # Soft state of the leader, rebuilt from (full) tablet reports after a failover:
         # tablet id -> tserver uuid -> its last ReportedTabletPB.
-        self.reports: dict[str, dict[str, Any]] = {}
+        self.reports: dict[str, dict[str, master_pb2.ReportedTabletPB]] = {}
         # (tserver uuid, tablet id) -> CAS op index (None: no CAS) of a tombstone to send.
         self.pending_deletes: dict[tuple[str, str], int | None] = {}
         # Tablet servers retired (RetireTabletServer): placement keeps new replicas off them.
@@ -177,7 +176,7 @@ class CatalogManager:
 
     # --- masters ----------------------------------------------------------------------------
 
-    def master_entries(self) -> list[Any]:
+    def master_entries(self) -> list[master_pb2.MasterEntryPB]:
         """Every master of the sys catalog's config (active config while a change pends)."""
         status = self.status()
         config = None

@@ -14,8 +14,7 @@ import asyncio
 import logging
 import time
 import uuid as uuid_lib
-from collections.abc import Collection
-from typing import Any
+from collections.abc import Collection, Iterable
 
 from nyala._proto import master_pb2, metadata_pb2
 from nyala.errors import AlreadyPresentError, InvalidArgumentError
@@ -39,7 +38,7 @@ class TableDdl:
     def __init__(self, manager: CatalogManager) -> None:
         self._m = manager
 
-    async def create_table(self, request: Any) -> str:
+    async def create_table(self, request: master_pb2.CreateTableRequestPB) -> str:
         """CreateTable; returns the new table's id once its records committed."""
         self._m.require_leader()
         name = request.name
@@ -110,14 +109,14 @@ class TableDdl:
     def new_tablet_record(
         self,
         table_id: str,
-        partition: Any,
+        partition: metadata_pb2.PartitionPB,
         live: dict[str, TSDescriptor],
         load: dict[str, int],
         num_replicas: int,
         now_us: int,
         *,
         avoid: Collection[str] = (),
-    ) -> Any:
+    ) -> master_pb2.SysTabletEntryPB:
         """A CREATING tablet record with replicas placed on ``live`` servers (those in
         ``avoid`` only when there are not enough others)."""
         chosen = choose_replicas(sorted(live), load, num_replicas, self._m.rng, avoid=avoid)
@@ -134,7 +133,7 @@ class TableDdl:
             peer.last_known_addr.CopyFrom(live[ts_uuid].registration.rpc_addr)
         return record
 
-    async def alter_table(self, request: Any) -> tuple[str, int]:
+    async def alter_table(self, request: master_pb2.AlterTableRequestPB) -> tuple[str, int]:
         """AlterTable; returns (table id, new schema version) once committed."""
         async with self._m.lock:
             catalog = self._m.require_leader()
@@ -172,7 +171,7 @@ class TableDdl:
         self._m.wake.set()
         return table.table_id, schema.version
 
-    async def delete_table(self, request: Any) -> None:
+    async def delete_table(self, request: master_pb2.DeleteTableRequestPB) -> None:
         """DeleteTable: table REMOVED and its tablets DELETED in one batch, then tombstones."""
         async with self._m.lock:
             catalog = self._m.require_leader()
@@ -200,7 +199,7 @@ class TableDdl:
         log.info("deleted table %s (%s)", table.name, table.table_id)
         self._m.wake.set()
 
-    def schedule_tombstones(self, tablet: Any) -> None:
+    def schedule_tombstones(self, tablet: master_pb2.SysTabletEntryPB) -> None:
         """Queues a tombstone for every replica of ``tablet``'s config (no CAS: the tablet is
         gone for good, seed 002 Appendix A case 2)."""
         for peer in tablet.consensus_state.committed_config.peers:
@@ -250,12 +249,12 @@ class TableDdl:
 
     # --- progress of DDL ---------------------------------------------------------------
 
-    def is_create_done(self, request: Any) -> bool:
+    def is_create_done(self, request: master_pb2.IsCreateTableDoneRequestPB) -> bool:
         """Every tablet of the table has reported a leader."""
         table = self._m.require_leader().table(request.table)
         return all(t.pb.state == master_pb2.SYS_TABLET_RUNNING for t in table.live_tablets())
 
-    def is_alter_done(self, request: Any) -> tuple[bool, int]:
+    def is_alter_done(self, request: master_pb2.IsAlterTableDoneRequestPB) -> tuple[bool, int]:
         """(every tablet reported the current schema version, that version)."""
         table = self._m.require_leader().table(request.table)
         return table.pb.state != master_pb2.SYS_TABLE_ALTERING, int(table.pb.schema.version)
@@ -291,7 +290,7 @@ def _new_table_schema(given: Schema) -> Schema:
     return Schema(columns, given.key, version=0)
 
 
-def _apply_steps(schema: Schema, steps: Any) -> Schema:
+def _apply_steps(schema: Schema, steps: Iterable[master_pb2.AlterTableStepPB]) -> Schema:
     for step in steps:
         kind = step.WhichOneof("step")
         if kind == "add_column":

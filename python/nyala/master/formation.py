@@ -18,7 +18,6 @@ import asyncio
 import logging
 import time
 from collections.abc import Sequence
-from typing import Any
 
 from nyala._proto import master_pb2, metadata_pb2
 from nyala.consensus.types import MemberType, RaftConfig, RaftPeer
@@ -52,7 +51,7 @@ def own_address(rpc_bind: str, masters: Sequence[str]) -> str:
     return rpc_bind
 
 
-def config_from_entries(entries: Sequence[Any]) -> RaftConfig:
+def config_from_entries(entries: Sequence[master_pb2.MasterEntryPB]) -> RaftConfig:
     """The config described by ``MasterEntryPB``s (no op index: an initial config)."""
     peers = []
     for e in entries:
@@ -70,7 +69,7 @@ def config_from_entries(entries: Sequence[Any]) -> RaftConfig:
     return RaftConfig(peers=tuple(peers))
 
 
-async def _ask(addr: str, settings: RpcSettings) -> Any | None:
+async def _ask(addr: str, settings: RpcSettings) -> master_pb2.ConnectToMasterResponsePB | None:
     try:
         async with ServerProxy(addr, settings) as proxy:
             request = master_pb2.ConnectToMasterRequestPB()

@@ -7,8 +7,6 @@ manager when the server is registered, else from the record's last known address
 
 from __future__ import annotations
 
-from typing import Any
-
 from nyala._proto import master_pb2, metadata_pb2
 from nyala.master.catalog import TableInfo, TabletInfo
 from nyala.master.catalog_manager import CatalogManager
@@ -20,7 +18,9 @@ class Locations:
     def __init__(self, manager: CatalogManager) -> None:
         self._m = manager
 
-    def table_schema(self, request: Any) -> Any:
+    def table_schema(
+        self, request: master_pb2.GetTableSchemaRequestPB
+    ) -> master_pb2.GetTableSchemaResponsePB:
         """The ``GetTableSchemaResponsePB`` of a table."""
         table = self._m.require_leader().table(request.table)
         done = all(t.pb.state == master_pb2.SYS_TABLET_RUNNING for t in table.live_tablets())
@@ -33,7 +33,9 @@ class Locations:
             create_table_done=done,
         )
 
-    def table_locations(self, request: Any) -> Any:
+    def table_locations(
+        self, request: master_pb2.GetTableLocationsRequestPB
+    ) -> master_pb2.GetTableLocationsResponsePB:
         """The ``GetTableLocationsResponsePB``: replicas from the tablet records (KUDU-1353)."""
         table = self._m.require_leader().table(request.table)
         start, end = request.partition_key_start, request.partition_key_end
@@ -52,7 +54,7 @@ class Locations:
                 break
         return response
 
-    def tablet_locations(self, tablet: TabletInfo) -> Any:
+    def tablet_locations(self, tablet: TabletInfo) -> master_pb2.TabletLocationsPB:
         """The ``TabletLocationsPB`` of one tablet."""
         cstate = tablet.pb.consensus_state
         pb = master_pb2.TabletLocationsPB(

@@ -5,8 +5,7 @@ master only adds its own limit on tablets per table.
 
 from __future__ import annotations
 
-from typing import Any
-
+from nyala._proto import master_pb2, metadata_pb2
 from nyala.errors import InvalidArgumentError
 from nyala.partition import partitions_for_create_table
 from nyala.schema import Schema
@@ -15,7 +14,9 @@ from nyala.schema import Schema
 TABLETS_PER_TABLE_MAX = 1_000
 
 
-def table_partitions(schema: Schema, request: Any) -> list[Any]:
+def table_partitions(
+    schema: Schema, request: master_pb2.CreateTableRequestPB
+) -> list[metadata_pb2.PartitionPB]:
     """The ``PartitionPB`` of every tablet of a table created by ``request``
     (a ``CreateTableRequestPB``), sorted by partition key start."""
     partitions = partitions_for_create_table(schema, request)

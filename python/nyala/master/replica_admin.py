@@ -18,10 +18,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TypeVar
 
-from nyala._proto import consensus_pb2, master_pb2, metadata_pb2
+import grpc
+
+from nyala._proto import consensus_pb2, consensus_pb2_grpc, master_pb2, metadata_pb2
 from nyala.errors import (
     IllegalStateError,
     InvalidArgumentError,
@@ -31,8 +34,12 @@ from nyala.errors import (
 from nyala.master.catalog_manager import CatalogManager
 from nyala.master.sys_catalog import CatalogRecord
 from nyala.rpc import ServerProxy
+from nyala.rpc.messages import Answer
 
 log = logging.getLogger(__name__)
+
+_Req = TypeVar("_Req")
+_Resp = TypeVar("_Resp", bound=Answer)
 
 #: Deadline of one RPC to a tablet leader, in milliseconds.
 ADMIN_RPC_TIMEOUT_MS = 10_000
@@ -48,7 +55,7 @@ class Outcome:
     done: bool
     message: str
 
-    def to_pb(self) -> Any:
+    def to_pb(self) -> master_pb2.ReplicaAdminResponsePB:
         """The ``ReplicaAdminResponsePB``."""
         return master_pb2.ReplicaAdminResponsePB(done=self.done, message=self.message)
 
@@ -60,13 +67,13 @@ class _Tablet:
     tablet_id: str
     leader_uuid: str
     leader_addr: str
-    config: Any  # RaftConfigPB
+    config: metadata_pb2.RaftConfigPB
 
     @property
     def cas(self) -> int:
         return int(self.config.opid_index) if self.config.HasField("opid_index") else -1
 
-    def peer(self, uuid: str) -> Any | None:
+    def peer(self, uuid: str) -> metadata_pb2.RaftPeerPB | None:
         return next((p for p in self.config.peers if p.permanent_uuid == uuid), None)
 
 
@@ -84,10 +91,19 @@ class ReplicaAdmin:
             raise NotFoundError(f"tablet server {ts_uuid} is unknown to the master")
         return ts.rpc_addr
 
-    async def _call(self, addr: str, method: str, request: Any) -> Any:
+    async def _call(
+        self,
+        addr: str,
+        method: Callable[
+            [consensus_pb2_grpc.ConsensusServiceAsyncStub],
+            grpc.aio.UnaryUnaryMultiCallable[_Req, _Resp],
+        ],
+        request: _Req,
+    ) -> _Resp:
+        """``method`` (of the ConsensusService stub) of the server at ``addr``."""
         async with ServerProxy(addr, self._m.settings.rpc_settings()) as proxy:
             return await proxy.admin_call(
-                getattr(proxy.consensus, method), request, timeout_ms=ADMIN_RPC_TIMEOUT_MS
+                method(proxy.consensus), request, timeout_ms=ADMIN_RPC_TIMEOUT_MS
             )
 
     async def _tablet(self, tablet_id: str) -> _Tablet:
@@ -100,7 +116,7 @@ class ReplicaAdmin:
             raise ServiceUnavailableError(f"tablet {tablet_id} has no known leader; retry")
         addr = self._ts_addr(leader)
         request = consensus_pb2.GetConsensusStateRequestPB(dest_uuid=leader, tablet_ids=[tablet_id])
-        answer = await self._call(addr, "GetConsensusState", request)
+        answer = await self._call(addr, lambda stub: stub.GetConsensusState, request)
         cstate = answer.tablets[0].cstate
         if cstate.leader_uuid != leader:
             raise ServiceUnavailableError(f"tablet {tablet_id}: leadership is moving; retry")
@@ -119,7 +135,13 @@ class ReplicaAdmin:
                     raise
                 await asyncio.sleep(_COMMIT_POLL_S)
 
-    async def _change(self, tablet: _Tablet, kind: int, peer: Any, what: str) -> Outcome:
+    async def _change(
+        self,
+        tablet: _Tablet,
+        kind: consensus_pb2.ChangeConfigType.ValueType,
+        peer: metadata_pb2.RaftPeerPB,
+        what: str,
+    ) -> Outcome:
         request = consensus_pb2.ChangeConfigRequestPB(
             dest_uuid=tablet.leader_uuid,
             tablet_id=tablet.tablet_id,
@@ -127,11 +149,13 @@ class ReplicaAdmin:
             server=peer,
             cas_config_opid_index=tablet.cas,
         )
-        await self._call(tablet.leader_addr, "ChangeConfig", request)
+        await self._call(tablet.leader_addr, lambda stub: stub.ChangeConfig, request)
         log.info("tablet %s: %s", tablet.tablet_id, what)
         return Outcome(False, f"{what} (sent; repeat until done)")
 
-    def _new_peer(self, ts_uuid: str, member_type: int, *, promote: bool) -> Any:
+    def _new_peer(
+        self, ts_uuid: str, member_type: metadata_pb2.MemberType.ValueType, *, promote: bool
+    ) -> metadata_pb2.RaftPeerPB:
         ts = self._m.ts_manager.get(ts_uuid)
         if ts is None or not self._m.ts_manager.is_live(ts):
             raise InvalidArgumentError(f"tablet server {ts_uuid} is not live")
@@ -147,12 +171,14 @@ class ReplicaAdmin:
             mode=consensus_pb2.GRACEFUL,
             new_leader_uuid=new_leader,
         )
-        await self._call(tablet.leader_addr, "LeaderStepDown", request)
+        await self._call(tablet.leader_addr, lambda stub: stub.LeaderStepDown, request)
         return Outcome(False, f"asked leader {tablet.leader_uuid} to step down; repeat")
 
     # --- operations -------------------------------------------------------------------------
 
-    async def add_replica(self, tablet_id: str, ts_uuid: str, member_type: int) -> Outcome:
+    async def add_replica(
+        self, tablet_id: str, ts_uuid: str, member_type: metadata_pb2.MemberType.ValueType
+    ) -> Outcome:
         """AddReplica: done once ``ts_uuid`` is in the config with the wanted type."""
         tablet = await self._tablet(tablet_id)
         wanted = member_type or _VOTER
@@ -178,7 +204,9 @@ class ReplicaAdmin:
         peer = metadata_pb2.RaftPeerPB(permanent_uuid=ts_uuid)
         return await self._change(tablet, consensus_pb2.REMOVE_PEER, peer, f"removing {ts_uuid}")
 
-    async def change_replica_type(self, tablet_id: str, ts_uuid: str, member_type: int) -> Outcome:
+    async def change_replica_type(
+        self, tablet_id: str, ts_uuid: str, member_type: metadata_pb2.MemberType.ValueType
+    ) -> Outcome:
         """ChangeReplicaType: done once ``ts_uuid`` has ``member_type``."""
         if member_type not in (_VOTER, _NON_VOTER):
             raise InvalidArgumentError("member_type must be VOTER or NON_VOTER")
@@ -239,7 +267,7 @@ class ReplicaAdmin:
             mode=consensus_pb2.ABRUPT if abrupt else consensus_pb2.GRACEFUL,
             new_leader_uuid=new_leader,
         )
-        await self._call(tablet.leader_addr, "LeaderStepDown", request)
+        await self._call(tablet.leader_addr, lambda stub: stub.LeaderStepDown, request)
         return Outcome(not new_leader, f"leader {tablet.leader_uuid} asked to step down")
 
     async def retire_tserver(self, ts_uuid: str) -> Outcome:
@@ -285,7 +313,9 @@ class ReplicaAdmin:
             self._m.retired_tservers.add(ts_uuid)
         log.info("tablet server %s retired", ts_uuid)
 
-    async def change_replication_factor(self, ident: Any, num_replicas: int) -> Outcome:
+    async def change_replication_factor(
+        self, ident: master_pb2.TableIdentifierPB, num_replicas: int
+    ) -> Outcome:
         """ChangeReplicationFactor: the table's record first, then re-replication adds or
         evicts. Done once every tablet has that many voters."""
         if num_replicas < 1 or num_replicas % 2 == 0:
@@ -319,5 +349,5 @@ class ReplicaAdmin:
         return Outcome(True, f"every tablet of {table.name} has {num_replicas} voters")
 
 
-def _name(member_type: int) -> str:
-    return str(metadata_pb2.MemberType.Name(member_type))
+def _name(member_type: metadata_pb2.MemberType.ValueType) -> str:
+    return metadata_pb2.MemberType.Name(member_type)

@@ -31,10 +31,10 @@ import enum
 import random
 import time
 from dataclasses import dataclass
-from typing import Any
 
 from nyala._proto import consensus_pb2, master_pb2, metadata_pb2
 from nyala.master.catalog import TabletInfo
+from nyala.master.catalog_manager import CatalogManager
 from nyala.master.placement import choose_replicas
 
 _FAILED = metadata_pb2.FAILED
@@ -138,14 +138,13 @@ class PlannedChange:
     leader_uuid: str
     decision: Decision
     # ChangeConfigRequestPB (ADD/EVICT) or LeaderStepDownRequestPB (STEP_DOWN).
-    request: Any
+    request: consensus_pb2.ChangeConfigRequestPB | consensus_pb2.LeaderStepDownRequestPB
 
 
 class Rereplicator:
     """The pass over the catalog; the leader master's background tasks call ``plan``."""
 
-    def __init__(self, manager: Any, rng: random.Random | None = None) -> None:
-        # The CatalogManager (typed Any: catalog_manager imports nothing from here).
+    def __init__(self, manager: CatalogManager, rng: random.Random | None = None) -> None:
         self._m = manager
         self._rng = rng or random.Random()
         # An unknown tserver counts as failed only once this master has listened this long.
@@ -230,10 +229,10 @@ class Rereplicator:
         if decision.action is Action.NONE:
             return None
         if decision.action is Action.STEP_DOWN:
-            request = consensus_pb2.LeaderStepDownRequestPB(
+            step_down = consensus_pb2.LeaderStepDownRequestPB(
                 dest_uuid=leader, tablet_id=tablet.tablet_id, mode=consensus_pb2.GRACEFUL
             )
-            return PlannedChange(tablet.tablet_id, leader, decision, request)
+            return PlannedChange(tablet.tablet_id, leader, decision, step_down)
         request = consensus_pb2.ChangeConfigRequestPB(
             dest_uuid=leader, tablet_id=tablet.tablet_id, cas_config_opid_index=cas
         )
@@ -245,6 +244,7 @@ class Rereplicator:
         if new_uuid is None:
             return None
         ts = self._m.ts_manager.get(new_uuid)
+        assert ts is not None, "choose_server picks a registered server"
         request.type = consensus_pb2.ADD_PEER
         request.server.permanent_uuid = new_uuid
         request.server.member_type = metadata_pb2.NON_VOTER

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from nyala._proto import master_pb2, master_pb2_grpc
 from nyala.consensus.types import Role
 from nyala.errors import InvalidArgumentError
@@ -13,10 +11,10 @@ from nyala.master.ddl import TableDdl
 from nyala.master.locations import Locations
 from nyala.master.replica_admin import ReplicaAdmin
 from nyala.master.tablet_reports import TabletReports
-from nyala.rpc import RpcMetrics, ServiceBase, join_host_port, unary
+from nyala.rpc import Context, RpcMetrics, ServiceBase, join_host_port, unary
 
 
-class MasterService(ServiceBase, master_pb2_grpc.MasterServiceServicer):  # type: ignore[misc]
+class MasterService(ServiceBase, master_pb2_grpc.MasterServiceServicer):
     """Heartbeats, leader discovery, DDL, catalog reads and membership."""
 
     def __init__(self, server_uuid: str, metrics: RpcMetrics, manager: CatalogManager) -> None:
@@ -28,13 +26,21 @@ class MasterService(ServiceBase, master_pb2_grpc.MasterServiceServicer):  # type
         self._admin = ReplicaAdmin(manager)
 
     @unary(master_pb2.TSHeartbeatResponsePB, allow_empty_dest=True)
-    async def TSHeartbeat(self, request: Any, context: Any) -> Any:
+    async def TSHeartbeat(
+        self,
+        request: master_pb2.TSHeartbeatRequestPB,
+        context: Context[master_pb2.TSHeartbeatRequestPB, master_pb2.TSHeartbeatResponsePB],
+    ) -> master_pb2.TSHeartbeatResponsePB:
         if not request.ts_uuid:
             raise InvalidArgumentError("a heartbeat needs ts_uuid")
         return await self._reports.heartbeat(request)
 
     @unary(master_pb2.ConnectToMasterResponsePB, allow_empty_dest=True)
-    async def ConnectToMaster(self, request: Any, context: Any) -> Any:
+    async def ConnectToMaster(
+        self,
+        request: master_pb2.ConnectToMasterRequestPB,
+        context: Context[master_pb2.ConnectToMasterRequestPB, master_pb2.ConnectToMasterResponsePB],
+    ) -> master_pb2.ConnectToMasterResponsePB:
         response = master_pb2.ConnectToMasterResponsePB(master_uuid=self.server_uuid)
         response.masters.extend(self._m.master_entries())
         status = self._m.status()
@@ -46,39 +52,77 @@ class MasterService(ServiceBase, master_pb2_grpc.MasterServiceServicer):  # type
         return response
 
     @unary(master_pb2.CreateTableResponsePB)
-    async def CreateTable(self, request: Any, context: Any) -> Any:
+    async def CreateTable(
+        self,
+        request: master_pb2.CreateTableRequestPB,
+        context: Context[master_pb2.CreateTableRequestPB, master_pb2.CreateTableResponsePB],
+    ) -> master_pb2.CreateTableResponsePB:
         table_id = await self._ddl.create_table(request)
         return master_pb2.CreateTableResponsePB(table_id=table_id)
 
     @unary(master_pb2.IsCreateTableDoneResponsePB)
-    async def IsCreateTableDone(self, request: Any, context: Any) -> Any:
+    async def IsCreateTableDone(
+        self,
+        request: master_pb2.IsCreateTableDoneRequestPB,
+        context: Context[
+            master_pb2.IsCreateTableDoneRequestPB, master_pb2.IsCreateTableDoneResponsePB
+        ],
+    ) -> master_pb2.IsCreateTableDoneResponsePB:
         return master_pb2.IsCreateTableDoneResponsePB(done=self._ddl.is_create_done(request))
 
     @unary(master_pb2.AlterTableResponsePB)
-    async def AlterTable(self, request: Any, context: Any) -> Any:
+    async def AlterTable(
+        self,
+        request: master_pb2.AlterTableRequestPB,
+        context: Context[master_pb2.AlterTableRequestPB, master_pb2.AlterTableResponsePB],
+    ) -> master_pb2.AlterTableResponsePB:
         table_id, version = await self._ddl.alter_table(request)
         return master_pb2.AlterTableResponsePB(table_id=table_id, schema_version=version)
 
     @unary(master_pb2.IsAlterTableDoneResponsePB)
-    async def IsAlterTableDone(self, request: Any, context: Any) -> Any:
+    async def IsAlterTableDone(
+        self,
+        request: master_pb2.IsAlterTableDoneRequestPB,
+        context: Context[
+            master_pb2.IsAlterTableDoneRequestPB, master_pb2.IsAlterTableDoneResponsePB
+        ],
+    ) -> master_pb2.IsAlterTableDoneResponsePB:
         done, version = self._ddl.is_alter_done(request)
         return master_pb2.IsAlterTableDoneResponsePB(done=done, schema_version=version)
 
     @unary(master_pb2.DeleteTableResponsePB)
-    async def DeleteTable(self, request: Any, context: Any) -> Any:
+    async def DeleteTable(
+        self,
+        request: master_pb2.DeleteTableRequestPB,
+        context: Context[master_pb2.DeleteTableRequestPB, master_pb2.DeleteTableResponsePB],
+    ) -> master_pb2.DeleteTableResponsePB:
         await self._ddl.delete_table(request)
         return master_pb2.DeleteTableResponsePB()
 
     @unary(master_pb2.GetTableSchemaResponsePB)
-    async def GetTableSchema(self, request: Any, context: Any) -> Any:
+    async def GetTableSchema(
+        self,
+        request: master_pb2.GetTableSchemaRequestPB,
+        context: Context[master_pb2.GetTableSchemaRequestPB, master_pb2.GetTableSchemaResponsePB],
+    ) -> master_pb2.GetTableSchemaResponsePB:
         return self._locations.table_schema(request)
 
     @unary(master_pb2.GetTableLocationsResponsePB)
-    async def GetTableLocations(self, request: Any, context: Any) -> Any:
+    async def GetTableLocations(
+        self,
+        request: master_pb2.GetTableLocationsRequestPB,
+        context: Context[
+            master_pb2.GetTableLocationsRequestPB, master_pb2.GetTableLocationsResponsePB
+        ],
+    ) -> master_pb2.GetTableLocationsResponsePB:
         return self._locations.table_locations(request)
 
     @unary(master_pb2.ListTablesResponsePB)
-    async def ListTables(self, request: Any, context: Any) -> Any:
+    async def ListTables(
+        self,
+        request: master_pb2.ListTablesRequestPB,
+        context: Context[master_pb2.ListTablesRequestPB, master_pb2.ListTablesResponsePB],
+    ) -> master_pb2.ListTablesResponsePB:
         response = master_pb2.ListTablesResponsePB()
         for table in self._locations.list_tables(request.name_filter):
             response.tables.add(
@@ -92,7 +136,13 @@ class MasterService(ServiceBase, master_pb2_grpc.MasterServiceServicer):  # type
         return response
 
     @unary(master_pb2.ListTabletServersResponsePB)
-    async def ListTabletServers(self, request: Any, context: Any) -> Any:
+    async def ListTabletServers(
+        self,
+        request: master_pb2.ListTabletServersRequestPB,
+        context: Context[
+            master_pb2.ListTabletServersRequestPB, master_pb2.ListTabletServersResponsePB
+        ],
+    ) -> master_pb2.ListTabletServersResponsePB:
         counts = self._m.require_leader().replica_counts()
         response = master_pb2.ListTabletServersResponsePB()
         ts_manager = self._m.ts_manager
@@ -106,13 +156,21 @@ class MasterService(ServiceBase, master_pb2_grpc.MasterServiceServicer):  # type
         return response
 
     @unary(master_pb2.ListMastersResponsePB)
-    async def ListMasters(self, request: Any, context: Any) -> Any:
+    async def ListMasters(
+        self,
+        request: master_pb2.ListMastersRequestPB,
+        context: Context[master_pb2.ListMastersRequestPB, master_pb2.ListMastersResponsePB],
+    ) -> master_pb2.ListMastersResponsePB:
         response = master_pb2.ListMastersResponsePB()
         response.masters.extend(self._m.master_entries())
         return response
 
     @unary(master_pb2.AddMasterResponsePB)
-    async def AddMaster(self, request: Any, context: Any) -> Any:
+    async def AddMaster(
+        self,
+        request: master_pb2.AddMasterRequestPB,
+        context: Context[master_pb2.AddMasterRequestPB, master_pb2.AddMasterResponsePB],
+    ) -> master_pb2.AddMasterResponsePB:
         if not request.rpc_addr.host or not request.rpc_addr.port:
             raise InvalidArgumentError("AddMaster needs the new master's rpc_addr")
         addr = join_host_port(request.rpc_addr.host, request.rpc_addr.port)
@@ -120,7 +178,11 @@ class MasterService(ServiceBase, master_pb2_grpc.MasterServiceServicer):  # type
         return master_pb2.AddMasterResponsePB(master_uuid=uuid)
 
     @unary(master_pb2.RemoveMasterResponsePB)
-    async def RemoveMaster(self, request: Any, context: Any) -> Any:
+    async def RemoveMaster(
+        self,
+        request: master_pb2.RemoveMasterRequestPB,
+        context: Context[master_pb2.RemoveMasterRequestPB, master_pb2.RemoveMasterResponsePB],
+    ) -> master_pb2.RemoveMasterResponsePB:
         addr = ""
         if request.rpc_addr.host:
             addr = join_host_port(request.rpc_addr.host, request.rpc_addr.port)
@@ -132,42 +194,74 @@ class MasterService(ServiceBase, master_pb2_grpc.MasterServiceServicer):  # type
     # --- replica management (nyala.master.replica_admin) --------------------------------------
 
     @unary(master_pb2.ReplicaAdminResponsePB)
-    async def AddReplica(self, request: Any, context: Any) -> Any:
+    async def AddReplica(
+        self,
+        request: master_pb2.AddReplicaRequestPB,
+        context: Context[master_pb2.AddReplicaRequestPB, master_pb2.ReplicaAdminResponsePB],
+    ) -> master_pb2.ReplicaAdminResponsePB:
         outcome = await self._admin.add_replica(
             request.tablet_id, request.ts_uuid, request.member_type
         )
         return outcome.to_pb()
 
     @unary(master_pb2.ReplicaAdminResponsePB)
-    async def RemoveReplica(self, request: Any, context: Any) -> Any:
+    async def RemoveReplica(
+        self,
+        request: master_pb2.RemoveReplicaRequestPB,
+        context: Context[master_pb2.RemoveReplicaRequestPB, master_pb2.ReplicaAdminResponsePB],
+    ) -> master_pb2.ReplicaAdminResponsePB:
         return (await self._admin.remove_replica(request.tablet_id, request.ts_uuid)).to_pb()
 
     @unary(master_pb2.ReplicaAdminResponsePB)
-    async def ChangeReplicaType(self, request: Any, context: Any) -> Any:
+    async def ChangeReplicaType(
+        self,
+        request: master_pb2.ChangeReplicaTypeRequestPB,
+        context: Context[master_pb2.ChangeReplicaTypeRequestPB, master_pb2.ReplicaAdminResponsePB],
+    ) -> master_pb2.ReplicaAdminResponsePB:
         outcome = await self._admin.change_replica_type(
             request.tablet_id, request.ts_uuid, request.member_type
         )
         return outcome.to_pb()
 
     @unary(master_pb2.ReplicaAdminResponsePB)
-    async def MoveReplica(self, request: Any, context: Any) -> Any:
+    async def MoveReplica(
+        self,
+        request: master_pb2.MoveReplicaRequestPB,
+        context: Context[master_pb2.MoveReplicaRequestPB, master_pb2.ReplicaAdminResponsePB],
+    ) -> master_pb2.ReplicaAdminResponsePB:
         outcome = await self._admin.move_replica(
             request.tablet_id, request.from_ts_uuid, request.to_ts_uuid
         )
         return outcome.to_pb()
 
     @unary(master_pb2.ReplicaAdminResponsePB)
-    async def TabletLeaderStepDown(self, request: Any, context: Any) -> Any:
+    async def TabletLeaderStepDown(
+        self,
+        request: master_pb2.TabletLeaderStepDownRequestPB,
+        context: Context[
+            master_pb2.TabletLeaderStepDownRequestPB, master_pb2.ReplicaAdminResponsePB
+        ],
+    ) -> master_pb2.ReplicaAdminResponsePB:
         outcome = await self._admin.leader_step_down(
             request.tablet_id, request.abrupt, request.new_leader_uuid
         )
         return outcome.to_pb()
 
     @unary(master_pb2.ReplicaAdminResponsePB)
-    async def RetireTabletServer(self, request: Any, context: Any) -> Any:
+    async def RetireTabletServer(
+        self,
+        request: master_pb2.RetireTabletServerRequestPB,
+        context: Context[master_pb2.RetireTabletServerRequestPB, master_pb2.ReplicaAdminResponsePB],
+    ) -> master_pb2.ReplicaAdminResponsePB:
         return (await self._admin.retire_tserver(request.ts_uuid)).to_pb()
 
     @unary(master_pb2.ReplicaAdminResponsePB)
-    async def ChangeReplicationFactor(self, request: Any, context: Any) -> Any:
+    async def ChangeReplicationFactor(
+        self,
+        request: master_pb2.ChangeReplicationFactorRequestPB,
+        context: Context[
+            master_pb2.ChangeReplicationFactorRequestPB, master_pb2.ReplicaAdminResponsePB
+        ],
+    ) -> master_pb2.ReplicaAdminResponsePB:
         outcome = await self._admin.change_replication_factor(request.table, request.num_replicas)
         return outcome.to_pb()

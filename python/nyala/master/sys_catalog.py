@@ -18,7 +18,7 @@ import asyncio
 import enum
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TypeAlias, TypeVar
 
 import pyarrow as pa
 
@@ -47,6 +47,18 @@ SYS_CATALOG_SCHEMA = Schema(
 )
 
 
+#: The message of a sys-catalog row.
+SysRecord: TypeAlias = (
+    master_pb2.SysTableEntryPB | master_pb2.SysTabletEntryPB | master_pb2.SysTServerEntryPB
+)
+_SysRecordT = TypeVar(
+    "_SysRecordT",
+    master_pb2.SysTableEntryPB,
+    master_pb2.SysTabletEntryPB,
+    master_pb2.SysTServerEntryPB,
+)
+
+
 class RecordType(enum.IntEnum):
     """What a sys-catalog row holds."""
 
@@ -61,20 +73,20 @@ class CatalogRecord:
 
     entry_type: RecordType
     entry_id: str
-    metadata: Any  # a SysTableEntryPB, SysTabletEntryPB or SysTServerEntryPB
+    metadata: SysRecord
 
     @staticmethod
-    def table(pb: Any) -> CatalogRecord:
+    def table(pb: master_pb2.SysTableEntryPB) -> CatalogRecord:
         """The row of a table record."""
         return CatalogRecord(RecordType.TABLE, str(pb.table_id), pb)
 
     @staticmethod
-    def tablet(pb: Any) -> CatalogRecord:
+    def tablet(pb: master_pb2.SysTabletEntryPB) -> CatalogRecord:
         """The row of a tablet record."""
         return CatalogRecord(RecordType.TABLET, str(pb.tablet_id), pb)
 
     @staticmethod
-    def tserver(pb: Any) -> CatalogRecord:
+    def tserver(pb: master_pb2.SysTServerEntryPB) -> CatalogRecord:
         """The row of a tablet-server record."""
         return CatalogRecord(RecordType.TSERVER, str(pb.ts_uuid), pb)
 
@@ -83,9 +95,9 @@ class CatalogRecord:
 class CatalogContents:
     """Every record of the sys catalog, parsed."""
 
-    tables: list[Any]  # SysTableEntryPB
-    tablets: list[Any]  # SysTabletEntryPB
-    tservers: list[Any] = field(default_factory=list)  # SysTServerEntryPB
+    tables: list[master_pb2.SysTableEntryPB]
+    tablets: list[master_pb2.SysTabletEntryPB]
+    tservers: list[master_pb2.SysTServerEntryPB] = field(default_factory=list)
 
 
 def encode_records(records: Sequence[CatalogRecord]) -> bytes:
@@ -104,30 +116,30 @@ def encode_records(records: Sequence[CatalogRecord]) -> bytes:
 
 def decode_contents(table: pa.Table) -> CatalogContents:
     """The records of a scan of the whole sys catalog; ``CorruptionError`` if one is bad."""
-    tables: list[Any] = []
-    tablets: list[Any] = []
-    tservers: list[Any] = []
+    contents = CatalogContents([], [], [])
     columns = table.to_pydict()
     for kind, entry_id, raw in zip(
         columns["entry_type"], columns["entry_id"], columns["metadata"], strict=True
     ):
         if kind == RecordType.TABLE:
-            pb: Any = master_pb2.SysTableEntryPB()
-            target = tables
+            contents.tables.append(_parse(master_pb2.SysTableEntryPB, entry_id, raw))
         elif kind == RecordType.TABLET:
-            pb = master_pb2.SysTabletEntryPB()
-            target = tablets
+            contents.tablets.append(_parse(master_pb2.SysTabletEntryPB, entry_id, raw))
         elif kind == RecordType.TSERVER:
-            pb = master_pb2.SysTServerEntryPB()
-            target = tservers
+            contents.tservers.append(_parse(master_pb2.SysTServerEntryPB, entry_id, raw))
         else:
             raise CorruptionError(f"sys catalog row {entry_id!r} has unknown entry type {kind}")
-        try:
-            pb.ParseFromString(raw)
-        except Exception as exc:  # protobuf raises DecodeError (not a nyala error)
-            raise CorruptionError(f"sys catalog row {entry_id!r} does not parse: {exc}") from None
-        target.append(pb)
-    return CatalogContents(tables, tablets, tservers)
+    return contents
+
+
+def _parse(cls: type[_SysRecordT], entry_id: str, raw: bytes) -> _SysRecordT:
+    """The record of one row; ``CorruptionError`` if it does not parse."""
+    pb = cls()
+    try:
+        pb.ParseFromString(raw)
+    except Exception as exc:  # protobuf raises DecodeError (not a nyala error)
+        raise CorruptionError(f"sys catalog row {entry_id!r} does not parse: {exc}") from None
+    return pb
 
 
 class SysCatalog:

@@ -12,7 +12,6 @@ leader change.
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 from nyala._proto import master_pb2, metadata_pb2
 from nyala.master.catalog import Catalog, config_opid_index, copy_record
@@ -31,7 +30,9 @@ class TabletReports:
     def __init__(self, manager: CatalogManager) -> None:
         self._m = manager
 
-    async def heartbeat(self, request: Any) -> Any:
+    async def heartbeat(
+        self, request: master_pb2.TSHeartbeatRequestPB
+    ) -> master_pb2.TSHeartbeatResponsePB:
         """Handles a tserver heartbeat on any master; reports count only on the leader."""
         ts = self._m.ts_manager.heartbeat(
             request.ts_uuid, request.ts_instance_seqno, request.registration
@@ -60,7 +61,7 @@ class TabletReports:
         response.tablet_report_processed = True
         return response
 
-    async def _process_report(self, ts: TSDescriptor, report: Any) -> None:
+    async def _process_report(self, ts: TSDescriptor, report: master_pb2.TabletReportPB) -> None:
         async with self._m.lock:
             catalog = self._m.require_leader()
             if not report.is_incremental:
@@ -68,7 +69,7 @@ class TabletReports:
                 for tablet_id, by_ts in self._m.reports.items():
                     if tablet_id not in listed:
                         by_ts.pop(ts.uuid, None)
-            updates: dict[str, Any] = {}
+            updates: dict[str, master_pb2.SysTabletEntryPB] = {}
             for reported in report.updated_tablets:
                 self._m.reports.setdefault(reported.tablet_id, {})[ts.uuid] = reported
                 record = self._process_reported_tablet(catalog, ts.uuid, reported)
@@ -88,7 +89,9 @@ class TabletReports:
                 catalog.commit_table(table)
                 log.info("table %s: alter to version %d done", table.name, table.schema.version)
 
-    def _process_reported_tablet(self, catalog: Catalog, ts_uuid: str, reported: Any) -> Any:
+    def _process_reported_tablet(
+        self, catalog: Catalog, ts_uuid: str, reported: master_pb2.ReportedTabletPB
+    ) -> master_pb2.SysTabletEntryPB | None:
         """The new record of the reported tablet (None: unchanged); queues tombstones."""
         tablet = catalog.tablets_by_id.get(reported.tablet_id)
         if tablet is None:
@@ -123,7 +126,9 @@ class TabletReports:
         return record
 
     @staticmethod
-    def _finished_alters(catalog: Catalog, updates: dict[str, Any]) -> list[Any]:
+    def _finished_alters(
+        catalog: Catalog, updates: dict[str, master_pb2.SysTabletEntryPB]
+    ) -> list[master_pb2.SysTableEntryPB]:
         """Table records to move from ALTERING to RUNNING given the tablet ``updates``."""
         out = []
         touched = {catalog.tablets_by_id[t].pb.table_id for t in updates}
@@ -140,7 +145,9 @@ class TabletReports:
         return out
 
 
-def _merge_report(stored: Any, ts_uuid: str, reported: Any) -> Any | None:
+def _merge_report(
+    stored: master_pb2.SysTabletEntryPB, ts_uuid: str, reported: master_pb2.ReportedTabletPB
+) -> master_pb2.SysTabletEntryPB | None:
     """The tablet record updated with what one replica reported, or None if unchanged.
 
     A newer committed config (by op index) is taken from any replica; leadership and the
@@ -149,9 +156,9 @@ def _merge_report(stored: Any, ts_uuid: str, reported: Any) -> Any | None:
     if not reported.HasField("consensus_state"):
         return None
     rc, sc = reported.consensus_state, stored.consensus_state
-    new: Any = None
+    new: master_pb2.SysTabletEntryPB | None = None
 
-    def copy() -> Any:
+    def copy() -> master_pb2.SysTabletEntryPB:
         nonlocal new
         if new is None:
             new = copy_record(stored)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
 from nyala._proto import master_pb2
 from nyala.rpc import join_host_port
@@ -27,18 +26,17 @@ class TSDescriptor:
     # (instance seqno, leader term) of the last full report processed as leader: a new
     # instance or a new term needs a new full report before incremental ones count.
     full_report_seen: tuple[int, int] | None = None
-    registration: Any = field(default=None, repr=False)
+    registration: master_pb2.TSRegistrationPB = field(kw_only=True, repr=False)
 
     def millis_since_heartbeat(self) -> int:
         """Milliseconds since the last heartbeat."""
         return int((time.monotonic() - self.last_heartbeat_s) * 1000)
 
-    def to_pb(self) -> Any:
+    def to_pb(self) -> master_pb2.TSInfoPB:
         """The ``TSInfoPB`` of this server."""
         pb = master_pb2.TSInfoPB(permanent_uuid=self.uuid)
-        if self.registration is not None:
-            pb.rpc_addr.CopyFrom(self.registration.rpc_addr)
-            pb.http_addr.CopyFrom(self.registration.http_addr)
+        pb.rpc_addr.CopyFrom(self.registration.rpc_addr)
+        pb.http_addr.CopyFrom(self.registration.http_addr)
         return pb
 
 
@@ -54,7 +52,9 @@ class TSManager:
         """Milliseconds since this manager (this master process) started."""
         return int((time.monotonic() - self._started_s) * 1000)
 
-    def heartbeat(self, uuid: str, instance_seqno: int, registration: Any) -> TSDescriptor:
+    def heartbeat(
+        self, uuid: str, instance_seqno: int, registration: master_pb2.TSRegistrationPB
+    ) -> TSDescriptor:
         """Records a heartbeat (registering a new server or a new instance of one)."""
         rpc = join_host_port(registration.rpc_addr.host, registration.rpc_addr.port)
         http = join_host_port(registration.http_addr.host, registration.http_addr.port)

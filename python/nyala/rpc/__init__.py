@@ -10,6 +10,7 @@ from nyala.rpc.errors import error_from_pb, error_to_pb, join_host_port, split_h
 from nyala.rpc.http import HttpResponse, HttpServer
 from nyala.rpc.server import RpcServer
 from nyala.rpc.service import (
+    Context,
     RpcMetrics,
     ServiceBase,
     bidi_stream,
@@ -21,6 +22,7 @@ from nyala.rpc.settings import RpcSettings
 
 __all__ = [
     "BlockingServerProxy",
+    "Context",
     "HttpResponse",
     "HttpServer",
     "RpcMetrics",

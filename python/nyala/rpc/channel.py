@@ -7,10 +7,11 @@ with an ``ErrorPB`` or the transport failed.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Callable
+from typing import TypeAlias, TypeVar
 
 import grpc
+from google.protobuf.descriptor import FileDescriptor
 
 from nyala._proto import (
     consensus_pb2,
@@ -22,43 +23,69 @@ from nyala._proto import (
     tserver_pb2_grpc,
 )
 from nyala.rpc.errors import error_from_grpc, raise_for_response, split_host_port
+from nyala.rpc.messages import Answer
 from nyala.rpc.settings import RpcSettings
+
+_Req = TypeVar("_Req")
+_Resp = TypeVar("_Resp", bound=Answer)
+# A unary method of an asyncio stub and of a blocking one (``proxy.tablet.Write``). Quoted:
+# grpc's classes are generic only to the type checker.
+_AsyncUnary: TypeAlias = "grpc.aio.UnaryUnaryMultiCallable[_Req, _Resp]"
+_Unary: TypeAlias = "grpc.UnaryUnaryMultiCallable[_Req, _Resp]"
+
+
+def _method_path(file: FileDescriptor, service: str, method: str) -> str:
+    """The gRPC path of ``service.method`` as declared in the proto ``file``."""
+    full_name = file.services_by_name[service].methods_by_name[method].full_name
+    package_service, _, name = full_name.rpartition(".")
+    return f"/{package_service}/{name}"
+
+
+#: The gRPC path of UpdateConsensusStream, which ``consensus_stream_serialized`` calls with
+#: requests already serialized (``nyala.consensus.runtime.wire.append_request_to_wire``): the
+#: entries are copied once.
+_UPDATE_CONSENSUS_STREAM = _method_path(
+    consensus_pb2.DESCRIPTOR, "ConsensusService", "UpdateConsensusStream"
+)
 
 
 class _Stubs:
-    """The generated stubs of every service, over one channel."""
+    """The generated stubs of every service, over one channel: blocking stubs over a blocking
+    channel, asyncio ones over an asyncio channel (``ServerProxy`` declares their types)."""
 
-    def __init__(self, channel: Any) -> None:
+    def __init__(self, channel: grpc.Channel | grpc.aio.Channel) -> None:
         self.tablet = tserver_pb2_grpc.TabletServiceStub(channel)
         self.admin = tserver_admin_pb2_grpc.TabletServerAdminServiceStub(channel)
         self.consensus = consensus_pb2_grpc.ConsensusServiceStub(channel)
         self.tablet_copy = tablet_copy_pb2_grpc.TabletCopyServiceStub(channel)
         self.master = master_pb2_grpc.MasterServiceStub(channel)
-        # UpdateConsensusStream taking requests already serialized
-        # (``nyala.consensus.runtime.wire.append_request_to_wire``): the entries are copied once.
-        self.consensus_stream_serialized = channel.stream_stream(
-            _method_path(consensus_pb2, "ConsensusService", "UpdateConsensusStream"),
-            request_serializer=None,
-            response_deserializer=consensus_pb2.ConsensusResponsePB.FromString,
-        )
-
-
-def _method_path(module: Any, service: str, method: str) -> str:
-    """The gRPC path of ``service.method`` as declared in the proto ``module``."""
-    full_name = module.DESCRIPTOR.services_by_name[service].methods_by_name[method].full_name
-    package_service, _, name = full_name.rpartition(".")
-    return f"/{package_service}/{name}"
 
 
 class ServerProxy(_Stubs):
-    """An asyncio channel to one server. Use as ``async with``, or call ``close``."""
+    """An asyncio channel to one server, with the generated stubs of every service over it. Use
+    as ``async with``, or call ``close``."""
+
+    # What the generated stubs are over an asyncio channel.
+    tablet: tserver_pb2_grpc.TabletServiceAsyncStub
+    admin: tserver_admin_pb2_grpc.TabletServerAdminServiceAsyncStub
+    consensus: consensus_pb2_grpc.ConsensusServiceAsyncStub
+    tablet_copy: tablet_copy_pb2_grpc.TabletCopyServiceAsyncStub
+    master: master_pb2_grpc.MasterServiceAsyncStub
 
     def __init__(self, addr: str, settings: RpcSettings | None = None) -> None:
         split_host_port(addr)  # validate early: a typo is an InvalidArgumentError here
         self.addr = addr
         self.settings = settings or RpcSettings()
-        self._channel: Any = grpc.aio.insecure_channel(addr, options=self.settings.grpc_options())
-        super().__init__(self._channel)
+        channel = grpc.aio.insecure_channel(addr, options=self.settings.grpc_options())
+        self._channel = channel
+        super().__init__(channel)
+        self.consensus_stream_serialized: grpc.aio.StreamStreamMultiCallable[
+            bytes, consensus_pb2.ConsensusResponsePB
+        ] = channel.stream_stream(
+            _UPDATE_CONSENSUS_STREAM,
+            request_serializer=None,
+            response_deserializer=consensus_pb2.ConsensusResponsePB.FromString,
+        )
 
     async def __aenter__(self) -> ServerProxy:
         return self
@@ -69,17 +96,25 @@ class ServerProxy(_Stubs):
     async def close(self) -> None:
         await self._channel.close()
 
-    async def call(self, method: Any, request: Any, *, timeout_ms: int | None = None) -> Any:
+    async def call(
+        self, method: _AsyncUnary[_Req, _Resp], request: _Req, *, timeout_ms: int | None = None
+    ) -> _Resp:
         """A unary call with the client deadline (default ``settings.client_timeout_ms``)."""
         return await self._unary(method, request, timeout_ms or self.settings.client_timeout_ms)
 
-    async def admin_call(self, method: Any, request: Any, *, timeout_ms: int | None = None) -> Any:
+    async def admin_call(
+        self, method: _AsyncUnary[_Req, _Resp], request: _Req, *, timeout_ms: int | None = None
+    ) -> _Resp:
         """A unary call with the admin deadline (default ``settings.admin_timeout_ms``)."""
         return await self._unary(method, request, timeout_ms or self.settings.admin_timeout_ms)
 
     async def stream(
-        self, method: Any, request: Any, *, timeout_ms: int | None = None
-    ) -> AsyncIterator[Any]:
+        self,
+        method: grpc.aio.UnaryStreamMultiCallable[_Req, _Resp],
+        request: _Req,
+        *,
+        timeout_ms: int | None = None,
+    ) -> AsyncIterator[_Resp]:
         """A server-streaming call; the deadline covers the whole stream."""
         timeout_s = (timeout_ms or self.settings.client_timeout_ms) / 1000
         try:
@@ -88,19 +123,25 @@ class ServerProxy(_Stubs):
         except grpc.RpcError as err:
             raise error_from_grpc(err, target=self.addr) from None
 
-    def open_stream(self, method: Any, *, timeout_ms: int) -> Any:
+    def open_stream(
+        self, method: grpc.aio.StreamStreamMultiCallable[_Req, _Resp], *, timeout_ms: int
+    ) -> grpc.aio.StreamStreamCall[_Req, _Resp]:
         """A bidirectional stream (``call.write``/``call.read``) with a deadline for its whole
         life; the caller translates ``grpc.RpcError`` with ``nyala.rpc.errors.error_from_grpc``
         and checks each response with ``raise_for_response``.
         """
         return method(timeout=timeout_ms / 1000)
 
-    async def ping(self, dest_uuid: str = "", *, timeout_ms: int | None = None) -> Any:
+    async def ping(
+        self, dest_uuid: str = "", *, timeout_ms: int | None = None
+    ) -> tserver_pb2.PingResponsePB:
         """The server's ``PingResponsePB`` (an empty ``dest_uuid`` asks whoever is there)."""
         request = tserver_pb2.PingRequestPB(dest_uuid=dest_uuid)
         return await self.call(self.tablet.Ping, request, timeout_ms=timeout_ms)
 
-    async def _unary(self, method: Any, request: Any, timeout_ms: int) -> Any:
+    async def _unary(
+        self, method: _AsyncUnary[_Req, _Resp], request: _Req, timeout_ms: int
+    ) -> _Resp:
         try:
             response = await method(request, timeout=timeout_ms / 1000)
         except grpc.RpcError as err:
@@ -109,14 +150,16 @@ class ServerProxy(_Stubs):
 
 
 class BlockingServerProxy(_Stubs):
-    """A blocking channel to one server, for tools and tests. Use as ``with``."""
+    """A blocking channel to one server, with the generated stubs of every service over it, for
+    tools and tests. Use as ``with``."""
 
     def __init__(self, addr: str, settings: RpcSettings | None = None) -> None:
         split_host_port(addr)
         self.addr = addr
         self.settings = settings or RpcSettings()
-        self._channel: Any = grpc.insecure_channel(addr, options=self.settings.grpc_options())
-        super().__init__(self._channel)
+        channel = grpc.insecure_channel(addr, options=self.settings.grpc_options())
+        self._channel = channel
+        super().__init__(channel)
 
     def __enter__(self) -> BlockingServerProxy:
         return self
@@ -127,22 +170,36 @@ class BlockingServerProxy(_Stubs):
     def close(self) -> None:
         self._channel.close()
 
-    def call(self, method: Any, request: Any, *, timeout_ms: int | None = None) -> Any:
+    def call(
+        self, method: _Unary[_Req, _Resp], request: _Req, *, timeout_ms: int | None = None
+    ) -> _Resp:
         """A unary call with the client deadline (default ``settings.client_timeout_ms``)."""
         return self._unary(method, request, timeout_ms or self.settings.client_timeout_ms)
 
-    def admin_call(self, method: Any, request: Any, *, timeout_ms: int | None = None) -> Any:
+    def admin_call(
+        self, method: _Unary[_Req, _Resp], request: _Req, *, timeout_ms: int | None = None
+    ) -> _Resp:
         """A unary call with the admin deadline (default ``settings.admin_timeout_ms``)."""
         return self._unary(method, request, timeout_ms or self.settings.admin_timeout_ms)
 
-    def ping(self, dest_uuid: str = "", *, timeout_ms: int | None = None) -> Any:
+    def ping(
+        self, dest_uuid: str = "", *, timeout_ms: int | None = None
+    ) -> tserver_pb2.PingResponsePB:
         """The server's ``PingResponsePB`` (an empty ``dest_uuid`` asks whoever is there)."""
         request = tserver_pb2.PingRequestPB(dest_uuid=dest_uuid)
         return self.call(self.tablet.Ping, request, timeout_ms=timeout_ms)
 
-    def _unary(self, method: Any, request: Any, timeout_ms: int) -> Any:
+    def _unary(self, method: _Unary[_Req, _Resp], request: _Req, timeout_ms: int) -> _Resp:
         try:
             response = method(request, timeout=timeout_ms / 1000)
         except grpc.RpcError as err:
             raise error_from_grpc(err, target=self.addr) from None
         return raise_for_response(response)
+
+
+#: Picks the method to call from the stubs of a blocking proxy, for helpers that open the
+#: proxy themselves (``lambda p: p.master.ListTables``). Quoted: grpc's classes are generic
+#: only to the type checker.
+BlockingMethod: TypeAlias = (
+    "Callable[[BlockingServerProxy], grpc.UnaryUnaryMultiCallable[_Req, _Resp]]"
+)

@@ -8,18 +8,23 @@ error codes.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TypeAlias, TypeVar
 
 import grpc
 
 from nyala import errors
 from nyala._proto import common_pb2
+from nyala.rpc.messages import Answer
 
 ErrorCode = common_pb2.ErrorCode
+_Code: TypeAlias = common_pb2.ErrorCode.ValueType
+
+
+_Answer = TypeVar("_Answer", bound=Answer)
 
 # Code -> class. Each class appears once, so the mapping round-trips; a subclass is listed
 # before its base class in lookups (see ``_code_for``).
-CODE_TO_CLASS: dict[int, type[errors.NyalaError]] = {
+CODE_TO_CLASS: dict[_Code, type[errors.NyalaError]] = {
     common_pb2.UNKNOWN_ERROR: errors.NyalaError,
     common_pb2.INVALID_ARGUMENT: errors.InvalidArgumentError,
     common_pb2.NOT_THE_LEADER: errors.NotLeaderError,
@@ -44,7 +49,7 @@ CODE_TO_CLASS: dict[int, type[errors.NyalaError]] = {
     common_pb2.TIMED_OUT: errors.TimedOutError,
 }
 
-_CLASS_TO_CODE: dict[type[errors.NyalaError], int] = {
+_CLASS_TO_CODE: dict[type[errors.NyalaError], _Code] = {
     cls: code for code, cls in CODE_TO_CLASS.items()
 }
 assert len(_CLASS_TO_CODE) == len(CODE_TO_CLASS), "each class maps to exactly one code"
@@ -61,16 +66,16 @@ _GRPC_STATUS_TO_CLASS: dict[grpc.StatusCode, type[errors.NyalaError]] = {
 }
 
 
-def _code_for(exc: BaseException) -> int:
+def _code_for(exc: BaseException) -> _Code:
     """The code of the most specific mapped class ``exc`` is an instance of."""
     for cls in type(exc).__mro__:
         code = _CLASS_TO_CODE.get(cls)
         if code is not None:
-            return int(code)
-    return int(common_pb2.UNKNOWN_ERROR)
+            return code
+    return common_pb2.UNKNOWN_ERROR
 
 
-def error_to_pb(exc: BaseException) -> Any:
+def error_to_pb(exc: BaseException) -> common_pb2.ErrorPB:
     """The ``ErrorPB`` a server sends for ``exc`` (any exception; non-nyala ones are UNKNOWN)."""
     pb = common_pb2.ErrorPB(code=_code_for(exc), message=str(exc) or type(exc).__name__)
     if isinstance(exc, errors.NotLeaderError):
@@ -85,7 +90,7 @@ def error_to_pb(exc: BaseException) -> Any:
     return pb
 
 
-def error_from_pb(pb: Any) -> errors.NyalaError:
+def error_from_pb(pb: common_pb2.ErrorPB) -> errors.NyalaError:
     """The exception a client raises for an ``ErrorPB``."""
     cls = CODE_TO_CLASS.get(pb.code, errors.NyalaError)
     message = pb.message
@@ -102,7 +107,7 @@ def error_from_pb(pb: Any) -> errors.NyalaError:
     return cls(message)
 
 
-def raise_for_response(response: Any) -> Any:
+def raise_for_response(response: _Answer) -> _Answer:
     """Returns ``response`` unless its ``error`` field is set, in which case raises it."""
     if response.HasField("error"):
         raise error_from_pb(response.error)

@@ -7,8 +7,6 @@ The Arrow schema travels in IPC form, with each column's stable id in the field 
 
 from __future__ import annotations
 
-from typing import Any
-
 import pyarrow as pa
 
 from nyala._proto import metadata_pb2
@@ -19,7 +17,7 @@ _COLUMN_ID_KEY = b"nyala.column_id"
 _TYPE_NAMES = {arrow_type: name for name, arrow_type in TYPES.items()}
 
 
-def schema_to_pb(schema: Schema) -> Any:
+def schema_to_pb(schema: Schema) -> metadata_pb2.SchemaPB:
     """The ``SchemaPB`` of ``schema``."""
     fields = [
         pa.field(
@@ -34,7 +32,7 @@ def schema_to_pb(schema: Schema) -> Any:
     )
 
 
-def schema_from_pb(pb: Any) -> Schema:
+def schema_from_pb(pb: metadata_pb2.SchemaPB) -> Schema:
     """The ``Schema`` of a ``SchemaPB``; ``InvalidArgumentError`` if it is malformed."""
     try:
         arrow = pa.ipc.read_schema(pa.py_buffer(pb.arrow_schema))

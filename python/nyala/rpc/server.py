@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Protocol, TypeAlias, TypeVar, cast
 
 import grpc
 
@@ -14,6 +14,12 @@ from nyala.rpc.settings import RpcSettings
 
 log = logging.getLogger(__name__)
 
+_Servicer = TypeVar("_Servicer")
+
+#: A method handler as gRPC registers it; its request and response types differ by method.
+#: (Quoted: ``grpc.RpcMethodHandler`` is generic only to the type checker.)
+_Handler: TypeAlias = "grpc.RpcMethodHandler[Any, Any]"
+
 
 class RpcServer:
     """A grpc.aio server with nyala's limits; ``start`` binds, ``stop`` drains."""
@@ -21,10 +27,12 @@ class RpcServer:
     def __init__(self, bind: str, settings: RpcSettings) -> None:
         self._host, self._port = split_host_port(bind)
         self._settings = settings
-        self._server: Any = grpc.aio.server(options=settings.grpc_options())
+        self._server = grpc.aio.server(options=settings.grpc_options())
         self.port = 0  # the bound port, known after start (differs from bind's port if that is 0)
 
-    def add_service(self, add_to_server: Callable[[Any, Any], None], servicer: Any) -> None:
+    def add_service(
+        self, add_to_server: Callable[[_Servicer, grpc.aio.Server], None], servicer: _Servicer
+    ) -> None:
         """Registers a servicer with its generated ``add_<Service>Servicer_to_server``."""
         add_to_server(servicer, self._server)
 
@@ -54,6 +62,13 @@ class RpcServer:
         await self._server.stop(grace_s)
 
 
+class _NamedTupleHandler(Protocol):
+    """A method handler as gRPC makes it: a namedtuple (its declared type says only that it
+    has the fields)."""
+
+    def _replace(self, *, request_deserializer: Callable[[bytes], object]) -> _Handler: ...
+
+
 class DeserializerOverride:
     """Stands in for the server while a generated ``add_<Service>Servicer_to_server`` runs,
     replacing the request deserializer of the methods named in ``deserializers``.
@@ -63,17 +78,28 @@ class DeserializerOverride:
     deserializer and is only a fallback, which handlers must also accept.
     """
 
-    def __init__(self, server: Any, deserializers: dict[str, Callable[[bytes], Any]]) -> None:
+    def __init__(
+        self, server: grpc.aio.Server, deserializers: dict[str, Callable[[bytes], object]]
+    ) -> None:
         self._server = server
         self._deserializers = deserializers
 
-    def add_generic_rpc_handlers(self, handlers: Any) -> None:
+    def as_server(self) -> grpc.aio.Server:
+        """This stand-in, typed as what ``add_<Service>Servicer_to_server`` takes: of a server,
+        that function calls only the two methods below."""
+        return cast(grpc.aio.Server, self)
+
+    def add_generic_rpc_handlers(self, handlers: Iterable[grpc.GenericRpcHandler]) -> None:
         self._server.add_generic_rpc_handlers(handlers)
 
-    def add_registered_method_handlers(self, service: str, handlers: dict[str, Any]) -> None:
+    def add_registered_method_handlers(
+        self, service: str, handlers: Mapping[str, _Handler]
+    ) -> None:
         replaced = {
             method: (
-                handler._replace(request_deserializer=self._deserializers[method])
+                cast(_NamedTupleHandler, handler)._replace(
+                    request_deserializer=self._deserializers[method]
+                )
                 if method in self._deserializers
                 else handler
             )

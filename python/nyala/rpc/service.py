@@ -12,16 +12,40 @@ import functools
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Protocol, TypeAlias, TypeVar
+
+import grpc
 
 from nyala._proto import common_pb2
 from nyala.common.metrics import MetricsRegistry
 from nyala.errors import InvalidArgumentError, NyalaError, WrongServerUuidError
 from nyala.rpc.errors import error_to_pb
+from nyala.rpc.messages import Addressed, Answer
 
 log = logging.getLogger(__name__)
 
 _S = TypeVar("_S", bound="ServiceBase")
+_Req = TypeVar("_Req", bound=Addressed)
+_Resp = TypeVar("_Resp", bound=Answer)
+_Resp_co = TypeVar("_Resp_co", bound=Answer, covariant=True)
+
+
+class AnswerClass(Protocol[_Resp_co]):
+    """A response message class: made with only its ``error`` set when the handler fails."""
+
+    def __call__(self, *, error: common_pb2.ErrorPB) -> _Resp_co: ...
+
+
+#: The context gRPC hands a handler, for the call's request and response types (nyala's
+#: handlers never use it: failures travel in the response's ``error``).
+Context: TypeAlias = grpc.aio.ServicerContext
+
+# The handlers each decorator takes (quoted: grpc's classes are generic only to the checker).
+_Unary: TypeAlias = "Callable[[_S, _Req, Context[_Req, _Resp]], Awaitable[_Resp]]"
+_ServerStream: TypeAlias = "Callable[[_S, _Req, Context[_Req, _Resp]], AsyncIterator[_Resp]]"
+_BidiStream: TypeAlias = (
+    "Callable[[_S, AsyncIterator[_Req], Context[_Req, _Resp]], AsyncIterator[_Resp]]"
+)
 
 
 def check_dest_uuid(dest_uuid: str, server_uuid: str, *, allow_empty: bool = False) -> None:
@@ -66,31 +90,29 @@ class ServiceBase:
         self.rpc_metrics = metrics
 
 
-def _error_response(response_cls: Any, method: str, exc: BaseException) -> Any:
+def _error_response(response_cls: AnswerClass[_Resp], method: str, exc: BaseException) -> _Resp:
     if not isinstance(exc, NyalaError):
         # A bug, not a refusal: keep the traceback in the server log.
         log.exception("%s failed with an unexpected error", method, exc_info=exc)
     return response_cls(error=error_to_pb(exc))
 
 
-def _code_name(response: Any) -> str:
+def _code_name(response: Answer) -> str:
     if not response.HasField("error"):
         return "OK"
     return str(common_pb2.ErrorCode.Name(response.error.code))
 
 
 def unary(
-    response_cls: Any, *, allow_empty_dest: bool = False
-) -> Callable[[Callable[[_S, Any, Any], Awaitable[Any]]], Callable[[_S, Any, Any], Awaitable[Any]]]:
+    response_cls: AnswerClass[_Resp], *, allow_empty_dest: bool = False
+) -> Callable[[_Unary[_S, _Req, _Resp]], _Unary[_S, _Req, _Resp]]:
     """Decorates a unary handler ``async def M(self, request, context) -> response``."""
 
-    def decorate(
-        fn: Callable[[_S, Any, Any], Awaitable[Any]],
-    ) -> Callable[[_S, Any, Any], Awaitable[Any]]:
+    def decorate(fn: _Unary[_S, _Req, _Resp]) -> _Unary[_S, _Req, _Resp]:
         method = fn.__name__
 
         @functools.wraps(fn)
-        async def handle(self: _S, request: Any, context: Any) -> Any:
+        async def handle(self: _S, request: _Req, context: Context[_Req, _Resp]) -> _Resp:
             start_s = time.monotonic()
             try:
                 check_dest_uuid(request.dest_uuid, self.server_uuid, allow_empty=allow_empty_dest)
@@ -106,19 +128,17 @@ def unary(
 
 
 def server_stream(
-    response_cls: Any,
-) -> Callable[
-    [Callable[[_S, Any, Any], AsyncIterator[Any]]], Callable[[_S, Any, Any], AsyncIterator[Any]]
-]:
+    response_cls: AnswerClass[_Resp],
+) -> Callable[[_ServerStream[_S, _Req, _Resp]], _ServerStream[_S, _Req, _Resp]]:
     """Decorates a streaming handler; a failure ends the stream with one error message."""
 
-    def decorate(
-        fn: Callable[[_S, Any, Any], AsyncIterator[Any]],
-    ) -> Callable[[_S, Any, Any], AsyncIterator[Any]]:
+    def decorate(fn: _ServerStream[_S, _Req, _Resp]) -> _ServerStream[_S, _Req, _Resp]:
         method = fn.__name__
 
         @functools.wraps(fn)
-        async def handle(self: _S, request: Any, context: Any) -> AsyncIterator[Any]:
+        async def handle(
+            self: _S, request: _Req, context: Context[_Req, _Resp]
+        ) -> AsyncIterator[_Resp]:
             start_s = time.monotonic()
             try:
                 check_dest_uuid(request.dest_uuid, self.server_uuid)
@@ -138,27 +158,22 @@ def server_stream(
 
 
 def bidi_stream(
-    response_cls: Any,
-) -> Callable[
-    [Callable[[_S, AsyncIterator[Any], Any], AsyncIterator[Any]]],
-    Callable[[_S, AsyncIterator[Any], Any], AsyncIterator[Any]],
-]:
+    response_cls: AnswerClass[_Resp],
+) -> Callable[[_BidiStream[_S, _Req, _Resp]], _BidiStream[_S, _Req, _Resp]]:
     """Decorates a bidirectional-stream handler ``async def M(self, requests, context)``.
 
     Every request of the stream has its ``dest_uuid`` checked before the handler sees it; a
     failure ends the stream with one error message. Metrics count streams, not messages.
     """
 
-    def decorate(
-        fn: Callable[[_S, AsyncIterator[Any], Any], AsyncIterator[Any]],
-    ) -> Callable[[_S, AsyncIterator[Any], Any], AsyncIterator[Any]]:
+    def decorate(fn: _BidiStream[_S, _Req, _Resp]) -> _BidiStream[_S, _Req, _Resp]:
         method = fn.__name__
 
         @functools.wraps(fn)
         async def handle(
-            self: _S, requests: AsyncIterator[Any], context: Any
-        ) -> AsyncIterator[Any]:
-            async def checked() -> AsyncIterator[Any]:
+            self: _S, requests: AsyncIterator[_Req], context: Context[_Req, _Resp]
+        ) -> AsyncIterator[_Resp]:
+            async def checked() -> AsyncIterator[_Req]:
                 async for request in requests:
                     check_dest_uuid(request.dest_uuid, self.server_uuid)
                     yield request

@@ -12,7 +12,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import AsyncIterator
-from typing import Any
+
+import grpc
 
 from nyala._proto import common_pb2, consensus_pb2, consensus_pb2_grpc, metadata_pb2
 from nyala.consensus.membership import ChangeType, ConfigChange
@@ -21,7 +22,7 @@ from nyala.consensus.runtime.transport import GrpcTransport
 from nyala.consensus.runtime.wal_log import WalEntryBatch
 from nyala.consensus.types import MemberType
 from nyala.errors import InvalidArgumentError, TabletNotRunningError
-from nyala.rpc import RpcMetrics, ServiceBase, unary
+from nyala.rpc import Context, RpcMetrics, ServiceBase, unary
 from nyala.rpc.server import DeserializerOverride
 from nyala.rpc.service import bidi_stream
 from nyala.server.convert import config_to_pb, peer_from_pb
@@ -42,16 +43,16 @@ def _decode_batch(data: bytes, start: int, end: int) -> WalEntryBatch:
     return WalEntryBatch.from_wire(data, start, end)
 
 
-def add_consensus_service(servicer: ConsensusService, server: Any) -> None:
+def add_consensus_service(servicer: ConsensusService, server: grpc.aio.Server) -> None:
     """Registers the ConsensusService, with UpdateConsensusStream's requests deserialized by
     ``wire.append_request_from_wire`` (entries decoded from the received bytes, no copy)."""
-    consensus_pb2_grpc.add_ConsensusServiceServicer_to_server(
-        servicer,
-        DeserializerOverride(server, {"UpdateConsensusStream": wire.append_request_from_wire}),
+    override = DeserializerOverride(
+        server, {"UpdateConsensusStream": wire.append_request_from_wire}
     )
+    consensus_pb2_grpc.add_ConsensusServiceServicer_to_server(servicer, override.as_server())
 
 
-class ConsensusService(ServiceBase, consensus_pb2_grpc.ConsensusServiceServicer):  # type: ignore[misc]
+class ConsensusService(ServiceBase, consensus_pb2_grpc.ConsensusServiceServicer):
     """Raft traffic between the replicas of the tablets this server hosts."""
 
     def __init__(self, server_uuid: str, metrics: RpcMetrics, tablets: TabletManager) -> None:
@@ -66,21 +67,27 @@ class ConsensusService(ServiceBase, consensus_pb2_grpc.ConsensusServiceServicer)
         return replica, runtime, transport
 
     @unary(consensus_pb2.ConsensusResponsePB)
-    async def UpdateConsensus(self, request: Any, context: Any) -> Any:
+    async def UpdateConsensus(
+        self,
+        request: consensus_pb2.ConsensusRequestPB,
+        context: Context[consensus_pb2.ConsensusRequestPB, consensus_pb2.ConsensusResponsePB],
+    ) -> consensus_pb2.ConsensusResponsePB:
         _, _, transport = self._raft(request.tablet_id)
         return await transport.handle_update(request, _decode_batch)
 
     @bidi_stream(consensus_pb2.ConsensusResponsePB)
     async def UpdateConsensusStream(
-        self, requests: AsyncIterator[Any], context: Any
-    ) -> AsyncIterator[Any]:
+        self,
+        requests: AsyncIterator[wire.ReceivedRequest],
+        context: Context[wire.ReceivedRequest, consensus_pb2.ConsensusResponsePB],
+    ) -> AsyncIterator[consensus_pb2.ConsensusResponsePB]:
         # A stream carries one tablet (one per leader-follower pair): route by its first request.
         first = await anext(requests, None)
         if first is None:
             return
         _, _, transport = self._raft(first.tablet_id)
 
-        async def rest() -> AsyncIterator[Any]:
+        async def rest() -> AsyncIterator[wire.ReceivedRequest]:
             yield first
             async for request in requests:
                 if request.tablet_id != first.tablet_id:
@@ -91,7 +98,11 @@ class ConsensusService(ServiceBase, consensus_pb2_grpc.ConsensusServiceServicer)
             yield response
 
     @unary(consensus_pb2.VoteResponsePB)
-    async def RequestVote(self, request: Any, context: Any) -> Any:
+    async def RequestVote(
+        self,
+        request: consensus_pb2.VoteRequestPB,
+        context: Context[consensus_pb2.VoteRequestPB, consensus_pb2.VoteResponsePB],
+    ) -> consensus_pb2.VoteResponsePB:
         replica = self._tablets.lookup(request.tablet_id)
         if replica is not None and replica.superblock.data_state in VOTING_DATA_STATES:
             # Tombstoned voting (seed 000): no Raft runs, cmeta and last-logged OpId answer.
@@ -101,13 +112,25 @@ class ConsensusService(ServiceBase, consensus_pb2_grpc.ConsensusServiceServicer)
         return await transport.handle_vote(request)
 
     @unary(consensus_pb2.RunLeaderElectionResponsePB)
-    async def RunLeaderElection(self, request: Any, context: Any) -> Any:
+    async def RunLeaderElection(
+        self,
+        request: consensus_pb2.RunLeaderElectionRequestPB,
+        context: Context[
+            consensus_pb2.RunLeaderElectionRequestPB, consensus_pb2.RunLeaderElectionResponsePB
+        ],
+    ) -> consensus_pb2.RunLeaderElectionResponsePB:
         _, runtime, _ = self._raft(request.tablet_id)
         runtime.run_leader_election()
         return consensus_pb2.RunLeaderElectionResponsePB()
 
     @unary(consensus_pb2.LeaderStepDownResponsePB)
-    async def LeaderStepDown(self, request: Any, context: Any) -> Any:
+    async def LeaderStepDown(
+        self,
+        request: consensus_pb2.LeaderStepDownRequestPB,
+        context: Context[
+            consensus_pb2.LeaderStepDownRequestPB, consensus_pb2.LeaderStepDownResponsePB
+        ],
+    ) -> consensus_pb2.LeaderStepDownResponsePB:
         _, runtime, _ = self._raft(request.tablet_id)
         if request.mode == consensus_pb2.GRACEFUL:
             runtime.transfer_leadership(request.new_leader_uuid or None)
@@ -118,7 +141,13 @@ class ConsensusService(ServiceBase, consensus_pb2_grpc.ConsensusServiceServicer)
         return consensus_pb2.LeaderStepDownResponsePB()
 
     @unary(consensus_pb2.GetConsensusStateResponsePB)
-    async def GetConsensusState(self, request: Any, context: Any) -> Any:
+    async def GetConsensusState(
+        self,
+        request: consensus_pb2.GetConsensusStateRequestPB,
+        context: Context[
+            consensus_pb2.GetConsensusStateRequestPB, consensus_pb2.GetConsensusStateResponsePB
+        ],
+    ) -> consensus_pb2.GetConsensusStateResponsePB:
         response = consensus_pb2.GetConsensusStateResponsePB()
         wanted = list(request.tablet_ids) or [
             s.tablet_id for s in self._tablets.statuses(sizes=False) if s.state == "RUNNING"
@@ -138,7 +167,11 @@ class ConsensusService(ServiceBase, consensus_pb2_grpc.ConsensusServiceServicer)
         return response
 
     @unary(consensus_pb2.ChangeConfigResponsePB)
-    async def ChangeConfig(self, request: Any, context: Any) -> Any:
+    async def ChangeConfig(
+        self,
+        request: consensus_pb2.ChangeConfigRequestPB,
+        context: Context[consensus_pb2.ChangeConfigRequestPB, consensus_pb2.ChangeConfigResponsePB],
+    ) -> consensus_pb2.ChangeConfigResponsePB:
         _, runtime, _ = self._raft(request.tablet_id)
         change_type = _CHANGE_TYPES.get(request.type)
         if change_type is None:
@@ -163,7 +196,13 @@ class ConsensusService(ServiceBase, consensus_pb2_grpc.ConsensusServiceServicer)
         return consensus_pb2.ChangeConfigResponsePB(new_config=config_to_pb(new_config))
 
     @unary(consensus_pb2.UnsafeChangeConfigResponsePB)
-    async def UnsafeChangeConfig(self, request: Any, context: Any) -> Any:
+    async def UnsafeChangeConfig(
+        self,
+        request: consensus_pb2.UnsafeChangeConfigRequestPB,
+        context: Context[
+            consensus_pb2.UnsafeChangeConfigRequestPB, consensus_pb2.UnsafeChangeConfigResponsePB
+        ],
+    ) -> consensus_pb2.UnsafeChangeConfigResponsePB:
         _, runtime, _ = self._raft(request.tablet_id)
         if not runtime.running:
             raise TabletNotRunningError(f"tablet {request.tablet_id}: Raft is not running here")

@@ -7,8 +7,6 @@ malformed call from Python.
 
 from __future__ import annotations
 
-from typing import Any
-
 from nyala._proto import common_pb2, metadata_pb2
 from nyala.consensus.types import NO_OPID_INDEX, MemberType, RaftConfig, RaftPeer
 from nyala.errors import InvalidArgumentError
@@ -16,7 +14,7 @@ from nyala.rpc.errors import join_host_port, split_host_port
 from nyala.tablet.superblock import Partition
 
 
-def partition_from_pb(pb: Any) -> Partition:
+def partition_from_pb(pb: metadata_pb2.PartitionPB) -> Partition:
     """The ``Partition`` of a ``PartitionPB``."""
     return Partition(
         hash_buckets=tuple(pb.hash_buckets),
@@ -25,7 +23,7 @@ def partition_from_pb(pb: Any) -> Partition:
     )
 
 
-def partition_to_pb(partition: Partition) -> Any:
+def partition_to_pb(partition: Partition) -> metadata_pb2.PartitionPB:
     """The ``PartitionPB`` of a ``Partition``."""
     return metadata_pb2.PartitionPB(
         hash_buckets=list(partition.hash_buckets),
@@ -34,7 +32,7 @@ def partition_to_pb(partition: Partition) -> Any:
     )
 
 
-def config_from_pb(pb: Any) -> RaftConfig:
+def config_from_pb(pb: metadata_pb2.RaftConfigPB) -> RaftConfig:
     """The ``RaftConfig`` of a ``RaftConfigPB``; ``InvalidArgumentError`` if malformed."""
     peers = []
     for p in pb.peers:
@@ -60,7 +58,9 @@ def config_from_pb(pb: Any) -> RaftConfig:
     return RaftConfig(peers=tuple(peers), opid_index=index)
 
 
-def peer_from_pb(pb: Any, *, default_member_type: MemberType | None = None) -> RaftPeer:
+def peer_from_pb(
+    pb: metadata_pb2.RaftPeerPB, *, default_member_type: MemberType | None = None
+) -> RaftPeer:
     """The ``RaftPeer`` of a ``RaftPeerPB`` in a ChangeConfig request.
 
     Unlike a config's peers, the address may be absent (REMOVE_PEER/MODIFY_PEER name the peer by
@@ -88,7 +88,7 @@ def peer_from_pb(pb: Any, *, default_member_type: MemberType | None = None) -> R
     )
 
 
-def config_to_pb(config: RaftConfig) -> Any:
+def config_to_pb(config: RaftConfig) -> metadata_pb2.RaftConfigPB:
     """The ``RaftConfigPB`` of a ``RaftConfig``."""
     pb = metadata_pb2.RaftConfigPB()
     if config.opid_index != NO_OPID_INDEX:

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from nyala import errors
 from nyala._proto import master_pb2, metadata_pb2
+from nyala.rpc.messages import Addressable
 from nyala.rpc.schema_pb import schema_to_pb
 from nyala.schema import Schema
 from nyala.testing.mini_cluster import MiniCluster
@@ -22,15 +23,23 @@ from nyala.testing.mini_cluster import MiniCluster
 RETRY_PAUSE_S = 0.05
 
 
-def call_once(cluster: MiniCluster, method: str, request: Any, *, timeout_ms: int = 10_000) -> Any:
+# ``call_once`` and ``call`` name the RPC (``"CreateTable"``): their answer is typed Any, as its
+# message type depends on that name.
+
+
+def call_once(
+    cluster: MiniCluster, method: str, request: Addressable, *, timeout_ms: int = 10_000
+) -> Any:
     """One attempt at the current leader master."""
     leader = cluster.leader_master()
-    request.dest_uuid = leader.uuid
+    request.dest_uuid = leader.uuid or ""
     with leader.proxy() as proxy:
         return proxy.call(getattr(proxy.master, method), request, timeout_ms=timeout_ms)
 
 
-def call(cluster: MiniCluster, method: str, request: Any, *, deadline_s: float = 30.0) -> Any:
+def call(
+    cluster: MiniCluster, method: str, request: Addressable, *, deadline_s: float = 30.0
+) -> Any:
     """``call_once`` until it is answered (or a final error), within ``deadline_s``."""
     deadline = time.monotonic() + deadline_s
     while True:
@@ -42,7 +51,7 @@ def call(cluster: MiniCluster, method: str, request: Any, *, deadline_s: float =
             time.sleep(RETRY_PAUSE_S)
 
 
-def table_ident(name: str) -> Any:
+def table_ident(name: str) -> master_pb2.TableIdentifierPB:
     """The ``TableIdentifierPB`` of a table name."""
     return master_pb2.TableIdentifierPB(table_name=name)
 
@@ -54,7 +63,7 @@ def create_table_request(
     hash_columns: Sequence[str] = (),
     buckets: int = 0,
     replicas: int = 3,
-) -> Any:
+) -> master_pb2.CreateTableRequestPB:
     """A ``CreateTableRequestPB``; hash partitioning when ``buckets`` > 1. It carries a
     fresh request id, so ``call`` may retry it safely."""
     request = master_pb2.CreateTableRequestPB(
@@ -67,7 +76,7 @@ def create_table_request(
     return request
 
 
-def add_column_request(name: str, column: str, type_name: str) -> Any:
+def add_column_request(name: str, column: str, type_name: str) -> master_pb2.AlterTableRequestPB:
     """An ``AlterTableRequestPB`` adding one nullable column."""
     request = master_pb2.AlterTableRequestPB(table=table_ident(name), request_id=uuid.uuid4().hex)
     step = request.steps.add()
@@ -77,7 +86,9 @@ def add_column_request(name: str, column: str, type_name: str) -> Any:
     return request
 
 
-def wait_until(predicate: Any, *, timeout_s: float = 30.0, what: str = "condition") -> None:
+def wait_until(
+    predicate: Callable[[], object], *, timeout_s: float = 30.0, what: str = "condition"
+) -> None:
     """Polls ``predicate()`` (retriable errors count as False) until true."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -110,23 +121,29 @@ def wait_alter_done(cluster: MiniCluster, name: str, *, timeout_s: float = 30.0)
     )
 
 
-def list_tables(cluster: MiniCluster) -> dict[str, Any]:
-    """Live tables by name (``ListTablesResponsePB.TableInfoPB``)."""
-    response = call(cluster, "ListTables", master_pb2.ListTablesRequestPB())
+def list_tables(cluster: MiniCluster) -> dict[str, master_pb2.ListTablesResponsePB.TableInfoPB]:
+    """Live tables by name."""
+    response: master_pb2.ListTablesResponsePB = call(
+        cluster, "ListTables", master_pb2.ListTablesRequestPB()
+    )
     return {t.name: t for t in response.tables}
 
 
-def locations(cluster: MiniCluster, name: str) -> list[Any]:
+def locations(cluster: MiniCluster, name: str) -> list[master_pb2.TabletLocationsPB]:
     """The ``TabletLocationsPB`` of every tablet of ``name``."""
     request = master_pb2.GetTableLocationsRequestPB(table=table_ident(name))
-    return list(call(cluster, "GetTableLocations", request).tablet_locations)
+    response: master_pb2.GetTableLocationsResponsePB = call(cluster, "GetTableLocations", request)
+    return list(response.tablet_locations)
 
 
-def masters(cluster: MiniCluster) -> list[Any]:
+def masters(cluster: MiniCluster) -> list[master_pb2.MasterEntryPB]:
     """``MasterEntryPB`` of every master, as the leader sees them."""
-    return list(call(cluster, "ListMasters", master_pb2.ListMastersRequestPB()).masters)
+    response: master_pb2.ListMastersResponsePB = call(
+        cluster, "ListMasters", master_pb2.ListMastersRequestPB()
+    )
+    return list(response.masters)
 
 
-def is_voter(entry: Any) -> bool:
+def is_voter(entry: master_pb2.MasterEntryPB) -> bool:
     """Whether a ``MasterEntryPB`` is a VOTER."""
-    return bool(entry.member_type == metadata_pb2.VOTER)
+    return entry.member_type == metadata_pb2.VOTER

@@ -28,12 +28,14 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
+from nyala._proto import consensus_pb2, master_pb2, metadata_pb2, tserver_admin_pb2, tserver_pb2
 from nyala.common.process import PARENT_PID_ENV
 from nyala.errors import NyalaError, TimedOutError
 from nyala.rpc import BlockingServerProxy, join_host_port
 from nyala.rpc.ports import free_loopback_ports
+from nyala.schema import Schema
 
 LOOPBACK = "127.0.0.1"
 # Starts of a new server whose free port was taken by someone else before it could bind.
@@ -140,12 +142,10 @@ class ServerProcess:
 
     def _ask_uuid(self, proxy: BlockingServerProxy) -> str:
         if self.role != "master":
-            return str(proxy.ping(timeout_ms=500).server_uuid)
-        from nyala._proto import master_pb2
-
+            return proxy.ping(timeout_ms=500).server_uuid
         request = master_pb2.ConnectToMasterRequestPB()
         answer = proxy.call(proxy.master.ConnectToMaster, request, timeout_ms=500)
-        return str(answer.master_uuid)
+        return answer.master_uuid
 
     def wait_ready(self, timeout_s: float = 30.0) -> str:
         """Waits until the server answers Ping (a master: ConnectToMaster); returns (and
@@ -173,7 +173,7 @@ class ServerProcess:
         """A blocking RPC channel to this server (close it, or use ``with``)."""
         return BlockingServerProxy(self.rpc_addr)
 
-    def ping(self, *, timeout_ms: int = 2_000) -> Any:
+    def ping(self, *, timeout_ms: int = 2_000) -> tserver_pb2.PingResponsePB:
         """Ping with this server's UUID as ``dest_uuid`` (any UUID if not known yet)."""
         with self.proxy() as proxy:
             return proxy.ping(self.uuid or "", timeout_ms=timeout_ms)
@@ -351,10 +351,10 @@ class MiniCluster:
             server.rpc_port, server.http_port = free_loopback_ports(2, LOOPBACK)
             server.start()
 
-    def initial_config(self, servers: Sequence[ServerProcess] | None = None) -> Any:
+    def initial_config(
+        self, servers: Sequence[ServerProcess] | None = None
+    ) -> metadata_pb2.RaftConfigPB:
         """The ``RaftConfigPB`` a new tablet on ``servers`` (default: all tservers) starts with."""
-        from nyala._proto import metadata_pb2
-
         config = metadata_pb2.RaftConfigPB()
         for ts in self.tservers if servers is None else servers:
             assert ts.uuid is not None, f"{ts.name} has not started yet"
@@ -366,21 +366,20 @@ class MiniCluster:
     def create_tablet(
         self,
         tablet_id: str,
-        schema: Any,
+        schema: Schema,
         *,
         table_name: str = "t",
         servers: Sequence[ServerProcess] | None = None,
     ) -> None:
         """Sends ``CreateTablet`` with the same initial config to every replica, as the master
         will (``schema`` is a ``nyala.Schema``); raises the first refusal."""
-        from nyala._proto import tserver_admin_pb2
         from nyala.rpc.schema_pb import schema_to_pb
 
         members = list(self.tservers if servers is None else servers)
         config = self.initial_config(members)
         for ts in members:
             request = tserver_admin_pb2.CreateTabletRequestPB(
-                dest_uuid=ts.uuid,
+                dest_uuid=ts.uuid or "",
                 table_id=tablet_id,
                 table_name=table_name,
                 tablet_id=tablet_id,
@@ -393,8 +392,6 @@ class MiniCluster:
     def leader_of(self, tablet_id: str, *, timeout_s: float = 30.0) -> ServerProcess:
         """The running tserver that leads ``tablet_id``, once one claims it and agrees that it
         leads (asked through GetConsensusState); ``TimedOutError`` otherwise."""
-        from nyala._proto import consensus_pb2
-
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             for ts in self.tservers:
@@ -450,8 +447,6 @@ class MiniCluster:
     def leader_master(self, *, timeout_s: float = 30.0) -> ServerProcess:
         """The running master that leads with its catalog loaded; ``TimedOutError`` if none
         does within ``timeout_s``."""
-        from nyala._proto import master_pb2
-
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             for master in self.masters:

@@ -33,11 +33,11 @@ def write_request(
     op: str,
     client_id: str,
     seq_no: int,
-) -> Any:
+) -> tserver_pb2.WriteRequestPB:
     """A ``WriteRequestPB`` for ``data`` (anything ``rowops.make_op_batch`` takes)."""
     batch = make_op_batch(data, op, schema)
     return tserver_pb2.WriteRequestPB(
-        dest_uuid=ts.uuid,
+        dest_uuid=ts.uuid or "",
         tablet_id=tablet_id,
         request_id=common_pb2.RequestIdPB(
             client_id=client_id, seq_no=seq_no, first_incomplete_seq_no=seq_no
@@ -47,7 +47,9 @@ def write_request(
     )
 
 
-def write(ts: ServerProcess, request: Any, *, timeout_ms: int = 10_000) -> Any:
+def write(
+    ts: ServerProcess, request: tserver_pb2.WriteRequestPB, *, timeout_ms: int = 10_000
+) -> tserver_pb2.WriteResponsePB:
     """Sends one Write to ``ts``; raises the mapped error on refusal."""
     with ts.proxy() as proxy:
         return proxy.call(proxy.tablet.Write, request, timeout_ms=timeout_ms)
@@ -63,7 +65,7 @@ def write_to_leader(
     client_id: str,
     seq_no: int,
     deadline_s: float = 60.0,
-) -> Any:
+) -> tserver_pb2.WriteResponsePB:
     """Writes through whichever server leads, retrying the same request id (so a retry after
     an unknown outcome applies nothing twice) until acknowledged or ``deadline_s`` passes."""
     deadline = time.monotonic() + deadline_s
@@ -85,7 +87,7 @@ def scan(
 ) -> pa.Table:
     """A linearizable full scan of ``tablet_id`` on ``ts`` (which must lead it)."""
     request = tserver_pb2.ScanRequestPB(
-        dest_uuid=ts.uuid,
+        dest_uuid=ts.uuid or "",
         new_scan=tserver_pb2.NewScanRequestPB(
             tablet_id=tablet_id, read_mode=tserver_pb2.READ_LATEST
         ),

@@ -29,20 +29,22 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
-from nyala._proto import master_pb2, metadata_pb2
+from nyala._proto import common_pb2, master_pb2, metadata_pb2
 from nyala.consensus.progress import PeerHealth
 from nyala.errors import NetworkError, NyalaError, WrongServerUuidError
 from nyala.rpc import ServerProxy, split_host_port
 from nyala.rpc.settings import RpcSettings
 from nyala.server.convert import config_to_pb
 from nyala.tablet import TabletManager
+from nyala.tablet.replica import TabletReplica
 from nyala.tserver.tablet_meta import peer_health
 
 log = logging.getLogger(__name__)
 
 Signature = tuple[object, ...]
+#: Every replica's signature and report, by tablet id.
+_Snapshot = dict[str, tuple[Signature, master_pb2.ReportedTabletPB]]
 
 _HEALTH_PB = {
     PeerHealth.UNKNOWN: master_pb2.HEALTH_UNKNOWN,
@@ -68,9 +70,7 @@ class _MasterState:
     reported: dict[str, Signature] = field(default_factory=dict)
 
 
-def _host_port(addr: str) -> Any:
-    from nyala._proto import common_pb2
-
+def _host_port(addr: str) -> common_pb2.HostPortPB:
     host, port = split_host_port(addr)
     return common_pb2.HostPortPB(host=host, port=port)
 
@@ -130,9 +130,9 @@ class Heartbeater:
         finally:
             await proxy.close()
 
-    def _snapshot(self) -> dict[str, tuple[Signature, Any]]:
+    def _snapshot(self) -> _Snapshot:
         """Every replica's report and signature, now."""
-        out: dict[str, tuple[Signature, Any]] = {}
+        out: _Snapshot = {}
         for status in self._tablets.statuses(sizes=False):
             pb = master_pb2.ReportedTabletPB(
                 tablet_id=status.tablet_id,
@@ -172,7 +172,9 @@ class Heartbeater:
             out[status.tablet_id] = (signature, pb)
         return out
 
-    def _peer_health(self, replica: Any, pb: Any) -> tuple[tuple[str, int], ...]:
+    def _peer_health(
+        self, replica: TabletReplica | None, pb: master_pb2.ReportedTabletPB
+    ) -> tuple[tuple[str, int], ...]:
         """Fills the followers' health into a leader's report; returns it for the signature."""
         out = []
         for uuid, report in peer_health(replica, self._peer_failed_after_ms).items():
@@ -211,9 +213,9 @@ class Heartbeater:
 
     def _fill_report(
         self,
-        report: Any,
+        report: master_pb2.TabletReportPB,
         master: _MasterState,
-        snapshot: dict[str, tuple[Signature, Any]],
+        snapshot: _Snapshot,
         full: bool,
     ) -> None:
         master.seqno += 1
@@ -228,8 +230,8 @@ class Heartbeater:
     @staticmethod
     def _mark_reported(
         master: _MasterState,
-        report: Any,
-        snapshot: dict[str, tuple[Signature, Any]],
+        report: master_pb2.TabletReportPB,
+        snapshot: _Snapshot,
         full: bool,
     ) -> None:
         if full:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from typing import Any
 
 import pyarrow as pa
@@ -28,7 +28,7 @@ from nyala._proto import (
 )
 from nyala._proto.metadata_pb2 import TabletDataState
 from nyala.errors import InvalidArgumentError, NyalaError
-from nyala.rpc import RpcMetrics, ServiceBase, server_stream, unary
+from nyala.rpc import Context, RpcMetrics, ServiceBase, server_stream, unary
 from nyala.rpc.errors import error_to_pb
 from nyala.rpc.schema_pb import schema_from_pb
 from nyala.rpc.service import check_dest_uuid
@@ -63,14 +63,15 @@ _TABLET_LOCKS_MAX = 4096
 SCAN_BATCH_BYTES_DEFAULT = 1024 * 1024
 
 
-def _scalar(pb: Any) -> Any:
+def _scalar(pb: tserver_pb2.ScalarPB) -> int | float | bool | str | bytes:
     kind = pb.WhichOneof("value")
     if kind is None:
         raise InvalidArgumentError("a predicate value is empty")
-    return getattr(pb, kind)
+    value: int | float | bool | str | bytes = getattr(pb, kind)
+    return value
 
 
-def _predicates(pbs: Any) -> list[Predicate]:
+def _predicates(pbs: Iterable[tserver_pb2.ColumnPredicatePB]) -> list[Predicate]:
     out: list[Predicate] = []
     for pb in pbs:
         op = _PREDICATE_OPS.get(pb.op)
@@ -110,7 +111,7 @@ def _ipc(batch: pa.RecordBatch) -> bytes:
     return bytes(sink.getvalue().to_pybytes())
 
 
-def _request_id(request: Any) -> RequestId | None:
+def _request_id(request: tserver_pb2.WriteRequestPB) -> RequestId | None:
     """The exactly-once id of a ``WriteRequestPB`` (None if it has none)."""
     if request.HasField("request_id") and request.request_id.client_id:
         rid = request.request_id
@@ -118,7 +119,7 @@ def _request_id(request: Any) -> RequestId | None:
     return None
 
 
-def _write_response(outcome: WriteOutcome) -> Any:
+def _write_response(outcome: WriteOutcome) -> tserver_pb2.WriteResponsePB:
     """The ``WriteResponsePB`` of an applied write; a batch refused whole is an error."""
     if outcome.result is None:
         raise InvalidArgumentError(f"op batch refused: {outcome.error}")
@@ -132,7 +133,7 @@ def _write_response(outcome: WriteOutcome) -> Any:
     return response
 
 
-class TabletService(ServiceBase, tserver_pb2_grpc.TabletServiceServicer):  # type: ignore[misc]
+class TabletService(ServiceBase, tserver_pb2_grpc.TabletServiceServicer):
     """Client-facing service: liveness, writes and scans through tablet leaders."""
 
     def __init__(
@@ -149,21 +150,33 @@ class TabletService(ServiceBase, tserver_pb2_grpc.TabletServiceServicer):  # typ
         self._scanners = scanners
 
     @unary(tserver_pb2.PingResponsePB, allow_empty_dest=True)
-    async def Ping(self, request: Any, context: Any) -> Any:
+    async def Ping(
+        self,
+        request: tserver_pb2.PingRequestPB,
+        context: Context[tserver_pb2.PingRequestPB, tserver_pb2.PingResponsePB],
+    ) -> tserver_pb2.PingResponsePB:
         return tserver_pb2.PingResponsePB(
             server_uuid=self.server_uuid, uptime_s=time.monotonic() - self._started_s
         )
 
     @unary(tserver_pb2.WriteResponsePB)
-    async def Write(self, request: Any, context: Any) -> Any:
+    async def Write(
+        self,
+        request: tserver_pb2.WriteRequestPB,
+        context: Context[tserver_pb2.WriteRequestPB, tserver_pb2.WriteResponsePB],
+    ) -> tserver_pb2.WriteResponsePB:
         return await self._write(request)
 
     @unary(tserver_pb2.WriteMultiResponsePB)
-    async def WriteMulti(self, request: Any, context: Any) -> Any:
+    async def WriteMulti(
+        self,
+        request: tserver_pb2.WriteMultiRequestPB,
+        context: Context[tserver_pb2.WriteMultiRequestPB, tserver_pb2.WriteMultiResponsePB],
+    ) -> tserver_pb2.WriteMultiResponsePB:
         """Several writes in one call, each answered on its own. The writes to one tablet are
         proposed together (one WAL group commit, one replication batch); tablets in parallel."""
         subs = list(request.requests)
-        results: list[Any] = [None] * len(subs)
+        results: list[WriteOutcome | Exception | None] = [None] * len(subs)
         by_tablet: dict[str, list[int]] = {}
         for i, sub in enumerate(subs):
             try:  # the decorator checked the call's dest_uuid; each write names its own
@@ -188,31 +201,38 @@ class TabletService(ServiceBase, tserver_pb2_grpc.TabletServiceServicer):  # typ
             for i, result in zip(slots, answer, strict=True):
                 results[i] = result
         response = tserver_pb2.WriteMultiResponsePB()
-        for result in results:
-            if isinstance(result, Exception):
-                if not isinstance(result, NyalaError):
-                    log.error("a write of WriteMulti failed unexpectedly", exc_info=result)
-                response.responses.add().error.CopyFrom(error_to_pb(result))
+        for outcome in results:
+            if isinstance(outcome, Exception):
+                if not isinstance(outcome, NyalaError):
+                    log.error("a write of WriteMulti failed unexpectedly", exc_info=outcome)
+                response.responses.add().error.CopyFrom(error_to_pb(outcome))
                 continue
+            assert outcome is not None, "every write has an outcome or an error"
             try:
-                response.responses.append(_write_response(result))
+                response.responses.append(_write_response(outcome))
             except NyalaError as exc:
                 response.responses.add().error.CopyFrom(error_to_pb(exc))
         return response
 
-    async def _write_tablet(self, tablet_id: str, subs: list[Any]) -> list[Any]:
+    async def _write_tablet(
+        self, tablet_id: str, subs: list[tserver_pb2.WriteRequestPB]
+    ) -> list[WriteOutcome | Exception]:
         replica = self._tablets.replica(tablet_id)
         return await replica.write_many(
             [(_request_id(sub), sub.schema_version, sub.ops) for sub in subs]
         )
 
-    async def _write(self, request: Any) -> Any:
+    async def _write(self, request: tserver_pb2.WriteRequestPB) -> tserver_pb2.WriteResponsePB:
         replica = self._tablets.replica(request.tablet_id)
         outcome = await replica.write(_request_id(request), request.schema_version, request.ops)
         return _write_response(outcome)
 
     @server_stream(tserver_pb2.ScanResponsePB)
-    async def Scan(self, request: Any, context: Any) -> AsyncIterator[Any]:
+    async def Scan(
+        self,
+        request: tserver_pb2.ScanRequestPB,
+        context: Context[tserver_pb2.ScanRequestPB, tserver_pb2.ScanResponsePB],
+    ) -> AsyncIterator[tserver_pb2.ScanResponsePB]:
         if request.WhichOneof("scan") == "scanner_id":
             scanner = self._scanners.get(request.scanner_id)
         elif request.WhichOneof("scan") == "new_scan":
@@ -240,7 +260,9 @@ class TabletService(ServiceBase, tserver_pb2_grpc.TabletServiceServicer):  # typ
                 snapshot_index=scanner.snapshot_index,
             )
 
-    async def _open_scanner(self, scan: Any, batch_size_bytes: int) -> Scanner:
+    async def _open_scanner(
+        self, scan: tserver_pb2.NewScanRequestPB, batch_size_bytes: int
+    ) -> Scanner:
         """Serves a new scan at the leader (ReadIndex), or with READ_FOLLOWER here at this
         replica's applied index within the staleness bound (``StaleReplicaError`` if not), and
         registers its result, cut into batches of about ``batch_size_bytes`` (fixed for the
@@ -267,12 +289,18 @@ class TabletService(ServiceBase, tserver_pb2_grpc.TabletServiceServicer):  # typ
         return self._scanners.open(scan.tablet_id, index, batches)
 
     @unary(tserver_pb2.ScannerKeepAliveResponsePB)
-    async def ScannerKeepAlive(self, request: Any, context: Any) -> Any:
+    async def ScannerKeepAlive(
+        self,
+        request: tserver_pb2.ScannerKeepAliveRequestPB,
+        context: Context[
+            tserver_pb2.ScannerKeepAliveRequestPB, tserver_pb2.ScannerKeepAliveResponsePB
+        ],
+    ) -> tserver_pb2.ScannerKeepAliveResponsePB:
         self._scanners.get(request.scanner_id)  # refreshes its last access
         return tserver_pb2.ScannerKeepAliveResponsePB()
 
 
-class AdminService(ServiceBase, tserver_admin_pb2_grpc.TabletServerAdminServiceServicer):  # type: ignore[misc]
+class AdminService(ServiceBase, tserver_admin_pb2_grpc.TabletServerAdminServiceServicer):
     """Master-facing service: create, tombstone, delete and list replicas."""
 
     def __init__(
@@ -303,7 +331,13 @@ class AdminService(ServiceBase, tserver_admin_pb2_grpc.TabletServerAdminServiceS
         return lock
 
     @unary(tserver_admin_pb2.CreateTabletResponsePB)
-    async def CreateTablet(self, request: Any, context: Any) -> Any:
+    async def CreateTablet(
+        self,
+        request: tserver_admin_pb2.CreateTabletRequestPB,
+        context: Context[
+            tserver_admin_pb2.CreateTabletRequestPB, tserver_admin_pb2.CreateTabletResponsePB
+        ],
+    ) -> tserver_admin_pb2.CreateTabletResponsePB:
         if not request.HasField("config") or not request.HasField("schema"):
             raise InvalidArgumentError("CreateTablet needs a schema and the initial config")
         config = config_from_pb(request.config)
@@ -323,7 +357,13 @@ class AdminService(ServiceBase, tserver_admin_pb2_grpc.TabletServerAdminServiceS
         return tserver_admin_pb2.CreateTabletResponsePB()
 
     @unary(tserver_admin_pb2.DeleteTabletResponsePB)
-    async def DeleteTablet(self, request: Any, context: Any) -> Any:
+    async def DeleteTablet(
+        self,
+        request: tserver_admin_pb2.DeleteTabletRequestPB,
+        context: Context[
+            tserver_admin_pb2.DeleteTabletRequestPB, tserver_admin_pb2.DeleteTabletResponsePB
+        ],
+    ) -> tserver_admin_pb2.DeleteTabletResponsePB:
         kinds = {
             TabletDataState.TABLET_DATA_TOMBSTONED: DataState.TOMBSTONED,
             TabletDataState.TABLET_DATA_DELETED: DataState.DELETED,
@@ -347,7 +387,13 @@ class AdminService(ServiceBase, tserver_admin_pb2_grpc.TabletServerAdminServiceS
         return tserver_admin_pb2.DeleteTabletResponsePB()
 
     @unary(tserver_admin_pb2.AlterSchemaResponsePB)
-    async def AlterSchema(self, request: Any, context: Any) -> Any:
+    async def AlterSchema(
+        self,
+        request: tserver_admin_pb2.AlterSchemaRequestPB,
+        context: Context[
+            tserver_admin_pb2.AlterSchemaRequestPB, tserver_admin_pb2.AlterSchemaResponsePB
+        ],
+    ) -> tserver_admin_pb2.AlterSchemaResponsePB:
         if not request.HasField("schema"):
             raise InvalidArgumentError("AlterSchema needs the new schema")
         replica = self._tablets.replica(request.tablet_id)
@@ -355,7 +401,13 @@ class AdminService(ServiceBase, tserver_admin_pb2_grpc.TabletServerAdminServiceS
         return tserver_admin_pb2.AlterSchemaResponsePB()
 
     @unary(tserver_admin_pb2.ListTabletsResponsePB)
-    async def ListTablets(self, request: Any, context: Any) -> Any:
+    async def ListTablets(
+        self,
+        request: tserver_admin_pb2.ListTabletsRequestPB,
+        context: Context[
+            tserver_admin_pb2.ListTabletsRequestPB, tserver_admin_pb2.ListTabletsResponsePB
+        ],
+    ) -> tserver_admin_pb2.ListTabletsResponsePB:
         response = tserver_admin_pb2.ListTabletsResponsePB()
         for report in await asyncio.to_thread(self._list_tablets):
             entry = response.status_and_schema.add()

@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from typing import Any
 
 from nyala._proto import common_pb2, tablet_copy_pb2, tablet_copy_pb2_grpc
 from nyala.common.clock import RealClock
@@ -34,9 +33,10 @@ from nyala.errors import (
     NyalaError,
     TabletFailedError,
 )
-from nyala.rpc import HttpResponse, RpcMetrics, ServiceBase, unary
+from nyala.rpc import Context, HttpResponse, RpcMetrics, ServiceBase, unary
 from nyala.rpc.channel import ServerProxy
 from nyala.rpc.errors import join_host_port, split_host_port
+from nyala.rpc.settings import RpcSettings
 from nyala.server.convert import config_to_pb
 from nyala.tablet import TabletManager
 from nyala.tablet.copy_client import DownloadOptions
@@ -61,7 +61,7 @@ _PB_TO_KIND = {v: k for k, v in _KIND_TO_PB.items()}
 SESSION_EXPIRY_CHECK_S = 5.0
 
 
-def job_to_pb(job: CopyJob) -> Any:
+def job_to_pb(job: CopyJob) -> tablet_copy_pb2.TabletCopyJobPB:
     """The ``TabletCopyJobPB`` of a job."""
     return tablet_copy_pb2.TabletCopyJobPB(
         job_id=job.job_id,
@@ -80,7 +80,7 @@ def job_to_pb(job: CopyJob) -> Any:
 class GrpcCopySource:
     """A ``CopySource`` over gRPC to the source server (one channel per copy)."""
 
-    def __init__(self, my_uuid: str, source_uuid: str, address: str, settings: Any) -> None:
+    def __init__(self, my_uuid: str, source_uuid: str, address: str, settings: RpcSettings) -> None:
         self._my_uuid = my_uuid
         self._source_uuid = source_uuid
         self._proxy = ServerProxy(address, settings)
@@ -302,7 +302,7 @@ class TabletCopy:
         return TabletCopyService(self, metrics)
 
 
-class TabletCopyService(ServiceBase, tablet_copy_pb2_grpc.TabletCopyServiceServicer):  # type: ignore[misc]
+class TabletCopyService(ServiceBase, tablet_copy_pb2_grpc.TabletCopyServiceServicer):
     """The TabletCopyService RPCs (proto/nyala/tablet_copy.proto)."""
 
     def __init__(self, copy: TabletCopy, metrics: RpcMetrics) -> None:
@@ -310,7 +310,14 @@ class TabletCopyService(ServiceBase, tablet_copy_pb2_grpc.TabletCopyServiceServi
         self._copy = copy
 
     @unary(tablet_copy_pb2.BeginTabletCopySessionResponsePB)
-    async def BeginTabletCopySession(self, request: Any, context: Any) -> Any:
+    async def BeginTabletCopySession(
+        self,
+        request: tablet_copy_pb2.BeginTabletCopySessionRequestPB,
+        context: Context[
+            tablet_copy_pb2.BeginTabletCopySessionRequestPB,
+            tablet_copy_pb2.BeginTabletCopySessionResponsePB,
+        ],
+    ) -> tablet_copy_pb2.BeginTabletCopySessionResponsePB:
         replica = self._copy.tablets.replica(request.tablet_id)
         info = await asyncio.to_thread(self._copy.sessions.begin, request.requestor_uuid, replica)
         response = tablet_copy_pb2.BeginTabletCopySessionResponsePB(
@@ -334,7 +341,11 @@ class TabletCopyService(ServiceBase, tablet_copy_pb2_grpc.TabletCopyServiceServi
         return response
 
     @unary(tablet_copy_pb2.FetchDataResponsePB)
-    async def FetchData(self, request: Any, context: Any) -> Any:
+    async def FetchData(
+        self,
+        request: tablet_copy_pb2.FetchDataRequestPB,
+        context: Context[tablet_copy_pb2.FetchDataRequestPB, tablet_copy_pb2.FetchDataResponsePB],
+    ) -> tablet_copy_pb2.FetchDataResponsePB:
         kind = _PB_TO_KIND.get(request.data_id.type)
         if kind is None:
             raise InvalidArgumentError(f"unknown data id type {request.data_id.type}")
@@ -360,12 +371,25 @@ class TabletCopyService(ServiceBase, tablet_copy_pb2_grpc.TabletCopyServiceServi
         )
 
     @unary(tablet_copy_pb2.EndTabletCopySessionResponsePB)
-    async def EndTabletCopySession(self, request: Any, context: Any) -> Any:
+    async def EndTabletCopySession(
+        self,
+        request: tablet_copy_pb2.EndTabletCopySessionRequestPB,
+        context: Context[
+            tablet_copy_pb2.EndTabletCopySessionRequestPB,
+            tablet_copy_pb2.EndTabletCopySessionResponsePB,
+        ],
+    ) -> tablet_copy_pb2.EndTabletCopySessionResponsePB:
         await asyncio.to_thread(self._copy.sessions.end, request.session_id)
         return tablet_copy_pb2.EndTabletCopySessionResponsePB()
 
     @unary(tablet_copy_pb2.StartTabletCopyResponsePB)
-    async def StartTabletCopy(self, request: Any, context: Any) -> Any:
+    async def StartTabletCopy(
+        self,
+        request: tablet_copy_pb2.StartTabletCopyRequestPB,
+        context: Context[
+            tablet_copy_pb2.StartTabletCopyRequestPB, tablet_copy_pb2.StartTabletCopyResponsePB
+        ],
+    ) -> tablet_copy_pb2.StartTabletCopyResponsePB:
         addr = request.copy_peer_addr
         job = self._copy.jobs.start(
             request.tablet_id,
@@ -377,12 +401,24 @@ class TabletCopyService(ServiceBase, tablet_copy_pb2_grpc.TabletCopyServiceServi
         return tablet_copy_pb2.StartTabletCopyResponsePB(job_id=job.job_id)
 
     @unary(tablet_copy_pb2.ListTabletCopiesResponsePB, allow_empty_dest=True)
-    async def ListTabletCopies(self, request: Any, context: Any) -> Any:
+    async def ListTabletCopies(
+        self,
+        request: tablet_copy_pb2.ListTabletCopiesRequestPB,
+        context: Context[
+            tablet_copy_pb2.ListTabletCopiesRequestPB, tablet_copy_pb2.ListTabletCopiesResponsePB
+        ],
+    ) -> tablet_copy_pb2.ListTabletCopiesResponsePB:
         return tablet_copy_pb2.ListTabletCopiesResponsePB(
             jobs=[job_to_pb(job) for job in self._copy.jobs.jobs()]
         )
 
     @unary(tablet_copy_pb2.CancelTabletCopyResponsePB, allow_empty_dest=True)
-    async def CancelTabletCopy(self, request: Any, context: Any) -> Any:
+    async def CancelTabletCopy(
+        self,
+        request: tablet_copy_pb2.CancelTabletCopyRequestPB,
+        context: Context[
+            tablet_copy_pb2.CancelTabletCopyRequestPB, tablet_copy_pb2.CancelTabletCopyResponsePB
+        ],
+    ) -> tablet_copy_pb2.CancelTabletCopyResponsePB:
         job = self._copy.jobs.cancel(request.job_id)
         return tablet_copy_pb2.CancelTabletCopyResponsePB(job=job_to_pb(job))

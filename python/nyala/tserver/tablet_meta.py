@@ -4,13 +4,13 @@ built from the tablet manager; for a leader, the health of each follower (``peer
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 from nyala._proto import metadata_pb2, tserver_admin_pb2
 from nyala.consensus.progress import PeerHealth
 from nyala.rpc.schema_pb import schema_to_pb
 from nyala.server.convert import partition_to_pb
 from nyala.tablet import TabletStatus
+from nyala.tablet.replica import TabletReplica
 
 
 @dataclass(frozen=True)
@@ -21,7 +21,7 @@ class PeerHealthReport:
     reason: str = ""  # FAILED_UNRECOVERABLE: why
 
 
-def peer_health(replica: Any, failed_after_ms: int) -> dict[str, PeerHealthReport]:
+def peer_health(replica: TabletReplica | None, failed_after_ms: int) -> dict[str, PeerHealthReport]:
     """The followers' health if ``replica`` (a ``TabletReplica`` or None) leads its tablet;
     empty otherwise. A follower is FAILED after ``failed_after_ms`` without any answer."""
     runtime = None if replica is None else replica.runtime
@@ -65,7 +65,7 @@ class TabletReport:
             },
         }
 
-    def to_pb(self) -> Any:
+    def to_pb(self) -> tserver_admin_pb2.TabletStatusPB:
         """The ``TabletStatusPB`` of this report."""
         s = self.status
         pb = tserver_admin_pb2.TabletStatusPB(
@@ -75,12 +75,12 @@ class TabletReport:
             state=metadata_pb2.TabletState.Value(s.state),
             data_state=metadata_pb2.TabletDataState.Value(f"TABLET_DATA_{s.data_state}"),
             state_reason=s.state_reason,
-            estimated_on_disk_bytes=s.on_disk_bytes,
+            estimated_on_disk_bytes=s.on_disk_bytes or 0,  # None (not measured): unset
         )
         if s.partition is not None:
             pb.partition.CopyFrom(partition_to_pb(s.partition))
         return pb
 
-    def schema_pb(self) -> Any | None:
+    def schema_pb(self) -> metadata_pb2.SchemaPB | None:
         """The replica's ``SchemaPB``, if its superblock was readable."""
         return None if self.status.schema is None else schema_to_pb(self.status.schema)

@@ -20,9 +20,11 @@ import logging
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar
+from typing import Protocol, TypeAlias, TypeVar
 
-from nyala._proto import common_pb2
+import grpc
+
+from nyala._proto import common_pb2, consensus_pb2
 from nyala.consensus.messages import (
     AppendRequest,
     AppendResponse,
@@ -41,6 +43,9 @@ from nyala.rpc.settings import RpcSettings
 log = logging.getLogger(__name__)
 
 _T = TypeVar("_T")
+# An UpdateConsensusStream to one peer: requests already serialized, responses parsed.
+# (Quoted: grpc's classes are generic only to the type checker.)
+_StreamCall: TypeAlias = "grpc.aio.StreamStreamCall[bytes, consensus_pb2.ConsensusResponsePB]"
 
 Deliver = Callable[[Message], None]
 """The runtime's inbound callback: queues a message, never blocks."""
@@ -349,7 +354,7 @@ class GrpcTransport:
             self.messages_dropped += len(seqs)
             await asyncio.sleep(delay_s)
 
-    async def _write_stream(self, peer: _PeerStream, call: Any, seqs: deque[int]) -> None:
+    async def _write_stream(self, peer: _PeerStream, call: _StreamCall, seqs: deque[int]) -> None:
         while True:
             if not peer.queue:
                 peer.ready.clear()
@@ -359,7 +364,7 @@ class GrpcTransport:
             seqs.append(request.seq)
             await call.write(wire.append_request_to_wire(request, self.tablet_id))
 
-    async def _read_stream(self, peer_uuid: str, call: Any, seqs: deque[int]) -> None:
+    async def _read_stream(self, peer_uuid: str, call: _StreamCall, seqs: deque[int]) -> None:
         async for pb in call:
             seq = seqs.popleft() if seqs else 0
             if pb.HasField("error"):
@@ -413,15 +418,17 @@ class GrpcTransport:
 
     # --- server half ------------------------------------------------------------------------
 
-    async def handle_update(self, pb: Any, decode_batch: wire.BatchDecoder) -> Any:
+    async def handle_update(
+        self, pb: consensus_pb2.ConsensusRequestPB, decode_batch: wire.BatchDecoder
+    ) -> consensus_pb2.ConsensusResponsePB:
         """Steps an UpdateConsensus request and returns the ``ConsensusResponsePB``, sent once
         the entries it appended are durable (or ``reply_timeout_ms`` passed)."""
         pending = self._submit(wire.append_request_from_pb(pb, decode_batch))
         return wire.append_response_to_pb(await self._settle(pending))
 
     async def handle_stream(
-        self, requests: AsyncIterator[Any], decode_batch: wire.BatchDecoder
-    ) -> AsyncIterator[Any]:
+        self, requests: AsyncIterator[wire.ReceivedRequest], decode_batch: wire.BatchDecoder
+    ) -> AsyncIterator[consensus_pb2.ConsensusResponsePB]:
         """``UpdateConsensusStream``: one answer per request, in order, each sent once the
         entries it appended are durable.
 
@@ -451,7 +458,7 @@ class GrpcTransport:
 
     async def _step_stream(
         self,
-        requests: AsyncIterator[Any],
+        requests: AsyncIterator[wire.ReceivedRequest],
         decode_batch: wire.BatchDecoder,
         stepped: asyncio.Queue[_PendingAppend | BaseException | None],
     ) -> None:
@@ -465,7 +472,7 @@ class GrpcTransport:
         else:
             await stepped.put(None)
 
-    async def handle_vote(self, pb: Any) -> Any:
+    async def handle_vote(self, pb: consensus_pb2.VoteRequestPB) -> consensus_pb2.VoteResponsePB:
         """Steps a RequestVote and returns the ``VoteResponsePB``."""
         request = wire.vote_request_from_pb(pb)
         deliver = self._require_deliver()

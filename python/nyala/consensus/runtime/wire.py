@@ -30,7 +30,7 @@ What the proto does not carry, and how each side recovers it:
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Protocol, cast
+from typing import Protocol, TypeAlias, cast
 
 from nyala import _native
 from nyala._proto import common_pb2, consensus_pb2
@@ -80,18 +80,28 @@ class ReceivedAppendRequest:
 
     __slots__ = ("data", "entries_range", "header")
 
-    def __init__(self, header: Any, data: bytes, entries_range: tuple[int, int] | None) -> None:
+    def __init__(
+        self,
+        header: consensus_pb2.ConsensusRequestPB,
+        data: bytes,
+        entries_range: tuple[int, int] | None,
+    ) -> None:
         self.header = header
         self.data = data
         self.entries_range = entries_range
 
     @property
     def tablet_id(self) -> str:
-        return cast(str, self.header.tablet_id)
+        return self.header.tablet_id
 
     @property
     def dest_uuid(self) -> str:
-        return cast(str, self.header.dest_uuid)
+        return self.header.dest_uuid
+
+
+#: An UpdateConsensus request as a server receives it: parsed by protobuf, or split by
+#: ``append_request_from_wire`` (UpdateConsensusStream's deserializer).
+ReceivedRequest: TypeAlias = consensus_pb2.ConsensusRequestPB | ReceivedAppendRequest
 
 
 def append_request_from_wire(data: bytes) -> ReceivedAppendRequest:
@@ -120,12 +130,12 @@ _STATUS_TO_CODE = {
 _CODE_TO_STATUS = {code: status for status, code in _STATUS_TO_CODE.items()}
 
 
-def op_id_to_pb(op_id: OpId) -> Any:
+def op_id_to_pb(op_id: OpId) -> common_pb2.OpIdPB:
     """``OpIdPB`` of an OpId."""
     return common_pb2.OpIdPB(term=op_id.term, index=op_id.index)
 
 
-def op_id_from_pb(pb: Any) -> OpId:
+def op_id_from_pb(pb: common_pb2.OpIdPB) -> OpId:
     """OpId of an ``OpIdPB``; negative fields are an ``InvalidArgumentError``."""
     if pb.term < 0 or pb.index < 0:
         raise InvalidArgumentError(f"negative op id {pb.term}.{pb.index}")
@@ -155,7 +165,7 @@ assert sorted(_ALIGNMENT_FIELDS) == list(range(_ENTRIES_ALIGNMENT))
 
 def append_request_to_pb(
     request: AppendRequest, tablet_id: str, *, last_appended_index: int = 0
-) -> Any:
+) -> consensus_pb2.ConsensusRequestPB:
     """The ``ConsensusRequestPB`` of an AppendEntries (``entries`` must be a ``WireBatch``)."""
     pb = _append_request_header_pb(request, tablet_id, last_appended_index)
     if request.entries is not None:
@@ -171,7 +181,7 @@ def append_request_to_wire(
     (protobuf parses a message followed by one more field as the message with that field)."""
     header = _append_request_header_pb(request, tablet_id, last_appended_index)
     if request.entries is None:
-        return cast(bytes, header.SerializeToString())
+        return header.SerializeToString()
     batch = cast(WireBatch, request.entries)  # the WAL log's batches; others cannot be sent
     prefix = header.SerializeToString()
     # `entries` starts after the prefix, the padding, its tag and its length.
@@ -182,7 +192,7 @@ def append_request_to_wire(
 
 def _append_request_header_pb(
     request: AppendRequest, tablet_id: str, last_appended_index: int
-) -> Any:
+) -> consensus_pb2.ConsensusRequestPB:
     """An AppendEntries' ``ConsensusRequestPB`` without the entries' bytes."""
     pb = consensus_pb2.ConsensusRequestPB(
         dest_uuid=request.dest,
@@ -201,9 +211,7 @@ def _append_request_header_pb(
     return pb
 
 
-def append_request_from_pb(
-    pb: Any | ReceivedAppendRequest, decode_batch: BatchDecoder
-) -> AppendRequest:
+def append_request_from_pb(pb: ReceivedRequest, decode_batch: BatchDecoder) -> AppendRequest:
     """The AppendEntries of a ``ConsensusRequestPB``, parsed or as received (seq 0: the wire
     does not carry it)."""
     entries: EntryBatch | None = None
@@ -229,7 +237,7 @@ def append_request_from_pb(
     )
 
 
-def _check_batch_header(pb: Any, batch: EntryBatch) -> None:
+def _check_batch_header(pb: consensus_pb2.ConsensusRequestPB, batch: EntryBatch) -> None:
     first = op_id_from_pb(pb.first_entry_id)
     last = op_id_from_pb(pb.last_entry_id)
     if (first, last) != (batch.first_op_id, batch.last_op_id):
@@ -249,7 +257,7 @@ def _check_batch_header(pb: Any, batch: EntryBatch) -> None:
         )
 
 
-def append_response_to_pb(response: AppendResponse) -> Any:
+def append_response_to_pb(response: AppendResponse) -> consensus_pb2.ConsensusResponsePB:
     """The ``ConsensusResponsePB`` of a follower's answer."""
     status = consensus_pb2.ConsensusStatusPB(
         last_received=op_id_to_pb(response.last_received),
@@ -270,7 +278,9 @@ def append_response_to_pb(response: AppendResponse) -> Any:
     )
 
 
-def append_response_from_pb(pb: Any, *, dest: str, seq: int) -> AppendResponse:
+def append_response_from_pb(
+    pb: consensus_pb2.ConsensusResponsePB, *, dest: str, seq: int
+) -> AppendResponse:
     """The follower's answer in a ``ConsensusResponsePB``; ``dest`` and ``seq`` come from the
     request it answers (see the module docstring)."""
     status_pb = pb.status
@@ -298,7 +308,7 @@ def append_response_from_pb(pb: Any, *, dest: str, seq: int) -> AppendResponse:
 # --- RequestVote --------------------------------------------------------------------------------
 
 
-def vote_request_to_pb(request: VoteRequest, tablet_id: str) -> Any:
+def vote_request_to_pb(request: VoteRequest, tablet_id: str) -> consensus_pb2.VoteRequestPB:
     """The ``VoteRequestPB`` of a (pre-)vote request."""
     return consensus_pb2.VoteRequestPB(
         dest_uuid=request.dest,
@@ -313,7 +323,7 @@ def vote_request_to_pb(request: VoteRequest, tablet_id: str) -> Any:
     )
 
 
-def vote_request_from_pb(pb: Any) -> VoteRequest:
+def vote_request_from_pb(pb: consensus_pb2.VoteRequestPB) -> VoteRequest:
     """The (pre-)vote request of a ``VoteRequestPB``."""
     return VoteRequest(
         src=pb.candidate_uuid,
@@ -325,7 +335,7 @@ def vote_request_from_pb(pb: Any) -> VoteRequest:
     )
 
 
-def vote_response_to_pb(response: VoteResponse) -> Any:
+def vote_response_to_pb(response: VoteResponse) -> consensus_pb2.VoteResponsePB:
     """The ``VoteResponsePB`` of a voter's answer."""
     pb = consensus_pb2.VoteResponsePB(
         responder_uuid=response.src,
@@ -341,7 +351,7 @@ def vote_response_to_pb(response: VoteResponse) -> Any:
     return pb
 
 
-def vote_response_from_pb(pb: Any, request: VoteRequest) -> VoteResponse:
+def vote_response_from_pb(pb: consensus_pb2.VoteResponsePB, request: VoteRequest) -> VoteResponse:
     """The voter's answer in a ``VoteResponsePB`` to ``request``."""
     denial: VoteDenial | None = None
     if pb.HasField("consensus_error"):
@@ -361,6 +371,8 @@ def vote_response_from_pb(pb: Any, request: VoteRequest) -> VoteResponse:
 # --- leadership transfer ------------------------------------------------------------------------
 
 
-def timeout_now_to_pb(message: TimeoutNow, tablet_id: str) -> Any:
+def timeout_now_to_pb(
+    message: TimeoutNow, tablet_id: str
+) -> consensus_pb2.RunLeaderElectionRequestPB:
     """The ``RunLeaderElectionRequestPB`` that carries a leadership-transfer nudge."""
     return consensus_pb2.RunLeaderElectionRequestPB(dest_uuid=message.dest, tablet_id=tablet_id)
