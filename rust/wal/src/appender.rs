@@ -277,7 +277,8 @@ impl Appender {
     }
 
     /// Writes the frames pending for the active segment (whole pages) and updates the index;
-    /// returns whether anything was written. Durability comes later, in `finish_group`.
+    /// returns whether anything was written. Durability comes later: the committer syncs the
+    /// group and the pipeline publishes it in order (`committers`, `pipeline`).
     fn write_pending(&mut self) -> Result<bool> {
         let data_len = self.pending_bytes();
         if data_len == 0 {

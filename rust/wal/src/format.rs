@@ -112,7 +112,7 @@ pub fn decode_segment_header(buf: &[u8]) -> Result<SegmentHeader, HeaderError> {
 }
 
 /// A batch payload framed and checksummed by the appending thread, waiting for its header
-/// (the segment sequence number in the header is only known to the appender thread).
+/// (the segment sequence number in the header is only known to the committer holding the write turn).
 #[derive(Debug)]
 pub struct EncodedPayload {
     pub kind: BatchKind,

@@ -1,7 +1,7 @@
 //! A Linux eventfd that event loops watch to learn that the durable point moved.
 //!
-//! The appender thread bumps it after every group commit (and on failure); an asyncio loop
-//! registers the descriptor with `add_reader`, drains it and compares tickets. No thread per
+//! The committer that publishes a group bumps it after every group commit (and on failure); an
+//! asyncio loop registers the descriptor with `add_reader`, drains it and compares tickets. No thread per
 //! waiter and no polling.
 
 use std::io;

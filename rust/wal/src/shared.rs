@@ -210,7 +210,7 @@ pub(crate) const SEGMENTS_PREPARED_AHEAD: u64 = 2;
 /// fsyncs on a busy disk). Bounds the space preallocated ahead to this many segments.
 pub(crate) const SEGMENTS_PREPARED_AHEAD_MAX: u64 = 8;
 
-/// State shared by callers, the appender thread and the background thread.
+/// State shared by callers, the committer threads and the background thread.
 pub(crate) struct Shared {
     pub dir: PathBuf,
     pub tablet_id: String,
@@ -218,7 +218,7 @@ pub(crate) struct Shared {
     pub faults: Arc<FaultInjection>,
     /// A `std` mutex, not `parking_lot`'s: parking_lot hands a contended lock over to the
     /// woken waiter every ~0.5 ms ("eventual fairness"), and on a busy machine the waiter is
-    /// often the appender thread not yet scheduled, so a caller holding the GIL (term_at,
+    /// often a committer thread not yet scheduled, so a caller holding the GIL (term_at,
     /// append) stalled a whole Python process for a scheduling quantum. A barging mutex lets
     /// the running thread take it (docs/performance.md).
     pub queue: std::sync::Mutex<Queue>,
@@ -226,7 +226,7 @@ pub(crate) struct Shared {
     pub work_ready: std::sync::Condvar,
     /// Appenders blocked by back-pressure wait here.
     pub space_ready: std::sync::Condvar,
-    /// Highest ticket that is durable; only the appender raises it.
+    /// Highest ticket that is durable; only the committers raise it, in group order.
     pub durable_ticket: AtomicU64,
     /// Group syncs running now (committers raise it when a group is written, lower it when
     /// its sync returns, before publishing).
