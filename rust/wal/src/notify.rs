@@ -1,8 +1,8 @@
 //! A Linux eventfd that event loops watch to learn that the durable point moved.
 //!
 //! The committer that publishes a group bumps it after every group commit (and on failure); an
-//! asyncio loop registers the descriptor with `add_reader`, drains it and compares tickets. No thread per
-//! waiter and no polling.
+//! asyncio loop registers the descriptor with `add_reader`, drains it and compares tickets. No
+//! thread per waiter and no polling.
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
