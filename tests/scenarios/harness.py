@@ -14,7 +14,8 @@ returns the file as it should be; the test compares it with the file on disk, an
 Commands (``a``, ``b`` are replica ids; times in ms):
 
 - ``cluster voters=a,b,c [non-voters=d] [promote=d] [heartbeat-ms=500] [batch-bytes=N]
-  [inflight-bytes=N]``: a new cluster at term 0, nobody leading
+  [inflight-bytes=N] [quiesce=N]``: a new cluster at term 0, nobody leading (``quiesce``: a
+  leader quiesces after N idle heartbeat rounds; default never)
 - ``bootstrap voters=a,b,c [leader=a] [other cluster options]``: ``cluster``, ``campaign``
   ``leader`` (default: the first voter), ``deliver`` until nothing is queued, all without
   output; prints only the final ``status`` of every replica (the clock is still at 0). For
@@ -35,7 +36,13 @@ Commands (``a``, ``b`` are replica ids; times in ms):
   ``modify-peer a d voter|non-voter [promote] [replace] [cas=N]``: ChangeConfig on ``a``
 - ``unsafe-config a a,b``: UnsafeChangeConfig on ``a`` keeping VOTERs a, b
 - ``run ms``: tick in 100 ms steps, delivering everything; prints the events
-- ``status [a,b]``, ``timers``, ``log a``, ``applied a``: inspection
+- ``server-heartbeat [a,b]``: the named (default: all running) replicas' servers send their
+  server heartbeat (what each says of its quiesced replica) to every other connected replica;
+  prints the replicas that are quiesced afterwards and those that woke
+- ``check-silence``: replicas whose quiesced peers' servers were not heard for the minimum
+  election timeout wake; prints those that woke
+- ``status [a,b]``, ``timers``, ``log a``, ``applied a``: inspection (``quiesced`` is shown
+  when a replica is)
 """
 
 from __future__ import annotations
@@ -63,7 +70,7 @@ from nyala.errors import CasFailedError, NyalaError
 SEPARATOR = "----"
 DELIVER_ROUNDS_MAX = 10_000  # a scenario that never quiesces is a bug, not a hang
 CLUSTER_OPTIONS = frozenset(
-    ["voters", "non-voters", "promote", "heartbeat-ms", "batch-bytes", "inflight-bytes"]
+    ["voters", "non-voters", "promote", "heartbeat-ms", "batch-bytes", "inflight-bytes", "quiesce"]
 )
 
 
@@ -136,9 +143,10 @@ def describe(msg: Message) -> str:
             entries = "heartbeat"
             if msg.entries is not None:
                 entries = f"entries={msg.entries.first_op_id}..{msg.entries.last_op_id}"
+            quiesce = " quiesce" if msg.quiesce else ""
             return (
                 f"{head} Append term={msg.term} prev={msg.preceding} {entries} "
-                f"commit={msg.committed_index}"
+                f"commit={msg.committed_index}{quiesce}"
             )
         case AppendResponse():
             if msg.status is AppendStatus.OK:
@@ -224,6 +232,7 @@ class Runner:
             batch_bytes_max=int(kw.get("batch-bytes", str(1024 * 1024))),
             peer_inflight_bytes_max=int(kw.get("inflight-bytes", str(4 * 1024 * 1024))),
             failed_follower_timeout_ms=5_000,
+            quiesce_after_idle_heartbeats=int(kw.get("quiesce", "0")),
         )
         self._cluster = SimCluster(
             voters,
@@ -416,11 +425,12 @@ class Runner:
             s = node.core.status()
             pending = f" pending={describe_config(s.pending_config)}" if s.pending_config else ""
             transfer = f" transfer->{s.transfer_target}" if s.transfer_target else ""
+            quiesced = " quiesced" if node.core.quiesced else ""
             out.append(
                 f"{uuid} {s.role.value} term={s.term} leader={s.leader_uuid or '-'} "
                 f"vote={s.voted_for or '-'} last={s.last_op_id} durable={s.durable_index} "
                 f"commit={s.commit_index} applied={s.last_applied} "
-                f"config={describe_config(s.committed_config)}{pending}{transfer}"
+                f"config={describe_config(s.committed_config)}{pending}{transfer}{quiesced}"
             )
         return out
 
@@ -430,11 +440,34 @@ class Runner:
         for uuid, node in sorted(self.cluster.nodes.items()):
             if node.core is not None and node.core.role.value != "LEADER":
                 core = node.core
+                if core.quiesced:
+                    out.append(f"{uuid} quiesced: no election timer")
+                    continue
                 out.append(
                     f"{uuid} election in {core.election_deadline_ms - now} ms "
                     f"(failed elections: {core.failed_elections})"
                 )
         return out
+
+    def cmd_server_heartbeat(self, args: list[str], kw: dict[str, str]) -> list[str]:
+        before = self._quiesced()
+        running = [u for u, n in sorted(self.cluster.nodes.items()) if n.alive]
+        for uuid in args[0].split(",") if args else running:
+            self.cluster.server_heartbeat(uuid)
+        return self._quiescence_change(before)
+
+    def cmd_check_silence(self, args: list[str], kw: dict[str, str]) -> list[str]:
+        before = self._quiesced()
+        self.cluster.check_silence()
+        return self._quiescence_change(before)
+
+    def _quiesced(self) -> set[str]:
+        return {u for u, n in self.cluster.nodes.items() if n.core is not None and n.core.quiesced}
+
+    def _quiescence_change(self, before: set[str]) -> list[str]:
+        after = self._quiesced()
+        out = [f"{u}: woke" for u in sorted(before - after)]
+        return [*out, f"quiesced: {','.join(sorted(after)) or '-'}"]
 
     def cmd_log(self, args: list[str], kw: dict[str, str]) -> list[str]:
         entries = self.cluster.node(args[0]).log.entries()

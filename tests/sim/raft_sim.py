@@ -3,7 +3,9 @@ every step (STYLE.md 11).
 
 Faults: message loss, reordering and duplication, partitions, crashes (losing the non-durable
 log tail and the state machine), slow disks (logs that sync only now and then), leadership
-transfers, abrupt step-downs, reads, and (optionally) random membership changes.
+transfers, abrupt step-downs, reads, (optionally) random membership changes, and
+(optionally) quiescence: leaders stop heartbeating once idle and liveness travels in server
+heartbeats, which are lost, cut by partitions and stopped by crashes like any message.
 
 Invariants (Raft paper §5.2-5.4, plus one for membership):
 
@@ -21,6 +23,7 @@ Replay a failure with ``Simulation(seed, ...).run(steps)`` using the seed in the
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import random
 from dataclasses import dataclass, field
 
@@ -39,6 +42,8 @@ SIM_OPTIONS = RaftOptions(
     failed_follower_timeout_ms=1_000,
     step_down_snooze_ms=600,
 )
+QUIESCING_OPTIONS = dataclasses.replace(SIM_OPTIONS, quiesce_after_idle_heartbeats=2)
+SERVER_HEARTBEAT_LOSS = 0.05  # the fraction of server heartbeats lost
 QUEUE_MAX = 300  # deliver eagerly beyond this many messages in flight
 NODES_MAX = 6
 
@@ -136,11 +141,18 @@ class Checker:
 class Simulation:
     """One seeded run."""
 
-    def __init__(self, seed: int, *, voters: int = 3, config_changes: bool = False) -> None:
+    def __init__(
+        self, seed: int, *, voters: int = 3, config_changes: bool = False, quiesce: bool = False
+    ) -> None:
         self.seed = seed
         self.rng = random.Random(seed)
         uuids = [f"r{i}" for i in range(voters)]
-        self.cluster = SimCluster(uuids, options=SIM_OPTIONS, seed=seed)
+        options = QUIESCING_OPTIONS if quiesce else SIM_OPTIONS
+        self.cluster = SimCluster(uuids, options=options, seed=seed)
+        self.quiesce = quiesce
+        self.next_server_heartbeat_ms = 0
+        self.quiesced_seen = 0  # server heartbeat rounds that found some replica quiesced
+        self.quiet_steps = 0  # steps left in a quiet spell (no proposals, faults or requests)
         for uuid in uuids:
             self.cluster.node(uuid).auto_sync = self.rng.random() < 0.5
         self.config_changes = config_changes
@@ -155,6 +167,8 @@ class Simulation:
         for _ in range(steps):
             self._guarded(self.step)
         self._guarded(self.recover_and_check_liveness)
+        if self.quiesce:
+            self._guarded(self.check_quiescence_and_failover)
 
     def _guarded(self, action: object) -> None:
         try:
@@ -165,7 +179,7 @@ class Simulation:
             raise InvariantViolation(
                 f"seed={self.seed} step={self.step_count} (replay: Simulation({self.seed}, "
                 f"voters={len([n for n in self.cluster.nodes])}, "
-                f"config_changes={self.config_changes})): {e}"
+                f"config_changes={self.config_changes}, quiesce={self.quiesce})): {e}"
             ) from e
 
     def _check_reads(self) -> None:
@@ -180,11 +194,17 @@ class Simulation:
 
     def step(self) -> None:
         self.step_count += 1
+        if self.quiet_steps > 0:
+            self._quiet_step()
+            return
+        if self.quiesce and self.rng.random() < 0.004:
+            self._start_quiet_spell()
         r = self.rng.random()
         if len(self.cluster.queue) > QUEUE_MAX or (r < 0.66 and self.cluster.queue):
             self._deliver()
         elif r < 0.76:
             self.cluster.tick(self.rng.choice((5, 10, 20, 40, 80, 250)))
+            self._server_heartbeats()
         elif r < 0.84:
             self._propose()
         elif r < 0.91:
@@ -199,6 +219,42 @@ class Simulation:
             self._read()
         else:
             self._change_config()
+
+    def _start_quiet_spell(self) -> None:
+        """Lets the group go idle and quiesce; half the spells also heal the network and
+        restart every crashed replica first, so that a whole group can quiesce."""
+        self.quiet_steps = self.rng.randrange(50, 400)
+        if self.rng.random() < 0.5:
+            self.cluster.heal()
+            for uuid, node in sorted(self.cluster.nodes.items()):
+                if not node.alive:
+                    self.cluster.restart(uuid)
+
+    def _quiet_step(self) -> None:
+        """A step of a quiet spell: messages flow, time passes, logs sync; nothing else."""
+        self.quiet_steps -= 1
+        if self.cluster.queue:
+            self._deliver()
+        elif self.rng.random() < 0.3:
+            self._sync()
+        else:
+            self.cluster.tick(self.rng.choice((20, 50, 100)))
+            self._server_heartbeats()
+
+    def _server_heartbeats(self, *, lossless: bool = False) -> None:
+        """Once per heartbeat interval (when quiescence is on), every running replica's server
+        heartbeat, each lost now and then (unless ``lossless``), then the silence check."""
+        if not self.quiesce or self.cluster.clock.now_ms() < self.next_server_heartbeat_ms:
+            return
+        self.next_server_heartbeat_ms = self.cluster.clock.now_ms() + (
+            self.cluster.options.heartbeat_interval_ms
+        )
+        for uuid in sorted(self.cluster.nodes):
+            if lossless or self.rng.random() >= SERVER_HEARTBEAT_LOSS:
+                self.cluster.server_heartbeat(uuid)
+        self.cluster.check_silence()
+        if any(n.core is not None and n.core.quiesced for n in self.cluster.nodes.values()):
+            self.quiesced_seen += 1
 
     def _deliver(self) -> None:
         queue = self.cluster.queue
@@ -332,6 +388,7 @@ class Simulation:
         proposed = False
         for _ in range(600):
             self.cluster.tick(50)
+            self._server_heartbeats()
             self.cluster.deliver_all()
             leaders = self.cluster.leaders()
             if leaders and not proposed:
@@ -347,6 +404,64 @@ class Simulation:
         raise AssertionError(
             f"liveness: no write committed on every voter after healing (leaders {leaders})"
         )
+
+    def check_quiescence_and_failover(self) -> None:
+        """After recovery: an idle, healthy group quiesces whole within a few heartbeats and
+        stays quiesced; when its leader crashes, the server heartbeats stop, a follower wakes
+        and a new leader is elected within two election timeouts, then commits a write."""
+        options = self.cluster.options
+        step_ms = 50
+        for _ in range(400):
+            self._tick_and_settle(step_ms)
+            if not self._awake_members():
+                break
+        else:
+            raise AssertionError(
+                f"quiescence: an idle, healthy group never quiesced whole ({self._awake_members()}"
+                " awake)"
+            )
+        for _ in range(40):  # it stays quiesced: no replica wakes without a cause
+            self._tick_and_settle(step_ms)
+            awake = self._awake_members()
+            assert not awake, f"quiescence: {awake} woke with nothing to do"
+        old = self.cluster.leaders()[-1]
+        old_core = self.cluster.node(old).running()
+        if len(old_core.active_config.voters()) < 3:
+            return  # no majority would survive the leader's crash: nothing to fail over to
+        old_term = old_core.term
+        self.cluster.crash(old)
+        bound_ms = 2 * options.election_timeout_base_ms * (1 + options.election_jitter_fraction)
+        waited_ms = 0
+        while not [u for u in self.cluster.leaders() if u != old]:
+            assert waited_ms <= bound_ms, (
+                f"failover: no new leader {waited_ms} ms after the quiesced leader {old} crashed"
+            )
+            self._tick_and_settle(step_ms)
+            waited_ms += step_ms
+        new = self.cluster.node(self.cluster.leaders()[-1]).running()
+        assert new.term > old_term
+        self.cluster.restart(old)
+        self.recover_and_check_liveness()
+
+    def _awake_members(self) -> list[str]:
+        """Members of the leader's config that are not quiesced (all, if there is no leader)."""
+        leaders = self.cluster.leaders()
+        if not leaders:
+            return sorted(self.cluster.nodes)
+        config = self.cluster.node(leaders[-1]).running().active_config
+        return [
+            p.uuid
+            for p in config.peers
+            if (core := self.cluster.node(p.uuid).core) is None or not core.quiesced
+        ]
+
+    def _tick_and_settle(self, step_ms: int) -> None:
+        self.cluster.tick(step_ms)
+        self._server_heartbeats(lossless=True)
+        self.cluster.deliver_all()
+        self.cluster.sync_all()
+        self.cluster.deliver_all()
+        self.checker.check(self.cluster)
 
     def _committed_everywhere(self, marker: bytes) -> bool:
         leaders = self.cluster.leaders()

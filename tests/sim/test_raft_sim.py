@@ -24,6 +24,18 @@ def test_membership_changes(seed: int) -> None:
     Simulation(2000 + seed, voters=3, config_changes=True).run(DEFAULT_STEPS)
 
 
+@pytest.mark.parametrize("seed", DEFAULT_SEEDS)
+def test_quiescing_voters(seed: int) -> None:
+    sim = Simulation(3000 + seed, voters=3 + 2 * (seed % 2), quiesce=True)
+    sim.run(DEFAULT_STEPS)
+    assert sim.quiesced_seen > 0, "no replica ever quiesced: the runs test nothing new"
+
+
+@pytest.mark.parametrize("seed", DEFAULT_SEEDS)
+def test_quiescing_membership_changes(seed: int) -> None:
+    Simulation(4000 + seed, voters=3, config_changes=True, quiesce=True).run(DEFAULT_STEPS)
+
+
 @pytest.mark.sim
 @pytest.mark.parametrize("seed", range(100, 140))
 def test_long_runs(seed: int) -> None:
@@ -34,3 +46,11 @@ def test_long_runs(seed: int) -> None:
 @pytest.mark.parametrize("seed", range(500, 530))
 def test_long_membership_runs(seed: int) -> None:
     Simulation(seed, voters=3 + 2 * (seed % 2), config_changes=True).run(20_000)
+
+
+@pytest.mark.sim
+@pytest.mark.parametrize("seed", range(600, 630))
+def test_long_quiescing_runs(seed: int) -> None:
+    Simulation(seed, voters=3 + 2 * (seed % 2), config_changes=seed % 2 == 0, quiesce=True).run(
+        20_000
+    )

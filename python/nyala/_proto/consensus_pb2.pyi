@@ -211,6 +211,7 @@ class ConsensusRequestPB(_message.Message):
     FIRST_ENTRY_ID_FIELD_NUMBER: _builtins.int
     LAST_ENTRY_ID_FIELD_NUMBER: _builtins.int
     ENTRIES_ALIGNMENT_FIELD_NUMBER: _builtins.int
+    QUIESCE_FIELD_NUMBER: _builtins.int
     dest_uuid: _builtins.str
     tablet_id: _builtins.str
     caller_uuid: _builtins.str
@@ -233,6 +234,10 @@ class ConsensusRequestPB(_message.Message):
     """Zeros, ignored: the leader sizes them so `entries` starts at a multiple of 8 bytes in the
     serialized request, which lets followers keep the received bytes as aligned Arrow
     buffers instead of copying them (nyala.consensus.wire.append_request_to_wire).
+    """
+    quiesce: _builtins.bool
+    """The leader's last heartbeat before it quiesces (docs/consensus.md, "Quiescence"): a
+    follower that has everything up to committed_index stops its election timer.
     """
     @_builtins.property
     def preceding_id(self) -> _common_pb2.OpIdPB:
@@ -258,10 +263,11 @@ class ConsensusRequestPB(_message.Message):
         first_entry_id: _common_pb2.OpIdPB | None = ...,
         last_entry_id: _common_pb2.OpIdPB | None = ...,
         entries_alignment: _builtins.bytes = ...,
+        quiesce: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["first_entry_id", b"first_entry_id", "last_entry_id", b"last_entry_id", "preceding_id", b"preceding_id"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["all_replicated_index", b"all_replicated_index", "caller_term", b"caller_term", "caller_uuid", b"caller_uuid", "committed_index", b"committed_index", "dest_uuid", b"dest_uuid", "entries", b"entries", "entries_alignment", b"entries_alignment", "entry_count", b"entry_count", "first_entry_id", b"first_entry_id", "last_entry_id", b"last_entry_id", "last_idx_appended_to_leader", b"last_idx_appended_to_leader", "preceding_id", b"preceding_id", "tablet_id", b"tablet_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["all_replicated_index", b"all_replicated_index", "caller_term", b"caller_term", "caller_uuid", b"caller_uuid", "committed_index", b"committed_index", "dest_uuid", b"dest_uuid", "entries", b"entries", "entries_alignment", b"entries_alignment", "entry_count", b"entry_count", "first_entry_id", b"first_entry_id", "last_entry_id", b"last_entry_id", "last_idx_appended_to_leader", b"last_idx_appended_to_leader", "preceding_id", b"preceding_id", "quiesce", b"quiesce", "tablet_id", b"tablet_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -686,3 +692,111 @@ class GetConsensusStateResponsePB(_message.Message):
     def WhichOneof(self, oneof_group: _WhichOneofArgType__error) -> _WhichOneofReturnType__error | None: ...
 
 Global___GetConsensusStateResponsePB: _TypeAlias = GetConsensusStateResponsePB  # noqa: Y015
+
+@_typing.final
+class ServerHeartbeatRequestPB(_message.Message):
+    """One server's heartbeat to another (one per pair of servers and heartbeat interval): which of
+    its replicas are quiesced and as what. It is the only liveness signal of quiesced tablets.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class LeadingPB(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        TABLET_ID_FIELD_NUMBER: _builtins.int
+        TERM_FIELD_NUMBER: _builtins.int
+        COMMIT_INDEX_FIELD_NUMBER: _builtins.int
+        tablet_id: _builtins.str
+        term: _builtins.int
+        commit_index: _builtins.int
+        def __init__(
+            self,
+            *,
+            tablet_id: _builtins.str = ...,
+            term: _builtins.int = ...,
+            commit_index: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["commit_index", b"commit_index", "tablet_id", b"tablet_id", "term", b"term"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    @_typing.final
+    class FollowingPB(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        TABLET_ID_FIELD_NUMBER: _builtins.int
+        LEADER_UUID_FIELD_NUMBER: _builtins.int
+        TERM_FIELD_NUMBER: _builtins.int
+        COMMIT_INDEX_FIELD_NUMBER: _builtins.int
+        tablet_id: _builtins.str
+        leader_uuid: _builtins.str
+        term: _builtins.int
+        commit_index: _builtins.int
+        def __init__(
+            self,
+            *,
+            tablet_id: _builtins.str = ...,
+            leader_uuid: _builtins.str = ...,
+            term: _builtins.int = ...,
+            commit_index: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["commit_index", b"commit_index", "leader_uuid", b"leader_uuid", "tablet_id", b"tablet_id", "term", b"term"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    DEST_UUID_FIELD_NUMBER: _builtins.int
+    CALLER_UUID_FIELD_NUMBER: _builtins.int
+    LEADING_FIELD_NUMBER: _builtins.int
+    FOLLOWING_FIELD_NUMBER: _builtins.int
+    dest_uuid: _builtins.str
+    caller_uuid: _builtins.str
+    """The sending server."""
+    @_builtins.property
+    def leading(self) -> _containers.RepeatedCompositeFieldContainer[Global___ServerHeartbeatRequestPB.LeadingPB]:
+        """Quiesced replicas of the caller that lead a tablet the destination holds a replica of."""
+
+    @_builtins.property
+    def following(self) -> _containers.RepeatedCompositeFieldContainer[Global___ServerHeartbeatRequestPB.FollowingPB]:
+        """Quiesced replicas of the caller whose leader is on the destination."""
+
+    def __init__(
+        self,
+        *,
+        dest_uuid: _builtins.str = ...,
+        caller_uuid: _builtins.str = ...,
+        leading: _abc.Iterable[Global___ServerHeartbeatRequestPB.LeadingPB] | None = ...,
+        following: _abc.Iterable[Global___ServerHeartbeatRequestPB.FollowingPB] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["caller_uuid", b"caller_uuid", "dest_uuid", b"dest_uuid", "following", b"following", "leading", b"leading"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ServerHeartbeatRequestPB: _TypeAlias = ServerHeartbeatRequestPB  # noqa: Y015
+
+@_typing.final
+class ServerHeartbeatResponsePB(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ERROR_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def error(self) -> _common_pb2.ErrorPB: ...
+    def __init__(
+        self,
+        *,
+        error: _common_pb2.ErrorPB | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ServerHeartbeatResponsePB: _TypeAlias = ServerHeartbeatResponsePB  # noqa: Y015

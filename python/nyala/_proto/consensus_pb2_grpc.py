@@ -34,6 +34,11 @@ class ConsensusServiceStub:
         Args:
             channel: A grpc.Channel.
         """
+        self.ServerHeartbeat = channel.unary_unary(
+                '/nyala.ConsensusService/ServerHeartbeat',
+                request_serializer=nyala_dot_consensus__pb2.ServerHeartbeatRequestPB.SerializeToString,
+                response_deserializer=nyala_dot_consensus__pb2.ServerHeartbeatResponsePB.FromString,
+                _registered_method=True)
         self.UpdateConsensus = channel.unary_unary(
                 '/nyala.ConsensusService/UpdateConsensus',
                 request_serializer=nyala_dot_consensus__pb2.ConsensusRequestPB.SerializeToString,
@@ -78,6 +83,13 @@ class ConsensusServiceStub:
 
 class ConsensusServiceServicer:
     """Missing associated documentation comment in .proto file."""
+
+    def ServerHeartbeat(self, request, context):
+        """Liveness of quiesced replicas, server -> server.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
 
     def UpdateConsensus(self, request, context):
         """Raft AppendEntries and heartbeat, leader -> follower.
@@ -137,6 +149,11 @@ class ConsensusServiceServicer:
 
 def add_ConsensusServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
+            'ServerHeartbeat': grpc.unary_unary_rpc_method_handler(
+                    servicer.ServerHeartbeat,
+                    request_deserializer=nyala_dot_consensus__pb2.ServerHeartbeatRequestPB.FromString,
+                    response_serializer=nyala_dot_consensus__pb2.ServerHeartbeatResponsePB.SerializeToString,
+            ),
             'UpdateConsensus': grpc.unary_unary_rpc_method_handler(
                     servicer.UpdateConsensus,
                     request_deserializer=nyala_dot_consensus__pb2.ConsensusRequestPB.FromString,
@@ -187,6 +204,33 @@ def add_ConsensusServiceServicer_to_server(servicer, server):
  # This class is part of an EXPERIMENTAL API.
 class ConsensusService:
     """Missing associated documentation comment in .proto file."""
+
+    @staticmethod
+    def ServerHeartbeat(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/nyala.ConsensusService/ServerHeartbeat',
+            nyala_dot_consensus__pb2.ServerHeartbeatRequestPB.SerializeToString,
+            nyala_dot_consensus__pb2.ServerHeartbeatResponsePB.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
 
     @staticmethod
     def UpdateConsensus(request,

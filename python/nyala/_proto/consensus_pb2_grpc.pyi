@@ -36,6 +36,8 @@ class ConsensusServiceStub:
     def __new__(cls, channel: _grpc.Channel) -> _Self: ...
     @_typing.overload
     def __new__(cls, channel: _aio.Channel) -> ConsensusServiceAsyncStub: ...
+    ServerHeartbeat: _grpc.UnaryUnaryMultiCallable[_consensus_pb2.ServerHeartbeatRequestPB, _consensus_pb2.ServerHeartbeatResponsePB]
+    """Liveness of quiesced replicas, server -> server."""
     UpdateConsensus: _grpc.UnaryUnaryMultiCallable[_consensus_pb2.ConsensusRequestPB, _consensus_pb2.ConsensusResponsePB]
     """Raft AppendEntries and heartbeat, leader -> follower."""
     UpdateConsensusStream: _grpc.StreamStreamMultiCallable[_consensus_pb2.ConsensusRequestPB, _consensus_pb2.ConsensusResponsePB]
@@ -56,6 +58,8 @@ class ConsensusServiceStub:
 @_typing.type_check_only
 class ConsensusServiceAsyncStub(ConsensusServiceStub):
     def __init__(self, channel: _aio.Channel) -> None: ...
+    ServerHeartbeat: _aio.UnaryUnaryMultiCallable[_consensus_pb2.ServerHeartbeatRequestPB, _consensus_pb2.ServerHeartbeatResponsePB]  # type: ignore[assignment]
+    """Liveness of quiesced replicas, server -> server."""
     UpdateConsensus: _aio.UnaryUnaryMultiCallable[_consensus_pb2.ConsensusRequestPB, _consensus_pb2.ConsensusResponsePB]  # type: ignore[assignment]
     """Raft AppendEntries and heartbeat, leader -> follower."""
     UpdateConsensusStream: _aio.StreamStreamMultiCallable[_consensus_pb2.ConsensusRequestPB, _consensus_pb2.ConsensusResponsePB]  # type: ignore[assignment]
@@ -74,6 +78,14 @@ class ConsensusServiceAsyncStub(ConsensusServiceStub):
     GetConsensusState: _aio.UnaryUnaryMultiCallable[_consensus_pb2.GetConsensusStateRequestPB, _consensus_pb2.GetConsensusStateResponsePB]  # type: ignore[assignment]
 
 class ConsensusServiceServicer(metaclass=_abc_1.ABCMeta):
+    @_abc_1.abstractmethod
+    def ServerHeartbeat(
+        self,
+        request: _consensus_pb2.ServerHeartbeatRequestPB,
+        context: _ServicerContext,
+    ) -> _typing.Union[_consensus_pb2.ServerHeartbeatResponsePB, _abc.Awaitable[_consensus_pb2.ServerHeartbeatResponsePB]]:
+        """Liveness of quiesced replicas, server -> server."""
+
     @_abc_1.abstractmethod
     def UpdateConsensus(
         self,

@@ -12,6 +12,23 @@ Safety rules enforced here (DESIGN.md §7): term and vote are saved before any m
 depends on them is emitted (``_send`` flushes cmeta first); a leader commits only entries of its
 own term, counting VOTERs' *durable* match indexes; committed entries are applied in order,
 each once; one config change at a time, only after an op of the leader's term committed.
+
+Quiescence (``RaftOptions.quiesce_after_idle_heartbeats``; CockroachDB's quiesced ranges,
+TiKV's hibernating regions). A leader whose log is committed, durable and matched by every
+follower, with nothing pending (no read, transfer, config change, copy), counts idle
+heartbeat rounds; after enough it sends one last heartbeat marked ``quiesce`` and stops
+heartbeating. A follower that has everything up to that heartbeat's commit index stops its
+election timer. Liveness then travels outside the group, in one heartbeat per pair of servers
+that names the quiesced replicas each side holds: the runtime reports them with
+``vouched_by_leader`` (a follower's leader is alive at the same term and commit index: the
+follower keeps withholding its vote, Raft's "heard from a live leader") and
+``vouched_by_peer`` (a leader's follower still has everything). Anything else wakes the
+replica (``wake``): a proposal, a read, a config change or transfer, a vote request reaching
+the leader, an answer that is not a match, a vouch that does not match, or the runtime's word
+that the other server went silent. A woken follower's election deadline counts from the last
+time its leader was heard or vouched for, so a dead leader is replaced within one election
+timeout of its last sign of life. Safety does not depend on quiescence: votes and terms follow
+the rules above, and a quiesced replica only stops *timers*.
 """
 
 from __future__ import annotations
@@ -185,6 +202,10 @@ class RaftCore:
         self._own_term_committed = False
         self._transfer: _Transfer | None = None
         self._reads: list[_PendingRead] = []
+        # Quiescence (module docstring): no heartbeats (leader) or election timer (others).
+        self._quiesced = False
+        self._quiesced_since_ms = 0  # when this replica last became quiescent
+        self._idle_rounds = 0  # leader: consecutive heartbeat rounds that found nothing to do
         self._announce_role()
 
     # --- read-only state --------------------------------------------------------------------
@@ -273,6 +294,22 @@ class RaftCore:
         return self._election_deadline_ms
 
     @property
+    def quiesced(self) -> bool:
+        """Whether this replica is quiescent (no heartbeats as leader, no election timer)."""
+        return self._quiesced
+
+    def next_timer_ms(self) -> int | None:
+        """When ``tick`` next has something to do (None: nothing until an input arrives)."""
+        if self._stopped is not None:
+            return None
+        if self._role is Role.LEADER:
+            deadlines = [] if self._quiesced else [self._next_heartbeat_ms]
+            if self._transfer is not None:
+                deadlines.append(self._transfer.deadline_ms)
+            return min(deadlines, default=None)
+        return None if self._quiesced else self._election_deadline_ms
+
+    @property
     def failed_elections(self) -> int:
         """Elections lost or timed out since a leader was last heard (drives the back-off)."""
         return self._failed_elections
@@ -299,10 +336,12 @@ class RaftCore:
         self._check_running()
         now = self._clock.now_ms()
         if self._role is Role.LEADER:
-            if now >= self._next_heartbeat_ms:
+            if not self._quiesced and now >= self._next_heartbeat_ms:
                 self._heartbeat_round(now)
             if self._transfer is not None and now >= self._transfer.deadline_ms:
                 self._transfer = None  # give up; writes resume
+        elif self._quiesced:
+            pass  # the leader's server vouches for it; the runtime wakes us otherwise
         elif now >= self._election_deadline_ms:
             if self._can_campaign():
                 if self._election is not None:
@@ -333,7 +372,71 @@ class RaftCore:
         progress = self._progress.get(uuid)
         if self._role is Role.LEADER and progress is not None:
             progress.last_contact_ms = self._clock.now_ms()
+            self._wake()
             self._need_copy(progress)
+        self._flush_meta()
+
+    def wake(self) -> None:
+        """Leaves quiescence: a leader heartbeats at its next tick, a follower's election timer
+        runs again from the last time its leader was heard or vouched for (the runtime calls
+        this when the other server went silent or stopped naming this replica)."""
+        self._check_running()
+        self._wake()
+        self._flush_meta()
+
+    def vouched_by_leader(self, leader: str, term: int, commit_index: int) -> bool:
+        """A server heartbeat from ``leader``'s server names its quiesced leadership of this
+        tablet at ``term`` with ``commit_index``. A quiesced follower of that leader with that
+        commit index counts it as hearing from the leader (vote withholding, follower reads);
+        anything else wakes it (after a heartbeat interval of grace, see ``not_vouched``).
+        Returns whether this replica stays quiesced."""
+        self._check_running()
+        now = self._clock.now_ms()
+        holds = (
+            self._quiesced
+            and self._role is not Role.LEADER
+            and self._leader == leader
+            and self._term == term
+            and self._commit_index == commit_index
+        )
+        if holds:
+            self._last_leader_contact_ms = now
+            self._caught_up = (term, leader, commit_index, now)
+        else:
+            self._wake_if_settled()
+        self._flush_meta()
+        return holds
+
+    def vouched_by_peer(self, peer: str, term: int, commit_index: int) -> bool:
+        """A server heartbeat from ``peer``'s server names its quiesced replica of this tablet
+        following this leader at ``term`` with ``commit_index``: the quiesced leader counts it
+        as an answer (peer health, live majority for config changes). Anything else wakes the
+        leader (after a heartbeat interval of grace, see ``not_vouched``). Returns whether this
+        replica stays quiesced."""
+        self._check_running()
+        progress = self._progress.get(peer)
+        holds = (
+            self._quiesced
+            and self._role is Role.LEADER
+            and progress is not None
+            and self._term == term
+            and self._commit_index == commit_index
+            and progress.match_index == commit_index
+        )
+        if holds:
+            assert progress is not None
+            progress.last_ack_ms = progress.last_contact_ms = self._clock.now_ms()
+        else:
+            self._wake_if_settled()
+        self._flush_meta()
+        return holds
+
+    def not_vouched(self) -> None:
+        """A server heartbeat that should have named this quiesced replica's leader (or
+        follower) did not: it wakes, unless it quiesced within the last heartbeat interval (the
+        other server may have spoken before it saw the quiescing heartbeat)."""
+        self._check_running()
+        self._wake_if_settled()
         self._flush_meta()
 
     def peer_failed(self, uuid: str, reason: str) -> None:
@@ -372,6 +475,7 @@ class RaftCore:
         """``propose`` for several WRITEs at once: followers get them in one batch, not one
         AppendEntries per proposal (the runtime gathers the proposals of one loop turn)."""
         self._require_leader()
+        self._wake()
         if self._transfer is not None:
             raise ServiceUnavailableError(
                 f"leadership transfer to {self._transfer.target} in progress; writes paused"
@@ -384,6 +488,7 @@ class RaftCore:
     def read(self, read_id: int) -> None:
         """Starts a linearizable read (ReadIndex): ``ReadReady`` or ``ReadFailed`` follows."""
         self._require_leader()
+        self._wake()
         self._seq += 1
         index = self._commit_index if self._own_term_committed else None
         self._reads.append(_PendingRead(read_id, self._seq, index))
@@ -423,6 +528,7 @@ class RaftCore:
         Writes are refused until the transfer ends (successor elected, or the timeout passed).
         """
         self._require_leader()
+        self._wake()
         if self._transfer is not None:
             raise IllegalStateError(
                 f"a leadership transfer to {self._transfer.target} is already in progress"
@@ -438,6 +544,7 @@ class RaftCore:
     def change_config(self, change: ConfigChange) -> OpId:
         """ChangeConfig on the leader: validates, appends the new config, returns its OpId."""
         self._require_leader()
+        self._wake()
         if self._transfer is not None:
             raise ServiceUnavailableError("leadership transfer in progress")
         if not self._own_term_committed:
@@ -510,6 +617,8 @@ class RaftCore:
             case AppendResponse():
                 self._on_append_response(msg)
             case VoteRequest():
+                if self.active_config.peer(msg.src) is not None:
+                    self._wake()  # a member that campaigns is not quiesced: heartbeat it
                 self._on_vote_request(msg)
             case AppendRequest():
                 raise AssertionError(f"two leaders in term {self._term}: {self.uuid}, {msg.src}")
@@ -595,6 +704,7 @@ class RaftCore:
             self._start_election(ignore_live_leader=True)
 
     def _start_pre_election(self) -> None:
+        self._quiesced = False
         self._election = _Election(term=self._term + 1, pre=True, granted={self.uuid})
         self._set_role(Role.CANDIDATE, None)
         self._reset_election_timer()
@@ -602,6 +712,7 @@ class RaftCore:
         self._check_election()
 
     def _start_election(self, *, ignore_live_leader: bool) -> None:
+        self._quiesced = False
         self._term += 1
         self._voted_for = self.uuid
         self._meta_dirty = True
@@ -667,6 +778,7 @@ class RaftCore:
             self._meta_dirty = True
         if self._role is Role.LEADER:
             self._stop_leading()
+        self._quiesced = False
         if leader != self._leader or self._election is not None:
             self._leader_match = 0
             self._reported_durable = 0
@@ -675,6 +787,8 @@ class RaftCore:
         self._reset_election_timer()
 
     def _become_leader(self) -> None:
+        self._quiesced = False
+        self._idle_rounds = 0
         self._election = None
         self._failed_elections = 0
         self._own_term_committed = False
@@ -731,6 +845,7 @@ class RaftCore:
         if result.truncated_from is not None:
             self._on_truncated(result.truncated_from)
         if not result.matched:
+            self._quiesced = False
             self._send(self._append_response(req, AppendStatus.LOG_MISMATCH, result.hint_index))
             return
         if req.entries is not None:
@@ -739,6 +854,10 @@ class RaftCore:
         self._advance_commit(min(req.committed_index, result.last_received.index))
         if self._commit_index >= req.committed_index:
             self._caught_up = (self._term, req.src, req.committed_index, contact_ms)
+        quiesced = req.quiesce and self._has_everything(req.committed_index)
+        if quiesced and not self._quiesced:
+            self._quiesced_since_ms = contact_ms
+        self._quiesced = quiesced
         durable = min(self._log.durable_index(), self._leader_match)
         self._reported_durable = max(self._reported_durable, durable)
         self._send(
@@ -752,6 +871,12 @@ class RaftCore:
                 seq=req.seq,
             )
         )
+
+    def _has_everything(self, leader_commit_index: int) -> bool:
+        """Follower: the log matches the leader's through its end, which is committed here up
+        to the leader's commit index (what a quiescing leader's last heartbeat asks)."""
+        last = self._log.last_op_id().index
+        return self._leader_match == last == self._commit_index == leader_commit_index
 
     def _append_response(
         self, req: AppendRequest, status: AppendStatus, hint_index: int = 0
@@ -841,6 +966,9 @@ class RaftCore:
         progress.unrecoverable = None  # it answers with a log: its replica runs
         progress.acked_seq = max(progress.acked_seq, resp.seq)
         progress.copy_needed = False  # it answered with a log: a copy, if any, is over
+        last = self._log.last_op_id().index
+        if resp.status is not AppendStatus.OK or resp.last_received.index < last:
+            self._wake()
         if resp.status is AppendStatus.LOG_MISMATCH:
             progress.mismatched(resp.hint_index)
         elif resp.status is AppendStatus.OK:
@@ -894,7 +1022,7 @@ class RaftCore:
             sent = True
         return sent
 
-    def _send_heartbeat(self, progress: PeerProgress) -> None:
+    def _send_heartbeat(self, progress: PeerProgress, *, quiesce: bool = False) -> None:
         """An empty AppendEntries at the known match point: never a spurious mismatch."""
         if progress.copy_needed:
             return  # probed by the heartbeat round only
@@ -912,6 +1040,7 @@ class RaftCore:
                 None,
                 min(self._commit_index, progress.match_index),
                 self._seq,
+                quiesce,
             )
         )
 
@@ -938,6 +1067,14 @@ class RaftCore:
 
     def _heartbeat_round(self, now: int) -> None:
         self._next_heartbeat_ms = now + self._opts.heartbeat_interval_ms
+        rounds_max = self._opts.quiesce_after_idle_heartbeats
+        self._idle_rounds = self._idle_rounds + 1 if self._quiescable(now) else 0
+        if rounds_max and self._idle_rounds >= rounds_max:
+            for progress in self._progress.values():
+                self._send_heartbeat(progress, quiesce=True)
+            self._quiesced = True
+            self._quiesced_since_ms = now
+            return
         for progress in self._progress.values():
             if progress.copy_needed:
                 self._probe_copying(progress)
@@ -947,6 +1084,57 @@ class RaftCore:
                 progress.lost()
             if not self._replicate(progress):
                 self._send_heartbeat(progress)
+
+    def _quiescable(self, now: int) -> bool:
+        """Leader: nothing to replicate, commit, confirm or change, and every follower has
+        everything and answered within the minimum election timeout."""
+        last = self._log.last_op_id().index
+        if not (
+            self._own_term_committed
+            and self._transfer is None
+            and not self._reads
+            and self._pending_config is None
+            and self._commit_index == last == self._log.durable_index()
+        ):
+            return False
+        recent_ms = self._opts.election_timeout_min_ms
+        return all(
+            p.match_index == p.durable_index == last
+            and not p.inflight
+            and not p.copy_needed
+            and p.unrecoverable is None
+            and p.last_ack_ms is not None
+            and now - p.last_ack_ms < recent_ms
+            for p in self._progress.values()
+        )
+
+    def _wake_if_settled(self) -> None:
+        """``_wake`` unless quiescence began less than a heartbeat interval ago."""
+        settled_ms = self._quiesced_since_ms + self._opts.heartbeat_interval_ms
+        if self._clock.now_ms() >= settled_ms:
+            self._wake()
+
+    def _wake(self) -> None:
+        """Leaves quiescence (see ``wake``)."""
+        self._idle_rounds = 0
+        if not self._quiesced:
+            return
+        self._quiesced = False
+        if self._role is Role.LEADER:
+            self._next_heartbeat_ms = self._clock.now_ms()
+            return
+        now = self._clock.now_ms()
+        heard = self._last_leader_contact_ms
+        deadline = (now if heard is None else heard) + self._election_timeout_ms()
+        if deadline < now:
+            # Its timeout passed while it was quiesced. Every follower of a silent leader gets
+            # here at about the same moment: spread their first campaigns over the jitter
+            # range, or they would all campaign at once and split the vote.
+            spread_ms = (
+                2 * self._opts.election_jitter_fraction * self._opts.election_timeout_base_ms
+            )
+            deadline = now + int(self._rng.uniform(0, spread_ms))
+        self._election_deadline_ms = deadline
 
     def _sync_progress(self) -> None:
         """Tracks exactly the peers of the active config (a removed peer gets nothing more)."""

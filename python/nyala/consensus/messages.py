@@ -63,6 +63,9 @@ class AppendRequest:
     entries: EntryBatch | None  # opaque to consensus except for its OpIds, size, config entries
     committed_index: int
     seq: int  # leader's heartbeat round, echoed back; confirms leadership for ReadIndex
+    # The leader's last heartbeat before it quiesces: a follower that has everything up to
+    # the leader's commit index stops its election timer (see ``RaftCore`` "Quiescence").
+    quiesce: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,6 +22,9 @@ class RaftOptions:
     transfer_timeout_ms: int = 3_000  # a leadership transfer gives up after this long
     failed_follower_timeout_ms: int = 300_000  # a silent follower counts as down for removal
     step_down_snooze_ms: int = 6_000  # failure-detector pause after an abrupt step-down
+    # Quiescence: a leader whose followers have everything stops heartbeating after this many
+    # idle heartbeat rounds (0: never; liveness then travels in server heartbeats).
+    quiesce_after_idle_heartbeats: int = 0
 
     def __post_init__(self) -> None:
         assert self.heartbeat_interval_ms > 0
@@ -30,6 +33,7 @@ class RaftOptions:
         assert self.batch_bytes_max > 0
         assert self.peer_inflight_bytes_max >= self.batch_bytes_max
         assert self.peer_inflight_batches_max >= 1
+        assert self.quiesce_after_idle_heartbeats >= 0
 
     @property
     def election_timeout_base_ms(self) -> int:

@@ -6,6 +6,10 @@ It is the runtime the scenario harness (``tests/scenarios``) and the randomized 
 per-replica list, syncs logs), models crashes (the non-durable log tail and the in-memory state
 machine are lost; cmeta survives) and partitions (messages across groups are dropped at delivery).
 It owns no policy: what to deliver, drop or crash is the caller's choice.
+
+Each replica stands for a whole server: ``server_heartbeat`` carries what one server says about
+its quiesced replica to the others (``nyala.consensus.liveness``, the same code a tablet server
+runs), and ``check_silence`` wakes replicas whose quiesced peers' servers went silent.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from nyala.common.clock import ManualClock
+from nyala.consensus import liveness
 from nyala.consensus.core import RaftCore, bootstrap_cmeta
 from nyala.consensus.effects import (
     Apply,
@@ -26,6 +31,7 @@ from nyala.consensus.effects import (
     RoleChanged,
     Send,
 )
+from nyala.consensus.liveness import ServerSilence
 from nyala.consensus.memory_log import LogEntry, MemoryLog
 from nyala.consensus.messages import Message
 from nyala.consensus.metadata import CmetaStore, MemoryCmetaStore
@@ -49,6 +55,7 @@ class Node:
     applied: list[LogEntry] = field(default_factory=list)  # the state machine, in apply order
     reported_durable: int = 0  # durable index last reported to the core
     reads: dict[int, int | str] = field(default_factory=dict)  # read id -> index or failure
+    silence: ServerSilence | None = None  # when the other servers were last heard
 
     @property
     def auto_sync(self) -> bool:
@@ -112,6 +119,7 @@ class SimCluster:
         bootstrap_cmeta(store, config or RaftConfig(()))
         log = MemoryLog(sync_on_append=True)
         node = Node(uuid, log, store, random.Random(f"{self.seed}/{uuid}"))
+        node.silence = ServerSilence(self.options.election_timeout_min_ms)
         self.nodes[uuid] = node
         self._start(node)
         return node
@@ -183,6 +191,40 @@ class SimCluster:
             count += 1
             assert count < DELIVER_ROUNDS_MAX, "messages kept coming: the cluster never settles"
         return count
+
+    # --- server heartbeats (liveness of quiesced replicas) ---------------------------------
+
+    def server_heartbeat(self, sender: str) -> None:
+        """``sender``'s server heartbeat reaches every other running, connected replica."""
+        src = self.node(sender)
+        if src.core is None:
+            return
+        named = liveness.quiesced_as(src.core)
+        now = self.clock.now_ms()
+        for uuid, node in sorted(self.nodes.items()):
+            if uuid == sender or node.core is None or not self.connected(sender, uuid):
+                continue
+            assert node.silence is not None
+            node.silence.heard(sender, now)
+            liveness.receive(node.core, sender, named)
+            self.process(node)
+
+    def server_heartbeats(self) -> None:
+        """Every running replica's server heartbeat, then the silence check."""
+        for uuid in sorted(self.nodes):
+            self.server_heartbeat(uuid)
+        self.check_silence()
+
+    def check_silence(self) -> None:
+        """Wakes quiesced replicas whose peers' servers have not been heard for too long."""
+        now = self.clock.now_ms()
+        for uuid, node in sorted(self.nodes.items()):
+            if node.core is None or node.silence is None:
+                continue
+            node.silence.watch((u for u in self.nodes if u != uuid), now)
+            for server in node.silence.newly_silent(now):
+                liveness.sender_silent(node.core, server)
+            self.process(node)
 
     # --- time -------------------------------------------------------------------------------
 

@@ -23,6 +23,7 @@ from nyala.consensus.runtime.wal_log import WalLogOptions
 from nyala.rpc import HttpResponse, HttpServer, RpcMetrics, RpcServer
 from nyala.rpc.settings import MIB
 from nyala.server.fs_manager import FsManager, InstanceInfo
+from nyala.server.server_heartbeats import ServerHeartbeats
 from nyala.server.settings import ServerSettings
 from nyala.tablet import TabletDirs, TabletManager
 from nyala.tablet.replica import TabletReplica
@@ -50,6 +51,8 @@ class ServerBase:
         self._started_s = time.monotonic()
         self.instance: InstanceInfo | None = None
         self.tablets: TabletManager | None = None
+        # Liveness of quiesced replicas (None: quiescence is off).
+        self.server_heartbeats: ServerHeartbeats | None = None
 
     @property
     def uuid(self) -> str:
@@ -83,6 +86,22 @@ class ServerBase:
         manager.open_all()
         return manager
 
+    def _start_server_heartbeats(self, tasks: asyncio.TaskGroup) -> None:
+        """Starts the server heartbeats, if replicas may quiesce (``ServerHeartbeats``)."""
+        s = self.server_settings
+        if s.raft_quiesce_after_idle_heartbeats == 0:
+            return
+        options = self._raft_options()
+        self.server_heartbeats = ServerHeartbeats(
+            self.uuid,
+            lambda: self.tablets,
+            RealClock(),
+            interval_ms=s.heartbeat_interval_ms,
+            silent_after_ms=options.election_timeout_min_ms,
+            rpc_settings=s.rpc_settings(),
+        )
+        tasks.create_task(self.server_heartbeats.run(), name="server-heartbeats")
+
     def _close_fs_and_tablets(self) -> None:
         if self.tablets is not None:
             self.tablets.shutdown()
@@ -114,6 +133,7 @@ class ServerBase:
             election_backoff_max_ms=s.election_backoff_max_ms,
             batch_bytes_max=s.consensus_batch_bytes_max,
             peer_inflight_bytes_max=max(4 * s.consensus_batch_bytes_max, 4 << 20),
+            quiesce_after_idle_heartbeats=s.raft_quiesce_after_idle_heartbeats,
         )
         if self.PEER_INFLIGHT_BATCHES_MAX is None:
             return options

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import grpc
 
@@ -26,6 +26,7 @@ from nyala.rpc import Context, RpcMetrics, ServiceBase, unary
 from nyala.rpc.server import DeserializerOverride
 from nyala.rpc.service import bidi_stream
 from nyala.server.convert import config_to_pb, peer_from_pb
+from nyala.server.server_heartbeats import ServerHeartbeats
 from nyala.tablet import TabletManager
 from nyala.tablet.copy_vote import VOTING_DATA_STATES, tombstoned_vote
 from nyala.tablet.replica import TabletReplica
@@ -55,9 +56,16 @@ def add_consensus_service(servicer: ConsensusService, server: grpc.aio.Server) -
 class ConsensusService(ServiceBase, consensus_pb2_grpc.ConsensusServiceServicer):
     """Raft traffic between the replicas of the tablets this server hosts."""
 
-    def __init__(self, server_uuid: str, metrics: RpcMetrics, tablets: TabletManager) -> None:
+    def __init__(
+        self,
+        server_uuid: str,
+        metrics: RpcMetrics,
+        tablets: TabletManager,
+        server_heartbeats: Callable[[], ServerHeartbeats | None] = lambda: None,
+    ) -> None:
         super().__init__(server_uuid, metrics)
         self._tablets = tablets
+        self._server_heartbeats = server_heartbeats
 
     def _raft(self, tablet_id: str) -> tuple[TabletReplica, RaftRuntime, GrpcTransport]:
         replica = self._tablets.replica(tablet_id)
@@ -65,6 +73,19 @@ class ConsensusService(ServiceBase, consensus_pb2_grpc.ConsensusServiceServicer)
         if runtime is None or not isinstance(transport, GrpcTransport):
             raise TabletNotRunningError(f"tablet {tablet_id}: Raft is not running here")
         return replica, runtime, transport
+
+    @unary(consensus_pb2.ServerHeartbeatResponsePB)
+    async def ServerHeartbeat(
+        self,
+        request: consensus_pb2.ServerHeartbeatRequestPB,
+        context: Context[
+            consensus_pb2.ServerHeartbeatRequestPB, consensus_pb2.ServerHeartbeatResponsePB
+        ],
+    ) -> consensus_pb2.ServerHeartbeatResponsePB:
+        heartbeats = self._server_heartbeats()
+        if heartbeats is not None:  # else nothing here quiesces: nothing to vouch for
+            heartbeats.handle(request)
+        return consensus_pb2.ServerHeartbeatResponsePB()
 
     @unary(consensus_pb2.ConsensusResponsePB)
     async def UpdateConsensus(

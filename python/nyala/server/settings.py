@@ -35,6 +35,11 @@ class ServerSettings:
     # health report; on a master, a replica whose tserver has not heartbeated this long is
     # replaced (re-replication). One name on both, as in Kudu: give them the same value.
     follower_unavailable_considered_failed_sec: int = 300
+    # Quiescence: a leader whose followers have everything stops heartbeating after this many
+    # idle heartbeat rounds, and liveness travels in one server heartbeat per pair of servers
+    # (0: never; docs/consensus.md). Tablet servers quiesce by default; a master's one tablet
+    # gains nothing from it.
+    raft_quiesce_after_idle_heartbeats: int = 0
 
     # WAL.
     wal_segment_bytes: int = 8 * MIB
@@ -70,6 +75,8 @@ class ServerSettings:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         if not 0 <= self.election_timeout_jitter_pct < 100:
             raise ValueError("election_timeout_jitter_pct must be in [0, 100)")
+        if self.raft_quiesce_after_idle_heartbeats < 0:
+            raise ValueError("raft_quiesce_after_idle_heartbeats must be >= 0")
         if self.shutdown_grace_ms < 0 or self.wal_min_segments_to_retain < 0:
             raise ValueError("shutdown_grace_ms and wal_min_segments_to_retain must be >= 0")
         self.rpc_settings()  # validates the RPC limits

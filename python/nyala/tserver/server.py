@@ -125,6 +125,7 @@ class TabletServer(ServerBase):
             assert self.tablets is not None
             for replica in self.tablets.startable():
                 self.start_replica(replica)
+            self._start_server_heartbeats(tasks)
             tasks.create_task(self.rpc.wait_for_termination(), name="rpc-server")
             tasks.create_task(self.http.wait_closed(), name="http-server")
             tasks.create_task(self._shutdown_when_stopped(), name="shutdown")
@@ -177,7 +178,10 @@ class TabletServer(ServerBase):
             ),
         )
         server.add_service(
-            add_consensus_service, ConsensusService(self.uuid, self._rpc_metrics, self.tablets)
+            add_consensus_service,
+            ConsensusService(
+                self.uuid, self._rpc_metrics, self.tablets, lambda: self.server_heartbeats
+            ),
         )
         server.add_service(
             tserver_admin_pb2_grpc.add_TabletServerAdminServiceServicer_to_server,

@@ -13,6 +13,9 @@ from nyala.server.settings import ServerSettings
 class TabletServerSettings(ServerSettings):
     """Everything a tablet server can be told at start; flags map 1:1 onto these fields."""
 
+    # Raft: idle tablets quiesce (see ServerSettings).
+    raft_quiesce_after_idle_heartbeats: int = 2
+
     # WAL and storage.
     # How often WAL GC runs.
     wal_gc_interval_ms: int = 10_000

@@ -35,7 +35,7 @@ from nyala.rpc import RpcServer, RpcSettings
 
 UUIDS = ("a", "b", "c")
 RAFT_OPTIONS = RaftOptions(heartbeat_interval_ms=30, missed_heartbeats_before_election=3)
-RUNTIME_OPTIONS = RuntimeOptions(tick_interval_ms=5)
+RUNTIME_OPTIONS = RuntimeOptions(timer_slack_ms=5)
 WAIT_S = 10.0
 
 LogFactory = Callable[[Path, str], tuple[Any, DurabilityNotifier | None]]

@@ -36,7 +36,7 @@ UUIDS = ("a" * 32, "b" * 32, "c" * 32)
 CONFIG = RaftConfig(tuple(RaftPeer(u, f"127.0.0.1:{7050 + i}") for i, u in enumerate(UUIDS)))
 TABLET = "7" * 32
 RAFT = RaftOptions(heartbeat_interval_ms=30, missed_heartbeats_before_election=3)
-RUNTIME = RuntimeOptions(tick_interval_ms=5)
+RUNTIME = RuntimeOptions(timer_slack_ms=5)
 WAIT_S = 15.0
 
 

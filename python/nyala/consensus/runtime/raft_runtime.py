@@ -1,10 +1,12 @@
 """``RaftRuntime``: the asyncio driver of one ``RaftCore``.
 
-It owns the I/O the sans-I/O core leaves out, and nothing of Raft's rules: it ticks the core on
-a timer, feeds it inbound messages from a ``Transport``, reports log durability (the log's
-eventfd, watched with ``loop.add_reader``), executes the core's effects in order, and turns
-``Apply``/``LogTruncated``/``RoleChanged``/``ReadReady`` into the outcome of awaited proposals
-and reads. It runs as one task of a ``TaskGroup`` its owner gives it and ends by cancellation
+It owns the I/O the sans-I/O core leaves out, and nothing of Raft's rules: it ticks the core
+when the core's next deadline comes (``RaftCore.next_timer_ms``: a leader's next heartbeat, a
+follower's election deadline; none at all while the replica is quiesced, so an idle tablet
+costs no wake-ups), feeds it inbound messages from a ``Transport``, reports log durability
+(the log's eventfd, watched with ``loop.add_reader``), executes the core's effects in order,
+and turns ``Apply``/``LogTruncated``/``RoleChanged``/``ReadReady`` into the outcome of awaited
+proposals and reads. It runs as one task of a ``TaskGroup`` its owner gives it and ends by cancellation
 (STYLE.md 15).
 
 Per-proposal work is kept to a future and a deque entry: the proposals of one event-loop turn
@@ -16,6 +18,7 @@ turn), and proposals resolve in index order from one pass over ``Apply`` ranges.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import random
@@ -25,6 +28,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from nyala.common.clock import Clock
+from nyala.consensus import liveness
 from nyala.consensus.core import RaftCore, ReplicaStatus
 from nyala.consensus.effects import (
     Apply,
@@ -76,10 +80,12 @@ class DurabilityNotifier(Protocol):
 class RuntimeOptions:
     """Settings of the driver itself (Raft's own timing lives in ``RaftOptions``)."""
 
-    tick_interval_ms: int = 50  # how often the core's timers are checked
+    # A tick may come up to this late: deadlines are rounded up to a multiple of it, so the
+    # timers of the many replicas of a server that fall due together fire in one loop turn.
+    timer_slack_ms: int = 10
 
     def __post_init__(self) -> None:
-        assert self.tick_interval_ms > 0
+        assert self.timer_slack_ms > 0
 
 
 ApplyCallback = Callable[[Apply], None]
@@ -154,6 +160,11 @@ class RaftRuntime:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._task: asyncio.Task[None] | None = None
         self._failure: BaseException | None = None  # set once; the runtime is then unusable
+        self._clock = clock
+        # The deadline the timer task sleeps until (None: until woken); set when an input
+        # brings the core's next deadline before it.
+        self._timer_target: int | None = None
+        self._timer_moved = asyncio.Event()
 
     # --- life cycle -------------------------------------------------------------------------
 
@@ -197,13 +208,27 @@ class RaftRuntime:
             self._fail_waiters(AbortedError(f"the runtime of replica {self.uuid} stopped"))
 
     async def _tick_loop(self) -> None:
-        interval_s = self._opts.tick_interval_ms / 1000
+        """Ticks the core at its deadlines; sleeps without a timer while it has none."""
+        slack = self._opts.timer_slack_ms
         while True:
             if self._failure is not None:
                 raise self._failure
-            self.core.tick()
-            self._execute()
-            await asyncio.sleep(interval_s)
+            deadline = self.core.next_timer_ms()
+            now = self._clock.now_ms()
+            if deadline is not None and deadline <= now:
+                self.core.tick()
+                self._execute()
+                continue
+            self._timer_moved.clear()
+            if deadline is None:
+                self._timer_target = None
+                await self._timer_moved.wait()
+                continue
+            target = -(-deadline // slack) * slack  # rounded up: due timers fire together
+            self._timer_target = target
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout((target - now) / 1000):
+                    await self._timer_moved.wait()
 
     # --- inputs -----------------------------------------------------------------------------
 
@@ -300,6 +325,27 @@ class RaftRuntime:
         self._schedule_pump()
         return op_id
 
+    # --- quiescence (``nyala.consensus.liveness``; server heartbeats) ------------------------
+
+    @property
+    def quiesced(self) -> bool:
+        """Whether the replica is quiesced (False while the runtime is not running)."""
+        return self._loop is not None and self._failure is None and self.core.quiesced
+
+    def server_heartbeat(self, sender: str, named: liveness.QuiescedAs | None) -> None:
+        """What ``sender``'s server heartbeat said about this tablet (``liveness.receive``)."""
+        if self._loop is None or self._failure is not None:
+            return
+        liveness.receive(self.core, sender, named)
+        self._execute()
+
+    def server_silent(self, server: str) -> None:
+        """``server`` has sent no server heartbeat for too long (``liveness.sender_silent``)."""
+        if self._loop is None or self._failure is not None:
+            return
+        liveness.sender_silent(self.core, server)
+        self._execute()
+
     def status(self) -> ReplicaStatus:
         """A snapshot of the replica's consensus state."""
         return self.core.status()
@@ -373,6 +419,10 @@ class RaftRuntime:
         self._reported_durable = durable  # a truncation may lower it
         for effect in self.core.drain_effects():
             self._execute_one(effect)
+        deadline = self.core.next_timer_ms()
+        target = self._timer_target
+        if deadline is not None and (target is None or deadline < target):
+            self._timer_moved.set()  # the timer task sleeps past the new deadline
 
     def _execute_one(self, effect: Effect) -> None:
         match effect:

@@ -202,6 +202,7 @@ def _append_request_header_pb(
         preceding_id=op_id_to_pb(request.preceding),
         committed_index=request.committed_index,
         last_idx_appended_to_leader=last_appended_index,
+        quiesce=request.quiesce,
     )
     batch = request.entries
     if batch is not None:
@@ -234,6 +235,7 @@ def append_request_from_pb(pb: ReceivedRequest, decode_batch: BatchDecoder) -> A
         entries=entries,
         committed_index=pb.committed_index,
         seq=0,
+        quiesce=pb.quiesce,
     )
 
 

@@ -1,0 +1,176 @@
+"""Server heartbeats: the liveness of quiesced replicas, one message per pair of servers.
+
+Once per heartbeat interval this server tells every peer server (every other member of the
+configs of the replicas it hosts) which of its replicas are quiesced and as what
+(``nyala.consensus.liveness``): the tablets it leads quiesced that the peer holds a replica
+of, and the tablets it follows quiesced whose leader is on the peer. A received heartbeat is
+held against the local replicas it concerns; a peer that has not been heard from for the
+minimum election timeout is reported silent to the replicas it kept quiesced, which wake.
+
+The cost is per pair of servers, not per tablet: with thousands of idle replicas a server
+sends one small message to each peer per interval, and no per-tablet heartbeat or timer runs.
+This module owns the sending loop, the handler's work and the silence check; the Raft rules
+stay in the core, and the RPC plumbing in ``nyala.server.consensus_service``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from nyala._proto import consensus_pb2
+from nyala.common.clock import Clock
+from nyala.consensus.liveness import Following, Leading, QuiescedAs, ServerSilence
+from nyala.consensus.types import Role
+from nyala.errors import NyalaError
+from nyala.rpc.channel import ServerProxy
+from nyala.rpc.settings import RpcSettings
+from nyala.tablet import TabletManager
+from nyala.tablet.replica import TabletReplica
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class _Peer:
+    """A peer server: its address and what this server's next heartbeat tells it."""
+
+    address: str
+    leading: list[consensus_pb2.ServerHeartbeatRequestPB.LeadingPB] = field(default_factory=list)
+    following: list[consensus_pb2.ServerHeartbeatRequestPB.FollowingPB] = field(
+        default_factory=list
+    )
+
+
+class ServerHeartbeats:
+    """Sends this server's heartbeats, handles the peers', and reports silent peers."""
+
+    def __init__(
+        self,
+        uuid: str,
+        tablets: Callable[[], TabletManager | None],
+        clock: Clock,
+        *,
+        interval_ms: int,
+        silent_after_ms: int,
+        rpc_settings: RpcSettings,
+    ) -> None:
+        self.uuid = uuid
+        self._tablets = tablets
+        self._clock = clock
+        self._interval_ms = interval_ms
+        self._silence = ServerSilence(silent_after_ms)
+        self._rpc_settings = rpc_settings
+        self._proxies: dict[str, ServerProxy] = {}
+        self.sent = 0  # heartbeats sent (metrics, tests)
+        self.received = 0
+
+    async def run(self) -> None:
+        """Every interval: one heartbeat to each peer server, then the silence check. Runs
+        until cancelled; closes its channels on the way out."""
+        try:
+            async with asyncio.TaskGroup() as group:
+                while True:
+                    peers = self._peers()
+                    for peer_uuid, peer in peers.items():
+                        group.create_task(self._send(peer_uuid, peer))
+                    self._check_silence(peers)
+                    await asyncio.sleep(self._interval_ms / 1000)
+        finally:
+            proxies, self._proxies = self._proxies, {}
+            for proxy in proxies.values():
+                with contextlib.suppress(Exception):
+                    await proxy.close()
+
+    def handle(self, request: consensus_pb2.ServerHeartbeatRequestPB) -> None:
+        """A peer's heartbeat: each local quiesced replica it concerns is vouched for or woken
+        (``liveness.receive``)."""
+        sender = request.caller_uuid
+        self.received += 1
+        self._silence.heard(sender, self._clock.now_ms())
+        named: dict[str, QuiescedAs] = {
+            pb.tablet_id: Leading(pb.term, pb.commit_index) for pb in request.leading
+        }
+        named.update(
+            (pb.tablet_id, Following(pb.leader_uuid, pb.term, pb.commit_index))
+            for pb in request.following
+        )
+        for replica in self._replicas():
+            runtime = replica.runtime
+            if runtime is not None and runtime.quiesced:
+                runtime.server_heartbeat(sender, named.get(replica.tablet_id))
+
+    # --- sending ----------------------------------------------------------------------------
+
+    def _replicas(self) -> list[TabletReplica]:
+        manager = self._tablets()
+        return [] if manager is None else manager.replicas()
+
+    def _peers(self) -> dict[str, _Peer]:
+        """Every peer server of a hosted replica, with what this server tells it."""
+        peers: dict[str, _Peer] = {}
+        for replica in self._replicas():
+            runtime = replica.runtime
+            if runtime is None or not runtime.running:
+                continue
+            core = runtime.core
+            config = core.active_config
+            for peer in config.peers:
+                if peer.uuid != self.uuid and peer.uuid not in peers:
+                    peers[peer.uuid] = _Peer(peer.address)
+            if not core.quiesced:
+                continue
+            tablet_id = replica.tablet_id
+            if core.role is Role.LEADER:
+                entry = consensus_pb2.ServerHeartbeatRequestPB.LeadingPB(
+                    tablet_id=tablet_id, term=core.term, commit_index=core.commit_index
+                )
+                for peer in config.peers:
+                    if peer.uuid != self.uuid:
+                        peers[peer.uuid].leading.append(entry)
+            elif core.leader_uuid is not None and core.leader_uuid in peers:
+                peers[core.leader_uuid].following.append(
+                    consensus_pb2.ServerHeartbeatRequestPB.FollowingPB(
+                        tablet_id=tablet_id,
+                        leader_uuid=core.leader_uuid,
+                        term=core.term,
+                        commit_index=core.commit_index,
+                    )
+                )
+        return peers
+
+    async def _send(self, peer_uuid: str, peer: _Peer) -> None:
+        request = consensus_pb2.ServerHeartbeatRequestPB(
+            dest_uuid=peer_uuid,
+            caller_uuid=self.uuid,
+            leading=peer.leading,
+            following=peer.following,
+        )
+        proxy = self._proxies.get(peer.address)
+        if proxy is None:
+            proxy = self._proxies[peer.address] = ServerProxy(peer.address, self._rpc_settings)
+        try:
+            await proxy.call(proxy.consensus.ServerHeartbeat, request, timeout_ms=self._interval_ms)
+            self.sent += 1
+        except NyalaError as e:
+            log.debug("server heartbeat to %s@%s failed: %r", peer_uuid, peer.address, e)
+
+    def _check_silence(self, peers: dict[str, _Peer]) -> None:
+        now = self._clock.now_ms()
+        self._silence.watch(peers, now)
+        silent = self._silence.newly_silent(now)
+        if not silent:
+            return
+        log.info(
+            "servers %s sent no server heartbeat for %d ms",
+            silent,
+            self._silence.silent_after_ms,
+        )
+        for replica in self._replicas():
+            runtime = replica.runtime
+            if runtime is not None and runtime.quiesced:
+                for server in silent:
+                    runtime.server_silent(server)
