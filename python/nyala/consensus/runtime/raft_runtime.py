@@ -5,9 +5,9 @@ when the core's next deadline comes (``RaftCore.next_timer_ms``: a leader's next
 follower's election deadline; none at all while the replica is quiesced, so an idle tablet
 costs no wake-ups), feeds it inbound messages from a ``Transport``, reports log durability
 (the log's eventfd, watched with ``loop.add_reader``), executes the core's effects in order,
-and turns ``Apply``/``LogTruncated``/``RoleChanged``/``ReadReady`` into the outcome of awaited
-proposals and reads. It runs as one task of a ``TaskGroup`` its owner gives it and ends by cancellation
-(STYLE.md 15).
+and turns ``Apply``/``LogTruncated``/``RoleChanged``/``ReadReady`` into the outcome of
+awaited proposals and reads. It runs as one task of a ``TaskGroup`` its owner gives it and
+ends by cancellation (STYLE.md 15).
 
 Per-proposal work is kept to a future and a deque entry: the proposals of one event-loop turn
 go to the core in one ``propose_many`` call (so followers get one AppendEntries for all of
