@@ -130,6 +130,7 @@ class ReplicaStatus:
     committed_config: RaftConfig
     pending_config: RaftConfig | None
     transfer_target: str | None
+    quiesced: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -275,6 +276,7 @@ class RaftCore:
             committed_config=self._committed_config,
             pending_config=self._pending_config,
             transfer_target=self._transfer.target if self._transfer else None,
+            quiesced=self._quiesced,
         )
 
     def leader_contact(self) -> LeaderContact | None:

@@ -60,6 +60,10 @@ _PER_TABLET_GAUGES: dict[str, tuple[str, Callable[[ReplicaStatus], float]]] = {
     "nyala_tablet_commit_index": ("Raft commit index, per tablet", lambda st: st.commit_index),
     "nyala_tablet_last_applied_index": ("Last applied op index", lambda st: st.last_applied),
     "nyala_tablet_is_leader": ("1 if this replica leads its tablet", _is_leader),
+    "nyala_tablet_quiesced": (
+        "1 if this replica is quiesced (no per-tablet heartbeats or election timer)",
+        lambda st: float(st.quiesced),
+    ),
 }
 
 
@@ -281,6 +285,13 @@ class TabletServer(ServerBase):
         for name, (help_text, read) in _PER_TABLET_GAUGES.items():
             gauge = self.metrics.gauge(name, help_text, ("tablet_id",))
             gauge.set_callback(functools.partial(self._per_tablet, read))
+        self.metrics.gauge(
+            "nyala_server_heartbeats_sent", "Server heartbeats sent to peer servers"
+        ).set_callback(self._server_heartbeats_sent)
+
+    def _server_heartbeats_sent(self) -> list[tuple[dict[str, str], float]]:
+        heartbeats = self.server_heartbeats
+        return [({}, float(0 if heartbeats is None else heartbeats.sent))]
 
     def _per_tablet(
         self, read: Callable[[ReplicaStatus], float]
