@@ -295,6 +295,23 @@ def test_tablet_not_created_in_time_is_replaced_elsewhere(cluster: MiniCluster) 
         stuck.resume()
 
 
+def test_tablets_still_electing_are_not_replaced_when_creation_times_out() -> None:
+    # Elections take far longer than the creation timeout here (no replica campaigns for
+    # 60 heartbeats), but every replica runs on a live server and reports so: the master
+    # waits for them instead of replacing them, which on a busy cluster would only add
+    # tablets, copies and elections (a replacement storm).
+    slow_elections = [*TSERVER_FLAGS, "--leader-failure-max-missed-heartbeat-periods", "60"]
+    master_flags = [*MASTER_FLAGS, "--tablet-creation-timeout-ms", "1500"]
+    with logs_on_failure(
+        MiniCluster(3, num_masters=1, master_flags=master_flags, tserver_flags=slow_elections)
+    ) as cluster:
+        ops.call(cluster, "CreateTable", ops.create_table_request("slow", SCHEMA, buckets=4))
+        ops.wait_create_done(cluster, "slow", timeout_s=90)
+        log_text = "".join(m.log_path.read_text(errors="replace") for m in cluster.masters)
+        assert "creation timed out" not in log_text
+        assert len(ops.locations(cluster, "slow")) == 4
+
+
 def test_master_with_mismatched_masters_list_refuses_to_start(cluster: MiniCluster) -> None:
     victim = next(m for m in cluster.masters if m is not cluster.leader_master())
     victim.kill()

@@ -6,7 +6,10 @@ its committed records and sends, with at most one RPC per (kind, tserver, tablet
 
 * ``CreateTablet`` to each replica of a CREATING tablet that has not reported it; a tablet
   still without a leader after ``tablet_creation_timeout_ms`` is replaced (the replacement is
-  replicated before anything is sent, seed 002 Appendix B);
+  replicated before anything is sent, seed 002 Appendix B), unless a majority of its replicas
+  run on live servers: those are electing, and on a busy cluster replacing them only adds
+  tablets, copies and elections (the storm a 600-replica load test showed). At most
+  ``tablet_replacements_per_pass_max`` are replaced per pass;
 * ``AlterSchema`` to the leader of each tablet of an ALTERING table that has not reported the
   table's schema version;
 * ``DeleteTablet`` (tombstone) for each queued deletion: replicas of deleted or replaced
@@ -99,11 +102,15 @@ class BackgroundTasks:
         now_us = time.time_ns() // 1000
         timeout_us = self._settings.tablet_creation_timeout_ms * 1000
         calls: list[_Call] = []
+        replacements_left = self._settings.tablet_replacements_per_pass_max
         for tablet in list(catalog.tablets_by_id.values()):
             if tablet.pb.state != master_pb2.SYS_TABLET_CREATING:
                 continue
-            if now_us - tablet.pb.create_time_us > timeout_us:
-                await self._ddl.replace_tablet(tablet.tablet_id)
+            timed_out = now_us - tablet.pb.create_time_us > timeout_us
+            if timed_out and not self._electing(tablet):
+                if replacements_left > 0:
+                    replacements_left -= 1
+                    await self._ddl.replace_tablet(tablet.tablet_id)
                 continue
             table = catalog.tables_by_id.get(tablet.pb.table_id)
             if table is not None:
@@ -115,6 +122,25 @@ class BackgroundTasks:
         calls.extend(self._config_calls())
         for key, call in calls:
             self._start(key, call)
+
+    def _electing(self, tablet: TabletInfo) -> bool:
+        """A majority of the tablet's replicas report a running replica from a live server:
+        they only need time to elect a leader, not to be replaced."""
+        reports = self._m.reports.get(tablet.tablet_id, {})
+        config = tablet.pb.consensus_state.committed_config
+        running = 0
+        for peer in config.peers:
+            reported = reports.get(peer.permanent_uuid)
+            ts = self._m.ts_manager.get(peer.permanent_uuid)
+            if (
+                reported is not None
+                and reported.state in _RUNNING_STATES
+                and ts is not None
+                and self._m.ts_manager.is_live(ts)
+            ):
+                running += 1
+        voters = sum(1 for p in config.peers if p.member_type == metadata_pb2.VOTER)
+        return running >= voters // 2 + 1
 
     def _start(self, key: tuple[str, str, str], call: Awaitable[None]) -> None:
         rpcs = self._rpcs

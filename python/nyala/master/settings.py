@@ -22,8 +22,12 @@ class MasterSettings(ServerSettings):
     # this long after the process started for enough of them (a restarted master that wins an
     # election at once must not refuse a replication factor the cluster can serve: KUDU-1358).
     tserver_registration_wait_ms: int = 5_000
-    # A tablet whose replicas reported no leader this long after creation is replaced.
+    # A tablet whose replicas reported no leader this long after creation is replaced, unless
+    # a majority of them run on live servers (they are electing: replacing them would only add
+    # load, KUDU-2992-like storms on a busy cluster).
     tablet_creation_timeout_ms: int = 30_000
+    # Timed-out tablets replaced in one background pass at most; the rest wait for the next.
+    tablet_replacements_per_pass_max: int = 10
     # How often the leader's background tasks look for work (creates, alters, deletes).
     background_task_interval_ms: int = 500
     # 3-4-3: add the replacement before evicting a bad voter; False: the old 3-2-3 order.
@@ -41,6 +45,7 @@ class MasterSettings(ServerSettings):
         "tserver_unresponsive_timeout_ms",
         "tserver_registration_wait_ms",
         "tablet_creation_timeout_ms",
+        "tablet_replacements_per_pass_max",
         "background_task_interval_ms",
         "background_rpc_retry_ms",
         "catalog_write_timeout_ms",
