@@ -20,6 +20,7 @@ import enum
 import json
 import logging
 import random
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -60,6 +61,8 @@ from nyala.tablet.write_entry import RequestId, encode_alter_schema_entry, encod
 log = logging.getLogger(__name__)
 
 OPENED_REASON = "storage, WAL and cmeta open; consensus not started yet"
+#: How long a replica's counted bytes on disk are reused before they are counted again.
+DISK_USAGE_REFRESH_S = 30.0
 
 
 class TabletState(enum.Enum):
@@ -98,6 +101,8 @@ class TabletReplica:
         self._wal_options = wal_options
         self._flush_threshold_bytes = flush_threshold_bytes
         self.state = TabletState.NOT_STARTED
+        # (when, bytes) of the last count of the files on disk (``on_disk_bytes``).
+        self._disk_usage: tuple[float, int] | None = None
         self.state_reason = ""
         self.cmeta: ConsensusMetadata | None = None
         self.storage: StorageEngine | None = None
@@ -190,11 +195,18 @@ class TabletReplica:
         return wal.gc()
 
     def on_disk_bytes(self) -> int:
-        """Bytes of the replica's WAL and data files."""
+        """Bytes of the replica's WAL and data files, as counted at most
+        ``DISK_USAGE_REFRESH_S`` ago: counting lists and stats every file, and a server with
+        thousands of replicas must not do that for every page view."""
+        now = time.monotonic()
+        cached = self._disk_usage
+        if cached is not None and now - cached[0] < DISK_USAGE_REFRESH_S:
+            return cached[1]
         total = 0
         for root in (self.paths.wal_dir, self.paths.data_dir):
             if root.is_dir():
                 total += sum(p.stat().st_size for p in root.rglob("*") if p.is_file())
+        self._disk_usage = (now, total)
         return total
 
     # --- consensus --------------------------------------------------------------------------

@@ -305,8 +305,9 @@ class TabletServer(ServerBase):
 
     def _tablet_counts(self) -> list[tuple[dict[str, str], float]]:
         counts: dict[str, int] = {}
-        for report in self.list_tablets():
-            counts[report.state] = counts.get(report.state, 0) + 1
+        tablets = self.tablets
+        for status in [] if tablets is None else tablets.statuses(sizes=False):
+            counts[status.state] = counts.get(status.state, 0) + 1
         return [({"state": state}, float(n)) for state, n in sorted(counts.items())]
 
     async def _tablets(self) -> HttpResponse:
