@@ -19,10 +19,13 @@ Methods block on disk and are serialised by one lock; async callers run them in 
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import logging
+import os
 import shutil
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -124,13 +127,20 @@ class TabletManager:
     # --- startup and shutdown ---------------------------------------------------------------
 
     def open_all(self) -> None:
-        """Loads every superblock and brings each replica to its steady state."""
+        """Loads every superblock and brings each replica to its steady state; the READY ones'
+        files (cmeta, storage, WAL recovery) are opened ``PARALLEL_OPENS_MAX`` at a time."""
         with self._lock:
+            ready = []
             for path in sorted(self.dirs.tablet_meta.iterdir()):
                 if is_tablet_id(path.name):
-                    self._open_one(path.name)
+                    replica = self._open_one(path.name)
+                    if replica is not None:
+                        ready.append(replica)
+            _in_parallel(TabletReplica.open, ready)
 
-    def _open_one(self, tablet_id: str) -> None:
+    def _open_one(self, tablet_id: str) -> TabletReplica | None:
+        """Registers one replica and rolls its data state forward; returns it if it is READY
+        and still has to be opened."""
         paths = self.dirs.paths(tablet_id)
         try:
             sb = read_superblock(paths.superblock)
@@ -139,12 +149,12 @@ class TabletManager:
         except NyalaError as exc:
             log.error("tablet %s: superblock unreadable: %s", tablet_id, exc)
             self._unreadable[tablet_id] = _Failed(tablet_id, f"{type(exc).__name__}: {exc}")
-            return
+            return None
         replica = TabletReplica(sb, paths, self._wal_options, self._flush_threshold_bytes)
         try:
             if sb.data_state is DataState.DELETED:
                 self._finish_delete(replica)
-                return
+                return None
             if sb.data_state is DataState.COPYING:
                 # Seed 000 "Tablet startup" step 2: a half-copied replica deletes itself.
                 self._tombstone_files(replica, replica.last_logged_op_id(), "copy interrupted")
@@ -155,17 +165,15 @@ class TabletManager:
         except NyalaError as exc:
             replica.fail(f"{type(exc).__name__}: {exc}")
             self._replicas[tablet_id] = replica
-            return
+            return None
         self._replicas[tablet_id] = replica
-        if replica.superblock.data_state is DataState.READY:
-            replica.open()
+        return replica if replica.superblock.data_state is DataState.READY else None
 
     def shutdown(self) -> None:
-        """Closes every replica's files."""
+        """Closes every replica's files, ``PARALLEL_OPENS_MAX`` at a time."""
         with self._lock:
-            for replica in self._replicas.values():
-                if replica.state is not TabletState.FAILED:
-                    replica.close()
+            closing = [r for r in self._replicas.values() if r.state is not TabletState.FAILED]
+            _in_parallel(TabletReplica.close, closing)
 
     # --- create -----------------------------------------------------------------------------
 
@@ -456,3 +464,22 @@ class TabletManager:
             schema=sb.schema,
             partition=sb.partition,
         )
+
+
+#: Replicas opened or closed at once at start-up and shutdown: their WAL recovery, storage
+#: open and final syncs are mostly waits for the disk, which overlap; bounded so that a server
+#: with thousands of replicas neither starts thousands of threads nor floods the disk.
+PARALLEL_OPENS_MAX = max(4, 2 * (os.cpu_count() or 1))
+
+
+def _in_parallel(action: Callable[[TabletReplica], None], replicas: list[TabletReplica]) -> None:
+    """Runs ``action`` on every replica, ``PARALLEL_OPENS_MAX`` at a time; re-raises the first
+    error once all have run (``TabletReplica.open`` keeps its own errors as FAILED)."""
+    if len(replicas) <= 1:
+        for replica in replicas:
+            action(replica)
+        return
+    workers = min(PARALLEL_OPENS_MAX, len(replicas))
+    with concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="replica-open") as pool:
+        for future in [pool.submit(action, r) for r in replicas]:
+            future.result()

@@ -272,8 +272,9 @@ class TabletServer(ServerBase):
         if self.copy is not None:
             await self.copy.close()
         assert self.tablets is not None
-        for replica in self.tablets.replicas():
-            await replica.stop_consensus()
+        # Every runtime is cancelled first, then all are awaited together: stopping thousands
+        # of replicas one after another took tens of seconds.
+        await asyncio.gather(*(r.stop_consensus() for r in self.tablets.replicas()))
         self._replica_tasks = None
 
     def _register_metrics(self) -> None:
