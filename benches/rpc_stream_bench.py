@@ -1,5 +1,5 @@
 """What a message costs on a gRPC asyncio stream, the consensus transport
-(``UpdateConsensusStream``), next to the same messages over a plain asyncio TCP connection with a
+(``ConsensusPeerStream``), next to the same messages over a plain asyncio TCP connection with a
 4-byte length prefix, measured in the same run on loopback.
 
 Each case sends ``N`` messages of one size from a client process to a server process that reads

@@ -800,3 +800,76 @@ class ServerHeartbeatResponsePB(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ServerHeartbeatResponsePB: _TypeAlias = ServerHeartbeatResponsePB  # noqa: Y015
+
+@_typing.final
+class ConsensusBatchRequestPB(_message.Message):
+    """AppendEntries of any tablets, from one server to another, gathered per event-loop turn."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DEST_UUID_FIELD_NUMBER: _builtins.int
+    CALLER_UUID_FIELD_NUMBER: _builtins.int
+    REQUESTS_FIELD_NUMBER: _builtins.int
+    CALL_IDS_FIELD_NUMBER: _builtins.int
+    dest_uuid: _builtins.str
+    caller_uuid: _builtins.str
+    """The sending server."""
+    @_builtins.property
+    def requests(self) -> _containers.RepeatedScalarFieldContainer[_builtins.bytes]:
+        """Serialized ConsensusRequestPBs, each laid out as UpdateConsensusStream sends it (its
+        entries 8-byte aligned within it), so a follower decodes them without another copy.
+        """
+
+    @_builtins.property
+    def call_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """One per request, echoed with its answer."""
+
+    def __init__(
+        self,
+        *,
+        dest_uuid: _builtins.str = ...,
+        caller_uuid: _builtins.str = ...,
+        requests: _abc.Iterable[_builtins.bytes] | None = ...,
+        call_ids: _abc.Iterable[_builtins.int] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["call_ids", b"call_ids", "caller_uuid", b"caller_uuid", "dest_uuid", b"dest_uuid", "requests", b"requests"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ConsensusBatchRequestPB: _TypeAlias = ConsensusBatchRequestPB  # noqa: Y015
+
+@_typing.final
+class ConsensusBatchResponsePB(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ERROR_FIELD_NUMBER: _builtins.int
+    RESPONSES_FIELD_NUMBER: _builtins.int
+    CALL_IDS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def error(self) -> _common_pb2.ErrorPB:
+        """Set when the whole batch is refused (wrong server); answers then are empty."""
+
+    @_builtins.property
+    def responses(self) -> _containers.RepeatedCompositeFieldContainer[Global___ConsensusResponsePB]:
+        """Answers (a refusal of one request is its answer's `error`), in the order they became
+        ready, not the order asked.
+        """
+
+    @_builtins.property
+    def call_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    def __init__(
+        self,
+        *,
+        error: _common_pb2.ErrorPB | None = ...,
+        responses: _abc.Iterable[Global___ConsensusResponsePB] | None = ...,
+        call_ids: _abc.Iterable[_builtins.int] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["call_ids", b"call_ids", "error", b"error", "responses", b"responses"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ConsensusBatchResponsePB: _TypeAlias = ConsensusBatchResponsePB  # noqa: Y015

@@ -39,13 +39,13 @@ class ConsensusServiceStub:
                 request_serializer=nyala_dot_consensus__pb2.ServerHeartbeatRequestPB.SerializeToString,
                 response_deserializer=nyala_dot_consensus__pb2.ServerHeartbeatResponsePB.FromString,
                 _registered_method=True)
+        self.ConsensusPeerStream = channel.stream_stream(
+                '/nyala.ConsensusService/ConsensusPeerStream',
+                request_serializer=nyala_dot_consensus__pb2.ConsensusBatchRequestPB.SerializeToString,
+                response_deserializer=nyala_dot_consensus__pb2.ConsensusBatchResponsePB.FromString,
+                _registered_method=True)
         self.UpdateConsensus = channel.unary_unary(
                 '/nyala.ConsensusService/UpdateConsensus',
-                request_serializer=nyala_dot_consensus__pb2.ConsensusRequestPB.SerializeToString,
-                response_deserializer=nyala_dot_consensus__pb2.ConsensusResponsePB.FromString,
-                _registered_method=True)
-        self.UpdateConsensusStream = channel.stream_stream(
-                '/nyala.ConsensusService/UpdateConsensusStream',
                 request_serializer=nyala_dot_consensus__pb2.ConsensusRequestPB.SerializeToString,
                 response_deserializer=nyala_dot_consensus__pb2.ConsensusResponsePB.FromString,
                 _registered_method=True)
@@ -91,18 +91,17 @@ class ConsensusServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
-    def UpdateConsensus(self, request, context):
-        """Raft AppendEntries and heartbeat, leader -> follower.
+    def ConsensusPeerStream(self, request_iterator, context):
+        """The Raft traffic of every tablet from one server to another on one long-lived stream:
+        AppendEntries (heartbeats included) gathered per event-loop turn into one message, their
+        answers likewise (docs/consensus.md, "One stream per pair of servers").
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
-    def UpdateConsensusStream(self, request_iterator, context):
-        """The same, as one long-lived stream per (leader, follower, tablet): one response per
-        request, in request order; the stream ends when either side ends it or on the deadline.
-        A bidi stream skips per-call set-up: on loopback it did 2.4-2.8x the round trips per
-        second of the unary form (1 KiB entries, grpc.aio, docs/wire.md).
+    def UpdateConsensus(self, request, context):
+        """Raft AppendEntries and heartbeat, leader -> follower.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -154,13 +153,13 @@ def add_ConsensusServiceServicer_to_server(servicer, server):
                     request_deserializer=nyala_dot_consensus__pb2.ServerHeartbeatRequestPB.FromString,
                     response_serializer=nyala_dot_consensus__pb2.ServerHeartbeatResponsePB.SerializeToString,
             ),
+            'ConsensusPeerStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.ConsensusPeerStream,
+                    request_deserializer=nyala_dot_consensus__pb2.ConsensusBatchRequestPB.FromString,
+                    response_serializer=nyala_dot_consensus__pb2.ConsensusBatchResponsePB.SerializeToString,
+            ),
             'UpdateConsensus': grpc.unary_unary_rpc_method_handler(
                     servicer.UpdateConsensus,
-                    request_deserializer=nyala_dot_consensus__pb2.ConsensusRequestPB.FromString,
-                    response_serializer=nyala_dot_consensus__pb2.ConsensusResponsePB.SerializeToString,
-            ),
-            'UpdateConsensusStream': grpc.stream_stream_rpc_method_handler(
-                    servicer.UpdateConsensusStream,
                     request_deserializer=nyala_dot_consensus__pb2.ConsensusRequestPB.FromString,
                     response_serializer=nyala_dot_consensus__pb2.ConsensusResponsePB.SerializeToString,
             ),
@@ -233,6 +232,33 @@ class ConsensusService:
             _registered_method=True)
 
     @staticmethod
+    def ConsensusPeerStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/nyala.ConsensusService/ConsensusPeerStream',
+            nyala_dot_consensus__pb2.ConsensusBatchRequestPB.SerializeToString,
+            nyala_dot_consensus__pb2.ConsensusBatchResponsePB.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
     def UpdateConsensus(request,
             target,
             options=(),
@@ -247,33 +273,6 @@ class ConsensusService:
             request,
             target,
             '/nyala.ConsensusService/UpdateConsensus',
-            nyala_dot_consensus__pb2.ConsensusRequestPB.SerializeToString,
-            nyala_dot_consensus__pb2.ConsensusResponsePB.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def UpdateConsensusStream(request_iterator,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.stream_stream(
-            request_iterator,
-            target,
-            '/nyala.ConsensusService/UpdateConsensusStream',
             nyala_dot_consensus__pb2.ConsensusRequestPB.SerializeToString,
             nyala_dot_consensus__pb2.ConsensusResponsePB.FromString,
             options,

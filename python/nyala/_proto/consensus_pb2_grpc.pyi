@@ -38,14 +38,13 @@ class ConsensusServiceStub:
     def __new__(cls, channel: _aio.Channel) -> ConsensusServiceAsyncStub: ...
     ServerHeartbeat: _grpc.UnaryUnaryMultiCallable[_consensus_pb2.ServerHeartbeatRequestPB, _consensus_pb2.ServerHeartbeatResponsePB]
     """Liveness of quiesced replicas, server -> server."""
+    ConsensusPeerStream: _grpc.StreamStreamMultiCallable[_consensus_pb2.ConsensusBatchRequestPB, _consensus_pb2.ConsensusBatchResponsePB]
+    """The Raft traffic of every tablet from one server to another on one long-lived stream:
+    AppendEntries (heartbeats included) gathered per event-loop turn into one message, their
+    answers likewise (docs/consensus.md, "One stream per pair of servers").
+    """
     UpdateConsensus: _grpc.UnaryUnaryMultiCallable[_consensus_pb2.ConsensusRequestPB, _consensus_pb2.ConsensusResponsePB]
     """Raft AppendEntries and heartbeat, leader -> follower."""
-    UpdateConsensusStream: _grpc.StreamStreamMultiCallable[_consensus_pb2.ConsensusRequestPB, _consensus_pb2.ConsensusResponsePB]
-    """The same, as one long-lived stream per (leader, follower, tablet): one response per
-    request, in request order; the stream ends when either side ends it or on the deadline.
-    A bidi stream skips per-call set-up: on loopback it did 2.4-2.8x the round trips per
-    second of the unary form (1 KiB entries, grpc.aio, docs/wire.md).
-    """
     RequestVote: _grpc.UnaryUnaryMultiCallable[_consensus_pb2.VoteRequestPB, _consensus_pb2.VoteResponsePB]
     """Raft RequestVote and pre-vote, candidate -> voter."""
     ChangeConfig: _grpc.UnaryUnaryMultiCallable[_consensus_pb2.ChangeConfigRequestPB, _consensus_pb2.ChangeConfigResponsePB]
@@ -60,14 +59,13 @@ class ConsensusServiceAsyncStub(ConsensusServiceStub):
     def __init__(self, channel: _aio.Channel) -> None: ...
     ServerHeartbeat: _aio.UnaryUnaryMultiCallable[_consensus_pb2.ServerHeartbeatRequestPB, _consensus_pb2.ServerHeartbeatResponsePB]  # type: ignore[assignment]
     """Liveness of quiesced replicas, server -> server."""
+    ConsensusPeerStream: _aio.StreamStreamMultiCallable[_consensus_pb2.ConsensusBatchRequestPB, _consensus_pb2.ConsensusBatchResponsePB]  # type: ignore[assignment]
+    """The Raft traffic of every tablet from one server to another on one long-lived stream:
+    AppendEntries (heartbeats included) gathered per event-loop turn into one message, their
+    answers likewise (docs/consensus.md, "One stream per pair of servers").
+    """
     UpdateConsensus: _aio.UnaryUnaryMultiCallable[_consensus_pb2.ConsensusRequestPB, _consensus_pb2.ConsensusResponsePB]  # type: ignore[assignment]
     """Raft AppendEntries and heartbeat, leader -> follower."""
-    UpdateConsensusStream: _aio.StreamStreamMultiCallable[_consensus_pb2.ConsensusRequestPB, _consensus_pb2.ConsensusResponsePB]  # type: ignore[assignment]
-    """The same, as one long-lived stream per (leader, follower, tablet): one response per
-    request, in request order; the stream ends when either side ends it or on the deadline.
-    A bidi stream skips per-call set-up: on loopback it did 2.4-2.8x the round trips per
-    second of the unary form (1 KiB entries, grpc.aio, docs/wire.md).
-    """
     RequestVote: _aio.UnaryUnaryMultiCallable[_consensus_pb2.VoteRequestPB, _consensus_pb2.VoteResponsePB]  # type: ignore[assignment]
     """Raft RequestVote and pre-vote, candidate -> voter."""
     ChangeConfig: _aio.UnaryUnaryMultiCallable[_consensus_pb2.ChangeConfigRequestPB, _consensus_pb2.ChangeConfigResponsePB]  # type: ignore[assignment]
@@ -87,24 +85,23 @@ class ConsensusServiceServicer(metaclass=_abc_1.ABCMeta):
         """Liveness of quiesced replicas, server -> server."""
 
     @_abc_1.abstractmethod
+    def ConsensusPeerStream(
+        self,
+        request_iterator: _MaybeAsyncIterator[_consensus_pb2.ConsensusBatchRequestPB],
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_consensus_pb2.ConsensusBatchResponsePB], _abc.AsyncIterator[_consensus_pb2.ConsensusBatchResponsePB]]:
+        """The Raft traffic of every tablet from one server to another on one long-lived stream:
+        AppendEntries (heartbeats included) gathered per event-loop turn into one message, their
+        answers likewise (docs/consensus.md, "One stream per pair of servers").
+        """
+
+    @_abc_1.abstractmethod
     def UpdateConsensus(
         self,
         request: _consensus_pb2.ConsensusRequestPB,
         context: _ServicerContext,
     ) -> _typing.Union[_consensus_pb2.ConsensusResponsePB, _abc.Awaitable[_consensus_pb2.ConsensusResponsePB]]:
         """Raft AppendEntries and heartbeat, leader -> follower."""
-
-    @_abc_1.abstractmethod
-    def UpdateConsensusStream(
-        self,
-        request_iterator: _MaybeAsyncIterator[_consensus_pb2.ConsensusRequestPB],
-        context: _ServicerContext,
-    ) -> _typing.Union[_abc.Iterator[_consensus_pb2.ConsensusResponsePB], _abc.AsyncIterator[_consensus_pb2.ConsensusResponsePB]]:
-        """The same, as one long-lived stream per (leader, follower, tablet): one response per
-        request, in request order; the stream ends when either side ends it or on the deadline.
-        A bidi stream skips per-call set-up: on loopback it did 2.4-2.8x the round trips per
-        second of the unary form (1 KiB entries, grpc.aio, docs/wire.md).
-        """
 
     @_abc_1.abstractmethod
     def RequestVote(

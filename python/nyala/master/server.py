@@ -94,6 +94,7 @@ class MasterServer(ServerBase):
             tasks.create_task(rpc.wait_for_termination(), name="rpc-server")
             tasks.create_task(http.wait_closed(), name="http-server")
             tasks.create_task(self._shutdown_when_stopped(rpc, http), name="shutdown")
+            self._start_peer_streams(tasks)
             self._workers = [
                 tasks.create_task(self._start_sys_catalog(sys_catalog), name="sys-catalog"),
                 tasks.create_task(self.manager.run(), name="catalog-manager"),
@@ -128,7 +129,7 @@ class MasterServer(ServerBase):
         )
         server.add_service(
             consensus_pb2_grpc.add_ConsensusServiceServicer_to_server,
-            ConsensusService(self.uuid, self._rpc_metrics, self.tablets),
+            ConsensusService(self.uuid, self._rpc_metrics, self.tablets, lambda: self.peer_streams),
         )
         return server
 
@@ -139,6 +140,7 @@ class MasterServer(ServerBase):
         assert self.tablets is not None
         for replica in self.tablets.replicas():
             await replica.stop_consensus()
+        self._cancel_base_tasks()
         self._tasks = None
 
     # --- HTTP -------------------------------------------------------------------------------

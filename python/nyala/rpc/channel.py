@@ -11,10 +11,8 @@ from collections.abc import AsyncIterator, Callable
 from typing import TypeAlias, TypeVar
 
 import grpc
-from google.protobuf.descriptor import FileDescriptor
 
 from nyala._proto import (
-    consensus_pb2,
     consensus_pb2_grpc,
     master_pb2_grpc,
     tablet_copy_pb2_grpc,
@@ -32,21 +30,6 @@ _Resp = TypeVar("_Resp", bound=Answer)
 # grpc's classes are generic only to the type checker.
 _AsyncUnary: TypeAlias = "grpc.aio.UnaryUnaryMultiCallable[_Req, _Resp]"
 _Unary: TypeAlias = "grpc.UnaryUnaryMultiCallable[_Req, _Resp]"
-
-
-def _method_path(file: FileDescriptor, service: str, method: str) -> str:
-    """The gRPC path of ``service.method`` as declared in the proto ``file``."""
-    full_name = file.services_by_name[service].methods_by_name[method].full_name
-    package_service, _, name = full_name.rpartition(".")
-    return f"/{package_service}/{name}"
-
-
-#: The gRPC path of UpdateConsensusStream, which ``consensus_stream_serialized`` calls with
-#: requests already serialized (``nyala.consensus.runtime.wire.append_request_to_wire``): the
-#: entries are copied once.
-_UPDATE_CONSENSUS_STREAM = _method_path(
-    consensus_pb2.DESCRIPTOR, "ConsensusService", "UpdateConsensusStream"
-)
 
 
 class _Stubs:
@@ -79,13 +62,6 @@ class ServerProxy(_Stubs):
         channel = grpc.aio.insecure_channel(addr, options=self.settings.grpc_options())
         self._channel = channel
         super().__init__(channel)
-        self.consensus_stream_serialized: grpc.aio.StreamStreamMultiCallable[
-            bytes, consensus_pb2.ConsensusResponsePB
-        ] = channel.stream_stream(
-            _UPDATE_CONSENSUS_STREAM,
-            request_serializer=None,
-            response_deserializer=consensus_pb2.ConsensusResponsePB.FromString,
-        )
 
     async def __aenter__(self) -> ServerProxy:
         return self

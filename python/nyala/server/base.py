@@ -18,6 +18,7 @@ from typing import ClassVar
 from nyala.common.clock import RealClock
 from nyala.common.metrics import MetricsRegistry
 from nyala.consensus.options import RaftOptions
+from nyala.consensus.runtime.peer_streams import PeerStreams
 from nyala.consensus.runtime.transport import GrpcTransport
 from nyala.consensus.runtime.wal_log import WalLogOptions
 from nyala.rpc import HttpResponse, HttpServer, RpcMetrics, RpcServer
@@ -53,6 +54,10 @@ class ServerBase:
         self.tablets: TabletManager | None = None
         # Liveness of quiesced replicas (None: quiescence is off).
         self.server_heartbeats: ServerHeartbeats | None = None
+        # The one consensus stream to each peer server, shared by every replica.
+        self.peer_streams: PeerStreams | None = None
+        # Tasks of this base (streams, server heartbeats): cancelled once replicas stopped.
+        self._base_tasks: list[asyncio.Task[None]] = []
 
     @property
     def uuid(self) -> str:
@@ -86,6 +91,17 @@ class ServerBase:
         manager.open_all()
         return manager
 
+    def _start_peer_streams(self, tasks: asyncio.TaskGroup) -> None:
+        """Starts the consensus streams to peer servers (before any replica's Raft)."""
+        self.peer_streams = PeerStreams(self.uuid, settings=self.server_settings.rpc_settings())
+        self._base_tasks.append(tasks.create_task(self.peer_streams.run(), name="peer-streams"))
+
+    def _cancel_base_tasks(self) -> None:
+        """Ends the streams and server heartbeats (after every replica's Raft stopped)."""
+        for task in self._base_tasks:
+            task.cancel()
+        self._base_tasks = []
+
     def _start_server_heartbeats(self, tasks: asyncio.TaskGroup) -> None:
         """Starts the server heartbeats, if replicas may quiesce (``ServerHeartbeats``)."""
         s = self.server_settings
@@ -100,7 +116,9 @@ class ServerBase:
             silent_after_ms=options.election_timeout_min_ms,
             rpc_settings=s.rpc_settings(),
         )
-        tasks.create_task(self.server_heartbeats.run(), name="server-heartbeats")
+        self._base_tasks.append(
+            tasks.create_task(self.server_heartbeats.run(), name="server-heartbeats")
+        )
 
     def _close_fs_and_tablets(self) -> None:
         if self.tablets is not None:
@@ -114,6 +132,7 @@ class ServerBase:
             replica.tablet_id,
             lambda peer: _peer_address(replica, peer),
             settings=self.server_settings.rpc_settings(),
+            peer_streams=self.peer_streams,
         )
         replica.start_consensus(
             self.uuid,

@@ -18,12 +18,12 @@ import grpc
 from nyala._proto import common_pb2, consensus_pb2, consensus_pb2_grpc, metadata_pb2
 from nyala.consensus.membership import ChangeType, ConfigChange
 from nyala.consensus.runtime import RaftRuntime, wire
+from nyala.consensus.runtime.peer_streams import PeerStreams
 from nyala.consensus.runtime.transport import GrpcTransport
 from nyala.consensus.runtime.wal_log import WalEntryBatch
 from nyala.consensus.types import MemberType
 from nyala.errors import InvalidArgumentError, TabletNotRunningError
 from nyala.rpc import Context, RpcMetrics, ServiceBase, unary
-from nyala.rpc.server import DeserializerOverride
 from nyala.rpc.service import bidi_stream
 from nyala.server.convert import config_to_pb, peer_from_pb
 from nyala.server.server_heartbeats import ServerHeartbeats
@@ -45,12 +45,8 @@ def _decode_batch(data: bytes, start: int, end: int) -> WalEntryBatch:
 
 
 def add_consensus_service(servicer: ConsensusService, server: grpc.aio.Server) -> None:
-    """Registers the ConsensusService, with UpdateConsensusStream's requests deserialized by
-    ``wire.append_request_from_wire`` (entries decoded from the received bytes, no copy)."""
-    override = DeserializerOverride(
-        server, {"UpdateConsensusStream": wire.append_request_from_wire}
-    )
-    consensus_pb2_grpc.add_ConsensusServiceServicer_to_server(servicer, override.as_server())
+    """Registers the ConsensusService."""
+    consensus_pb2_grpc.add_ConsensusServiceServicer_to_server(servicer, server)
 
 
 class ConsensusService(ServiceBase, consensus_pb2_grpc.ConsensusServiceServicer):
@@ -61,10 +57,12 @@ class ConsensusService(ServiceBase, consensus_pb2_grpc.ConsensusServiceServicer)
         server_uuid: str,
         metrics: RpcMetrics,
         tablets: TabletManager,
+        peer_streams: Callable[[], PeerStreams | None],
         server_heartbeats: Callable[[], ServerHeartbeats | None] = lambda: None,
     ) -> None:
         super().__init__(server_uuid, metrics)
         self._tablets = tablets
+        self._peer_streams = peer_streams
         self._server_heartbeats = server_heartbeats
 
     def _raft(self, tablet_id: str) -> tuple[TabletReplica, RaftRuntime, GrpcTransport]:
@@ -96,27 +94,23 @@ class ConsensusService(ServiceBase, consensus_pb2_grpc.ConsensusServiceServicer)
         _, _, transport = self._raft(request.tablet_id)
         return await transport.handle_update(request, _decode_batch)
 
-    @bidi_stream(consensus_pb2.ConsensusResponsePB)
-    async def UpdateConsensusStream(
+    @bidi_stream(consensus_pb2.ConsensusBatchResponsePB)
+    async def ConsensusPeerStream(
         self,
-        requests: AsyncIterator[wire.ReceivedRequest],
-        context: Context[wire.ReceivedRequest, consensus_pb2.ConsensusResponsePB],
-    ) -> AsyncIterator[consensus_pb2.ConsensusResponsePB]:
-        # A stream carries one tablet (one per leader-follower pair): route by its first request.
-        first = await anext(requests, None)
-        if first is None:
-            return
-        _, _, transport = self._raft(first.tablet_id)
+        requests: AsyncIterator[consensus_pb2.ConsensusBatchRequestPB],
+        context: Context[
+            consensus_pb2.ConsensusBatchRequestPB, consensus_pb2.ConsensusBatchResponsePB
+        ],
+    ) -> AsyncIterator[consensus_pb2.ConsensusBatchResponsePB]:
+        streams = self._peer_streams()
+        if streams is None:
+            raise TabletNotRunningError(f"server {self.server_uuid} runs no consensus yet")
 
-        async def rest() -> AsyncIterator[wire.ReceivedRequest]:
-            yield first
-            async for request in requests:
-                if request.tablet_id != first.tablet_id:
-                    raise InvalidArgumentError("one UpdateConsensusStream carries one tablet")
-                yield request
+        def route(tablet_id: str) -> GrpcTransport:
+            return self._raft(tablet_id)[2]
 
-        async for response in transport.handle_stream(rest(), _decode_batch):
-            yield response
+        async for answers in streams.serve(requests, route, _decode_batch):
+            yield answers
 
     @unary(consensus_pb2.VoteResponsePB)
     async def RequestVote(

@@ -127,6 +127,7 @@ class TabletServer(ServerBase):
         async with asyncio.TaskGroup() as tasks:
             self._replica_tasks = tasks
             assert self.tablets is not None
+            self._start_peer_streams(tasks)
             for replica in self.tablets.startable():
                 self.start_replica(replica)
             self._start_server_heartbeats(tasks)
@@ -184,7 +185,11 @@ class TabletServer(ServerBase):
         server.add_service(
             add_consensus_service,
             ConsensusService(
-                self.uuid, self._rpc_metrics, self.tablets, lambda: self.server_heartbeats
+                self.uuid,
+                self._rpc_metrics,
+                self.tablets,
+                lambda: self.peer_streams,
+                lambda: self.server_heartbeats,
             ),
         )
         server.add_service(
@@ -275,6 +280,7 @@ class TabletServer(ServerBase):
         # Every runtime is cancelled first, then all are awaited together: stopping thousands
         # of replicas one after another took tens of seconds.
         await asyncio.gather(*(r.stop_consensus() for r in self.tablets.replicas()))
+        self._cancel_base_tasks()
         self._replica_tasks = None
 
     def _register_metrics(self) -> None:

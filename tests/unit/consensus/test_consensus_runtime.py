@@ -29,6 +29,7 @@ from nyala.consensus import (
 )
 from nyala.consensus.runtime import DurabilityNotifier, RaftRuntime, RuntimeOptions
 from nyala.consensus.runtime.cmeta_store import FileCmetaStore
+from nyala.consensus.runtime.peer_streams import PeerStreams
 from nyala.consensus.runtime.transport import GrpcTransport, InMemoryNetwork
 from nyala.errors import AbortedError, NotLeaderError
 from nyala.rpc import RpcServer, RpcSettings
@@ -244,16 +245,19 @@ class ConsensusServicer(consensus_pb2_grpc.ConsensusServiceServicer):  # type: i
     """The minimum of a tablet server's ConsensusService, for one replica: enough to run the
     gRPC transport end to end (the real handlers live in the tablet server)."""
 
-    def __init__(self, transport: GrpcTransport, decode_batch: Any) -> None:
+    def __init__(self, transport: GrpcTransport, streams: PeerStreams, decode_batch: Any) -> None:
         self.transport = transport
+        self.streams = streams
         self.decode_batch = decode_batch
         self.runtime: RaftRuntime | None = None
 
-    async def UpdateConsensusStream(
+    async def ConsensusPeerStream(
         self, requests: AsyncIterator[Any], _context: Any
     ) -> AsyncIterator[Any]:
-        async for response in self.transport.handle_stream(requests, self.decode_batch):
-            yield response
+        async for answers in self.streams.serve(
+            requests, lambda _tablet: self.transport, self.decode_batch
+        ):
+            yield answers
 
     async def RequestVote(self, request: Any, _context: Any) -> Any:
         return await self.transport.handle_vote(request)
@@ -272,8 +276,9 @@ def test_replicates_over_grpc_streams(tmp_path: Path) -> None:
         addresses: dict[str, str] = {}
         servicers: dict[str, ConsensusServicer] = {}
         for uuid, server in servers.items():
-            transport = GrpcTransport(uuid, "t" * 32, addresses.get)
-            servicer = ConsensusServicer(transport, wal_log_module.WalEntryBatch.from_wire)
+            streams = PeerStreams(uuid)  # the server's, shared by its replicas' transports
+            transport = GrpcTransport(uuid, "t" * 32, addresses.get, peer_streams=streams)
+            servicer = ConsensusServicer(transport, streams, wal_log_module.WalEntryBatch.from_wire)
             servicers[uuid] = servicer
             server.add_service(consensus_pb2_grpc.add_ConsensusServiceServicer_to_server, servicer)
             await server.start()
@@ -282,6 +287,7 @@ def test_replicates_over_grpc_streams(tmp_path: Path) -> None:
         logs = []
         try:
             async with asyncio.TaskGroup() as group:
+                stream_tasks = [group.create_task(s.streams.run()) for s in servicers.values()]
                 runtimes = []
                 for uuid in UUIDS:
                     store = FileCmetaStore(tmp_path / f"{uuid}.cmeta")
@@ -317,6 +323,8 @@ def test_replicates_over_grpc_streams(tmp_path: Path) -> None:
                 await runtimes[1].propose(b"after transfer")
                 for runtime in runtimes:
                     runtime.stop()
+                for task in stream_tasks:
+                    task.cancel()
         finally:
             for server in servers.values():
                 await server.stop(0)

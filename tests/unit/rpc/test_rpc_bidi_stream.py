@@ -1,10 +1,10 @@
-"""The bidirectional UpdateConsensusStream: per-message dest_uuid checks, ordered answers."""
+"""Bidirectional streams (ConsensusPeerStream): per-message dest_uuid checks, answers in order,
+a deadline for the whole stream."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from typing import Any
 
 import grpc
 import pytest
@@ -12,56 +12,71 @@ import pytest
 from nyala import errors
 from nyala._proto import consensus_pb2, consensus_pb2_grpc
 from nyala.common.metrics import MetricsRegistry
-from nyala.rpc import RpcMetrics, RpcServer, RpcSettings, ServerProxy, ServiceBase, bidi_stream
+from nyala.rpc import (
+    Context,
+    RpcMetrics,
+    RpcServer,
+    RpcSettings,
+    ServerProxy,
+    ServiceBase,
+    bidi_stream,
+)
 from nyala.rpc.errors import error_from_grpc, raise_for_response
 
 UUID = "0123456789abcdef0123456789abcdef"
+Batch = consensus_pb2.ConsensusBatchRequestPB
+Answers = consensus_pb2.ConsensusBatchResponsePB
 
 
-class _Consensus(ServiceBase, consensus_pb2_grpc.ConsensusServiceServicer):  # type: ignore[misc]
-    """Answers each request with its own term, so order is visible."""
+class _Consensus(ServiceBase, consensus_pb2_grpc.ConsensusServiceServicer):
+    """Answers each batch with its own call ids, so order is visible."""
 
-    @bidi_stream(consensus_pb2.ConsensusResponsePB)
-    async def UpdateConsensusStream(
-        self, requests: AsyncIterator[Any], context: Any
-    ) -> AsyncIterator[Any]:
-        async for request in requests:
-            # A request deserialized by ``wire.append_request_from_wire`` holds the message's
-            # other fields in ``header``.
-            fields = getattr(request, "header", request)
-            yield consensus_pb2.ConsensusResponsePB(
-                responder_uuid=self.server_uuid, responder_term=fields.caller_term
+    @bidi_stream(Answers)
+    async def ConsensusPeerStream(
+        self, requests: AsyncIterator[Batch], context: Context[Batch, Answers]
+    ) -> AsyncIterator[Answers]:
+        async for batch in requests:
+            answers = Answers(call_ids=batch.call_ids)
+            answers.responses.extend(
+                consensus_pb2.ConsensusResponsePB(responder_uuid=self.server_uuid)
+                for _ in batch.call_ids
             )
+            yield answers
 
 
-def _request(term: int, dest_uuid: str = UUID) -> Any:
-    return consensus_pb2.ConsensusRequestPB(dest_uuid=dest_uuid, tablet_id="t", caller_term=term)
+def _batch(*call_ids: int, dest_uuid: str = UUID) -> Batch:
+    return Batch(
+        dest_uuid=dest_uuid, caller_uuid="c", requests=[b""] * len(call_ids), call_ids=call_ids
+    )
+
+
+async def _server(metrics: RpcMetrics) -> RpcServer:
+    server = RpcServer("127.0.0.1:0", RpcSettings())
+    server.add_service(
+        consensus_pb2_grpc.add_ConsensusServiceServicer_to_server, _Consensus(UUID, metrics)
+    )
+    await server.start()
+    return server
 
 
 def test_answers_come_back_in_order_and_a_wrong_uuid_ends_the_stream() -> None:
     async def main() -> None:
         metrics = RpcMetrics(MetricsRegistry())
-        server = RpcServer("127.0.0.1:0", RpcSettings())
-        server.add_service(
-            consensus_pb2_grpc.add_ConsensusServiceServicer_to_server, _Consensus(UUID, metrics)
-        )
-        await server.start()
+        server = await _server(metrics)
         try:
             async with ServerProxy(server.address) as proxy:
-                call = proxy.open_stream(proxy.consensus.UpdateConsensusStream, timeout_ms=5_000)
-                terms = []
-                for term in (3, 4, 5):
-                    await call.write(_request(term))
-                    terms.append(raise_for_response(await call.read()).responder_term)
-                assert terms == [3, 4, 5]
-                await call.write(_request(6, dest_uuid="f" * 32))
+                call = proxy.open_stream(proxy.consensus.ConsensusPeerStream, timeout_ms=5_000)
+                seen = []
+                for ids in ((3,), (4, 5), (6,)):
+                    await call.write(_batch(*ids))
+                    seen.extend(raise_for_response(await call.read()).call_ids)
+                assert seen == [3, 4, 5, 6]
+                await call.write(_batch(7, dest_uuid="f" * 32))
                 with pytest.raises(errors.WrongServerUuidError):
                     raise_for_response(await call.read())
                 assert await call.read() is grpc.aio.EOF
-            assert (
-                metrics.requests.value(method="UpdateConsensusStream", code="WRONG_SERVER_UUID")
-                == 1
-            )
+            refused = metrics.requests.value(method="ConsensusPeerStream", code="WRONG_SERVER_UUID")
+            assert refused == 1
         finally:
             await server.stop(0)
 
@@ -70,16 +85,11 @@ def test_answers_come_back_in_order_and_a_wrong_uuid_ends_the_stream() -> None:
 
 def test_a_stream_past_its_deadline_times_out() -> None:
     async def main() -> None:
-        server = RpcServer("127.0.0.1:0", RpcSettings())
-        server.add_service(
-            consensus_pb2_grpc.add_ConsensusServiceServicer_to_server,
-            _Consensus(UUID, RpcMetrics(MetricsRegistry())),
-        )
-        await server.start()
+        server = await _server(RpcMetrics(MetricsRegistry()))
         try:
             async with ServerProxy(server.address) as proxy:
-                call = proxy.open_stream(proxy.consensus.UpdateConsensusStream, timeout_ms=200)
-                await call.write(_request(1))
+                call = proxy.open_stream(proxy.consensus.ConsensusPeerStream, timeout_ms=200)
+                await call.write(_batch(1))
                 await call.read()
                 await asyncio.sleep(0.4)
                 with pytest.raises(grpc.RpcError) as caught:
@@ -89,38 +99,3 @@ def test_a_stream_past_its_deadline_times_out() -> None:
             await server.stop(0)
 
     asyncio.run(main())
-
-
-def test_a_replaced_deserializer_serves_the_stream_and_serialized_requests_go_through() -> None:
-    """``DeserializerOverride`` puts its deserializer on the method gRPC actually serves, and
-    ``consensus_stream_serialized`` sends requests that are already bytes."""
-    from nyala.consensus.runtime import wire
-    from nyala.rpc.server import DeserializerOverride
-
-    seen: list[type] = []
-
-    def deserialize(data: bytes) -> Any:
-        received = wire.append_request_from_wire(data)
-        seen.append(type(received))
-        return received
-
-    async def main() -> None:
-        server = RpcServer("127.0.0.1:0", RpcSettings())
-        server.add_service(
-            lambda servicer, grpc_server: consensus_pb2_grpc.add_ConsensusServiceServicer_to_server(
-                servicer, DeserializerOverride(grpc_server, {"UpdateConsensusStream": deserialize})
-            ),
-            _Consensus(UUID, RpcMetrics(MetricsRegistry())),
-        )
-        await server.start()
-        try:
-            async with ServerProxy(server.address) as proxy:
-                call = proxy.open_stream(proxy.consensus_stream_serialized, timeout_ms=5_000)
-                await call.write(_request(8).SerializeToString())
-                assert raise_for_response(await call.read()).responder_term == 8
-                await call.done_writing()
-        finally:
-            await server.stop(0)
-
-    asyncio.run(main())
-    assert seen == [wire.ReceivedAppendRequest]

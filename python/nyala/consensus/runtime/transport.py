@@ -1,8 +1,9 @@
 """How replicas of one tablet reach each other: the ``Transport`` protocol the ``RaftRuntime``
 drives, an in-memory network (benchmarks and tests of the runtime), and the gRPC transport
-(``GrpcTransport``: one ``UpdateConsensusStream`` per peer, unary ``RequestVote`` and
-``RunLeaderElection``, plus the reply routing the server's ``ConsensusService`` handlers use).
-Delivery is best effort: Raft tolerates loss, duplication is not produced.
+(``GrpcTransport``: AppendEntries on the server's one stream per peer server, ``PeerStreams``;
+unary ``RequestVote`` and ``RunLeaderElection``; plus the reply routing the server's
+``ConsensusService`` handlers use). Delivery is best effort: Raft tolerates loss, duplication is
+not produced.
 
 A transport owns its connections and tasks; it never interprets a message beyond routing it
 and never touches the log or the core. ``run`` is started by the runtime inside its task group
@@ -12,14 +13,13 @@ and ends by cancellation (STYLE.md 15).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import functools
 import itertools
 import logging
 from collections import deque
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Protocol, TypeAlias, TypeVar
 
 import grpc
@@ -35,9 +35,9 @@ from nyala.consensus.messages import (
     VoteResponse,
 )
 from nyala.consensus.runtime import wire
+from nyala.consensus.runtime.peer_streams import PeerStreams
 from nyala.errors import NyalaError, ServiceUnavailableError
 from nyala.rpc.channel import ServerProxy
-from nyala.rpc.errors import raise_for_response
 from nyala.rpc.settings import RpcSettings
 
 log = logging.getLogger(__name__)
@@ -156,23 +156,8 @@ class InMemoryTransport:
 class GrpcTransportOptions:
     """Limits of the gRPC transport, with their units."""
 
-    stream_lifetime_ms: int = 600_000  # deadline of one UpdateConsensusStream; then reopened
     vote_timeout_ms: int = 1_000  # RequestVote / RunLeaderElection deadline
     reply_timeout_ms: int = 5_000  # how long a server handler waits for the core's answer
-    peer_queue_messages_max: int = 1024  # unsent AppendEntries per peer; more are dropped
-    reconnect_delay_ms: int = 100  # pause before reopening a failed stream
-    # Requests of one incoming stream stepped but not yet answered (they wait for the disk);
-    # beyond it the stream stops reading and gRPC flow control holds the leader back.
-    stream_requests_pending_max: int = 256
-
-
-@dataclass(slots=True)
-class _PeerStream:
-    """The outbound AppendEntries of one peer, waiting for its stream."""
-
-    uuid: str
-    queue: deque[AppendRequest] = field(default_factory=deque)
-    ready: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,30 +201,19 @@ class _DurableWatch:
         return future
 
 
-def _end_if_cancelled(
-    reader: asyncio.Task[None], stepped: asyncio.Queue[_PendingAppend | BaseException | None]
-) -> None:
-    """A stream's reader was cancelled (its replica stopped): its handler ends too."""
-    if reader.cancelled():
-        with contextlib.suppress(asyncio.QueueFull):
-            stepped.put_nowait(ServiceUnavailableError("the replica stopped"))
-
-
-class _StreamEnded(Exception):
-    """The server ended the stream (its deadline passed): reopen it."""
-
-
 class GrpcTransport:
     """One replica's gRPC side for one tablet.
 
-    Client half (``send``): AppendEntries go down one long-lived ``UpdateConsensusStream`` per
-    peer; the answers come back in request order, which is how each gets its request's heartbeat
-    ``seq`` back (the wire does not carry it). Votes and leadership-transfer nudges are unary
-    calls. Failed calls lose their messages; Raft retries.
+    Client half (``send``): AppendEntries go to the peer's server on the one stream this
+    server keeps to it (``PeerStreams``, shared by every tablet; a transport without a server
+    runs a private one); each answer comes back to a callback that knows its request's
+    heartbeat ``seq`` (the wire does not carry it). Votes and leadership-transfer nudges are
+    unary calls. Failed calls lose their messages; Raft retries.
 
-    Server half (``handle_update``, ``handle_vote``): the tablet server's ConsensusService
-    handlers hand a request in and await the core's answer to it. An AppendEntries is answered
-    once the entries it appended are durable (the wire has no slot for a later durability ack).
+    Server half (``submit_update``/``settle_update``, ``handle_update``, ``handle_vote``): the
+    server's ConsensusService hands a request in and awaits the core's answer to it. An
+    AppendEntries is answered once the entries it appended are durable (the wire has no slot
+    for a later durability ack).
     """
 
     def __init__(
@@ -250,13 +224,16 @@ class GrpcTransport:
         *,
         settings: RpcSettings | None = None,
         options: GrpcTransportOptions | None = None,
+        peer_streams: PeerStreams | None = None,
     ) -> None:
         self.uuid = uuid
         self.tablet_id = tablet_id
         self._addresses = addresses  # peer uuid -> "host:port" (the active config's)
         self._settings = settings or RpcSettings()
         self._opts = options or GrpcTransportOptions()
-        self._peers: dict[str, _PeerStream] = {}
+        # The server's streams to its peers; None: this transport runs its own in ``run``.
+        self._shared_streams = peer_streams
+        self._streams = peer_streams
         self._proxies: dict[str, ServerProxy] = {}
         # Server half: vote handlers awaiting the core's answer, by (answer type, asker), FIFO.
         self._waiters: dict[tuple[type, str], deque[asyncio.Future[Message]]] = {}
@@ -283,11 +260,14 @@ class GrpcTransport:
         try:
             async with asyncio.TaskGroup() as group:
                 self._group = group
+                if self._shared_streams is None:
+                    self._streams = PeerStreams(self.uuid, settings=self._settings)
+                    group.create_task(self._streams.run(), name=f"streams-{self.tablet_id}")
                 await asyncio.get_running_loop().create_future()  # until cancelled
         finally:
             self._group = None
             self._deliver = None
-            self._peers.clear()
+            self._streams = self._shared_streams
             proxies, self._proxies = self._proxies, {}
             for proxy in proxies.values():
                 await proxy.close()
@@ -300,7 +280,7 @@ class GrpcTransport:
             return
         match message:
             case AppendRequest():
-                self._push(group, message)
+                self._push(message)
             case VoteRequest():
                 group.create_task(self._request_vote(message))
             case TimeoutNow():
@@ -310,73 +290,38 @@ class GrpcTransport:
 
     # --- client half ------------------------------------------------------------------------
 
-    def _push(self, group: asyncio.TaskGroup, request: AppendRequest) -> None:
-        peer = self._peers.get(request.dest)
-        if peer is None:
-            peer = self._peers[request.dest] = _PeerStream(request.dest)
-            group.create_task(self._stream_loop(peer))
-        if len(peer.queue) >= self._opts.peer_queue_messages_max:
+    def _push(self, request: AppendRequest) -> None:
+        address = self._addresses(request.dest)
+        streams = self._streams
+        if address is None or streams is None:
             self.messages_dropped += 1
             return
-        peer.queue.append(request)
-        peer.ready.set()
+        data = wire.append_request_to_wire(request, self.tablet_id)
+        answered = functools.partial(self._on_append_answer, request.dest, request.seq)
+        streams.send(request.dest, address, data, answered)
+
+    def _on_append_answer(
+        self, peer_uuid: str, seq: int, answer: consensus_pb2.ConsensusResponsePB | BaseException
+    ) -> None:
+        """The peer's answer to one AppendEntries (or why there is none: it is lost)."""
+        if isinstance(answer, BaseException):
+            self.messages_dropped += 1
+            return
+        if answer.HasField("error"):
+            code = answer.error.code
+            if code == common_pb2.TABLET_NOT_FOUND and self.on_tablet_not_found is not None:
+                self.on_tablet_not_found(peer_uuid)
+            if code == common_pb2.TABLET_FAILED and self.on_tablet_failed is not None:
+                self.on_tablet_failed(peer_uuid, answer.error.message)
+            self.messages_dropped += 1
+            return
+        self._inbound(wire.append_response_from_pb(answer, dest=self.uuid, seq=seq))
 
     def _proxy(self, address: str) -> ServerProxy:
         proxy = self._proxies.get(address)
         if proxy is None:
             proxy = self._proxies[address] = ServerProxy(address, self._settings)
         return proxy
-
-    async def _stream_loop(self, peer: _PeerStream) -> None:
-        """Keeps one UpdateConsensusStream to ``peer`` open while there is anything to send."""
-        delay_s = self._opts.reconnect_delay_ms / 1000
-        while True:
-            await peer.ready.wait()
-            address = self._addresses(peer.uuid)
-            if address is None:
-                self.messages_dropped += len(peer.queue)
-                peer.queue.clear()
-                peer.ready.clear()
-                continue
-            proxy = self._proxy(address)
-            call = proxy.open_stream(
-                proxy.consensus_stream_serialized, timeout_ms=self._opts.stream_lifetime_ms
-            )
-            seqs: deque[int] = deque()  # seq of each request written and not yet answered
-            try:
-                async with asyncio.TaskGroup() as group:
-                    group.create_task(self._write_stream(peer, call, seqs))
-                    group.create_task(self._read_stream(peer.uuid, call, seqs))
-            except* Exception as failure:
-                log.debug("stream to %s@%s ended: %r", peer.uuid, address, failure.exceptions)
-            finally:
-                call.cancel()
-            self.messages_dropped += len(seqs)
-            await asyncio.sleep(delay_s)
-
-    async def _write_stream(self, peer: _PeerStream, call: _StreamCall, seqs: deque[int]) -> None:
-        while True:
-            if not peer.queue:
-                peer.ready.clear()
-                await peer.ready.wait()
-                continue
-            request = peer.queue.popleft()
-            seqs.append(request.seq)
-            await call.write(wire.append_request_to_wire(request, self.tablet_id))
-
-    async def _read_stream(self, peer_uuid: str, call: _StreamCall, seqs: deque[int]) -> None:
-        async for pb in call:
-            seq = seqs.popleft() if seqs else 0
-            if pb.HasField("error"):
-                not_found = pb.error.code == common_pb2.TABLET_NOT_FOUND
-                if not_found and self.on_tablet_not_found is not None:
-                    self.on_tablet_not_found(peer_uuid)
-                failed = pb.error.code == common_pb2.TABLET_FAILED
-                if failed and self.on_tablet_failed is not None:
-                    self.on_tablet_failed(peer_uuid, pb.error.message)
-                raise_for_response(pb)  # the server refused the stream: reopen it later
-            self._inbound(wire.append_response_from_pb(pb, dest=self.uuid, seq=seq))
-        raise _StreamEnded
 
     async def _request_vote(self, request: VoteRequest) -> None:
         address = self._addresses(request.dest)
@@ -419,58 +364,23 @@ class GrpcTransport:
     # --- server half ------------------------------------------------------------------------
 
     async def handle_update(
-        self, pb: consensus_pb2.ConsensusRequestPB, decode_batch: wire.BatchDecoder
+        self, pb: wire.ReceivedRequest, decode_batch: wire.BatchDecoder
     ) -> consensus_pb2.ConsensusResponsePB:
         """Steps an UpdateConsensus request and returns the ``ConsensusResponsePB``, sent once
         the entries it appended are durable (or ``reply_timeout_ms`` passed)."""
-        pending = self._submit(wire.append_request_from_pb(pb, decode_batch))
+        return await self.settle_update(self.submit_update(pb, decode_batch))
+
+    def submit_update(
+        self, pb: wire.ReceivedRequest, decode_batch: wire.BatchDecoder
+    ) -> _PendingAppend:
+        """Hands an AppendEntries to the core now (requests of one stream reach it in their
+        order); ``settle_update`` gives its answer."""
+        return self._submit(wire.append_request_from_pb(pb, decode_batch))
+
+    async def settle_update(self, pending: _PendingAppend) -> consensus_pb2.ConsensusResponsePB:
+        """The ``ConsensusResponsePB`` of a submitted AppendEntries, once what it appended is
+        durable (or ``reply_timeout_ms`` passed)."""
         return wire.append_response_to_pb(await self._settle(pending))
-
-    async def handle_stream(
-        self, requests: AsyncIterator[wire.ReceivedRequest], decode_batch: wire.BatchDecoder
-    ) -> AsyncIterator[consensus_pb2.ConsensusResponsePB]:
-        """``UpdateConsensusStream``: one answer per request, in order, each sent once the
-        entries it appended are durable.
-
-        Requests are stepped as they arrive, not after the previous answer: a heartbeat behind
-        an append that waits for the disk still reaches the core at once (so the follower's
-        election timer never fires while its leader is alive), and the appends of several
-        requests share one WAL group commit.
-        """
-        group = self._group
-        if group is None:
-            raise ServiceUnavailableError(f"replica {self.uuid} is not running")
-        stepped: asyncio.Queue[_PendingAppend | BaseException | None] = asyncio.Queue(
-            self._opts.stream_requests_pending_max
-        )
-        reader = group.create_task(self._step_stream(requests, decode_batch, stepped))
-        reader.add_done_callback(functools.partial(_end_if_cancelled, stepped=stepped))
-        try:
-            while True:
-                item = await stepped.get()
-                if item is None:
-                    return
-                if isinstance(item, BaseException):
-                    raise item
-                yield wire.append_response_to_pb(await self._settle(item))
-        finally:
-            reader.cancel()
-
-    async def _step_stream(
-        self,
-        requests: AsyncIterator[wire.ReceivedRequest],
-        decode_batch: wire.BatchDecoder,
-        stepped: asyncio.Queue[_PendingAppend | BaseException | None],
-    ) -> None:
-        """Hands each request of a stream to the core as it arrives; a bounded queue of
-        unanswered requests pushes back on the sender (gRPC flow control)."""
-        try:
-            async for pb in requests:
-                await stepped.put(self._submit(wire.append_request_from_pb(pb, decode_batch)))
-        except Exception as e:  # ends the stream after the answers already due
-            await stepped.put(e)
-        else:
-            await stepped.put(None)
 
     async def handle_vote(self, pb: consensus_pb2.VoteRequestPB) -> consensus_pb2.VoteResponsePB:
         """Steps a RequestVote and returns the ``VoteResponsePB``."""
