@@ -20,9 +20,7 @@ import logging
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol, TypeAlias, TypeVar
-
-import grpc
+from typing import Protocol, TypeVar
 
 from nyala._proto import common_pb2, consensus_pb2
 from nyala.consensus.messages import (
@@ -43,9 +41,6 @@ from nyala.rpc.settings import RpcSettings
 log = logging.getLogger(__name__)
 
 _T = TypeVar("_T")
-# An UpdateConsensusStream to one peer: requests already serialized, responses parsed.
-# (Quoted: grpc's classes are generic only to the type checker.)
-_StreamCall: TypeAlias = "grpc.aio.StreamStreamCall[bytes, consensus_pb2.ConsensusResponsePB]"
 
 Deliver = Callable[[Message], None]
 """The runtime's inbound callback: queues a message, never blocks."""

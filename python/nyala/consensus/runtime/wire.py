@@ -12,9 +12,9 @@ bytes are checked against the decoded batch.
 What the proto does not carry, and how each side recovers it:
 
 * ``AppendRequest.seq`` / ``AppendResponse.seq`` (the heartbeat round ReadIndex counts): responses
-  come back in request order on ``UpdateConsensusStream`` (and one per unary call), so the client
-  re-attaches the seq of the request it sent (``append_response_from_pb(..., seq=...)``); the
-  server sees seq 0.
+  come back to a callback of their request (``PeerStreams`` matches them by call id; one per
+  unary call), so the client re-attaches the seq of the request it sent
+  (``append_response_from_pb(..., seq=...)``); the server sees seq 0.
 * ``VoteResponse.pre_election``: the client knows it from its request.
 * ``AppendResponse.hint_index`` (LOG_MISMATCH): carried as Kudu does, as
   ``status.last_received_current_leader.index = hint_index - 1`` (the last entry the follower
@@ -74,7 +74,8 @@ damage); may keep ``data`` rather than copy the range."""
 class ReceivedAppendRequest:
     """A received ``ConsensusRequestPB`` whose entries were not parsed by protobuf: the other
     fields as a message, and where the entries lie in the received bytes. Made by
-    ``append_request_from_wire`` (the server's deserializer of UpdateConsensusStream), so a
+    ``append_request_from_wire`` (what a server does with each request of a
+    ConsensusPeerStream batch), so a
     follower decodes its batch straight from the bytes gRPC handed over; protobuf would have
     copied them twice (into the message, then into a new ``bytes`` on access)."""
 
@@ -100,7 +101,7 @@ class ReceivedAppendRequest:
 
 
 #: An UpdateConsensus request as a server receives it: parsed by protobuf, or split by
-#: ``append_request_from_wire`` (UpdateConsensusStream's deserializer).
+#: ``append_request_from_wire`` (for each request of a ConsensusPeerStream batch).
 ReceivedRequest: TypeAlias = consensus_pb2.ConsensusRequestPB | ReceivedAppendRequest
 
 
