@@ -84,7 +84,9 @@ class _Writer(threading.Thread):
                     self.errors.append(AssertionError(f"{name}: {result.row_errors[:3]}"))
 
 
-def _run(tablets: int) -> None:
+def _run(tablets: int, slack_s: float) -> None:
+    """``slack_s``: time allowed beyond two election timeouts for the observer itself (it polls
+    every server's /metrics) on a machine shared with other work."""
     with (
         logs_on_failure(MiniCluster(3, num_masters=1, start_timeout_s=120)) as cluster,
         nyala.connect(cluster.master_addrs, timeout_ms=60_000, admin_timeout_ms=600_000) as client,
@@ -113,13 +115,13 @@ def _run(tablets: int) -> None:
             if led <= moved:
                 break
             waited_s = time.monotonic() - killed_at
-            assert waited_s < 2 * ELECTION_TIMEOUT_S + 1.0, (
+            assert waited_s < 2 * ELECTION_TIMEOUT_S + slack_s, (
                 f"{len(led - moved)} of {len(led)} leaderships not moved after {waited_s:.1f} s"
             )
             time.sleep(0.1)
         failover_s = time.monotonic() - killed_at
         print(f"{len(led)} leaderships moved in {failover_s:.2f} s")
-        assert failover_s < 2 * ELECTION_TIMEOUT_S, failover_s
+        assert failover_s < 2 * ELECTION_TIMEOUT_S + slack_s, failover_s
 
         time.sleep(2.0)  # writes continue on the new leaders
         writer.stop.set()
@@ -144,9 +146,10 @@ def _run(tablets: int) -> None:
 
 
 def test_sixty_quiesced_tablets_fail_over_and_restart_quietly() -> None:
-    _run(60)
+    # The default suite shares its machine with the rest of CI: a second of slack.
+    _run(60, slack_s=1.0)
 
 
 @pytest.mark.slow
 def test_five_hundred_quiesced_tablets_fail_over_and_restart_quietly() -> None:
-    _run(500)
+    _run(500, slack_s=0.0)
