@@ -9,8 +9,8 @@ measures:
 * ``create_s``: seconds to create the step's new tables (every tablet has a leader);
 * ``idle_cpu_core_fraction_max``: the busiest tablet server's CPU (user + system, from
   ``/proc``) over ``--idle-s`` seconds of idleness, as a fraction of one core;
-* ``threads_max`` and ``rss_mib_max``: the most threads and resident memory of a tablet server
-  at the end of the idle period;
+* ``threads_max``, ``rss_mib_max`` and ``fds_max``: the most threads, resident memory and open
+  file descriptors of a tablet server at the end of the idle period;
 * ``idle_term_changes``: Raft term changes summed over every tablet during the idle period
   (from each server's ``nyala_tablet_raft_term`` gauges; 0 means no election while idle);
 * ``write_rows_per_s`` and ``write_timeouts``: a write of ``--rows`` rows spread over every
@@ -106,9 +106,9 @@ def grow(client: Client, tables: list[str], tablets_now: int, wanted: int, bucke
     return tablets_now
 
 
-def idle(cluster: MiniCluster, idle_s: float) -> tuple[float, int, float, float]:
-    """(busiest server's CPU fraction, most threads, most RSS MiB, term changes) over an
-    idle period."""
+def idle(cluster: MiniCluster, idle_s: float) -> tuple[float, int, float, float, int]:
+    """(busiest server's CPU fraction, most threads, most RSS MiB, term changes, most open
+    file descriptors) over an idle period."""
     pids = [pid_of(s) for s in cluster.tservers]
     terms_before = term_sum(cluster)
     cpu_before = [cpu_seconds(p) for p in pids]
@@ -118,7 +118,8 @@ def idle(cluster: MiniCluster, idle_s: float) -> tuple[float, int, float, float]
     cpu = max((cpu_seconds(p) - b) / elapsed for p, b in zip(pids, cpu_before, strict=True))
     threads = max(status_field(p, "Threads") for p in pids)
     rss_mib = max(status_field(p, "VmRSS") for p in pids) / 1024
-    return cpu, threads, rss_mib, term_sum(cluster) - terms_before
+    fds = max(len(os.listdir(f"/proc/{p}/fd")) for p in pids)
+    return cpu, threads, rss_mib, term_sum(cluster) - terms_before, fds
 
 
 def write_everywhere(client: Client, tables: list[str], rows: int) -> tuple[float, int]:
@@ -155,7 +156,7 @@ def run(steps: list[int], buckets: int, idle_s: float, rows: int) -> list[dict[s
                 start = time.monotonic()
                 tablets = grow(client, tables, tablets, wanted, buckets)
                 create_s = time.monotonic() - start
-                cpu, threads, rss_mib, term_changes = idle(cluster, idle_s)
+                cpu, threads, rss_mib, term_changes, fds = idle(cluster, idle_s)
                 rows_per_s, failures = write_everywhere(client, tables, rows)
                 step = {
                     "replicas_per_tserver": wanted,
@@ -166,6 +167,7 @@ def run(steps: list[int], buckets: int, idle_s: float, rows: int) -> list[dict[s
                     "idle_term_changes": int(term_changes),
                     "write_rows_per_s": round(rows_per_s),
                     "write_timeouts": failures,
+                    "fds_max": fds,
                 }
                 out.append(step)
                 print(json.dumps(step), flush=True)

@@ -21,7 +21,7 @@ import click
 
 from nyala.cli.options import given, one_line_errors, settings_options
 from nyala.common.config import from_mapping, read_flagfile
-from nyala.common.process import die_with_parent_if_asked, tune_allocator
+from nyala.common.process import die_with_parent_if_asked, raise_open_files_limit, tune_allocator
 from nyala.server.settings import ServerSettings
 
 _SERVER_FIELDS = ("fs_root", "rpc_bind", "http_bind", "masters", "uuid")
@@ -63,6 +63,7 @@ def run_command(
         **tunables: Any,
     ) -> None:
         die_with_parent_if_asked()
+        raise_open_files_limit()
         tune_allocator()
         logging.basicConfig(
             level=log_level.upper(),
