@@ -101,3 +101,17 @@ def test_tuned_allocator_reuses_freed_large_buffers() -> None:
     untuned, tuned = faults("plain"), faults("tuned")
     assert untuned > 10 * 6 * 1000
     assert tuned < untuned // 10
+
+
+def test_open_files_limit_is_raised_to_the_hard_limit() -> None:
+    script = (
+        "import resource; from nyala.common.process import raise_open_files_limit;"
+        "soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE);"
+        "resource.setrlimit(resource.RLIMIT_NOFILE, (min(256, hard), hard));"
+        "new = raise_open_files_limit();"
+        "print(new == hard, resource.getrlimit(resource.RLIMIT_NOFILE)[0] == hard)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True
+    ).stdout
+    assert out.split() == ["True", "True"]
