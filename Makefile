@@ -24,6 +24,12 @@ export PYSPARK_PYTHON := $(PY)
 export SPARK_LOCAL_IP := 127.0.0.1
 
 PYTEST_DEFAULT := -m "not sim and not chaos and not stress and not slow"
+# tests/packaging installs the abi3 wheel into a fresh venv of .venv's CPython and of each one
+# named here: by default the newest CPython >= 3.12 that pyenv has on this machine (free-threaded
+# builds, which abi3 does not serve, left out), or none.
+PYENV_VERSIONS := $(or $(PYENV_ROOT),$(HOME)/.pyenv)/versions
+export NYALA_WHEEL_PYTHONS ?= $(lastword $(sort $(filter-out %t/bin/python3,\
+	$(wildcard $(PYENV_VERSIONS)/3.1[2-9]*/bin/python3))))
 
 .PHONY: help setup build test lint rust-test py-test proto proto-check bench wheel demo clean
 
