@@ -4,7 +4,7 @@
 #   make test    setup + every check CI runs (formatting, lints, types, Rust and Python tests)
 #   make demo    setup + the main job: a 3-tserver cluster, 1M rows, a leader SIGKILLed
 #   make bench   setup + every benchmark in benches/ with --quick
-#   make wheel   a release wheel in dist/, installed into a fresh venv and imported
+#   make wheel   the abi3 manylinux_2_28 wheel and the sdist in dist/, audited (wheel tools only)
 
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
@@ -24,6 +24,12 @@ export PYSPARK_PYTHON := $(PY)
 export SPARK_LOCAL_IP := 127.0.0.1
 
 PYTEST_DEFAULT := -m "not sim and not chaos and not stress and not slow"
+# tests/packaging installs the abi3 wheel into a fresh venv of .venv's CPython and of each one
+# named here: by default the newest CPython >= 3.12 that pyenv has on this machine (free-threaded
+# builds, which abi3 does not serve, left out), or none.
+PYENV_VERSIONS := $(or $(PYENV_ROOT),$(HOME)/.pyenv)/versions
+export NYALA_WHEEL_PYTHONS ?= $(lastword $(sort $(filter-out %t/bin/python3,\
+	$(wildcard $(PYENV_VERSIONS)/3.1[2-9]*/bin/python3))))
 
 .PHONY: help setup build test lint rust-test py-test proto proto-check bench wheel demo clean
 
@@ -33,8 +39,13 @@ help:
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 
-$(STAMPS)/deps: requirements-dev.txt | $(PY)
+# The wheel's build tools only (maturin, zig, the auditors): all that `make wheel` needs.
+$(STAMPS)/wheel-deps: requirements-wheel.txt | $(PY)
 	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -r requirements-wheel.txt
+	@mkdir -p $(STAMPS) && touch $@
+
+$(STAMPS)/deps: requirements-dev.txt $(STAMPS)/wheel-deps
 	$(PY) -m pip install -q -r requirements-dev.txt
 	@mkdir -p $(STAMPS) && touch $@
 
@@ -51,8 +62,8 @@ build: $(STAMPS)/deps
 lint: $(STAMPS)/deps proto-check
 	cargo fmt --all --check
 	cargo clippy --workspace --all-targets --quiet -- -D warnings
-	ruff check python tests benches
-	ruff format --check python tests benches
+	ruff check python tests benches scripts
+	ruff format --check python tests benches scripts
 	mypy
 	$(PY) -m mypy.stubtest nyala._native --allowlist .stubtest-allowlist
 
@@ -78,10 +89,13 @@ test: setup lint rust-test wheel py-test
 bench: setup
 	@set -e; for b in benches/*.py; do echo "== $$b"; $(PY) $$b --quick; done
 
-wheel: $(STAMPS)/deps
+# One wheel for CPython 3.11 and later (abi3) on glibc 2.28 and later (zig links against glibc
+# 2.28's symbols), built from the sdist (so the sdist is known to build) in Cargo's `wheel`
+# profile (pyproject.toml; no debug info). scripts/check_wheel.py checks tag, size and ABI.
+wheel: $(STAMPS)/wheel-deps
 	rm -rf dist
-	maturin build --release --out dist --compatibility manylinux_2_34 --auditwheel skip
-	bash scripts/check_wheel.sh dist
+	maturin build --sdist --zig --compatibility manylinux_2_28 --auditwheel check --out dist
+	$(PY) scripts/check_wheel.py dist
 
 demo: setup
 	$(PY) -m nyala.cli.demo

@@ -138,6 +138,16 @@ class WrongServerUuidError(NyalaError):
     """The request named a server UUID that is not the receiving server's."""
 
 
+class MissingDependencyError(NyalaError, ImportError):
+    """A feature needs an optional dependency that is not installed. The message names the
+    extra that brings it (``pip install 'nyala[pandas]'``); ``extra`` holds its name. Also an
+    ``ImportError``, so code that guards an import with ``except ImportError`` still works."""
+
+    def __init__(self, message: str, *, name: str | None = None, extra: str) -> None:
+        super().__init__(message, name=name)
+        self.extra = extra
+
+
 class TabletFailedError(IllegalStateError):
     """The replica failed to start or hit an unrecoverable error and is offline."""
 
@@ -180,6 +190,7 @@ __all__ = [
     "DiskFullError",
     "IllegalStateError",
     "InvalidArgumentError",
+    "MissingDependencyError",
     "NetworkError",
     "NotFoundError",
     "NotLeaderError",

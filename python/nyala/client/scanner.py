@@ -38,6 +38,7 @@ from nyala._proto import tserver_pb2
 from nyala.client.meta_cache import MetaCache, Replica, TableInfo, TabletLocation
 from nyala.client.rpc import Backoff, ChannelPool
 from nyala.client.write import pick_replica
+from nyala.common.extras import require
 from nyala.rpc.errors import error_from_pb
 from nyala.schema import Schema
 
@@ -197,7 +198,9 @@ class Scanner:
         return pa.Table.from_batches(batches, schema=self.output_schema)
 
     def to_pandas(self) -> Any:
-        """Every row as a pandas DataFrame."""
+        """Every row as a pandas DataFrame (needs pandas: ``pip install 'nyala[pandas]'``;
+        without it, ``MissingDependencyError`` before anything is read)."""
+        require("pandas", extra="pandas", needed_by="Scanner.to_pandas")
         return self.to_arrow().to_pandas()
 
     def count(self) -> int:

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from nyala.common.extras import require
+
 #: The Spark SQL conf that lets a Python data source receive filters (off by default in
 #: PySpark 4.1+, where a reader that implements ``pushFilters`` fails while it is off).
 FILTER_PUSHDOWN_CONF = "spark.sql.python.filterPushdown.enabled"
@@ -25,7 +27,9 @@ FILTER_PUSHDOWN_CONF = "spark.sql.python.filterPushdown.enabled"
 
 def register(spark: Any) -> None:
     """Registers format ``nyala`` on the SparkSession ``spark`` and turns on Python data
-    source filter pushdown for it."""
+    source filter pushdown for it. Without PySpark 4.0 or later (its Python data source API),
+    ``MissingDependencyError`` names the extra to install."""
+    require("pyspark.sql.datasource", extra="spark", needed_by="nyala.spark.register")
     from nyala.spark.source import NyalaDataSource
 
     spark.conf.set(FILTER_PUSHDOWN_CONF, "true")
