@@ -207,11 +207,10 @@ impl Inner {
     }
 }
 
-/// The default bound of a pool that should keep `per_core` workers per core, and at least
-/// `min`.
-pub fn threads_per_core(per_core: usize, min: usize) -> usize {
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    (cores * per_core).max(min)
+/// The number of cores the process may use (1 where unknown), which pools' default bounds
+/// are derived from.
+pub fn available_cores() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
 #[cfg(test)]

@@ -38,8 +38,8 @@ pub const THREAD_IDLE_EXIT_MS_DEFAULT: u64 = 10_000;
 impl Default for ThreadPoolOptions {
     fn default() -> Self {
         ThreadPoolOptions {
-            commit_threads_max: thread_pool::threads_per_core(2, 4),
-            background_threads_max: thread_pool::threads_per_core(1, 2),
+            commit_threads_max: (2 * thread_pool::available_cores()).max(4),
+            background_threads_max: thread_pool::available_cores().max(2),
             thread_idle_exit_ms: THREAD_IDLE_EXIT_MS_DEFAULT,
         }
     }
