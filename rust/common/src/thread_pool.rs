@@ -247,7 +247,11 @@ mod tests {
         for _ in 0..40 {
             done_rx.recv_timeout(Duration::from_secs(10)).unwrap();
         }
-        assert_eq!(most.load(Ordering::SeqCst), 3, "the bound was used and kept");
+        assert_eq!(
+            most.load(Ordering::SeqCst),
+            3,
+            "the bound was used and kept"
+        );
         let stats = pool.stats();
         assert!(stats.threads <= 3, "{stats:?}");
         assert_eq!(stats.threads_started, 3, "{stats:?}");
@@ -303,6 +307,10 @@ mod tests {
             .unwrap();
         done_rx.recv_timeout(Duration::from_secs(10)).unwrap();
         let stats = pool.stats();
-        assert_eq!((stats.jobs_panicked, stats.threads_started), (1, 1), "{stats:?}");
+        assert_eq!(
+            (stats.jobs_panicked, stats.threads_started),
+            (1, 1),
+            "{stats:?}"
+        );
     }
 }

@@ -69,10 +69,7 @@ pub fn flush_pool_options() -> FlushPoolOptions {
 
 /// The pool's counters (zeros before any engine asked for a background flush).
 pub fn flush_pool_stats() -> ThreadPoolStats {
-    FLUSH_POOL
-        .get()
-        .map(ThreadPool::stats)
-        .unwrap_or_default()
+    FLUSH_POOL.get().map(ThreadPool::stats).unwrap_or_default()
 }
 
 /// The pool background flushes run on.

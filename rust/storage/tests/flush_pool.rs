@@ -19,7 +19,9 @@ use nyala_storage::{
 static SERIAL: Mutex<()> = Mutex::new(());
 
 fn serial() -> MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    SERIAL
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 fn threads() -> usize {
@@ -65,7 +67,13 @@ fn many_engines_flush_on_the_bounded_pool() {
     let root = tempfile::tempdir().unwrap();
     let before = threads();
     let engines: Vec<Engine> = (0..ENGINES)
-        .map(|i| Engine::create(&root.path().join(i.to_string()), schema(), small_threshold()))
+        .map(|i| {
+            Engine::create(
+                &root.path().join(i.to_string()),
+                schema(),
+                small_threshold(),
+            )
+        })
         .collect::<Result<_, _>>()
         .unwrap();
     assert!(threads() <= before, "opening an engine starts no thread");
@@ -142,7 +150,9 @@ fn dropping_an_engine_waits_for_its_own_running_flush_only() {
     )
     .unwrap();
     upsert(&slow, 1, 0, 1000);
-    eventually("the slow flush to start", || *gate.waiting.lock().unwrap() == 1);
+    eventually("the slow flush to start", || {
+        *gate.waiting.lock().unwrap() == 1
+    });
     let queued_dir = root.path().join("queued");
     let queued = Engine::create(&queued_dir, schema(), small_threshold()).unwrap();
     upsert(&queued, 1, 0, 1000);
@@ -170,7 +180,10 @@ fn dropping_an_engine_waits_for_its_own_running_flush_only() {
     // memory, which a replica replays from its WAL).
     let slow = Engine::open(&slow_dir, EngineOptions::default()).unwrap();
     assert_eq!(slow.last_flushed_index(), 1);
-    assert_eq!(ids(&slow.scan(&ScanSpec::default()).unwrap().batches).len(), 1000);
+    assert_eq!(
+        ids(&slow.scan(&ScanSpec::default()).unwrap().batches).len(),
+        1000
+    );
     let queued = Engine::open(&queued_dir, EngineOptions::default()).unwrap();
     assert_eq!(queued.last_flushed_index(), 0);
     eventually("the queued job to run and find its engine gone", || {

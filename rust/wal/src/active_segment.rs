@@ -147,7 +147,13 @@ impl ActiveSegment {
         let wanted = (2 * end)
             .max(2 * self.allocated_bytes)
             .min(self.capacity_bytes);
-        segment::preallocate(&self.segment.file, &self.segment.path, wanted, faults, metrics)?;
+        segment::preallocate(
+            &self.segment.file,
+            &self.segment.path,
+            wanted,
+            faults,
+            metrics,
+        )?;
         self.allocated_bytes = wanted;
         Ok(())
     }

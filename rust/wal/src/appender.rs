@@ -400,8 +400,12 @@ impl Appender {
         let active_sequence = segment.sequence;
         self.shared.segments.write().push_back(Arc::clone(&segment));
         let segment_bytes = self.shared.options.segment_size_bytes;
-        let mut fresh =
-            ActiveSegment::fresh(segment, &self.shared.tablet_id, segment_bytes, segment_bytes);
+        let mut fresh = ActiveSegment::fresh(
+            segment,
+            &self.shared.tablet_id,
+            segment_bytes,
+            segment_bytes,
+        );
         fresh.open_sync_handles(self.sync_handle_count())?;
         let old = mem::replace(&mut self.active, fresh);
         debug_assert!(

@@ -377,7 +377,11 @@ fn recover_growing(image: &Image, acked: &[Entry], expected: usize) {
     let log = Log::open(dir.path(), TABLET, growing_options()).unwrap();
     let mut entries = read_all(&log);
     assert_eq!(entries.len(), expected);
-    assert_eq!(entries[..], acked[..expected], "a prefix of the acknowledged entries");
+    assert_eq!(
+        entries[..],
+        acked[..expected],
+        "a prefix of the acknowledged entries"
+    );
     // About 1.2 MiB: the first segment grows to its full size and rolls over.
     for index in expected as u64 + 1..=expected as u64 + 1200 {
         let e = Entry {

@@ -23,7 +23,9 @@ use nyala_wal::{
 static SERIAL: Mutex<()> = Mutex::new(());
 
 fn serial() -> MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    SERIAL
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// Threads of this process now.
@@ -91,7 +93,10 @@ fn two_thousand_logs_use_bounded_threads_and_disk() {
         "{LOGS} logs run {after} threads, {before} before; the pools allow {bound} more"
     );
     let stats = thread_pool_stats();
-    assert!(stats.commit.threads <= pools.commit_threads_max, "{stats:?}");
+    assert!(
+        stats.commit.threads <= pools.commit_threads_max,
+        "{stats:?}"
+    );
     assert!(stats.commit.threads >= 1, "{stats:?}");
     // One segment each, holding the initial preallocation (the header page included).
     let disk = disk_bytes(root.path());
@@ -100,7 +105,10 @@ fn two_thousand_logs_use_bounded_threads_and_disk() {
         per_log <= INITIAL_PREALLOCATION_BYTES_DEFAULT + 4096,
         "{per_log} bytes of disk per idle log"
     );
-    assert!(disk < LOGS as u64 * SEGMENT_SIZE_BYTES_DEFAULT / 64, "{disk}");
+    assert!(
+        disk < LOGS as u64 * SEGMENT_SIZE_BYTES_DEFAULT / 64,
+        "{disk}"
+    );
     for log in &logs {
         assert_eq!(log.segment_paths().len(), 1);
         assert_eq!(log.durable_index(), 1);
@@ -285,7 +293,11 @@ fn a_written_log_grows_its_first_segment_and_rolls_over_to_full_ones() {
     let first = log.segment_paths()[0].clone();
     // `fallocate` extends the file: its length is what is preallocated.
     let allocated = |path: &Path| std::fs::metadata(path).unwrap().len();
-    assert_eq!(allocated(&first), 64 << 10, "idle: the initial preallocation");
+    assert_eq!(
+        allocated(&first),
+        64 << 10,
+        "idle: the initial preallocation"
+    );
     let payload = vec![5u8; 1000];
     let write = |from: u64, to: u64| {
         for index in from..=to {
