@@ -15,7 +15,12 @@ Measured in one run, in one directory (``--dir``, default a temporary directory)
   segments and a GC thread so both reach their steady state;
 * pipelined group commit: 64 writers with 1, 2 and 3 group syncs allowed in flight
   (``LogOptions.syncs_in_flight_max``), alternating (``syncs_in_flight_*`` keys), next to
-  what the disk gives two syncs at once (``raw_sync_concurrency_2``).
+  what the disk gives two syncs at once (``raw_sync_concurrency_2``);
+* many logs (``many_logs_*`` keys), as on a tablet server with thousands of replicas:
+  ``--many-logs`` (default 2,000) logs open in this process, one asyncio writer each, against a
+  baseline of one log with 64 writers in the same run: the process's threads (the logs share
+  the core's worker pools; each used to run two threads of its own), the disk they hold once
+  each has one entry (an elected replica's NO_OP), and appends/s across all of them.
 
 The headline figures are repeated ``--runs`` times (default 5, also with ``--quick``); each
 run measures its own raw baselines right before and right after the 64-writer WAL run and
@@ -322,12 +327,17 @@ def main() -> None:
     parser.add_argument(
         "--runs", type=int, default=5, help="repetitions of the headline figures (median)"
     )
+    parser.add_argument(
+        "--many-logs", type=int, default=2000, help="logs of the many_logs figure (0: skip it)"
+    )
     args = parser.parse_args()
     seconds = 2.5 if args.quick else 10.0
     total_bytes = (128 if args.quick else 512) * BATCH_BYTES
     root = Path(tempfile.mkdtemp(prefix="wal-bench-", dir=args.dir))
     try:
         results = run(root, seconds, total_bytes, max(1, args.runs))
+        if args.many_logs > 0:
+            results.update(many_logs(root, args.many_logs, seconds))
         native = native_group_commit(root, max(1, args.runs), seconds)
         if native is not None:
             results["native_group_commit_speedup"] = native["group_commit_speedup"]
@@ -431,6 +441,93 @@ def run(root: Path, seconds: float, total_bytes: int, runs: int) -> dict[str, ob
     results.update(preallocation_comparison(root, seconds))
     results.update(in_flight_comparison(root, seconds))
     return results
+
+
+def process_threads() -> int:
+    """Threads of this process now."""
+    return len(os.listdir("/proc/self/task"))
+
+
+def disk_bytes(directory: Path) -> int:
+    """Bytes of disk the files under ``directory`` occupy (allocated blocks, not lengths)."""
+    return sum(
+        os.stat(Path(parent) / name).st_blocks * 512
+        for parent, _, names in os.walk(directory)
+        for name in names
+    )
+
+
+def many_logs(root: Path, count: int, seconds: float) -> dict[str, object]:
+    """``count`` logs in one process, one asyncio writer each appending 100-byte entries and
+    awaiting durability, next to one log with 64 writers measured in the same run (see the
+    module docstring). Threads are counted at their most while every log writes."""
+    baseline = wal_tasks(root / "one-log", 64, seconds / 2, LogOptions())
+    directory = root / "many-logs"
+    shutil.rmtree(directory, ignore_errors=True)
+    threads_before = process_threads()
+    started = time.perf_counter()
+    logs = [Log(directory / f"t{i}", f"t{i}", LogOptions()) for i in range(count)]
+    open_s = time.perf_counter() - started
+    threads_open = process_threads()
+    payload = b"p" * RECORD_BYTES
+    idle_disk, threads_max, appended, elapsed = asyncio.run(
+        many_logs_writers(logs, directory, seconds / 2, payload)
+    )
+    for log in logs:
+        log.close()
+    shutil.rmtree(directory, ignore_errors=True)
+    per_s = appended / elapsed
+    print(
+        f"many logs: {count} logs opened in {open_s:.1f} s; threads {threads_before} before,"
+        f" {threads_open} once open, at most {threads_max} while all write; idle disk"
+        f" {idle_disk / count / 1024:.0f} KiB per log; {per_s:.0f} records/s across them"
+        f" (one writer each) against {baseline['records_per_s']:.0f} records/s of one log with"
+        " 64 writers"
+    )
+    return {
+        "many_logs": count,
+        "many_logs_open_s": round(open_s, 2),
+        "many_logs_threads_before": threads_before,
+        "many_logs_threads_open": threads_open,
+        "many_logs_threads_max": threads_max,
+        "many_logs_idle_disk_bytes_per_log": idle_disk // count,
+        "many_logs_records_per_s": round(per_s, 1),
+        "one_log_records_per_s_64": round(baseline["records_per_s"], 1),
+        "many_logs_vs_one_log": round(per_s / baseline["records_per_s"], 3),
+    }
+
+
+async def many_logs_writers(
+    logs: list[Log], directory: Path, seconds: float, payload: bytes
+) -> tuple[int, int, int, float]:
+    """Gives every log one durable entry (an elected replica's NO_OP) and measures the disk
+    they hold; then every log's writer appends one entry at a time and awaits it, for
+    ``seconds``. Returns that disk in bytes, the most threads seen, the appends and the time
+    they took."""
+    write = int(EntryKind.WRITE)
+    await asyncio.gather(*(log.append_async([(1, 1, write, payload)]) for log in logs))
+    idle_disk = disk_bytes(directory)
+    appended = 0
+    threads_max = process_threads()
+    deadline = time.perf_counter() + seconds
+
+    async def writer(log: Log) -> None:
+        nonlocal appended
+        index = 2
+        while time.perf_counter() < deadline:
+            await log.append_async([(1, index, write, payload)])
+            appended += 1
+            index += 1
+
+    async def sample() -> None:
+        nonlocal threads_max
+        while time.perf_counter() < deadline:
+            threads_max = max(threads_max, process_threads())
+            await asyncio.sleep(0.05)
+
+    started = time.perf_counter()
+    await asyncio.gather(sample(), *(writer(log) for log in logs))
+    return idle_disk, threads_max, appended, time.perf_counter() - started
 
 
 def in_flight_comparison(root: Path, seconds: float) -> dict[str, object]:

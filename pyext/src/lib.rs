@@ -10,6 +10,7 @@ mod checksum;
 mod consensus;
 mod errors;
 mod partition;
+mod pools;
 mod storage;
 mod wal;
 mod wal_inspect;
@@ -24,5 +25,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     storage::register(m)?;
     partition::register(m)?;
     consensus::register(m)?;
+    pools::register(m)?;
     Ok(())
 }

@@ -179,7 +179,7 @@ impl PyLog {
             min_segments_to_retain,
             preallocation,
             recycle_pool_segments_max,
-            fault_injection: None,
+            ..LogOptions::default()
         };
         let log = py
             .detach(|| Log::open(&directory, tablet_id, options))

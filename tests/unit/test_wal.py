@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from nyala import errors
+from nyala import _native, errors
 from nyala.consensus.types import EntryKind
 from nyala.testing.wal import Entry, Log, LogOptions
 
@@ -362,3 +362,49 @@ def test_syncs_in_flight_setting(tmp_path: Path, syncs_in_flight_max: int) -> No
 def test_syncs_in_flight_max_is_validated(tmp_path: Path) -> None:
     with pytest.raises(errors.InvalidArgumentError):
         Log(tmp_path, "t", LogOptions(syncs_in_flight_max=0))
+
+
+def _process_threads() -> int:
+    return len(list(Path("/proc/self/task").iterdir()))
+
+
+def test_many_logs_share_the_native_worker_pools(tmp_path: Path) -> None:
+    """Logs start no thread of their own: 300 logs, each with an entry durable, add at most
+    the pools' bounds to the process, and each holds its small first preallocation."""
+    stats = _native.thread_pool_stats()
+    bound = stats["wal_commit_threads_max"] + stats["wal_background_threads_max"]
+    before = _process_threads()
+    logs = [Log(tmp_path / f"t{i}", f"t{i}") for i in range(300)]
+    try:
+        assert _process_threads() <= before
+        tickets = [log.append(make_entries(1, 1, 1)) for log in logs]
+        for log, ticket in zip(logs, tickets, strict=True):
+            assert log.wait(ticket.ticket)
+        assert _process_threads() <= before + bound
+        assert _native.thread_pool_stats()["wal_commit_threads"] <= stats["wal_commit_threads_max"]
+        disk = sum(p.stat().st_blocks * 512 for p in tmp_path.rglob("wal-*"))
+        assert disk <= 300 * (64 + 4) * 1024, disk
+    finally:
+        for log in logs:
+            log.close()
+
+
+def test_thread_pool_bounds_are_validated_and_applied() -> None:
+    before = _native.thread_pool_stats()
+    with pytest.raises(errors.InvalidArgumentError):
+        _native.configure_thread_pools(wal_commit_threads_max=0)
+    with pytest.raises(errors.InvalidArgumentError):
+        _native.configure_thread_pools(storage_flush_threads_max=0)
+    bounds = [key for key in before if key.endswith("_threads_max")]
+    refused = _native.thread_pool_stats()
+    assert [refused[k] for k in bounds] == [before[k] for k in bounds], "nothing changed"
+    _native.configure_thread_pools(wal_commit_threads_max=3, storage_flush_threads_max=2)
+    try:
+        after = _native.thread_pool_stats()
+        assert (after["wal_commit_threads_max"], after["storage_flush_threads_max"]) == (3, 2)
+        assert after["wal_background_threads_max"] == before["wal_background_threads_max"]
+    finally:
+        _native.configure_thread_pools(
+            wal_commit_threads_max=before["wal_commit_threads_max"],
+            storage_flush_threads_max=before["storage_flush_threads_max"],
+        )

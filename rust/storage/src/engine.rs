@@ -5,12 +5,13 @@
 //! Locking: `state` (a short-held `RwLock`) guards the in-memory structures; `maintenance`
 //! serialises flushes, compactions and schema changes, which do their file I/O without holding
 //! `state`, so writes and scans continue while a rowset is written (DESIGN.md §4-§6).
+//! Threshold-triggered flushes run on the process-wide flush pool (`flush_pool`), at most one
+//! job per engine; dropping an engine waits for its own flush only.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
-use std::thread::JoinHandle;
+use std::sync::{Arc, Weak};
 
 use arrow::array::{AsArray, RecordBatch};
 use arrow::compute::filter_record_batch;
@@ -19,6 +20,7 @@ use parking_lot::{Condvar, Mutex, RwLock};
 
 use crate::diskrowset::{self, DiskRowSet, RowSetRef, RowSetWriter, READ_BATCH_ROWS};
 use crate::error::{Result, StorageError};
+use crate::flush_pool;
 use crate::key::encode_keys;
 use crate::manifest::{self, Manifest, RowSetEntry};
 use crate::memrowset::{MemRowSet, Presence};
@@ -43,9 +45,10 @@ pub type FaultInjector = Arc<dyn Fn(FaultPoint) -> std::io::Result<()> + Send + 
 /// Tunables of one engine.
 #[derive(Clone)]
 pub struct EngineOptions {
-    /// Apply freezes the MemRowSet and hands it to the flush thread at this size.
+    /// Apply freezes the MemRowSet and hands it to a background flush at this size.
     pub flush_threshold_bytes: usize,
-    /// Run threshold-triggered flushes on a background thread (otherwise only on request).
+    /// Run threshold-triggered flushes in the background, on the process-wide flush pool
+    /// (otherwise only on request).
     pub background_flush: bool,
     /// Test hook (see `FaultPoint`).
     pub fault_injector: Option<FaultInjector>,
@@ -166,9 +169,17 @@ fn entry_of(rowset: &DiskRowSet) -> RowSetEntry {
     }
 }
 
+/// The engine's background flush: at most one pool job at a time.
 #[derive(Default)]
 struct Worker {
+    /// A frozen MemRowSet waits for a background flush.
     flush_requested: bool,
+    /// A flush job is submitted to the pool or running; it flushes until nothing is
+    /// requested.
+    scheduled: bool,
+    /// The job is flushing now (dropping the engine waits for that, not for a queued job).
+    running: bool,
+    /// The engine is being dropped: a job that has not started flushing does nothing.
     stop: bool,
 }
 
@@ -178,7 +189,8 @@ struct Shared {
     state: RwLock<State>,
     maintenance: Mutex<()>,
     worker: Mutex<Worker>,
-    worker_wake: Condvar,
+    /// Signalled when the flush job stops flushing.
+    worker_idle: Condvar,
     background_error: Mutex<Option<String>>,
     pins: Mutex<HashMap<u64, Vec<RowSetRef>>>,
     next_snapshot_id: AtomicU64,
@@ -187,7 +199,6 @@ struct Shared {
 /// One tablet replica's storage engine over its data directory.
 pub struct Engine {
     shared: Arc<Shared>,
-    flusher: Option<JoinHandle<()>>,
 }
 
 impl std::fmt::Debug for Engine {
@@ -200,11 +211,13 @@ impl std::fmt::Debug for Engine {
 }
 
 impl Drop for Engine {
+    /// Waits for the engine's flush if one is running (its files stay consistent); a flush
+    /// job still queued in the pool finds the engine gone and does nothing.
     fn drop(&mut self) {
-        self.shared.worker.lock().stop = true;
-        self.shared.worker_wake.notify_all();
-        if let Some(handle) = self.flusher.take() {
-            let _ = handle.join();
+        let mut worker = self.shared.worker.lock();
+        worker.stop = true;
+        while worker.running {
+            self.shared.worker_idle.wait(&mut worker);
         }
     }
 }
@@ -262,23 +275,12 @@ impl Engine {
             state: RwLock::new(state),
             maintenance: Mutex::new(()),
             worker: Mutex::new(Worker::default()),
-            worker_wake: Condvar::new(),
+            worker_idle: Condvar::new(),
             background_error: Mutex::new(None),
             pins: Mutex::new(HashMap::new()),
             next_snapshot_id: AtomicU64::new(1),
         });
-        let flusher = if shared.options.background_flush {
-            let worker = shared.clone();
-            Some(
-                std::thread::Builder::new()
-                    .name("nyala-flush".into())
-                    .spawn(move || worker.run_flusher())
-                    .map_err(|e| StorageError::io(dir, e))?,
-            )
-        } else {
-            None
-        };
-        Ok(Engine { shared, flusher })
+        Ok(Engine { shared })
     }
 
     /// The current schema.
@@ -389,8 +391,7 @@ impl Engine {
         {
             freeze(&mut st);
             drop(st);
-            self.shared.worker.lock().flush_requested = true;
-            self.shared.worker_wake.notify_one();
+            request_background_flush(&self.shared);
         }
         Ok(ApplyResult { statuses })
     }
@@ -509,6 +510,50 @@ impl Engine {
     }
 }
 
+/// Asks for a background flush of the frozen MemRowSet, submitting the engine's flush job
+/// to the pool unless one is already submitted or running (it then flushes this too). The
+/// job holds the engine weakly: one still queued when the engine is dropped does nothing.
+fn request_background_flush(shared: &Arc<Shared>) {
+    {
+        let mut worker = shared.worker.lock();
+        worker.flush_requested = true;
+        if worker.scheduled || worker.stop {
+            return;
+        }
+        worker.scheduled = true;
+    }
+    let engine: Weak<Shared> = Arc::downgrade(shared);
+    let job = Box::new(move || {
+        if let Some(shared) = engine.upgrade() {
+            shared.run_flush_job();
+        }
+    });
+    if let Err(err) = flush_pool::flush_pool().submit(job) {
+        // The frozen rows stay in memory; the next flush (requested or on demand) writes them.
+        shared.worker.lock().scheduled = false;
+        *shared.background_error.lock() = Some(format!("could not start a flush worker: {err}"));
+    }
+}
+
+/// Marks the flush job idle when dropped (see `Shared::run_flush_job`).
+struct FlushRunning<'a> {
+    shared: &'a Shared,
+}
+
+impl Drop for FlushRunning<'_> {
+    fn drop(&mut self) {
+        let mut worker = self.shared.worker.lock();
+        worker.running = false;
+        if std::thread::panicking() {
+            // The job ends here: the next threshold or request starts another.
+            worker.scheduled = false;
+            *self.shared.background_error.lock() = Some("a background flush panicked".into());
+        }
+        drop(worker);
+        self.shared.worker_idle.notify_all();
+    }
+}
+
 /// Moves the active MemRowSet behind an `Arc` for flushing (a no-op while another is frozen).
 /// An empty one is frozen too when ops were applied since the last flush, so the flush can
 /// advance `last_flushed_index`.
@@ -536,18 +581,20 @@ impl Shared {
         }
     }
 
-    fn run_flusher(&self) {
+    /// The flush job: flushes until no flush is requested or the engine is dropped.
+    fn run_flush_job(&self) {
         loop {
             {
                 let mut worker = self.worker.lock();
-                while !worker.flush_requested && !worker.stop {
-                    self.worker_wake.wait(&mut worker);
-                }
-                if worker.stop {
+                if worker.stop || !worker.flush_requested {
+                    worker.scheduled = false;
                     return;
                 }
                 worker.flush_requested = false;
+                worker.running = true;
             }
+            // Clears `running` even if the flush panics, so a drop does not wait forever.
+            let _idle = FlushRunning { shared: self };
             let _maintenance = self.maintenance.lock();
             let outcome = self.flush_frozen_locked();
             *self.background_error.lock() = outcome.err().map(|e| e.to_string());

@@ -4,11 +4,13 @@
 //! `Engine`, which applies them to an in-memory, key-sorted MemRowSet, flushes that to
 //! immutable Parquet DiskRowSets, compacts them, and answers merge-on-read scans. The engine
 //! owns the files in one tablet data directory and knows nothing of consensus or Python.
+//! Background flushes of every engine in the process run on one shared pool (`flush_pool`).
 //! On-disk formats: docs/storage-format.md.
 
 pub mod diskrowset;
 pub mod engine;
 pub mod error;
+pub mod flush_pool;
 pub mod key;
 pub mod manifest;
 pub mod memrowset;
@@ -22,6 +24,10 @@ pub use engine::{
     ApplyResult, Engine, EngineOptions, EngineStats, FaultInjector, FaultPoint, Snapshot,
 };
 pub use error::{Result, StorageError};
+pub use flush_pool::{
+    configure_flush_pool, flush_pool_options, flush_pool_stats, FlushPoolOptions,
+    FLUSH_THREAD_IDLE_EXIT_MS_DEFAULT,
+};
 pub use ops::{encode_ipc, with_op_column, OpBatch, OpType, RowStatus, OP_COLUMN};
 pub use predicate::{Predicate, PredicateOp};
 pub use scan::{ScanResult, ScanSpec};

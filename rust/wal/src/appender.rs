@@ -1,15 +1,15 @@
 //! The appender: the state that turns queued requests into groups.
 //!
-//! Whichever committer holds the write turn (`committers`) hands the requests it drained
+//! Whichever commit job holds the write turn (`committers`) hands the requests it drained
 //! from the queue to the `Appender`, which frames them behind the active segment's partial
 //! last page, stages their index changes, writes the group (rolling over to the segment the
-//! background thread prepared when it does not fit), applies the index changes and
-//! registers the group in the pipeline. It also asks the background thread for segments
-//! ahead of the active one, and closes the active segment when the last committer stops.
+//! background prepared when it does not fit), applies the index changes and registers the
+//! group in the pipeline. It also asks the background for segments ahead of the active one,
+//! and closes the active segment when the log closes.
 //!
 //! This module owns the group being built, the log's last index as written and the
 //! requests for prepared segments. It does not sync or publish durability (`committers`,
-//! `pipeline`), start threads, or touch the queue beyond returning the bytes it wrote.
+//! `pipeline`), start jobs, or touch the queue beyond returning the bytes it wrote.
 
 use std::collections::VecDeque;
 use std::mem;
@@ -17,12 +17,11 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
-use crossbeam_channel::Sender;
 use nyala_common::OpIndex;
 use parking_lot::Mutex;
 
 use crate::active_segment::{ActiveSegment, SyncTarget};
-use crate::background::Job;
+use crate::background::{Background, Job};
 use crate::error::Result;
 use crate::format;
 use crate::index::Location;
@@ -57,7 +56,7 @@ enum Staged {
 pub(crate) struct Appender {
     shared: Arc<Shared>,
     active: ActiveSegment,
-    background_tx: Sender<Job>,
+    background: Arc<Background>,
     pipeline: Arc<Mutex<Pipeline>>,
     /// Last entry index of the log as written (after truncations).
     log_last: OpIndex,
@@ -77,7 +76,7 @@ pub(crate) struct Appender {
     /// How many segments to keep prepared beyond the active one (grows when a roll-over
     /// finds none ready).
     prepared_ahead: u64,
-    /// The highest sequence number handed to the background thread to prepare.
+    /// The highest sequence number handed to the background to prepare.
     prepared_through: u64,
 }
 
@@ -86,14 +85,14 @@ impl Appender {
         shared: Arc<Shared>,
         active: ActiveSegment,
         log_last: OpIndex,
-        background_tx: Sender<Job>,
+        background: Arc<Background>,
     ) -> Self {
         let buf = active.tail().to_vec();
         let prepared_through = active.sequence();
         Appender {
             shared,
             active,
-            background_tx,
+            background,
             pipeline: Arc::default(),
             log_last,
             buf,
@@ -129,8 +128,8 @@ impl Appender {
         }
     }
 
-    /// Run by the last committer to stop: every sync has returned, so the active segment
-    /// can get its footer; then the background thread stops.
+    /// Run once the log's commit jobs have stopped (every sync has returned), when the log
+    /// closes: the active segment gets its footer.
     pub(crate) fn finish(&mut self) {
         if !self.shared.has_failed() {
             if let Err(err) =
@@ -139,7 +138,6 @@ impl Appender {
                 self.shared.fail(&err);
             }
         }
-        let _ = self.background_tx.send(Job::Stop);
     }
 
     /// Writes `requests` as one group: one write per segment it touches, then registers the
@@ -166,7 +164,7 @@ impl Appender {
         {
             // A bulk writer: it fills segments faster than one preparation's syncs (a journal
             // commit each, 5-20 ms under its writeback). Asking for the most segments now
-            // lets the background thread prepare them together, sharing those syncs; waiting
+            // lets the background prepare them together, sharing those syncs; waiting
             // for roll-overs to find none ready (which doubles the count) cost two or three
             // waits of 30-40 ms in every 128 MiB run.
             self.prepared_ahead = SEGMENTS_PREPARED_AHEAD_MAX;
@@ -287,6 +285,9 @@ impl Appender {
         let group_len = self.buf.len() + self.external_bytes;
         let padded = format::round_up_to_page(group_len as u64) as usize;
         self.buf.resize(self.buf.len() + padded - group_len, 0);
+        let shared = &self.shared;
+        self.active
+            .grow_allocation(padded as u64, &shared.faults, &shared.metrics)?;
         self.active.write_group(&self.buf, &self.external)?;
         Metrics::add(&self.shared.metrics.bytes_written, padded as u64);
         self.advance_tail(data_len);
@@ -373,9 +374,9 @@ impl Appender {
         }
     }
 
-    /// Switches to the prepared segment and hands the finished one to the background
-    /// thread to close. Appenders keep queueing meanwhile; only this thread waits, and only
-    /// if the next segment is not ready yet.
+    /// Switches to the prepared segment and hands the finished one to the background to
+    /// close. Appenders keep queueing meanwhile; only this job waits, and only if the next
+    /// segment is not ready yet.
     fn roll(&mut self) -> Result<()> {
         let started = Instant::now();
         // Asks for the next segment if `request_first_preparations` had not fired yet (a no-op
@@ -398,10 +399,12 @@ impl Appender {
         let segment = Arc::new(prepared?);
         let active_sequence = segment.sequence;
         self.shared.segments.write().push_back(Arc::clone(&segment));
+        let segment_bytes = self.shared.options.segment_size_bytes;
         let mut fresh = ActiveSegment::fresh(
             segment,
             &self.shared.tablet_id,
-            self.shared.options.segment_size_bytes,
+            segment_bytes,
+            segment_bytes,
         );
         fresh.open_sync_handles(self.sync_handle_count())?;
         let old = mem::replace(&mut self.active, fresh);
@@ -414,7 +417,7 @@ impl Appender {
         // The close first (it writes no sync, so it is quick): GC can then collect the
         // finished segment as soon as the caller expects it to.
         let (segment, write_end) = old.into_written();
-        let _ = self.background_tx.send(Job::Close { segment, write_end });
+        self.background.send(Job::Close { segment, write_end });
         debug_assert_eq!(active_sequence, self.active.sequence());
         self.request_preparations();
         Ok(())
@@ -426,7 +429,7 @@ impl Appender {
     /// small groups gets zero-filled segments from its second one on (requested at open,
     /// they were `fallocate`d before the log had committed anything, and a short-lived
     /// writer spent most of its life in them). A quarter of a segment leaves the background
-    /// thread three quarters of one to prepare the next.
+    /// three quarters of one to prepare the next.
     fn request_first_preparations(&mut self) {
         if self.prepared_through > self.active.sequence() {
             return;
@@ -438,7 +441,7 @@ impl Appender {
         }
     }
 
-    /// Asks the background thread for the segments not yet requested up to
+    /// Asks the background for the segments not yet requested up to
     /// `prepared_ahead` beyond the active one, once at most half of them are left: requests
     /// sent together are prepared together, sharing their syncs (one at a time, each roll-over
     /// of a bulk writer cost a journal commit of 5-20 ms, slower than the writer filled a
@@ -450,7 +453,7 @@ impl Appender {
         }
         while self.prepared_through < target {
             self.prepared_through += 1;
-            let _ = self.background_tx.send(Job::Prepare(self.prepared_through));
+            self.background.send(Job::Prepare(self.prepared_through));
         }
     }
 }

@@ -1,61 +1,65 @@
-//! Group commit: the committer threads.
+//! Group commit: the commit jobs.
 //!
-//! A committer takes the *write turn* (one holder at a time, so the order on disk is the
+//! A commit job takes the *write turn* (one holder at a time, so the order on disk is the
 //! ticket order), drains everything queued, has the `Appender` frame it behind the
 //! segment's partial last page, write the whole pages in one `pwrite` and register the group
 //! in the *pipeline*, and gives the turn up. Only then does it call `fdatasync` for its
-//! group, so the next committer writes the next group while this one's sync runs: up to
+//! group, so the next job writes the next group while this one's sync runs: up to
 //! `LogOptions::syncs_in_flight_max` syncs overlap, which a disk that serves concurrent
 //! flushes turns into more groups per second (docs/wal-format.md, "Group commit").
 //!
 //! Durability is published strictly in group order (see `pipeline`). A sync that fails
 //! stops publication for good (no later group is ever reported durable) and fails the log.
-//! Each committer syncs through its own open file description of the segment: Linux reports
-//! a writeback error once per description, so with one shared description a concurrent sync
+//! Each job syncs through the open file description of its *slot*: Linux reports a
+//! writeback error once per description, so with one shared description a concurrent sync
 //! could consume the error of an earlier group's pages and let that group's sync return
 //! success.
 //!
-//! The first committer starts with the log; more start (up to the limit) only when an
-//! append found every committer busy, so a quiet tablet keeps one thread. The last
-//! committer to stop closes the active segment, after every sync has returned. The turn
-//! holder also rolls over to the segment the background thread prepared; committers are
-//! the only writers of segment data and of the durable point.
+//! Jobs run on the process-wide commit pool (`pools`), not on threads of the log's own. An
+//! append that finds no job of its log starts one (slot 0); more start (up to the limit,
+//! each with a slot of its own) only when an append found the jobs busy while a sync was
+//! running, so a quiet tablet has at most one. A job goes on while its log has work queued
+//! and stops when it finds the queue empty; after each group it gives its worker up to other
+//! logs' jobs waiting in the pool (submitting itself again). The turn holder also rolls
+//! over to the segment the background prepared; jobs are the only writers of segment data
+//! and of the durable point. `Log::close` waits for the log's jobs to stop, then has the
+//! active segment closed (`Committers::finish`).
 //!
-//! This module owns the committer threads, the write turn, the syncs and the staggering of
-//! groups; what a group holds and how it is written belong to `appender` and
+//! This module owns the commit jobs, their slots, the write turn, the syncs and the
+//! staggering of groups; what a group holds and how it is written belong to `appender` and
 //! `active_segment`.
 
 use std::collections::VecDeque;
 use std::mem;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::thread::JoinHandle;
 use std::time::Instant;
 
+use nyala_common::ErrorKind;
 use parking_lot::{Condvar, Mutex};
 
 use crate::active_segment::SyncTarget;
 use crate::appender::Appender;
 use crate::error::{Result, WalError};
-use crate::metrics::Metrics;
 use crate::options::SyncPolicy;
 use crate::pipeline::{GroupToSync, Pipeline};
-use crate::shared::{Request, Shared};
+use crate::pools;
+use crate::shared::{Queue, Request, Shared};
 
-/// Stack of a committer thread: it keeps its buffers on the heap, and a tablet server runs
-/// one or more per tablet.
-const COMMITTER_STACK_BYTES: usize = 256 << 10;
-
-/// What the write turn guards: the appending state, and how many committers there are.
+/// What the write turn guards: the appending state and the drained requests.
 struct Turn {
     appender: Appender,
-    /// Committer threads started, and those not yet stopped.
-    spawned: usize,
-    running: usize,
+    /// The requests the turn holder drained last (emptied once written).
+    requests: VecDeque<Request>,
+    /// The queue arena taken with them (emptied), swapped in at the next drain.
+    arena: Vec<u8>,
+    /// The active segment got its footer (`finish`).
+    finished: bool,
 }
 
-/// What the committer threads share: the write turn (with the appending state), the
-/// pipeline of written groups, and the threads' handles.
+/// What a log's commit jobs share: the write turn (with the appending state) and the
+/// pipeline of written groups. Which slots have a job is kept in the queue
+/// (`Queue::commit_slots_busy`), under its lock, since appends decide there to start one.
 pub(crate) struct Committers {
     shared: Arc<Shared>,
     /// The write turn. Its holder alone drains the queue, writes and rolls over.
@@ -63,138 +67,217 @@ pub(crate) struct Committers {
     pipeline: Arc<Mutex<Pipeline>>,
     /// Signalled (with the pipeline lock) whenever a sync returns.
     sync_returned: Condvar,
-    handles: Mutex<Vec<JoinHandle<()>>>,
+    /// A commit job panicked (the log has failed; `Log::close` reports it).
+    panicked: AtomicBool,
 }
 
 impl Committers {
-    /// Starts the first committer.
-    pub(crate) fn start(shared: Arc<Shared>, mut appender: Appender) -> Result<Arc<Self>> {
+    /// The log's committers; no job runs until something is appended.
+    pub(crate) fn new(shared: Arc<Shared>, mut appender: Appender) -> Result<Arc<Self>> {
         appender.open_sync_handles()?;
+        // Slot 0 (`Queue::commit_slots_opened` starts at 1).
+        shared.metrics.sync_threads.store(1, Ordering::Relaxed);
         let pipeline = Arc::clone(appender.pipeline());
-        let committers = Arc::new(Committers {
+        Ok(Arc::new(Committers {
             shared,
             turn: Mutex::new(Turn {
                 appender,
-                spawned: 1,
-                running: 1,
+                requests: VecDeque::new(),
+                arena: Vec::new(),
+                finished: false,
             }),
             pipeline,
             sync_returned: Condvar::new(),
-            handles: Mutex::new(Vec::new()),
-        });
-        let handle = committers.spawn(0)?;
-        committers.handles.lock().push(handle);
-        Ok(committers)
+            panicked: AtomicBool::new(false),
+        }))
     }
 
-    /// Waits for every committer to stop (after `closing` was set or the log failed).
-    /// Committers that start meanwhile are started by one not yet joined, so this sees them.
-    pub(crate) fn join_all(&self) -> std::thread::Result<()> {
-        let mut outcome = Ok(());
-        loop {
-            let Some(handle) = self.handles.lock().pop() else {
-                return outcome;
-            };
-            if let Err(panic) = handle.join() {
-                outcome = Err(panic);
-            }
+    /// Releases the queue (after a request was queued) and starts a commit job if none will
+    /// look at the queue: the log has no job, or (a log whose appends have overlapped syncs
+    /// before, see `maybe_grow`) every job is syncing and it had more at once before, as a
+    /// committer thread used to wait for work while another synced. Otherwise notes whether
+    /// appends overlap a sync. The job is submitted after the unlock: appends queueing
+    /// meanwhile never find the lock held across a system call.
+    pub(crate) fn wake(self: &Arc<Self>, mut queue: std::sync::MutexGuard<'_, Queue>) {
+        let busy = queue.commit_slots_busy;
+        let start = !queue.requests.is_empty()
+            && (busy == 0
+                || (queue.commit_jobs_looking == 0
+                    && (busy.count_ones() as usize) < queue.commit_slots_opened));
+        let slot = (!busy).trailing_zeros() as usize;
+        if start {
+            queue.commit_slots_busy |= 1 << slot;
+            queue.commit_jobs_looking += 1;
+        } else if self.shared.syncs_in_flight.load(Ordering::Relaxed) > 0 {
+            queue.appends_found_busy = true;
+        }
+        drop(queue);
+        if start {
+            self.submit(slot, Start::Woken);
         }
     }
 
-    fn spawn(self: &Arc<Self>, slot: usize) -> Result<JoinHandle<()>> {
-        let committers = Arc::clone(self);
-        Metrics::add(&self.shared.metrics.sync_threads, 1);
-        std::thread::Builder::new()
-            .name(format!("wal-commit-{slot}"))
-            .stack_size(COMMITTER_STACK_BYTES)
-            .spawn(move || committers.run(slot))
-            .map_err(|e| WalError::io("spawn committer thread", "", e))
+    /// Blocks until the log has no commit job (for `Log::close`, after `closing` was set
+    /// or the log failed: jobs then stop once the queue is empty, and none starts).
+    pub(crate) fn wait_stopped(&self) {
+        let mut queue = self.shared.lock_queue();
+        while queue.commit_slots_busy != 0 {
+            queue = self
+                .shared
+                .commit_jobs_stopped
+                .wait(queue)
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+        }
     }
 
-    /// Starts one more committer if appends found every committer busy and the limit
-    /// allows (called by the turn holder).
-    fn maybe_grow(self: &Arc<Self>, turn: &mut Turn) {
+    /// Writes the active segment's footer, once every job has stopped (every sync has
+    /// returned); nothing more is written after it. Idempotent.
+    pub(crate) fn finish(&self) {
+        let mut turn = self.turn.lock();
+        if !mem::replace(&mut turn.finished, true) {
+            turn.appender.finish();
+        }
+    }
+
+    /// Whether a commit job panicked.
+    pub(crate) fn panicked(&self) -> bool {
+        self.panicked.load(Ordering::Acquire)
+    }
+
+    /// Submits the job of `slot` (already marked busy) to the commit pool.
+    fn submit(self: &Arc<Self>, slot: usize, start: Start) {
+        let committers = Arc::clone(self);
+        let job = Box::new(move || committers.run(slot, start));
+        if let Err(err) = pools::commit_pool().submit(job) {
+            // No worker alive and none could start: fail the log rather than leave its
+            // appends waiting. The job stays queued and stops at once if it ever runs.
+            self.shared
+                .fail(&WalError::io("start a WAL commit worker", "", err));
+            let mut queue = self.shared.lock_queue();
+            if start != Start::Resumed {
+                queue.commit_jobs_looking -= 1;
+            }
+            release_slot(&self.shared, &mut queue, slot);
+        }
+    }
+
+    /// Marks `slot` free; the last job to stop wakes `wait_stopped`.
+    fn release(&self, slot: usize) {
+        let mut queue = self.shared.lock_queue();
+        release_slot(&self.shared, &mut queue, slot);
+    }
+
+    /// Starts one more job if appends found every job busy and the limit allows (called by
+    /// the turn holder).
+    fn maybe_grow(self: &Arc<Self>) {
         let options = &self.shared.options;
-        if options.sync_policy != SyncPolicy::Group || turn.spawned >= options.syncs_in_flight_max {
+        if options.sync_policy != SyncPolicy::Group {
             return;
         }
-        // Without a thread the log keeps working with those it has.
-        if let Ok(handle) = self.spawn(turn.spawned) {
-            turn.spawned += 1;
-            turn.running += 1;
-            self.handles.lock().push(handle);
+        let mut queue = self.shared.lock_queue();
+        let busy = queue.commit_slots_busy;
+        if busy.count_ones() as usize >= options.syncs_in_flight_max || queue.closing {
+            return;
         }
+        let slot = (!busy).trailing_zeros() as usize;
+        queue.commit_slots_busy |= 1 << slot;
+        queue.commit_jobs_looking += 1;
+        if slot >= queue.commit_slots_opened {
+            queue.commit_slots_opened = slot + 1;
+            let opened = queue.commit_slots_opened as u64;
+            self.shared
+                .metrics
+                .sync_threads
+                .store(opened, Ordering::Relaxed);
+        }
+        drop(queue);
+        self.submit(slot, Start::Grown);
     }
 
-    fn run(self: Arc<Self>, slot: usize) {
+    /// The commit job of `slot`: groups until the queue is found empty or the log fails.
+    fn run(self: Arc<Self>, slot: usize, mut start: Start) {
+        let _guard = PanicGuard {
+            committers: &self,
+            slot,
+        };
         let shared = &self.shared;
-        let mut requests = VecDeque::new();
-        // The queue arena this committer took last (emptied), swapped in at the next drain.
-        let mut arena = Vec::new();
         loop {
             let mut turn = self.turn.lock();
-            // Held back before looking at the queue, without the idle flag: appends that
-            // arrive meanwhile queue up and wake nobody (no system call on their path).
+            // Held back before looking at the queue: appends that arrive meanwhile queue up
+            // and start nothing (no system call on their path).
             self.stagger();
-            let Some(contended) = self.take_queued(&mut requests, &mut arena) else {
-                break;
+            let Turn {
+                appender,
+                requests,
+                arena,
+                ..
+            } = &mut *turn;
+            let Some(contended) = self.take_queued(requests, arena, slot, start) else {
+                return;
             };
-            let committed = turn.appender.commit(&mut requests, &arena, slot);
+            start = Start::Resumed;
+            let committed = appender.commit(requests, arena, slot);
             arena.clear();
             let group = match committed {
                 Ok(group) => group,
                 Err(err) => {
                     self.pipeline.lock().stop();
                     shared.fail(&err);
-                    break;
+                    self.release(slot);
+                    return;
                 }
             };
             if contended {
-                self.maybe_grow(&mut turn);
+                self.maybe_grow();
             }
             drop(turn);
             if let Some(group) = group {
                 if let Err(err) = self.sync_and_publish(&group) {
                     shared.fail(&err);
-                    break;
+                    self.release(slot);
+                    return;
+                }
+            }
+            if pools::commit_pool().has_queued_jobs() {
+                // Other logs' jobs wait for a worker: this one queues behind them, keeping its
+                // slot (it looks at the queue again when it runs).
+                let committers = Arc::clone(&self);
+                let job = Box::new(move || committers.run(slot, Start::Resumed));
+                if pools::commit_pool().submit(job).is_ok() {
+                    return;
                 }
             }
         }
-        let mut turn = self.turn.lock();
-        turn.running -= 1;
-        if turn.running == 0 {
-            turn.appender.finish();
-        }
     }
 
-    /// Waits (the caller holds the turn) until requests are queued and takes them all, with
-    /// the queue's arena (swapping in `arena`, emptied). Returns whether appends found every
-    /// committer busy meanwhile, or `None` when this committer is to stop: the log is closing
-    /// with nothing queued, or it failed.
-    fn take_queued(&self, requests: &mut VecDeque<Request>, arena: &mut Vec<u8>) -> Option<bool> {
+    /// Takes everything queued (the caller holds the turn), with the queue's arena
+    /// (swapping in `arena`, emptied). Returns whether appends found the jobs busy
+    /// meanwhile, or `None` when this job is to stop: the queue is empty or the log failed
+    /// (the slot is then free, under the same lock an append checks it under, so every
+    /// request queued finds a job that will take it).
+    fn take_queued(
+        &self,
+        requests: &mut VecDeque<Request>,
+        arena: &mut Vec<u8>,
+        slot: usize,
+        start: Start,
+    ) -> Option<bool> {
         let shared = &self.shared;
         let mut queue = shared.lock_queue();
-        let mut waited = false;
-        while queue.requests.is_empty() && !queue.closing && !shared.has_failed() {
-            // Set under the lock before sleeping, so an append either sees it and
-            // signals, or queued its request before this check saw the queue empty.
-            queue.appender_idle = true;
-            waited = true;
-            queue = shared
-                .work_ready
-                .wait(queue)
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if start != Start::Resumed {
+            queue.commit_jobs_looking -= 1;
         }
-        queue.appender_idle = false;
         if queue.requests.is_empty() || shared.has_failed() {
+            release_slot(shared, &mut queue, slot);
             return None;
         }
-        if waited && !queue.closing {
-            // Woken by the first append: let the group gather while a sync runs.
+        if start == Start::Woken && !queue.closing {
+            // Started by an append: let the group gather while a sync runs.
             drop(queue);
             self.stagger();
             queue = shared.lock_queue();
             if shared.has_failed() {
+                release_slot(shared, &mut queue, slot);
                 return None;
             }
         }
@@ -258,6 +341,48 @@ impl Committers {
             self.shared.publish_durable_change();
         }
         Ok(())
+    }
+}
+
+/// How a commit job came to run.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Start {
+    /// Started by an append that found no job looking at the queue.
+    Woken,
+    /// Started by the turn holder because appends overlap syncs (`maybe_grow`).
+    Grown,
+    /// Went on after a group (it submitted itself again to let other logs' jobs run).
+    Resumed,
+}
+
+/// Marks `slot` free in `queue`; wakes `Committers::wait_stopped` once none is busy.
+fn release_slot(shared: &Shared, queue: &mut Queue, slot: usize) {
+    queue.commit_slots_busy &= !(1 << slot);
+    if queue.commit_slots_busy == 0 {
+        shared.commit_jobs_stopped.notify_all();
+    }
+}
+
+/// Fails the log and frees the job's slot if a commit job panics, so `Log::close` neither
+/// waits for a job that is gone nor reports success.
+struct PanicGuard<'a> {
+    committers: &'a Committers,
+    slot: usize,
+}
+
+impl Drop for PanicGuard<'_> {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            return;
+        }
+        let committers = self.committers;
+        committers.panicked.store(true, Ordering::Release);
+        committers.pipeline.lock().stop();
+        committers.shared.fail(&WalError::Failed {
+            kind: ErrorKind::IllegalState,
+            message: "a WAL commit job panicked".into(),
+        });
+        committers.release(self.slot);
     }
 }
 

@@ -1,8 +1,9 @@
 //! The tablet write-ahead log (format: docs/wal-format.md).
 //!
 //! This crate owns one tablet's log directory: segment files, framing and checksums, group
-//! commit, preallocation, the in-memory index, recovery, truncation, anchors and GC. It knows
-//! nothing of Raft beyond (term, index) and nothing of Python; payloads are opaque bytes.
+//! commit, preallocation, the in-memory index, recovery, truncation, anchors and GC, and the
+//! process-wide worker pools every log's group commits and segment work run on (`pools`). It
+//! knows nothing of Raft beyond (term, index) and nothing of Python; payloads are opaque bytes.
 //!
 //! ```no_run
 //! use nyala_wal::{EntryRef, EntryType, Log, LogOptions};
@@ -31,6 +32,7 @@ mod metrics;
 mod notify;
 mod options;
 mod pipeline;
+mod pools;
 mod reader;
 mod recovery;
 mod segment;
@@ -43,8 +45,12 @@ pub use gc::GcReport;
 pub use log::{AnchorId, Log};
 pub use metrics::{MetricsSnapshot, HISTOGRAM_BUCKETS};
 pub use options::{
-    LogOptions, SyncPolicy, QUEUE_BYTES_MAX_DEFAULT, SEGMENT_SIZE_BYTES_DEFAULT,
-    SYNCS_IN_FLIGHT_LIMIT, SYNCS_IN_FLIGHT_MAX_DEFAULT,
+    LogOptions, SyncPolicy, INITIAL_PREALLOCATION_BYTES_DEFAULT, QUEUE_BYTES_MAX_DEFAULT,
+    SEGMENT_SIZE_BYTES_DEFAULT, SYNCS_IN_FLIGHT_LIMIT, SYNCS_IN_FLIGHT_MAX_DEFAULT,
+};
+pub use pools::{
+    configure_thread_pools, thread_pool_options, thread_pool_stats, ThreadPoolOptions,
+    ThreadPoolsStats, THREAD_IDLE_EXIT_MS_DEFAULT,
 };
 pub use reader::EntryIter;
 pub use segment::{parse_segment_name, segment_file_name, Preallocation};

@@ -1,13 +1,13 @@
 //! `Log`: the public face of one tablet's write-ahead log.
 //!
 //! Appending threads frame their batch, then reserve its place in a bounded queue under one
-//! lock (that order is the order on disk). The committer threads (`committers`) drain the
+//! lock (that order is the order on disk). The log's commit jobs (`committers`) drain the
 //! queue into one write and one `fdatasync` per group, with up to
 //! `LogOptions::syncs_in_flight_max` syncs overlapping, and publish the durable point in
-//! order; the background thread (`background`) prepares the next segment and closes
-//! finished ones. They meet in `Shared` (`shared`).
+//! order; its background work (`background`) prepares the next segment and closes finished
+//! ones. Both run on process-wide pools (`pools`); they meet in `Shared` (`shared`).
 //!
-//! This module owns the caller-facing API: opening (recovery, then starting the threads),
+//! This module owns the caller-facing API: opening (recovery, then setting up the jobs),
 //! appending, waiting, truncating, reading, anchors, GC and closing, and the checks of what
 //! callers pass in. It is the top of the crate: the modules below never reach back into it.
 
@@ -17,7 +17,6 @@ use std::os::fd::RawFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use nyala_common::{ErrorKind, OpId, OpIndex, Term};
@@ -25,7 +24,7 @@ use parking_lot::{Condvar, Mutex, RwLock};
 
 use crate::active_segment::ActiveSegment;
 use crate::appender::Appender;
-use crate::background;
+use crate::background::Background;
 use crate::committers::Committers;
 use crate::entry::{Entry, EntryRef};
 use crate::error::{Result, WalError};
@@ -51,9 +50,10 @@ pub struct AnchorId(pub u64);
 /// everything but `close`, which also works through `&self`).
 pub struct Log {
     pub(crate) shared: Arc<Shared>,
-    /// The background thread (the committers stop it when the last of them stops).
-    threads: Mutex<Vec<JoinHandle<()>>>,
     committers: Arc<Committers>,
+    background: Arc<Background>,
+    /// Set by the first `close` (or the drop).
+    closed: AtomicBool,
 }
 
 impl Log {
@@ -80,10 +80,12 @@ impl Log {
                 next_ticket: 1,
                 terms: recovered.terms,
                 closing: false,
-                appender_idle: false,
+                commit_slots_busy: 0,
+                commit_jobs_looking: 0,
+                commit_slots_opened: 1,
                 appends_found_busy: false,
             }),
-            work_ready: std::sync::Condvar::new(),
+            commit_jobs_stopped: std::sync::Condvar::new(),
             space_ready: std::sync::Condvar::new(),
             durable_ticket: AtomicU64::new(0),
             syncs_in_flight: AtomicUsize::new(0),
@@ -110,19 +112,24 @@ impl Log {
             recovered.recyclable,
             recovered.next_sequence,
         )?;
-        let (background_tx, background_rx) = crossbeam_channel::unbounded();
-        let threads = vec![background::spawn(Arc::clone(&shared), background_rx)?];
+        let background = Background::new(Arc::clone(&shared));
         // No segment is prepared ahead yet: the appender asks once the log has shown what its
         // groups look like (`Appender::request_first_preparations`), so those segments get
         // the preallocation that suits it, and a log that stays idle preallocates nothing
-        // beyond its active segment. The committers own the only sender: when the last
-        // stops, the background thread stops.
-        let appender = Appender::new(Arc::clone(&shared), active, last.index, background_tx);
-        let committers = Committers::start(Arc::clone(&shared), appender)?;
+        // beyond the first part of its active segment (`Shared::opening_spec`). Nothing runs
+        // on the pools until the first append.
+        let appender = Appender::new(
+            Arc::clone(&shared),
+            active,
+            last.index,
+            Arc::clone(&background),
+        );
+        let committers = Committers::new(Arc::clone(&shared), appender)?;
         Ok(Log {
             shared,
-            threads: Mutex::new(threads),
             committers,
+            background,
+            closed: AtomicBool::new(false),
         })
     }
 
@@ -138,7 +145,7 @@ impl Log {
                 .reserve_space(format::BATCH_HEADER_BYTES + len)?;
             check_continues(&queue.terms, entries)?;
             let ticket = queue.push_entries_in_arena(entries);
-            self.shared.wake_appender(queue);
+            self.committers.wake(queue);
             return Ok(ticket);
         }
         let payload = format::encode_entries(entries);
@@ -147,7 +154,7 @@ impl Log {
             .reserve_space(format::BATCH_HEADER_BYTES + payload.bytes.len())?;
         check_continues(&queue.terms, entries)?;
         let ticket = queue.push_entries(entries, payload);
-        self.shared.wake_appender(queue);
+        self.committers.wake(queue);
         Ok(ticket)
     }
 
@@ -169,7 +176,7 @@ impl Log {
             .reserve_space(format::BATCH_HEADER_BYTES + payload.bytes.len())?;
         check_continues(&queue.terms, entries)?;
         let ticket = queue.push_entries(entries, payload);
-        self.shared.wake_appender(queue);
+        self.committers.wake(queue);
         Ok(ticket)
     }
 
@@ -187,7 +194,7 @@ impl Log {
             };
             check_continues(&queue.terms, entries)?;
             let ticket = queue.push_entries_in_arena(entries);
-            self.shared.wake_appender(queue);
+            self.committers.wake(queue);
             return Ok(Some(ticket));
         }
         let payload = format::encode_entries(entries);
@@ -199,7 +206,7 @@ impl Log {
         };
         check_continues(&queue.terms, entries)?;
         let ticket = queue.push_entries(entries, payload);
-        self.shared.wake_appender(queue);
+        self.committers.wake(queue);
         Ok(Some(ticket))
     }
 
@@ -217,7 +224,7 @@ impl Log {
             .shared
             .reserve_space(format::BATCH_HEADER_BYTES + format::TRUNCATE_PAYLOAD_BYTES)?;
         let ticket = queue.push_truncation(last_kept)?;
-        self.shared.wake_appender(queue);
+        self.committers.wake(queue);
         Ok(ticket)
     }
 
@@ -252,7 +259,7 @@ impl Log {
         }
         queue.push_truncation(last_kept)?;
         let ticket = queue.push_entries(entries, payload);
-        self.shared.wake_appender(queue);
+        self.committers.wake(queue);
         Ok(ticket)
     }
 
@@ -385,30 +392,27 @@ impl Log {
             .collect()
     }
 
-    /// Writes what is queued, closes the active segment with a footer and stops the threads.
-    /// Later appends fail with `IllegalState`; reads keep working.
+    /// Writes what is queued, closes the active segment with a footer and waits for the
+    /// log's jobs (its own only: other logs' jobs on the pools go on). Later appends fail
+    /// with `IllegalState`; reads keep working.
     pub fn close(&self) -> Result<()> {
+        self.closed.store(true, Ordering::Release);
         {
             let mut queue = self.shared.lock_queue();
             queue.closing = true;
-            self.shared.work_ready.notify_all();
             self.shared.space_ready.notify_all();
         }
-        // The last committer to stop waits for nothing in flight (each stops only after
-        // its own sync returned), closes the active segment and stops the background
-        // thread, so join the committers first.
-        let panicked = || WalError::Failed {
-            kind: ErrorKind::IllegalState,
-            message: "a WAL thread panicked".into(),
-        };
-        if self.committers.join_all().is_err() {
-            return Err(panicked());
-        }
-        let threads: Vec<_> = self.threads.lock().drain(..).collect();
-        for thread in threads {
-            if thread.join().is_err() {
-                return Err(panicked());
-            }
+        // Jobs stop once the queue is empty, each after its own sync returned; then nothing
+        // else writes the active segment, and the work queued for the background (closes and
+        // preparations) is done here unless a pool worker is already on it.
+        self.committers.wait_stopped();
+        self.committers.finish();
+        self.background.drain();
+        if self.committers.panicked() || self.background.panicked() {
+            return Err(WalError::Failed {
+                kind: ErrorKind::IllegalState,
+                message: "a WAL job panicked".into(),
+            });
         }
         match self.failure() {
             Some(err) => Err(err),
@@ -419,7 +423,7 @@ impl Log {
 
 impl Drop for Log {
     fn drop(&mut self) {
-        if !self.threads.lock().is_empty() {
+        if !self.closed.load(Ordering::Acquire) {
             let _ = self.close();
         }
     }
@@ -441,6 +445,12 @@ fn validate_options(tablet_id: &str, options: &LogOptions) -> Result<()> {
     if !(1..=SYNCS_IN_FLIGHT_LIMIT).contains(&options.syncs_in_flight_max) {
         return Err(WalError::InvalidArgument(format!(
             "syncs_in_flight_max must be 1..={SYNCS_IN_FLIGHT_LIMIT}"
+        )));
+    }
+    if options.initial_preallocation_bytes < format::PAGE_BYTES as u64 {
+        return Err(WalError::InvalidArgument(format!(
+            "initial_preallocation_bytes must be at least {}",
+            format::PAGE_BYTES
         )));
     }
     if options.queue_bytes_max == 0 {
@@ -542,20 +552,28 @@ fn finish_recovery(
             fs::remove_file(path).map_err(|e| WalError::io("remove", path, e))?;
         }
     }
+    let segment_bytes = shared.options.segment_size_bytes;
     let active = match reusable_tail {
         Some((segment, header)) => {
-            ActiveSegment::reuse(Arc::new(segment), header, shared.options.segment_size_bytes)
+            let allocated = segment
+                .file
+                .metadata()
+                .map_err(|e| WalError::io("stat", &segment.path, e))?
+                .len();
+            ActiveSegment::reuse(Arc::new(segment), header, segment_bytes, allocated)
         }
         None => {
             let recycled = shared.take_recyclable();
-            let spec = shared.prepare_spec(next_sequence, recycled);
+            let spec = shared.opening_spec(next_sequence, recycled);
+            let allocated = spec.capacity_bytes;
             let segment = segment::prepare_segments(std::slice::from_ref(&spec))
                 .pop()
                 .expect("one result per spec")?;
             ActiveSegment::fresh(
                 Arc::new(segment),
                 &shared.tablet_id,
-                shared.options.segment_size_bytes,
+                segment_bytes,
+                allocated,
             )
         }
     };

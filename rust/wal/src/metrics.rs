@@ -1,6 +1,6 @@
 //! Counters of the log (entries, bytes, syncs, group sizes, sync latency).
 //!
-//! Updated by the appender and background threads with relaxed atomics; a snapshot is a
+//! Updated by the commit and background jobs with relaxed atomics; a snapshot is a
 //! plain struct the binding turns into a Python dict.
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -129,8 +129,10 @@ pub struct MetricsSnapshot {
     pub sync_micros_max: u64,
     /// Group syncs started while an earlier group's sync was still running (pipelining).
     pub syncs_overlapped: u64,
-    /// Threads that write and sync groups (started as appends start to overlap, at most
-    /// `LogOptions::syncs_in_flight_max`).
+    /// Commit jobs the log may run at once (its slots, each with a file description to sync
+    /// through): 1, more as appends start to overlap syncs, at most
+    /// `LogOptions::syncs_in_flight_max`. Jobs run on the process-wide commit pool; the
+    /// name is from when each was a thread of the log's own.
     pub sync_threads: u64,
     pub segments_created: u64,
     pub segments_recycled: u64,

@@ -262,7 +262,7 @@ fn stage_segment(spec: &PrepareSpec<'_>) -> Result<(File, PathBuf, PathBuf)> {
 
 /// Reserves `len` bytes for the file: `fallocate`, or a sparse `ftruncate` where the file
 /// system does not support it (the first writes then allocate, and syncs cost more).
-fn preallocate(
+pub(crate) fn preallocate(
     file: &File,
     path: &Path,
     len: u64,

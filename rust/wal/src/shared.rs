@@ -1,16 +1,17 @@
-//! `Shared`: the state the log's threads meet in.
+//! `Shared`: the state a log's callers and jobs meet in.
 //!
-//! Callers (through `Log`), the committer threads (`committers`, which run the `appender`)
-//! and the background thread (`background`) share one `Shared`: the append queue and its
-//! tickets, the durable point and the threads parked waiting for it, the failure state, the
-//! index and segment table, the segments prepared ahead, the anchors and the counters.
+//! Callers (through `Log`), the log's commit jobs (`committers`, which run the `appender`)
+//! and its background work (`background`), both on process-wide pools, share one `Shared`:
+//! the append queue and its tickets, the durable point and the threads parked waiting for
+//! it, the failure state, the index and segment table, the segments prepared ahead, the
+//! anchors and the counters.
 //!
-//! This module owns that state and the operations on it that callers and threads both rely
+//! This module owns that state and the operations on it that callers and jobs both rely
 //! on: reserving room in the queue and queueing requests (in ticket order, which is the
-//! order on disk), waking the committer, parking until a ticket is durable and publishing
-//! that it is, failing the log, and choosing how the next segment is prepared. It starts no
-//! thread and writes no segment data (the committers write, the background thread prepares
-//! and closes segments), and it knows nothing of the caller-facing `Log` above it.
+//! order on disk), parking until a ticket is durable and publishing that it is, failing the
+//! log, and choosing how the next segment is prepared. It starts no job and writes no
+//! segment data (commit jobs write, background jobs prepare and close segments), and it
+//! knows nothing of the caller-facing `Log` above it.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::ops::Range;
@@ -107,15 +108,21 @@ pub(crate) struct Queue {
     /// Terms of the log including queued appends.
     pub terms: TermRuns,
     pub closing: bool,
-    /// The appender is blocked on `work_ready` (or about to be) and nobody has woken it
-    /// yet. Appends signal it only then, and after releasing the lock: while it syncs,
-    /// the 63 other appends of a 64-writer round cost no syscall, and a woken appender
-    /// never finds the queue still locked by the thread that woke it.
-    pub appender_idle: bool,
-    /// An append found the committer holding the write turn busy (not waiting for work)
-    /// while a group was syncing: appends overlap syncs, so the turn holder may start
-    /// another committer. (A lone writer appends only after its group's sync returned, so
-    /// it never sets this.)
+    /// Bit `i` is set while the commit job of slot `i` is submitted or running (at most
+    /// `syncs_in_flight_max` bits). An append starts a job only when none is set, and after
+    /// releasing the lock: while a job syncs, the 63 other appends of a 64-writer round
+    /// cost no syscall, since that job looks at the queue again before it stops. A job
+    /// clears its bit under this lock when it finds the queue empty.
+    pub commit_slots_busy: u32,
+    /// Jobs started (by an append or `maybe_grow`) that have not looked at the queue yet.
+    pub commit_jobs_looking: u32,
+    /// Slots that have had a job: the first, and more once appends overlapped syncs
+    /// (`Committers::maybe_grow`). Kept for the log's life, as its committer threads were:
+    /// an append finding every job syncing starts another while fewer are busy than this.
+    pub commit_slots_opened: usize,
+    /// An append found the log's commit jobs busy while a group was syncing: appends
+    /// overlap syncs, so the turn holder may start another job. (A lone writer appends only
+    /// after its group's sync returned, so it never sets this.)
     pub appends_found_busy: bool,
 }
 
@@ -198,10 +205,10 @@ impl Queue {
     }
 }
 
-/// Segments prepared by the background thread, in sequence order, waiting for the appender.
+/// Segments prepared by background jobs, in sequence order, waiting for the appender.
 pub(crate) type PreparedSegments = VecDeque<Result<SegmentFile>>;
 
-/// How many segments the background thread keeps ready beyond the active one. Two, so a
+/// How many segments the background keeps ready beyond the active one. Two, so a
 /// slow preparation (two fsyncs on a busy disk) does not stall a fast writer at roll-over.
 pub(crate) const SEGMENTS_PREPARED_AHEAD: u64 = 2;
 
@@ -210,7 +217,7 @@ pub(crate) const SEGMENTS_PREPARED_AHEAD: u64 = 2;
 /// fsyncs on a busy disk). Bounds the space preallocated ahead to this many segments.
 pub(crate) const SEGMENTS_PREPARED_AHEAD_MAX: u64 = 8;
 
-/// State shared by callers, the committer threads and the background thread.
+/// State shared by callers, the commit jobs and the background jobs.
 pub(crate) struct Shared {
     pub dir: PathBuf,
     pub tablet_id: String,
@@ -218,12 +225,12 @@ pub(crate) struct Shared {
     pub faults: Arc<FaultInjection>,
     /// A `std` mutex, not `parking_lot`'s: parking_lot hands a contended lock over to the
     /// woken waiter every ~0.5 ms ("eventual fairness"), and on a busy machine the waiter is
-    /// often a committer thread not yet scheduled, so a caller holding the GIL (term_at,
+    /// often a commit job's worker not yet scheduled, so a caller holding the GIL (term_at,
     /// append) stalled a whole Python process for a scheduling quantum. A barging mutex lets
     /// the running thread take it (docs/performance.md).
     pub queue: std::sync::Mutex<Queue>,
-    /// The appender waits here for requests.
-    pub work_ready: std::sync::Condvar,
+    /// Signalled when the last commit job of the log stops (`Log::close` waits for it).
+    pub commit_jobs_stopped: std::sync::Condvar,
     /// Appenders blocked by back-pressure wait here.
     pub space_ready: std::sync::Condvar,
     /// Highest ticket that is durable; only the committers raise it, in group order.
@@ -339,7 +346,6 @@ impl Shared {
             queue.requests.clear();
             queue.arena.clear();
             self.space_ready.notify_all();
-            self.work_ready.notify_all();
         }
         self.publish_durable_change();
         let mut ready = self.prepared.lock();
@@ -421,6 +427,21 @@ impl Shared {
             faults: &self.faults,
             metrics: &self.metrics,
         }
+    }
+
+    /// Like `prepare_spec`, for the segment a log opens with when recovery left none to
+    /// reuse: a fresh `fallocate`d one gets only `initial_preallocation_bytes`, and grows as
+    /// writes fill it (`ActiveSegment::grow_allocation`), so a replica that stays idle holds
+    /// that much disk instead of a whole segment. A recycled file keeps its blocks, and a
+    /// zero-filled segment is written whole, as before.
+    pub(crate) fn opening_spec(&self, sequence: u64, recycled: Option<PathBuf>) -> PrepareSpec<'_> {
+        let mut spec = self.prepare_spec(sequence, recycled);
+        if spec.recycled.is_none() && spec.preallocation == Preallocation::Fallocate {
+            spec.capacity_bytes = spec
+                .capacity_bytes
+                .min(self.options.initial_preallocation_bytes);
+        }
+        spec
     }
 
     /// A GC'd file to reuse for the next segment, if recycling is on and one is free.
@@ -508,20 +529,6 @@ impl Shared {
                 .wait(queue)
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
             queue.space_waiters -= 1;
-        }
-    }
-
-    /// Releases the queue and wakes the appender if it is idle and work is queued.
-    pub(crate) fn wake_appender(&self, mut queue: std::sync::MutexGuard<'_, Queue>) {
-        let wake = queue.appender_idle && !queue.requests.is_empty();
-        if wake {
-            queue.appender_idle = false;
-        } else if self.syncs_in_flight.load(Ordering::Relaxed) > 0 {
-            queue.appends_found_busy = true;
-        }
-        drop(queue);
-        if wake {
-            self.work_ready.notify_one();
         }
     }
 }

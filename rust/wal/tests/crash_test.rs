@@ -337,3 +337,122 @@ fn a_missing_header_before_valid_data_is_corruption_and_changes_nothing() {
         assert_corruption_changes_nothing(&damaged, victim, &format!("whole {whole}"));
     }
 }
+
+/// Options whose first segment starts at 16 KiB of a 1 MiB segment, so it grows in steps.
+fn growing_options() -> LogOptions {
+    LogOptions {
+        segment_size_bytes: 1 << 20,
+        initial_preallocation_bytes: 16 << 10,
+        ..small_options(1 << 20)
+    }
+}
+
+/// Writes `count` entries of 500 bytes (each durable) into a new log with `growing_options`
+/// and captures the directory without closing the log: the only segment is shorter than
+/// `segment_size_bytes`, preallocated only as far as its writes have grown it.
+fn crashed_growing_image(count: u64) -> (Image, Vec<Entry>) {
+    let dir = scratch_dir();
+    let log = Log::open(dir.path(), TABLET, growing_options()).unwrap();
+    let mut acked = Vec::new();
+    for index in 1..=count {
+        let e = Entry {
+            term: 1,
+            index,
+            entry_type: nyala_wal::EntryType::Write,
+            payload: vec![index as u8; 500],
+        };
+        log.append_durable(&[e.as_ref()]).unwrap();
+        acked.push(e);
+    }
+    let image = snapshot(dir.path());
+    drop(log);
+    (image, acked)
+}
+
+/// `recover` for `growing_options`: the recovered log also takes new appends across its
+/// growth and a roll-over, and keeps them across a reopen.
+fn recover_growing(image: &Image, acked: &[Entry], expected: usize) {
+    let dir = scratch_dir();
+    restore(image, dir.path());
+    let log = Log::open(dir.path(), TABLET, growing_options()).unwrap();
+    let mut entries = read_all(&log);
+    assert_eq!(entries.len(), expected);
+    assert_eq!(
+        entries[..],
+        acked[..expected],
+        "a prefix of the acknowledged entries"
+    );
+    // About 1.2 MiB: the first segment grows to its full size and rolls over.
+    for index in expected as u64 + 1..=expected as u64 + 1200 {
+        let e = Entry {
+            term: 2,
+            index,
+            entry_type: nyala_wal::EntryType::Write,
+            payload: vec![index as u8; 1000],
+        };
+        log.append_durable(&[e.as_ref()]).unwrap();
+        entries.push(e);
+    }
+    assert!(log.segment_paths().len() >= 2, "rolled over");
+    log.close().unwrap();
+    let reopened = Log::open(dir.path(), TABLET, growing_options()).unwrap();
+    assert_eq!(read_all(&reopened), entries);
+}
+
+/// A crash while the segment a log opened with is still short (preallocated in steps, not
+/// to `segment_size_bytes`): the segment is accepted at its length, a cut or zeroed tail
+/// ends the data as in any segment, and the log goes on.
+#[test]
+fn a_short_first_segment_recovers_like_any_other() {
+    let (image, acked) = crashed_growing_image(60);
+    let name = last_data_segment(&image);
+    let length = image[&name].len();
+    assert!(
+        (32 << 10..1 << 20).contains(&length),
+        "grown past its initial 16 KiB, short of the segment size: {length}"
+    );
+    recover_growing(&image, &acked, acked.len());
+    let frames = frames(&image[&name]);
+    let (last_start, last_end, _) = frames[frames.len() - 1];
+    for cut in [last_start, last_start + 7, last_end - 1, last_end] {
+        let intact = if cut == last_end {
+            acked.len()
+        } else {
+            acked.len() - 1
+        };
+        let mut cut_image = image.clone();
+        cut_image.get_mut(&name).unwrap().truncate(cut);
+        recover_growing(&cut_image, &acked, intact);
+        let mut zeroed = image.clone();
+        zeroed.get_mut(&name).unwrap()[cut..].fill(0);
+        recover_growing(&zeroed, &acked, intact);
+    }
+}
+
+/// A crash after the segment's preallocation grew and before the group that made it grow
+/// reached the disk: the file is longer, the new space reads as zeros, and the data ends
+/// where the last acknowledged group ends.
+#[test]
+fn a_crash_after_a_preallocation_step_ends_the_data_at_the_last_group() {
+    let (mut image, acked) = crashed_growing_image(10);
+    let name = last_data_segment(&image);
+    let frames = frames(&image[&name]);
+    let data_end = frames[frames.len() - 1].1;
+    let segment = image.get_mut(&name).unwrap();
+    segment.resize(256 << 10, 0);
+    segment[data_end..].fill(0);
+    recover_growing(&image, &acked, acked.len());
+}
+
+/// A crash right after a new log opened: its only segment holds the header in its short
+/// preallocation. It is reused as the active segment and grows as usual.
+#[test]
+fn a_new_log_crashed_before_any_write_reuses_its_short_segment() {
+    let dir = scratch_dir();
+    let log = Log::open(dir.path(), TABLET, growing_options()).unwrap();
+    let image = snapshot(dir.path());
+    drop(log);
+    let segment = &image[&nyala_wal::segment_file_name(1)];
+    assert_eq!(segment.len(), 16 << 10, "only the initial preallocation");
+    recover_growing(&image, &[], 0);
+}
