@@ -22,7 +22,10 @@ pub use engine::{
     ApplyResult, Engine, EngineOptions, EngineStats, FaultInjector, FaultPoint, Snapshot,
 };
 pub use error::{Result, StorageError};
-pub use ops::{encode_ipc, with_op_column, OpBatch, OpType, RowStatus, OP_COLUMN};
+pub use ops::{
+    check_op_batch, encode_ipc, with_op_column, OpBatch, OpType, RowProblem, RowStatus,
+    CELL_BYTES_MAX, OP_COLUMN, ROW_BYTES_MAX,
+};
 pub use predicate::{Predicate, PredicateOp};
 pub use scan::{ScanResult, ScanSpec};
 pub use schema::{ColumnSchema, DataType, Schema, Value};
