@@ -295,7 +295,9 @@ fn check_rows(schema: &Schema, columns: &[Option<&ArrayRef>], ops: &[OpType]) ->
 }
 
 /// Adds a `TooLarge` problem for every row with a cell over `CELL_BYTES_MAX` or a total over
-/// `ROW_BYTES_MAX`. Rows are visited only when a column's values could break a limit.
+/// `ROW_BYTES_MAX`. Nothing is allocated per row unless some row could break the row limit
+/// (a column's longest value is found in one pass over its offsets, and only a column whose
+/// values total more than a cell's limit needs that pass).
 fn check_sizes(
     schema: &Schema,
     columns: &[Option<&ArrayRef>],
@@ -303,22 +305,24 @@ fn check_sizes(
     problems: &mut Vec<RowProblem>,
 ) {
     let mut fixed = 0usize;
-    let mut variable: Vec<(&ArrayRef, Option<Vec<usize>>)> = Vec::new();
+    let mut variable: Vec<&ArrayRef> = Vec::new();
     let mut longest = 0usize; // a bound on the variable bytes of any one row
     for (column, spec) in columns.iter().zip(schema.columns()) {
         let Some(column) = column else { continue };
-        let Some(total) = value_bytes(column) else {
+        let Some(offsets) = value_offsets(column) else {
             fixed += spec.data_type.arrow().primitive_width().unwrap_or(1);
             continue;
         };
+        variable.push(column);
+        let total = (offsets[offsets.len() - 1] - offsets[0]) as usize;
         if total <= CELL_BYTES_MAX {
             longest += total; // no cell can be longer than all of them together
-            variable.push((column, None));
             continue;
         }
-        let lengths = value_lengths(column);
-        for (row, length) in lengths.iter().enumerate() {
-            if *length > CELL_BYTES_MAX {
+        let mut column_longest = 0usize;
+        for (row, w) in offsets.windows(2).enumerate() {
+            let length = (w[1] - w[0]) as usize;
+            if length > CELL_BYTES_MAX && column.is_valid(row) {
                 problems.push(RowProblem {
                     row,
                     status: RowStatus::TooLarge,
@@ -329,17 +333,16 @@ fn check_sizes(
                     ),
                 });
             }
+            column_longest = column_longest.max(length);
         }
-        longest += lengths.iter().copied().max().unwrap_or(0);
-        variable.push((column, Some(lengths)));
+        longest += column_longest;
     }
     if fixed + longest <= ROW_BYTES_MAX {
         return;
     }
     let mut sizes = vec![fixed; rows];
-    for (column, lengths) in variable {
-        let lengths = lengths.unwrap_or_else(|| value_lengths(column));
-        for (size, length) in sizes.iter_mut().zip(lengths) {
+    for column in variable {
+        for (size, length) in sizes.iter_mut().zip(value_lengths(column)) {
             *size += length;
         }
     }
@@ -361,12 +364,6 @@ fn value_offsets(column: &ArrayRef) -> Option<&[i32]> {
         ArrowType::Binary => Some(column.as_binary::<i32>().value_offsets()),
         _ => None,
     }
-}
-
-/// The total bytes of a string or binary column's values (None for other types).
-fn value_bytes(column: &ArrayRef) -> Option<usize> {
-    let offsets = value_offsets(column)?;
-    Some((offsets[offsets.len() - 1] - offsets[0]) as usize)
 }
 
 /// Each row's value length in a string or binary column (0 for null).
