@@ -304,6 +304,7 @@ class TableWriter:
             return rows
         old = {name: f"{name}__current" for name in nullable}
         current = current.select([*key, *nullable])
+        with_nulls, current = _align(with_nulls, current, [*key, *nullable])
         joined = with_nulls.join(
             current.rename_columns([old.get(n, n) for n in current.column_names]),
             keys=key,
@@ -315,7 +316,7 @@ class TableWriter:
             filled = pc.coalesce(joined.column(name), joined.column(old[name]))
             merged = merged.set_column(index, name, filled)
         untouched = rows.filter(pc.invert(has_null))
-        return pa.concat_tables([untouched, merged.cast(untouched.schema)])
+        return pa.concat_tables([untouched.cast(merged.schema), merged])
 
     def _current_rows(self, keys: pa.Table) -> pa.Table:
         first = self._schema.key[0]
@@ -394,6 +395,28 @@ class TableWriter:
 
     def __exit__(self, exc_type: object, *_: object) -> None:
         self.close(failed=exc_type is not None)
+
+
+def _align(rows: pa.Table, current: pa.Table, names: list[str]) -> tuple[pa.Table, pa.Table]:
+    """``rows`` (the input's types) and ``current`` (the table's) with ``names`` in one type
+    each, the wider: the input's columns are converted by the client only when they are
+    sent, so a narrower or wider one meets the stored values here."""
+    for name in names:
+        given, stored = rows.schema.field(name).type, current.schema.field(name).type
+        if given == stored:
+            continue
+        source, target = schema_map.nyala_type_of(given), schema_map.nyala_type_of(stored)
+        if (
+            source is not None
+            and target is not None
+            and schema_map.converts_losslessly(source, target)
+        ):
+            index = rows.schema.get_field_index(name)
+            rows = rows.set_column(index, name, rows.column(name).cast(stored))
+        else:
+            index = current.schema.get_field_index(name)
+            current = current.set_column(index, name, current.column(name).cast(given))
+    return rows, current
 
 
 def _at_input(error: Any, positions: np.ndarray[Any, Any]) -> Any:
