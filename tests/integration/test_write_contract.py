@@ -14,6 +14,7 @@ rows. 3 masters, 3 tservers, a table of 4 tablets with a gap between its ranges.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from collections.abc import Iterator
@@ -30,11 +31,12 @@ from hypothesis import strategies as st
 
 import nyala
 from nyala import errors
+from nyala._proto import consensus_pb2
 from nyala.cli import main
 from nyala.client.write import RowOutcome
 from nyala.rowops import OpType
 from nyala.testing import MiniCluster, logs_on_failure
-from nyala.testing.mini_cluster import FAST_TSERVER_FLAGS, fast_master_flags
+from nyala.testing.mini_cluster import FAST_TSERVER_FLAGS, ServerProcess, fast_master_flags
 from nyala.testing.write_contract import (
     PARTITIONING,
     SCHEMA,
@@ -237,23 +239,27 @@ def slow_raft() -> Iterator[MiniCluster]:
         yield mini
 
 
-def _isolate_one_leader(client: nyala.Client, table: nyala.Table) -> tuple[str, str]:
-    """Moves leaderships so that one tserver leads exactly one tablet of ``table``; returns
-    (that tablet, that tserver's uuid)."""
-    first = table.tablets()[0]
-    victim = first.leader_uuid
-    others = [r.uuid for r in first.replicas if r.uuid != victim]
+def _isolate_one_leader(cluster: MiniCluster, table: nyala.Table) -> tuple[str, ServerProcess]:
+    """Moves leaderships (asking the leaders themselves) until one tserver leads exactly one
+    tablet of ``table``; returns that tablet and that tserver."""
+    tablets = [t.tablet_id for t in table.tablets()]
+    victim = cluster.leader_of(tablets[0])
+    other = next(ts for ts in cluster.tservers if ts is not victim)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
-        led = [t for t in table.tablets() if t.leader_uuid == victim]
-        if [t.tablet_id for t in led] == [first.tablet_id]:
-            return first.tablet_id, victim
-        for tablet in led:
-            if tablet.tablet_id != first.tablet_id:
-                client.admin.leader_step_down(tablet.tablet_id, new_leader=others[0])
-        time.sleep(1.0)
-        client._cache.forget_table(table.name)
-        table = client.table(table.name)
+        led = [t for t in tablets[1:] if cluster.leader_of(t) is victim]
+        if not led and cluster.leader_of(tablets[0]) is victim:
+            return tablets[0], victim
+        for tablet_id in led:
+            request = consensus_pb2.LeaderStepDownRequestPB(
+                dest_uuid=victim.uuid or "",
+                tablet_id=tablet_id,
+                mode=consensus_pb2.GRACEFUL,
+                new_leader_uuid=other.uuid or "",
+            )
+            with contextlib.suppress(errors.NyalaError), victim.proxy() as proxy:
+                proxy.call(proxy.consensus.LeaderStepDown, request, timeout_ms=5_000)
+        time.sleep(0.5)
     raise AssertionError("could not leave the victim leading exactly one tablet")
 
 
@@ -263,12 +269,13 @@ def test_lost_leader_leaves_its_rows_unknown_and_retry_applies_them_once(
 ) -> None:
     with nyala.connect(slow_raft.master_addrs, timeout_ms=30_000) as client:
         table = client.create_table(f"lost_{fault}", SCHEMA, partitioning=PARTITIONING, replicas=3)
-        tablet_id, victim_uuid = _isolate_one_leader(client, table)
-        victim = next(ts for ts in slow_raft.tservers if ts.uuid == victim_uuid)
+        tablet_id, victim = _isolate_one_leader(slow_raft, table)
         ids = np.concatenate([np.arange(0, 1000), np.arange(2000, 3000)])
         data = pa.table({"id": ids, "v": pa.array([f"v{i}" for i in ids])})
-        routes = {t.tablet_id: t for t in client.table(table.name).tablets()}
-        assert tablet_id in routes
+        locations = client._cache.locations(table._info)
+        routes = pa.array(locations.router.route(pa.record_batch({"id": ids}))).to_pylist()
+        lost_rows = {i for i, p in enumerate(routes) if locations.tablets[p].tablet_id == tablet_id}
+        assert 0 < len(lost_rows) < len(ids)
         getattr(victim, fault)()
         try:
             with pytest.raises(errors.PartialWriteError) as raised:
@@ -276,7 +283,7 @@ def test_lost_leader_leaves_its_rows_unknown_and_retry_applies_them_once(
             result = raised.value.result
             outcomes = result.outcomes
             unknown = {e.row for e in result.unknown}
-            assert unknown, "the lost leader's rows are unknown"
+            assert unknown == lost_rows, "exactly the lost leader's rows are unknown"
             assert not result.row_errors
             # Every unknown row belongs to the lost tablet; every other row was applied.
             lost_keys = set(
