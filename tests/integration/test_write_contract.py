@@ -286,9 +286,9 @@ def test_lost_leader_leaves_its_rows_unknown_and_retry_applies_them_once(
             assert unknown == lost_rows, "exactly the lost leader's rows are unknown"
             assert not result.row_errors
             # Every unknown row belongs to the lost tablet; every other row was applied.
-            lost_keys = set(
-                table.scan(columns=["id"]).to_arrow().column("id").to_pylist()
-            ).symmetric_difference(ids.tolist())
+            # (A scan waits 2 s at most for the lost leader, then reads a new one.)
+            scan = table.scan(columns=["id"], attempt_timeout_ms=2_000, timeout_ms=60_000)
+            lost_keys = set(scan.to_arrow().column("id").to_pylist()) ^ set(ids.tolist())
             assert {int(ids[r]) for r in unknown} == lost_keys
             assert int((outcomes == RowOutcome.APPLIED).sum()) == len(ids) - len(unknown)
         finally:

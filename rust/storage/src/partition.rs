@@ -12,7 +12,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use arrow::array::{Array, ArrayRef, AsArray, RecordBatch, UInt32Array};
+use arrow::array::{Array, ArrayRef, AsArray, RecordBatch, RecordBatchOptions, UInt32Array};
 use arrow::compute::take_record_batch;
 use arrow::datatypes::{
     DataType as ArrowType, Int16Type, Int32Type, Int64Type, Int8Type, TimestampMicrosecondType,
@@ -414,8 +414,14 @@ impl PartitionRouter {
                     .map_err(|e| StorageError::invalid(format!("cannot select rows: {e}")))?,
             );
         }
-        RecordBatch::try_new(Arc::new(arrow::datatypes::Schema::new(fields)), arrays)
-            .map_err(|e| StorageError::invalid(format!("cannot select rows: {e}")))
+        // A table with one unbounded partition routes by no column at all.
+        let options = RecordBatchOptions::new().with_row_count(Some(rows.len()));
+        RecordBatch::try_new_with_options(
+            Arc::new(arrow::datatypes::Schema::new(fields)),
+            arrays,
+            &options,
+        )
+        .map_err(|e| StorageError::invalid(format!("cannot select rows: {e}")))
     }
 
     fn buckets(&self, batch: &RecordBatch) -> Result<Vec<Vec<u32>>> {
@@ -876,6 +882,13 @@ mod tests {
         assert!(!unrouted.is_empty() && !sent.is_empty());
         let outside = UInt32Array::from(vec![64]);
         assert!(r.split_requests(&input, 10, 10, 1, Some(&outside)).is_err());
+        // One unbounded partition routes by no column: a selection still works.
+        let single = PartitionRouter::new(vec![], vec![], vec![vec![]], vec![vec![]]).unwrap();
+        let split = single
+            .split_requests(&input, 1000, 1 << 20, 1, Some(&selection))
+            .unwrap();
+        assert_eq!(split.requests.len(), 1);
+        assert_eq!(split.requests[0].rows.values(), selection.values());
     }
 
     proptest! {
