@@ -5,10 +5,11 @@
 
 use std::sync::Arc;
 
-use arrow::array::{Array, ArrayData, RecordBatch};
+use arrow::array::{Array, ArrayData, RecordBatch, UInt32Array};
+use arrow::datatypes::DataType;
 use arrow::pyarrow::PyArrowType;
-use nyala_storage::encode_ipc;
 use nyala_storage::partition::{hash64, HashLevel, PartitionRouter as Router};
+use nyala_storage::{encode_ipc, StorageError};
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
@@ -98,12 +99,15 @@ impl PartitionRouter {
         ))
     }
 
-    /// The batch cut into write requests: (partition index, original row positions as a
-    /// pyarrow UInt32Array, the rows as Arrow IPC stream bytes), each partition's rows in input
-    /// order in pieces of at most `rows_max` rows and about `bytes_max` bytes, ascending by
-    /// partition then position. Routed once; encoded on up to `threads` threads (0: one per
-    /// core, at most 4), without the GIL.
-    #[pyo3(signature = (batch, rows_max, bytes_max, threads = 0))]
+    /// The batch cut into write requests: ``(requests, unrouted)``. Each request is (partition
+    /// index, original row positions as a pyarrow UInt32Array, the rows as Arrow IPC stream
+    /// bytes), each partition's rows in input order in pieces of at most `rows_max` rows and
+    /// `bytes_max` bytes (each row measured; a larger row alone), ascending by partition then
+    /// position; `unrouted` (a UInt32Array) holds the positions no partition covers. With
+    /// `selection` (ascending positions, a pyarrow UInt32Array) only those rows are routed.
+    /// Routed once; encoded on up to `threads` threads (0: one per core, at most 4), without
+    /// the GIL.
+    #[pyo3(signature = (batch, rows_max, bytes_max, threads = 0, selection = None))]
     fn split_requests<'py>(
         &self,
         py: Python<'py>,
@@ -111,7 +115,8 @@ impl PartitionRouter {
         rows_max: usize,
         bytes_max: usize,
         threads: usize,
-    ) -> PyResult<Vec<SliceTuple<'py>>> {
+        selection: Option<PyArrowType<ArrayData>>,
+    ) -> PyResult<(Vec<SliceTuple<'py>>, PyArrowType<ArrayData>)> {
         let router = self.router.clone();
         let threads = if threads == 0 {
             std::thread::available_parallelism()
@@ -120,16 +125,31 @@ impl PartitionRouter {
         } else {
             threads
         };
-        let requests = py
-            .detach(move || router.split_requests(&batch.0, rows_max, bytes_max, threads))
+        let selection = match selection {
+            None => None,
+            Some(data) => match data.0.data_type() {
+                DataType::UInt32 => Some(UInt32Array::from(data.0)),
+                other => {
+                    return Err(to_py(StorageError::invalid(format!(
+                        "selection must be a uint32 array, not {other}"
+                    ))))
+                }
+            },
+        };
+        let split = py
+            .detach(move || {
+                router.split_requests(&batch.0, rows_max, bytes_max, threads, selection.as_ref())
+            })
             .map_err(to_py)?;
-        Ok(requests
+        let requests = split
+            .requests
             .into_iter()
             .map(|r| {
                 let ipc = PyBytes::new(py, &r.ipc);
                 (r.partition, PyArrowType(r.rows.into_data()), ipc)
             })
-            .collect())
+            .collect();
+        Ok((requests, PyArrowType(split.unrouted.into_data())))
     }
 
     /// The batch split per partition: (partition index, original row positions as a pyarrow

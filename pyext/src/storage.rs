@@ -29,7 +29,29 @@ type SchemaTuple = (Vec<ColumnTuple>, usize, u32, u32);
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<StorageEngine>()?;
+    m.add_function(wrap_pyfunction!(check_op_batch, m)?)?;
+    m.add("CELL_BYTES_MAX", nyala_storage::ops::CELL_BYTES_MAX)?;
+    m.add("ROW_BYTES_MAX", nyala_storage::ops::ROW_BYTES_MAX)?;
     Ok(())
+}
+
+/// The rows of an op batch (a pyarrow RecordBatch: columns by name, any left out, plus the op
+/// column) that break a rule of `schema`, as (row, status code, message) in row order: the
+/// per-row checks every tablet replica applies (`nyala_storage::ops::check_op_batch`).
+#[pyfunction]
+fn check_op_batch(
+    py: Python<'_>,
+    batch: PyArrowType<RecordBatch>,
+    schema: SchemaTuple,
+) -> PyResult<Vec<(usize, u8, String)>> {
+    let schema = schema_from_py(py, schema)?;
+    let problems = py
+        .detach(move || nyala_storage::ops::check_op_batch(&batch.0, &schema))
+        .map_err(to_py)?;
+    Ok(problems
+        .into_iter()
+        .map(|p| (p.row, p.status as u8, p.message))
+        .collect())
 }
 
 /// One tablet's storage engine.

@@ -14,7 +14,16 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from nyala import errors
     from nyala._native import __version__
-    from nyala.client import Client, RowError, Scanner, Session, Table, WriteResult, connect
+    from nyala.client import (
+        Client,
+        RowError,
+        RowOutcome,
+        Scanner,
+        Session,
+        Table,
+        WriteResult,
+        connect,
+    )
     from nyala.local_cluster import LocalCluster
     from nyala.partition import HashPartitioning, RangePartitioning
     from nyala.rowops import OpType
@@ -29,6 +38,7 @@ _HOMES = {
     "OpType": "nyala.rowops",
     "RangePartitioning": "nyala.partition",
     "RowError": "nyala.client",
+    "RowOutcome": "nyala.client",
     "Scanner": "nyala.client",
     "Schema": "nyala.schema",
     "Session": "nyala.client",
@@ -62,6 +72,7 @@ __all__ = [
     "OpType",
     "RangePartitioning",
     "RowError",
+    "RowOutcome",
     "Scanner",
     "Schema",
     "Session",

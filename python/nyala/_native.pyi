@@ -77,6 +77,11 @@ def wal_dump_segment(
 _NativeColumn = tuple[int, str, str, bool, object]
 _NativeSchema = tuple[list[_NativeColumn], int, int, int]
 
+CELL_BYTES_MAX: int
+ROW_BYTES_MAX: int
+
+def check_op_batch(batch: object, schema: _NativeSchema) -> list[tuple[int, int, str]]: ...
+
 @final
 class StorageEngine:
     @staticmethod
@@ -135,8 +140,13 @@ class PartitionRouter:
     def route(self, batch: object) -> object: ...
     def split_ipc(self, batch: object) -> list[tuple[int, object, bytes]]: ...
     def split_requests(
-        self, batch: object, rows_max: int, bytes_max: int, threads: int = 0
-    ) -> list[tuple[int, object, bytes]]: ...
+        self,
+        batch: object,
+        rows_max: int,
+        bytes_max: int,
+        threads: int = 0,
+        selection: object | None = None,
+    ) -> tuple[list[tuple[int, object, bytes]], object]: ...
 
 # --- consensus (pyext/src/consensus.rs) ---------------------------------------------------
 

@@ -9,7 +9,8 @@ Every error nyala raises is a ``NyalaError``. Errors split into two families:
 * everything else is final for that request: retrying the same input gives the same answer.
 
 ``TimedOutError`` is neither: the outcome is unknown (indeterminate). Clients that attach a
-request id can retry it safely; others must read to find out.
+request id can retry it safely; others must read to find out. ``PartialWriteError`` is its
+row-by-row form for a client write: it carries the per-row outcomes and the retry.
 
 ``RETRIABLE`` (and ``is_retriable``) is the one definition of which errors a client answers by
 sending the same request again: the ``RetriableError`` family plus the few final-looking errors
@@ -20,6 +21,8 @@ kind names one class below. Keep ``ErrorKind::python_class`` and this module in 
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 
 class NyalaError(Exception):
@@ -82,6 +85,17 @@ class StaleReplicaError(ServiceUnavailableError):
 
 class TimedOutError(NyalaError):
     """The deadline passed before an answer: the operation may or may not have happened."""
+
+
+class PartialWriteError(NyalaError):
+    """A write whose requests did not all get an answer: some rows may or may not have been
+    applied. ``result`` is the call's ``nyala.WriteResult``: every row applied, failed (with
+    its reason) or unknown; ``result.retry()`` resends the unanswered requests under their
+    original request ids, so nothing is applied twice (docs/write-semantics.md)."""
+
+    def __init__(self, message: str = "", *, result: Any = None) -> None:
+        super().__init__(message)
+        self.result = result
 
 
 # --- final ---------------------------------------------------------------------------------
@@ -196,6 +210,7 @@ __all__ = [
     "NotLeaderError",
     "NotSupportedError",
     "NyalaError",
+    "PartialWriteError",
     "RetriableError",
     "ScannerExpiredError",
     "SchemaMismatchError",

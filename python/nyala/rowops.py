@@ -9,13 +9,16 @@ say) are wrapped without copying.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
+from nyala import _native
 from nyala.errors import InvalidArgumentError
 from nyala.schema import Schema
 
@@ -89,55 +92,209 @@ def _to_array(values: Any) -> pa.Array:
     return pa.array(values)
 
 
+@dataclasses.dataclass(frozen=True)
+class RowProblem:
+    """A row refused before it is sent: its position, an ``ErrorCode`` name, and why."""
+
+    row: int
+    code: str
+    message: str
+
+
+@dataclasses.dataclass(frozen=True)
+class PreparedRows:
+    """The caller's rows as an op batch for one table, and the rows that cannot be written.
+
+    ``batch`` holds every input row (a refused row's offending cells may read as null);
+    ``problems`` lists the refused rows, ascending; ``input`` is the caller's data as given
+    (the values that error reports and reject files show)."""
+
+    batch: pa.RecordBatch
+    problems: list[RowProblem]
+    input: pa.RecordBatch
+
+    def selection(self) -> np.ndarray[Any, np.dtype[np.uint32]] | None:
+        """Positions of the rows to send, ascending; None for all of them."""
+        if not self.problems:
+            return None
+        keep = np.ones(self.batch.num_rows, dtype=bool)
+        keep[[p.row for p in self.problems]] = False
+        return np.flatnonzero(keep).astype(np.uint32)
+
+
+def prepare_op_batch(
+    data: Any,
+    op: OpType | str | int | np.ndarray[Any, Any] | pa.Array,
+    schema: Schema,
+    *,
+    ignore_extra_columns: bool = False,
+) -> PreparedRows:
+    """The op batch for ``data`` against ``schema``, with the rows that break a rule of it.
+
+    ``op`` is one operation for every row or an array of op codes, one per row. Columns are
+    put in schema order and cast to the schema's types (a no-op, hence zero-copy, when they
+    already match). Problems of the whole input raise ``InvalidArgumentError``: a column the
+    table lacks (unless ``ignore_extra_columns``), a missing key column, a missing NOT NULL
+    column without a default, any missing column when rows update (updates replace whole
+    rows), a column that cannot convert at all. Problems of single rows are returned, not
+    raised: a value out of range for its column's type (here), and a null in a NOT NULL column,
+    a cell over ``CELL_BYTES_MAX``, a row over ``ROW_BYTES_MAX`` (``_native.check_op_batch``,
+    the checks every tablet replica applies). Columns left out are filled by the tablet server
+    with their default or null for INSERT and UPSERT rows (Kudu's write default); batches of
+    only deletes need only the key columns.
+    """
+    batch = to_record_batch(data)
+    rows = batch.num_rows
+    ops = _op_array(op, rows)
+    codes = ops.to_numpy(zero_copy_only=False)
+    only_deletes = bool(np.isin(codes, (OpType.DELETE, OpType.DELETE_IGNORE)).all())
+    has_updates = bool(np.isin(codes, (OpType.UPDATE, OpType.UPDATE_IGNORE)).any())
+    present = batch.schema.names
+    if len(set(present)) != len(present):
+        raise InvalidArgumentError(f"the rows name a column twice: {present}")
+    _check_columns(set(present), schema, only_deletes, has_updates, ignore_extra_columns)
+    names: list[str] = []
+    arrays: list[pa.Array] = []
+    problems: dict[int, RowProblem] = {}
+    for column in schema.columns:
+        if column.name not in present:
+            continue
+        array = batch.column(column.name)
+        if array.type != column.arrow_type:
+            array, bad = _cast_rows(array, column.arrow_type, column.name)
+            for row, message in bad:
+                problems.setdefault(row, RowProblem(row, "INVALID_ARGUMENT", message))
+        names.append(column.name)
+        arrays.append(array)
+    names.append(OP_COLUMN)
+    arrays.append(ops)
+    out = pa.RecordBatch.from_arrays(arrays, names=names)
+    for row, _status, message in _native.check_op_batch(out, schema.to_native()):
+        problems.setdefault(row, RowProblem(row, "INVALID_ARGUMENT", message))
+    given = batch.drop_columns([OP_COLUMN]) if OP_COLUMN in present else batch
+    return PreparedRows(out, [problems[r] for r in sorted(problems)], given)
+
+
 def make_op_batch(
     data: Any,
     op: OpType | str | int | np.ndarray[Any, Any] | pa.Array,
     schema: Schema,
     *,
-    fill_missing_nullable: bool = False,
+    ignore_extra_columns: bool = False,
 ) -> pa.RecordBatch:
-    """The op batch for ``data`` against ``schema``.
+    """``prepare_op_batch``'s op batch, for callers that want all rows or none: the first
+    refused row raises ``InvalidArgumentError``."""
+    prepared = prepare_op_batch(data, op, schema, ignore_extra_columns=ignore_extra_columns)
+    if prepared.problems:
+        first = prepared.problems[0]
+        raise InvalidArgumentError(f"row {first.row}: {first.message}")
+    return prepared.batch
 
-    ``op`` is one operation for every row or an array of op codes, one per row. Columns are
-    put in schema order and cast to the schema's types (a no-op, hence zero-copy, when they
-    already match). Batches of only deletes need only the key columns. With
-    ``fill_missing_nullable``, absent nullable columns become nulls (otherwise every column is
-    required, so that an upsert cannot silently null a column the caller forgot).
-    """
-    batch = to_record_batch(data)
-    rows = batch.num_rows
-    ops = _op_array(op, rows)
-    only_deletes = _only_deletes(op, ops)
-    present = set(batch.schema.names)
+
+def _check_columns(
+    present: set[str],
+    schema: Schema,
+    only_deletes: bool,
+    has_updates: bool,
+    ignore_extra_columns: bool,
+) -> None:
+    """Raises for input columns the table lacks and for columns the rows must carry."""
     unknown = present - set(schema.names) - {OP_COLUMN}
-    if unknown:
-        raise InvalidArgumentError(f"unknown column(s) {sorted(unknown)}")
-    names: list[str] = []
-    arrays: list[pa.Array] = []
-    for i, column in enumerate(schema.columns):
-        is_key = i < len(schema.key)
-        if column.name in present:
-            array = batch.column(column.name)
-            if array.type != column.arrow_type:
-                array = _cast(array, column.arrow_type, column.name)
-        elif only_deletes and not is_key:
-            continue
-        elif fill_missing_nullable and column.nullable:
-            array = pa.nulls(rows, type=column.arrow_type)
-        else:
-            raise InvalidArgumentError(f"rows lack column {column.name!r}")
-        names.append(column.name)
-        arrays.append(array)
-    names.append(OP_COLUMN)
-    arrays.append(ops)
-    return pa.RecordBatch.from_arrays(arrays, names=names)
+    if unknown and not ignore_extra_columns:
+        raise InvalidArgumentError(
+            f"column(s) {sorted(unknown)} are not in the table (ignore_extra_columns=True "
+            "drops them)"
+        )
+    missing_key = [k for k in schema.key if k not in present]
+    if missing_key:
+        raise InvalidArgumentError(f"rows lack key column(s) {missing_key}")
+    if only_deletes:
+        return
+    missing = [c for c in schema.columns if c.name not in present]
+    if has_updates and missing:
+        raise InvalidArgumentError(
+            f"rows lack column(s) {[c.name for c in missing]}: an update replaces the whole "
+            "row, so it must give every column"
+        )
+    required = [c.name for c in missing if not c.nullable and c.default is None]
+    if required:
+        raise InvalidArgumentError(
+            f"rows lack NOT NULL column(s) {required}, which have no default"
+        )
 
 
-def _cast(array: pa.Array, target: pa.DataType, name: str) -> pa.Array:
+def _cast_rows(
+    array: pa.Array, target: pa.DataType, name: str
+) -> tuple[pa.Array, list[tuple[int, str]]]:
+    """``array`` cast to ``target``, and the rows whose values do not fit it (their cells
+    become null). A column that cannot convert at all raises ``InvalidArgumentError``."""
     try:
-        return array.cast(target, safe=True)
+        return array.cast(target, safe=True), []
+    except pa.ArrowNotImplementedError as err:
+        raise InvalidArgumentError(f"column {name!r}: cannot convert to {target}: {err}") from err
+    except pa.ArrowInvalid as err:
+        failure = err
+    bad = _out_of_range(array, target)
+    why = "{value!r} is out of range for {target}"
+    if bad is None:
+        bad = _failing_rows(array, target)
+        why = "cannot convert {value!r} to {target}"
+    if not len(bad):
+        raise InvalidArgumentError(f"column {name!r}: cannot convert to {target}: {failure}")
+    mask = np.zeros(len(array), dtype=bool)
+    mask[bad] = True
+    kept = pc.if_else(pa.array(mask), pa.nulls(len(array), array.type), array)
+    try:
+        cast = kept.cast(target, safe=True)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as err:
         raise InvalidArgumentError(f"column {name!r}: cannot convert to {target}: {err}") from err
+    values = array.take(pa.array(bad, pa.int64())).to_pylist()
+    problems = [
+        (int(row), f"column {name!r}: " + why.format(value=value, target=target))
+        for row, value in zip(bad.tolist(), values, strict=True)
+    ]
+    return cast, problems
+
+
+def _out_of_range(array: pa.Array, target: pa.DataType) -> np.ndarray[Any, Any] | None:
+    """Rows of a numeric ``array`` whose values an integer ``target`` cannot hold (None if
+    that is not the kind of conversion: then ``_failing_rows`` finds them)."""
+    source = array.type
+    if not pa.types.is_integer(target) or not (
+        pa.types.is_integer(source) or pa.types.is_floating(source)
+    ):
+        return None
+    info = np.iinfo(target.to_pandas_dtype())
+    values = array.to_numpy(zero_copy_only=False)
+    valid = ~np.asarray(array.is_null().to_numpy(zero_copy_only=False), dtype=bool)
+    with np.errstate(invalid="ignore"):
+        if pa.types.is_floating(source):
+            floats = np.asarray(values, dtype=np.float64)
+            bad = ~np.isfinite(floats) | (floats != np.floor(floats))
+            bad |= (floats < info.min) | (floats > info.max)
+        else:
+            bad = (values < info.min) | (values > info.max)
+    return np.flatnonzero(bad & valid)
+
+
+def _failing_rows(array: pa.Array, target: pa.DataType) -> np.ndarray[Any, Any]:
+    """The rows of ``array`` that do not convert to ``target``, found by halving the range that
+    fails (a cast per step; the bad rows are expected to be few)."""
+    bad: list[int] = []
+    ranges = [(0, len(array))]
+    while ranges:
+        start, stop = ranges.pop()
+        try:
+            array.slice(start, stop - start).cast(target, safe=True)
+            continue
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            pass
+        if stop - start == 1:
+            bad.append(start)
+            continue
+        middle = (start + stop) // 2
+        ranges += [(middle, stop), (start, middle)]
+    return np.array(sorted(bad), dtype=np.int64)
 
 
 def _op_array(op: Any, rows: int) -> pa.Array:
@@ -145,16 +302,12 @@ def _op_array(op: Any, rows: int) -> pa.Array:
         ops = _to_array(op)
         if len(ops) != rows:
             raise InvalidArgumentError(f"{len(ops)} op codes for {rows} rows")
-        return _cast(ops, pa.uint8(), OP_COLUMN)
+        try:
+            return ops.cast(pa.uint8(), safe=True)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as err:
+            raise InvalidArgumentError(f"op codes: cannot convert to uint8: {err}") from err
     code = int(OpType.parse(op))
     return pa.array(np.full(rows, code, dtype=np.uint8))
-
-
-def _only_deletes(op: Any, ops: pa.Array) -> bool:
-    if not isinstance(op, (np.ndarray, pa.Array, pa.ChunkedArray)):
-        return OpType.parse(op).is_delete
-    codes = ops.to_numpy(zero_copy_only=False)
-    return bool(np.isin(codes, (OpType.DELETE, OpType.DELETE_IGNORE)).all())
 
 
 def encode(batch: pa.RecordBatch) -> pa.Buffer:
@@ -165,4 +318,13 @@ def encode(batch: pa.RecordBatch) -> pa.Buffer:
     return sink.getvalue()
 
 
-__all__ = ["OP_COLUMN", "OpType", "encode", "make_op_batch", "to_record_batch"]
+__all__ = [
+    "OP_COLUMN",
+    "OpType",
+    "PreparedRows",
+    "RowProblem",
+    "encode",
+    "make_op_batch",
+    "prepare_op_batch",
+    "to_record_batch",
+]

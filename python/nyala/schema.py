@@ -5,14 +5,23 @@ that is a prefix of non-null columns, a version that grows with every change, an
 ids (a rename or a drop never rewrites data; see docs/storage-format.md). The native engine
 validates schemas again; this module gives early, readable errors and the CLI's string form::
 
-    Schema.parse("id:int64, name:string?, ts:timestamp", key=["id"])
+    Schema.parse("id:int64, name:string?, ts:timestamp, n:int32=7", key=["id"])
 
-where a trailing ``?`` marks a nullable column.
+where a trailing ``?`` marks a nullable column and ``=VALUE`` gives the column's write default.
+
+A column's default (Kudu's write default) is what an INSERT or UPSERT row that leaves the column
+out gets, and what rows written before the column was added read as. It is checked and
+normalised here (an ``int32`` default must fit 32 bits; a timestamp default is microseconds
+since the epoch, a ``datetime`` is converted), and it has one JSON form, ``default_to_json``,
+which the wire schema and the tablet superblock both carry.
 """
 
 from __future__ import annotations
 
+import base64
 import dataclasses
+import datetime
+import math
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -44,6 +53,16 @@ _ALIASES = {
     "timestamp[us]": "timestamp",
 }
 
+#: The range of each integer type (timestamps are int64 microseconds).
+_INT_RANGES = {
+    "int8": (-(1 << 7), (1 << 7) - 1),
+    "int16": (-(1 << 15), (1 << 15) - 1),
+    "int32": (-(1 << 31), (1 << 31) - 1),
+    "int64": (-(1 << 63), (1 << 63) - 1),
+    "timestamp": (-(1 << 63), (1 << 63) - 1),
+}
+_EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
+
 #: Types that cannot be part of a primary key (as in Kudu).
 _NON_KEY_TYPES = frozenset({"float", "double", "bool"})
 COLUMN_NAME_BYTES_MAX = 256
@@ -64,9 +83,70 @@ def canonical_type(name: str) -> str:
     return lowered
 
 
+def normalize_default(type_name: str, value: Any) -> Any:
+    """``value`` as a default of a ``type_name`` column (int, float, bool, str or bytes;
+    timestamps as int microseconds since the epoch), or ``InvalidArgumentError``."""
+    if value is None:
+        return None
+    bad = InvalidArgumentError(f"default {value!r} does not fit a {type_name} column")
+    if type_name == "timestamp" and isinstance(value, datetime.datetime):
+        aware = value if value.tzinfo else value.replace(tzinfo=datetime.UTC)
+        value = (aware - _EPOCH) // datetime.timedelta(microseconds=1)
+    if type_name in _INT_RANGES:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise bad
+        low, high = _INT_RANGES[type_name]
+        if not low <= value <= high:
+            raise bad
+        return int(value)
+    if type_name in ("float", "double"):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise bad
+        return float(value)
+    if type_name == "bool":
+        if not isinstance(value, bool):
+            raise bad
+        return value
+    if type_name == "string":
+        if not isinstance(value, str):
+            raise bad
+        return value
+    if not isinstance(value, (bytes, bytearray, memoryview)):
+        raise bad
+    return bytes(value)
+
+
+def default_to_json(type_name: str, value: Any) -> Any:
+    """The JSON form of a default (None stays None): numbers, booleans and strings as
+    themselves, a non-finite float as its name (``"nan"``, ``"inf"``, ``"-inf"``), binary as
+    base64 text."""
+    if value is None:
+        return None
+    if type_name == "binary":
+        return base64.b64encode(value).decode()
+    if isinstance(value, float) and not math.isfinite(value):
+        return repr(value)
+    return value
+
+
+def default_from_json(type_name: str, doc: Any) -> Any:
+    """Inverse of ``default_to_json``; ``InvalidArgumentError`` if it does not fit the type."""
+    if doc is None:
+        return None
+    if type_name == "binary":
+        if not isinstance(doc, str):
+            raise InvalidArgumentError(f"binary default {doc!r} is not base64 text")
+        return base64.b64decode(doc.encode(), validate=True)
+    if type_name in ("float", "double") and isinstance(doc, str):
+        return float(doc)
+    return normalize_default(type_name, doc)
+
+
 @dataclasses.dataclass(frozen=True)
 class Column:
-    """One column. ``id`` is assigned by ``Schema`` when left as None."""
+    """One column. ``id`` is assigned by ``Schema`` when left as None. ``default`` is the
+    value an INSERT or UPSERT that leaves the column out writes (and that rows written before
+    the column was added read as); None means null."""
 
     name: str
     type: str
@@ -76,6 +156,7 @@ class Column:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "type", canonical_type(self.type))
+        object.__setattr__(self, "default", normalize_default(self.type, self.default))
 
     @property
     def arrow_type(self) -> pa.DataType:
@@ -260,24 +341,81 @@ class Schema:
 
     @classmethod
     def parse(cls, text: str, key: Iterable[str]) -> Schema:
-        """Parses ``'id:int64, name:string?, ts:timestamp'`` (``?``: nullable)."""
-        columns = []
-        for part in text.split(","):
-            part = part.strip()
-            if not part:
-                raise InvalidArgumentError(f"empty column in schema {text!r}")
-            name, sep, type_text = part.partition(":")
-            if not sep or not name.strip() or not type_text.strip():
-                raise InvalidArgumentError(f"column {part!r} must look like 'name:type[?]'")
-            type_text = type_text.strip()
-            nullable = type_text.endswith("?")
-            columns.append(Column(name.strip(), type_text.rstrip("?").strip(), nullable=nullable))
-        return cls(columns, list(key))
+        """Parses ``'id:int64, name:string?, ts:timestamp, n:int32=7'`` (``?``: nullable,
+        ``=VALUE``: the write default; a default holds no comma)."""
+        parts = text.split(",")
+        if any(not part.strip() for part in parts):
+            raise InvalidArgumentError(f"empty column in schema {text!r}")
+        return cls([parse_column(part) for part in parts], list(key))
+
+
+def parse_column(text: str) -> Column:
+    """One column of ``Schema.parse``'s form: ``'name:type[?][=default]'``."""
+    part = text.strip()
+    if not part:
+        raise InvalidArgumentError("a column of the schema is empty")
+    name, sep, type_text = part.partition(":")
+    type_text, has_default, default_text = type_text.partition("=")
+    if not sep or not name.strip() or not type_text.strip():
+        raise InvalidArgumentError(f"column {part!r} must look like 'name:type[?][=default]'")
+    type_text = type_text.strip()
+    nullable = type_text.endswith("?")
+    type_name = canonical_type(type_text.rstrip("?").strip())
+    default = parse_default(type_name, default_text) if has_default else None
+    return Column(name.strip(), type_name, nullable=nullable, default=default)
+
+
+def parse_default(type_name: str, text: str) -> Any:
+    """A default written as text (the CLI's form) as a value of ``type_name``: integers,
+    floats, ``true``/``false``, strings as given (quotes optional), binary as UTF-8 bytes,
+    timestamps as microseconds or ISO 8601."""
+    text = text.strip()
+    if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
+        text = text[1:-1]
+    try:
+        if type_name in ("int8", "int16", "int32", "int64"):
+            return normalize_default(type_name, int(text))
+        if type_name in ("float", "double"):
+            return float(text)
+        if type_name == "bool":
+            if text.lower() not in ("true", "false"):
+                raise ValueError(text)
+            return text.lower() == "true"
+        if type_name == "timestamp":
+            if text.lstrip("-").isdigit():
+                return int(text)
+            return normalize_default(type_name, datetime.datetime.fromisoformat(text))
+    except ValueError:
+        raise InvalidArgumentError(f"default {text!r} is not a {type_name} value") from None
+    return text.encode() if type_name == "binary" else text
 
 
 def format_schema(schema: Schema) -> str:
     """The string form ``Schema.parse`` reads."""
-    return ", ".join(f"{c.name}:{c.type}{'?' if c.nullable else ''}" for c in schema.columns)
+    return ", ".join(
+        f"{c.name}:{c.type}{'?' if c.nullable else ''}"
+        + ("" if c.default is None else f"={_format_default(c.default)}")
+        for c in schema.columns
+    )
 
 
-__all__ = ["TYPES", "Column", "Schema", "canonical_type", "format_schema"]
+def _format_default(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, bytes):
+        return value.decode(errors="backslashreplace")
+    return str(value)
+
+
+__all__ = [
+    "TYPES",
+    "Column",
+    "Schema",
+    "canonical_type",
+    "default_from_json",
+    "default_to_json",
+    "format_schema",
+    "normalize_default",
+    "parse_column",
+    "parse_default",
+]

@@ -40,11 +40,20 @@ class NativeEntryBatch(Protocol):
 
 
 class RowStatus(enum.IntEnum):
-    """Per-row outcome of an applied op batch."""
+    """Per-row outcome of an applied op batch (``nyala_storage::RowStatus``)."""
 
     OK = 0
     ALREADY_PRESENT = 1
     NOT_FOUND = 2
+    #: A NOT NULL (or key) column holds null: the row was refused, the others applied.
+    NULL_IN_NOT_NULL = 3
+    #: A cell is over ``CELL_BYTES_MAX`` or the row over ``ROW_BYTES_MAX``: refused alone.
+    TOO_LARGE = 4
+
+
+#: Largest string or binary cell, and largest row, in bytes (the storage engine's limits).
+CELL_BYTES_MAX: int = _native.CELL_BYTES_MAX
+ROW_BYTES_MAX: int = _native.ROW_BYTES_MAX
 
 
 @dataclasses.dataclass(frozen=True)
@@ -256,7 +265,9 @@ def iter_encoded(batches: Sequence[pa.RecordBatch]) -> Iterator[pa.Buffer]:
 
 
 __all__ = [
+    "CELL_BYTES_MAX",
     "FLUSH_THRESHOLD_BYTES",
+    "ROW_BYTES_MAX",
     "ApplyResult",
     "RowStatus",
     "StorageEngine",

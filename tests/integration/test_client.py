@@ -88,10 +88,17 @@ def test_create_write_scan_and_row_errors(client: nyala.Client) -> None:
 
 def test_bad_input_is_a_typed_error(client: nyala.Client) -> None:
     table = client.create_table("typed", SCHEMA, replicas=3)
+    # A value that does not convert is its row's error; the other rows are applied.
+    result = table.insert({"id": ["not a number", "2"], "name": ["a", "b"], "v": [1.0, 2.0]})
+    assert [(e.row, e.code) for e in result.row_errors] == [(0, "INVALID_ARGUMENT")]
+    assert "cannot convert" in result.row_errors[0].message
+    assert result.applied == 1
+    # Omitted nullable columns are null; a column the table lacks is named.
+    assert table.insert({"id": [1]}).ok
+    with pytest.raises(errors.InvalidArgumentError, match=r"\['zz'\] are not in the table"):
+        table.insert({"id": [3], "zz": [1]})
     with pytest.raises(errors.InvalidArgumentError, match="cannot convert"):
-        table.insert({"id": ["not a number"], "name": ["a"], "v": [1.0]})
-    with pytest.raises(errors.InvalidArgumentError, match="lack column"):
-        table.insert({"id": [1]})
+        table.insert({"id": [[1]]})
     with pytest.raises(errors.NotFoundError):
         client.table("no-such-table")
     with pytest.raises(errors.InvalidArgumentError):

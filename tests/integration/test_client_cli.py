@@ -156,10 +156,17 @@ def test_wrong_type_in_loaded_data_and_unreachable_masters(
 ) -> None:
     cluster.client.create_table("typed", nyala.Schema.parse("id:int64, v:int32", key=["id"]))
     path = tmp_path / "bad.csv"
-    path.write_text("id,v\n1,hello\n")
-    proc = run_cli("table", "load", "typed", str(path), masters=cluster.masters, in_process=False)
+    path.write_text("id,v\n1,hello\n2,7\n")
+    proc = run_cli(
+        "table", "load", "typed", str(path), "--format", "json",
+        masters=cluster.masters, in_process=False,
+    )  # fmt: skip
     assert proc.returncode == 1
-    assert proc.stderr.startswith("nyala: error: InvalidArgumentError")
+    summary = json.loads(proc.stdout)
+    # The bad value fails its row alone, named by its key; the other row is applied.
+    assert (summary["applied"], summary["failed"]) == (1, 1)
+    assert "cannot convert 'hello'" in summary["failed_sample"][0]
+    assert '{"id": 1}' in summary["failed_sample"][0]
     proc = run_cli("table", "list", masters="127.0.0.1:1")
     assert proc.returncode == 1
     assert "TimedOutError" in proc.stderr

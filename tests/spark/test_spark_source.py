@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -15,6 +16,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 pytest.importorskip("pyspark")
 
@@ -24,6 +27,7 @@ from nyala.partition import HashPartitioning
 from nyala.schema import Schema
 from nyala.spark.load import RowErrorsError, load_file
 from nyala.testing import MiniCluster, dump_logs
+from nyala.testing import write_contract as contract_kinds
 
 # Spark starts Python workers per job; on a loaded 2-core machine one job can take minutes.
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(600)]
@@ -249,19 +253,37 @@ def test_failing_task_reports_row_errors(
 
 def test_schema_mismatch_is_refused_before_any_row(spark: Any, client: Any, masters: str) -> None:
     make_table(client, "strict", "id:int64, n:int32, s:string?")
-    wrong = spark.range(0, 10).selectExpr("id", "id as n", "'x' as extra")
+    wrong = spark.range(0, 10).selectExpr("id", "cast(id as string) as n", "'x' as extra")
     with pytest.raises(Exception, match="does not fit table 'strict'") as failure:
         writer(wrong, masters, "strict").save()
-    assert "column 'n' is int64 in the DataFrame but int32" in str(failure.value)
+    assert "column 'n' is string in the DataFrame but int32" in str(failure.value)
     assert "['extra'] are not in table" in str(failure.value)
-    assert "column 's' (string) is missing" in str(failure.value)
     assert table_rows(client, "strict") == []
-    nulls = spark.range(0, 10).selectExpr(
-        "id", "if(id = 7, null, cast(id as int)) as n", "'s' as s"
+    # s is nullable: left out, it is null. bigint into int32: the value that does not fit and
+    # the null in NOT NULL n are their rows' errors, the other rows are written.
+    rows = spark.range(0, 10).selectExpr(
+        "id", "case when id = 7 then null when id = 8 then 5000000000 else id end as n"
     )
-    with pytest.raises(Exception, match="NULL_IN_NOT_NULL: column 'n' is null in row"):
-        writer(nulls.coalesce(1), masters, "strict").save()
-    assert len(table_rows(client, "strict")) == 9
+    with pytest.raises(Exception, match="2 of 10 rows were not applied") as failure:
+        writer(rows.coalesce(1), masters, "strict").save()
+    assert 'column "n" is NOT NULL but the row holds null (row 7 {"id": 7})' in str(failure.value)
+    assert "5000000000 is out of range for int32 (row 8" in str(failure.value)
+    assert len(table_rows(client, "strict")) == 8
+    # With failOnRowErrors=false the job succeeds and reports its counts per task.
+    extra = spark.range(20, 30).selectExpr("id", "if(id = 27, null, 1) as n", "'q' as bogus")
+    report_path = Path(tempfile.mkdtemp()) / "report.json"
+    writer(
+        extra.coalesce(1),
+        masters,
+        "strict",
+        failOnRowErrors="false",
+        ignoreExtraColumns="true",
+        reportPath=str(report_path),
+    ).save()
+    report = json.loads(report_path.read_text())
+    assert report["outcome"] == "committed"
+    assert [(t["applied"], t["failed"], t["unknown"]) for t in report["tasks"]] == [(9, 1, 0)]
+    assert len(table_rows(client, "strict")) == 17
 
 
 def scan_output_rows(df: Any) -> int:
@@ -384,3 +406,68 @@ def test_load_file_parquet_and_csv(client: Any, tmp_path: Path) -> None:
     pq.write_table(pa.table({"id": [1], "other": [2]}), bad)
     with pytest.raises(SchemaMismatchError):
         load_file(client, "files", bad)
+
+
+# --- the write contract through the Spark writer ------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def contract(client: Any) -> Any:
+    from nyala.testing.write_contract import PARTITIONING, SCHEMA, Model
+
+    client.create_table("contract_spark", SCHEMA, partitioning=PARTITIONING, replicas=3)
+    assert len(client.table("contract_spark").tablets()) == 4
+    return Model()
+
+
+@settings(
+    max_examples=4,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(
+    specs=st.lists(
+        st.builds(
+            contract_kinds.RowSpec,
+            st.sampled_from(list(contract_kinds.Kind)),
+            st.integers(0, 10_000),
+        ),
+        min_size=1,
+        max_size=16,
+    ),
+    upsert=st.booleans(),
+)
+def test_spark_writer_reports_every_row(
+    spark: Any, client: Any, masters: str, contract: Any, specs: Any, upsert: bool
+) -> None:
+    """Random rows of every bad kind mixed with good ones, written by one Spark task with
+    ``failOnRowErrors=false``: the task's counts (applied, failed by code, unknown) add up to
+    its input and match the model row for row, and the table then holds the model's rows."""
+    from nyala.rowops import OpType
+    from nyala.testing.write_contract import rows_table
+    from nyala.testing.write_contract import table_rows as contract_rows
+
+    op = OpType.UPSERT if upsert else OpType.INSERT
+    rows = contract.resolve(op, specs, len(contract.rows))
+    with tempfile.TemporaryDirectory() as tmp:
+        source = Path(tmp) / "rows.parquet"
+        pq.write_table(rows_table(rows), source)
+        report_path = Path(tmp) / "report.json"
+        df = spark.read.parquet(str(source)).coalesce(1)
+        writer(
+            df, masters, "contract_spark", op.name.lower(),
+            failOnRowErrors="false", reportPath=str(report_path),
+        ).save()  # fmt: skip
+        report = json.loads(report_path.read_text())
+    expected = contract.expect(rows)
+    [task] = report["tasks"]
+    assert task["applied"] + task["failed"] + task["unknown"] == len(rows)
+    assert task["unknown"] == 0  # no fault is injected
+    want_codes: dict[str, int] = {}
+    for e in expected:
+        if e.outcome == "failed":
+            want_codes[e.code] = want_codes.get(e.code, 0) + 1
+    assert report["errors_by_code"] == want_codes
+    assert task["applied"] == sum(e.outcome == "applied" for e in expected)
+    contract.settle(rows, [e.outcome for e in expected], lambda _: None)
+    assert contract_rows(client.table("contract_spark").scan().to_arrow()) == contract.rows

@@ -33,6 +33,18 @@ def test_write_options_defaults_and_case_insensitive_keys() -> None:
     assert parsed.batch_rows == opts.BATCH_ROWS_DEFAULT
     assert parsed.create_table is None
     assert not parsed.ignore_null
+    assert not parsed.ignore_extra_columns
+    assert parsed.fail_on_row_errors
+    relaxed = opts.parse_write_options(
+        {
+            "nyala.masters": "h:1",
+            "nyala.table": "t",
+            "nyala.ignoreExtraColumns": "true",
+            "nyala.failOnRowErrors": "false",
+        }
+    )
+    assert relaxed.ignore_extra_columns
+    assert not relaxed.fail_on_row_errors
 
 
 @pytest.mark.parametrize(
@@ -174,56 +186,65 @@ def spark_like_schema(**overrides: pa.DataType) -> pa.Schema:
     return pa.schema([pa.field(k, t) for k, t in fields.items()])
 
 
-def test_plan_accepts_spark_types_and_widening() -> None:
+def test_plan_accepts_spark_types_widening_and_narrowing() -> None:
     plan = schema_map.plan_write(
-        spark_like_schema(n=pa.int16(), tag=pa.large_string()), "t", SCHEMA, OpType.UPSERT
+        spark_like_schema(n=pa.int16(), tag=pa.large_string(), s8=pa.int64()),
+        "t",
+        SCHEMA,
+        OpType.UPSERT,
     )
+    # bigint into int8: accepted, each value that does not fit is its row's error.
     assert plan.names == SCHEMA.names
-    # Spark marks every column nullable; only NOT NULL table columns need the per-batch check.
-    assert [c.name for c in plan.columns if c.check_nulls] == ["id", "tag"]
 
 
 def test_plan_lists_every_mismatch_before_writing() -> None:
-    bad = spark_like_schema(n=pa.int64(), v=pa.string()).append(pa.field("extra", pa.int8()))
-    bad = bad.remove(bad.get_field_index("b"))
+    bad = spark_like_schema(n=pa.string(), v=pa.string()).append(pa.field("extra", pa.int8()))
+    bad = bad.remove(bad.get_field_index("tag"))
     with pytest.raises(SchemaMismatchError) as info:
         schema_map.plan_write(bad, "t", SCHEMA, OpType.UPSERT)
     text = str(info.value)
-    assert "['extra'] are not in table 't'" in text
-    assert "column 'n' is int64 in the DataFrame but int32" in text
+    assert "['extra'] are not in table 't' (ignoreExtraColumns drops them)" in text
+    assert "column 'n' is string in the DataFrame but int32" in text
     assert "column 'v' is string" in text
-    assert "column 'b' (binary) is missing" in text
+    assert "column 'tag' (string) is missing" in text
+    # Text files parse strings row by row; extra columns can be dropped.
+    ok = bad.append(pa.field("tag", pa.string()))
+    plan = schema_map.plan_write(
+        ok, "t", SCHEMA, OpType.UPSERT, ignore_extra_columns=True, parse_strings=True
+    )
+    assert "extra" not in plan.names
 
 
-def test_plan_insert_may_omit_nullable_and_delete_needs_only_keys() -> None:
+def test_plan_may_omit_nullable_columns_but_update_and_delete_differ() -> None:
     keys_only = pa.schema([pa.field("id", pa.int64()), pa.field("tag", pa.string())])
-    plan = schema_map.plan_write(keys_only, "t", SCHEMA, OpType.INSERT)
-    assert [c.name for c in plan.columns if c.fill_null] == ["v", "n", "ts", "b", "ok", "s8"]
+    for op in (OpType.INSERT, OpType.UPSERT):
+        plan = schema_map.plan_write(keys_only, "t", SCHEMA, op)
+        assert [c.name for c in plan.columns if c.omitted] == ["v", "n", "ts", "b", "ok", "s8"]
+        assert plan.names == ["id", "tag"]
     with pytest.raises(SchemaMismatchError, match="is missing"):
         schema_map.plan_write(keys_only, "t", SCHEMA, OpType.UPDATE)
     assert schema_map.plan_write(keys_only, "t", SCHEMA, OpType.DELETE).names == ["id", "tag"]
     with pytest.raises(SchemaMismatchError, match="'tag'"):
         schema_map.plan_write(keys_only.remove(1), "t", SCHEMA, OpType.DELETE_IGNORE)
+    strict = Schema.parse("id:int64, n:int32, d:int32=4", key=["id"])
+    with pytest.raises(SchemaMismatchError, match="'n' \\(int32\\) is missing"):
+        schema_map.plan_write(pa.schema([pa.field("id", pa.int64())]), "t", strict, OpType.INSERT)
 
 
-def test_conform_refuses_null_keys_and_keeps_buffers() -> None:
-    ids = pa.array([1, 2, None, 4], pa.int64())
+def test_conform_selects_the_plan_columns_without_copying() -> None:
     batch = pa.record_batch(
         {
-            "id": ids,
-            "tag": pa.array(["a", None, "c", "d"]),
-            "v": pa.array([1.0, 2.0, 3.0, None]),
+            "v": pa.array([1.0, 2.0, None]),
+            "id": pa.array([1, 2, None], pa.int64()),
+            "tag": pa.array(["a", None, "c"]),
         }
     )
-    schema = Schema.parse("id:int64, tag:string, v:double?", key=["id", "tag"])
+    schema = Schema.parse("id:int64, tag:string, v:double?, w:int8?", key=["id", "tag"])
     plan = schema_map.plan_write(batch.schema, "t", schema, OpType.UPSERT)
     out = schema_map.conform(batch, plan)
-    assert out.null_rows.to_pylist() == [1, 2]
-    assert out.batch.to_pydict() == {"id": [1, 4], "tag": ["a", "d"], "v": [1.0, None]}
-    clean = batch.filter(pa.array([True, False, False, True]))
-    passed = schema_map.conform(clean, plan)
-    assert len(passed.null_rows) == 0
-    assert passed.batch.column(2).buffers()[1].address == clean.column(2).buffers()[1].address
+    # Table order, the omitted column left out; nulls are the client's to refuse, row by row.
+    assert out.schema.names == ["id", "tag", "v"]
+    assert out.column(2).buffers()[1].address == batch.column(0).buffers()[1].address
 
 
 def test_schema_for_create_makes_keys_not_null_and_refuses_dates() -> None:

@@ -7,8 +7,16 @@ import pyarrow as pa
 import pytest
 
 from nyala.errors import InvalidArgumentError
-from nyala.rowops import OP_COLUMN, OpType, encode, make_op_batch, to_record_batch
+from nyala.rowops import (
+    OP_COLUMN,
+    OpType,
+    encode,
+    make_op_batch,
+    prepare_op_batch,
+    to_record_batch,
+)
 from nyala.schema import Schema
+from nyala.storage import CELL_BYTES_MAX, ROW_BYTES_MAX
 
 SCHEMA = Schema.parse("id:int64, v:double?, name:string?, ts:timestamp?", key=["id"])
 
@@ -20,14 +28,12 @@ def _data_address(array: pa.Array) -> int:
 def test_numpy_columns_are_zero_copy() -> None:
     ids = np.arange(1000, dtype=np.int64)
     values = np.linspace(0, 1, 1000)
-    batch = make_op_batch(
-        {"id": ids, "v": values}, OpType.UPSERT, SCHEMA, fill_missing_nullable=True
-    )
-    assert batch.schema.names == ["id", "v", "name", "ts", OP_COLUMN]
+    batch = make_op_batch({"id": ids, "v": values}, OpType.UPSERT, SCHEMA)
+    # Omitted nullable columns are left out: the tablet server writes their default or null.
+    assert batch.schema.names == ["id", "v", OP_COLUMN]
     assert _data_address(batch.column(0)) == ids.ctypes.data
     assert _data_address(batch.column(1)) == values.ctypes.data
     assert batch.column(OP_COLUMN).to_pylist()[:2] == [3, 3]
-    assert batch.column("name").null_count == 1000
 
 
 def test_pandas_and_pyarrow_fixed_width_columns_are_zero_copy() -> None:
@@ -68,20 +74,79 @@ def test_pyarrow_and_pandas_inputs() -> None:
 
 def test_per_row_ops_and_errors() -> None:
     ops = np.array([OpType.INSERT, OpType.DELETE], dtype=np.uint8)
-    batch = make_op_batch({"id": [1, 2]}, ops, SCHEMA, fill_missing_nullable=True)
+    batch = make_op_batch({"id": [1, 2]}, ops, SCHEMA)
     assert batch.column(OP_COLUMN).to_pylist() == [1, 6]
-    with pytest.raises(InvalidArgumentError, match="lack column"):
-        make_op_batch({"id": [1]}, OpType.UPSERT, SCHEMA)
-    with pytest.raises(InvalidArgumentError, match="unknown column"):
+    strict = Schema.parse("id:int64, v:double, w:int8=3", key=["id"])
+    with pytest.raises(InvalidArgumentError, match=r"NOT NULL column\(s\) \['v'\]"):
+        make_op_batch({"id": [1]}, OpType.UPSERT, strict)
+    with pytest.raises(InvalidArgumentError, match="update replaces the whole row"):
+        make_op_batch({"id": [1], "v": [1.0]}, OpType.UPDATE, strict)
+    with pytest.raises(InvalidArgumentError, match="key column"):
+        make_op_batch({"v": [1.0]}, OpType.DELETE, strict)
+    with pytest.raises(InvalidArgumentError, match=r"\['zz'\] are not in the table"):
         make_op_batch({"id": [1], "zz": [1]}, OpType.DELETE, SCHEMA)
+    extra = make_op_batch({"id": [1], "zz": [1]}, OpType.UPSERT, SCHEMA, ignore_extra_columns=True)
+    assert extra.schema.names == ["id", OP_COLUMN]
     with pytest.raises(InvalidArgumentError, match="op codes"):
         make_op_batch({"id": [1]}, np.array([1, 1], dtype=np.uint8), SCHEMA)
     with pytest.raises(InvalidArgumentError, match="unknown operation"):
         make_op_batch({"id": [1]}, "merge", SCHEMA)
     with pytest.raises(InvalidArgumentError, match="cannot convert"):
         make_op_batch({"id": ["x"]}, OpType.DELETE, SCHEMA)
+    with pytest.raises(InvalidArgumentError, match="cannot convert"):
+        make_op_batch({"id": [[1]]}, OpType.DELETE, SCHEMA)
     with pytest.raises(InvalidArgumentError, match="cannot make rows"):
         to_record_batch(42)
+
+
+def test_rows_that_break_a_rule_are_reported_one_by_one() -> None:
+    schema = Schema.parse("id:int64, small:int8?, name:string, blob:binary?", key=["id"])
+    big = b"x" * (CELL_BYTES_MAX + 1)
+    prepared = prepare_op_batch(
+        {
+            "id": [1, 2, None, 4, 5, 6, 7],
+            "small": pa.array([1, 300, 1, -129, 1, 1, 2], pa.int64()),
+            "name": ["a", "b", "c", "d", None, "f", "g"],
+            "blob": [None, None, None, None, None, big, b"ok"],
+        },
+        OpType.UPSERT,
+        schema,
+    )
+    found = {p.row: p.message for p in prepared.problems}
+    assert sorted(found) == [1, 2, 3, 4, 5]
+    assert {p.code for p in prepared.problems} == {"INVALID_ARGUMENT"}
+    assert "300 is out of range for int8" in found[1]
+    assert '"id"' in found[2]
+    assert "NOT NULL" in found[2]
+    assert "-129" in found[3]
+    assert '"name"' in found[4]
+    assert f"{CELL_BYTES_MAX + 1}-byte value" in found[5]
+    selection = prepared.selection()
+    assert selection is not None
+    assert selection.tolist() == [0, 6]
+    # The good rows keep their values; the input is kept as given for reports.
+    assert prepared.batch.column("small").to_pylist()[6] == 2
+    assert prepared.input.column("small").type == pa.int64()
+    # Deletes carry only keys: their other NOT NULL cells may be null.
+    deletes = prepare_op_batch({"id": [1], "name": [None]}, OpType.DELETE, schema)
+    assert deletes.problems == []
+    # A value that does not parse is found by halving the range that fails.
+    parsed = prepare_op_batch(
+        {"id": ["1", "x", "3"], "name": ["a", "b", "c"]}, OpType.INSERT, schema
+    )
+    assert [(p.row, "cannot convert 'x'" in p.message) for p in parsed.problems] == [(1, True)]
+
+
+def test_a_row_over_the_row_limit_is_refused_alone() -> None:
+    cells = ROW_BYTES_MAX // CELL_BYTES_MAX + 1
+    text = "id:int64, " + ", ".join(f"c{i}:binary?" for i in range(cells))
+    schema = Schema.parse(text, key=["id"])
+    cell = b"z" * CELL_BYTES_MAX
+    data: dict[str, object] = {"id": [1, 2]}
+    data.update({f"c{i}": [cell, None] for i in range(cells)})
+    prepared = prepare_op_batch(data, OpType.UPSERT, schema)
+    assert [p.row for p in prepared.problems] == [0]
+    assert f"at most {ROW_BYTES_MAX}" in prepared.problems[0].message
 
 
 def test_encode_is_ipc_stream() -> None:

@@ -58,3 +58,44 @@ def test_changes_bump_version_and_never_reuse_ids() -> None:
         s3.add_column(Column("e", "int8"))
     assert Schema.from_native(s3.to_native()) == s3
     assert s3.to_arrow().names == ["id", "c", "d"]
+
+
+def test_defaults_are_checked_normalised_and_round_trip() -> None:
+    import datetime
+
+    from nyala.rpc.schema_pb import column_from_pb, column_to_pb, schema_from_pb, schema_to_pb
+    from nyala.tablet.superblock import schema_from_dict, schema_to_dict
+
+    schema = Schema.parse(
+        "id:int64, n:int32=7, f:double=-inf, b:bool=true, s:string?='a b', bin:binary=xyz, "
+        "ts:timestamp=2024-01-01T00:00:00",
+        key=["id"],
+    )
+    defaults = {c.name: c.default for c in schema.columns}
+    assert defaults == {
+        "id": None,
+        "n": 7,
+        "f": float("-inf"),
+        "b": True,
+        "s": "a b",
+        "bin": b"xyz",
+        "ts": 1_704_067_200_000_000,
+    }
+    assert Schema.parse(format_schema(schema), key=["id"]) == schema
+    # The wire form (what the master keeps in its sys catalog) and the superblock keep them.
+    assert schema_from_pb(schema_to_pb(schema)).columns == schema.columns
+    assert schema_from_dict(schema_to_dict(schema)) == schema
+    for column in schema.columns:
+        assert column_from_pb(column_to_pb(column)) == Column(
+            column.name, column.type, nullable=column.nullable, default=column.default
+        )
+    when = datetime.datetime(2024, 1, 1, tzinfo=datetime.UTC)
+    assert Column("t", "timestamp", default=when).default == 1_704_067_200_000_000
+    with pytest.raises(InvalidArgumentError, match="does not fit a int8"):
+        Column("x", "int8", default=300)
+    with pytest.raises(InvalidArgumentError, match="does not fit a string"):
+        Column("x", "string", default=5)
+    with pytest.raises(InvalidArgumentError, match="does not fit a int64"):
+        Column("x", "int64", default=True)
+    with pytest.raises(InvalidArgumentError, match="not a int32"):
+        Schema.parse("id:int64, n:int32=seven", key=["id"])

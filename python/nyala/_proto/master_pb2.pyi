@@ -861,22 +861,28 @@ class ColumnPB(_message.Message):
     NAME_FIELD_NUMBER: _builtins.int
     TYPE_FIELD_NUMBER: _builtins.int
     NULLABLE_FIELD_NUMBER: _builtins.int
+    DEFAULT_JSON_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     type: _builtins.str
     """A nyala type name: int8..int64, float, double, bool, string, binary, timestamp."""
     nullable: _builtins.bool
+    default_json: _builtins.str
+    """The write default as JSON text (python/nyala/schema.py `default_to_json`); unset: none."""
     def __init__(
         self,
         *,
         name: _builtins.str = ...,
         type: _builtins.str = ...,
         nullable: _builtins.bool = ...,
+        default_json: _builtins.str | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_default_json", b"_default_json", "default_json", b"default_json"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name", "nullable", b"nullable", "type", b"type"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_default_json", b"_default_json", "default_json", b"default_json", "name", b"name", "nullable", b"nullable", "type", b"type"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__default_json: _TypeAlias = _typing.Literal["default_json"]  # noqa: Y015
+    _WhichOneofArgType__default_json: _TypeAlias = _typing.Literal["_default_json", b"_default_json"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__default_json) -> _WhichOneofReturnType__default_json | None: ...
 
 Global___ColumnPB: _TypeAlias = ColumnPB  # noqa: Y015
 
@@ -891,7 +897,9 @@ class AlterTableStepPB(_message.Message):
         COLUMN_FIELD_NUMBER: _builtins.int
         @_builtins.property
         def column(self) -> Global___ColumnPB:
-            """New columns must be nullable (existing rows get null)."""
+            """New columns must be nullable or have a default (Kudu's rule): existing rows read as the
+            default, or null.
+            """
 
         def __init__(
             self,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import time
 from pathlib import Path
 from typing import Any
 
@@ -38,25 +39,21 @@ def _parse_hash(text: str) -> Any:
 
 
 def parse_value(schema: Any, column: str, text: str) -> Any:
-    """A literal typed as ``column``'s values (``'quoted'`` strings lose their quotes)."""
+    """A literal typed as ``column``'s values (``'quoted'`` strings lose their quotes;
+    timestamps stay text, which the predicate encoder parses)."""
+    from nyala.schema import parse_default
+
     kind = schema.column(column).type
-    text = text.strip()
-    if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
-        text = text[1:-1]
+    if kind == "timestamp":
+        text = text.strip()
+        quoted = len(text) >= 2 and text[0] == text[-1] and text[0] in "'\""
+        return text[1:-1] if quoted else text
     try:
-        if kind.startswith("int"):
-            return int(text)
-        if kind in ("float", "double"):
-            return float(text)
-        if kind == "bool":
-            if text.lower() not in ("true", "false"):
-                raise ValueError(text)
-            return text.lower() == "true"
-        if kind == "binary":
-            return text.encode()
-        return text  # string; timestamps are parsed by the predicate encoder
-    except ValueError:
-        raise InvalidArgumentError(f"{text!r} is not a {kind} value for {column!r}") from None
+        return parse_default(kind, text)
+    except InvalidArgumentError:
+        raise InvalidArgumentError(
+            f"{text.strip()!r} is not a {kind} value for {column!r}"
+        ) from None
 
 
 def parse_where(schema: Any, text: str) -> tuple[Any, ...]:
@@ -200,17 +197,30 @@ def rename(old: str, new: str, masters: str, fmt: str) -> None:
 @group.command(name="add-column")
 @click.argument("name")
 @click.argument("column")
+@click.option("--default", "default", default=None, help="The column's write default.")
+@click.option(
+    "--not-null",
+    is_flag=True,
+    help="Make the column NOT NULL (it then needs --default, Kudu's rule).",
+)
 @masters_option
 @format_option
 @one_line
-def add_column(name: str, column: str, masters: str, fmt: str) -> None:
-    """Add COLUMN ('col:type', always nullable) to table NAME."""
-    from nyala.schema import Column
+def add_column(
+    name: str, column: str, default: str | None, not_null: bool, masters: str, fmt: str
+) -> None:
+    """Add COLUMN ('col:type') to table NAME: nullable unless --not-null; rows already written
+    read as its --default (or null)."""
+    from nyala.schema import Column, canonical_type, parse_default
 
     col_name, sep, type_text = column.partition(":")
     if not sep or not col_name.strip() or not type_text.strip():
         raise InvalidArgumentError(f"column {column!r} must look like 'name:type'")
-    new = Column(col_name.strip(), type_text.strip().rstrip("?"), nullable=True)
+    type_name = canonical_type(type_text.strip().rstrip("?"))
+    value = None if default is None else parse_default(type_name, default)
+    if not_null and value is None:
+        raise InvalidArgumentError("a NOT NULL column added to a table needs --default")
+    new = Column(col_name.strip(), type_name, nullable=not not_null, default=value)
     with client_for(masters) as client:
         table = client.alter_table(name, add_columns=[new])
     emit_one({"table": name, "added": new.name, "schema_version": table.schema.version}, fmt)
@@ -295,49 +305,114 @@ def count(name: str, wheres: tuple[str, ...], masters: str, fmt: str) -> None:
 @click.argument("name")
 @click.argument("path", type=click.Path(path_type=Path, dir_okay=False))
 @click.option("--operation", default="upsert", show_default=True, help="insert, upsert, ...")
+@click.option(
+    "--ignore-extra-columns",
+    is_flag=True,
+    help="Drop file columns the table lacks (otherwise they are an error).",
+)
+@click.option(
+    "--rejects",
+    type=click.Path(path_type=Path, dir_okay=False),
+    default=None,
+    help="Write the rows not applied to this Parquet file (values, row, error).",
+)
 @masters_option
 @format_option
 @one_line
-def load(name: str, path: Path, operation: str, masters: str, fmt: str) -> None:
-    """Load a Parquet or CSV file into table NAME."""
-    import pyarrow as pa
+def load(
+    name: str,
+    path: Path,
+    operation: str,
+    ignore_extra_columns: bool,
+    rejects: Path | None,
+    masters: str,
+    fmt: str,
+) -> None:
+    """Load a Parquet or CSV file into table NAME.
 
+    Every row is applied, failed (a reason per row: a null in a NOT NULL column, a value out of
+    range, a duplicate key, ...) or unknown (no answer in time); the summary lists failed rows
+    with their key values, --rejects keeps them all for reprocessing, and the command exits 1
+    if any row was not applied. Columns the file lacks take their default (or null). A
+    progress bar shows on a terminal (not with --format json)."""
     from nyala.rowops import OpType
+    from nyala.spark.load import RowErrorsError, load_file
 
     op = OpType.parse(operation)
-    reader = _open_rows(path)
-    with client_for(masters) as client:
-        table = client.table(name)
-        target = table.schema.to_arrow()
-        rows = failed = 0
-        samples: list[str] = []
-        for batch in reader:
-            wanted = [f for f in target if f.name in batch.schema.names]
-            batch = pa.RecordBatch.from_arrays(
-                [batch.column(f.name).cast(f.type) for f in wanted], schema=pa.schema(wanted)
+    with client_for(masters) as client, _Progress(path, enabled=fmt != "json") as progress:
+        try:
+            report = load_file(
+                client,
+                name,
+                path,
+                operation=op,
+                batch_rows=LOAD_BATCH_ROWS,
+                ignore_extra_columns=ignore_extra_columns,
+                rejects=rejects,
+                on_batch=progress.update,
             )
-            result = table.write(batch, op)
-            rows += result.rows
-            failed += len(result.row_errors)
-            samples.extend(
-                f"row {e.row + rows - result.rows}: {e.code}" for e in result.row_errors[:3]
-            )
-    emit_one({"table": name, "rows": rows, "failed": failed, "failed_sample": samples[:5]}, fmt)
-    if failed:
+        except RowErrorsError as exc:
+            report = exc.report
+    emit_one(
+        {
+            "table": name,
+            "rows": report.rows_in,
+            "applied": report.rows_applied,
+            "failed": report.rows_failed,
+            "unknown": report.rows_unknown,
+            "failed_by_code": report.errors_by_code,
+            "failed_sample": report.sample,
+            "rejects": str(rejects) if rejects is not None and report.rows_not_applied else None,
+            "rows_per_s": round(report.rows_in / report.elapsed_s) if report.elapsed_s else None,
+        },
+        fmt,
+    )
+    if report.rows_not_applied:
         raise SystemExit(1)
 
 
-def _open_rows(path: Path) -> Any:
-    import pyarrow.csv as pcsv
-    import pyarrow.parquet as pq
+class _Progress:
+    """``click.progressbar`` over a file load, on stderr and only on a terminal: the share of
+    the file read, rows so far and rows per second."""
 
-    suffix = path.suffix.lower()
-    if suffix == ".parquet":
-        return pq.ParquetFile(path).iter_batches(batch_size=LOAD_BATCH_ROWS)
-    if suffix == ".csv":
-        options = pcsv.ReadOptions(block_size=16 * 1024 * 1024)
-        return pcsv.open_csv(path, read_options=options)
-    raise InvalidArgumentError(f"{path}: expected a .parquet or .csv file")
+    def __init__(self, path: Path, *, enabled: bool) -> None:
+        stream = click.get_text_stream("stderr")
+        self._enabled = enabled and stream.isatty()
+        self._stream = stream
+        self._path = path
+        self._bar: Any = None
+        self._shown = 0
+        self._started = time.monotonic()
+        self._rows = 0
+
+    def __enter__(self) -> _Progress:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._bar is not None:
+            self._bar.render_finish()
+
+    def update(self, source: Any, report: Any) -> None:
+        """Called after each batch read: moves the bar to ``source.done`` of ``total``."""
+        if not self._enabled:
+            return
+        if self._bar is None:
+            self._bar = click.progressbar(
+                length=max(source.total, 1),
+                label=f"loading {self._path.name}",
+                file=self._stream,
+                show_percent=True,
+                show_eta=True,
+                item_show_func=self._label,
+            )
+            self._bar.render_progress()
+        self._rows = report.rows_in
+        self._bar.update(source.done - self._shown, current_item=self._rows)
+        self._shown = source.done
+
+    def _label(self, rows: int | None) -> str:
+        elapsed = max(time.monotonic() - self._started, 1e-6)
+        return f"{self._rows:,} rows, {self._rows / elapsed:,.0f} rows/s"
 
 
 __all__ = ["group", "parse_value", "parse_where"]

@@ -12,12 +12,13 @@ from nyala.client.client import Admin, Client, connect
 from nyala.client.scanner import Scanner
 from nyala.client.session import Session, SessionError
 from nyala.client.table import Table
-from nyala.client.write import RowError, WriteResult
+from nyala.client.write import RowError, RowOutcome, WriteResult
 
 __all__ = [
     "Admin",
     "Client",
     "RowError",
+    "RowOutcome",
     "Scanner",
     "Session",
     "SessionError",

@@ -13,8 +13,6 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-import pyarrow as pa
-
 from nyala import errors
 from nyala._proto import consensus_pb2, master_pb2, metadata_pb2
 from nyala.client.admin import ReplicaAdminMixin
@@ -25,12 +23,12 @@ from nyala.client.session import Session
 from nyala.client.table import Table
 from nyala.client.write import Writer, WriteResult
 from nyala.partition import PartitioningSpec, PartitionSchema, range_spec_to_pb
-from nyala.rowops import OpType, make_op_batch
+from nyala.rowops import OpType, PreparedRows, prepare_op_batch
 from nyala.rpc.errors import join_host_port
 from nyala.rpc.messages import Addressable, Answer
-from nyala.rpc.schema_pb import schema_to_pb
+from nyala.rpc.schema_pb import column_to_pb, schema_to_pb
 from nyala.rpc.settings import RpcSettings
-from nyala.schema import Column, Schema
+from nyala.schema import Column, Schema, default_to_json
 
 #: Client RPC deadline and admin (DDL) deadline, in milliseconds (DESIGN.md §8).
 CLIENT_TIMEOUT_MS = 10_000
@@ -138,17 +136,16 @@ class Client:
         new_name: str | None = None,
         wait: bool = True,
     ) -> Table:
-        """Changes the table's columns and/or name in one all-or-nothing step."""
+        """Changes the table's columns and/or name in one all-or-nothing step. An added
+        column must be nullable or have a default (Kudu's rule); rows already written read
+        as its default (or null)."""
         request = master_pb2.AlterTableRequestPB(
             table=master_pb2.TableIdentifierPB(table_name=name),
             new_table_name=new_name or "",
             request_id=uuid.uuid4().hex,
         )
         for column in add_columns:
-            step = request.steps.add()
-            step.add_column.column.name = column.name
-            step.add_column.column.type = column.type
-            step.add_column.column.nullable = column.nullable
+            request.steps.add().add_column.column.CopyFrom(column_to_pb(column))
         for dropped in drop_columns:
             request.steps.add().drop_column.name = dropped
         for old, new in (rename_columns or {}).items():
@@ -198,7 +195,13 @@ class Client:
             "replicas": table.num_replicas,
             "key": table.schema.key,
             "columns": [
-                {"name": c.name, "type": c.type, "nullable": c.nullable, "id": c.id}
+                {
+                    "name": c.name,
+                    "type": c.type,
+                    "nullable": c.nullable,
+                    "default": default_to_json(c.type, c.default),
+                    "id": c.id,
+                }
                 for c in table.schema.columns
             ],
             "partitioning": table.partition_schema.describe(),
@@ -240,18 +243,23 @@ class Client:
 
     # --- sessions -----------------------------------------------------------------------------
 
-    def session(self, *, flush: str = "manual", **limits: Any) -> Session:
-        """A write session (``flush="manual"`` or ``"background"``); see ``Session``."""
-        return Session(self._session_batch, self._session_write, flush=flush, **limits)
+    def session(self, *, flush: str = "manual", **options: Any) -> Session:
+        """A write session (``flush="manual"`` or ``"background"``); see ``Session`` for its
+        limits (``buffer_bytes_max``, ``session_error_rows_max``, ...) and
+        ``ignore_extra_columns``."""
+        return Session(self._session_batch, self._session_write, flush=flush, **options)
 
-    def _session_batch(self, name: str, data: Any, op: OpType) -> tuple[TableInfo, pa.RecordBatch]:
-        return self._op_batch(self._cache.table(name), data, op)
+    def _session_batch(
+        self, name: str, data: Any, op: OpType, ignore_extra_columns: bool
+    ) -> tuple[TableInfo, PreparedRows]:
+        info = self._cache.table(name)
+        prepared = prepare_op_batch(
+            data, op, info.schema, ignore_extra_columns=ignore_extra_columns
+        )
+        return info, prepared
 
-    def _session_write(self, info: TableInfo, batch: pa.RecordBatch) -> WriteResult:
-        return self._writer.write(info, batch)
-
-    def _op_batch(self, info: TableInfo, data: Any, op: OpType) -> tuple[TableInfo, pa.RecordBatch]:
-        return info, make_op_batch(data, op, info.schema)
+    def _session_write(self, info: TableInfo, prepared: PreparedRows) -> WriteResult:
+        return self._writer.write(info, prepared)
 
     # --- plumbing -----------------------------------------------------------------------------
 

@@ -111,6 +111,11 @@ class MetaCache:
             self._tables[name] = info
         return info
 
+    def peek(self, name: str) -> TableInfo | None:
+        """The cached info of ``name``, if any (never asks the master)."""
+        with self._lock:
+            return self._tables.get(name)
+
     def forget_table(self, name: str) -> None:
         """Drops the cached info of ``name`` (after a DDL changed or removed it)."""
         with self._lock:

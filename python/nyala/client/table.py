@@ -2,8 +2,12 @@
 
 A handle is cheap and holds no connection of its own; it goes through its client's caches and
 channels. Writes take a pyarrow Table/RecordBatch, a pandas DataFrame or a dict of numpy
-arrays, are converted once (``nyala.rowops``) and return a ``WriteResult`` listing the rows
-that failed (the rest were applied); a failure of the whole call raises.
+arrays, are converted once (``nyala.rowops``) and return a ``WriteResult`` that gives every
+row's outcome: applied, or failed with a ``RowError`` (code, reason, the row's index and key).
+A row's own problem never fails the others. When requests to some tablets got no answer, the
+call raises ``PartialWriteError`` carrying that result (rows applied, failed, unknown) and its
+``retry()``; when nothing was applied because whole requests failed, it raises their error
+(docs/write-semantics.md).
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from nyala.client.scanner import (
 )
 from nyala.client.write import WriteResult
 from nyala.partition import PartitionSchema
-from nyala.rowops import OpType
+from nyala.rowops import OpType, prepare_op_batch
 from nyala.schema import Schema
 
 if TYPE_CHECKING:
@@ -48,7 +52,7 @@ class Table:
     @property
     def schema(self) -> Schema:
         """The schema this handle writes and scans with."""
-        return self._info.schema
+        return self._current_info().schema
 
     @property
     def partition_schema(self) -> PartitionSchema:
@@ -69,10 +73,35 @@ class Table:
 
     # --- writes -------------------------------------------------------------------------------
 
-    def write(self, data: Any, op: OpType | str, *, timeout_ms: int | None = None) -> WriteResult:
-        """Applies ``data``'s rows as operation ``op`` and waits until they are durable."""
-        _, batch = self._client._op_batch(self._info, data, OpType.parse(op))
-        return self._client._writer.write(self._info, batch, timeout_ms=timeout_ms)
+    def write(
+        self,
+        data: Any,
+        op: OpType | str,
+        *,
+        timeout_ms: int | None = None,
+        ignore_extra_columns: bool = False,
+    ) -> WriteResult:
+        """Applies ``data``'s rows as operation ``op`` and waits until they are durable.
+
+        Columns the table has and ``data`` lacks take their default (or null) in INSERT and
+        UPSERT rows; a column the table lacks is an error unless ``ignore_extra_columns``."""
+        info = self._current_info()
+        prepared = prepare_op_batch(
+            data, OpType.parse(op), info.schema, ignore_extra_columns=ignore_extra_columns
+        )
+        return self._client._writer.write(info, prepared, timeout_ms=timeout_ms).check()
+
+    def _current_info(self) -> TableInfo:
+        """The table's info, moved on to a newer schema the client has learnt meanwhile (a
+        write that met a schema change refreshes the client's cache)."""
+        newer = self._client._cache.peek(self._info.name)
+        if (
+            newer is not None
+            and newer.table_id == self._info.table_id
+            and newer.schema.version > self._info.schema.version
+        ):
+            self._info = newer
+        return self._info
 
     def insert(self, data: Any, **kwargs: Any) -> WriteResult:
         """Inserts rows; an existing key is a row error ``ALREADY_PRESENT``."""

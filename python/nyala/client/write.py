@@ -1,21 +1,44 @@
-"""Sending row operations to tablet leaders, exactly once (DESIGN.md §4).
+"""Sending row operations to tablet leaders, exactly once, with an outcome for every row
+(DESIGN.md §4, docs/write-semantics.md).
 
-An op batch is split per tablet in Rust (``PartitionRouter.split_requests``: routing over whole
-columns, one gather per request, IPC encoding, no per-row Python, the GIL released) into requests
-of bounded size, and every tablet's requests go to its leader in order, tablets in parallel.
-Each request gets a sequence number once, when it is built; every retry (after
-``NOT_THE_LEADER``, an unreachable server, a timeout) resends the very same bytes with the same
-request id, so a request that was applied before the answer was lost is answered from the
-replicas' result cache and never applied twice. Per-row failures come back as ``RowError``s
-that name the caller's row.
+The write contract: every row of a call ends **applied**, **failed** (with a code and a
+reason), or **unknown** (its request got no answer before the deadline; it may or may not have
+been applied). Nothing is dropped silently and a partial write is never hidden.
+
+* Rows that break a rule of the table (``nyala.rowops.prepare_op_batch``: a value out of range,
+  a null in a NOT NULL column, a cell or row over the size limits) are refused before sending;
+  so are rows that no tablet covers (a gap between range partitions). Each is a ``RowError``.
+* The other rows are split per tablet in Rust (``PartitionRouter.split_requests``: routing over
+  whole columns, each row measured, one gather per request, IPC encoding, no per-row Python, the
+  GIL released) into requests of bounded rows and bytes, and every tablet's requests go to its
+  leader in order, tablets in parallel. Per-row failures the tablet reports (duplicate key on
+  INSERT, missing key on UPDATE/DELETE) come back as ``RowError``s naming the caller's row.
+* Each request gets a sequence number once, when it is built; every retry (after
+  ``NOT_THE_LEADER``, an unreachable server, a timeout) resends the very same bytes with the
+  same request id, so a request that was applied before its answer was lost is answered from the
+  replicas' result cache and never applied twice. A request still unanswered at the deadline
+  leaves its rows **unknown**, and the later requests to the same tablet are not sent (they
+  would overtake it): their rows fail with ``ABORTED``. ``WriteResult.retry()`` resends exactly
+  these requests, in order, under their request ids; until then the ids stay outstanding, so
+  the replicas keep the outcomes a retry needs.
+* A request the tablet refuses because it was encoded for another schema version is re-sent for
+  the table's current version when its columns still fit it (a column was added, say), so a
+  long-running writer survives schema changes.
+
+``Table.write`` raises ``PartialWriteError`` (carrying the ``WriteResult``) when rows are left
+unknown or unsent, and the request's own error when no row was applied and every failure was a
+whole request's; otherwise it returns the result.
 """
 
 from __future__ import annotations
 
+import enum
 import itertools
 import threading
 import time
 import uuid
+import weakref
+from collections.abc import Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,66 +51,45 @@ from nyala._proto import common_pb2, tserver_pb2
 from nyala.client.meta_cache import MetaCache, Replica, TableInfo, TabletLocation
 from nyala.client.rpc import Backoff, ChannelPool
 from nyala.client.write_pipe import WritePipe
-from nyala.rowops import OP_COLUMN
+from nyala.rowops import OP_COLUMN, OpType, PreparedRows
+from nyala.rpc.errors import error_to_pb
+from nyala.schema import Schema
 
-#: Most rows and about the most Arrow bytes of one Write request: each tablet's rows are cut
-#: into requests of at most this much (fewer, larger requests: each is one Raft round and one
-#: fsync).
+#: Most rows and most Arrow bytes of one Write request: each tablet's rows are cut into
+#: requests of at most this much (fewer, larger requests: each is one Raft round and one
+#: fsync). Any valid row (``nyala._native.ROW_BYTES_MAX``) fits in one request.
 WRITE_REQUEST_ROWS_MAX = 256 * 1024
 WRITE_REQUEST_BYTES_MAX = 16 * 1024 * 1024
+
+#: Errors with which a server refuses a write before proposing it: an attempt that ends so did
+#: not apply the request. Every other failed attempt may have (its outcome is unknown).
+_NOT_PROPOSED = (
+    errors.WrongServerUuidError,
+    errors.TabletNotFoundError,
+    errors.TabletNotRunningError,
+    errors.SchemaMismatchError,
+)
+
+
+class RowOutcome(enum.IntEnum):
+    """What happened to one row of a write (``WriteResult.outcomes``)."""
+
+    APPLIED = 0
+    #: Not applied; ``WriteResult.row_errors`` says why.
+    FAILED = 1
+    #: Its request got no answer: it may or may not have been applied (``WriteResult.unknown``).
+    UNKNOWN = 2
 
 
 @dataclass(frozen=True)
 class RowError:
-    """One row that was not applied: its position in the caller's data and why."""
+    """One row that was not applied (or whose outcome is unknown): its position in the
+    caller's data, an ``ErrorCode`` name, why, and the row's key values."""
 
     row: int
     code: str
     message: str
-
-
-@dataclass
-class WriteResult:
-    """The outcome of a write: rows sent, and the rows that failed (the others were applied)."""
-
-    rows: int = 0
-    row_errors: list[RowError] = field(default_factory=list)
-    failed_rows: pa.Table | None = None
-
-    @property
-    def ok(self) -> bool:
-        """True if every row was applied."""
-        return not self.row_errors
-
-    @property
-    def applied(self) -> int:
-        """How many rows were applied."""
-        return self.rows - len(self.row_errors)
-
-    def raise_for_errors(self) -> WriteResult:
-        """Raises the first row's error as its ``nyala.errors`` class; returns self if none."""
-        if self.row_errors:
-            from nyala.rpc.errors import error_from_pb
-
-            first = self.row_errors[0]
-            pb = common_pb2.ErrorPB(code=common_pb2.ErrorCode.Value(first.code))
-            exc = error_from_pb(pb)
-            raise type(exc)(
-                f"{len(self.row_errors)} of {self.rows} rows failed; row {first.row}: "
-                f"{first.code}: {first.message}"
-            )
-        return self
-
-    def merge(self, other: WriteResult) -> None:
-        """Adds ``other`` (a later write's result) to this one."""
-        offset = self.rows
-        self.rows += other.rows
-        self.row_errors.extend(
-            RowError(e.row + offset, e.code, e.message) for e in other.row_errors
-        )
-        if other.failed_rows is not None:
-            parts = [t for t in (self.failed_rows, other.failed_rows) if t is not None]
-            self.failed_rows = pa.concat_tables(parts)
+    key: Mapping[str, Any] = field(default_factory=dict)
 
 
 class RequestTracker:
@@ -116,13 +118,273 @@ class RequestTracker:
         with self._lock:
             return min(self._outstanding, default=default)
 
+    @property
+    def outstanding(self) -> int:
+        """How many requests are outstanding (for tests)."""
+        with self._lock:
+            return len(self._outstanding)
 
-@dataclass
+
+@dataclass(frozen=True)
+class _Shape:
+    """What every request of one write holds: its columns, and whether any row updates."""
+
+    columns: tuple[tuple[str, pa.DataType], ...]
+    has_updates: bool
+    only_deletes: bool
+
+    def fits(self, schema: Schema) -> bool:
+        """Whether requests of this shape are valid for ``schema`` (a later version)."""
+        by_name = {c.name: c for c in schema.columns}
+        for name, arrow_type in self.columns:
+            column = by_name.get(name)
+            if column is None or column.arrow_type != arrow_type:
+                return False
+        given = {name for name, _ in self.columns}
+        for i, column in enumerate(schema.columns):
+            if column.name in given or (self.only_deletes and i >= len(schema.key)):
+                continue
+            if i < len(schema.key) or self.has_updates:
+                return False
+            if not column.nullable and column.default is None:
+                return False
+        return True
+
+
+@dataclass(eq=False)
 class _Request:
+    """One request: the rows of one tablet it carries (as IPC bytes), and where they came
+    from. ``seq_no`` and ``ops`` never change; a retry resends them."""
+
     tablet_id: str
     seq_no: int
     ops: bytes
     positions: np.ndarray[Any, Any]  # caller's row index of each row of ``ops``
+    shape: _Shape
+    schema_version: int
+    #: Some attempt may have reached a leader that proposed it (its outcome may be unknown).
+    maybe_sent: bool = False
+
+
+@dataclass
+class _Settled:
+    """The outcome of one request: a response, or the error that ended it."""
+
+    request: _Request
+    response: tserver_pb2.WriteResponsePB | None = None
+    error: BaseException | None = None
+    #: Not answered: the request must be retried (its rows unknown, or failed if never sent).
+    pending: bool = False
+
+
+class _Outcomes:
+    """Per-row outcomes of a write being assembled."""
+
+    def __init__(self, rows: int) -> None:
+        self.state = np.zeros(rows, dtype=np.uint8)  # RowOutcome per row
+        self.reasons: dict[int, tuple[str, str]] = {}  # row -> (code, message)
+        #: The first error that ended a whole request, and whether any row was refused alone.
+        self.request_error: BaseException | None = None
+        self.row_failures = False
+
+    def set(self, rows: Iterable[int], outcome: RowOutcome, code: str, message: str) -> None:
+        for row in rows:
+            self.state[row] = outcome
+            self.reasons[row] = (code, message)
+
+    def copy(self) -> _Outcomes:
+        out = _Outcomes(len(self.state))
+        out.state = self.state.copy()
+        out.reasons = dict(self.reasons)
+        out.row_failures = self.row_failures
+        return out
+
+
+def error_code(exc: BaseException) -> str:
+    """The ``ErrorCode`` name of an exception (``UNKNOWN_ERROR`` for unmapped ones)."""
+    return common_pb2.ErrorCode.Name(error_to_pb(exc).code)
+
+
+class WriteResult:
+    """The outcome of a write, row by row: applied, failed (``row_errors``, with
+    ``failed_rows`` holding their values) or unknown (``unknown``, ``unknown_rows``).
+    ``outcomes[i]`` is row i's ``RowOutcome``. ``retry()`` resends the requests that got no
+    answer, under their request ids."""
+
+    def __init__(
+        self,
+        outcomes: _Outcomes,
+        source: pa.RecordBatch,
+        key: list[str],
+        retry_with: _Retry | None = None,
+        converted: pa.RecordBatch | None = None,
+    ) -> None:
+        self._outcomes = outcomes
+        self._source = source  # the caller's rows as given
+        self._converted = source if converted is None else converted  # in the table's types
+        self._key = key
+        self._retry_with = retry_with
+        self.rows = len(outcomes.state)
+        failed = _positions(outcomes.state, RowOutcome.FAILED)
+        unknown = _positions(outcomes.state, RowOutcome.UNKNOWN)
+        self.row_errors = self._errors(failed)
+        self.unknown = self._errors(unknown)
+        self.failed_rows = _take(source, failed)
+        self.unknown_rows = _take(source, unknown)
+
+    @classmethod
+    def of(
+        cls,
+        source: pa.RecordBatch,
+        key: list[str],
+        failed: Iterable[RowError] = (),
+        unknown: Iterable[RowError] = (),
+    ) -> WriteResult:
+        """A result over ``source``'s rows in which ``failed`` failed, ``unknown`` are
+        unknown and the rest applied (for stand-ins of a cluster; it has nothing to retry)."""
+        outcomes = _Outcomes(source.num_rows)
+        for error in failed:
+            outcomes.set((error.row,), RowOutcome.FAILED, error.code, error.message)
+            outcomes.row_failures = True
+        for error in unknown:
+            outcomes.set((error.row,), RowOutcome.UNKNOWN, error.code, error.message)
+        rows = source.drop_columns([OP_COLUMN]) if OP_COLUMN in source.schema.names else source
+        return cls(outcomes, rows, key)
+
+    @property
+    def outcomes(self) -> np.ndarray[Any, np.dtype[np.uint8]]:
+        """One ``RowOutcome`` per input row (a copy)."""
+        return self._outcomes.state.copy()
+
+    @property
+    def ok(self) -> bool:
+        """True if every row was applied."""
+        return not self.row_errors and not self.unknown
+
+    @property
+    def applied(self) -> int:
+        """How many rows were applied (not counting unknown ones that may have been)."""
+        return int(np.count_nonzero(self._outcomes.state == RowOutcome.APPLIED))
+
+    @property
+    def retriable(self) -> bool:
+        """True if some requests got no answer (their rows unknown or unsent): see ``retry``."""
+        return self._retry_with is not None and bool(self._retry_with.requests)
+
+    def retry(self, *, timeout_ms: int | None = None) -> WriteResult:
+        """Resends the requests that got no answer (rows unknown, and rows not sent after
+        them) under their original request ids, in order, so that nothing is applied twice;
+        returns the whole call's result with those rows settled. Raises like the write
+        (``PartialWriteError`` if rows are still unknown)."""
+        if not self.retriable:
+            return self
+        assert self._retry_with is not None
+        result = self._retry_with.run(self, timeout_ms)
+        return result.check()
+
+    def check(self) -> WriteResult:
+        """Returns self, or raises as ``Table.write`` does: ``PartialWriteError`` if requests
+        got no answer; the first request's error if nothing was applied and every failure
+        was a whole request's."""
+        if self.retriable:
+            raise errors.PartialWriteError(self._summary(), result=self)
+        error = self._outcomes.request_error
+        if error is not None and not self.applied and not self._outcomes.row_failures:
+            raise error
+        return self
+
+    def raise_for_errors(self) -> WriteResult:
+        """Raises the first failed row's error as its ``nyala.errors`` class (or
+        ``PartialWriteError`` if rows are unknown); returns self if every row was applied."""
+        if self.unknown:
+            raise errors.PartialWriteError(self._summary(), result=self)
+        if self.row_errors:
+            from nyala.rpc.errors import error_from_pb
+
+            first = self.row_errors[0]
+            pb = common_pb2.ErrorPB(code=common_pb2.ErrorCode.Value(first.code))
+            exc = error_from_pb(pb)
+            raise type(exc)(
+                f"{len(self.row_errors)} of {self.rows} rows failed; row {first.row} "
+                f"{dict(first.key)}: {first.code}: {first.message}"
+            )
+        return self
+
+    def _summary(self) -> str:
+        shown = self.unknown or self.row_errors
+        why = f"; row {shown[0].row}: {shown[0].code}: {shown[0].message}" if shown else ""
+        return (
+            f"write of {self.rows} rows: {self.applied} applied, {len(self.row_errors)} failed, "
+            f"{len(self.unknown)} unknown{why}"
+        )
+
+    def _errors(self, positions: np.ndarray[Any, Any]) -> list[RowError]:
+        if not len(positions):
+            return []
+        keys = self._keys(positions)
+        reasons = self._outcomes.reasons
+        out = []
+        for i, row in enumerate(positions.tolist()):
+            code, message = reasons.get(row, ("UNKNOWN_ERROR", ""))
+            out.append(RowError(row, code, message, keys[i] if keys else {}))
+        return out
+
+    def _keys(self, positions: np.ndarray[Any, Any]) -> list[dict[str, Any]]:
+        """The key values of the rows at ``positions``, in the table's types where they
+        converted (as given where they did not)."""
+        if not self._key:
+            return []
+        taken = pa.array(positions, pa.int64())
+        keys: list[dict[str, Any]] = self._converted.select(self._key).take(taken).to_pylist()
+        if any(None in k.values() for k in keys):
+            given = self._source.select(self._key).take(taken).to_pylist()
+            keys = [g if None in k.values() else k for k, g in zip(keys, given, strict=True)]
+        return keys
+
+    def __repr__(self) -> str:
+        return (
+            f"WriteResult(rows={self.rows}, applied={self.applied}, "
+            f"failed={len(self.row_errors)}, unknown={len(self.unknown)})"
+        )
+
+
+def _positions(state: np.ndarray[Any, Any], outcome: RowOutcome) -> np.ndarray[Any, Any]:
+    return np.flatnonzero(state == outcome)
+
+
+def _take(source: pa.RecordBatch, positions: np.ndarray[Any, Any]) -> pa.Table | None:
+    if not len(positions):
+        return None
+    return pa.Table.from_batches([source.take(pa.array(positions, pa.int64()))])
+
+
+@dataclass
+class _Retry:
+    """What ``WriteResult.retry`` needs: the writer, the table and the unanswered requests in
+    per-tablet order."""
+
+    writer: Writer
+    info: TableInfo
+    requests: list[_Request]
+
+    def run(self, previous: WriteResult, timeout_ms: int | None) -> WriteResult:
+        outcomes = previous._outcomes.copy()
+        outcomes.request_error = None
+        for request in self.requests:
+            outcomes.set(request.positions.tolist(), RowOutcome.APPLIED, "", "")
+            for row in request.positions.tolist():
+                outcomes.reasons.pop(row, None)
+        per_tablet: dict[str, list[_Request]] = {}
+        for request in self.requests:
+            per_tablet.setdefault(request.tablet_id, []).append(request)
+        return self.writer._finish(
+            self.info,
+            per_tablet,
+            outcomes,
+            (previous._source, previous._converted),
+            previous._key,
+            timeout_ms,
+        )
 
 
 class Writer:
@@ -145,73 +407,138 @@ class Writer:
         self._pipes_lock = threading.Lock()
 
     def write(
-        self, info: TableInfo, batch: pa.RecordBatch, *, timeout_ms: int | None = None
+        self, info: TableInfo, prepared: PreparedRows, *, timeout_ms: int | None = None
     ) -> WriteResult:
-        """Applies ``batch`` (an op batch of ``info``'s table) and waits for every tablet."""
+        """Applies ``prepared``'s rows (an op batch of ``info``'s table) and waits for every
+        tablet; every row ends applied, failed or unknown (see the module doc). Raises only
+        for a failure before any row was sent."""
+        batch = prepared.batch
+        outcomes = _Outcomes(batch.num_rows)
+        for problem in prepared.problems:
+            outcomes.set((problem.row,), RowOutcome.FAILED, problem.code, problem.message)
+        outcomes.row_failures = bool(prepared.problems)
+        per_tablet = self._requests(info, prepared, outcomes)
+        sources = (prepared.input, prepared.batch)
+        return self._finish(info, per_tablet, outcomes, sources, info.schema.key, timeout_ms)
+
+    def _finish(
+        self,
+        info: TableInfo,
+        per_tablet: dict[str, list[_Request]],
+        outcomes: _Outcomes,
+        sources: tuple[pa.RecordBatch, pa.RecordBatch],
+        key: list[str],
+        timeout_ms: int | None,
+    ) -> WriteResult:
+        """Sends ``per_tablet``'s requests and assembles the result over ``sources`` (the
+        caller's rows as given, and as converted to the table's types)."""
         deadline = time.monotonic() + (timeout_ms or self.timeout_ms) / 1000
-        per_tablet = self._requests(info, batch)
-        futures: list[Future[list[RowError]]] = []
+        settled: list[_Settled] = []
         if len(per_tablet) == 1:
             # Sent from the caller's thread: concurrent callers then meet in the write pipe
             # (their writes coalesce) instead of queueing for the executor's few threads.
-            sent: Future[list[RowError]] = Future()
-            try:
-                sent.set_result(self._send_all(info, next(iter(per_tablet.values())), deadline))
-            except Exception as exc:
-                sent.set_exception(exc)
-            futures.append(sent)
-        else:
-            futures = [
+            settled = self._send_all(info, next(iter(per_tablet.values())), deadline)
+        elif per_tablet:
+            futures: list[Future[list[_Settled]]] = [
                 self.executor.submit(self._send_all, info, requests, deadline)
                 for requests in per_tablet.values()
             ]
-        row_errors: list[RowError] = []
-        first_failure: BaseException | None = None
-        for future in futures:
-            try:
-                row_errors.extend(future.result())
-            except BaseException as exc:  # every tablet finishes before we report
-                first_failure = first_failure or exc
-        if first_failure is not None:
-            raise first_failure
-        row_errors.sort(key=lambda e: e.row)
-        failed = None
-        if row_errors:
-            rows = batch.drop_columns([OP_COLUMN]) if OP_COLUMN in batch.schema.names else batch
-            failed = pa.Table.from_batches([rows.take([e.row for e in row_errors])])
-        return WriteResult(batch.num_rows, row_errors, failed)
+            for future in futures:
+                settled.extend(future.result())
+        pending = [s.request for s in settled if s.pending]
+        for one in settled:
+            self._record(one, outcomes)
+        for request in (s.request for s in settled if not s.pending):
+            self.requests.done(request.seq_no)
+        retry = _Retry(self, info, pending) if pending else None
+        source, converted = sources
+        return WriteResult(outcomes, source, key, retry, converted)
 
-    def _requests(self, info: TableInfo, batch: pa.RecordBatch) -> dict[str, list[_Request]]:
-        locations = self.cache.locations(info)
+    def _requests(
+        self, info: TableInfo, prepared: PreparedRows, outcomes: _Outcomes
+    ) -> dict[str, list[_Request]]:
+        batch = prepared.batch
         per_tablet: dict[str, list[_Request]] = {}
-        if batch.num_rows == 0:
+        selection = prepared.selection()
+        if batch.num_rows == 0 or (selection is not None and not len(selection)):
             return per_tablet
-        pieces = locations.router.split_requests(
-            batch, WRITE_REQUEST_ROWS_MAX, WRITE_REQUEST_BYTES_MAX
+        locations = self.cache.locations(info)
+        pieces, unrouted = locations.router.split_requests(
+            batch,
+            WRITE_REQUEST_ROWS_MAX,
+            WRITE_REQUEST_BYTES_MAX,
+            selection=None if selection is None else pa.array(selection, pa.uint32()),
         )
+        gaps = np.asarray(unrouted)
+        if len(gaps):
+            outcomes.row_failures = True
+            outcomes.set(
+                gaps.tolist(),
+                RowOutcome.FAILED,
+                "NOT_FOUND",
+                "no tablet covers the row's key (it falls between the table's range partitions)",
+            )
+        shape = _shape(prepared)
         for partition, positions, ops in pieces:
             tablet = locations.tablets[partition]
             rows = np.asarray(positions)
-            request = _Request(tablet.tablet_id, self.requests.new(), ops, rows)
+            request = _Request(
+                tablet.tablet_id, self.requests.new(), ops, rows, shape, info.schema.version
+            )
+            # Released when no result holds it any more (answered, or dropped unretried).
+            weakref.finalize(request, self.requests.done, request.seq_no)
             per_tablet.setdefault(tablet.tablet_id, []).append(request)
         return per_tablet
 
     def _send_all(
         self, info: TableInfo, requests: list[_Request], deadline: float
-    ) -> list[RowError]:
-        row_errors: list[RowError] = []
-        try:
-            for request in requests:
-                response = self._send(info, request, deadline)
-                self.requests.done(request.seq_no)
-                for e in response.per_row_errors:
-                    code = common_pb2.ErrorCode.Name(e.code)
-                    row = int(request.positions[e.row_index])
-                    row_errors.append(RowError(row, code, e.message))
-        finally:
-            for request in requests:  # given up (or answered): never sent again
-                self.requests.done(request.seq_no)
-        return row_errors
+    ) -> list[_Settled]:
+        """Sends one tablet's requests in order. After one that got no answer, the rest are
+        not sent: they could overtake it (a later write of a key applied before an earlier)."""
+        settled: list[_Settled] = []
+        blocked = False
+        for request in requests:
+            if blocked:
+                settled.append(_Settled(request, pending=True))
+                continue
+            try:
+                settled.append(_Settled(request, response=self._send(info, request, deadline)))
+            except errors.InvalidArgumentError as exc:
+                # Refused whole at apply (deterministically) or before proposing: final.
+                settled.append(_Settled(request, error=exc, pending=request.maybe_sent))
+            except errors.NyalaError as exc:
+                answered = not errors.is_retriable(exc)
+                settled.append(
+                    _Settled(request, error=exc, pending=not answered or request.maybe_sent)
+                )
+            blocked = settled[-1].pending
+        return settled
+
+    def _record(self, settled: _Settled, outcomes: _Outcomes) -> None:
+        request = settled.request
+        if settled.response is not None:
+            for e in settled.response.per_row_errors:
+                code = common_pb2.ErrorCode.Name(e.code)
+                row = int(request.positions[e.row_index])
+                outcomes.set((row,), RowOutcome.FAILED, code, e.message)
+                outcomes.row_failures = True
+            return
+        rows = request.positions.tolist()
+        if settled.error is None:  # not sent: an earlier request of its tablet got no answer
+            outcomes.set(
+                rows,
+                RowOutcome.FAILED,
+                "ABORTED",
+                "not sent: an earlier write to its tablet has an unknown outcome "
+                "(WriteResult.retry() sends both, in order)",
+            )
+            return
+        error = settled.error
+        outcomes.request_error = outcomes.request_error or error
+        if settled.pending and request.maybe_sent:
+            outcomes.set(rows, RowOutcome.UNKNOWN, error_code(error), f"outcome unknown: {error}")
+        else:
+            outcomes.set(rows, RowOutcome.FAILED, error_code(error), str(error))
 
     def _send(
         self, info: TableInfo, request: _Request, deadline: float
@@ -237,25 +564,49 @@ class Writer:
                     first_incomplete_seq_no=self.requests.first_incomplete(request.seq_no),
                     attempt_no=attempt,
                 ),
-                schema_version=info.schema.version,
+                schema_version=request.schema_version,
             )
             attempt += 1
             try:
                 return self.pipe(replica.addr).write(pb, request.ops, backoff.remaining_ms())
             except errors.SchemaMismatchError:
-                self.cache.forget_table(info.name)
-                raise
+                if not self._adopt_schema(info, request):
+                    raise
+                if backoff.expired():
+                    raise
+                backoff.sleep()
             except errors.RETRIABLE as exc:
+                if not isinstance(exc, _NOT_PROPOSED):
+                    request.maybe_sent = True
                 if isinstance(exc, (errors.NetworkError, errors.TimedOutError)):
                     unreachable.add(replica.uuid)
                 self._on_retriable(info, tablet, exc)
                 if backoff.expired():
                     raise errors.TimedOutError(
                         f"write to tablet {request.tablet_id} not acknowledged before the "
-                        f"deadline (its outcome is unknown): {exc}"
+                        f"deadline: {exc}"
                     ) from exc
                 if not isinstance(exc, errors.NotLeaderError) or not exc.leader_uuid:
                     backoff.sleep()
+            except errors.NyalaError:
+                raise
+            except Exception as exc:  # a transport bug: the request may have gone out
+                request.maybe_sent = True
+                raise errors.NetworkError(f"write to {replica.addr} failed: {exc!r}") from exc
+
+    def _adopt_schema(self, info: TableInfo, request: _Request) -> bool:
+        """After ``MISMATCHED_SCHEMA``: True if the request may be sent again, for the table's
+        current schema version (its columns still fit), or as it is (the tablet has not caught
+        up with the version it was encoded for)."""
+        fresh = self.cache.table(info.name, refresh=True)
+        if fresh.table_id != info.table_id:
+            return False
+        if fresh.schema.version == request.schema_version:
+            return True  # the tablet is behind the master: wait for it
+        if not request.shape.fits(fresh.schema):
+            return False
+        request.schema_version = fresh.schema.version
+        return True
 
     def pipe(self, addr: str) -> WritePipe:
         """The write pipe to the server at ``addr``: concurrent writes to it share calls."""
@@ -271,13 +622,22 @@ class Writer:
         for tablet in self.cache.locations(info).tablets:
             if tablet.tablet_id == tablet_id:
                 return tablet
-        raise errors.TabletNotFoundError(f"tablet {tablet_id} of {info.name} no longer exists")
+        raise errors.NotFoundError(f"tablet {tablet_id} of {info.name} no longer exists")
 
     def _on_retriable(self, info: TableInfo, tablet: TabletLocation, exc: Exception) -> None:
         hint = exc.leader_uuid if isinstance(exc, errors.NotLeaderError) else None
         if hint and self.cache.set_leader(info.table_id, tablet.tablet_id, hint):
             return
         self.cache.invalidate(info.table_id)
+
+
+def _shape(prepared: PreparedRows) -> _Shape:
+    batch = prepared.batch
+    ops = batch.column(OP_COLUMN).to_numpy(zero_copy_only=False)
+    columns = tuple((f.name, f.type) for f in batch.schema if f.name != OP_COLUMN)
+    updates = np.isin(ops, (OpType.UPDATE, OpType.UPDATE_IGNORE))
+    deletes = np.isin(ops, (OpType.DELETE, OpType.DELETE_IGNORE))
+    return _Shape(columns, bool(updates.any()), bool(deletes.all()))
 
 
 def pick_replica(tablet: TabletLocation, attempt: int, unreachable: set[str]) -> Replica | None:
@@ -292,4 +652,14 @@ def pick_replica(tablet: TabletLocation, attempt: int, unreachable: set[str]) ->
     return candidates[attempt % len(candidates)]
 
 
-__all__ = ["RequestTracker", "RowError", "WriteResult", "Writer", "pick_replica"]
+__all__ = [
+    "WRITE_REQUEST_BYTES_MAX",
+    "WRITE_REQUEST_ROWS_MAX",
+    "RequestTracker",
+    "RowError",
+    "RowOutcome",
+    "WriteResult",
+    "Writer",
+    "error_code",
+    "pick_replica",
+]

@@ -24,7 +24,7 @@ from nyala.master.partitions import table_partitions
 from nyala.master.placement import choose_replicas
 from nyala.master.sys_catalog import CatalogRecord
 from nyala.master.ts_manager import TSDescriptor
-from nyala.rpc.schema_pb import schema_from_pb, schema_to_pb
+from nyala.rpc.schema_pb import column_from_pb, schema_from_pb, schema_to_pb
 from nyala.schema import Column, Schema
 
 log = logging.getLogger(__name__)
@@ -294,8 +294,7 @@ def _apply_steps(schema: Schema, steps: Iterable[master_pb2.AlterTableStepPB]) -
     for step in steps:
         kind = step.WhichOneof("step")
         if kind == "add_column":
-            c = step.add_column.column
-            schema = schema.add_column(Column(c.name, c.type, nullable=c.nullable))
+            schema = schema.add_column(column_from_pb(step.add_column.column))
         elif kind == "drop_column":
             schema = schema.drop_column(step.drop_column.name)
         elif kind == "rename_column":

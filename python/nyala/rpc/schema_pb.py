@@ -2,29 +2,41 @@
 tservers and the master (all of which import ``nyala.rpc``).
 
 The Arrow schema travels in IPC form, with each column's stable id in the field metadata key
-``nyala.column_id`` (docs/storage-format.md).
+``nyala.column_id`` (docs/storage-format.md) and its write default, if it has one, in
+``nyala.default`` (``nyala.schema.default_to_json``'s form, as JSON text). The master keeps this
+form in its sys catalog, so a default survives master restarts and leader changes.
 """
 
 from __future__ import annotations
 
+import json
+
 import pyarrow as pa
 
-from nyala._proto import metadata_pb2
+from nyala._proto import master_pb2, metadata_pb2
 from nyala.errors import InvalidArgumentError
-from nyala.schema import TYPES, Column, Schema
+from nyala.schema import (
+    TYPES,
+    Column,
+    Schema,
+    canonical_type,
+    default_from_json,
+    default_to_json,
+)
 
 _COLUMN_ID_KEY = b"nyala.column_id"
+_DEFAULT_KEY = b"nyala.default"
 _TYPE_NAMES = {arrow_type: name for name, arrow_type in TYPES.items()}
 
 
 def schema_to_pb(schema: Schema) -> metadata_pb2.SchemaPB:
     """The ``SchemaPB`` of ``schema``."""
-    fields = [
-        pa.field(
-            c.name, c.arrow_type, nullable=c.nullable, metadata={_COLUMN_ID_KEY: str(c.id).encode()}
-        )
-        for c in schema.columns
-    ]
+    fields = []
+    for c in schema.columns:
+        metadata = {_COLUMN_ID_KEY: str(c.id).encode()}
+        if c.default is not None:
+            metadata[_DEFAULT_KEY] = json.dumps(default_to_json(c.type, c.default)).encode()
+        fields.append(pa.field(c.name, c.arrow_type, nullable=c.nullable, metadata=metadata))
     return metadata_pb2.SchemaPB(
         arrow_schema=pa.schema(fields).serialize().to_pybytes(),
         key_columns=schema.key,
@@ -43,11 +55,44 @@ def schema_from_pb(pb: metadata_pb2.SchemaPB) -> Schema:
         name = _TYPE_NAMES.get(f.type)
         if name is None:
             raise InvalidArgumentError(f"column {f.name!r}: type {f.type} is not supported")
-        raw_id = (f.metadata or {}).get(_COLUMN_ID_KEY)
+        metadata = f.metadata or {}
+        raw_id = metadata.get(_COLUMN_ID_KEY)
+        raw_default = metadata.get(_DEFAULT_KEY)
+        try:
+            default = (
+                None if raw_default is None else default_from_json(name, json.loads(raw_default))
+            )
+        except ValueError as err:
+            raise InvalidArgumentError(f"column {f.name!r}: bad default: {err}") from None
         columns.append(
-            Column(f.name, name, nullable=f.nullable, id=None if raw_id is None else int(raw_id))
+            Column(
+                f.name,
+                name,
+                nullable=f.nullable,
+                default=default,
+                id=None if raw_id is None else int(raw_id),
+            )
         )
     return Schema(columns, list(pb.key_columns), version=pb.version)
 
 
-__all__ = ["schema_from_pb", "schema_to_pb"]
+def column_to_pb(column: Column) -> master_pb2.ColumnPB:
+    """The ``ColumnPB`` of a column to add (AlterTable): name, type, nullability, default."""
+    pb = master_pb2.ColumnPB(name=column.name, type=column.type, nullable=column.nullable)
+    if column.default is not None:
+        pb.default_json = json.dumps(default_to_json(column.type, column.default))
+    return pb
+
+
+def column_from_pb(pb: master_pb2.ColumnPB) -> Column:
+    """The ``Column`` of a ``ColumnPB``; ``InvalidArgumentError`` if it is malformed."""
+    default = None
+    if pb.HasField("default_json"):
+        try:
+            default = default_from_json(canonical_type(pb.type), json.loads(pb.default_json))
+        except ValueError as err:
+            raise InvalidArgumentError(f"column {pb.name!r}: bad default: {err}") from None
+    return Column(pb.name, pb.type, nullable=pb.nullable, default=default)
+
+
+__all__ = ["column_from_pb", "column_to_pb", "schema_from_pb", "schema_to_pb"]

@@ -1,12 +1,17 @@
-"""The Spark-free write core: Arrow batches in, one client session, a report out.
+"""The Spark-free write core: Arrow batches in, the client's writes, a report out.
 
 Each Spark write task, and ``nyala table load FILE``, hands a stream of ``pyarrow.RecordBatch``
 to a ``TableWriter``: it checks the input's schema against the table once (``WritePlan``, before
-any row is sent), conforms every batch by whole columns (zero-copy where the type matches),
-refuses rows with nulls in NOT NULL columns as row errors without sending them, gathers batches
-up to ``batch_rows`` rows and applies them through one client session. The per-row outcomes come
-back as a ``WriteReport``: counts by outcome and a bounded sample of row errors for the task's
-failure message. This module imports pyarrow and the client, never pyspark.
+any row is sent), selects the plan's columns from every batch (zero-copy), gathers batches up to
+``batch_rows`` rows and writes them with one ``Table.write`` call each, one call in flight while
+the next rows are read. Every row comes out applied, failed or unknown (docs/write-semantics.md):
+the client refuses rows that break a rule of the table (a null in a NOT NULL column, a value out
+of range, a cell too large, no tablet for the key) and the tablets refuse duplicate or missing
+keys, row by row; rows whose requests got no answer are retried under their request ids
+(``WriteResult.retry``) before they are reported unknown. The outcomes come back as a
+``WriteReport``: counts by outcome and code, a bounded sample of failed rows with their key
+values, and, when asked, every rejected row written to a Parquet file for reprocessing
+(``RejectsFile``). This module imports pyarrow and the client, never pyspark.
 
 ``load_file`` reads a Parquet or CSV file batch by batch (never the whole file at once) through
 the same core; CSV columns are parsed straight into the table's types.
@@ -18,15 +23,16 @@ import concurrent.futures
 import dataclasses
 import json
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from nyala.errors import InvalidArgumentError, NyalaError
+from nyala.errors import InvalidArgumentError, NyalaError, PartialWriteError
 from nyala.rowops import OpType
 from nyala.schema import Schema
 from nyala.spark import schema_map
@@ -38,6 +44,12 @@ DUPLICATE_CODES = frozenset({"ALREADY_PRESENT"})
 IN_KEYS_MAX = 16_384
 #: Bytes one CSV read block holds (the unit of CSV parsing and of the batches it yields).
 CSV_BLOCK_BYTES = 8 << 20
+#: Times a write's unanswered requests are sent again before their rows count as unknown.
+UNKNOWN_RETRIES = 2
+#: Columns a rejects file adds to the rejected rows' values.
+REJECT_COLUMNS = ("__row", "__error_code", "__error_message")
+#: Carries each row's input position through ``ignore_null``'s merge (a reserved name).
+_ROW_COLUMN = "__row"
 
 
 class RowErrorsError(NyalaError):
@@ -59,18 +71,28 @@ class WriteReport:
     operation: str
     rows_in: int = 0
     rows_applied: int = 0
-    #: Row errors by code (``ALREADY_PRESENT``, ``NOT_FOUND``, ``NULL_IN_NOT_NULL``, ...).
+    #: Rows whose requests got no answer, even after ``UNKNOWN_RETRIES`` retries: they may or
+    #: may not have been applied.
+    rows_unknown: int = 0
+    #: Failed rows by code (``ALREADY_PRESENT``, ``NOT_FOUND``, ``INVALID_ARGUMENT``, ...).
     errors_by_code: dict[str, int] = dataclasses.field(default_factory=dict)
     #: Row errors ignored as duplicates (``ignoreDuplicateRowErrors``).
     rows_ignored: int = 0
-    #: Up to ``ROW_ERROR_SAMPLE_MAX`` ``"CODE: message (row {...})"`` lines.
+    #: Up to ``ROW_ERROR_SAMPLE_MAX`` ``"CODE: message (row N {key})"`` lines.
     sample: list[str] = dataclasses.field(default_factory=list)
     elapsed_s: float = 0.0
+    #: Per Spark task: ``{"task", "applied", "failed", "unknown"}`` (the driver's report).
+    tasks: list[dict[str, int]] = dataclasses.field(default_factory=list)
 
     @property
     def rows_failed(self) -> int:
         """Rows that were not applied and not ignored."""
         return sum(self.errors_by_code.values())
+
+    @property
+    def rows_not_applied(self) -> int:
+        """Rows failed or unknown: what ``failOnRowErrors`` and ``nyala table load`` fail on."""
+        return self.rows_failed + self.rows_unknown
 
     def add_errors(self, code: str, count: int, lines: Iterable[str]) -> None:
         """Counts ``count`` row errors of ``code``, keeping a bounded sample."""
@@ -86,19 +108,32 @@ class WriteReport:
         """Adds ``other``'s counts (the driver merges its tasks' reports)."""
         self.rows_in += other.rows_in
         self.rows_applied += other.rows_applied
+        self.rows_unknown += other.rows_unknown
         self.rows_ignored += other.rows_ignored
         for code, count in other.errors_by_code.items():
             self.add_errors(code, count, [])
         room = ROW_ERROR_SAMPLE_MAX - len(self.sample)
         self.sample.extend(other.sample[: max(room, 0)])
         self.elapsed_s = max(self.elapsed_s, other.elapsed_s)
+        self.tasks.extend(other.tasks)
+
+    def task_counts(self, task: int) -> dict[str, int]:
+        """This report's counts as one task's entry of ``tasks``."""
+        return {
+            "task": task,
+            "applied": self.rows_applied,
+            "failed": self.rows_failed,
+            "unknown": self.rows_unknown,
+        }
 
     def failure_text(self) -> str:
         """One paragraph for a failed task: counts, then the sampled errors."""
         counts = ", ".join(f"{code} {n}" for code, n in sorted(self.errors_by_code.items()))
+        unknown = f"; {self.rows_unknown} rows have an unknown outcome" if self.rows_unknown else ""
         lines = [
-            f"{self.rows_failed} of {self.rows_in} rows were not applied to table "
-            f"{self.table!r} ({self.operation}): {counts}; {self.rows_applied} rows were applied"
+            f"{self.rows_not_applied} of {self.rows_in} rows were not applied to table "
+            f"{self.table!r} ({self.operation}): {counts or 'no row errors'}{unknown}; "
+            f"{self.rows_applied} rows were applied"
         ]
         lines += [f"  {line}" for line in self.sample]
         return "\n".join(lines)
@@ -110,14 +145,48 @@ class WriteReport:
         return json.dumps(out, sort_keys=True)
 
 
-def _describe_row(batch: pa.RecordBatch, index: int, key: list[str]) -> str:
-    row = batch.slice(index, 1).to_pylist()[0]
-    shown = {k: row[k] for k in key if k in row} or row
-    return json.dumps(shown, default=str)
+class RejectsFile:
+    """A Parquet file of the rows a load did not apply: their values as written, then
+    ``__row`` (the row's position in the input), ``__error_code`` and ``__error_message``.
+    Load it back with ``--ignore-extra-columns`` once fixed."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.rows = 0
+        self._writer: Any = None
+
+    def add(self, rows: pa.Table, errors: list[Any]) -> None:
+        """Appends ``rows`` with their ``RowError``s (which name their input positions)."""
+        import pyarrow.parquet as pq
+
+        if not rows.num_rows:
+            return
+        extra = {
+            "__row": pa.array([e.row for e in errors], pa.int64()),
+            "__error_code": pa.array([e.code for e in errors], pa.string()),
+            "__error_message": pa.array([e.message for e in errors], pa.string()),
+        }
+        for name, values in extra.items():
+            rows = rows.append_column(name, values)
+        if self._writer is None:
+            self._writer = pq.ParquetWriter(self.path, rows.schema)
+        self._writer.write_table(rows.cast(self._writer.schema))
+        self.rows += rows.num_rows
+
+    def close(self) -> None:
+        """Finishes the file (an empty load writes none)."""
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+
+
+def _error_line(error: Any) -> str:
+    key = json.dumps(dict(error.key), default=str)
+    return f"{error.code}: {error.message} (row {error.row} {key})"
 
 
 class TableWriter:
-    """Writes Arrow batches to one table through one client session (closed on ``close``)."""
+    """Writes Arrow batches to one table through the client (closed on ``close``)."""
 
     def __init__(
         self,
@@ -128,7 +197,10 @@ class TableWriter:
         batch_rows: int = BATCH_ROWS_DEFAULT,
         ignore_duplicate_row_errors: bool = False,
         ignore_null: bool = False,
+        ignore_extra_columns: bool = False,
         plan: schema_map.WritePlan | None = None,
+        rejects: RejectsFile | None = None,
+        parse_strings: bool = False,
     ) -> None:
         self._client = client
         self._table = client.table(table_name)
@@ -137,16 +209,19 @@ class TableWriter:
         self._batch_rows = batch_rows
         self._ignore_duplicates = ignore_duplicate_row_errors
         self._ignore_null = ignore_null
+        self._ignore_extra = ignore_extra_columns
         self._plan = plan
+        self._rejects = rejects
+        self._parse_strings = parse_strings
         self._pending: list[pa.RecordBatch] = []
         self._pending_rows = 0
+        self._next_row = 0  # input position of the next row given to ``write_batch``
         self.report = WriteReport(table_name, operation.name.lower())
-        self._session = client.session(flush="manual")
         self._closed = False
         # One send in flight: the next rows are read and conformed while the previous ones
         # travel (sends stay in order, so a later write of a key never overtakes an earlier).
         self._sender = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nyala-send")
-        self._inflight: Future[tuple[list[Any], int]] | None = None
+        self._inflight: Future[None] | None = None
 
     @property
     def schema(self) -> Schema:
@@ -157,7 +232,12 @@ class TableWriter:
         """The write plan for input of ``input_schema`` (checked once, then reused)."""
         if self._plan is None:
             self._plan = schema_map.plan_write(
-                input_schema, self.report.table, self._schema, self._operation
+                input_schema,
+                self.report.table,
+                self._schema,
+                self._operation,
+                ignore_extra_columns=self._ignore_extra,
+                parse_strings=self._parse_strings,
             )
         return self._plan
 
@@ -177,19 +257,11 @@ class TableWriter:
             return
         plan = self.plan_for(batch.schema)
         conformed = schema_map.conform(batch, plan)
+        positions = pa.array(np.arange(self._next_row, self._next_row + batch.num_rows))
+        self._next_row += batch.num_rows
         self.report.rows_in += batch.num_rows
-        refused = len(conformed.null_rows)
-        if refused:
-            lines = [
-                f"NULL_IN_NOT_NULL: column {conformed.null_column!r} is null in row "
-                + _describe_row(batch, int(i.as_py()), self._schema.key)
-                for i in conformed.null_rows[:ROW_ERROR_SAMPLE_MAX]
-            ]
-            self.report.add_errors("NULL_IN_NOT_NULL", refused, lines)
-        if conformed.batch.num_rows == 0:
-            return
-        self._pending.append(conformed.batch)
-        self._pending_rows += conformed.batch.num_rows
+        self._pending.append(conformed.append_column(_ROW_COLUMN, positions))
+        self._pending_rows += batch.num_rows
         if self._pending_rows >= self._batch_rows:
             self.flush()
 
@@ -200,17 +272,17 @@ class TableWriter:
         if not self._pending:
             return
         batches, self._pending, self._pending_rows = self._pending, [], 0
+        rows = pa.Table.from_batches(batches)
         if self._ignore_null:
             # After the wait: the current values include every row sent before.
-            batches = self._keep_current_values(pa.Table.from_batches(batches)).to_batches()
-        self._inflight = self._sender.submit(self._send, batches)
+            rows = self._keep_current_values(rows)
+        self._inflight = self._sender.submit(self._send, rows)
 
     def _wait_inflight(self) -> None:
-        """Waits for the send in flight and accounts its outcomes (raises its error)."""
+        """Waits for the send in flight (raises its error)."""
         inflight, self._inflight = self._inflight, None
         if inflight is not None:
-            errors, rows = inflight.result()
-            self._account(errors, rows)
+            inflight.result()
 
     def _keep_current_values(self, rows: pa.Table) -> pa.Table:
         """``ignoreNull``: null cells take the row's current value. nyala writes whole rows, so
@@ -232,6 +304,7 @@ class TableWriter:
             return rows
         old = {name: f"{name}__current" for name in nullable}
         current = current.select([*key, *nullable])
+        with_nulls, current = _align(with_nulls, current, [*key, *nullable])
         joined = with_nulls.join(
             current.rename_columns([old.get(n, n) for n in current.column_names]),
             keys=key,
@@ -243,7 +316,7 @@ class TableWriter:
             filled = pc.coalesce(joined.column(name), joined.column(old[name]))
             merged = merged.set_column(index, name, filled)
         untouched = rows.filter(pc.invert(has_null))
-        return pa.concat_tables([untouched, merged.cast(untouched.schema)])
+        return pa.concat_tables([untouched.cast(merged.schema), merged])
 
     def _current_rows(self, keys: pa.Table) -> pa.Table:
         first = self._schema.key[0]
@@ -259,44 +332,63 @@ class TableWriter:
             current = keys.join(current, keys=self._schema.key, join_type="inner")
         return current
 
-    def _send(self, batches: list[pa.RecordBatch]) -> tuple[list[Any], int]:
-        """In the sender thread: applies and flushes; (row errors, rows sent)."""
-        # Batch by batch: a RecordBatch in table order and types reaches the client's op batch
-        # without a copy (a multi-chunk Table would be concatenated first).
-        for batch in batches:
-            self._session.apply(self.report.table, batch, self._operation)
-        self._session.flush()
-        return self._session.pop_errors(), sum(b.num_rows for b in batches)
+    def _send(self, rows: pa.Table) -> None:
+        """In the sender thread: one write of ``rows``, its unanswered requests retried, its
+        outcomes accounted."""
+        positions = rows.column(_ROW_COLUMN).to_numpy()
+        batch = rows.drop_columns([_ROW_COLUMN]).combine_chunks().to_batches()
+        data = batch[0] if batch else rows.drop_columns([_ROW_COLUMN])
+        try:
+            result = self._table.write(data, self._operation)
+        except PartialWriteError as exc:
+            result = exc.result
+        for _ in range(UNKNOWN_RETRIES):
+            if not result.retriable:
+                break
+            try:
+                result = result.retry()
+            except PartialWriteError as exc:
+                result = exc.result
+        self._account(result, positions)
 
-    def _account(self, errors: list[Any], rows: int) -> None:
-        not_applied = 0
-        key = self._schema.key
-        for code, group in _group_errors(errors).items():
-            not_applied += len(group)
-            if self._ignore_duplicates and code in DUPLICATE_CODES:
-                self.report.rows_ignored += len(group)
-                continue
-            self.report.add_errors(code, len(group), (_error_line(e, key) for e in group))
-        self.report.rows_applied += rows - not_applied
+    def _account(self, result: Any, positions: np.ndarray[Any, Any]) -> None:
+        """Counts one write's outcomes; rows are named by their input positions."""
+        report = self.report
+        report.rows_applied += result.applied
+        report.rows_unknown += len(result.unknown)
+        kept = [
+            i
+            for i, e in enumerate(result.row_errors)
+            if not (self._ignore_duplicates and e.code in DUPLICATE_CODES)
+        ]
+        report.rows_ignored += len(result.row_errors) - len(kept)
+        failed = [_at_input(result.row_errors[i], positions) for i in kept]
+        unknown = [_at_input(e, positions) for e in result.unknown]
+        for error in failed:
+            report.add_errors(error.code, 1, [_error_line(error)])
+        for error in unknown:
+            if len(report.sample) < ROW_ERROR_SAMPLE_MAX:
+                report.sample.append(_error_line(error))
+        if self._rejects is not None:
+            if failed:
+                self._rejects.add(result.failed_rows.take(kept), failed)
+            if unknown:
+                self._rejects.add(result.unknown_rows, unknown)
 
     def close(self, failed: bool = False) -> None:
-        """Closes the session (idempotent). Rows still queued here are dropped: ``write``
-        flushes them on success. With ``failed``, a failure of the session's last flush does
-        not hide the error that is already on its way."""
+        """Stops the writer (idempotent). Rows still queued here are dropped: ``write``
+        flushes them on success. With ``failed``, the outcome of a send still in flight no
+        longer matters (the error on its way is the one reported)."""
         if self._closed:
             return
         self._closed = True
         self._pending = []
         inflight, self._inflight = self._inflight, None
         if inflight is not None:
-            # Never close the session under a send; its outcome no longer matters if failed.
             concurrent.futures.wait([inflight])
-        self._sender.shutdown(wait=True)
-        try:
-            self._session.close()
-        except Exception:
             if not failed:
-                raise
+                inflight.result()
+        self._sender.shutdown(wait=True)
 
     def __enter__(self) -> TableWriter:
         return self
@@ -305,46 +397,88 @@ class TableWriter:
         self.close(failed=exc_type is not None)
 
 
-def _group_errors(errors: list[Any]) -> dict[str, list[Any]]:
-    groups: dict[str, list[Any]] = {}
-    for error in errors:
-        code = str(getattr(error, "code", "ERROR"))
-        groups.setdefault(code, []).append(error)
-    return groups
+def _align(rows: pa.Table, current: pa.Table, names: list[str]) -> tuple[pa.Table, pa.Table]:
+    """``rows`` (the input's types) and ``current`` (the table's) with ``names`` in one type
+    each, the wider: the input's columns are converted by the client only when they are
+    sent, so a narrower or wider one meets the stored values here."""
+    for name in names:
+        given, stored = rows.schema.field(name).type, current.schema.field(name).type
+        if given == stored:
+            continue
+        source, target = schema_map.nyala_type_of(given), schema_map.nyala_type_of(stored)
+        if (
+            source is not None
+            and target is not None
+            and schema_map.converts_losslessly(source, target)
+        ):
+            index = rows.schema.get_field_index(name)
+            rows = rows.set_column(index, name, rows.column(name).cast(stored))
+        else:
+            index = current.schema.get_field_index(name)
+            current = current.set_column(index, name, current.column(name).cast(given))
+    return rows, current
 
 
-def _error_line(error: Any, key: list[str]) -> str:
-    code = getattr(error, "code", "ERROR")
-    message = getattr(error, "message", str(error))
-    values = getattr(error, "values", None) or {}
-    shown = {k: values[k] for k in key if k in values}
-    return f"{code}: {message} (row {json.dumps(shown, default=str)})"
+def _at_input(error: Any, positions: np.ndarray[Any, Any]) -> Any:
+    """``error`` naming its row by input position instead of its position in one write."""
+    return dataclasses.replace(error, row=int(positions[error.row]))
 
 
 # --- files --------------------------------------------------------------------------------
 
 
-def file_batches(path: Path, schema: Schema, *, batch_rows: int) -> Iterator[pa.RecordBatch]:
-    """Record batches of a ``.parquet`` or ``.csv`` file, read incrementally."""
-    suffix = path.suffix.lower()
-    if suffix in (".parquet", ".pq"):
-        import pyarrow.parquet as pq
+class InputFile:
+    """A Parquet or CSV file read incrementally, with how far the reading got: ``total`` and
+    ``done`` count rows (Parquet) or bytes (CSV, whose row count is unknown until the end).
 
-        with pq.ParquetFile(path) as parquet:
-            yield from parquet.iter_batches(batch_size=batch_rows)
-        return
-    if suffix == ".csv":
+    CSV columns are read as text and converted by the client, so a value that does not parse
+    fails its row alone, not the file from that point on."""
+
+    def __init__(self, path: Path, schema: Schema, *, batch_rows: int) -> None:
+        suffix = path.suffix.lower()
+        if suffix not in (".parquet", ".pq", ".csv"):
+            raise InvalidArgumentError(f"{path}: expected a .parquet or .csv file")
+        self.path = path
+        self.unit = "bytes" if suffix == ".csv" else "rows"
+        self._schema = schema
+        self._batch_rows = batch_rows
+        self._handle: Any = None
+        self.done = 0
+        if self.unit == "rows":
+            import pyarrow.parquet as pq
+
+            self.total = int(pq.ParquetFile(path).metadata.num_rows)
+        else:
+            self.total = path.stat().st_size
+
+    def batches(self) -> Iterator[pa.RecordBatch]:
+        """The file's record batches, in order."""
+        if self.unit == "rows":
+            import pyarrow.parquet as pq
+
+            with pq.ParquetFile(self.path) as parquet:
+                for batch in parquet.iter_batches(batch_size=self._batch_rows):
+                    self.done += batch.num_rows
+                    yield batch
+            return
         import pyarrow.csv as csv
 
-        types = {c.name: c.arrow_type for c in schema.columns}
-        reader = csv.open_csv(
-            path,
-            read_options=csv.ReadOptions(block_size=CSV_BLOCK_BYTES),
-            convert_options=csv.ConvertOptions(column_types=types, strings_can_be_null=True),
-        )
-        yield from reader
-        return
-    raise InvalidArgumentError(f"{path}: expected a .parquet or .csv file")
+        types = {c.name: pa.string() for c in self._schema.columns}
+        with open(self.path, "rb") as handle:
+            reader = csv.open_csv(
+                handle,
+                read_options=csv.ReadOptions(block_size=CSV_BLOCK_BYTES),
+                convert_options=csv.ConvertOptions(column_types=types, strings_can_be_null=True),
+            )
+            for batch in reader:
+                self.done = min(handle.tell(), self.total)
+                yield batch
+        self.done = self.total
+
+
+def file_batches(path: Path, schema: Schema, *, batch_rows: int) -> Iterator[pa.RecordBatch]:
+    """Record batches of a ``.parquet`` or ``.csv`` file, read incrementally."""
+    return InputFile(path, schema, batch_rows=batch_rows).batches()
 
 
 def load_file(
@@ -354,21 +488,51 @@ def load_file(
     *,
     operation: OpType | str = OpType.UPSERT,
     batch_rows: int = BATCH_ROWS_DEFAULT,
+    ignore_extra_columns: bool = False,
+    rejects: Path | str | None = None,
+    on_batch: Callable[[InputFile, WriteReport], None] | None = None,
 ) -> WriteReport:
     """Writes every row of a Parquet or CSV file to ``table_name`` (``nyala table load``).
-    Raises ``RowErrorsError`` if rows were not applied (the others were)."""
+    Rows not applied go to the Parquet file ``rejects`` when given; ``on_batch`` is called
+    after each batch read (for a progress display). Raises ``RowErrorsError`` if rows were
+    not applied (the others were)."""
     path = Path(path)
     if not path.is_file():
         raise InvalidArgumentError(f"{path}: no such file")
     op = OpType.parse(operation)
-    with TableWriter(client, table_name, op, batch_rows=batch_rows) as writer:
-        report = writer.write(file_batches(path, writer.schema, batch_rows=batch_rows))
-    if report.rows_failed:
+    rejected = RejectsFile(Path(rejects)) if rejects is not None else None
+    try:
+        schema = client.table(table_name).schema
+        source = InputFile(path, schema, batch_rows=batch_rows)
+        with TableWriter(
+            client,
+            table_name,
+            op,
+            batch_rows=batch_rows,
+            ignore_extra_columns=ignore_extra_columns,
+            rejects=rejected,
+            # Text columns (all of a CSV's; a rejects file of one) are parsed row by row.
+            parse_strings=True,
+        ) as writer:
+            started = time.perf_counter()
+            for batch in source.batches():
+                writer.write_batch(batch)
+                if on_batch is not None:
+                    on_batch(source, writer.report)
+            report = writer.write(())
+            report.elapsed_s = time.perf_counter() - started
+    finally:
+        if rejected is not None:
+            rejected.close()
+    if report.rows_not_applied:
         raise RowErrorsError(report)
     return report
 
 
 __all__ = [
+    "REJECT_COLUMNS",
+    "InputFile",
+    "RejectsFile",
     "RowErrorsError",
     "TableWriter",
     "WriteReport",

@@ -42,6 +42,8 @@ _WRITE_KEYS = {
     "replicas",
     "ignorenull",
     "ignoreduplicaterowerrors",
+    "ignoreextracolumns",
+    "failonrowerrors",
     "timeoutms",
     "reportpath",
 }
@@ -86,6 +88,11 @@ class WriteOptions:
     ignore_null: bool
     #: Kudu's ``ignoreDuplicateRowErrors``: ``ALREADY_PRESENT`` rows do not fail the task.
     ignore_duplicate_row_errors: bool
+    #: DataFrame columns the table lacks are dropped instead of refusing the job.
+    ignore_extra_columns: bool
+    #: A task whose rows were not all applied fails (with a sample of its row errors); with
+    #: false it succeeds and its counts go to the job's report.
+    fail_on_row_errors: bool
     timeout_ms: int | None
     #: Where the driver writes the job's JSON summary at commit (None: log line only).
     report_path: str | None
@@ -232,6 +239,8 @@ def parse_write_options(raw: Mapping[str, str]) -> WriteOptions:
         create_table=_create_table(options),
         ignore_null=ignore_null,
         ignore_duplicate_row_errors=parse_bool(options, "ignoreDuplicateRowErrors", False),
+        ignore_extra_columns=parse_bool(options, "ignoreExtraColumns", False),
+        fail_on_row_errors=parse_bool(options, "failOnRowErrors", True),
         timeout_ms=parse_int(options, "timeoutMs", None, low=1, high=3_600_000),
         report_path=report or None,
     )

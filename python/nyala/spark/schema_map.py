@@ -4,7 +4,7 @@ Spark hands a Python data source Arrow batches (writes) and takes Arrow batches 
 every check and conversion here works on Arrow schemas and arrays and never on rows. The module
 owns: the type mapping both ways, the Spark DDL of a nyala table (what ``DataSource.schema``
 returns), the write plan that says, before any row is written, whether a DataFrame fits a table
-(and how each column converts), and the per-batch conversion that follows that plan. It imports
+(and how each column converts), and the per-batch selection that follows that plan. It imports
 neither pyspark nor the client.
 
 Type mapping (Spark SQL ↔ nyala): TINYINT int8, SMALLINT int16, INT int32, BIGINT int64, FLOAT
@@ -20,7 +20,6 @@ import dataclasses
 from collections.abc import Sequence
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from nyala.errors import InvalidArgumentError, SchemaMismatchError
 from nyala.rowops import OpType
@@ -136,6 +135,19 @@ def schema_for_create(input_schema: pa.Schema, key: Sequence[str]) -> Schema:
     return Schema(columns, list(key))
 
 
+def converts_by_row(source: str, target: str) -> bool:
+    """True if values of nyala type ``source`` can be written to a ``target`` column, each
+    value that does not fit (an integer out of ``target``'s range) being refused as a row error
+    by the client (``nyala.rowops``): integers into any integer or floating column, floats into
+    floats, and every type into itself."""
+    numbers = {"int8", "int16", "int32", "int64", "float", "double"}
+    if converts_losslessly(source, target):
+        return True
+    if source in _INT_WIDTH:
+        return target in numbers
+    return source in ("float", "double") and target in ("float", "double")
+
+
 @dataclasses.dataclass(frozen=True)
 class ColumnPlan:
     """How one table column is filled from the input."""
@@ -143,10 +155,9 @@ class ColumnPlan:
     name: str
     #: Target Arrow type (the table's).
     arrow_type: pa.DataType
-    #: True if the input lacks the column and it is filled with nulls (inserts only).
-    fill_null: bool
-    #: True if the input may hold nulls the table column refuses (checked per batch).
-    check_nulls: bool
+    #: True if the input lacks the column: it is left out, and the tablet server writes its
+    #: default (or null) in INSERT and UPSERT rows.
+    omitted: bool
 
 
 @dataclasses.dataclass(frozen=True)
@@ -161,24 +172,38 @@ class WritePlan:
     @property
     def names(self) -> list[str]:
         """Columns of the batches handed to the client, in table order."""
-        return [c.name for c in self.columns]
+        return [c.name for c in self.columns if not c.omitted]
 
 
-def plan_write(input_schema: pa.Schema, table: str, schema: Schema, op: OpType) -> WritePlan:
+def plan_write(
+    input_schema: pa.Schema,
+    table: str,
+    schema: Schema,
+    op: OpType,
+    *,
+    ignore_extra_columns: bool = False,
+    parse_strings: bool = False,
+) -> WritePlan:
     """Checks that a DataFrame with ``input_schema`` can be written to ``table`` with ``op``;
     ``SchemaMismatchError`` lists every problem at once, before any row is written.
 
-    Deletes need only the key columns (others are ignored); inserts may omit nullable columns
-    (they become null); upserts and updates replace whole rows, so they need every column,
-    which keeps an upsert from nulling a column the job forgot.
+    Deletes need only the key columns (others are ignored). Inserts and upserts may omit
+    nullable columns and columns with a default (the tablet server writes the default, or
+    null: Kudu's write default); updates replace whole rows, so they need every column.
+    Columns the table lacks are a problem unless ``ignore_extra_columns``. A narrowing
+    conversion (``bigint`` into an ``int32`` column) is accepted: each value that does not fit
+    is a row error, the other rows are written. With ``parse_strings`` (text files) a string
+    column may feed any column: each value that does not parse is a row error.
     """
     problems: list[str] = []
     present = {f.name: f for f in input_schema}
     if len(present) != len(input_schema):
         problems.append("the DataFrame has duplicate column names")
     unknown = [n for n in present if n not in schema.names]
-    if unknown and not op.is_delete:
-        problems.append(f"column(s) {unknown} are not in table {table!r}")
+    if unknown and not op.is_delete and not ignore_extra_columns:
+        problems.append(
+            f"column(s) {unknown} are not in table {table!r} (ignoreExtraColumns drops them)"
+        )
     key = set(schema.key)
     plans = []
     for column in schema.columns:
@@ -186,20 +211,25 @@ def plan_write(input_schema: pa.Schema, table: str, schema: Schema, op: OpType) 
             continue
         field = present.get(column.name)
         if field is None:
-            if column.nullable and op in (OpType.INSERT, OpType.INSERT_IGNORE):
-                plans.append(ColumnPlan(column.name, column.arrow_type, True, False))
+            may_omit = column.nullable or column.default is not None
+            if (
+                may_omit
+                and column.name not in key
+                and op not in (OpType.UPDATE, OpType.UPDATE_IGNORE)
+            ):
+                plans.append(ColumnPlan(column.name, column.arrow_type, True))
             else:
                 problems.append(f"column {column.name!r} ({column.type}) is missing")
             continue
         source = nyala_type_of(field.type)
-        if source is None or not converts_losslessly(source, column.type):
+        parsed = parse_strings and source == "string"
+        if source is None or not (parsed or converts_by_row(source, column.type)):
             problems.append(
                 f"column {column.name!r} is {field.type} in the DataFrame but {column.type} "
                 f"in the table"
             )
             continue
-        check = field.nullable and not column.nullable
-        plans.append(ColumnPlan(column.name, column.arrow_type, False, check))
+        plans.append(ColumnPlan(column.name, column.arrow_type, False))
     if problems:
         raise SchemaMismatchError(
             f"the DataFrame does not fit table {table!r} for {op.name.lower()}: "
@@ -208,44 +238,16 @@ def plan_write(input_schema: pa.Schema, table: str, schema: Schema, op: OpType) 
     return WritePlan(table, op, tuple(plans), schema.version)
 
 
-@dataclasses.dataclass(frozen=True)
-class ConformedBatch:
-    """One input batch in table form, with the rows refused before sending."""
-
-    batch: pa.RecordBatch
-    #: Positions (in the input batch) of rows holding a null in a NOT NULL column.
-    null_rows: pa.Array
-    #: The first column that made each refused row invalid (for the error text).
-    null_column: str | None
-
-
-def conform(batch: pa.RecordBatch, plan: WritePlan) -> ConformedBatch:
-    """``batch`` in the plan's column order and types, without rows that hold nulls where the
-    table refuses them. Columns that already match are passed through untouched (zero-copy);
-    the null check is one vectorised pass per nullable-in-input column."""
-    rows = batch.num_rows
+def conform(batch: pa.RecordBatch, plan: WritePlan) -> pa.RecordBatch:
+    """``batch`` with the plan's columns in table order (zero-copy: no column is converted
+    here; the client converts them and refuses the rows that do not fit, one by one)."""
     arrays: list[pa.Array] = []
-    bad: pa.Array | None = None
-    bad_column: str | None = None
-    for column in plan.columns:
-        if column.fill_null:
-            arrays.append(pa.nulls(rows, type=column.arrow_type))
-            continue
-        array = batch.column(column.name)
+    for name in plan.names:
+        array = batch.column(name)
         if isinstance(array, pa.ChunkedArray):
             array = array.combine_chunks()
-        if array.type != column.arrow_type:
-            array = array.cast(column.arrow_type, safe=True)
-        if column.check_nulls and array.null_count > 0:
-            nulls = pc.is_null(array)
-            bad = nulls if bad is None else pc.or_(bad, nulls)
-            bad_column = bad_column or column.name
         arrays.append(array)
-    out = pa.RecordBatch.from_arrays(arrays, names=plan.names)
-    if bad is None:
-        return ConformedBatch(out, pa.array([], pa.int64()), None)
-    positions = pc.indices_nonzero(bad)
-    return ConformedBatch(out.filter(pc.invert(bad)), positions, bad_column)
+    return pa.RecordBatch.from_arrays(arrays, names=plan.names)
 
 
 def check_projection(schema: Schema, columns: Sequence[str]) -> None:
@@ -259,10 +261,10 @@ __all__ = [
     "READ_TIMEZONE",
     "SPARK_TYPES",
     "ColumnPlan",
-    "ConformedBatch",
     "WritePlan",
     "check_projection",
     "conform",
+    "converts_by_row",
     "converts_losslessly",
     "nyala_type_of",
     "plan_write",

@@ -8,8 +8,10 @@ partitions, the commit messages) is pickled, so they hold options and plans, nev
 
 Writes: the driver checks the DataFrame against the table (``schema_map.plan_write``) before any
 task starts, creating the table first under ``nyala.createTable``; each task writes its Arrow
-batches through one client session (``load.TableWriter``) and fails with a sample of its row
-errors; ``commit`` logs the job's row counts (and writes them as JSON to ``nyala.reportPath``).
+batches through one client (``load.TableWriter``): every row ends applied, failed or unknown,
+and a task with rows not applied fails with a sample of them (``nyala.failOnRowErrors``, default
+true; with false it succeeds and reports them). ``commit`` logs the job's row counts and writes
+them, per task too, as JSON to ``nyala.reportPath``.
 Mode ``overwrite`` first deletes every row of the table, then writes as ``append`` does; it is not
 atomic (readers see the table empty, then filling, and a failed job leaves it partly written).
 
@@ -108,7 +110,11 @@ class NyalaDataSource(DataSource):
         with _connect(options.masters, options.timeout_ms) as client:
             table_schema = _open_or_create(client, options, input_schema)
             plan = schema_map.plan_write(
-                input_schema, options.table, table_schema, options.operation
+                input_schema,
+                options.table,
+                table_schema,
+                options.operation,
+                ignore_extra_columns=options.ignore_extra_columns,
             )
             if overwrite:
                 deleted = truncate(client, options.table)
@@ -165,7 +171,8 @@ class NyalaWriter(DataSourceArrowWriter):
         self.plan = plan
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> NyalaCommitMessage:
-        """Runs in a task: writes every batch; fails with a sample of row errors."""
+        """Runs in a task: writes every batch; fails with a sample of the rows not applied
+        (unless ``nyala.failOnRowErrors`` is false)."""
         options = self.options
         with (
             _connect(options.masters, options.timeout_ms) as client,
@@ -176,11 +183,13 @@ class NyalaWriter(DataSourceArrowWriter):
                 batch_rows=options.batch_rows,
                 ignore_duplicate_row_errors=options.ignore_duplicate_row_errors,
                 ignore_null=options.ignore_null,
+                ignore_extra_columns=options.ignore_extra_columns,
                 plan=self.plan,
             ) as writer,
         ):
             report = writer.write(iterator)
-        if report.rows_failed:
+        report.tasks = [report.task_counts(_task_id())]
+        if report.rows_not_applied and options.fail_on_row_errors:
             raise RowErrorsError(report)
         return NyalaCommitMessage(report)
 
@@ -188,11 +197,13 @@ class NyalaWriter(DataSourceArrowWriter):
         """Runs on the driver once every task succeeded: reports the job's row counts."""
         total = self._merged(messages)
         log.warning(
-            "nyala: wrote %d rows to %r (%s): %d applied, %d ignored",
+            "nyala: wrote %d rows to %r (%s): %d applied, %d failed, %d unknown, %d ignored",
             total.rows_in,
             total.table,
             total.operation,
             total.rows_applied,
+            total.rows_failed,
+            total.rows_unknown,
             total.rows_ignored,
         )
         self._report(total, "committed")
@@ -223,6 +234,14 @@ class NyalaWriter(DataSourceArrowWriter):
         tmp = Path(f"{path}.tmp-{os.getpid()}")
         tmp.write_text(text)
         tmp.replace(path)
+
+
+def _task_id() -> int:
+    """The Spark partition this task writes (-1 outside a task)."""
+    from pyspark import TaskContext
+
+    context = TaskContext.get()
+    return -1 if context is None else context.partitionId()
 
 
 # --- reads --------------------------------------------------------------------------------

@@ -423,13 +423,11 @@ class TabletReplica:
     def _known_outcome(
         self, applier: Applier, request_id: RequestId | None, schema_version: int
     ) -> WriteOutcome | None:
-        """Checks a write before it is proposed; the first outcome of a retried request."""
-        # The superblock holds the tablet's schema (AlterSchema must update it with storage).
-        if schema_version != self.superblock.schema.version:
-            raise SchemaMismatchError(
-                f"tablet {self.tablet_id} has schema version {self.superblock.schema.version}, "
-                f"the write was encoded for {schema_version}"
-            )
+        """Checks a write before it is proposed; the first outcome of a retried request.
+
+        A retry's first outcome is looked up before its schema version is checked: a request
+        applied before a schema change is answered as applied, not refused as mismatched
+        (the client would take a refusal as "not applied")."""
         if request_id is not None:
             earlier = applier.outcome_of(request_id)
             if earlier is not None:
@@ -439,6 +437,12 @@ class TabletReplica:
                     f"request {request_id.seq_no} of client {request_id.client_id} was declared "
                     "complete by the client; its outcome is no longer kept"
                 )
+        # The superblock holds the tablet's schema (AlterSchema must update it with storage).
+        if schema_version != self.superblock.schema.version:
+            raise SchemaMismatchError(
+                f"tablet {self.tablet_id} has schema version {self.superblock.schema.version}, "
+                f"the write was encoded for {schema_version}"
+            )
         return None
 
     def _collect(self, applier: Applier, op_id: OpId) -> WriteOutcome:

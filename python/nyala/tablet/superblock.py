@@ -38,7 +38,7 @@ from nyala.common import metafile
 from nyala.common.metafile import MetaKind
 from nyala.consensus.types import OpId, RaftConfig, config_from_dict, config_to_dict
 from nyala.errors import CorruptionError, InvalidArgumentError, NotSupportedError
-from nyala.schema import Column, Schema
+from nyala.schema import Column, Schema, default_from_json, default_to_json
 
 SUPERBLOCK_FORMAT = 1
 
@@ -98,21 +98,22 @@ def schema_from_dict(doc: Any) -> Schema:
     """The schema of ``schema_to_dict``'s form; ``CorruptionError`` if malformed."""
     try:
         return _schema_from_dict(doc)
-    except (KeyError, TypeError, ValueError) as exc:
+    except (KeyError, TypeError, ValueError, InvalidArgumentError) as exc:
         raise CorruptionError(f"schema document is malformed: {exc!r}") from None
 
 
 def _schema_to_dict(schema: Schema) -> dict[str, Any]:
     columns, key_count, version, next_column_id = schema.to_native()
-    out = []
-    for column_id, name, type_, nullable, default in columns:
-        if default is not None and not isinstance(default, (bool, int, float, str)):
-            raise InvalidArgumentError(
-                f"column {name!r}: a default of type {type(default).__name__} cannot be stored"
-            )
-        out.append(
-            {"id": column_id, "name": name, "type": type_, "nullable": nullable, "default": default}
-        )
+    out = [
+        {
+            "id": column_id,
+            "name": name,
+            "type": type_,
+            "nullable": nullable,
+            "default": default_to_json(type_, default),
+        }
+        for column_id, name, type_, nullable, default in columns
+    ]
     return {
         "columns": out,
         "key_count": key_count,
@@ -127,7 +128,7 @@ def _schema_from_dict(doc: Any) -> Schema:
             name=str(c["name"]),
             type=str(c["type"]),
             nullable=bool(c["nullable"]),
-            default=c["default"],
+            default=default_from_json(str(c["type"]), c["default"]),
             id=int(c["id"]),
         )
         for c in doc["columns"]

@@ -33,7 +33,7 @@ from nyala.rpc.errors import error_to_pb
 from nyala.rpc.schema_pb import schema_from_pb
 from nyala.rpc.service import check_dest_uuid
 from nyala.server.convert import config_from_pb, partition_from_pb
-from nyala.storage import Predicate, RowStatus
+from nyala.storage import CELL_BYTES_MAX, ROW_BYTES_MAX, Predicate, RowStatus
 from nyala.tablet import DataState, TabletManager
 from nyala.tablet.applier import WriteOutcome
 from nyala.tablet.replica import TabletReplica
@@ -46,6 +46,16 @@ log = logging.getLogger(__name__)
 _ROW_STATUS_CODES = {
     RowStatus.ALREADY_PRESENT: common_pb2.ALREADY_PRESENT,
     RowStatus.NOT_FOUND: common_pb2.NOT_FOUND,
+    RowStatus.NULL_IN_NOT_NULL: common_pb2.INVALID_ARGUMENT,
+    RowStatus.TOO_LARGE: common_pb2.INVALID_ARGUMENT,
+}
+_ROW_STATUS_MESSAGES = {
+    RowStatus.ALREADY_PRESENT: "key already present",
+    RowStatus.NOT_FOUND: "key not found",
+    RowStatus.NULL_IN_NOT_NULL: "a NOT NULL column holds null",
+    RowStatus.TOO_LARGE: (
+        f"a cell is over {CELL_BYTES_MAX} bytes or the row over {ROW_BYTES_MAX} bytes"
+    ),
 }
 _PREDICATE_OPS = {
     tserver_pb2.ColumnPredicatePB.EQ: "=",
@@ -128,7 +138,7 @@ def _write_response(outcome: WriteOutcome) -> tserver_pb2.WriteResponsePB:
     if not outcome.result.ok:
         for row, status in outcome.result.errors():
             response.per_row_errors.add(
-                row_index=row, code=_ROW_STATUS_CODES[status], message=status.name
+                row_index=row, code=_ROW_STATUS_CODES[status], message=_ROW_STATUS_MESSAGES[status]
             )
     return response
 

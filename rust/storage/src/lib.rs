@@ -28,7 +28,10 @@ pub use flush_pool::{
     configure_flush_pool, flush_pool_options, flush_pool_stats, FlushPoolOptions,
     FLUSH_THREAD_IDLE_EXIT_MS_DEFAULT,
 };
-pub use ops::{encode_ipc, with_op_column, OpBatch, OpType, RowStatus, OP_COLUMN};
+pub use ops::{
+    check_op_batch, encode_ipc, with_op_column, OpBatch, OpType, RowProblem, RowStatus,
+    CELL_BYTES_MAX, OP_COLUMN, ROW_BYTES_MAX,
+};
 pub use predicate::{Predicate, PredicateOp};
 pub use scan::{ScanResult, ScanSpec};
 pub use schema::{ColumnSchema, DataType, Schema, Value};

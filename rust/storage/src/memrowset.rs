@@ -119,7 +119,8 @@ impl MemRowSet {
     /// Applies `batch` as op `op_index` and returns each row's status. Each op sees the newest
     /// version of its key: this MemRowSet's (which includes the batch's earlier rows), or, only
     /// when this MemRowSet does not know the key and the op depends on it, `older_live(key)`
-    /// (the older layers' answer). One index lookup per row decides and writes. All or
+    /// (the older layers' answer). One index lookup per row decides and writes; a row the
+    /// batch refused (`OpBatch::refused`) keeps its status and is not written. All or
     /// nothing: if `older_live` fails, the rows already applied are rolled back and the error
     /// is returned.
     pub(crate) fn apply(
@@ -134,8 +135,13 @@ impl MemRowSet {
         let mut added_bytes = 0;
         // Only an op that asks the older layers can fail. Without one nothing needs undoing
         // and nothing needs deciding: a plain insert-or-replace per row.
+        let refused = batch.refused.as_deref();
+        let is_refused = |row: usize| refused.is_some_and(|r| r[row] != RowStatus::Ok);
         if batch.ops.iter().all(|op| *op == OpType::Upsert) {
             for row in 0..batch.len() {
+                if is_refused(row) {
+                    continue;
+                }
                 let key = batch.keys.get(row);
                 let entry = RowRef {
                     batch: number,
@@ -147,11 +153,15 @@ impl MemRowSet {
                 }
             }
             self.finish_apply(batch, op_index, added_bytes);
-            return Ok(vec![RowStatus::Ok; batch.len()]);
+            return Ok(refused.map_or_else(|| vec![RowStatus::Ok; batch.len()], <[_]>::to_vec));
         }
         let mut undo: Vec<(usize, RowRef)> = Vec::new();
         let mut statuses = Vec::with_capacity(batch.len());
         for (row, op) in batch.ops.iter().enumerate() {
+            if let Some(status) = refused.map(|r| r[row]).filter(|s| *s != RowStatus::Ok) {
+                statuses.push(status);
+                continue;
+            }
             let key = batch.keys.get(row);
             let mut status = RowStatus::Ok;
             let slot = self.index.update(key, |current| {

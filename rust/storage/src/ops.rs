@@ -23,6 +23,13 @@ pub const OP_COLUMN: &str = "__op";
 pub const OP_BATCH_ROWS_MAX: usize = 1 << 20;
 /// Largest IPC payload accepted for one op batch, in bytes (the RPC message limit).
 pub const OP_BATCH_BYTES_MAX: usize = 64 * 1024 * 1024;
+/// Largest string or binary value of one cell, in bytes (Kudu's `max_cell_size_bytes`).
+pub const CELL_BYTES_MAX: usize = 64 * 1024;
+/// Largest row, in bytes: its fixed-width cells' widths plus its string and binary values.
+/// Any valid row then fits in one write request, so a client can always cut a batch into
+/// requests before sending it (Kudu advises rows of at most a few hundred KB and enforces no
+/// limit; one row that overruns the RPC message limit would refuse its whole request).
+pub const ROW_BYTES_MAX: usize = 1024 * 1024;
 
 /// The kind of one row operation (the values of the `__op` column, a non-null `uint8`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -70,8 +77,26 @@ impl OpType {
 #[repr(u8)]
 pub enum RowStatus {
     Ok = 0,
+    /// An `INSERT` of a key that is live.
     AlreadyPresent = 1,
+    /// An `UPDATE` or `DELETE` of a key that is not live.
     NotFound = 2,
+    /// A NOT NULL column (or a key column) holds null; the row was not applied.
+    NullInNotNull = 3,
+    /// A cell is over `CELL_BYTES_MAX` or the row over `ROW_BYTES_MAX`; the row was not applied.
+    TooLarge = 4,
+}
+
+/// A row of an op batch that breaks a rule of the schema (`check_rows`): it is refused on its
+/// own with `status`, and every other row of the batch is applied.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RowProblem {
+    /// Position of the row in the batch.
+    pub row: usize,
+    /// `NullInNotNull` or `TooLarge`.
+    pub status: RowStatus,
+    /// Which column and which limit, for people.
+    pub message: String,
 }
 
 /// A validated op batch, normalised to the table's column order.
@@ -83,6 +108,9 @@ pub struct OpBatch {
     /// One op code per row, all valid `OpType`s.
     pub(crate) ops: Vec<OpType>,
     pub(crate) keys: EncodedKeys,
+    /// Rows refused by `check_rows`, by position (`Ok` for the others); None when none was.
+    /// Refused rows stay in `rows` but are never applied.
+    pub(crate) refused: Option<Vec<RowStatus>>,
     /// The schema version the batch was validated against.
     pub(crate) schema_version: u32,
     /// Memory the batch keeps alive, in bytes (columns decoded from IPC share one buffer,
@@ -127,6 +155,11 @@ impl OpBatch {
     }
 
     /// Validates a record batch of row operations against `schema`.
+    ///
+    /// Problems of the batch as a whole (its columns, types, op codes) are `InvalidArgument`.
+    /// Problems of single rows (`check_rows`) refuse only those rows (`refused`). A column
+    /// the batch lacks takes its default (or null) when no row is an update: updates replace
+    /// whole rows, so they must carry every column (Kudu's write default, DESIGN.md §3).
     pub fn from_record_batch(batch: &RecordBatch, schema: &Schema) -> Result<OpBatch> {
         if batch.num_rows() > OP_BATCH_ROWS_MAX {
             return Err(StorageError::invalid(format!(
@@ -135,43 +168,51 @@ impl OpBatch {
             )));
         }
         let ops = op_codes(batch)?;
+        let columns = schema_columns(batch, schema)?;
         let only_deletes = ops.iter().all(|op| op.is_delete());
-        let mut columns: Vec<Option<ArrayRef>> = vec![None; schema.columns().len()];
-        for (field, column) in batch.schema().fields().iter().zip(batch.columns()) {
-            if field.name() == OP_COLUMN {
-                continue;
-            }
-            let index = schema.index_of(field.name()).ok_or_else(|| {
-                StorageError::invalid(format!("op batch has unknown column {:?}", field.name()))
-            })?;
-            if columns[index].is_some() {
-                return Err(StorageError::invalid(format!(
-                    "op batch has column {:?} twice",
-                    field.name()
-                )));
-            }
-            let wanted = schema.columns()[index].data_type;
-            columns[index] = Some(conform(column, wanted, field.name())?);
-        }
+        let has_updates = ops
+            .iter()
+            .any(|op| matches!(op, OpType::Update | OpType::UpdateIgnore));
         let mut filled = Vec::with_capacity(columns.len());
         for (index, (column, spec)) in columns.into_iter().zip(schema.columns()).enumerate() {
             let is_key = index < schema.key_count();
             let column = match column {
                 Some(column) => column,
-                None if only_deletes && !is_key => {
-                    new_null_array(&spec.data_type.arrow(), batch.num_rows())
+                None if is_key => {
+                    return Err(StorageError::invalid(format!(
+                        "op batch lacks key column {:?}",
+                        spec.name
+                    )))
+                }
+                None if only_deletes => new_null_array(&spec.data_type.arrow(), batch.num_rows()),
+                None if !has_updates && (spec.nullable || spec.default.is_some()) => {
+                    spec.fill(batch.num_rows())?
                 }
                 None => {
                     return Err(StorageError::invalid(format!(
-                        "op batch lacks column {:?} (only deletes may omit non-key columns)",
+                        "op batch lacks column {:?} (updates replace whole rows, and a NOT NULL \
+                         column without a default must be given)",
                         spec.name
                     )))
                 }
             };
-            if column.null_count() > 0 && (is_key || !spec.nullable) {
-                check_nulls_only_on_deletes(&column, &ops, is_key, &spec.name)?;
-            }
             filled.push(column);
+        }
+        let present: Vec<Option<&ArrayRef>> = filled.iter().map(Some).collect();
+        let problems = check_rows(schema, &present, &ops);
+        let refused = (!problems.is_empty()).then(|| {
+            let mut statuses = vec![RowStatus::Ok; ops.len()];
+            for problem in &problems {
+                statuses[problem.row] = problem.status;
+            }
+            statuses
+        });
+        if refused.is_some() {
+            // A refused row may hold a null key; it is never applied, so any bytes will do
+            // (and the stored batch's key fields stay non-nullable).
+            for column in &mut filled[..schema.key_count()] {
+                *column = without_nulls(column)?;
+            }
         }
         let keys = encode_keys(&filled[..schema.key_count()])?;
         let rows = RecordBatch::try_new(storage_arrow_schema(schema), filled)
@@ -181,9 +222,179 @@ impl OpBatch {
             rows,
             ops,
             keys,
+            refused,
             schema_version: schema.version(),
         })
     }
+}
+
+/// The rows of an op batch (the client's form: columns by name, any of the table's columns
+/// left out) that break a rule of `schema`, in row order, one problem per row: a null in a NOT
+/// NULL or key column, a cell over `CELL_BYTES_MAX`, a row over `ROW_BYTES_MAX`. The same
+/// rules `OpBatch::from_record_batch` applies on every replica, so a client can refuse those
+/// rows before sending them and get the answer the tablet would give.
+pub fn check_op_batch(batch: &RecordBatch, schema: &Schema) -> Result<Vec<RowProblem>> {
+    let ops = op_codes(batch)?;
+    let columns = schema_columns(batch, schema)?;
+    let present: Vec<Option<&ArrayRef>> = columns.iter().map(Option::as_ref).collect();
+    Ok(check_rows(schema, &present, &ops))
+}
+
+/// The batch's columns in schema order (None: absent), conformed to the schema's types.
+fn schema_columns(batch: &RecordBatch, schema: &Schema) -> Result<Vec<Option<ArrayRef>>> {
+    let mut columns: Vec<Option<ArrayRef>> = vec![None; schema.columns().len()];
+    for (field, column) in batch.schema().fields().iter().zip(batch.columns()) {
+        if field.name() == OP_COLUMN {
+            continue;
+        }
+        let index = schema.index_of(field.name()).ok_or_else(|| {
+            StorageError::invalid(format!("op batch has unknown column {:?}", field.name()))
+        })?;
+        if columns[index].is_some() {
+            return Err(StorageError::invalid(format!(
+                "op batch has column {:?} twice",
+                field.name()
+            )));
+        }
+        let wanted = schema.columns()[index].data_type;
+        columns[index] = Some(conform(column, wanted, field.name())?);
+    }
+    Ok(columns)
+}
+
+/// The rows that break a rule of `schema` (see `check_op_batch`); `columns` in schema order,
+/// None for a column the batch lacks. One pass per column, and none at all over the rows of a
+/// column that cannot break a rule (no nulls, values too short in total).
+fn check_rows(schema: &Schema, columns: &[Option<&ArrayRef>], ops: &[OpType]) -> Vec<RowProblem> {
+    let mut problems = Vec::new();
+    for (index, (column, spec)) in columns.iter().zip(schema.columns()).enumerate() {
+        let Some(column) = column else { continue };
+        let is_key = index < schema.key_count();
+        if column.null_count() == 0 || (spec.nullable && !is_key) {
+            continue;
+        }
+        let nulls = column
+            .logical_nulls()
+            .expect("null_count > 0 implies a null buffer");
+        for row in (0..ops.len()).filter(|r| nulls.is_null(*r)) {
+            // Deletes carry only their key: their other cells are null by design.
+            if is_key || !ops[row].is_delete() {
+                problems.push(RowProblem {
+                    row,
+                    status: RowStatus::NullInNotNull,
+                    message: format!("column {:?} is NOT NULL but the row holds null", spec.name),
+                });
+            }
+        }
+    }
+    check_sizes(schema, columns, ops.len(), &mut problems);
+    // The first problem found for a row is the one reported (nulls before sizes).
+    problems.sort_by_key(|p| p.row);
+    problems.dedup_by_key(|p| p.row);
+    problems
+}
+
+/// Adds a `TooLarge` problem for every row with a cell over `CELL_BYTES_MAX` or a total over
+/// `ROW_BYTES_MAX`. Nothing is allocated per row unless some row could break the row limit
+/// (a column's longest value is found in one pass over its offsets, and only a column whose
+/// values total more than a cell's limit needs that pass).
+fn check_sizes(
+    schema: &Schema,
+    columns: &[Option<&ArrayRef>],
+    rows: usize,
+    problems: &mut Vec<RowProblem>,
+) {
+    let mut fixed = 0usize;
+    let mut variable: Vec<&ArrayRef> = Vec::new();
+    let mut longest = 0usize; // a bound on the variable bytes of any one row
+    for (column, spec) in columns.iter().zip(schema.columns()) {
+        let Some(column) = column else { continue };
+        let Some(offsets) = value_offsets(column) else {
+            fixed += spec.data_type.arrow().primitive_width().unwrap_or(1);
+            continue;
+        };
+        variable.push(column);
+        let total = (offsets[offsets.len() - 1] - offsets[0]) as usize;
+        if total <= CELL_BYTES_MAX {
+            longest += total; // no cell can be longer than all of them together
+            continue;
+        }
+        let mut column_longest = 0usize;
+        for (row, w) in offsets.windows(2).enumerate() {
+            let length = (w[1] - w[0]) as usize;
+            if length > CELL_BYTES_MAX && column.is_valid(row) {
+                problems.push(RowProblem {
+                    row,
+                    status: RowStatus::TooLarge,
+                    message: format!(
+                        "column {:?} holds a {length}-byte value; a cell holds at most \
+                         {CELL_BYTES_MAX} bytes",
+                        spec.name
+                    ),
+                });
+            }
+            column_longest = column_longest.max(length);
+        }
+        longest += column_longest;
+    }
+    if fixed + longest <= ROW_BYTES_MAX {
+        return;
+    }
+    let mut sizes = vec![fixed; rows];
+    for column in variable {
+        for (size, length) in sizes.iter_mut().zip(value_lengths(column)) {
+            *size += length;
+        }
+    }
+    for (row, size) in sizes.into_iter().enumerate() {
+        if size > ROW_BYTES_MAX {
+            problems.push(RowProblem {
+                row,
+                status: RowStatus::TooLarge,
+                message: format!("the row is {size} bytes; a row holds at most {ROW_BYTES_MAX}"),
+            });
+        }
+    }
+}
+
+/// The offsets of a string or binary column; None for other types.
+fn value_offsets(column: &ArrayRef) -> Option<&[i32]> {
+    match column.data_type() {
+        ArrowType::Utf8 => Some(column.as_string::<i32>().value_offsets()),
+        ArrowType::Binary => Some(column.as_binary::<i32>().value_offsets()),
+        _ => None,
+    }
+}
+
+/// Each row's value length in a string or binary column (0 for null).
+fn value_lengths(column: &ArrayRef) -> Vec<usize> {
+    let offsets = value_offsets(column).expect("a string or binary column");
+    let nulls = column.logical_nulls();
+    offsets
+        .windows(2)
+        .enumerate()
+        .map(|(row, w)| {
+            if nulls.as_ref().is_some_and(|n| n.is_null(row)) {
+                0
+            } else {
+                (w[1] - w[0]) as usize
+            }
+        })
+        .collect()
+}
+
+/// `column` with its null buffer dropped (null slots read as whatever their bytes hold).
+fn without_nulls(column: &ArrayRef) -> Result<ArrayRef> {
+    if column.null_count() == 0 {
+        return Ok(column.clone());
+    }
+    let data = column
+        .to_data()
+        .into_builder()
+        .nulls(None)
+        .build()
+        .map_err(|e| StorageError::invalid(format!("cannot read key column: {e}")))?;
+    Ok(arrow::array::make_array(data))
 }
 
 /// Walks the IPC stream's framing and checks that every message fits the bytes and every
@@ -337,25 +548,6 @@ fn conform(column: &ArrayRef, wanted: DataType, name: &str) -> Result<ArrayRef> 
         )));
     }
     cast(column, &target).map_err(|e| StorageError::invalid(format!("column {name:?}: {e}")))
-}
-
-fn check_nulls_only_on_deletes(
-    column: &ArrayRef,
-    ops: &[OpType],
-    is_key: bool,
-    name: &str,
-) -> Result<()> {
-    let nulls = column
-        .logical_nulls()
-        .expect("null_count > 0 implies a null buffer");
-    for row in (0..ops.len()).filter(|r| nulls.is_null(*r)) {
-        if is_key || !ops[row].is_delete() {
-            return Err(StorageError::invalid(format!(
-                "row {row}: column {name:?} is not nullable but holds null"
-            )));
-        }
-    }
-    Ok(())
 }
 
 /// Encodes a record batch as Arrow IPC stream bytes (the op-batch wire and WAL form).

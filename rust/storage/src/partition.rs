@@ -12,7 +12,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use arrow::array::{Array, ArrayRef, AsArray, RecordBatch, UInt32Array};
+use arrow::array::{Array, ArrayRef, AsArray, RecordBatch, RecordBatchOptions, UInt32Array};
 use arrow::compute::take_record_batch;
 use arrow::datatypes::{
     DataType as ArrowType, Int16Type, Int32Type, Int64Type, Int8Type, TimestampMicrosecondType,
@@ -203,6 +203,20 @@ impl PartitionRouter {
 
     /// Each row's partition index; a row no partition covers is `InvalidArgument`.
     pub fn route(&self, batch: &RecordBatch) -> Result<Vec<u32>> {
+        let routes = self.route_or_none(batch)?;
+        if let Some(row) = routes.iter().position(|p| *p == NO_PARTITION) {
+            let key = self.partition_keys(&batch.slice(row, 1))?.0;
+            return Err(StorageError::invalid(format!(
+                "row {row}: no partition covers partition key {}",
+                hex(&key)
+            )));
+        }
+        Ok(routes)
+    }
+
+    /// Each row's partition index, `NO_PARTITION` for a row no partition covers (a gap
+    /// between range partitions).
+    fn route_or_none(&self, batch: &RecordBatch) -> Result<Vec<u32>> {
         if let Some(table) = &self.by_buckets {
             return self.route_by_buckets(table, batch);
         }
@@ -213,12 +227,13 @@ impl PartitionRouter {
         for row in 0..batch.num_rows() {
             let key = &bytes[offsets[row]..offsets[row + 1]];
             if !self.contains(last, key) {
-                last = self.find(key).ok_or_else(|| {
-                    StorageError::invalid(format!(
-                        "row {row}: no partition covers partition key {}",
-                        hex(key)
-                    ))
-                })?;
+                match self.find(key) {
+                    Some(found) => last = found,
+                    None => {
+                        out.push(NO_PARTITION);
+                        continue;
+                    }
+                }
             }
             out.push(last as u32);
         }
@@ -233,22 +248,19 @@ impl PartitionRouter {
                 *cell = *cell * level.buckets + (h % level.buckets as u64) as u32;
             }
         }
-        for (row, cell) in cells.iter_mut().enumerate() {
+        for cell in &mut cells {
             *cell = table[*cell as usize];
-            if *cell == NO_PARTITION {
-                let key = self.partition_keys(&batch.slice(row, 1))?.0;
-                return Err(StorageError::invalid(format!(
-                    "row {row}: no partition covers partition key {}",
-                    hex(&key)
-                )));
-            }
         }
         Ok(cells)
     }
 
     /// The batch cut into one slice per partition that has rows, ascending by partition.
     pub fn split(&self, batch: &RecordBatch) -> Result<Vec<PartitionSlice>> {
-        let positions = self.positions(batch)?;
+        let routes = self.route(batch)?;
+        let mut positions: Vec<Vec<u32>> = vec![Vec::new(); self.len()];
+        for (row, p) in routes.iter().enumerate() {
+            positions[*p as usize].push(row as u32);
+        }
         let mut slices = Vec::new();
         for (partition, rows) in positions.into_iter().enumerate() {
             if rows.is_empty() {
@@ -270,29 +282,29 @@ impl PartitionRouter {
         Ok(slices)
     }
 
-    /// The batch cut into requests: each partition's rows in input order, in equal pieces of
-    /// at most `rows_max` rows and about `bytes_max` Arrow bytes (estimated from the batch's
-    /// average row width), each piece gathered and IPC-encoded. Rows are routed once; the pieces
-    /// are encoded on up to `threads` threads. Ascending by partition, then by position.
+    /// The batch cut into requests: each partition's rows in input order, in pieces of at most
+    /// `rows_max` rows and `bytes_max` bytes (each row measured: its fixed-width cells' widths
+    /// plus its string and binary values and their offsets; a single larger row goes alone),
+    /// as equal as those limits allow, each piece gathered and IPC-encoded on up to `threads`
+    /// threads. Only the rows at `selection` (ascending positions) are routed when it is given;
+    /// every row otherwise. Rows no partition covers are not sent: their positions come back in
+    /// `unrouted`. Requests are ascending by partition, then by position.
     pub fn split_requests(
         &self,
         batch: &RecordBatch,
         rows_max: usize,
         bytes_max: usize,
         threads: usize,
-    ) -> Result<Vec<EncodedRequest>> {
+        selection: Option<&UInt32Array>,
+    ) -> Result<SplitRequests> {
         if rows_max == 0 || bytes_max == 0 {
             return Err(StorageError::invalid("request limits must be positive"));
         }
-        let per_request = rows_max.min((bytes_max / row_bytes(batch).max(1)).max(1));
+        let (positions, unrouted) = self.positions(batch, selection)?;
+        let sizes = (batch_bytes(batch) > bytes_max).then(|| row_sizes(batch));
         let mut pieces: Vec<(u32, UInt32Array)> = Vec::new();
-        for (partition, rows) in self.positions(batch)?.into_iter().enumerate() {
-            // Equal pieces: 250k rows at 200k a request go as 2 x 125k, not 200k + 50k.
-            let size = rows
-                .len()
-                .div_ceil(rows.len().div_ceil(per_request).max(1))
-                .max(1);
-            for piece in rows.chunks(size) {
+        for (partition, rows) in positions.into_iter().enumerate() {
+            for piece in cut(&rows, rows_max, bytes_max, sizes.as_deref()) {
                 pieces.push((partition as u32, UInt32Array::from(piece.to_vec())));
             }
         }
@@ -322,7 +334,7 @@ impl PartitionRouter {
             }
             work();
         });
-        pieces
+        let requests = pieces
             .into_iter()
             .zip(encoded)
             .map(|((partition, rows), ipc)| {
@@ -333,24 +345,83 @@ impl PartitionRouter {
                     ipc: ipc.expect("every piece was encoded")?,
                 })
             })
-            .collect()
+            .collect::<Result<_>>()?;
+        Ok(SplitRequests {
+            requests,
+            unrouted: UInt32Array::from(unrouted),
+        })
     }
 
-    /// Each partition's row positions, ascending (empty for partitions without rows).
-    fn positions(&self, batch: &RecordBatch) -> Result<Vec<Vec<u32>>> {
+    /// Each partition's row positions, ascending, and the positions no partition covers. Only
+    /// the rows at `selection` are routed when it is given (their key columns gathered first,
+    /// so rows left out may hold anything, nulls included).
+    fn positions(
+        &self,
+        batch: &RecordBatch,
+        selection: Option<&UInt32Array>,
+    ) -> Result<(Vec<Vec<u32>>, Vec<u32>)> {
         if batch.num_rows() > u32::MAX as usize {
             return Err(StorageError::invalid("a batch holds at most 2^32 - 1 rows"));
         }
-        let routes = self.route(batch)?;
+        let routes = match selection {
+            None => self.route_or_none(batch)?,
+            Some(rows) => self.route_or_none(&self.routing_columns(batch, rows)?)?,
+        };
+        let position = |i: usize| selection.map_or(i as u32, |rows| rows.value(i));
         let mut counts = vec![0usize; self.len()];
-        for p in &routes {
+        for p in routes.iter().filter(|p| **p != NO_PARTITION) {
             counts[*p as usize] += 1;
         }
         let mut positions: Vec<Vec<u32>> = counts.iter().map(|c| Vec::with_capacity(*c)).collect();
-        for (row, p) in routes.iter().enumerate() {
-            positions[*p as usize].push(row as u32);
+        let mut unrouted = Vec::new();
+        for (i, p) in routes.iter().enumerate() {
+            match *p {
+                NO_PARTITION => unrouted.push(position(i)),
+                p => positions[p as usize].push(position(i)),
+            }
         }
-        Ok(positions)
+        Ok((positions, unrouted))
+    }
+
+    /// The columns routing reads (hash and range columns) of the rows at `rows`.
+    fn routing_columns(&self, batch: &RecordBatch, rows: &UInt32Array) -> Result<RecordBatch> {
+        if rows.null_count() > 0
+            || rows
+                .values()
+                .iter()
+                .any(|r| *r as usize >= batch.num_rows())
+        {
+            return Err(StorageError::invalid("a selected row is outside the batch"));
+        }
+        let mut names: Vec<&String> = self
+            .hash_levels
+            .iter()
+            .flat_map(|l| &l.columns)
+            .chain(&self.range_columns)
+            .collect();
+        names.sort();
+        names.dedup();
+        let schema = batch.schema();
+        let mut fields = Vec::with_capacity(names.len());
+        let mut arrays = Vec::with_capacity(names.len());
+        for name in names {
+            let (index, field) = schema
+                .column_with_name(name)
+                .ok_or_else(|| StorageError::invalid(format!("batch lacks column {name:?}")))?;
+            fields.push(field.clone());
+            arrays.push(
+                arrow::compute::take(batch.column(index), rows, None)
+                    .map_err(|e| StorageError::invalid(format!("cannot select rows: {e}")))?,
+            );
+        }
+        // A table with one unbounded partition routes by no column at all.
+        let options = RecordBatchOptions::new().with_row_count(Some(rows.len()));
+        RecordBatch::try_new_with_options(
+            Arc::new(arrow::datatypes::Schema::new(fields)),
+            arrays,
+            &options,
+        )
+        .map_err(|e| StorageError::invalid(format!("cannot select rows: {e}")))
     }
 
     fn buckets(&self, batch: &RecordBatch) -> Result<Vec<Vec<u32>>> {
@@ -398,6 +469,87 @@ pub struct EncodedRequest {
     pub rows: UInt32Array,
     /// Those rows as one Arrow IPC stream.
     pub ipc: Vec<u8>,
+}
+
+/// What `PartitionRouter::split_requests` makes of a batch.
+#[derive(Debug)]
+pub struct SplitRequests {
+    /// Ascending by partition, then by position.
+    pub requests: Vec<EncodedRequest>,
+    /// Positions of the rows no partition covers, ascending (they are in no request).
+    pub unrouted: UInt32Array,
+}
+
+/// Cuts one partition's `rows` (positions) into pieces of at most `rows_max` rows and, when
+/// `sizes` gives each position's bytes, at most `bytes_max` bytes (a larger row alone). Pieces
+/// are as equal as the limits allow: 250k rows at 200k a request go as 2 x 125k, not 200k +
+/// 50k.
+fn cut<'a>(
+    rows: &'a [u32],
+    rows_max: usize,
+    bytes_max: usize,
+    sizes: Option<&[usize]>,
+) -> Vec<&'a [u32]> {
+    if rows.is_empty() {
+        return Vec::new();
+    }
+    let total: usize = sizes.map_or(0, |s| rows.iter().map(|r| s[*r as usize]).sum());
+    let count = rows
+        .len()
+        .div_ceil(rows_max)
+        .max(total.div_ceil(bytes_max))
+        .max(1);
+    let rows_each = rows.len().div_ceil(count);
+    let Some(sizes) = sizes else {
+        return rows.chunks(rows_each).collect();
+    };
+    let bytes_each = total.div_ceil(count).max(1);
+    let mut pieces = Vec::with_capacity(count);
+    let (mut start, mut bytes) = (0usize, 0usize);
+    for (i, row) in rows.iter().enumerate() {
+        let size = sizes[*row as usize];
+        // Cut at the equal share, or before a row that would overrun the limit.
+        let full = i - start == rows_each || bytes >= bytes_each || bytes + size > bytes_max;
+        if i > start && full {
+            pieces.push(&rows[start..i]);
+            (start, bytes) = (i, 0);
+        }
+        bytes += size;
+    }
+    pieces.push(&rows[start..]);
+    pieces
+}
+
+/// Each row's bytes in `batch`, measured as `batch_bytes` measures the batch.
+fn row_sizes(batch: &RecordBatch) -> Vec<usize> {
+    let mut sizes = vec![0usize; batch.num_rows()];
+    for column in batch.columns() {
+        let offsets: Option<&[i32]> = match column.data_type() {
+            ArrowType::Utf8 => Some(column.as_string::<i32>().value_offsets()),
+            ArrowType::Binary => Some(column.as_binary::<i32>().value_offsets()),
+            _ => None,
+        };
+        match offsets {
+            Some(offsets) => {
+                for (size, w) in sizes.iter_mut().zip(offsets.windows(2)) {
+                    *size += (w[1] - w[0]) as usize + 4;
+                }
+            }
+            None => {
+                let width = column_width(column);
+                sizes.iter_mut().for_each(|s| *s += width);
+            }
+        }
+    }
+    sizes
+}
+
+/// Bytes of one row of a fixed-width column (a boolean counts one).
+fn column_width(column: &ArrayRef) -> usize {
+    match column.data_type() {
+        ArrowType::Boolean => 1,
+        other => other.primitive_width().unwrap_or(8),
+    }
 }
 
 /// `hash64(encoded key of each row, seed)` without materialising the keys: each row's FNV state
@@ -463,11 +615,15 @@ fn feed_bytes(mut h: u64, value: &[u8], last: bool) -> u64 {
     fnv_feed(h, &[0, 0])
 }
 
-/// Average Arrow bytes of one row of `batch` (value buffers; offsets of variable-width
-/// columns count their 4 bytes), so that a slice of a larger batch is measured by its own rows.
+/// Average Arrow bytes of one row of `batch` (see `batch_bytes`).
 fn row_bytes(batch: &RecordBatch) -> usize {
-    let rows = batch.num_rows().max(1);
-    let total: usize = batch
+    batch_bytes(batch).div_ceil(batch.num_rows().max(1))
+}
+
+/// Arrow bytes of `batch`'s rows (value buffers; offsets of variable-width columns count their
+/// 4 bytes), so that a slice of a larger batch is measured by its own rows.
+fn batch_bytes(batch: &RecordBatch) -> usize {
+    batch
         .columns()
         .iter()
         .map(|column| match column.data_type() {
@@ -485,8 +641,7 @@ fn row_bytes(batch: &RecordBatch) -> usize {
                 None => column.get_array_memory_size(),
             },
         })
-        .sum();
-    total.div_ceil(rows)
+        .sum()
 }
 
 /// The Arrow IPC stream of `batch`, into a buffer sized up front (no regrowth copies).
@@ -633,7 +788,11 @@ mod tests {
         for r in [router(), hash_router()] {
             let routes = r.route(&input).unwrap();
             for threads in [1, 3] {
-                let requests = r.split_requests(&input, 700, 1 << 30, threads).unwrap();
+                let split = r
+                    .split_requests(&input, 700, 1 << 30, threads, None)
+                    .unwrap();
+                assert!(split.unrouted.is_empty());
+                let requests = split.requests;
                 let mut seen = vec![false; input.num_rows()];
                 let mut last = (0u32, 0u32);
                 for request in &requests {
@@ -654,7 +813,82 @@ mod tests {
                 assert!(seen.iter().all(|s| *s));
             }
         }
-        assert!(router().split_requests(&input, 0, 1, 1).is_err());
+        assert!(router().split_requests(&input, 0, 1, 1, None).is_err());
+    }
+
+    #[test]
+    fn split_requests_measures_each_row_and_sends_a_large_one_alone() {
+        // 100 small rows and one of ~3 MB: with a 1 MB cap the large row goes alone and the
+        // small ones share the other requests; no request but the large row's overruns the cap.
+        let ids: Vec<i64> = (0..101).collect();
+        let names: Vec<String> = ids
+            .iter()
+            .map(|i| {
+                if *i == 50 {
+                    "x".repeat(3 << 20)
+                } else {
+                    format!("n{i}")
+                }
+            })
+            .collect();
+        let input = batch(ids, names);
+        let r = hash_router();
+        let split = r.split_requests(&input, 1 << 20, 1 << 20, 1, None).unwrap();
+        let mut rows = 0;
+        for request in &split.requests {
+            rows += request.rows.len();
+            if request.rows.values().contains(&50) {
+                assert_eq!(request.rows.len(), 1, "the large row goes alone");
+            } else {
+                assert!(request.ipc.len() < 1 << 20);
+            }
+        }
+        assert_eq!(rows, 101);
+    }
+
+    #[test]
+    fn split_requests_routes_only_the_selection_and_returns_rows_in_gaps() {
+        let level = HashLevel {
+            columns: vec!["id".into()],
+            buckets: 2,
+            seed: 0,
+        };
+        // Only bucket 0 is covered: bucket 1's rows are unrouted, not an error.
+        let r =
+            PartitionRouter::new(vec![level], vec![], vec![prefix(0)], vec![prefix(1)]).unwrap();
+        let input = batch((0..64).collect(), (0..64).map(|i| i.to_string()).collect());
+        let routes = hash_router().route(&input).unwrap(); // the same hash, 4 buckets
+        let selection = UInt32Array::from((0..64).filter(|i| i % 3 != 0).collect::<Vec<u32>>());
+        let split = r
+            .split_requests(&input, 1000, 1 << 20, 1, Some(&selection))
+            .unwrap();
+        let sent: Vec<u32> = split
+            .requests
+            .iter()
+            .flat_map(|q| q.rows.values().to_vec())
+            .collect();
+        let unrouted = split.unrouted.values().to_vec();
+        let mut all: Vec<u32> = sent.iter().chain(&unrouted).copied().collect();
+        all.sort_unstable();
+        assert_eq!(
+            all,
+            selection.values().to_vec(),
+            "each selected row once, no other"
+        );
+        for row in &unrouted {
+            // 4 buckets mod 2: bucket 1 or 3 of the 4-bucket router is bucket 1 of 2.
+            assert_eq!(routes[*row as usize] % 2, 1);
+        }
+        assert!(!unrouted.is_empty() && !sent.is_empty());
+        let outside = UInt32Array::from(vec![64]);
+        assert!(r.split_requests(&input, 10, 10, 1, Some(&outside)).is_err());
+        // One unbounded partition routes by no column: a selection still works.
+        let single = PartitionRouter::new(vec![], vec![], vec![vec![]], vec![vec![]]).unwrap();
+        let split = single
+            .split_requests(&input, 1000, 1 << 20, 1, Some(&selection))
+            .unwrap();
+        assert_eq!(split.requests.len(), 1);
+        assert_eq!(split.requests[0].rows.values(), selection.values());
     }
 
     proptest! {

@@ -569,3 +569,151 @@ fn rowset_file(dir: &std::path::Path) -> std::path::PathBuf {
         .find(|p| p.extension().is_some_and(|x| x == "parquet"))
         .expect("a rowset file")
 }
+
+/// `id int64 key, name string NOT NULL, n int32 NOT NULL DEFAULT 7, b binary?`
+fn strict_schema() -> nyala_storage::Schema {
+    let mut n = ColumnSchema::new(2, "n", DataType::Int32, false);
+    n.default = Some(nyala_storage::Value::Int(7));
+    nyala_storage::Schema::new(
+        vec![
+            ColumnSchema::new(0, "id", DataType::Int64, false),
+            ColumnSchema::new(1, "name", DataType::String, false),
+            n,
+            ColumnSchema::new(3, "b", DataType::Binary, true),
+        ],
+        1,
+        0,
+    )
+    .unwrap()
+}
+
+fn strict_batch(
+    ids: Vec<Option<i64>>,
+    names: Vec<Option<&str>>,
+    blobs: Vec<Option<Vec<u8>>>,
+    ops: Vec<u8>,
+) -> RecordBatch {
+    use arrow::array::{ArrayRef, BinaryArray, StringArray, UInt8Array};
+    use arrow::datatypes::{DataType as ArrowType, Field, Schema as ArrowSchema};
+    let fields = vec![
+        Field::new("id", ArrowType::Int64, true),
+        Field::new("name", ArrowType::Utf8, true),
+        Field::new("b", ArrowType::Binary, true),
+        Field::new(nyala_storage::OP_COLUMN, ArrowType::UInt8, false),
+    ];
+    let columns: Vec<ArrayRef> = vec![
+        Arc::new(Int64Array::from(ids)),
+        Arc::new(StringArray::from(names)),
+        Arc::new(BinaryArray::from_iter(blobs)),
+        Arc::new(UInt8Array::from(ops)),
+    ];
+    RecordBatch::try_new(Arc::new(ArrowSchema::new(fields)), columns).unwrap()
+}
+
+#[test]
+fn row_problems_refuse_only_their_rows_the_same_way_everywhere() {
+    use nyala_storage::{check_op_batch, OpBatch, CELL_BYTES_MAX, ROW_BYTES_MAX};
+    let dir = tempfile::tempdir().unwrap();
+    let engine = Engine::create(dir.path(), strict_schema(), options()).unwrap();
+    let big = vec![b'x'; CELL_BYTES_MAX + 1];
+    let input = strict_batch(
+        vec![Some(1), Some(2), None, Some(4), Some(5), Some(6)],
+        vec![Some("a"), None, Some("c"), Some("d"), None, Some("f")],
+        vec![None, None, None, Some(big), None, Some(vec![b'y'; 10])],
+        // insert, insert (null name), insert (null key), upsert (cell too large),
+        // delete (null name is fine on a delete), insert
+        vec![1, 1, 1, 3, 6, 1],
+    );
+    let problems = check_op_batch(&input, &engine.schema()).unwrap();
+    let found: Vec<(usize, RowStatus)> = problems.iter().map(|p| (p.row, p.status)).collect();
+    assert_eq!(
+        found,
+        vec![
+            (1, RowStatus::NullInNotNull),
+            (2, RowStatus::NullInNotNull),
+            (3, RowStatus::TooLarge)
+        ]
+    );
+    assert!(
+        problems[0].message.contains("\"name\""),
+        "{}",
+        problems[0].message
+    );
+    assert!(
+        problems[2].message.contains("\"b\""),
+        "{}",
+        problems[2].message
+    );
+    let batch = OpBatch::from_record_batch(&input, &engine.schema()).unwrap();
+    let result = engine.apply(&batch, 1).unwrap();
+    assert_eq!(
+        result.statuses,
+        vec![
+            RowStatus::Ok,
+            RowStatus::NullInNotNull,
+            RowStatus::NullInNotNull,
+            RowStatus::TooLarge,
+            RowStatus::NotFound,
+            RowStatus::Ok
+        ]
+    );
+    let rows = all(&engine);
+    assert_eq!(ids(&rows), vec![1, 6]);
+    // The omitted NOT NULL column took its default.
+    let n = rows[0].column_by_name("n").unwrap();
+    assert_eq!(
+        n.as_primitive::<arrow::datatypes::Int32Type>().values(),
+        &[7, 7]
+    );
+    // A row over the row limit, made of cells within the cell limit, in an all-upsert batch.
+    let cells = ROW_BYTES_MAX / CELL_BYTES_MAX + 1;
+    let mut columns = vec![
+        ColumnSchema::new(0, "id", DataType::Int64, false),
+        ColumnSchema::new(1, "name", DataType::String, false),
+    ];
+    columns.extend(
+        (0..cells)
+            .map(|i| ColumnSchema::new(2 + i as u32, format!("c{i}"), DataType::Binary, true)),
+    );
+    let wide = nyala_storage::Schema::new(columns, 1, 0).unwrap();
+    let wide_dir = tempfile::tempdir().unwrap();
+    let engine = Engine::create(wide_dir.path(), wide.clone(), options()).unwrap();
+    let mut fields = vec![
+        arrow::datatypes::Field::new("id", arrow::datatypes::DataType::Int64, false),
+        arrow::datatypes::Field::new("name", arrow::datatypes::DataType::Utf8, false),
+    ];
+    let mut arrays: Vec<arrow::array::ArrayRef> = vec![
+        Arc::new(Int64Array::from(vec![1, 2])),
+        Arc::new(arrow::array::StringArray::from(vec!["a", "b"])),
+    ];
+    for i in 0..cells {
+        fields.push(arrow::datatypes::Field::new(
+            format!("c{i}"),
+            arrow::datatypes::DataType::Binary,
+            true,
+        ));
+        let cell = vec![b'z'; CELL_BYTES_MAX];
+        arrays.push(Arc::new(arrow::array::BinaryArray::from_iter(vec![
+            None,
+            Some(cell.as_slice()),
+        ])));
+    }
+    fields.push(arrow::datatypes::Field::new(
+        nyala_storage::OP_COLUMN,
+        arrow::datatypes::DataType::UInt8,
+        false,
+    ));
+    arrays.push(Arc::new(arrow::array::UInt8Array::from(vec![3, 3])));
+    let input =
+        RecordBatch::try_new(Arc::new(arrow::datatypes::Schema::new(fields)), arrays).unwrap();
+    let problems = check_op_batch(&input, &wide).unwrap();
+    assert_eq!(problems.len(), 1);
+    assert_eq!(
+        (problems[0].row, problems[0].status),
+        (1, RowStatus::TooLarge)
+    );
+    let batch = OpBatch::from_record_batch(&input, &wide).unwrap();
+    let result = engine.apply(&batch, 1).unwrap();
+    assert_eq!(result.statuses, vec![RowStatus::Ok, RowStatus::TooLarge]);
+    assert_eq!(ids(&all(&engine)), vec![1]);
+}

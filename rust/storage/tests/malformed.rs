@@ -112,6 +112,8 @@ fn rejects_bad_columns_and_values() {
         vec![ids(&[1]), ids(&[1]), op(&[6])],
     );
     assert!(invalid(OpBatch::from_record_batch(&unknown, &s)).contains("nope"));
+    // An insert may leave out nullable columns (they take their default or null), but not a
+    // NOT NULL column without a default, and an update must carry every column.
     let insert_without_values = make(
         vec![
             ("id", ArrowType::Int64, false),
@@ -119,16 +121,15 @@ fn rejects_bad_columns_and_values() {
         ],
         vec![ids(&[1]), op(&[1])],
     );
-    invalid(OpBatch::from_record_batch(&insert_without_values, &s));
-    let null_key = make(
+    OpBatch::from_record_batch(&insert_without_values, &s).unwrap();
+    let update_without_values = make(
         vec![
-            ("id", ArrowType::Int64, true),
+            ("id", ArrowType::Int64, false),
             (OP_COLUMN, ArrowType::UInt8, false),
         ],
-        vec![Arc::new(Int64Array::from(vec![None])), op(&[6])],
+        vec![ids(&[1]), op(&[4])],
     );
-    invalid(OpBatch::from_record_batch(&null_key, &s));
-    // A non-nullable value column may be null only on delete rows.
+    assert!(invalid(OpBatch::from_record_batch(&update_without_values, &s)).contains("lacks"));
     let strict = Schema::build(
         vec![
             ("id".into(), DataType::Int64, false),
@@ -137,19 +138,17 @@ fn rejects_bad_columns_and_values() {
         &["id"],
     )
     .unwrap();
-    let fields = vec![
-        ("id", ArrowType::Int64, false),
-        ("name", ArrowType::Utf8, true),
-        (OP_COLUMN, ArrowType::UInt8, false),
-    ];
-    let names: ArrayRef = Arc::new(StringArray::from(vec![Some("a"), None]));
-    let on_delete = make(
-        fields.clone(),
-        vec![ids(&[1, 2]), names.clone(), op(&[1, 6])],
+    assert!(
+        invalid(OpBatch::from_record_batch(&insert_without_values, &strict)).contains("\"name\"")
     );
-    OpBatch::from_record_batch(&on_delete, &strict).unwrap();
-    let on_insert = make(fields, vec![ids(&[1, 2]), names, op(&[1, 3])]);
-    assert!(invalid(OpBatch::from_record_batch(&on_insert, &strict)).contains("row 1"));
+    let no_key = make(
+        vec![
+            ("name", ArrowType::Utf8, false),
+            (OP_COLUMN, ArrowType::UInt8, false),
+        ],
+        vec![Arc::new(StringArray::from(vec!["a"])), op(&[6])],
+    );
+    assert!(invalid(OpBatch::from_record_batch(&no_key, &strict)).contains("key column"));
 }
 
 proptest! {

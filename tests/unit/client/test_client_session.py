@@ -15,7 +15,7 @@ from nyala.cli.table import parse_where
 from nyala.client.scanner import predicate_to_pb
 from nyala.client.session import Session
 from nyala.client.write import RowError, WriteResult
-from nyala.rowops import OpType, make_op_batch
+from nyala.rowops import OpType, PreparedRows, prepare_op_batch
 from nyala.schema import Schema
 
 SCHEMA = Schema.parse("id:int64, v:string?", key=["id"])
@@ -30,21 +30,31 @@ class Recorder:
         self.delay_s = delay_s
         self.lock = threading.Lock()
 
-    def make(self, table: str, data: Any, op: OpType) -> tuple[Any, pa.RecordBatch]:
-        return table, make_op_batch(data, op, SCHEMA)
+    def make(
+        self, table: str, data: Any, op: OpType, ignore_extra: bool
+    ) -> tuple[Any, PreparedRows]:
+        return Info(SCHEMA), prepare_op_batch(data, op, SCHEMA, ignore_extra_columns=ignore_extra)
 
-    def write(self, info: Any, batch: pa.RecordBatch) -> WriteResult:
+    def write(self, info: Any, prepared: PreparedRows) -> WriteResult:
         time.sleep(self.delay_s)
+        batch = prepared.batch
         with self.lock:
             self.batches.append(batch)
         ids = batch.column("id").to_pylist()
-        bad = [i for i, key in enumerate(ids) if key in self.failing]
-        rows = batch.drop_columns(["__op"])
-        failed = pa.Table.from_batches([rows.take(bad)]) if bad else None
-        return WriteResult(len(ids), [RowError(i, "ALREADY_PRESENT", "") for i in bad], failed)
+        bad = [
+            RowError(i, "ALREADY_PRESENT", "") for i, key in enumerate(ids) if key in self.failing
+        ]
+        return WriteResult.of(prepared.input, ["id"], failed=bad)
 
     def ids(self) -> list[int]:
         return sorted(i for b in self.batches for i in b.column("id").to_pylist())
+
+
+class Info:
+    """What a session needs of a table's info: its schema."""
+
+    def __init__(self, schema: Schema) -> None:
+        self.schema = schema
 
 
 def test_manual_session_sends_on_flush_merged_per_table() -> None:
@@ -59,6 +69,7 @@ def test_manual_session_sends_on_flush_merged_per_table() -> None:
     assert rec.ids() == [1, 2, 3, 4]
     [error] = session.errors
     assert (error.table, error.code, error.values) == ("t", "ALREADY_PRESENT", {"id": 3, "v": "c"})
+    assert (error.call, error.row, error.key) == (1, 0, {"id": 3})
     assert session.pop_errors() == [error]
     assert session.errors == []
     session.close()
@@ -78,17 +89,47 @@ def test_background_session_flushes_by_rows_and_applies_back_pressure() -> None:
     assert len(rec.batches) > 1
 
 
-def test_a_failed_flush_is_raised_by_the_next_flush() -> None:
-    def broken(info: Any, batch: pa.RecordBatch) -> WriteResult:
-        raise errors.TimedOutError("outcome unknown")
+def test_a_failed_flush_is_raised_by_the_next_flush_and_its_rows_are_errors() -> None:
+    def broken(info: Any, prepared: PreparedRows) -> WriteResult:
+        raise errors.TimedOutError("no tablet locations")
 
     session = Session(Recorder().make, broken, flush="manual")
     session.delete("t", {"id": [1]})
     with pytest.raises(errors.TimedOutError):
         session.flush()
     session.flush()  # reported once
+    [error] = session.errors
+    assert (error.code, error.key, error.outcome) == ("TIMED_OUT", {"id": 1}, "failed")
     with pytest.raises(errors.InvalidArgumentError):
         Session(Recorder().make, broken, flush="sometimes")
+
+
+def test_row_problems_reach_errors_not_the_caller_and_errors_are_bounded() -> None:
+    rec = Recorder(failing={7, 8, 9})
+    with Session(
+        rec.make, rec.write, flush="background", flush_interval_ms=10, session_error_rows_max=4
+    ) as session:
+        # A key that is null: refused at once, never sent, and the call does not raise.
+        session.upsert("t", {"id": pa.array([1, None, 3], pa.int64()), "v": ["a", "b", "c"]})
+        assert [(e.call, e.row, e.code) for e in session.errors] == [(0, 1, "INVALID_ARGUMENT")]
+        session.insert("t", {"id": [7, 8, 9, 10], "v": ["x"] * 4})
+    assert rec.ids() == [1, 3, 7, 8, 9, 10]
+    assert len(session.errors) == 4  # 1 refused + 3 duplicates: the bound is reached
+    assert not session.error_buffer_overflowed
+    session = Session(rec.make, rec.write, session_error_rows_max=2)
+    session.insert("t", {"id": [7, 8, 9], "v": ["x"] * 3})
+    session.flush()
+    assert len(session.errors) == 2
+    assert session.error_buffer_overflowed
+    assert len(session.pop_errors()) == 2
+    assert not session.error_buffer_overflowed
+    # A whole-input problem still raises at the call that gave it.
+    with pytest.raises(errors.InvalidArgumentError, match="not in the table"):
+        session.upsert("t", {"id": [1], "nope": [2]})
+    extra = Session(rec.make, rec.write, ignore_extra_columns=True)
+    extra.upsert("t", {"id": [12], "nope": [2]})
+    extra.close()
+    assert 12 in rec.ids()
 
 
 def test_where_parsing_and_predicates() -> None:
