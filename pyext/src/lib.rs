@@ -8,6 +8,7 @@ use pyo3::prelude::*;
 
 mod checksum;
 mod consensus;
+mod copy;
 mod errors;
 mod partition;
 mod storage;
@@ -24,5 +25,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     storage::register(m)?;
     partition::register(m)?;
     consensus::register(m)?;
+    copy::register(m)?;
     Ok(())
 }

@@ -17,6 +17,7 @@ from nyala._proto import (
     consensus_pb2,
     consensus_pb2_grpc,
     master_pb2_grpc,
+    tablet_copy_pb2,
     tablet_copy_pb2_grpc,
     tserver_admin_pb2_grpc,
     tserver_pb2,
@@ -47,6 +48,10 @@ def _method_path(file: FileDescriptor, service: str, method: str) -> str:
 _UPDATE_CONSENSUS_STREAM = _method_path(
     consensus_pb2.DESCRIPTOR, "ConsensusService", "UpdateConsensusStream"
 )
+
+#: The gRPC path of FetchData, whose answers ``fetch_data_serialized`` hands over unparsed: the
+#: tablet copy target takes the chunk's bytes from them without a copy.
+_FETCH_DATA = _method_path(tablet_copy_pb2.DESCRIPTOR, "TabletCopyService", "FetchData")
 
 
 class _Stubs:
@@ -86,6 +91,13 @@ class ServerProxy(_Stubs):
             request_serializer=None,
             response_deserializer=consensus_pb2.ConsensusResponsePB.FromString,
         )
+        self.fetch_data_serialized: grpc.aio.UnaryUnaryMultiCallable[
+            tablet_copy_pb2.FetchDataRequestPB, bytes
+        ] = channel.unary_unary(
+            _FETCH_DATA,
+            request_serializer=tablet_copy_pb2.FetchDataRequestPB.SerializeToString,
+            response_deserializer=None,
+        )
 
     async def __aenter__(self) -> ServerProxy:
         return self
@@ -107,6 +119,16 @@ class ServerProxy(_Stubs):
     ) -> _Resp:
         """A unary call with the admin deadline (default ``settings.admin_timeout_ms``)."""
         return await self._unary(method, request, timeout_ms or self.settings.admin_timeout_ms)
+
+    async def call_serialized(
+        self, method: grpc.aio.UnaryUnaryMultiCallable[_Req, bytes], request: _Req, timeout_ms: int
+    ) -> bytes:
+        """A unary call whose answer comes back serialized (the caller parses it and checks
+        its ``error``); transport failures raise as in ``call``."""
+        try:
+            return await method(request, timeout=timeout_ms / 1000)
+        except grpc.RpcError as err:
+            raise error_from_grpc(err, target=self.addr) from None
 
     async def stream(
         self,
