@@ -15,7 +15,6 @@
 
 from __future__ import annotations
 
-import signal
 import sys
 import threading
 import time
@@ -79,7 +78,7 @@ def test_create_table_that_fails_to_replicate_leaves_no_trace() -> None:
             leader = cluster.leader_master()
             followers = [m for m in cluster.masters if m is not leader]
             for master in followers:
-                master.signal(signal.SIGSTOP)  # the leader can no longer commit anything
+                master.kill()  # the leader can no longer commit anything
             outcome: list[BaseException | None] = []
 
             def create() -> None:
@@ -108,7 +107,7 @@ def test_create_table_that_fails_to_replicate_leaves_no_trace() -> None:
             # catalog has no trace of it, and no tablet server was asked for a replica.
             leader.kill()
             for master in followers:
-                master.signal(signal.SIGCONT)
+                master.restart()
             assert "ghost" not in ops.list_tables(cluster)
             leader.restart()
             assert "kept" in ops.list_tables(cluster)
