@@ -17,6 +17,13 @@ restarted server listens until the tablet has three voters without it
 (``seconds_to_replace_failed_replica``: the leader reports the peer FAILED_UNRECOVERABLE, the
 master adds a replacement, copy, promote, evict).
 
+Then, in the first cluster, a hot tablet (issue 31): a one-tablet table written by writer
+threads at 50k rows/s or more all along; a follower's tserver is killed and the clock runs until
+the tablet has three voters again (``hot_seconds_to_full_replication``), with the writers' rate
+during that time (``hot_writer_rows_per_s``) and whether the replacement's tablet copy
+succeeded on its first attempt (``hot_first_try``: one copy job, SUCCEEDED). The new replica's
+copy fetches the leader's active WAL segment while it grows.
+
 Baseline, in the same run and cluster: one explicit ``move_replica`` of one tablet of the same
 data (add a NON_VOTER, copy, promote, evict: the replacement work without the failure
 detection), timed through the client.
@@ -31,18 +38,20 @@ import json
 import os
 import socket
 import statistics
+import threading
 import time
 from typing import Any
 
 import pyarrow as pa
 
 import nyala
+from nyala._proto import tablet_copy_pb2
 from nyala.errors import NyalaError
 from nyala.rpc import split_host_port
 from nyala.schema import Column, Schema
 from nyala.testing import MiniCluster
 from nyala.testing import master_ops as ops
-from nyala.testing.mini_cluster import corrupt_file
+from nyala.testing.mini_cluster import ServerProcess, corrupt_file
 from nyala.testing.replica_ops import committed_config, voters
 from nyala.testing.tablet_ops import write_to_leader
 
@@ -52,6 +61,11 @@ RAFT = ["--heartbeat-interval-ms", "100", "--leader-failure-max-missed-heartbeat
 
 #: The failure timeout of the FAILED-replica cluster: nothing there may time out.
 NEVER_FAILED_S = 3600
+#: The hot tablet's writers: rows per write, threads, bytes per row's blob.
+HOT_BATCH_ROWS = 5000
+HOT_WRITERS = 2
+HOT_ROW_BYTES = 16
+HOT_ROWS_PER_S_MIN = 50_000
 
 
 def _master_flags(failed_after_s: int) -> list[str]:
@@ -145,6 +159,84 @@ def _one_failed_replica(cluster: MiniCluster, tablet_id: str) -> float:
     return time.monotonic() - start
 
 
+class _HotWriters:
+    """Threads inserting ``HOT_BATCH_ROWS``-row batches into one tablet until stopped."""
+
+    def __init__(self, cluster: MiniCluster, tablet_id: str) -> None:
+        self._cluster = cluster
+        self._tablet_id = tablet_id
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self.rows = 0
+        self._threads = [
+            threading.Thread(target=self._run, args=(n,), daemon=True) for n in range(HOT_WRITERS)
+        ]
+
+    def start(self) -> None:
+        for thread in self._threads:
+            thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join()
+
+    def _run(self, n: int) -> None:
+        blob = os.urandom(HOT_ROW_BYTES)
+        next_id, seq = n * 10**12, 0
+        while not self._stop.is_set():
+            ids = pa.array(range(next_id, next_id + HOT_BATCH_ROWS), pa.int64())
+            data = {"id": ids, "blob": pa.array([blob] * HOT_BATCH_ROWS, pa.binary())}
+            write_to_leader(
+                self._cluster,
+                self._tablet_id,
+                SCHEMA,
+                data,
+                op="insert",
+                client_id=f"hot{n}",
+                seq_no=seq,
+            )
+            next_id += HOT_BATCH_ROWS
+            seq += 1
+            with self._lock:
+                self.rows += HOT_BATCH_ROWS
+
+
+def _copy_states(ts: ServerProcess, tablet_id: str) -> list[str]:
+    with ts.proxy() as proxy:
+        response = proxy.call(
+            proxy.tablet_copy.ListTabletCopies, tablet_copy_pb2.ListTabletCopiesRequestPB()
+        )
+    return [j.state for j in response.jobs if j.tablet_id == tablet_id]
+
+
+def _hot_rereplication(cluster: MiniCluster) -> tuple[float, float, bool]:
+    """(seconds to three voters again, writers' rows/s meanwhile, copy's first try)."""
+    ops.call(cluster, "CreateTable", ops.create_table_request("hot", SCHEMA))
+    ops.wait_create_done(cluster, "hot")
+    [tablet_id] = [t.tablet_id for t in ops.locations(cluster, "hot")]
+    writers = _HotWriters(cluster, tablet_id)
+    writers.start()
+    try:
+        time.sleep(2.0)  # the writers at full speed, the WAL's active segment growing
+        leader = cluster.leader_of(tablet_id)
+        members = voters(committed_config(leader, tablet_id))
+        victim = next(ts for ts in cluster.tservers if ts.uuid in members - {leader.uuid})
+        rows, start = writers.rows, time.monotonic()
+        victim.kill()
+        while not _full_without(cluster, [tablet_id], str(victim.uuid)):
+            time.sleep(0.05)
+        elapsed = time.monotonic() - start
+        rows = writers.rows - rows
+    finally:
+        writers.stop()
+    after = voters(committed_config(cluster.leader_of(tablet_id), tablet_id))
+    newcomer = next(ts for ts in cluster.tservers if ts.uuid in after - members)
+    first_try = _copy_states(newcomer, tablet_id) == ["SUCCEEDED"]
+    victim.restart()
+    return elapsed, rows / elapsed, first_try
+
+
 def _listening(addr: str) -> float:
     """When ``addr`` accepts connections (raw TCP: a gRPC channel's reconnect back-off would
     see it up to a second late)."""
@@ -217,6 +309,13 @@ def main() -> None:
                 f"(timeout {args.failed_after_s} s); one move {moves[-1]:.1f} s",
                 flush=True,
             )
+        hot_s, hot_rows_s, hot_first_try = _hot_rereplication(cluster)
+        print(
+            f"hot tablet: full replication {hot_s:.1f} s after the kill, writers at "
+            f"{hot_rows_s:.0f} rows/s meanwhile (at least {HOT_ROWS_PER_S_MIN} wanted), copy "
+            f"{'succeeded on its first try' if hot_first_try else 'FAILED its first try'}",
+            flush=True,
+        )
     replaced = _failed_replicas(args)
     figure: dict[str, Any] = {
         "bench": "rereplication",
@@ -225,6 +324,9 @@ def main() -> None:
         "seconds_after_detection": round(statistics.median(failures) - args.failed_after_s, 2),
         "seconds_to_replace_failed_replica": round(statistics.median(replaced), 2),
         "baseline_move_replica_s": round(statistics.median(moves), 2),
+        "hot_seconds_to_full_replication": round(hot_s, 2),
+        "hot_writer_rows_per_s": round(hot_rows_s),
+        "hot_first_try": hot_first_try,
         "data_bytes": data_bytes,
         "tablets": len(tablet_ids),
         "runs": args.runs,

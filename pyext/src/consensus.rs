@@ -17,6 +17,7 @@ use pyo3::prelude::*;
 use pyo3::pybacked::PyBackedBytes;
 use pyo3::types::{PyBytes, PyDict};
 
+use crate::copy::PyCopyFile;
 use crate::errors::to_py;
 
 /// How long one blocking wait sleeps before checking for KeyboardInterrupt.
@@ -427,6 +428,13 @@ impl PyReplicatedLog {
         ))
     }
 
+    /// The log's copy image (`nyala_wal::Log::copy_image`): one `CopyFile` per segment with
+    /// durable data, each of fixed length.
+    fn copy_image(&self, py: Python<'_>) -> PyResult<Vec<PyCopyFile>> {
+        let images = py.detach(|| self.log.wal().copy_image()).map_err(to_py)?;
+        Ok(images.into_iter().map(PyCopyFile::from_segment).collect())
+    }
+
     /// Paths of the live segments, oldest first (the last is being appended to).
     fn segment_paths(&self) -> Vec<String> {
         self.log
@@ -439,7 +447,7 @@ impl PyReplicatedLog {
 }
 
 /// Appends `value` as a protobuf base-128 varint.
-fn put_varint(out: &mut Vec<u8>, mut value: u64) {
+pub(crate) fn put_varint(out: &mut Vec<u8>, mut value: u64) {
     while value >= 0x80 {
         out.push((value as u8) | 0x80);
         value >>= 7;

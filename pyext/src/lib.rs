@@ -8,6 +8,7 @@ use pyo3::prelude::*;
 
 mod checksum;
 mod consensus;
+mod copy;
 mod errors;
 mod partition;
 mod pools;
@@ -26,5 +27,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     partition::register(m)?;
     consensus::register(m)?;
     pools::register(m)?;
+    copy::register(m)?;
     Ok(())
 }

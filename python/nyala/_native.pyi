@@ -4,7 +4,7 @@ Public code wraps these classes; users should not import ``nyala._native`` direc
 Each binding module owns one section below; edit only your section.
 """
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import final
 
 from typing_extensions import Buffer
@@ -206,6 +206,7 @@ class ReplicatedLog:
     def update_anchor(self, anchor: int, index: int) -> None: ...
     def release_anchor(self, anchor: int) -> None: ...
     def gc(self) -> tuple[int, int, int]: ...
+    def copy_image(self) -> list[CopyFile]: ...
     def segment_paths(self) -> list[str]: ...
 
 # --- pools (pyext/src/pools.rs) -----------------------------------------------------------
@@ -218,3 +219,22 @@ def configure_thread_pools(
     thread_idle_exit_ms: int | None = None,
 ) -> None: ...
 def thread_pool_stats() -> dict[str, int]: ...
+
+# --- tablet copy (pyext/src/copy.rs) -------------------------------------------------------
+
+@final
+class CopyFile:
+    @staticmethod
+    def open(path: str) -> CopyFile: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def length(self) -> int: ...
+    def read(self, offset: int, length_max: int) -> tuple[bytes, int]: ...
+    def read_message(
+        self,
+        offset: int,
+        length_max: int,
+        field_number: int,
+        prefix: Callable[[int, int], bytes],
+    ) -> bytes: ...

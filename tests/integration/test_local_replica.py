@@ -1,13 +1,16 @@
 """``nyala local-replica``: offline tools on the fs roots of real (stopped) tserver processes,
-including the catastrophic-recovery path after a tablet lost two of its three replicas."""
+including the catastrophic-recovery path after a tablet lost two of its three replicas, and a
+replica tombstoned by mistake brought back from the quarantine as docs/operations.md says."""
 
 from __future__ import annotations
 
 import json
+import shutil
 from typing import Any
 
 from click.testing import CliRunner
 
+from nyala._proto import metadata_pb2, tserver_admin_pb2
 from nyala.cli import main
 from nyala.schema import Column, Schema
 from nyala.testing import MiniCluster
@@ -111,6 +114,8 @@ def test_delete_tombstones_and_keeps_what_voting_needs(cluster: MiniCluster) -> 
     assert row["tombstone_last_logged"] is not None
     assert row["term"] >= 1  # cmeta kept
     assert not (victim.fs_root / "wals" / TABLET).exists()
+    [quarantined] = _json("quarantine", "list", "--fs-root", root)  # moved there, not deleted
+    assert quarantined["tablet_id"] == TABLET
     result = _cli("delete", TABLET, "--fs-root", root, "--clean-unsafe")
     assert result.exit_code == 0, result.stderr
     assert _json("list", "--fs-root", root) == []
@@ -126,3 +131,51 @@ def test_bad_input_is_one_line_and_exit_1(tmp_path: Any, cluster: MiniCluster) -
     result = _cli("list", "--fs-root", str(tmp_path / "nothing"))
     assert result.exit_code == 1
     assert "not a nyala fs root" in result.stderr
+
+
+def test_a_tombstoned_replica_is_quarantined_and_restored_from_there(
+    cluster: MiniCluster,
+) -> None:
+    cluster.create_tablet(TABLET, SCHEMA)
+    ids = _load(cluster, 200)
+    # The tablet loses a majority: the leader is tombstoned by mistake, the others are lost.
+    leader = cluster.leader_of(TABLET)
+    others = [ts for ts in cluster.tservers if ts is not leader]
+    for ts in others:
+        ts.kill()
+    request = tserver_admin_pb2.DeleteTabletRequestPB(
+        dest_uuid=leader.uuid, tablet_id=TABLET, delete_type=metadata_pb2.TABLET_DATA_TOMBSTONED
+    )
+    with leader.proxy() as proxy:
+        proxy.admin_call(proxy.admin.DeleteTablet, request)
+    leader.stop()
+    root = leader.fs_root
+    assert not (root / "wals" / TABLET).exists()
+    [entry] = _json("quarantine", "list", "--fs-root", str(root))
+    assert entry["tablet_id"] == TABLET
+    assert entry["size_bytes"] > 0
+    quarantined = root / "quarantine" / entry["name"]
+    assert sorted(p.name for p in quarantined.iterdir()) == ["cmeta", "data", "superblock", "wal"]
+
+    # docs/operations.md, "Quarantine": put WAL, data and the READY superblock back, keep cmeta.
+    shutil.copytree(quarantined / "wal", root / "wals" / TABLET)
+    shutil.copytree(quarantined / "data", root / "data" / TABLET)
+    shutil.copyfile(quarantined / "superblock", root / "tablet-meta" / TABLET)
+    [row] = _json("list", "--fs-root", str(root))
+    assert row["data_state"] == "READY"
+    assert leader.uuid is not None
+    _json("cmeta", "unsafe-rewrite-config", TABLET, leader.uuid, "--fs-root", str(root))
+    leader.restart()
+    assert cluster.leader_of(TABLET) is leader
+    table = scan(leader, TABLET, SCHEMA)
+    expected = row_checksum([ids, [f"v{i}" for i in ids]])
+    assert row_checksum([table["id"].to_pylist(), table["v"].to_pylist()]) == expected
+
+    leader.stop()
+    refused = _cli("quarantine", "purge", "--fs-root", str(root))
+    assert refused.exit_code == 1  # neither --all nor --older-than-s
+    assert _json("quarantine", "purge", "--fs-root", str(root), "--older-than-s", "3600") == []
+    [purged] = _json("quarantine", "purge", "--fs-root", str(root), "--all")
+    assert purged["name"] == entry["name"]
+    assert not quarantined.exists()
+    assert _json("quarantine", "list", "--fs-root", str(root)) == []

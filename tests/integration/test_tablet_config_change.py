@@ -2,10 +2,13 @@
 is refused with the committed index, a follower refuses with the leader hint, and REMOVE_PEER of
 a follower commits a two-VOTER config that the remaining replicas report. ADD_PEER of an empty
 replica as a promotable NON_VOTER: the leader replays its WAL to it (no tablet copy), promotes
-it, and once elected it serves every row written before it joined."""
+it, and once elected it serves every row written before it joined. A promotable NON_VOTER that
+answers but lags far behind (its process stopped most of the time while the leader holds a
+backlog of many batches) is promoted only once it is within a batch of the commit index."""
 
 from __future__ import annotations
 
+import signal
 import sys
 import time
 from collections.abc import Iterator
@@ -14,7 +17,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from nyala import errors
+from nyala import _native, errors
 from nyala._proto import common_pb2, consensus_pb2, metadata_pb2, tserver_pb2
 from nyala.consensus.types import NO_OPID_INDEX
 from nyala.rowops import encode, make_op_batch
@@ -233,3 +236,79 @@ def _scan_ids(ts: ServerProcess) -> list[int]:
             table = pa.ipc.open_stream(response.batch).read_all()
             ids.extend(table.column("id").to_pylist())
     return sorted(ids)
+
+
+def _wal_last_index(ts: ServerProcess) -> int:
+    """The last entry index in ``ts``'s WAL of the tablet, read from its files (``ts`` is
+    stopped: they do not change meanwhile)."""
+    last = 0
+    wal_dir = ts.fs_root / "wals" / TABLET
+    for path in sorted(wal_dir.glob("wal-0*")):
+        for _, _, entries, _ in _native.wal_dump_segment(str(path))[5]:
+            for _, index, _, _ in entries:
+                last = max(last, index)
+    return last
+
+
+def _is_voter_at(ts: ServerProcess, uuid: str) -> tuple[bool, int]:
+    """Whether ``ts`` has ``uuid`` as a VOTER in its committed config, and that config's index."""
+    config = _cstate(ts).committed_config
+    voter = any(
+        p.permanent_uuid == uuid and p.member_type == metadata_pb2.VOTER for p in config.peers
+    )
+    return voter, _opid_index(config)
+
+
+def test_a_lagging_non_voter_is_promoted_only_once_within_a_batch(
+    cluster4: MiniCluster,
+) -> None:
+    members = cluster4.tservers[:3]
+    newcomer = cluster4.tservers[3]
+    cluster4.create_tablet(TABLET, SCHEMA, servers=members)
+    leader = cluster4.leader_of(TABLET)
+    # A backlog of many consensus batches: each write is ~0.4 MiB, a batch at most 1 MiB.
+    for seq in range(40):
+        ids = list(range(seq * 2000, (seq + 1) * 2000))
+        batch = make_op_batch({"id": ids, "v": ["x" * 200] * len(ids)}, "insert", SCHEMA)
+        request = tserver_pb2.WriteRequestPB(
+            dest_uuid=leader.uuid,
+            tablet_id=TABLET,
+            request_id=common_pb2.RequestIdPB(
+                client_id="lagging", seq_no=seq, first_incomplete_seq_no=seq
+            ),
+            schema_version=0,
+            ops=encode(batch).to_pybytes(),
+        )
+        with leader.proxy() as proxy:
+            assert not proxy.call(proxy.tablet.Write, request, timeout_ms=30_000).per_row_errors
+    written = _committed_index(leader)
+
+    config = cluster4.initial_config(members)
+    joining = config.peers.add(permanent_uuid=newcomer.uuid, member_type=metadata_pb2.NON_VOTER)
+    joining.last_known_addr.host = LOOPBACK
+    joining.last_known_addr.port = newcomer.rpc_port
+    joining.attrs.promote = True
+    _create_replica(newcomer, config)
+    newcomer.signal(signal.SIGSTOP)
+    request = consensus_pb2.ChangeConfigRequestPB(
+        dest_uuid=leader.uuid, tablet_id=TABLET, type=consensus_pb2.ADD_PEER, server=joining
+    )
+    with leader.proxy() as proxy:
+        proxy.call(proxy.consensus.ChangeConfig, request, timeout_ms=10_000)
+    # Every entry up to the ADD_PEER's is committed before a promotion can be appended, so a
+    # promoted newcomer must hold all but the last batch of them (a batch is at most 3 of
+    # these entries).
+    must_hold = written + 1 - 3
+    deadline = time.monotonic() + 120
+    while True:
+        newcomer.signal(signal.SIGCONT)  # it answers the leader for a moment: reachable...
+        time.sleep(0.05)
+        newcomer.signal(signal.SIGSTOP)  # ...and is stopped most of the time: lagging
+        voter, _ = _is_voter_at(leader, str(newcomer.uuid))
+        if voter:
+            held = _wal_last_index(newcomer)
+            assert held >= must_hold, f"promoted holding {held}, the commit index was {written + 1}"
+            break
+        assert time.monotonic() < deadline, "the newcomer was never promoted"
+        time.sleep(0.2)
+    newcomer.signal(signal.SIGCONT)

@@ -3,9 +3,13 @@
 Default suite: a replica added after the leader GC'd its WAL (small segments, no retention) is
 auto-vivified by a tablet copy, promoted and, elected, serves every row; a corrupted chunk is
 detected and fetched again; a rogue StartTabletCopy with a stale term is refused; a throttled
-copy is listed and cancelled, leaving a TOMBSTONED replica. Marked ``slow``: killing the source
-mid-copy (the target is TOMBSTONED, then copied from the next leader), and killing the target
-mid-copy (after a restart it votes from its tombstone and later recovers).
+copy is listed and cancelled, leaving a TOMBSTONED replica; a replica added to a tablet whose
+leader is written to all along (WAL segments many copy chunks long) is copied on the first try
+and serves every acknowledged row (issue 31: a live segment read chunk by chunk used to give a
+log that did not open, and the copy was retried for as long as the writes went on). Marked
+``slow``: killing the source mid-copy (the target is TOMBSTONED, then copied from the next
+leader), and killing the target mid-copy (after a restart it votes from its tombstone and later
+recovers).
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -163,16 +168,44 @@ def is_voter_everywhere(cluster: MiniCluster, newcomer: ServerProcess) -> bool:
     return True
 
 
-def start_copy(target: ServerProcess, source: ServerProcess, term: int) -> Any:
+def start_copy(
+    target: ServerProcess,
+    source: ServerProcess,
+    term: int,
+    *,
+    first_index: int = 0,
+    seen: tuple[int, int] | None = None,
+) -> Any:
     request = tablet_copy_pb2.StartTabletCopyRequestPB(
         dest_uuid=target.uuid,
         tablet_id=TABLET,
         copy_peer_uuid=source.uuid,
         copy_peer_addr=common_pb2.HostPortPB(host=LOOPBACK, port=source.rpc_port),
         caller_term=term,
+        caller_log_first_index=first_index,
     )
+    if seen is not None:
+        request.target_last_op_id.CopyFrom(common_pb2.OpIdPB(term=seen[0], index=seen[1]))
     with target.proxy() as proxy:
         return proxy.call(proxy.tablet_copy.StartTabletCopy, request)
+
+
+def test_start_copy_to_a_live_replica_that_can_catch_up_is_refused(cluster: MiniCluster) -> None:
+    cluster.create_tablet(TABLET, SCHEMA, servers=cluster.tservers)
+    leader = cluster.leader_of(TABLET)
+    write_rows(cluster, 0, 500, 0)
+    follower = next(ts for ts in cluster.tservers if ts is not leader)
+    term = int(cstate(leader).current_term)
+    # The leader's WAL still starts at 1: the follower can be caught up from it, whatever the
+    # caller's term; copying it would throw a live log away for nothing.
+    with pytest.raises(errors.IllegalStateError, match="caught up"):
+        start_copy(follower, leader, term, first_index=1)
+    # A caller that saw another last-logged op than the follower's (seed 000's idempotency).
+    with pytest.raises(errors.IllegalStateError, match="probe it again"):
+        start_copy(follower, leader, term, first_index=10**6, seen=(term, 1))
+    assert copy_jobs(follower) == []
+    assert data_state(follower) == "TABLET_DATA_READY"
+    write_rows(cluster, 500, 10, 1)
 
 
 def test_replica_added_after_wal_gc_is_copied_promoted_and_serves(cluster4: MiniCluster) -> None:
@@ -209,6 +242,82 @@ def test_replica_added_after_wal_gc_is_copied_promoted_and_serves(cluster4: Mini
     with pytest.raises(errors.IllegalStateError, match="term"):
         start_copy(old_leader, newcomer, 0)
     assert data_state(old_leader) == "TABLET_DATA_READY"
+
+
+#: WAL segments 16 copy chunks long, copied at a rate that spreads the active segment's chunks
+#: over many appends; GC as fast as GC_FLAGS.
+LIVE_FLAGS = (
+    *GC_FLAGS[2:],
+    "--wal-segment-bytes",
+    str(256 << 10),
+    "--tablet-copy-chunk-bytes",
+    str(16 << 10),
+    "--tablet-copy-rate-bytes-per-s",
+    str(2 << 20),
+)
+
+
+class Writer:
+    """Writes 200-row batches through the leader until stopped; keeps the acknowledged ids."""
+
+    def __init__(self, cluster: MiniCluster, first_id: int) -> None:
+        self._cluster = cluster
+        self._next = first_id
+        self.acked: list[int] = []
+        self.failure: BaseException | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="writer", daemon=True)
+
+    def __enter__(self) -> Writer:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        if self.failure is not None:
+            raise self.failure
+
+    def _run(self) -> None:
+        seq = 0
+        try:
+            while not self._stop.is_set():
+                write_rows(self._cluster, self._next, 200, 50_000 + seq)
+                self.acked.extend(range(self._next, self._next + 200))
+                self._next += 200
+                seq += 1
+        except BaseException as exc:  # reported by stop()
+            self.failure = exc
+
+
+def test_replica_copied_while_its_leader_is_written_succeeds_first_try(
+    make_cluster: Callable[..., MiniCluster],
+) -> None:
+    mini = make_cluster(4, tserver_flags=LIVE_FLAGS)
+    if True:
+        members, newcomer = mini.tservers[:3], mini.tservers[3]
+        mini.create_tablet(TABLET, SCHEMA, servers=members)
+        leader = mini.leader_of(TABLET)
+        with Writer(mini, 0) as writer:
+            wait_for("the leader's WAL GC'd", lambda: wal_gcd(leader))
+            add_peer(mini, newcomer)
+            wait_for("the newcomer promoted", lambda: is_voter_everywhere(mini, newcomer), 120)
+            acked_during_copy = len(writer.acked)
+            wait_for("more writes", lambda: len(writer.acked) > acked_during_copy + 1_000)
+        jobs = copy_jobs(newcomer)
+        assert [j.state for j in jobs] == ["SUCCEEDED"], jobs  # one copy, the first try
+        # Elected, the copy serves every acknowledged row.
+        with newcomer.proxy() as proxy:
+            proxy.call(
+                proxy.consensus.RunLeaderElection,
+                consensus_pb2.RunLeaderElectionRequestPB(dest_uuid=newcomer.uuid, tablet_id=TABLET),
+            )
+        wait_for("the newcomer leads", lambda: cstate(newcomer).leader_uuid == newcomer.uuid)
+        table = wait_for("a scan on the newcomer", lambda: scan(newcomer, TABLET, SCHEMA))
+        assert set(writer.acked) <= set(table.column("id").to_pylist())
 
 
 def test_throttled_copy_is_listed_and_cancelled_leaving_a_tombstone() -> None:

@@ -159,7 +159,9 @@ class BeginTabletCopySessionResponsePB(_message.Message):
 
     @_builtins.property
     def wal_segments(self) -> _containers.RepeatedCompositeFieldContainer[Global___DataFilePB]:
-        """The WAL segments with their lengths when the session began (a live one may grow)."""
+        """The WAL segments of the session's image, each with the fixed length the source serves:
+        the active segment up to its durable end when the session began.
+        """
 
     @_builtins.property
     def error(self) -> _common_pb2.ErrorPB: ...
@@ -224,32 +226,36 @@ Global___FetchDataRequestPB: _TypeAlias = FetchDataRequestPB  # noqa: Y015
 
 @_typing.final
 class DataChunkPB(_message.Message):
+    """Where a chunk lies and its checksum; the bytes are FetchDataResponsePB.data."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     OFFSET_FIELD_NUMBER: _builtins.int
-    DATA_FIELD_NUMBER: _builtins.int
     TOTAL_DATA_LENGTH_BYTES_FIELD_NUMBER: _builtins.int
     CRC32C_FIELD_NUMBER: _builtins.int
     offset: _builtins.int
-    """Offset of `data` in the file."""
-    data: _builtins.bytes
+    """Offset of the chunk in the file."""
     total_data_length_bytes: _builtins.int
-    """The file's full length, so the target knows when it is done."""
+    """The file's full length (fixed for the session), so the target knows when it is done."""
     crc32c: _builtins.int
-    """CRC32C of `data`; the target verifies it before writing the chunk."""
+    """CRC32C of the chunk; the target verifies it before writing the chunk. Fixed-width and
+    always present, so the message's length does not depend on it: the source serializes
+    the message around data it reads into place (docs/tablet-copy.md).
+    """
     def __init__(
         self,
         *,
         offset: _builtins.int = ...,
-        data: _builtins.bytes = ...,
         total_data_length_bytes: _builtins.int = ...,
-        crc32c: _builtins.int = ...,
+        crc32c: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_crc32c", b"_crc32c", "crc32c", b"crc32c"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["crc32c", b"crc32c", "data", b"data", "offset", b"offset", "total_data_length_bytes", b"total_data_length_bytes"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_crc32c", b"_crc32c", "crc32c", b"crc32c", "offset", b"offset", "total_data_length_bytes", b"total_data_length_bytes"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__crc32c: _TypeAlias = _typing.Literal["crc32c"]  # noqa: Y015
+    _WhichOneofArgType__crc32c: _TypeAlias = _typing.Literal["_crc32c", b"_crc32c"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__crc32c) -> _WhichOneofReturnType__crc32c | None: ...
 
 Global___DataChunkPB: _TypeAlias = DataChunkPB  # noqa: Y015
 
@@ -258,7 +264,12 @@ class FetchDataResponsePB(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     CHUNK_FIELD_NUMBER: _builtins.int
+    DATA_FIELD_NUMBER: _builtins.int
     ERROR_FIELD_NUMBER: _builtins.int
+    data: _builtins.bytes
+    """The chunk's bytes. The source appends this field after the rest of the message, and the
+    target takes the bytes from the received message without a copy.
+    """
     @_builtins.property
     def chunk(self) -> Global___DataChunkPB: ...
     @_builtins.property
@@ -267,11 +278,12 @@ class FetchDataResponsePB(_message.Message):
         self,
         *,
         chunk: Global___DataChunkPB | None = ...,
+        data: _builtins.bytes = ...,
         error: _common_pb2.ErrorPB | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_error", b"_error", "chunk", b"chunk", "error", b"error"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_error", b"_error", "chunk", b"chunk", "error", b"error"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_error", b"_error", "chunk", b"chunk", "data", b"data", "error", b"error"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__error: _TypeAlias = _typing.Literal["error"]  # noqa: Y015
     _WhichOneofArgType__error: _TypeAlias = _typing.Literal["_error", b"_error"]  # noqa: Y015
@@ -341,6 +353,7 @@ class StartTabletCopyRequestPB(_message.Message):
     COPY_PEER_ADDR_FIELD_NUMBER: _builtins.int
     CALLER_TERM_FIELD_NUMBER: _builtins.int
     CALLER_LOG_FIRST_INDEX_FIELD_NUMBER: _builtins.int
+    TARGET_LAST_OP_ID_FIELD_NUMBER: _builtins.int
     dest_uuid: _builtins.str
     tablet_id: _builtins.str
     copy_peer_uuid: _builtins.str
@@ -354,6 +367,14 @@ class StartTabletCopyRequestPB(_message.Message):
     """
     @_builtins.property
     def copy_peer_addr(self) -> _common_pb2.HostPortPB: ...
+    @_builtins.property
+    def target_last_op_id(self) -> _common_pb2.OpIdPB:
+        """The target's last-logged OpId as the caller last heard it (seed 000's idempotency): when
+        set, refused (ILLEGAL_STATE) unless the target's last-logged OpId is still exactly this,
+        so a repeated or delayed request never replaces a log that moved on meanwhile. Unset when
+        the caller knows no log of the target (it answered TABLET_NOT_FOUND).
+        """
+
     def __init__(
         self,
         *,
@@ -363,12 +384,15 @@ class StartTabletCopyRequestPB(_message.Message):
         copy_peer_addr: _common_pb2.HostPortPB | None = ...,
         caller_term: _builtins.int = ...,
         caller_log_first_index: _builtins.int = ...,
+        target_last_op_id: _common_pb2.OpIdPB | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["copy_peer_addr", b"copy_peer_addr"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_target_last_op_id", b"_target_last_op_id", "copy_peer_addr", b"copy_peer_addr", "target_last_op_id", b"target_last_op_id"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["caller_log_first_index", b"caller_log_first_index", "caller_term", b"caller_term", "copy_peer_addr", b"copy_peer_addr", "copy_peer_uuid", b"copy_peer_uuid", "dest_uuid", b"dest_uuid", "tablet_id", b"tablet_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_target_last_op_id", b"_target_last_op_id", "caller_log_first_index", b"caller_log_first_index", "caller_term", b"caller_term", "copy_peer_addr", b"copy_peer_addr", "copy_peer_uuid", b"copy_peer_uuid", "dest_uuid", b"dest_uuid", "tablet_id", b"tablet_id", "target_last_op_id", b"target_last_op_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__target_last_op_id: _TypeAlias = _typing.Literal["target_last_op_id"]  # noqa: Y015
+    _WhichOneofArgType__target_last_op_id: _TypeAlias = _typing.Literal["_target_last_op_id", b"_target_last_op_id"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__target_last_op_id) -> _WhichOneofReturnType__target_last_op_id | None: ...
 
 Global___StartTabletCopyRequestPB: _TypeAlias = StartTabletCopyRequestPB  # noqa: Y015
 

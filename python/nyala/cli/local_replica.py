@@ -5,6 +5,10 @@ server's files directly, so the server must be stopped: each command takes the f
 first and is refused while a server holds it. ``wal dump`` reads a segment file and never
 writes, so it also works on a copy of a damaged log.
 
+``quarantine list`` shows the tombstoned replicas whose WAL, data, superblock and cmeta are
+kept under ``<fs_root>/quarantine`` (``nyala.tablet.quarantine``); ``quarantine purge`` removes
+them before the server's retention would (docs/operations.md says how to restore one).
+
 ``cmeta unsafe-rewrite-config`` is the offline half of catastrophic recovery after a tablet
 lost a majority of its replicas (docs/operations.md): it replaces the committed Raft config
 with the surviving peers so that they can elect a leader again. It can lose acknowledged writes
@@ -14,7 +18,9 @@ that only the lost replicas held, which is why it is an explicit, named-unsafe o
 from __future__ import annotations
 
 import contextlib
+import datetime
 import os
+import time
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -31,6 +37,7 @@ from nyala.consensus.types import EntryKind, MemberType, RaftConfig, RaftPeer, c
 from nyala.errors import IllegalStateError, InvalidArgumentError, NotFoundError, NyalaError
 from nyala.server.fs_manager import FsManager
 from nyala.tablet.manager import TabletDirs, TabletManager, is_tablet_id
+from nyala.tablet.quarantine import Quarantine, QuarantineEntry
 from nyala.tablet.superblock import DataState, read_superblock
 
 _FS_ROOT = click.option(
@@ -62,6 +69,7 @@ def _dirs(fs: FsManager) -> TabletDirs:
         consensus_meta=fs.dir("consensus-meta"),
         wals=fs.dir("wals"),
         data=fs.dir("data"),
+        quarantine=fs.dir("quarantine"),
     )
 
 
@@ -221,7 +229,8 @@ def cmeta_unsafe_rewrite_config(
 )
 @one_line_errors
 def delete(tablet_id: str, fs_root: Path, clean_unsafe: bool) -> None:
-    """Tombstone a replica (data and WAL removed, cmeta and last-logged op id kept).
+    """Tombstone a replica (data and WAL moved to the quarantine, cmeta and last-logged op id
+    kept).
 
     With --clean-unsafe, nothing is kept: the server forgets it ever voted in this tablet,
     which is only safe if the tablet's config no longer lists this server.
@@ -237,6 +246,62 @@ def delete(tablet_id: str, fs_root: Path, clean_unsafe: bool) -> None:
         finally:
             manager.shutdown()
     click.echo(f"{tablet_id}: {'deleted' if clean_unsafe else 'tombstoned'}")
+
+
+@group.group(name="quarantine")
+def quarantine() -> None:
+    """Tombstoned replicas kept under <fs_root>/quarantine."""
+
+
+def _quarantine_row(entry: QuarantineEntry, now_s: float) -> dict[str, Any]:
+    return {
+        "name": entry.name,
+        "tablet_id": entry.tablet_id,
+        "created": datetime.datetime.fromtimestamp(entry.created_s, datetime.UTC).isoformat(),
+        "age_s": round(now_s - entry.created_s),
+        "size_bytes": entry.size_bytes,
+        "path": str(entry.path),
+    }
+
+
+_QUARANTINE_COLUMNS = ["name", "created", "age_s", "size_bytes"]
+
+
+@quarantine.command(name="list")
+@_FS_ROOT
+@format_option
+@one_line_errors
+def quarantine_list(fs_root: Path, fmt: str) -> None:
+    """List the quarantined replicas, oldest first."""
+    with _locked_root(fs_root) as fs:
+        entries = Quarantine(fs.dir("quarantine")).entries()
+    now = time.time()
+    emit([_quarantine_row(e, now) for e in entries], fmt, _QUARANTINE_COLUMNS)
+
+
+@quarantine.command(name="purge")
+@_FS_ROOT
+@click.option("--tablet", "tablet_id", default=None, help="Only this tablet's entries.")
+@click.option(
+    "--older-than-s", type=click.IntRange(min=0), default=None, help="Only entries this old."
+)
+@click.option("--all", "purge_all", is_flag=True, help="Every entry (of --tablet, if given).")
+@format_option
+@one_line_errors
+def quarantine_purge(
+    fs_root: Path, tablet_id: str | None, older_than_s: int | None, purge_all: bool, fmt: str
+) -> None:
+    """Remove quarantined replicas: those older than --older-than-s, or --all."""
+    if (older_than_s is None) == (not purge_all):
+        raise InvalidArgumentError("give exactly one of --older-than-s and --all")
+    if tablet_id is not None:
+        _check_tablet_id(tablet_id)
+    with _locked_root(fs_root) as fs:
+        removed = Quarantine(fs.dir("quarantine")).purge(
+            older_than_s=older_than_s, tablet_id=tablet_id
+        )
+    now = time.time()
+    emit([_quarantine_row(e, now) for e in removed], fmt, _QUARANTINE_COLUMNS)
 
 
 @group.group(name="wal")

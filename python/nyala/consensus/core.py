@@ -375,6 +375,7 @@ class RaftCore:
         if self._role is Role.LEADER and progress is not None:
             progress.last_contact_ms = self._clock.now_ms()
             self._wake()
+            progress.reported_last = None  # it has no log to report
             self._need_copy(progress)
         self._flush_meta()
 
@@ -883,8 +884,10 @@ class RaftCore:
     def _append_response(
         self, req: AppendRequest, status: AppendStatus, hint_index: int = 0
     ) -> AppendResponse:
+        # A mismatch reports this log's last entry (the leader hands it to a tablet copy).
+        last = self._log.last_op_id() if status is AppendStatus.LOG_MISMATCH else MIN_OP_ID
         return AppendResponse(
-            self.uuid, req.src, self._term, status, MIN_OP_ID, 0, hint_index, seq=req.seq
+            self.uuid, req.src, self._term, status, last, 0, hint_index, seq=req.seq
         )
 
     def _on_truncated(self, from_index: int) -> None:
@@ -971,7 +974,9 @@ class RaftCore:
         last = self._log.last_op_id().index
         if resp.status is not AppendStatus.OK or resp.last_received.index < last:
             self._wake()
+        progress.reported_last = None
         if resp.status is AppendStatus.LOG_MISMATCH:
+            progress.reported_last = resp.last_received
             progress.mismatched(resp.hint_index)
         elif resp.status is AppendStatus.OK:
             progress.acked(resp.last_received.index, resp.durable_index)
@@ -1003,7 +1008,12 @@ class RaftCore:
             if preceding_term is None or (after == 0 and self._first_entry_gone()):
                 self._need_copy(progress)  # what it needs was GC'd: only a copy helps
                 return sent
-            batch = self._log.read_batch(after, self._opts.batch_bytes_max)
+            try:
+                batch = self._log.read_batch(after, self._opts.batch_bytes_max)
+            except NotFoundError:
+                # GC runs beside the core: it may take ``after + 1`` between the two calls.
+                self._need_copy(progress)
+                return sent
             if batch is None and not (progress.probing and after > progress.match_index):
                 break  # caught up; an unconfirmed position is probed even with nothing new
             self._send(
@@ -1054,14 +1064,14 @@ class RaftCore:
         another log) and the runtime is asked to start a tablet copy on it."""
         if not progress.copy_needed:
             progress.start_copy(self._log.last_op_id().index + 1)
-            self._effects.append(StartTabletCopy(progress.uuid, self._term))
+            self._effects.append(StartTabletCopy(progress.uuid, self._term, progress.reported_last))
 
     def _probe_copying(self, progress: PeerProgress) -> None:
         """Once per heartbeat interval: ask again for the copy (the target answers
         ALREADY_INPROGRESS while it runs) and probe at the leader's last entry. Once the copy is
         done the follower answers with a log (LOG_MISMATCH with its position, or OK), which
         ends copy mode; while it copies, the probe fails with TABLET_NOT_FOUND."""
-        self._effects.append(StartTabletCopy(progress.uuid, self._term))
+        self._effects.append(StartTabletCopy(progress.uuid, self._term, progress.reported_last))
         preceding = self._log.last_op_id()
         self._send(
             AppendRequest(self.uuid, progress.uuid, self._term, preceding, None, 0, self._seq)
@@ -1252,7 +1262,10 @@ class RaftCore:
         peer = self.active_config.peer(progress.uuid)
         if peer is None or peer.is_voter or not peer.promote or progress.last_ack_ms is None:
             return
-        batch = self._log.read_batch(progress.match_index, self._opts.batch_bytes_max)
+        try:
+            batch = self._log.read_batch(progress.match_index, self._opts.batch_bytes_max)
+        except NotFoundError:
+            return  # what follows its match point was GC'd: far from caught up
         if batch is not None and batch.last_op_id.index < self._commit_index:
             return
         promoted = replace(peer, member_type=MemberType.VOTER, promote=False)

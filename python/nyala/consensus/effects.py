@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from nyala.consensus.messages import Message
-from nyala.consensus.types import RaftConfig, Role
+from nyala.consensus.types import OpId, RaftConfig, Role
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,10 +72,14 @@ class ReadFailed:
 class StartTabletCopy:
     """Leader only: follower ``peer_uuid`` cannot be caught up from the log (it needs entries
     already GC'd, or it reports TABLET_NOT_FOUND); ask it to copy the tablet from this leader.
-    Repeated every heartbeat interval until the follower answers with a log again."""
+    Repeated every heartbeat interval until the follower answers with a log again.
+    ``target_last_op_id``: the follower's last entry as it last reported it (None when it
+    reported no log), which the request carries so that the follower refuses it once its log
+    has moved on (seed 000's idempotency)."""
 
     peer_uuid: str
     term: int
+    target_last_op_id: OpId | None = None
 
 
 Effect = (

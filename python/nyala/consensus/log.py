@@ -86,7 +86,9 @@ class RaftLog(Protocol):
 
     def read_batch(self, after_index: int, bytes_max: int) -> EntryBatch | None:
         """Entries after ``after_index``, up to ``bytes_max`` payload bytes (at least one entry
-        if any exist); None if ``after_index`` is the last index."""
+        if any exist); None if ``after_index`` is the last index. ``NotFoundError`` if the
+        entry after it was garbage-collected (GC may run beside the caller, between a
+        ``term_at`` and this call)."""
         ...
 
     def append_replicated(

@@ -76,7 +76,8 @@ class AppendResponse:
     dest: str
     term: int
     status: AppendStatus
-    last_received: OpId  # last entry known to match the leader's log (OK only)
+    # OK: the last entry known to match the leader's log; LOG_MISMATCH: the follower's last entry.
+    last_received: OpId
     durable_index: int  # entries <= this match the leader's log and are durable (OK only)
     hint_index: int = 0  # LOG_MISMATCH: the leader should retry from no later than this index
     seq: int = 0

@@ -7,6 +7,8 @@ import enum
 from collections import deque
 from dataclasses import dataclass, field
 
+from nyala.consensus.types import OpId
+
 
 class PeerHealth(enum.Enum):
     """A follower's health as its leader sees it (Kudu's per-peer health report).
@@ -49,6 +51,9 @@ class PeerProgress:
     last_contact_ms: int | None = None
     # Why waiting will not help (its replica FAILED, a copy refused); cleared by a log answer.
     unrecoverable: str | None = None
+    # The follower's last entry as its latest LOG_MISMATCH answer gave it; None after any other
+    # answer (unknown) or a TABLET_NOT_FOUND (no log). A StartTabletCopy carries it.
+    reported_last: OpId | None = None
 
     def sent(self, last_index: int, size_bytes: int, now_ms: int) -> None:
         """A batch ending at ``last_index`` went out."""

@@ -6,6 +6,13 @@ UUID while the catalog forms) and HTTP; then find the initial config if the repl
 (``nyala.master.formation``), create it, and run its Raft. The catalog manager loads the
 catalog whenever this master wins an election; the background tasks work while it leads.
 SIGTERM or SIGINT shuts down gracefully (exit code 0).
+
+The sys catalog is a tablet like any other on disk: its MemRowSet is flushed every
+``flush_interval_ms`` and its WAL GC'd below the flush every ``wal_gc_interval_ms``, so a
+master's disk stays bounded however many DDL operations and leader changes it records. A master
+added after the WAL it would need to catch up is gone gets the sys catalog by tablet copy from
+the leader (``nyala.server.tablet_copy``: the leader's Raft asks for it, as a tablet leader
+does for a tserver replica), and then catches up from the leader's log.
 """
 
 from __future__ import annotations
@@ -14,7 +21,7 @@ import asyncio
 import json
 import logging
 
-from nyala._proto import consensus_pb2_grpc, master_pb2, master_pb2_grpc
+from nyala._proto import master_pb2, master_pb2_grpc
 from nyala.errors import IllegalStateError
 from nyala.master.background_tasks import BackgroundTasks
 from nyala.master.catalog_manager import CatalogManager
@@ -24,8 +31,9 @@ from nyala.master.sys_catalog import SysCatalog
 from nyala.master.ts_manager import TSManager
 from nyala.rpc import HttpResponse, HttpServer, RpcServer
 from nyala.server.base import ServerBase
-from nyala.server.consensus_service import ConsensusService
-from nyala.tablet.replica import TabletState
+from nyala.server.consensus_service import ConsensusService, add_consensus_service
+from nyala.server.tablet_copy import TabletCopy, add_tablet_copy_service
+from nyala.tablet.replica import TabletReplica, TabletState
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +50,7 @@ class MasterServer(ServerBase):
         self._own_addr = ""
         self._tasks: asyncio.TaskGroup | None = None
         self._workers: list[asyncio.Task[None]] = []
+        self.copy: TabletCopy | None = None
 
     async def run(self) -> None:
         """Opens the fs root, serves until stopped, shuts down gracefully."""
@@ -58,6 +67,13 @@ class MasterServer(ServerBase):
                 self.settings,
             )
             self._register_metrics()
+            self.copy = TabletCopy(
+                self.uuid,
+                self.settings,
+                tablets,
+                start_replica=self._start_replica,
+                stop_replica=self._stop_replica,
+            )
             await self._serve(sys_catalog)
         finally:
             self._close_fs_and_tablets()
@@ -84,6 +100,7 @@ class MasterServer(ServerBase):
                 "/masters": self._masters_page,
                 "/tables": self._tables_page,
                 "/tablet-servers": self._tservers_page,
+                "/tablet-copies": self._copy_page,
             },
         )
         await self._start_listening(rpc, http)
@@ -99,7 +116,11 @@ class MasterServer(ServerBase):
                 tasks.create_task(self._start_sys_catalog(sys_catalog), name="sys-catalog"),
                 tasks.create_task(self.manager.run(), name="catalog-manager"),
                 tasks.create_task(background.run(), name="background-tasks"),
+                tasks.create_task(self._flush_loop(), name="flush"),
+                tasks.create_task(self._quarantine_loop(), name="quarantine"),
             ]
+            assert self.copy is not None
+            self._workers += self.copy.start(tasks)
 
     async def _start_sys_catalog(self, sys_catalog: SysCatalog) -> None:
         replica = sys_catalog.replica
@@ -113,8 +134,23 @@ class MasterServer(ServerBase):
             )
             log.info("creating the sys catalog with config %s", [p.address for p in config.peers])
             replica = await asyncio.to_thread(sys_catalog.create, config)
+        self._start_replica(replica)
+
+    def _start_replica(self, replica: TabletReplica) -> None:
+        """Runs the sys catalog's Raft (at start, and after a tablet copy replaced it)."""
         assert self._tasks is not None
+        if replica.runtime is not None or replica.storage is None:
+            return
         self._start_consensus(replica, self._tasks)
+        if self.copy is not None:
+            self.copy.hook_replica(replica)  # a new master far behind gets a tablet copy
+
+    async def _stop_replica(self, tablet_id: str) -> None:
+        """Stops the sys catalog's Raft before a tablet copy replaces it."""
+        assert self.tablets is not None
+        replica = self.tablets.lookup(tablet_id)
+        if replica is not None:
+            await replica.stop_consensus()
 
     def _build_rpc_server(self) -> RpcServer:
         assert self.tablets is not None
@@ -128,15 +164,19 @@ class MasterServer(ServerBase):
             MasterService(self.uuid, self._rpc_metrics, self.manager),
         )
         server.add_service(
-            consensus_pb2_grpc.add_ConsensusServiceServicer_to_server,
+            add_consensus_service,
             ConsensusService(self.uuid, self._rpc_metrics, self.tablets, lambda: self.peer_streams),
         )
+        assert self.copy is not None
+        server.add_service(add_tablet_copy_service, self.copy.service(self._rpc_metrics))
         return server
 
     async def _shutdown_when_stopped(self, rpc: RpcServer, http: HttpServer) -> None:
         await self._stop_listening(rpc, http)
         for worker in self._workers:
             worker.cancel()
+        if self.copy is not None:
+            await self.copy.close()
         assert self.tablets is not None
         for replica in self.tablets.replicas():
             await replica.stop_consensus()
@@ -161,6 +201,10 @@ class MasterServer(ServerBase):
     def _live_tservers_gauge(self) -> list[tuple[dict[str, str], float]]:
         count = 0 if self.manager is None else len(self.manager.ts_manager.live())
         return [({}, float(count))]
+
+    async def _copy_page(self) -> HttpResponse:
+        assert self.copy is not None
+        return await self.copy.http_page()
 
     @staticmethod
     def _json(doc: object) -> HttpResponse:

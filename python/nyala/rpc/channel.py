@@ -11,10 +11,12 @@ from collections.abc import AsyncIterator, Callable
 from typing import TypeAlias, TypeVar
 
 import grpc
+from google.protobuf.descriptor import FileDescriptor
 
 from nyala._proto import (
     consensus_pb2_grpc,
     master_pb2_grpc,
+    tablet_copy_pb2,
     tablet_copy_pb2_grpc,
     tserver_admin_pb2_grpc,
     tserver_pb2,
@@ -30,6 +32,18 @@ _Resp = TypeVar("_Resp", bound=Answer)
 # grpc's classes are generic only to the type checker.
 _AsyncUnary: TypeAlias = "grpc.aio.UnaryUnaryMultiCallable[_Req, _Resp]"
 _Unary: TypeAlias = "grpc.UnaryUnaryMultiCallable[_Req, _Resp]"
+
+
+def _method_path(file: FileDescriptor, service: str, method: str) -> str:
+    """The gRPC path of ``service.method`` as declared in the proto ``file``."""
+    full_name = file.services_by_name[service].methods_by_name[method].full_name
+    package_service, _, name = full_name.rpartition(".")
+    return f"/{package_service}/{name}"
+
+
+#: The gRPC path of FetchData, whose answers ``fetch_data_serialized`` hands over unparsed: the
+#: tablet copy target takes the chunk's bytes from them without a copy.
+_FETCH_DATA = _method_path(tablet_copy_pb2.DESCRIPTOR, "TabletCopyService", "FetchData")
 
 
 class _Stubs:
@@ -62,6 +76,13 @@ class ServerProxy(_Stubs):
         channel = grpc.aio.insecure_channel(addr, options=self.settings.grpc_options())
         self._channel = channel
         super().__init__(channel)
+        self.fetch_data_serialized: grpc.aio.UnaryUnaryMultiCallable[
+            tablet_copy_pb2.FetchDataRequestPB, bytes
+        ] = channel.unary_unary(
+            _FETCH_DATA,
+            request_serializer=tablet_copy_pb2.FetchDataRequestPB.SerializeToString,
+            response_deserializer=None,
+        )
 
     async def __aenter__(self) -> ServerProxy:
         return self
@@ -83,6 +104,16 @@ class ServerProxy(_Stubs):
     ) -> _Resp:
         """A unary call with the admin deadline (default ``settings.admin_timeout_ms``)."""
         return await self._unary(method, request, timeout_ms or self.settings.admin_timeout_ms)
+
+    async def call_serialized(
+        self, method: grpc.aio.UnaryUnaryMultiCallable[_Req, bytes], request: _Req, timeout_ms: int
+    ) -> bytes:
+        """A unary call whose answer comes back serialized (the caller parses it and checks
+        its ``error``); transport failures raise as in ``call``."""
+        try:
+            return await method(request, timeout=timeout_ms / 1000)
+        except grpc.RpcError as err:
+            raise error_from_grpc(err, target=self.addr) from None
 
     async def stream(
         self,

@@ -30,5 +30,7 @@ class Answer(Protocol):
 
     def HasField(self, field_name: Literal["error"]) -> bool: ...
 
+    def SerializeToString(self) -> bytes: ...
+
 
 __all__ = ["Addressable", "Addressed", "Answer"]

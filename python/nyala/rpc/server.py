@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
-from typing import Any, TypeAlias, TypeVar
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Protocol, TypeAlias, TypeVar, cast
 
 import grpc
 
@@ -60,3 +60,59 @@ class RpcServer:
     async def stop(self, grace_s: float) -> None:
         """Refuses new calls, lets running ones finish for up to ``grace_s``, then cancels."""
         await self._server.stop(grace_s)
+
+
+class _NamedTupleHandler(Protocol):
+    """A method handler as gRPC makes it: a namedtuple (its declared type says only that it
+    has the fields)."""
+
+    def _replace(self, **fields: Callable[..., object] | None) -> _Handler: ...
+
+
+def _identity(data: bytes) -> bytes:
+    return data
+
+
+class DeserializerOverride:
+    """Stands in for the server while a generated ``add_<Service>Servicer_to_server`` runs,
+    replacing the request deserializer of the methods named in ``deserializers``, and making
+    the methods named in ``serialized_responses`` answer with bytes their handler serialized
+    itself (``nyala.rpc.service.unary_serialized``).
+
+    gRPC serves a method through its registered handler when there is one, so replacing it
+    there is enough; the generic handler registered next to it keeps the generated
+    (de)serializers and is only a fallback, which handlers must also accept.
+    """
+
+    def __init__(
+        self,
+        server: grpc.aio.Server,
+        deserializers: dict[str, Callable[[bytes], object]],
+        serialized_responses: frozenset[str] = frozenset(),
+    ) -> None:
+        self._server = server
+        self._deserializers = deserializers
+        self._serialized_responses = serialized_responses
+
+    def as_server(self) -> grpc.aio.Server:
+        """This stand-in, typed as what ``add_<Service>Servicer_to_server`` takes: of a server,
+        that function calls only the two methods below."""
+        return cast(grpc.aio.Server, self)
+
+    def add_generic_rpc_handlers(self, handlers: Iterable[grpc.GenericRpcHandler]) -> None:
+        self._server.add_generic_rpc_handlers(handlers)
+
+    def add_registered_method_handlers(
+        self, service: str, handlers: Mapping[str, _Handler]
+    ) -> None:
+        replaced = {method: self._replace(method, handler) for method, handler in handlers.items()}
+        self._server.add_registered_method_handlers(service, replaced)
+
+    def _replace(self, method: str, handler: _Handler) -> _Handler:
+        if method in self._deserializers:
+            handler = cast(_NamedTupleHandler, handler)._replace(
+                request_deserializer=self._deserializers[method]
+            )
+        if method in self._serialized_responses:
+            handler = cast(_NamedTupleHandler, handler)._replace(response_serializer=_identity)
+        return handler

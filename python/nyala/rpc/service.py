@@ -127,6 +127,38 @@ def unary(
     return decorate
 
 
+_UnarySerialized: TypeAlias = "Callable[[_S, _Req, Context[_Req, bytes]], Awaitable[bytes]]"
+
+
+def unary_serialized(
+    response_cls: AnswerClass[_Resp], *, allow_empty_dest: bool = False
+) -> Callable[[_UnarySerialized[_S, _Req]], _UnarySerialized[_S, _Req]]:
+    """Decorates a unary handler that returns its response already serialized (a large
+    ``bytes`` field put in place without protobuf's copies, ``nyala.rpc.pb_fields``); a failure
+    is answered with ``response_cls``'s error, serialized here. Register the method with its
+    response serializer replaced (``DeserializerOverride(serialized_responses=...)``)."""
+
+    def decorate(fn: _UnarySerialized[_S, _Req]) -> _UnarySerialized[_S, _Req]:
+        method = fn.__name__
+
+        @functools.wraps(fn)
+        async def handle(self: _S, request: _Req, context: Context[_Req, bytes]) -> bytes:
+            start_s = time.monotonic()
+            try:
+                check_dest_uuid(request.dest_uuid, self.server_uuid, allow_empty=allow_empty_dest)
+                data = await fn(self, request, context)
+                code = "OK"
+            except Exception as exc:  # every failure becomes an answer
+                response = _error_response(response_cls, method, exc)
+                data, code = response.SerializeToString(), _code_name(response)
+            self.rpc_metrics.record(method, code, time.monotonic() - start_s)
+            return data
+
+        return handle
+
+    return decorate
+
+
 def server_stream(
     response_cls: AnswerClass[_Resp],
 ) -> Callable[[_ServerStream[_S, _Req, _Resp]], _ServerStream[_S, _Req, _Resp]]:

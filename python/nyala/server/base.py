@@ -21,15 +21,22 @@ from nyala.consensus.options import RaftOptions
 from nyala.consensus.runtime.peer_streams import PeerStreams
 from nyala.consensus.runtime.transport import GrpcTransport
 from nyala.consensus.runtime.wal_log import WalLogOptions
+from nyala.errors import NyalaError
 from nyala.rpc import HttpResponse, HttpServer, RpcMetrics, RpcServer
 from nyala.rpc.settings import MIB
 from nyala.server.fs_manager import FsManager, InstanceInfo
 from nyala.server.server_heartbeats import ServerHeartbeats
 from nyala.server.settings import ServerSettings
+from nyala.storage import StorageEngine
 from nyala.tablet import TabletDirs, TabletManager
+from nyala.tablet.quarantine import Quarantine
 from nyala.tablet.replica import TabletReplica
 
 log = logging.getLogger(__name__)
+
+#: How often a server purges quarantined replicas past their retention (or while the disk is
+#: short of space).
+QUARANTINE_CHECK_S = 60.0
 
 
 class ServerBase:
@@ -79,6 +86,12 @@ class ServerBase:
             consensus_meta=self.fs.dir("consensus-meta"),
             wals=self.fs.dir("wals"),
             data=self.fs.dir("data"),
+            quarantine=self.fs.dir("quarantine"),
+        )
+        quarantine = Quarantine(
+            self.fs.dir("quarantine"),
+            retention_s=s.quarantine_retention_s,
+            disk_free_bytes_min=s.quarantine_disk_free_bytes_min,
         )
         options = WalLogOptions(
             segment_size_bytes=s.wal_segment_bytes,
@@ -86,7 +99,7 @@ class ServerBase:
             min_segments_to_retain=s.wal_min_segments_to_retain,
         )
         manager = self.tablets = TabletManager(
-            dirs, options, flush_threshold_bytes=s.flush_threshold_mb * MIB
+            dirs, options, flush_threshold_bytes=s.flush_threshold_mb * MIB, quarantine=quarantine
         )
         manager.open_all()
         return manager
@@ -183,6 +196,39 @@ class ServerBase:
         self._stopping = True
         await rpc.stop(self.server_settings.shutdown_grace_ms / 1000)
         await http.stop()
+
+    async def _flush_loop(self) -> None:
+        """Flushes every running replica's MemRowSet every ``flush_interval_ms`` (bounding
+        WAL replay, and letting WAL GC move on), until the server stops."""
+        assert self.tablets is not None
+        while not self._stopping:
+            await asyncio.sleep(self.server_settings.flush_interval_ms / 1000)
+            for replica in self.tablets.replicas():
+                storage = replica.storage
+                if storage is None or self._stopping or not storage.stats()["mem_rows"]:
+                    continue
+                await self._flush(replica.tablet_id, storage)
+
+    async def _flush(self, tablet_id: str, storage: StorageEngine) -> None:
+        """Flushes one replica's MemRowSet off the event loop. A failure is logged: the rows
+        stay in memory and in the WAL, and the next round tries again."""
+        try:
+            await asyncio.to_thread(storage.flush)
+        except NyalaError as exc:
+            log.warning("flush of tablet %s failed: %s", tablet_id, exc)
+
+    async def _quarantine_loop(self) -> None:
+        """Purges quarantined replicas past ``quarantine_retention_s``, and the oldest while
+        the disk is short (``nyala.tablet.quarantine``), until cancelled."""
+        while True:
+            await asyncio.sleep(QUARANTINE_CHECK_S)
+            quarantine = None if self.tablets is None else self.tablets.quarantine
+            if quarantine is None:
+                continue
+            try:
+                await asyncio.to_thread(quarantine.enforce)
+            except OSError as exc:
+                log.warning("purging the quarantine failed: %s", exc)
 
     def _register_uptime(self) -> None:
         self.metrics.gauge(

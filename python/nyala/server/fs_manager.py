@@ -8,6 +8,8 @@ Layout (DESIGN.md §6)::
     <fs_root>/tablet-meta/      one superblock per tablet
     <fs_root>/consensus-meta/   one cmeta per tablet
     <fs_root>/data/             one directory of rowsets per tablet
+    <fs_root>/quarantine/       tombstoned replicas' WAL, data, superblock and cmeta, kept for a
+                                while (``nyala.tablet.quarantine``)
 
 This module owns the instance file and the directory layout; the files inside the tablet
 directories belong to the tablet, WAL and consensus code. A root that has tablet data but no
@@ -46,7 +48,7 @@ log = logging.getLogger(__name__)
 INSTANCE_FORMAT_VERSION = 1
 INSTANCE_FILE = "instance"
 LOCK_FILE = "instance.lock"
-SUBDIRS = ("wals", "tablet-meta", "consensus-meta", "data")
+SUBDIRS = ("wals", "tablet-meta", "consensus-meta", "data", "quarantine")
 
 
 @dataclass(frozen=True)

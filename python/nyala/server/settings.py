@@ -46,10 +46,37 @@ class ServerSettings:
     wal_sync: bool = True
     # Closed WAL segments kept whatever the anchors say (retention).
     wal_min_segments_to_retain: int = 1
+    # How often WAL GC runs (it removes closed segments below every replica's anchors).
+    wal_gc_interval_ms: int = 10_000
 
     # Storage: a replica's MemRowSet is flushed once it holds this much (Kudu's
-    # --flush_threshold_mb). Tablet servers also flush under memory pressure and by age.
+    # --flush_threshold_mb). Tablet servers also flush under memory pressure.
     flush_threshold_mb: int = 1024
+    # Each replica's MemRowSet is flushed at least this often, bounding WAL replay at restart
+    # and letting WAL GC move on (size-triggered flushes happen in the storage engine).
+    flush_interval_ms: int = 60_000
+
+    # Tombstoned and deleted replicas: their WAL, superblock and cmeta are kept under
+    # <fs_root>/quarantine for this long (seed 000, "Tablet deletion"), or until the fs root's
+    # disk has less than quarantine_disk_free_bytes_min free (oldest first).
+    quarantine_retention_s: int = 7 * 24 * 3600
+    quarantine_disk_free_bytes_min: int = 1024 * MIB
+
+    # Tablet copy (a master copies its sys catalog to a new master with it).
+    tablet_copy_chunk_bytes: int = 4 * MIB
+    tablet_copy_session_idle_timeout_ms: int = 600_000
+    # Copies onto this server at once; StartTabletCopy beyond it is THROTTLED.
+    tablet_copy_concurrency_max: int = 4
+    # Files fetched at once within one copy.
+    tablet_copy_parallel_files_max: int = 4
+    # Chunks requested and not yet written within one copy (over its files).
+    tablet_copy_chunks_in_flight_max: int = 4
+    # Threads of the copy I/O pool (chunk reads as a source, checks and writes as a target).
+    tablet_copy_io_threads_max: int = 4
+    # Download rate of one copy; 0 is unlimited.
+    tablet_copy_rate_bytes_per_s: int = 0
+    # Tests only: as a source, send this many chunks with a flipped byte (after the CRC).
+    tablet_copy_inject_corrupt_chunks: int = 0
 
     # RPC.
     rpc_message_bytes_max: int = 50 * MIB
@@ -66,6 +93,15 @@ class ServerSettings:
         "wal_segment_bytes",
         "follower_unavailable_considered_failed_sec",
         "flush_threshold_mb",
+        "flush_interval_ms",
+        "wal_gc_interval_ms",
+        "quarantine_retention_s",
+        "tablet_copy_chunk_bytes",
+        "tablet_copy_session_idle_timeout_ms",
+        "tablet_copy_concurrency_max",
+        "tablet_copy_parallel_files_max",
+        "tablet_copy_chunks_in_flight_max",
+        "tablet_copy_io_threads_max",
     )
     POSITIVE_FIELDS: ClassVar[tuple[str, ...]] = ()
 
@@ -79,6 +115,12 @@ class ServerSettings:
             raise ValueError("raft_quiesce_after_idle_heartbeats must be >= 0")
         if self.shutdown_grace_ms < 0 or self.wal_min_segments_to_retain < 0:
             raise ValueError("shutdown_grace_ms and wal_min_segments_to_retain must be >= 0")
+        if self.tablet_copy_rate_bytes_per_s < 0 or self.quarantine_disk_free_bytes_min < 0:
+            raise ValueError(
+                "tablet_copy_rate_bytes_per_s and quarantine_disk_free_bytes_min must be >= 0"
+            )
+        if self.tablet_copy_chunk_bytes > self.rpc_message_bytes_max // 2:
+            raise ValueError("tablet_copy_chunk_bytes must leave room in rpc_message_bytes_max")
         self.rpc_settings()  # validates the RPC limits
 
     @property

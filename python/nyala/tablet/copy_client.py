@@ -2,10 +2,14 @@
 
 ``CopySource`` is what the target needs from a source server (the tablet server implements it
 over gRPC; tests may use a ``CopySessionManager`` in the same process). ``download_files``
-fetches files in parallel, each chunk by chunk in order; every chunk is checked before it is
-written — its offset is the one asked for, its CRC32C matches, it is not empty before the end
-and does not run past the file's length — and a chunk that fails the check is fetched again up
-to ``chunk_attempts_max`` times before the copy fails with ``CorruptionError``. Each file is
+fetches up to ``parallel_files_max`` files at once, with up to ``chunks_in_flight_max`` chunks
+of the copy out at once over all of them, so a single large file is fetched several chunks at
+a time too (each chunk is written at its own offset). Every chunk is checked before it is
+written — its offset is the one asked for, the file's length is the one the session listed
+(sessions serve fixed lengths), its CRC32C matches, it is not empty before the end and does
+not run past the file's length — and a chunk that fails the check is fetched again up to
+``chunk_attempts_max`` times before the copy fails with ``CorruptionError``. Checks, writes
+and syncs run on the copy I/O pool (``CopyIoPool``), never on the event loop. Each file is
 fsynced, then its directory. A ``RateLimiter`` caps the bytes per second of one copy.
 
 Owns: the files it writes under the directories it is given, nothing else.
@@ -25,6 +29,7 @@ from typing import Protocol
 from nyala import _native
 from nyala.common import metafile
 from nyala.errors import CorruptionError, InvalidArgumentError
+from nyala.tablet.copy_io import CopyIoPool
 from nyala.tablet.copy_source import CopySessionInfo, DataChunk, DataFile, DataKind
 
 log = logging.getLogger(__name__)
@@ -93,20 +98,29 @@ class DownloadOptions:
 
     chunk_bytes: int = 4 << 20
     parallel_files_max: int = 4  # files fetched at once within one session
+    # Chunks requested and not yet written, over all files of one copy (memory: this many
+    # chunks); a lone large file gets all of them.
+    chunks_in_flight_max: int = 4
     chunk_attempts_max: int = CHUNK_ATTEMPTS_MAX
     rate_bytes_per_s: int = 0  # 0: unlimited
 
     def __post_init__(self) -> None:
         assert self.chunk_bytes > 0
         assert self.parallel_files_max > 0
+        assert self.chunks_in_flight_max > 0
         assert self.chunk_attempts_max > 0
         assert self.rate_bytes_per_s >= 0
 
 
-def check_chunk(chunk: DataChunk, name: str, offset: int) -> None:
-    """Raises ``CorruptionError`` unless ``chunk`` is the next valid piece of ``name``."""
+def check_chunk(chunk: DataChunk, name: str, offset: int, total_bytes: int) -> None:
+    """Raises ``CorruptionError`` unless ``chunk`` is the next valid piece of ``name``, a file
+    of ``total_bytes``."""
     if chunk.offset != offset:
         raise CorruptionError(f"{name}: asked for offset {offset}, got {chunk.offset}")
+    if chunk.total_bytes != total_bytes:
+        raise CorruptionError(
+            f"{name}: the session listed {total_bytes} bytes, the chunk says {chunk.total_bytes}"
+        )
     if chunk.offset + len(chunk.data) > chunk.total_bytes:
         raise CorruptionError(
             f"{name}: chunk at {chunk.offset} of {len(chunk.data)} bytes runs past the file's "
@@ -128,14 +142,15 @@ async def download_files(
     files: Sequence[tuple[DataKind, DataFile, Path]],
     options: DownloadOptions,
     progress: Progress,
+    io: CopyIoPool,
 ) -> None:
-    """Fetches every ``(kind, file, destination)``, ``parallel_files_max`` at a time."""
-    limiter = RateLimiter(options.rate_bytes_per_s)
+    """Fetches every ``(kind, file, destination)`` (see the module docstring)."""
+    fetcher = _Fetcher(source, session_id, options, progress, io)
     gate = asyncio.Semaphore(options.parallel_files_max)
 
     async def one(kind: DataKind, file: DataFile, dest: Path) -> None:
         async with gate:
-            await _download_file(source, session_id, kind, file, dest, options, limiter, progress)
+            await fetcher.download(kind, file, dest)
 
     try:
         async with asyncio.TaskGroup() as group:
@@ -144,56 +159,89 @@ async def download_files(
     except ExceptionGroup as failures:
         raise failures.exceptions[0] from None  # the first failure says why the copy failed
     for directory in sorted({dest.parent for _, _, dest in files}):
-        await asyncio.to_thread(metafile.fsync_dir, directory)
+        await io.run(metafile.fsync_dir, directory)
 
 
-async def _download_file(
-    source: CopySource,
-    session_id: str,
-    kind: DataKind,
-    file: DataFile,
-    dest: Path,
-    options: DownloadOptions,
-    limiter: RateLimiter,
-    progress: Progress,
-) -> None:
-    if dest.name != file.name or "/" in file.name or file.name in ("", ".", ".."):
-        raise InvalidArgumentError(f"refusing to write a source file named {file.name!r}")
-    fd = await asyncio.to_thread(
-        os.open, dest, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644
-    )
-    try:
-        offset, total = 0, file.size_bytes
-        while offset < total:
-            await limiter.acquire(min(options.chunk_bytes, total - offset))
-            chunk = await _fetch_checked(source, session_id, kind, file.name, offset, options)
-            await asyncio.to_thread(os.pwrite, fd, chunk.data, offset)
-            offset += len(chunk.data)
-            progress.bytes_done += len(chunk.data)
-            if chunk.total_bytes != total:
-                # A WAL segment may still grow; the image needs at least what was listed.
-                progress.bytes_total += chunk.total_bytes - total
-                total = chunk.total_bytes
-        await asyncio.to_thread(os.fsync, fd)
-    finally:
-        os.close(fd)
+class _Fetcher:
+    """The downloads of one copy: its rate, its chunks in flight and its progress."""
 
+    def __init__(
+        self,
+        source: CopySource,
+        session_id: str,
+        options: DownloadOptions,
+        progress: Progress,
+        io: CopyIoPool,
+    ) -> None:
+        self._source = source
+        self._session_id = session_id
+        self._options = options
+        self._progress = progress
+        self._io = io
+        self._limiter = RateLimiter(options.rate_bytes_per_s)
+        self._in_flight = asyncio.Semaphore(options.chunks_in_flight_max)
 
-async def _fetch_checked(
-    source: CopySource,
-    session_id: str,
-    kind: DataKind,
-    name: str,
-    offset: int,
-    options: DownloadOptions,
-) -> DataChunk:
-    for attempt in range(1, options.chunk_attempts_max + 1):
-        chunk = await source.fetch(session_id, kind, name, offset, options.chunk_bytes)
+    async def download(self, kind: DataKind, file: DataFile, dest: Path) -> None:
+        """One file: its chunks fetched by up to ``chunks_in_flight_max`` workers, each
+        written at its offset, then the file synced."""
+        if dest.name != file.name or "/" in file.name or file.name in ("", ".", ".."):
+            raise InvalidArgumentError(f"refusing to write a source file named {file.name!r}")
+        chunk_bytes = self._options.chunk_bytes
+        offsets = iter(range(0, file.size_bytes, chunk_bytes))  # shared: each taken once
+        fd = await self._io.run(
+            os.open, dest, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644
+        )
         try:
-            check_chunk(chunk, name, offset)
-            return chunk
-        except CorruptionError as exc:
-            if attempt == options.chunk_attempts_max:
-                raise
-            log.warning("copy session %s: %s; fetching it again", session_id, exc)
-    raise AssertionError("unreachable")
+
+            async def worker() -> None:
+                for offset in offsets:
+                    length = min(chunk_bytes, file.size_bytes - offset)
+                    async with self._in_flight:
+                        await self._copy_range(kind, file, fd, offset, length)
+
+            chunks = -(-file.size_bytes // chunk_bytes)
+            async with asyncio.TaskGroup() as group:
+                for _ in range(min(chunks, self._options.chunks_in_flight_max)):
+                    group.create_task(worker())
+            await self._io.run(os.fsync, fd)
+        except ExceptionGroup as failures:
+            raise failures.exceptions[0] from None
+        finally:
+            os.close(fd)
+
+    async def _copy_range(
+        self, kind: DataKind, file: DataFile, fd: int, offset: int, length: int
+    ) -> None:
+        """Fetches and writes ``length`` bytes at ``offset`` (in several chunks if the source
+        answers with shorter ones than asked for)."""
+        end = offset + length
+        while offset < end:
+            await self._limiter.acquire(end - offset)
+            written = await self._fetch_and_write(kind, file, fd, offset, end - offset)
+            offset += written
+            self._progress.bytes_done += written
+
+    async def _fetch_and_write(
+        self, kind: DataKind, file: DataFile, fd: int, offset: int, length: int
+    ) -> int:
+        attempts = self._options.chunk_attempts_max
+        for attempt in range(1, attempts + 1):
+            chunk = await self._source.fetch(self._session_id, kind, file.name, offset, length)
+            try:
+                return await self._io.run(_check_and_write, fd, chunk, file, offset)
+            except CorruptionError as exc:
+                if attempt == attempts:
+                    raise
+                log.warning("copy session %s: %s; fetching it again", self._session_id, exc)
+        raise AssertionError("unreachable")
+
+
+def _check_and_write(fd: int, chunk: DataChunk, file: DataFile, offset: int) -> int:
+    """Checks ``chunk`` (``check_chunk``) and writes it at its offset; returns its length."""
+    check_chunk(chunk, file.name, offset, file.size_bytes)
+    view = memoryview(chunk.data)
+    at = offset
+    while view:
+        written = os.pwrite(fd, view, at)
+        view, at = view[written:], at + written
+    return len(chunk.data)

@@ -6,6 +6,9 @@ Tablet Copy protocol"), then runs the copy as a task of the server's task group:
 * a copy of this tablet already running (or a replica ``COPYING``): ``AlreadyInProgressError``;
 * the caller's term below the replica's current or last-logged term: ``IllegalStateError`` (a
   deposed leader must not overwrite newer data);
+* the request names the replica's last-logged OpId as the caller last heard it
+  (``target_last_op_id``, seed 000's idempotency) and the log has moved on since (or was
+  tombstoned): ``IllegalStateError``; the caller probes again and asks with what it hears;
 * a running ``READY`` replica the caller could still catch up from its log (its last-logged
   index is at or past the caller's first WAL index): ``IllegalStateError``, which also makes a
   leader's repeated request harmless right after a copy finished;
@@ -16,6 +19,13 @@ superblock is written ``COPYING`` (fsync); cmeta is merged (``copy_cmeta``); row
 the rowset manifest, then WAL segments are downloaded in checked chunks (``copy_client``);
 the superblock is written ``READY`` (fsync) and the replica started. Any failure, and a
 cancellation, leaves the replica ``TOMBSTONED`` with its last-logged OpId, able to vote.
+
+A successful job ends its source session only once the new replica has caught up with its
+leader (``leader_contact``), or after ``CATCH_UP_WAIT_S``: the session's WAL anchor keeps the
+entries after the copied log on the source until the leader has sent them, so a copy of a
+tablet under write load is not GC'd out from under the new replica (nyala retains no WAL for
+lagging followers; without it a copy longer than the flush interval needed a second copy).
+Disk work runs on the copy I/O pool (``CopyIoPool``).
 
 Owns: the jobs and their records (kept for listing after they end, ``history_max`` of them).
 """
@@ -38,7 +48,7 @@ from typing import Any
 from nyala.common import metafile
 from nyala.consensus.metadata import decode_cmeta
 from nyala.consensus.runtime.cmeta_store import FileCmetaStore
-from nyala.consensus.types import MIN_OP_ID
+from nyala.consensus.types import MIN_OP_ID, OpId, Role
 from nyala.errors import (
     AlreadyInProgressError,
     IllegalStateError,
@@ -48,6 +58,7 @@ from nyala.errors import (
 )
 from nyala.tablet.copy_client import CopySource, DownloadOptions, Progress, download_files
 from nyala.tablet.copy_cmeta import merge_cmeta
+from nyala.tablet.copy_io import CopyIoPool
 from nyala.tablet.copy_source import CopySessionInfo, DataKind
 from nyala.tablet.manager import TabletManager
 from nyala.tablet.replica import TabletReplica, TabletState
@@ -58,6 +69,10 @@ log = logging.getLogger(__name__)
 # The storage engine's manifest file name (rust/storage/src/manifest.rs, MANIFEST_FILE).
 ROWSET_MANIFEST_FILE = "rowset-manifest"
 END_SESSION_TIMEOUT_S = 5.0
+#: How long a copied replica may take to catch up with its leader before its job ends the
+#: source session (and with it the anchor on the source's WAL) anyway.
+CATCH_UP_WAIT_S = 30.0
+CATCH_UP_POLL_S = 0.05
 
 
 class JobState(enum.Enum):
@@ -129,6 +144,7 @@ class TabletCopyJobs:
         connect: SourceFactory,
         stop_replica: StopReplica,
         start_replica: StartReplica,
+        io: CopyIoPool,
         options: DownloadOptions | None = None,
         concurrency_max: int = 4,
         history_max: int = 100,
@@ -138,6 +154,7 @@ class TabletCopyJobs:
         self._connect = connect
         self._stop_replica = stop_replica
         self._start_replica = start_replica
+        self._io = io
         self.options = options or DownloadOptions()
         self.concurrency_max = concurrency_max
         self._jobs: deque[CopyJob] = deque(maxlen=history_max)
@@ -158,6 +175,8 @@ class TabletCopyJobs:
         source_addr: str,
         caller_term: int,
         caller_log_first_index: int = 0,
+        *,
+        target_last_op_id: OpId | None = None,
     ) -> CopyJob:
         """Checks the request and starts the copy; returns its job (see the module docstring)."""
         group = self._group
@@ -168,6 +187,8 @@ class TabletCopyJobs:
         if tablet_id in self._running:
             raise AlreadyInProgressError(f"tablet {tablet_id} is being copied here already")
         replica = self._tablets.lookup(tablet_id)
+        if target_last_op_id is not None:
+            _check_unchanged(tablet_id, replica, target_last_op_id)
         if replica is not None:
             self._check_replica(replica, caller_term, caller_log_first_index)
         if len(self._running) >= self.concurrency_max:
@@ -238,14 +259,30 @@ class TabletCopyJobs:
 
     async def _run(self, job: CopyJob) -> None:
         source = self._connect(job.source_uuid, job.source_addr)
-        session: CopySessionInfo | None = None
+        opened: list[CopySessionInfo] = []  # the session, once the source opened it
+        try:
+            replica = await self._attempt(job, source, opened)
+            if opened and replica is not None and job.state is JobState.SUCCEEDED:
+                await _await_caught_up(replica)  # the session's anchor holds until then
+        finally:
+            if opened:
+                await _end_quietly(source, opened[0].session_id, job.state is JobState.SUCCEEDED)
+            close = getattr(source, "close", None)
+            if close is not None:
+                await close()
+
+    async def _attempt(
+        self, job: CopyJob, source: CopySource, opened: list[CopySessionInfo]
+    ) -> TabletReplica | None:
+        """The copy itself; sets the job's final state and returns the replica (None if the
+        copy never got to create it)."""
         replica: TabletReplica | None = None
         try:
             await self._tombstone_if_ready(job)
-            session = await source.begin(job.tablet_id)
-            replica = await self._prepare(job, session)
-            await self._download(job, source, session, replica)
-            await asyncio.to_thread(self._tablets.finish_copy, replica)
+            opened.append(await source.begin(job.tablet_id))
+            replica = await self._prepare(job, opened[0])
+            await self._download(job, source, opened[0], replica)
+            await self._io.run(self._tablets.finish_copy, replica)
             self._start_replica(replica)
             job.state = JobState.SUCCEEDED
             log.info(
@@ -268,18 +305,14 @@ class TabletCopyJobs:
             job.finished_s = time.time()
             if self._running.get(job.tablet_id) is job:
                 del self._running[job.tablet_id]
-            if session is not None:
-                await _end_quietly(source, session.session_id, job.state is JobState.SUCCEEDED)
-            close = getattr(source, "close", None)
-            if close is not None:
-                await close()
+        return replica
 
     async def _tombstone_if_ready(self, job: CopyJob) -> None:
         replica = self._tablets.lookup(job.tablet_id)
         if replica is None or replica.superblock.data_state is not DataState.READY:
             return
         await self._stop_replica(job.tablet_id)
-        await asyncio.to_thread(
+        await self._io.run(
             self._tablets.delete_tablet,
             job.tablet_id,
             DataState.TOMBSTONED,
@@ -293,7 +326,7 @@ class TabletCopyJobs:
                 f"the source sent the superblock of tablet {remote.tablet_id}, not {job.tablet_id}"
             )
         reason = f"copying from {job.source_uuid} ({job.job_id})"
-        replica = await asyncio.to_thread(self._tablets.begin_copy, remote, reason)
+        replica = await self._io.run(self._tablets.begin_copy, remote, reason)
         # On the event loop, like tombstoned voting: no vote interleaves with the merge.
         store = FileCmetaStore(replica.paths.cmeta)
         try:
@@ -314,13 +347,17 @@ class TabletCopyJobs:
     ) -> None:
         data_dir, wal_dir = replica.paths.data_dir, replica.paths.wal_dir
         rowsets = [(DataKind.ROWSET_FILE, f, data_dir / f.name) for f in session.rowset_files]
-        await download_files(source, session.session_id, rowsets, self.options, job.progress)
+        await download_files(
+            source, session.session_id, rowsets, self.options, job.progress, self._io
+        )
         # The manifest names the rowsets: it goes in once they are all durable.
         manifest = data_dir / ROWSET_MANIFEST_FILE
-        await asyncio.to_thread(_write_durably, manifest, session.rowset_manifest)
+        await self._io.run(_write_durably, manifest, session.rowset_manifest)
         job.progress.bytes_done += len(session.rowset_manifest)
         segments = [(DataKind.WAL_SEGMENT, f, wal_dir / f.name) for f in session.wal_segments]
-        await download_files(source, session.session_id, segments, self.options, job.progress)
+        await download_files(
+            source, session.session_id, segments, self.options, job.progress, self._io
+        )
 
     async def _clean_up(self, job: CopyJob, replica: TabletReplica | None) -> None:
         if replica is None:
@@ -328,10 +365,43 @@ class TabletCopyJobs:
         reason = f"tablet copy {job.job_id} from {job.source_uuid} {job.state.value}: {job.error}"
         try:
             # Shielded: a cancelled job must still leave a tombstone, never a half copy.
-            await asyncio.shield(asyncio.to_thread(self._tablets.fail_copy, replica, reason))
+            await asyncio.shield(self._io.run(self._tablets.fail_copy, replica, reason))
         except Exception as exc:
             # The superblock says COPYING: the next startup tombstones it.
             log.error("tablet %s: tombstoning after a failed copy failed: %s", job.tablet_id, exc)
+
+
+def _check_unchanged(tablet_id: str, replica: TabletReplica | None, seen: OpId) -> None:
+    """Seed 000's idempotency: the caller decided on a copy from this replica's last-logged
+    OpId ``seen``; a log that moved on since (or was tombstoned) is not the log it judged."""
+    last = replica.last_logged_op_id() if replica is not None and replica.wal is not None else None
+    if last != seen:
+        now = "no running log" if last is None else f"its last-logged op is {last}"
+        raise IllegalStateError(
+            f"tablet {tablet_id}: the caller saw last-logged op {seen}, but {now} now; "
+            "probe it again"
+        )
+
+
+async def _await_caught_up(replica: TabletReplica) -> None:
+    """Waits until the copied replica has had everything its leader committed (the leader
+    replicates to it from its copied log), for at most ``CATCH_UP_WAIT_S``."""
+    deadline = time.monotonic() + CATCH_UP_WAIT_S
+    while time.monotonic() < deadline:
+        runtime = replica.runtime
+        if runtime is None or runtime.ended:
+            return  # stopped meanwhile: nobody will catch it up from this session
+        core = runtime.core
+        if core.active_config.peer(core.uuid) is None:
+            return  # copied outside the config (by hand): no leader will replicate to it
+        if core.leader_contact() is not None or core.role is Role.LEADER:
+            return
+        await asyncio.sleep(CATCH_UP_POLL_S)
+    log.info(
+        "tablet %s: not caught up %.0f s after its copy; ending the session anyway",
+        replica.tablet_id,
+        CATCH_UP_WAIT_S,
+    )
 
 
 def _current_term(replica: TabletReplica) -> int:

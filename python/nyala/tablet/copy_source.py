@@ -8,12 +8,22 @@ this order, so that the image is consistent:
 2. a storage snapshot: the rowset files are pinned (compaction cannot delete them) and the
    rowset manifest at that moment is kept; its ``last_flushed_index`` is at or above the
    anchor, so the WAL still holds every op after it;
-3. the superblock, then the WAL segment list (taken after the snapshot, so it covers it),
+3. the superblock, then the WAL's copy image (taken after the snapshot, so it covers it),
    then the consensus metadata.
 
-``fetch`` reads one chunk of one file of the session (offset, max length) and returns it with
-its CRC32C and the file's length; only files of the session can be named. ``end`` releases the
-anchor and the pins; so does idle expiry (``expire_idle``), for targets that vanished.
+The copy image (``rust/wal/src/copy_image.rs``) is every WAL segment up to the durable end at
+that moment, each with a fixed length: the active segment is served up to its durable end
+however much the leader appends meanwhile, because only the bytes before it never change. The
+target's log then opens with exactly the entries durable when the session began. (Before, the
+active segment was listed with its preallocated size and read chunk by chunk at different
+moments: a partial page read early and its continuation read later did not fit together, and
+the copied log did not open.) Every file is opened when the session begins and served with
+that fixed length (``nyala._native.CopyFile``), so a segment GC'd meanwhile stays readable.
+
+``file`` names one file of the session for the server to read a chunk of (only files of the
+session can be named); ``fetch`` reads one chunk with its CRC32C, for callers in the same
+process. ``end`` releases the anchor and the pins; so does idle expiry (``expire_idle``), for
+targets that vanished.
 
 Owns: sessions and their open files. Never writes anything of the replica.
 """
@@ -22,17 +32,16 @@ from __future__ import annotations
 
 import enum
 import logging
-import os
 import threading
-from dataclasses import dataclass, field
-from pathlib import Path
+import time
+from dataclasses import dataclass
 
 from nyala import _native
 from nyala.common.clock import Clock
 from nyala.consensus.metadata import encode_cmeta
 from nyala.consensus.runtime.cmeta_store import FileCmetaStore
 from nyala.consensus.runtime.wal_log import WalLog
-from nyala.errors import InvalidArgumentError, NotFoundError, NyalaError, TabletNotRunningError
+from nyala.errors import NotFoundError, NyalaError, TabletNotRunningError
 from nyala.storage import StorageEngine, StorageSnapshot
 from nyala.tablet.replica import TabletReplica
 from nyala.tablet.superblock import DataState, encode_superblock
@@ -41,6 +50,9 @@ log = logging.getLogger(__name__)
 
 CHUNK_BYTES_DEFAULT = 4 << 20
 SESSION_IDLE_TIMEOUT_MS_DEFAULT = 600_000
+#: How long a session waits for the WAL to be durable through the snapshot's flushed index
+#: (only a follower source can have applied and flushed ops it has not synced yet).
+DURABLE_WAIT_S = 10.0
 
 
 class DataKind(enum.Enum):
@@ -74,10 +86,11 @@ class CopySessionInfo:
 
 @dataclass(frozen=True, slots=True)
 class DataChunk:
-    """``data`` at ``offset`` of a file of ``total_bytes``; ``crc32c`` covers ``data``."""
+    """``data`` at ``offset`` of a file of ``total_bytes``; ``crc32c`` covers ``data``, which
+    may be a view into the message it arrived in (the target takes it without a copy)."""
 
     offset: int
-    data: bytes
+    data: bytes | memoryview
     total_bytes: int
     crc32c: int
 
@@ -93,10 +106,9 @@ class CopySession:
     storage: StorageEngine
     anchor: int
     snapshot: StorageSnapshot
-    paths: dict[tuple[DataKind, str], Path]
+    # Every file the session may serve, open, with the length it serves.
+    files: dict[tuple[DataKind, str], _native.CopyFile]
     last_used_ms: int
-    fds: dict[Path, int] = field(default_factory=dict)
-    lock: threading.Lock = field(default_factory=threading.Lock)  # guards fds
 
 
 class CopySessionManager:
@@ -157,20 +169,17 @@ class CopySessionManager:
     def _capture(
         self, session_id: str, replica: TabletReplica, anchor: int, snapshot: StorageSnapshot
     ) -> CopySession:
-        wal = replica.wal
+        wal, storage = replica.wal, replica.storage
         assert wal is not None
+        assert storage is not None
         superblock = encode_superblock(replica.superblock)
-        segments = wal.segment_paths()  # after the snapshot: covers every op after its index
+        segments = _wal_image(wal, snapshot.last_flushed_index)  # after the snapshot: covers it
         cmeta = encode_cmeta(FileCmetaStore(replica.paths.cmeta).load())
-        paths: dict[tuple[DataKind, str], Path] = {}
-        rowset_files = []
+        files: dict[tuple[DataKind, str], _native.CopyFile] = {}
         for path in snapshot.files:
-            paths[(DataKind.ROWSET_FILE, path.name)] = path
-            rowset_files.append(DataFile(path.name, path.stat().st_size))
-        wal_segments = []
-        for path in segments:
-            paths[(DataKind.WAL_SEGMENT, path.name)] = path
-            wal_segments.append(DataFile(path.name, path.stat().st_size))
+            files[(DataKind.ROWSET_FILE, path.name)] = _native.CopyFile.open(str(path))
+        for segment in segments:
+            files[(DataKind.WAL_SEGMENT, segment.name)] = segment
         info = CopySessionInfo(
             session_id=session_id,
             idle_timeout_ms=self.idle_timeout_ms,
@@ -178,39 +187,38 @@ class CopySessionManager:
             cmeta=cmeta,
             rowset_manifest=snapshot.manifest_image,
             last_flushed_index=snapshot.last_flushed_index,
-            rowset_files=tuple(rowset_files),
-            wal_segments=tuple(wal_segments),
+            rowset_files=tuple(
+                DataFile(name, f.length)
+                for (kind, name), f in files.items()
+                if kind is DataKind.ROWSET_FILE
+            ),
+            wal_segments=tuple(DataFile(f.name, f.length) for f in segments),
         )
-        storage = replica.storage
-        assert storage is not None
         return CopySession(
-            info, replica, wal, storage, anchor, snapshot, paths, self._clock.now_ms()
+            info, replica, wal, storage, anchor, snapshot, files, self._clock.now_ms()
         )
+
+    def file(self, session_id: str, kind: DataKind, name: str) -> _native.CopyFile:
+        """The file ``name`` of the session, open, with the fixed length it is served with.
+        ``NotFoundError`` for an unknown session or a file not in it."""
+        session = self._touch(session_id)
+        file = session.files.get((kind, name))
+        if file is None:
+            raise NotFoundError(f"copy session {session_id} has no {kind.value} {name!r}")
+        return file
+
+    def chunk_length(self, max_length_bytes: int) -> int:
+        """The bytes of a chunk asked for with ``max_length_bytes`` (0: the chunk size)."""
+        return min(max_length_bytes or self.chunk_bytes, self.chunk_bytes)
 
     def fetch(
         self, session_id: str, kind: DataKind, name: str, offset: int, max_length_bytes: int
     ) -> DataChunk:
         """Reads one chunk (blocking; run it in a thread). ``NotFoundError`` for an unknown
         session or a file not in it, ``InvalidArgumentError`` for an offset past the end."""
-        session = self._touch(session_id)
-        path = session.paths.get((kind, name))
-        if path is None:
-            raise NotFoundError(f"copy session {session_id} has no {kind.value} {name!r}")
-        length = min(max_length_bytes or self.chunk_bytes, self.chunk_bytes)
-        fd = self._fd(session, path)
-        total = os.fstat(fd).st_size
-        if offset > total:
-            raise InvalidArgumentError(f"offset {offset} is past the end of {name} ({total} bytes)")
-        data = os.pread(fd, min(length, total - offset), offset)
-        return DataChunk(offset, data, total, _native.crc32c(data))
-
-    @staticmethod
-    def _fd(session: CopySession, path: Path) -> int:
-        with session.lock:
-            fd = session.fds.get(path)
-            if fd is None:
-                fd = session.fds[path] = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-            return fd
+        file = self.file(session_id, kind, name)
+        data, crc = file.read(offset, self.chunk_length(max_length_bytes))
+        return DataChunk(offset, data, file.length, crc)
 
     def _touch(self, session_id: str) -> CopySession:
         with self._lock:
@@ -232,10 +240,7 @@ class CopySessionManager:
 
     @staticmethod
     def _release(session: CopySession) -> None:
-        with session.lock:
-            fds, session.fds = session.fds, {}
-        for fd in fds.values():
-            os.close(fd)
+        session.files.clear()  # the files close once no chunk read holds them
         # A replica closed meanwhile (tombstoned, restarted) took its anchors and pins along.
         try:
             session.wal.release_anchor(session.anchor)
@@ -269,3 +274,22 @@ class CopySessionManager:
         """Ends every session (server shutdown)."""
         for sid in self.session_ids():
             self.end(sid, missing_ok=True)
+
+
+def _wal_image(wal: WalLog, flushed_index: int) -> list[_native.CopyFile]:
+    """The WAL's copy image, once it is durable through ``flushed_index``: the rowsets hold
+    every op up to there, so the copied log must reach it too. A leader has synced every op
+    it applied; a follower may apply an op its own log has not synced yet (the commit index
+    comes from the leader), so it waits for that sync here."""
+    deadline = time.monotonic() + DURABLE_WAIT_S
+    while True:
+        durable = wal.durable_index()  # before the image: it can only be at least this
+        image = wal.copy_image()
+        if durable >= flushed_index:
+            return image
+        if time.monotonic() > deadline:
+            raise TabletNotRunningError(
+                f"the WAL is durable through {durable} only, below the flushed index "
+                f"{flushed_index}, after {DURABLE_WAIT_S} s"
+            )
+        time.sleep(0.01)

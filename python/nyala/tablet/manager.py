@@ -7,12 +7,17 @@ startup"):
 
 * create: cmeta and storage first, the superblock last (its presence makes the replica exist;
   files without a superblock are leftovers of a crashed create and are cleared on retry);
-* tombstone: stop, write the superblock TOMBSTONED with the last-logged OpId, then delete data
-  and WAL. cmeta stays forever, so the replica can still vote and is never amnesiac;
-* delete: as tombstone, then cmeta, then the superblock last;
+* tombstone (seed 000, "Tablet deletion"): stop; for a replica that held data, make a
+  quarantine directory and copy the superblock into it (``nyala.tablet.quarantine``); write
+  the superblock TOMBSTONED with the last-logged OpId and the quarantine directory; copy cmeta
+  into the quarantine and move the WAL and data directories there (without a quarantine, as
+  for a failed or interrupted copy, they are deleted). cmeta stays forever, so the replica can
+  still vote and is never amnesiac;
+* delete: as tombstone (state DELETED), then cmeta, then the superblock last;
 * startup: ``DELETED`` → finish the removal; ``COPYING`` → tombstone; ``TOMBSTONED`` → finish
-  deleting data and WAL if a crash interrupted it; ``READY`` → open. A replica that fails to
-  open (or whose superblock is damaged) is ``FAILED`` with the reason; the others are unaffected.
+  moving (or deleting) data and WAL if a crash interrupted it; ``READY`` → open. A replica that
+  fails to open (or whose superblock is damaged) is ``FAILED`` with the reason; the others are
+  unaffected.
 
 Methods block on disk and are serialised by one lock; async callers run them in a thread.
 """
@@ -43,6 +48,7 @@ from nyala.errors import (
 )
 from nyala.schema import Schema
 from nyala.storage import FLUSH_THRESHOLD_BYTES
+from nyala.tablet.quarantine import CMETA_FILE, DATA_DIR, SUPERBLOCK_FILE, WAL_DIR, Quarantine
 from nyala.tablet.replica import ReplicaPaths, TabletReplica, TabletState
 from nyala.tablet.superblock import (
     DataState,
@@ -64,12 +70,14 @@ def is_tablet_id(name: str) -> bool:
 
 @dataclass(frozen=True)
 class TabletDirs:
-    """The four per-tablet directories of an fs root."""
+    """The four per-tablet directories of an fs root, and its quarantine (None: tombstones
+    delete at once, as in tools and tests that need no quarantine)."""
 
     tablet_meta: Path
     consensus_meta: Path
     wals: Path
     data: Path
+    quarantine: Path | None = None
 
     def paths(self, tablet_id: str) -> ReplicaPaths:
         """Where the files of ``tablet_id`` live."""
@@ -116,8 +124,12 @@ class TabletManager:
         wal_options: WalLogOptions | None = None,
         *,
         flush_threshold_bytes: int = FLUSH_THRESHOLD_BYTES,
+        quarantine: Quarantine | None = None,
     ) -> None:
         self.dirs = dirs
+        if quarantine is None and dirs.quarantine is not None:
+            quarantine = Quarantine(dirs.quarantine)
+        self.quarantine = quarantine
         self._wal_options = wal_options or WalLogOptions()
         self._flush_threshold_bytes = flush_threshold_bytes
         self._lock = threading.Lock()
@@ -157,9 +169,11 @@ class TabletManager:
                 return None
             if sb.data_state is DataState.COPYING:
                 # Seed 000 "Tablet startup" step 2: a half-copied replica deletes itself.
-                self._tombstone_files(replica, replica.last_logged_op_id(), "copy interrupted")
+                self._tombstone_files(
+                    replica, replica.last_logged_op_id(), "copy interrupted", quarantine=False
+                )
             elif sb.data_state is DataState.TOMBSTONED:
-                self._remove_data_and_wal(replica.paths)  # roll an interrupted tombstone forward
+                self._finish_quarantine(replica.paths, sb)  # roll an interrupted tombstone forward
                 replica.state = TabletState.STOPPED
                 replica.state_reason = f"tombstoned: {sb.state_reason}"
         except NyalaError as exc:
@@ -273,7 +287,12 @@ class TabletManager:
         with self._lock:
             if tablet_id in self._unreadable and delete_type is DataState.DELETED:
                 # The superblock is unreadable, but the files are still ours to remove.
-                self._remove_all(self.dirs.paths(tablet_id))
+                paths = self.dirs.paths(tablet_id)
+                qdir = self._begin_quarantine(paths)
+                if qdir is not None:
+                    Quarantine.copy_in(qdir, paths.cmeta, CMETA_FILE)
+                self._finish_quarantine(paths, None, qdir)
+                self._remove_all(paths)
                 del self._unreadable[tablet_id]
                 return
             replica = self._replicas.get(tablet_id)
@@ -285,11 +304,16 @@ class TabletManager:
                 return
             last_logged = replica.last_logged_op_id()
             replica.close()
+            held_data = state is DataState.READY
             if delete_type is DataState.TOMBSTONED:
-                self._tombstone_files(replica, last_logged, reason)
+                self._tombstone_files(replica, last_logged, reason, quarantine=held_data)
                 return
+            qdir = self._begin_quarantine(replica.paths) if held_data else None
             sb = replica.superblock.with_state(
-                DataState.DELETED, last_logged=last_logged, reason=reason
+                DataState.DELETED,
+                last_logged=last_logged,
+                reason=reason,
+                quarantine_dir="" if qdir is None else str(qdir),
             )
             write_superblock(replica.paths.superblock, sb)
             replica.superblock = sb
@@ -306,19 +330,54 @@ class TabletManager:
                 committed_opid_index=committed,
             )
 
-    def _tombstone_files(self, replica: TabletReplica, last_logged: OpId, reason: str) -> None:
+    def _tombstone_files(
+        self, replica: TabletReplica, last_logged: OpId, reason: str, *, quarantine: bool
+    ) -> None:
+        qdir = self._begin_quarantine(replica.paths) if quarantine else None
         sb = replica.superblock.with_state(
-            DataState.TOMBSTONED, last_logged=last_logged, reason=reason
+            DataState.TOMBSTONED,
+            last_logged=last_logged,
+            reason=reason,
+            quarantine_dir="" if qdir is None else str(qdir),
         )
         # The superblock goes first: from here on, startup rolls the deletion forward.
         write_superblock(replica.paths.superblock, sb)
         replica.superblock = sb
-        self._remove_data_and_wal(replica.paths)
+        self._finish_quarantine(replica.paths, sb)
         replica.state = TabletState.STOPPED
         replica.state_reason = f"tombstoned: {reason}" if reason else "tombstoned"
-        log.info("tombstoned tablet %s at last-logged op %s", replica.tablet_id, last_logged)
+        where = f", data and WAL quarantined in {qdir}" if qdir is not None else ""
+        log.info(
+            "tombstoned tablet %s at last-logged op %s%s", replica.tablet_id, last_logged, where
+        )
+
+    def _begin_quarantine(self, paths: ReplicaPaths) -> Path | None:
+        """Seed 000's deletion steps 2 and 3: a quarantine directory holding a copy of the
+        superblock as it is now (None when this server keeps no quarantine)."""
+        if self.quarantine is None:
+            return None
+        qdir = self.quarantine.new_dir(paths.superblock.name)
+        Quarantine.copy_in(qdir, paths.superblock, SUPERBLOCK_FILE)
+        return qdir
+
+    @staticmethod
+    def _finish_quarantine(
+        paths: ReplicaPaths, sb: Superblock | None, qdir: Path | None = None
+    ) -> None:
+        """Seed 000's deletion steps 5 and 6 (again after a crash): cmeta copied, WAL and data
+        moved into the superblock's quarantine directory; without one (or once it was purged),
+        WAL and data are deleted."""
+        if qdir is None and sb is not None and sb.quarantine_dir:
+            qdir = Path(sb.quarantine_dir)
+        if qdir is None or not qdir.is_dir():
+            TabletManager._remove_data_and_wal(paths)
+            return
+        Quarantine.copy_in(qdir, paths.cmeta, CMETA_FILE)
+        Quarantine.move_in(qdir, paths.wal_dir, WAL_DIR)
+        Quarantine.move_in(qdir, paths.data_dir, DATA_DIR)
 
     def _finish_delete(self, replica: TabletReplica) -> None:
+        self._finish_quarantine(replica.paths, replica.superblock)
         self._remove_all(replica.paths)
         self._replicas.pop(replica.tablet_id, None)
         log.info("deleted tablet %s", replica.tablet_id)
@@ -357,13 +416,15 @@ class TabletManager:
             if existing is None:
                 self._clear_leftovers(paths)
             else:
-                self._remove_data_and_wal(paths)
+                # A tombstone's leftovers (a roll-forward that has not run yet) go where it says.
+                self._finish_quarantine(paths, existing.superblock)
             last = None if existing is None else existing.superblock.tombstone_last_logged_opid
             sb = dataclasses.replace(
                 remote,
                 data_state=DataState.COPYING,
                 tombstone_last_logged_opid=last,
                 state_reason=reason,
+                quarantine_dir="",
             )
             write_superblock(paths.superblock, sb)
             paths.data_dir.mkdir(parents=True, exist_ok=True)
@@ -391,7 +452,7 @@ class TabletManager:
             if replica.runtime is None and replica.wal is not None:
                 replica.close()
             last = replica.superblock.tombstone_last_logged_opid or MIN_OP_ID
-            self._tombstone_files(replica, last, reason)
+            self._tombstone_files(replica, last, reason, quarantine=False)
 
     def startable(self) -> list[TabletReplica]:
         """Replicas whose files are open and whose Raft is not running yet."""

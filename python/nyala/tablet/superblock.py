@@ -17,8 +17,13 @@ Payload layout (UTF-8 JSON object, keys sorted)::
       "initial_config": <config, layout of nyala.consensus.metadata>,
       "data_state": "READY" | "COPYING" | "TOMBSTONED" | "DELETED",
       "tombstone_last_logged_opid": null | {"term": <int>, "index": <int>},
-      "state_reason": <str>
+      "state_reason": <str>,
+      "quarantine_dir": <str>          (optional; absent or "" = none)
     }
+
+``quarantine_dir`` is where a tombstone or delete in progress moves the replica's WAL and data
+(``nyala.tablet.quarantine``): written with the TOMBSTONED or DELETED state, so startup finishes
+the move into the same directory after a crash; cleared by any later state change.
 
 ``initial_config`` is the config the replica was created with; it is what makes a repeated
 CreateTablet recognisable as the same request (the committed config moves on in cmeta).
@@ -78,14 +83,25 @@ class Superblock:
     # Set when tombstoned: the last OpId the WAL held, so the replica can still vote.
     tombstone_last_logged_opid: OpId | None = None
     state_reason: str = ""  # why it was tombstoned or deleted
+    # Where a tombstone or delete moves the WAL and data ("" = removed, not quarantined).
+    quarantine_dir: str = ""
 
     def with_state(
-        self, state: DataState, *, last_logged: OpId | None = None, reason: str = ""
+        self,
+        state: DataState,
+        *,
+        last_logged: OpId | None = None,
+        reason: str = "",
+        quarantine_dir: str = "",
     ) -> Superblock:
         """The same replica in ``state``; a known last-logged OpId is never forgotten."""
         kept = last_logged if last_logged is not None else self.tombstone_last_logged_opid
         return dataclasses.replace(
-            self, data_state=state, tombstone_last_logged_opid=kept, state_reason=reason
+            self,
+            data_state=state,
+            tombstone_last_logged_opid=kept,
+            state_reason=reason,
+            quarantine_dir=quarantine_dir,
         )
 
 
@@ -163,6 +179,8 @@ def encode_superblock(sb: Superblock) -> bytes:
         else {"term": last.term, "index": last.index},
         "state_reason": sb.state_reason,
     }
+    if sb.quarantine_dir:
+        doc["quarantine_dir"] = sb.quarantine_dir
     return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
 
 
@@ -195,6 +213,7 @@ def decode_superblock(payload: bytes, *, name: str = "<superblock>") -> Superblo
             if last is None
             else OpId(int(last["term"]), int(last["index"])),
             state_reason=str(doc["state_reason"]),
+            quarantine_dir=str(doc.get("quarantine_dir", "")),
         )
     except (KeyError, TypeError, ValueError, InvalidArgumentError, CorruptionError) as e:
         raise CorruptionError(f"{name}: malformed superblock: {e!r}") from None

@@ -14,24 +14,19 @@ import json
 import logging
 from collections.abc import Callable
 
-from nyala._proto import (
-    tablet_copy_pb2_grpc,
-    tserver_admin_pb2_grpc,
-    tserver_pb2_grpc,
-)
+from nyala._proto import tserver_admin_pb2_grpc, tserver_pb2_grpc
 from nyala.consensus.core import ReplicaStatus
 from nyala.consensus.types import Role
-from nyala.errors import NyalaError, ServiceUnavailableError
+from nyala.errors import ServiceUnavailableError
 from nyala.rpc import HttpResponse, HttpServer, RpcServer
 from nyala.rpc.settings import MIB
 from nyala.server.base import ServerBase
 from nyala.server.consensus_service import ConsensusService, add_consensus_service
-from nyala.storage import StorageEngine
+from nyala.server.tablet_copy import TabletCopy, add_tablet_copy_service
 from nyala.tablet.replica import TabletReplica
 from nyala.tserver.scanners import ScannerRegistry
 from nyala.tserver.services import AdminService, TabletService
 from nyala.tserver.settings import TabletServerSettings
-from nyala.tserver.tablet_copy_service import TabletCopy
 from nyala.tserver.tablet_meta import TabletReport, peer_health
 
 log = logging.getLogger(__name__)
@@ -83,6 +78,7 @@ class TabletServer(ServerBase):
         self._replica_tasks: asyncio.TaskGroup | None = None
         self._flush_task: asyncio.Task[None] | None = None
         self._heartbeat_task: asyncio.Task[None] | None = None
+        self._quarantine_task: asyncio.Task[None] | None = None
         self.copy: TabletCopy | None = None
         self._copy_tasks: list[asyncio.Task[None]] = []
 
@@ -136,6 +132,7 @@ class TabletServer(ServerBase):
             tasks.create_task(self._shutdown_when_stopped(), name="shutdown")
             self._flush_task = tasks.create_task(self._flush_loop(), name="flush")
             tasks.create_task(self._memory_pressure_loop(), name="memory-pressure")
+            self._quarantine_task = tasks.create_task(self._quarantine_loop(), name="quarantine")
             if self.settings.masters:
                 self._heartbeat_task = tasks.create_task(self._heartbeat(), name="heartbeater")
             if self.copy is not None:
@@ -204,22 +201,8 @@ class TabletServer(ServerBase):
             ),
         )
         if self.copy is not None:
-            server.add_service(
-                tablet_copy_pb2_grpc.add_TabletCopyServiceServicer_to_server,
-                self.copy.service(self._rpc_metrics),
-            )
+            server.add_service(add_tablet_copy_service, self.copy.service(self._rpc_metrics))
         return server
-
-    async def _flush_loop(self) -> None:
-        """Flushes every running replica's MemRowSet every ``flush_interval_ms``."""
-        assert self.tablets is not None
-        while not self._stopping:
-            await asyncio.sleep(self.settings.flush_interval_ms / 1000)
-            for replica in self.tablets.replicas():
-                storage = replica.storage
-                if storage is None or self._stopping or not storage.stats()["mem_rows"]:
-                    continue
-                await self._flush(replica.tablet_id, storage)
 
     async def _memory_pressure_loop(self) -> None:
         """Flushes the largest MemRowSets while all of them together exceed
@@ -236,14 +219,6 @@ class TabletServer(ServerBase):
                 if self._stopping:
                     return
                 await self._flush(tablet_id, storages[tablet_id])
-
-    async def _flush(self, tablet_id: str, storage: StorageEngine) -> None:
-        """Flushes one replica's MemRowSet off the event loop. A failure is logged: the rows
-        stay in memory and in the WAL, and the next round tries again."""
-        try:
-            await asyncio.to_thread(storage.flush)
-        except NyalaError as exc:
-            log.warning("flush of tablet %s failed: %s", tablet_id, exc)
 
     async def _heartbeat(self) -> None:
         """Heartbeats to every master (``nyala.tserver.heartbeater``) until cancelled."""
@@ -272,6 +247,8 @@ class TabletServer(ServerBase):
             self._flush_task.cancel()  # it may sleep for flush_interval_ms
         if self._heartbeat_task is not None:
             self._heartbeat_task.cancel()
+        if self._quarantine_task is not None:
+            self._quarantine_task.cancel()
         for task in self._copy_tasks:
             task.cancel()
         if self.copy is not None:

@@ -6,7 +6,7 @@ and turns exceptions into ``ErrorPB``) and delegate to the hosted replicas: a wr
 to the tablet's Raft leader and answered with its per-row results once committed and applied;
 the tablet manager's blocking disk work runs in a worker thread so the event loop keeps serving.
 Consensus RPCs are ``nyala.server.consensus_service``'s, tablet copy's
-``nyala.tserver.tablet_copy_service``'s.
+``nyala.server.tablet_copy``'s.
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ use crate::metrics::Metrics;
 use crate::options::SyncPolicy;
 use crate::pipeline::{GroupToSync, Pipeline};
 use crate::shared::{
-    Request, Shared, Ticket, PROFILE_GROUPS_MIN, SEGMENTS_PREPARED_AHEAD,
+    DataPosition, Request, Shared, Ticket, PROFILE_GROUPS_MIN, SEGMENTS_PREPARED_AHEAD,
     SEGMENTS_PREPARED_AHEAD_MAX,
 };
 
@@ -313,11 +313,16 @@ impl Appender {
         let last_ticket = self.group_last_ticket.take()?;
         let syncing = self.shared.options.sync_policy == SyncPolicy::Group && !written.is_empty();
         let mut pipeline = self.pipeline.lock();
+        let end = DataPosition {
+            sequence: self.active.sequence(),
+            offset: self.active.write_end(),
+        };
         let id = pipeline.register(
             last_ticket,
             self.log_last,
             mem::take(&mut self.group_entries),
             mem::take(&mut self.group_batches),
+            end,
             !syncing,
         );
         if !syncing {
@@ -417,6 +422,8 @@ impl Appender {
         // The close first (it writes no sync, so it is quick): GC can then collect the
         // finished segment as soon as the caller expects it to.
         let (segment, write_end) = old.into_written();
+        // Before any group of the new segment can publish: a copy image reads it.
+        segment.data_end.store(write_end, Ordering::Release);
         self.background.send(Job::Close { segment, write_end });
         debug_assert_eq!(active_sequence, self.active.sequence());
         self.request_preparations();

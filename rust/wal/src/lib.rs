@@ -20,6 +20,7 @@ mod appender;
 mod background;
 mod buffers;
 mod committers;
+mod copy_image;
 mod entry;
 mod error;
 mod faults;
@@ -38,6 +39,7 @@ mod recovery;
 mod segment;
 mod shared;
 
+pub use copy_image::SegmentImage;
 pub use entry::{Entry, EntryRef, EntryType};
 pub use error::{Result, WalError};
 pub use faults::FaultInjection;

@@ -26,6 +26,7 @@ use crate::active_segment::ActiveSegment;
 use crate::appender::Appender;
 use crate::background::Background;
 use crate::committers::Committers;
+use crate::copy_image::{self, SegmentImage};
 use crate::entry::{Entry, EntryRef};
 use crate::error::{Result, WalError};
 use crate::faults::FaultInjection;
@@ -39,7 +40,8 @@ use crate::reader::{self, EntryIter};
 use crate::recovery;
 use crate::segment::{self, Preallocation, SegmentFile};
 use crate::shared::{
-    Anchors, AppendTicket, GroupProfile, Queue, Shared, Ticket, ARENA_PAYLOAD_BYTES_MAX,
+    Anchors, AppendTicket, DataPosition, GroupProfile, Queue, Shared, Ticket,
+    ARENA_PAYLOAD_BYTES_MAX,
 };
 
 /// A registered log anchor: GC keeps every entry at or after its index.
@@ -90,6 +92,7 @@ impl Log {
             durable_ticket: AtomicU64::new(0),
             syncs_in_flight: AtomicUsize::new(0),
             durable_index: AtomicU64::new(last.index),
+            durable_end: Mutex::new(DataPosition::default()),
             failure: Mutex::new(None),
             failed: AtomicBool::new(false),
             index: RwLock::new(recovered.index),
@@ -382,6 +385,18 @@ impl Log {
         &self.shared.dir
     }
 
+    /// A consistent image of the log's durable data, for a tablet copy: every segment up to
+    /// the one holding the durable end, each with a fixed length (a closed segment whole,
+    /// the others cut at their data's end, the last at the durable end). Those bytes never
+    /// change while the log lives, whatever is appended meanwhile, so the image can be read
+    /// piece by piece; the whole-page rewrites of the active segment's tail only rewrite
+    /// bytes before the write position with what they held. The image holds its segments
+    /// open: a segment GC'd meanwhile is deleted, never recycled, and stays readable. Anchor
+    /// the entries the reader needs first, or GC may remove a segment before it is captured.
+    pub fn copy_image(&self) -> Result<Vec<SegmentImage>> {
+        copy_image::capture(&self.shared)
+    }
+
     /// Paths of the segments currently open, oldest first (the last is being appended to).
     pub fn segment_paths(&self) -> Vec<PathBuf> {
         self.shared
@@ -532,6 +547,9 @@ fn finish_recovery(
         if !recovered.has_footer {
             segment::repair_segment(&segment, recovered.scan_valid_end)?;
         }
+        segment
+            .data_end
+            .store(recovered.scan_valid_end, Ordering::Release);
         segment.closed.store(true, Ordering::Release);
         table.push_back(Arc::new(segment));
     }
@@ -578,6 +596,11 @@ fn finish_recovery(
         }
     };
     table.push_back(Arc::clone(active.segment()));
+    // Everything recovered is durable, and the active segment holds only its header.
+    *shared.durable_end.lock() = DataPosition {
+        sequence: active.sequence(),
+        offset: active.write_end(),
+    };
     segment::sync_dir(&shared.dir)?;
     // That sync covered the active segment's name too, prepared without syncs or not.
     active.segment().name_durable.store(true, Ordering::Release);

@@ -19,7 +19,7 @@ use nyala_common::OpIndex;
 
 use crate::active_segment::SyncTarget;
 use crate::metrics::Metrics;
-use crate::shared::{Shared, Ticket};
+use crate::shared::{DataPosition, Shared, Ticket};
 
 /// A written group whose durability is not published yet.
 struct PendingGroup {
@@ -29,6 +29,8 @@ struct PendingGroup {
     log_last: OpIndex,
     entries: u64,
     batches: u64,
+    /// Where the log's data ends once this group is written.
+    end: DataPosition,
     synced: bool,
 }
 
@@ -59,6 +61,7 @@ impl Pipeline {
             metrics.record_group(group.entries);
             Metrics::add(&metrics.entries_appended, group.entries);
             Metrics::add(&metrics.batches_appended, group.batches);
+            *shared.durable_end.lock() = group.end;
             shared
                 .durable_index
                 .store(group.log_last, Ordering::Release);
@@ -85,6 +88,7 @@ impl Pipeline {
         log_last: OpIndex,
         entries: u64,
         batches: u64,
+        end: DataPosition,
         synced: bool,
     ) -> u64 {
         let id = self.next_id;
@@ -95,6 +99,7 @@ impl Pipeline {
             log_last,
             entries,
             batches,
+            end,
             synced,
         });
         id

@@ -59,6 +59,9 @@ pub(crate) struct SegmentFile {
     pub entry_count: AtomicU64,
     pub min_index: AtomicU64,
     pub max_index: AtomicU64,
+    /// Offset just past the last batch, once the segment is no longer appended to (rolled
+    /// over, or found by recovery); 0 while it is the active segment.
+    pub data_end: AtomicU64,
     /// Set once the footer is durable; only closed segments may be garbage-collected.
     pub closed: AtomicBool,
     /// Whether the segment's name is known durable in its directory. A segment prepared
@@ -76,6 +79,7 @@ impl SegmentFile {
             entry_count: AtomicU64::new(0),
             min_index: AtomicU64::new(0),
             max_index: AtomicU64::new(0),
+            data_end: AtomicU64::new(0),
             closed: AtomicBool::new(false),
             name_durable: AtomicBool::new(true),
         }

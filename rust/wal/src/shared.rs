@@ -44,6 +44,13 @@ pub struct AppendTicket {
     pub last_index: OpIndex,
 }
 
+/// A byte position in the log: an offset in segment `sequence`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) struct DataPosition {
+    pub sequence: u64,
+    pub offset: u64,
+}
+
 /// A queued request; the appender handles them strictly in ticket order.
 pub(crate) struct Request {
     pub ticket: Ticket,
@@ -240,6 +247,10 @@ pub(crate) struct Shared {
     pub syncs_in_flight: AtomicUsize,
     /// Last entry index that is durable (drops on truncation).
     pub durable_index: AtomicU64,
+    /// Where the durable data ends: every byte of the log before it is durable and never
+    /// changes again (`copy_image`). Raised with `durable_ticket`, in group order; unlike
+    /// `durable_index` it never drops (a truncation is a frame after it, not a rewrite).
+    pub durable_end: Mutex<DataPosition>,
     /// Set, with the first error, when a write or sync failed; never cleared.
     pub failure: Mutex<Option<(ErrorKind, String)>>,
     pub failed: AtomicBool,

@@ -1,6 +1,7 @@
 """StartTabletCopy's checks on the target (seed 000's state table): ALREADY_INPROGRESS for a
 repeat, THROTTLED beyond the concurrency bound, a stale caller term refused against a
-tombstone's last-logged term, and cancellation of a running job."""
+tombstone's last-logged term, a caller whose view of the replica's last-logged OpId is out of
+date refused (seed 000's idempotency), and cancellation of a running job."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from nyala.consensus.runtime.cmeta_store import FileCmetaStore
 from nyala.consensus.types import OpId, RaftConfig, RaftPeer
 from nyala.errors import AlreadyInProgressError, IllegalStateError, ThrottledError
 from nyala.schema import Column, Schema
+from nyala.tablet.copy_io import CopyIoPool
 from nyala.tablet.copy_jobs import JobState, TabletCopyJobs
 from nyala.tablet.copy_source import CopySessionInfo, DataChunk, DataKind
 from nyala.tablet.manager import TabletDirs, TabletManager
@@ -75,6 +77,7 @@ def test_start_checks_and_cancel(tmp_path: Path) -> None:
             connect=lambda uuid, addr: StuckSource(),
             stop_replica=_noop_stop,
             start_replica=_noop_start,
+            io=CopyIoPool(1),
             concurrency_max=1,
         )
         async with asyncio.TaskGroup() as group:
@@ -82,6 +85,9 @@ def test_start_checks_and_cancel(tmp_path: Path) -> None:
             # A deposed leader (term 5 < the tombstone's term 6) is refused.
             with pytest.raises(IllegalStateError, match="stale"):
                 jobs.start("1" * 32, "src", "h:1", caller_term=5)
+            # A caller that saw a running log: the tombstone is not the log it judged.
+            with pytest.raises(IllegalStateError, match="probe it again"):
+                jobs.start("1" * 32, "src", "h:1", caller_term=6, target_last_op_id=OpId(5, 70))
             job = jobs.start("1" * 32, "src", "h:1", caller_term=6)
             with pytest.raises(AlreadyInProgressError):
                 jobs.start("1" * 32, "src", "h:1", caller_term=6)

@@ -63,6 +63,20 @@ def test_session_serves_its_image_and_expiry_releases_pins_and_anchor(tmp_path: 
     assert data == (replica.paths.data_dir / first.name).read_bytes()
     with pytest.raises(NotFoundError):
         sessions.fetch(info.session_id, DataKind.ROWSET_FILE, "../../etc/passwd", 0, 0)
+
+    # The live WAL segment is served up to its durable end when the session began, whatever
+    # is appended later.
+    segment = info.wal_segments[-1]
+    replica.wal.append(1, EntryKind.NO_OP, b"x" * 5000)
+    assert replica.wal.wait_durable(10)
+    live = replica.wal.segment_paths()[-1]
+    served = b""
+    while len(served) < segment.size_bytes:
+        chunk = sessions.fetch(info.session_id, DataKind.WAL_SEGMENT, segment.name, len(served), 0)
+        assert chunk.total_bytes == segment.size_bytes
+        served += chunk.data
+    assert served == live.read_bytes()[: segment.size_bytes]
+    assert len(live.read_bytes().rstrip(b"\0")) > segment.size_bytes  # it did grow
     with pytest.raises(InvalidArgumentError):
         sessions.fetch(info.session_id, DataKind.ROWSET_FILE, first.name, first.size_bytes + 1, 0)
 

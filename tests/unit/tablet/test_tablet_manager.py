@@ -1,4 +1,5 @@
-"""TabletManager on a real fs layout: create, reopen, tombstone, delete, crash roll-forward."""
+"""TabletManager on a real fs layout: create, reopen, tombstone, delete, crash roll-forward, and
+the quarantine of what tombstones and deletes take away (moved, copied, purged)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from nyala.consensus.runtime.wal_log import WalLogOptions
 from nyala.consensus.types import EntryKind, OpId, RaftConfig, RaftPeer
 from nyala.schema import Column, Schema
 from nyala.tablet import DataState, Partition, TabletDirs, TabletManager
+from nyala.tablet.quarantine import Quarantine
 from nyala.tablet.replica import OPENED_REASON, TabletState
 from nyala.tablet.superblock import (
     Superblock,
@@ -302,3 +304,155 @@ def test_leftovers_of_a_crashed_create_are_cleared_by_the_retry(dirs: TabletDirs
     assert FileCmetaStore(paths.cmeta).load().committed_config == CONFIG
     assert not (paths.data_dir / "junk").exists()
     manager.shutdown()
+
+
+# --- quarantine ----------------------------------------------------------------------------
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now_s = 1_700_000_000.0
+
+    def __call__(self) -> float:
+        return self.now_s
+
+
+def _quarantined(dirs: TabletDirs, clock: _Clock, free: list[int]) -> TabletManager:
+    assert dirs.quarantine is not None
+    quarantine = Quarantine(
+        dirs.quarantine,
+        retention_s=3600,
+        disk_free_bytes_min=100,
+        now_s=clock,
+        disk_free_bytes=lambda _: free[0],
+    )
+    manager = TabletManager(dirs, WAL_OPTIONS, quarantine=quarantine)
+    manager.open_all()
+    return manager
+
+
+def test_tombstone_quarantines_wal_and_data_with_copies_of_superblock_and_cmeta(
+    tmp_path: Path,
+) -> None:
+    dirs = _dirs_with_quarantine(tmp_path)
+    clock = _Clock()
+    manager = _quarantined(dirs, clock, [10**12])
+    _create(manager)
+    replica = manager.replica(T1)
+    assert replica.wal is not None
+    assert replica.storage is not None
+    replica.wal.append(1, EntryKind.NO_OP, b"")
+    assert replica.wal.wait_durable(10.0)
+    replica.storage.write({"id": [1, 2], "v": ["a", "b"]}, "insert", 1)
+    replica.storage.flush()
+    paths = dirs.paths(T1)
+    wal_files = sorted(p.name for p in paths.wal_dir.iterdir())
+    data_files = sorted(p.name for p in paths.data_dir.iterdir())
+    before = paths.superblock.read_bytes()
+    manager.delete_tablet(T1, DataState.TOMBSTONED, reason="moved away")
+
+    assert manager.quarantine is not None
+    [entry] = manager.quarantine.entries()
+    assert entry.tablet_id == T1
+    assert entry.created_s == clock.now_s
+    q = entry.path
+    assert (q / "superblock").read_bytes() == before  # the READY superblock, as it was
+    assert read_superblock(q / "superblock").data_state is DataState.READY
+    assert FileCmetaStore(q / "cmeta").load().committed_config == CONFIG
+    assert sorted(p.name for p in (q / "wal").iterdir()) == wal_files
+    assert sorted(p.name for p in (q / "data").iterdir()) == data_files
+    assert not paths.wal_dir.exists()
+    assert not paths.data_dir.exists()
+    sb = read_superblock(paths.superblock)
+    assert sb.data_state is DataState.TOMBSTONED
+    assert sb.quarantine_dir == str(q)
+    assert paths.cmeta.exists()  # the tombstone still votes
+
+
+def test_startup_finishes_moving_an_interrupted_tombstone_into_its_quarantine(
+    tmp_path: Path,
+) -> None:
+    dirs = _dirs_with_quarantine(tmp_path)
+    clock = _Clock()
+    manager = _quarantined(dirs, clock, [10**12])
+    _create(manager)
+    manager.shutdown()
+    assert manager.quarantine is not None
+    paths = dirs.paths(T1)
+    # A crash right after the TOMBSTONED superblock naming the quarantine was written.
+    qdir = manager.quarantine.new_dir(T1)
+    sb = read_superblock(paths.superblock).with_state(
+        DataState.TOMBSTONED, last_logged=OpId(1, 1), quarantine_dir=str(qdir)
+    )
+    write_superblock(paths.superblock, sb)
+    again = _quarantined(dirs, clock, [10**12])
+    assert _statuses(again) == {T1: ("STOPPED", "TOMBSTONED")}
+    assert (qdir / "wal").is_dir()
+    assert (qdir / "data").is_dir()
+    assert (qdir / "cmeta").exists()
+    assert not paths.wal_dir.exists()
+    assert not paths.data_dir.exists()
+
+
+def test_delete_quarantines_then_removes_cmeta_and_superblock(tmp_path: Path) -> None:
+    dirs = _dirs_with_quarantine(tmp_path)
+    manager = _quarantined(dirs, _Clock(), [10**12])
+    _create(manager)
+    manager.delete_tablet(T1, DataState.DELETED, reason="table dropped")
+    paths = dirs.paths(T1)
+    for p in (paths.superblock, paths.cmeta, paths.data_dir, paths.wal_dir):
+        assert not p.exists(), p
+    assert manager.quarantine is not None
+    [entry] = manager.quarantine.entries()
+    assert {p.name for p in entry.path.iterdir()} == {"superblock", "cmeta", "wal", "data"}
+
+
+def test_quarantine_is_purged_after_its_retention_and_while_the_disk_is_short(
+    tmp_path: Path,
+) -> None:
+    dirs = _dirs_with_quarantine(tmp_path)
+    clock = _Clock()
+    free = [10**12]
+    manager = _quarantined(dirs, clock, free)
+    quarantine = manager.quarantine
+    assert quarantine is not None
+    for tablet_id in (T1, T2):
+        _create(manager, tablet_id)
+        manager.delete_tablet(tablet_id, DataState.TOMBSTONED)
+        clock.now_s += 1000
+    assert [e.tablet_id for e in quarantine.entries()] == [T1, T2]
+    assert quarantine.enforce() == []  # young enough, and the disk has room
+    clock.now_s += 1700  # T1's entry is 3700 s old, T2's 2700 s
+    assert [e.tablet_id for e in quarantine.enforce()] == [T1]
+    free[0] = 50  # short of the 100 bytes asked for: the oldest goes, however young
+    assert [e.tablet_id for e in quarantine.enforce()] == [T2]
+    assert quarantine.entries() == []
+
+
+def test_a_failed_copy_is_not_quarantined(tmp_path: Path) -> None:
+    dirs = _dirs_with_quarantine(tmp_path)
+    manager = _quarantined(dirs, _Clock(), [10**12])
+    _create(manager)
+    manager.shutdown()
+    paths = dirs.paths(T1)
+    sb = read_superblock(paths.superblock).with_state(DataState.COPYING)
+    write_superblock(paths.superblock, sb)
+    again = _quarantined(dirs, _Clock(), [10**12])
+    assert _statuses(again) == {T1: ("STOPPED", "TOMBSTONED")}
+    assert again.quarantine is not None
+    assert again.quarantine.entries() == []
+    assert not paths.wal_dir.exists()
+    assert not paths.data_dir.exists()
+
+
+def _dirs_with_quarantine(tmp_path: Path) -> TabletDirs:
+    d = TabletDirs(
+        tablet_meta=tmp_path / "tablet-meta",
+        consensus_meta=tmp_path / "consensus-meta",
+        wals=tmp_path / "wals",
+        data=tmp_path / "data",
+        quarantine=tmp_path / "quarantine",
+    )
+    for p in (d.tablet_meta, d.consensus_meta, d.wals, d.data):
+        p.mkdir()
+    return d

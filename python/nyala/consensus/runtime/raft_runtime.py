@@ -184,6 +184,11 @@ class RaftRuntime:
         """Whether the runtime's task is live and has not failed."""
         return self._loop is not None and self._failure is None
 
+    @property
+    def ended(self) -> bool:
+        """Whether the runtime's task has stopped or failed (False before it first ran)."""
+        return self._failure is not None or (self._task is not None and self._task.done())
+
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         fd = self._notifier.notification_fd() if self._notifier is not None else None

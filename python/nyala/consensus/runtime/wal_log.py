@@ -321,6 +321,12 @@ class WalLog:
         deleted, recycled, first_index = self._log.gc()
         return deleted + recycled, first_index
 
+    def copy_image(self) -> list[_native.CopyFile]:
+        """A consistent image of the durable log for a tablet copy: one file per segment up to
+        the durable end, each with a fixed length that appends do not change (see
+        ``rust/wal/src/copy_image.rs``). Anchor what the copy needs first."""
+        return self._log.copy_image()
+
     def segment_paths(self) -> list[Path]:
         """The live segment files, oldest first (the last is being appended to)."""
         return [Path(p) for p in self._log.segment_paths()]

@@ -1,19 +1,24 @@
-"""Tablet copy on a tablet server: the ``TabletCopyService`` RPCs and their wiring.
+"""Tablet copy on a server: the ``TabletCopyService`` RPCs and their wiring.
 
-``TabletCopy`` is the server's tablet-copy component. It owns
+Tablet servers and masters both host it (a master copies the sys catalog to a new master whose
+WAL could not catch it up). ``TabletCopy`` is the server's tablet-copy component. It owns
 
 * the source side: a ``CopySessionManager`` behind BeginTabletCopySession / FetchData /
-  EndTabletCopySession, with a loop that expires idle sessions;
+  EndTabletCopySession, with a loop that expires idle sessions. FetchData answers are built by
+  ``nyala._native.CopyFile.read_message``: the chunk is read straight into the serialized
+  answer on the copy I/O pool, with no other copy;
 * the target side: ``TabletCopyJobs`` behind StartTabletCopy / ListTabletCopies /
-  CancelTabletCopy and the ``/tablet-copies`` page, downloading through ``GrpcCopySource``;
+  CancelTabletCopy and the ``/tablet-copies`` page, downloading through ``GrpcCopySource``,
+  which takes each chunk from the received answer without a copy;
+* the copy I/O pool (``CopyIoPool``), the bounded threads both sides read, check and write on;
 * auto-vivification on leaders: each replica's runtime reports a follower that needs a copy
   (``StartTabletCopy`` effect) and its transport reports a follower answering
   TABLET_NOT_FOUND; ``TabletCopy`` then sends StartTabletCopy to that follower, one call in
   flight per follower, again on every report until the follower answers with a log;
 * periodic WAL GC of every replica (anchors: unflushed ops and copy sessions).
 
-The server creates it, registers its service, starts its loops in its task group and hooks
-every replica it starts (``hook_replica``).
+The server creates it, registers its service (``add_tablet_copy_service``), starts its loops
+in its task group and hooks every replica it starts (``hook_replica``).
 """
 
 from __future__ import annotations
@@ -22,11 +27,15 @@ import asyncio
 import json
 import logging
 
+import grpc
+
+from nyala import _native
 from nyala._proto import common_pb2, tablet_copy_pb2, tablet_copy_pb2_grpc
 from nyala.common.clock import RealClock
 from nyala.consensus.effects import StartTabletCopy
 from nyala.consensus.metadata import decode_cmeta
 from nyala.consensus.runtime.transport import GrpcTransport
+from nyala.consensus.types import OpId
 from nyala.errors import (
     CorruptionError,
     InvalidArgumentError,
@@ -35,11 +44,15 @@ from nyala.errors import (
 )
 from nyala.rpc import Context, HttpResponse, RpcMetrics, ServiceBase, unary
 from nyala.rpc.channel import ServerProxy
-from nyala.rpc.errors import join_host_port, split_host_port
+from nyala.rpc.errors import join_host_port, raise_for_response, split_host_port
+from nyala.rpc.server import DeserializerOverride
+from nyala.rpc.service import unary_serialized
 from nyala.rpc.settings import RpcSettings
 from nyala.server.convert import config_to_pb
+from nyala.server.settings import ServerSettings
 from nyala.tablet import TabletManager
 from nyala.tablet.copy_client import DownloadOptions
+from nyala.tablet.copy_io import CopyIoPool
 from nyala.tablet.copy_jobs import CopyJob, StartReplica, StopReplica, TabletCopyJobs
 from nyala.tablet.copy_source import (
     CopySessionInfo,
@@ -49,7 +62,6 @@ from nyala.tablet.copy_source import (
     DataKind,
 )
 from nyala.tablet.replica import TabletReplica
-from nyala.tserver.settings import TabletServerSettings
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +71,9 @@ _KIND_TO_PB = {
 }
 _PB_TO_KIND = {v: k for k, v in _KIND_TO_PB.items()}
 SESSION_EXPIRY_CHECK_S = 5.0
+#: ``FetchDataResponsePB.data``: appended by the source after the rest of the answer, taken
+#: from the received answer by the target.
+_DATA_FIELD = tablet_copy_pb2.FetchDataResponsePB.DESCRIPTOR.fields_by_name["data"].number
 
 
 def job_to_pb(job: CopyJob) -> tablet_copy_pb2.TabletCopyJobPB:
@@ -74,6 +89,34 @@ def job_to_pb(job: CopyJob) -> tablet_copy_pb2.TabletCopyJobPB:
         rate_bytes_per_s=job.rate_bytes_per_s,
         elapsed_s=job.elapsed_s,
         error=job.error,
+    )
+
+
+def fetch_data_answer(file: _native.CopyFile, offset: int, length: int) -> bytes:
+    """The serialized ``FetchDataResponsePB`` of the chunk at ``offset`` (blocking: a read)."""
+
+    def prefix(crc32c: int, _length: int) -> bytes:
+        chunk = tablet_copy_pb2.DataChunkPB(
+            offset=offset, total_data_length_bytes=file.length, crc32c=crc32c
+        )
+        return tablet_copy_pb2.FetchDataResponsePB(chunk=chunk).SerializeToString()
+
+    return file.read_message(offset, length, _DATA_FIELD, prefix)
+
+
+def chunk_from_answer(answer: bytes) -> DataChunk:
+    """The chunk of a serialized ``FetchDataResponsePB``, its data a view into ``answer``;
+    raises the answer's error if it has one."""
+    head, data_range = _native.split_proto_field(answer, _DATA_FIELD)
+    try:
+        pb = tablet_copy_pb2.FetchDataResponsePB.FromString(head)
+    except Exception as exc:  # protobuf's DecodeError: a malformed answer
+        raise CorruptionError(f"malformed FetchData answer: {exc}") from None
+    raise_for_response(pb)
+    start, end = data_range if data_range is not None else (0, 0)
+    chunk = pb.chunk
+    return DataChunk(
+        chunk.offset, memoryview(answer)[start:end], chunk.total_data_length_bytes, chunk.crc32c
     )
 
 
@@ -108,7 +151,7 @@ class GrpcCopySource:
     async def fetch(
         self, session_id: str, kind: DataKind, name: str, offset: int, max_length_bytes: int
     ) -> DataChunk:
-        """FetchData."""
+        """FetchData; the chunk's data is a view into the received answer."""
         proxy = self._proxy
         request = tablet_copy_pb2.FetchDataRequestPB(
             dest_uuid=self._source_uuid,
@@ -117,9 +160,10 @@ class GrpcCopySource:
             offset=offset,
             max_length_bytes=max_length_bytes,
         )
-        pb = await proxy.admin_call(proxy.tablet_copy.FetchData, request)
-        chunk = pb.chunk
-        return DataChunk(chunk.offset, chunk.data, chunk.total_data_length_bytes, chunk.crc32c)
+        answer = await proxy.call_serialized(
+            proxy.fetch_data_serialized, request, proxy.settings.admin_timeout_ms
+        )
+        return chunk_from_answer(answer)
 
     async def end(self, session_id: str, success: bool) -> None:
         """EndTabletCopySession."""
@@ -137,12 +181,12 @@ class GrpcCopySource:
 
 
 class TabletCopy:
-    """The tablet-copy component of one tablet server (see the module docstring)."""
+    """The tablet-copy component of one server (see the module docstring)."""
 
     def __init__(
         self,
         server_uuid: str,
-        settings: TabletServerSettings,
+        settings: ServerSettings,
         tablets: TabletManager,
         *,
         start_replica: StartReplica,
@@ -151,6 +195,7 @@ class TabletCopy:
         self.uuid = server_uuid
         self.settings = settings
         self.tablets = tablets
+        self.io = CopyIoPool(settings.tablet_copy_io_threads_max)
         self.sessions = CopySessionManager(
             RealClock(),
             idle_timeout_ms=settings.tablet_copy_session_idle_timeout_ms,
@@ -163,9 +208,11 @@ class TabletCopy:
             ),
             stop_replica=stop_replica,
             start_replica=start_replica,
+            io=self.io,
             options=DownloadOptions(
                 chunk_bytes=settings.tablet_copy_chunk_bytes,
                 parallel_files_max=settings.tablet_copy_parallel_files_max,
+                chunks_in_flight_max=settings.tablet_copy_chunks_in_flight_max,
                 rate_bytes_per_s=settings.tablet_copy_rate_bytes_per_s,
             ),
             concurrency_max=settings.tablet_copy_concurrency_max,
@@ -195,6 +242,7 @@ class TabletCopy:
         proxies, self._proxies = self._proxies, {}
         for proxy in proxies.values():
             await proxy.close()
+        self.io.close()
 
     async def _expire_sessions_loop(self) -> None:
         while True:
@@ -238,27 +286,40 @@ class TabletCopy:
         self._vivifying.add(key)
         group.create_task(self._send_start_copy(replica, effect, key))
 
+    def _start_copy_request(
+        self, replica: TabletReplica, effect: StartTabletCopy
+    ) -> tuple[str, tablet_copy_pb2.StartTabletCopyRequestPB] | None:
+        """The follower's address and the request, or None if either end left the config."""
+        runtime, wal = replica.runtime, replica.wal
+        if runtime is None or wal is None:
+            return None
+        config = runtime.core.active_config
+        peer, me = config.peer(effect.peer_uuid), config.peer(self.uuid)
+        if peer is None or me is None or not peer.address or not me.address:
+            return None
+        host, port = split_host_port(me.address)
+        request = tablet_copy_pb2.StartTabletCopyRequestPB(
+            dest_uuid=effect.peer_uuid,
+            tablet_id=replica.tablet_id,
+            copy_peer_uuid=self.uuid,
+            copy_peer_addr=common_pb2.HostPortPB(host=host, port=port),
+            caller_term=effect.term,
+            caller_log_first_index=wal.first_index(),
+        )
+        seen = effect.target_last_op_id
+        if seen is not None:
+            request.target_last_op_id.CopyFrom(common_pb2.OpIdPB(term=seen.term, index=seen.index))
+        return peer.address, request
+
     async def _send_start_copy(
         self, replica: TabletReplica, effect: StartTabletCopy, key: tuple[str, str]
     ) -> None:
         try:
-            runtime, wal = replica.runtime, replica.wal
-            if runtime is None or wal is None:
+            built = self._start_copy_request(replica, effect)
+            if built is None:
                 return
-            config = runtime.core.active_config
-            peer, me = config.peer(effect.peer_uuid), config.peer(self.uuid)
-            if peer is None or me is None or not peer.address or not me.address:
-                return
-            host, port = split_host_port(me.address)
-            request = tablet_copy_pb2.StartTabletCopyRequestPB(
-                dest_uuid=effect.peer_uuid,
-                tablet_id=replica.tablet_id,
-                copy_peer_uuid=self.uuid,
-                copy_peer_addr=common_pb2.HostPortPB(host=host, port=port),
-                caller_term=effect.term,
-                caller_log_first_index=wal.first_index(),
-            )
-            proxy = self._proxy(peer.address)
+            address, request = built
+            proxy = self._proxy(address)
             response = await proxy.call(proxy.tablet_copy.StartTabletCopy, request)
             log.info(
                 "tablet %s: %s copies it from here (job %s)",
@@ -298,8 +359,15 @@ class TabletCopy:
         return HttpResponse(200, body.encode() + b"\n", "application/json")
 
     def service(self, metrics: RpcMetrics) -> TabletCopyService:
-        """The RPC service over this component."""
+        """The RPC service over this component (register it with ``add_tablet_copy_service``)."""
         return TabletCopyService(self, metrics)
+
+
+def add_tablet_copy_service(servicer: TabletCopyService, server: grpc.aio.Server) -> None:
+    """Registers the TabletCopyService, FetchData answering with the bytes its handler
+    serialized (``fetch_data_answer``)."""
+    override = DeserializerOverride(server, {}, frozenset({"FetchData"}))
+    tablet_copy_pb2_grpc.add_TabletCopyServiceServicer_to_server(servicer, override.as_server())
 
 
 class TabletCopyService(ServiceBase, tablet_copy_pb2_grpc.TabletCopyServiceServicer):
@@ -319,7 +387,7 @@ class TabletCopyService(ServiceBase, tablet_copy_pb2_grpc.TabletCopyServiceServi
         ],
     ) -> tablet_copy_pb2.BeginTabletCopySessionResponsePB:
         replica = self._copy.tablets.replica(request.tablet_id)
-        info = await asyncio.to_thread(self._copy.sessions.begin, request.requestor_uuid, replica)
+        info = await self._copy.io.run(self._copy.sessions.begin, request.requestor_uuid, replica)
         response = tablet_copy_pb2.BeginTabletCopySessionResponsePB(
             session_id=info.session_id,
             session_idle_timeout_ms=info.idle_timeout_ms,
@@ -340,35 +408,27 @@ class TabletCopyService(ServiceBase, tablet_copy_pb2_grpc.TabletCopyServiceServi
                 response.wal_segment_seqnos.append(int(seqno))
         return response
 
-    @unary(tablet_copy_pb2.FetchDataResponsePB)
-    async def FetchData(
+    # The answer is serialized here (the method is registered with its response serializer
+    # replaced, ``add_tablet_copy_service``), hence bytes where the generated base says a message.
+    @unary_serialized(tablet_copy_pb2.FetchDataResponsePB)
+    async def FetchData(  # type: ignore[override]
         self,
         request: tablet_copy_pb2.FetchDataRequestPB,
-        context: Context[tablet_copy_pb2.FetchDataRequestPB, tablet_copy_pb2.FetchDataResponsePB],
-    ) -> tablet_copy_pb2.FetchDataResponsePB:
+        context: Context[tablet_copy_pb2.FetchDataRequestPB, bytes],
+    ) -> bytes:
         kind = _PB_TO_KIND.get(request.data_id.type)
         if kind is None:
             raise InvalidArgumentError(f"unknown data id type {request.data_id.type}")
-        chunk = await asyncio.to_thread(
-            self._copy.sessions.fetch,
-            request.session_id,
-            kind,
-            request.data_id.file_name,
-            request.offset,
-            request.max_length_bytes,
-        )
-        data = chunk.data
-        if self._copy.corrupt_chunks_left > 0 and data:
+        sessions = self._copy.sessions
+        file = sessions.file(request.session_id, kind, request.data_id.file_name)
+        length = sessions.chunk_length(request.max_length_bytes)
+        answer = await self._copy.io.run(fetch_data_answer, file, request.offset, length)
+        if self._copy.corrupt_chunks_left > 0 and length > 0:
             self._copy.corrupt_chunks_left -= 1
-            data = bytes([data[0] ^ 0xFF]) + data[1:]  # after the CRC: the target must notice
-        return tablet_copy_pb2.FetchDataResponsePB(
-            chunk=tablet_copy_pb2.DataChunkPB(
-                offset=chunk.offset,
-                data=data,
-                total_data_length_bytes=chunk.total_bytes,
-                crc32c=chunk.crc32c,
-            )
-        )
+            damaged = bytearray(answer)  # after the CRC: the target must notice
+            damaged[-1] ^= 0xFF
+            answer = bytes(damaged)
+        return answer
 
     @unary(tablet_copy_pb2.EndTabletCopySessionResponsePB)
     async def EndTabletCopySession(
@@ -379,7 +439,7 @@ class TabletCopyService(ServiceBase, tablet_copy_pb2_grpc.TabletCopyServiceServi
             tablet_copy_pb2.EndTabletCopySessionResponsePB,
         ],
     ) -> tablet_copy_pb2.EndTabletCopySessionResponsePB:
-        await asyncio.to_thread(self._copy.sessions.end, request.session_id)
+        await self._copy.io.run(self._copy.sessions.end, request.session_id)
         return tablet_copy_pb2.EndTabletCopySessionResponsePB()
 
     @unary(tablet_copy_pb2.StartTabletCopyResponsePB)
@@ -391,12 +451,14 @@ class TabletCopyService(ServiceBase, tablet_copy_pb2_grpc.TabletCopyServiceServi
         ],
     ) -> tablet_copy_pb2.StartTabletCopyResponsePB:
         addr = request.copy_peer_addr
+        seen = request.target_last_op_id if request.HasField("target_last_op_id") else None
         job = self._copy.jobs.start(
             request.tablet_id,
             request.copy_peer_uuid,
             join_host_port(addr.host, addr.port) if addr.host else "",
             request.caller_term,
             request.caller_log_first_index,
+            target_last_op_id=None if seen is None else OpId(seen.term, seen.index),
         )
         return tablet_copy_pb2.StartTabletCopyResponsePB(job_id=job.job_id)
 
