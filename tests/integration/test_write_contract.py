@@ -233,9 +233,15 @@ def test_table_load_reports_every_row(
 
 @pytest.fixture(scope="module")
 def slow_raft() -> Iterator[MiniCluster]:
-    """Default Raft timing (elections after ~1.5 s): a write with a shorter deadline to a lost
-    leader cannot be saved by a new one in time, so its rows stay unknown."""
-    with logs_on_failure(MiniCluster(3, num_masters=1)) as mini:
+    """Slow elections (after ~3 s of silence) and no quiescence (a quiesced tablet's followers
+    campaign as soon as the leader's server falls silent): a write with a 1 s deadline to a
+    lost leader cannot be saved by a new one in time, so its rows stay unknown. (With 1.5 s, a
+    leader slowed by a loaded machine before the fault left too little margin.)"""
+    flags = [
+        "--raft-quiesce-after-idle-heartbeats", "0",
+        "--leader-failure-max-missed-heartbeat-periods", "6",
+    ]  # fmt: skip
+    with logs_on_failure(MiniCluster(3, num_masters=1, tserver_flags=flags)) as mini:
         yield mini
 
 
@@ -263,6 +269,21 @@ def _isolate_one_leader(cluster: MiniCluster, table: nyala.Table) -> tuple[str, 
     raise AssertionError("could not leave the victim leading exactly one tablet")
 
 
+def _wait_until_client_knows_leaders(
+    cluster: MiniCluster, client: nyala.Client, table: nyala.Table
+) -> None:
+    """Waits until the masters name every tablet's actual leader and the client has read that:
+    a location cached before the moves would send another tablet's rows to the victim."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        client._cache.invalidate(table._info.table_id)
+        locations = client._cache.locations(table._info).tablets
+        if all(t.leader_uuid == cluster.leader_of(t.tablet_id).uuid for t in locations):
+            return
+        time.sleep(0.2)
+    raise AssertionError("the masters never named the moved leaders")
+
+
 @pytest.mark.parametrize("fault", ["pause", "kill"])
 def test_lost_leader_leaves_its_rows_unknown_and_retry_applies_them_once(
     slow_raft: MiniCluster, fault: str
@@ -270,12 +291,14 @@ def test_lost_leader_leaves_its_rows_unknown_and_retry_applies_them_once(
     with nyala.connect(slow_raft.master_addrs, timeout_ms=30_000) as client:
         table = client.create_table(f"lost_{fault}", SCHEMA, partitioning=PARTITIONING, replicas=3)
         tablet_id, victim = _isolate_one_leader(slow_raft, table)
+        _wait_until_client_knows_leaders(slow_raft, client, table)
         ids = np.concatenate([np.arange(0, 1000), np.arange(2000, 3000)])
         data = pa.table({"id": ids, "v": pa.array([f"v{i}" for i in ids])})
         locations = client._cache.locations(table._info)
         routes = pa.array(locations.router.route(pa.record_batch({"id": ids}))).to_pylist()
         lost_rows = {i for i, p in enumerate(routes) if locations.tablets[p].tablet_id == tablet_id}
         assert 0 < len(lost_rows) < len(ids)
+        assert slow_raft.leader_of(tablet_id) is victim, "leadership moved before the fault"
         getattr(victim, fault)()
         try:
             with pytest.raises(errors.PartialWriteError) as raised:
