@@ -152,4 +152,7 @@ def test_sixty_quiesced_tablets_fail_over_and_restart_quietly() -> None:
 
 @pytest.mark.slow
 def test_five_hundred_quiesced_tablets_fail_over_and_restart_quietly() -> None:
-    _run(500, slack_s=0.0)
+    # Part of CI (`make test`), on a machine shared with other work: the bound checks that
+    # failover does not degrade with the number of quiesced tablets; the target itself is a
+    # benchmark's (benches/many_tablets_bench.py, benches/failover_bench.py).
+    _run(500, slack_s=2.0)
