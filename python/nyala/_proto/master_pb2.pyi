@@ -535,12 +535,17 @@ class TSHeartbeatRequestPB(_message.Message):
     REGISTRATION_FIELD_NUMBER: _builtins.int
     TABLET_REPORT_FIELD_NUMBER: _builtins.int
     NUM_LIVE_TABLETS_FIELD_NUMBER: _builtins.int
+    HEARTBEAT_INTERVAL_MS_FIELD_NUMBER: _builtins.int
     dest_uuid: _builtins.str
     """The master's UUID, or empty before the tserver learned it."""
     ts_uuid: _builtins.str
     ts_instance_seqno: _builtins.int
     """Changes every time the tserver process starts (a restart is a new instance)."""
     num_live_tablets: _builtins.int
+    heartbeat_interval_ms: _builtins.int
+    """The tserver's master_heartbeat_interval_ms: a master shows it UNRESPONSIVE once a
+    heartbeat is overdue (0 from an older tserver: the master's own default is assumed).
+    """
     @_builtins.property
     def registration(self) -> Global___TSRegistrationPB:
         """Sent on every heartbeat (it is small), so any master learns the server at once."""
@@ -558,10 +563,11 @@ class TSHeartbeatRequestPB(_message.Message):
         registration: Global___TSRegistrationPB | None = ...,
         tablet_report: Global___TabletReportPB | None = ...,
         num_live_tablets: _builtins.int = ...,
+        heartbeat_interval_ms: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_tablet_report", b"_tablet_report", "registration", b"registration", "tablet_report", b"tablet_report"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_tablet_report", b"_tablet_report", "dest_uuid", b"dest_uuid", "num_live_tablets", b"num_live_tablets", "registration", b"registration", "tablet_report", b"tablet_report", "ts_instance_seqno", b"ts_instance_seqno", "ts_uuid", b"ts_uuid"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_tablet_report", b"_tablet_report", "dest_uuid", b"dest_uuid", "heartbeat_interval_ms", b"heartbeat_interval_ms", "num_live_tablets", b"num_live_tablets", "registration", b"registration", "tablet_report", b"tablet_report", "ts_instance_seqno", b"ts_instance_seqno", "ts_uuid", b"ts_uuid"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__tablet_report: _TypeAlias = _typing.Literal["tablet_report"]  # noqa: Y015
     _WhichOneofArgType__tablet_report: _TypeAlias = _typing.Literal["_tablet_report", b"_tablet_report"]  # noqa: Y015
@@ -1459,11 +1465,17 @@ class ListTabletServersResponsePB(_message.Message):
         MILLIS_SINCE_HEARTBEAT_FIELD_NUMBER: _builtins.int
         LIVE_FIELD_NUMBER: _builtins.int
         NUM_REPLICAS_FIELD_NUMBER: _builtins.int
+        STATE_FIELD_NUMBER: _builtins.int
         millis_since_heartbeat: _builtins.int
         live: _builtins.bool
         """Heard from within the liveness window."""
         num_replicas: _builtins.int
         """Replicas the catalog places on this server (RUNNING and CREATING tablets)."""
+        state: _builtins.str
+        """LIVE: heard within twice its heartbeat interval; UNRESPONSIVE: a heartbeat is overdue
+        (the server may be dead, but it still counts for placement until `live` turns false);
+        DEAD: not heard within the master's tserver_unresponsive_timeout_ms (`live` is false).
+        """
         @_builtins.property
         def ts_info(self) -> Global___TSInfoPB: ...
         def __init__(
@@ -1473,10 +1485,11 @@ class ListTabletServersResponsePB(_message.Message):
             millis_since_heartbeat: _builtins.int = ...,
             live: _builtins.bool = ...,
             num_replicas: _builtins.int = ...,
+            state: _builtins.str = ...,
         ) -> None: ...
         _HasFieldArgType: _TypeAlias = _typing.Literal["ts_info", b"ts_info"]  # noqa: Y015
         def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-        _ClearFieldArgType: _TypeAlias = _typing.Literal["live", b"live", "millis_since_heartbeat", b"millis_since_heartbeat", "num_replicas", b"num_replicas", "ts_info", b"ts_info"]  # noqa: Y015
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["live", b"live", "millis_since_heartbeat", b"millis_since_heartbeat", "num_replicas", b"num_replicas", "state", b"state", "ts_info", b"ts_info"]  # noqa: Y015
         def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
         def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -211,7 +211,9 @@ class Client:
     # --- cluster listings ---------------------------------------------------------------------
 
     def list_tablet_servers(self) -> list[dict[str, Any]]:
-        """Every tablet server the leader master knows, with liveness and replica count."""
+        """Every tablet server the leader master knows, with liveness and replica count:
+        ``state`` is LIVE, UNRESPONSIVE (a heartbeat is overdue) or DEAD, and ``live`` is
+        whether it is LIVE."""
         response = self._master_call(
             lambda s: s.master.ListTabletServers, master_pb2.ListTabletServersRequestPB()
         )
@@ -219,7 +221,8 @@ class Client:
             {
                 "uuid": s.ts_info.permanent_uuid,
                 "rpc_addr": join_host_port(s.ts_info.rpc_addr.host, s.ts_info.rpc_addr.port),
-                "live": s.live,
+                "state": s.state or ("LIVE" if s.live else "DEAD"),
+                "live": s.state == "LIVE" if s.state else s.live,
                 "replicas": s.num_replicas,
                 "seconds_since_heartbeat": round(s.millis_since_heartbeat / 1000, 1),
             }
@@ -298,11 +301,13 @@ class Admin(ReplicaAdminMixin):
         self._client = client
 
     def list_tablets(self, table: str | None = None) -> list[dict[str, Any]]:
-        """Tablets of one table or of every table, with their replicas and leader."""
+        """Tablets of one table or of every table, with their replicas and leader, as the
+        leader master knows them now (not from this client's location cache)."""
         names = [table] if table else [t["name"] for t in self._client.list_tables()]
         out = []
         for name in names:
             handle = self._client.table(name)
+            self._client._cache.invalidate(handle.id)
             for tablet in handle.tablets():
                 out.append({"table": name, **tablet_summary(tablet, handle.partition_schema)})
         return out

@@ -152,6 +152,7 @@ class MasterService(ServiceBase, master_pb2_grpc.MasterServiceServicer):
                 millis_since_heartbeat=ts.millis_since_heartbeat(),
                 live=ts_manager.is_live(ts),
                 num_replicas=counts.get(ts.uuid, 0),
+                state=ts_manager.state(ts),
             )
         return response
 

@@ -154,7 +154,12 @@ class ServerBase:
             RealClock(),
             raft_options=self._raft_options(),
             isolate_failure=not self.REPLICA_FAILURE_STOPS_SERVER,
+            on_consensus_change=self._on_consensus_change,
         )
+
+    def _on_consensus_change(self) -> None:
+        """A replica's role, term, leader or committed config changed (on the event loop); a
+        tablet server reports it to the masters at once."""
 
     def _raft_options(self) -> RaftOptions:
         s = self.server_settings

@@ -21,7 +21,7 @@ import json
 import logging
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -221,11 +221,14 @@ class TabletReplica:
         raft_options: RaftOptions | None = None,
         runtime_options: RuntimeOptions | None = None,
         isolate_failure: bool = True,
+        on_consensus_change: Callable[[], None] | None = None,
     ) -> RaftRuntime:
         """Runs Raft for this replica as a task of ``task_group``; the replica is RUNNING.
 
         If Raft or the WAL fails, the replica goes FAILED and the group goes on
-        (``isolate_failure``), or the failure ends the whole group."""
+        (``isolate_failure``), or the failure ends the whole group. ``on_consensus_change`` is
+        called (on the event loop) when the replica's role, term, leader or committed config
+        changes: the tablet server then reports to the masters at once."""
         if self.wal is None or self.storage is None or self.applier is None:
             raise IllegalStateError(f"tablet {self.tablet_id} is not open ({self.state.value})")
         applier = self.applier
@@ -242,6 +245,10 @@ class TabletReplica:
             last_applied_index=applier.applied_index,
             on_apply=lambda effect: self._on_apply(applier, effect),
             on_failure=self._on_consensus_failure if isolate_failure else None,
+            on_role_change=None if on_consensus_change is None else lambda _: on_consensus_change(),
+            on_config_committed=(
+                None if on_consensus_change is None else lambda _: on_consensus_change()
+            ),
         )
         runtime.start(task_group)
         self.runtime = runtime

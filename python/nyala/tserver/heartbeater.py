@@ -11,6 +11,11 @@ Tablet reports go only to the master that answered as leader with a loaded catal
   report that master processed, and the ids of replicas that are gone (edge-triggered: a
   replica reported once is not reported again until it changes).
 
+A replica whose role, term, leader or committed config changes calls ``trigger`` (Kudu's
+``TriggerASAP``): the next heartbeat goes out at once instead of at the end of the interval,
+so the leader master names a new tablet leader within one round trip of its election. Changes
+that arrive while a heartbeat is in flight are coalesced into the next one.
+
 A replica's reported state is compared as a signature (runtime and data state, Raft term,
 leader, committed config op index, schema version, and for a leader its followers' health),
 recomputed at each heartbeat, so no hook in the replica code is needed for a change to be
@@ -25,6 +30,7 @@ the master replaces a replica that cannot serve even while its tserver heartbeat
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Sequence
@@ -66,6 +72,8 @@ class _MasterState:
     leader_term: int = -1
     needs_full_report: bool = True
     seqno: int = 0
+    # Set by ``Heartbeater.trigger``: the next heartbeat is due now.
+    due: asyncio.Event = field(default_factory=asyncio.Event)
     # tablet id -> signature, as of the last report this master processed.
     reported: dict[str, Signature] = field(default_factory=dict)
 
@@ -102,6 +110,16 @@ class Heartbeater:
         self._instance_seqno = time.time_ns() // 1000
         self._masters = [_MasterState(addr) for addr in masters]
 
+    @property
+    def interval_ms(self) -> int:
+        """Milliseconds between two heartbeats to a master (without triggers)."""
+        return round(self._interval_s * 1000)
+
+    def trigger(self) -> None:
+        """Sends the next heartbeat to every master now (call on the event loop)."""
+        for master in self._masters:
+            master.due.set()
+
     async def run(self) -> None:
         """Heartbeats to every master until cancelled."""
         async with asyncio.TaskGroup() as group:
@@ -112,12 +130,14 @@ class Heartbeater:
         proxy = ServerProxy(master.addr, self._rpc_settings)
         try:
             while True:
-                again = False
+                again = failed = False
+                master.due.clear()  # what changed until now goes into this heartbeat
                 try:
                     again = await self._heartbeat(proxy, master)
                 except WrongServerUuidError:
                     master.uuid = ""  # the master at this address was replaced
                 except NyalaError as exc:
+                    failed = True  # retried after the interval, whatever triggers came
                     log.debug("heartbeat to master %s failed: %s", master.addr, exc)
                     master.is_leader = False
                     if isinstance(exc, NetworkError):
@@ -125,8 +145,12 @@ class Heartbeater:
                         # restarted master unaware of this tserver for many seconds.
                         await proxy.close()
                         proxy = ServerProxy(master.addr, self._rpc_settings)
-                if not again:
+                if failed:
                     await asyncio.sleep(self._interval_s)
+                elif not again:
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(self._interval_s):
+                            await master.due.wait()
         finally:
             await proxy.close()
 
@@ -190,6 +214,7 @@ class Heartbeater:
             ts_uuid=self._uuid,
             ts_instance_seqno=self._instance_seqno,
             registration=self._registration,
+            heartbeat_interval_ms=self.interval_ms,
         )
         snapshot = self._snapshot()
         request.num_live_tablets = sum(

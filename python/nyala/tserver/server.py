@@ -24,6 +24,7 @@ from nyala.server.base import ServerBase
 from nyala.server.consensus_service import ConsensusService, add_consensus_service
 from nyala.server.tablet_copy import TabletCopy, add_tablet_copy_service
 from nyala.tablet.replica import TabletReplica
+from nyala.tserver.heartbeater import Heartbeater
 from nyala.tserver.scanners import ScannerRegistry
 from nyala.tserver.services import AdminService, TabletService
 from nyala.tserver.settings import TabletServerSettings
@@ -78,6 +79,7 @@ class TabletServer(ServerBase):
         self._replica_tasks: asyncio.TaskGroup | None = None
         self._flush_task: asyncio.Task[None] | None = None
         self._heartbeat_task: asyncio.Task[None] | None = None
+        self._heartbeater: Heartbeater | None = None
         self._quarantine_task: asyncio.Task[None] | None = None
         self.copy: TabletCopy | None = None
         self._copy_tasks: list[asyncio.Task[None]] = []
@@ -220,14 +222,19 @@ class TabletServer(ServerBase):
                     return
                 await self._flush(tablet_id, storages[tablet_id])
 
+    def _on_consensus_change(self) -> None:
+        # Kudu's incremental tablet report, sent at once: the masters name a new leader
+        # within one round trip of its election.
+        if self._heartbeater is not None:
+            self._heartbeater.trigger()
+
     async def _heartbeat(self) -> None:
         """Heartbeats to every master (``nyala.tserver.heartbeater``) until cancelled."""
-        from nyala.tserver.heartbeater import Heartbeater
 
         assert self.rpc is not None
         assert self.http is not None
         assert self.tablets is not None
-        heartbeater = Heartbeater(
+        heartbeater = self._heartbeater = Heartbeater(
             self.uuid,
             self.rpc.address,
             self.http.address,
