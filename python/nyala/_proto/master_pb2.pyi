@@ -1779,10 +1779,15 @@ class ChangeReplicaTypeRequestPB(_message.Message):
     TABLET_ID_FIELD_NUMBER: _builtins.int
     TS_UUID_FIELD_NUMBER: _builtins.int
     MEMBER_TYPE_FIELD_NUMBER: _builtins.int
+    FORCE_FIELD_NUMBER: _builtins.int
     dest_uuid: _builtins.str
     tablet_id: _builtins.str
     ts_uuid: _builtins.str
     member_type: _metadata_pb2.MemberType.ValueType
+    force: _builtins.bool
+    """The leader's type is not changed (ILLEGAL_STATE, as Kudu refuses it) unless forced: then
+    the leader is asked to hand leadership over first.
+    """
     def __init__(
         self,
         *,
@@ -1790,10 +1795,11 @@ class ChangeReplicaTypeRequestPB(_message.Message):
         tablet_id: _builtins.str = ...,
         ts_uuid: _builtins.str = ...,
         member_type: _metadata_pb2.MemberType.ValueType = ...,
+        force: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["dest_uuid", b"dest_uuid", "member_type", b"member_type", "tablet_id", b"tablet_id", "ts_uuid", b"ts_uuid"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dest_uuid", b"dest_uuid", "force", b"force", "member_type", b"member_type", "tablet_id", b"tablet_id", "ts_uuid", b"ts_uuid"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

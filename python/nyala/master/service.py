@@ -220,7 +220,7 @@ class MasterService(ServiceBase, master_pb2_grpc.MasterServiceServicer):
         context: Context[master_pb2.ChangeReplicaTypeRequestPB, master_pb2.ReplicaAdminResponsePB],
     ) -> master_pb2.ReplicaAdminResponsePB:
         outcome = await self._admin.change_replica_type(
-            request.tablet_id, request.ts_uuid, request.member_type
+            request.tablet_id, request.ts_uuid, request.member_type, force=request.force
         )
         return outcome.to_pb()
 
