@@ -454,6 +454,7 @@ class ReportedTabletPB(_message.Message):
     SCHEMA_VERSION_FIELD_NUMBER: _builtins.int
     STATE_REASON_FIELD_NUMBER: _builtins.int
     PEER_HEALTH_FIELD_NUMBER: _builtins.int
+    STATS_FIELD_NUMBER: _builtins.int
     tablet_id: _builtins.str
     state: _metadata_pb2.TabletState.ValueType
     data_state: _metadata_pb2.TabletDataState.ValueType
@@ -468,6 +469,10 @@ class ReportedTabletPB(_message.Message):
     def peer_health(self) -> _containers.RepeatedCompositeFieldContainer[Global___PeerHealthPB]:
         """Only from the tablet's leader: the health of every other peer of its active config."""
 
+    @_builtins.property
+    def stats(self) -> Global___TabletStatsPB:
+        """Only from the tablet's leader: its size (Kudu's ReportedTabletStatsPB)."""
+
     def __init__(
         self,
         *,
@@ -478,16 +483,48 @@ class ReportedTabletPB(_message.Message):
         schema_version: _builtins.int = ...,
         state_reason: _builtins.str = ...,
         peer_health: _abc.Iterable[Global___PeerHealthPB] | None = ...,
+        stats: Global___TabletStatsPB | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_consensus_state", b"_consensus_state", "consensus_state", b"consensus_state"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_consensus_state", b"_consensus_state", "_stats", b"_stats", "consensus_state", b"consensus_state", "stats", b"stats"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_consensus_state", b"_consensus_state", "consensus_state", b"consensus_state", "data_state", b"data_state", "peer_health", b"peer_health", "schema_version", b"schema_version", "state", b"state", "state_reason", b"state_reason", "tablet_id", b"tablet_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_consensus_state", b"_consensus_state", "_stats", b"_stats", "consensus_state", b"consensus_state", "data_state", b"data_state", "peer_health", b"peer_health", "schema_version", b"schema_version", "state", b"state", "state_reason", b"state_reason", "stats", b"stats", "tablet_id", b"tablet_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__consensus_state: _TypeAlias = _typing.Literal["consensus_state"]  # noqa: Y015
     _WhichOneofArgType__consensus_state: _TypeAlias = _typing.Literal["_consensus_state", b"_consensus_state"]  # noqa: Y015
+    _WhichOneofReturnType__stats: _TypeAlias = _typing.Literal["stats"]  # noqa: Y015
+    _WhichOneofArgType__stats: _TypeAlias = _typing.Literal["_stats", b"_stats"]  # noqa: Y015
+    @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__consensus_state) -> _WhichOneofReturnType__consensus_state | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__stats) -> _WhichOneofReturnType__stats | None: ...
 
 Global___ReportedTabletPB: _TypeAlias = ReportedTabletPB  # noqa: Y015
+
+@_typing.final
+class TabletStatsPB(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LIVE_ROW_COUNT_FIELD_NUMBER: _builtins.int
+    ON_DISK_BYTES_FIELD_NUMBER: _builtins.int
+    live_row_count: _builtins.int
+    """Rows in the MemRowSet and rowsets (an estimate: updates and deletes not yet compacted
+    count their row again).
+    """
+    on_disk_bytes: _builtins.int
+    """Bytes of the replica's WAL and data files."""
+    def __init__(
+        self,
+        *,
+        live_row_count: _builtins.int = ...,
+        on_disk_bytes: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["live_row_count", b"live_row_count", "on_disk_bytes", b"on_disk_bytes"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TabletStatsPB: _TypeAlias = TabletStatsPB  # noqa: Y015
 
 @_typing.final
 class TabletReportPB(_message.Message):
@@ -1278,6 +1315,90 @@ class TabletLocationsPB(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___TabletLocationsPB: _TypeAlias = TabletLocationsPB  # noqa: Y015
+
+@_typing.final
+class GetTableStatisticsRequestPB(_message.Message):
+    """A table's size from its tablet leaders' latest reports (no scan; Kudu's
+    GetTableStatistics).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DEST_UUID_FIELD_NUMBER: _builtins.int
+    TABLE_FIELD_NUMBER: _builtins.int
+    dest_uuid: _builtins.str
+    @_builtins.property
+    def table(self) -> Global___TableIdentifierPB: ...
+    def __init__(
+        self,
+        *,
+        dest_uuid: _builtins.str = ...,
+        table: Global___TableIdentifierPB | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["table", b"table"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dest_uuid", b"dest_uuid", "table", b"table"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetTableStatisticsRequestPB: _TypeAlias = GetTableStatisticsRequestPB  # noqa: Y015
+
+@_typing.final
+class GetTableStatisticsResponsePB(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class TabletPB(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        TABLET_ID_FIELD_NUMBER: _builtins.int
+        REPORTED_FIELD_NUMBER: _builtins.int
+        STATS_FIELD_NUMBER: _builtins.int
+        tablet_id: _builtins.str
+        reported: _builtins.bool
+        """False while no leader has reported the tablet's size yet (counted as 0)."""
+        @_builtins.property
+        def stats(self) -> Global___TabletStatsPB: ...
+        def __init__(
+            self,
+            *,
+            tablet_id: _builtins.str = ...,
+            reported: _builtins.bool = ...,
+            stats: Global___TabletStatsPB | None = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _typing.Literal["stats", b"stats"]  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["reported", b"reported", "stats", b"stats", "tablet_id", b"tablet_id"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    LIVE_ROW_COUNT_FIELD_NUMBER: _builtins.int
+    ON_DISK_BYTES_FIELD_NUMBER: _builtins.int
+    TABLETS_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    live_row_count: _builtins.int
+    on_disk_bytes: _builtins.int
+    @_builtins.property
+    def tablets(self) -> _containers.RepeatedCompositeFieldContainer[Global___GetTableStatisticsResponsePB.TabletPB]: ...
+    @_builtins.property
+    def error(self) -> _common_pb2.ErrorPB: ...
+    def __init__(
+        self,
+        *,
+        live_row_count: _builtins.int = ...,
+        on_disk_bytes: _builtins.int = ...,
+        tablets: _abc.Iterable[Global___GetTableStatisticsResponsePB.TabletPB] | None = ...,
+        error: _common_pb2.ErrorPB | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_error", b"_error", "error", b"error"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_error", b"_error", "error", b"error", "live_row_count", b"live_row_count", "on_disk_bytes", b"on_disk_bytes", "tablets", b"tablets"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__error: _TypeAlias = _typing.Literal["error"]  # noqa: Y015
+    _WhichOneofArgType__error: _TypeAlias = _typing.Literal["_error", b"_error"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__error) -> _WhichOneofReturnType__error | None: ...
+
+Global___GetTableStatisticsResponsePB: _TypeAlias = GetTableStatisticsResponsePB  # noqa: Y015
 
 @_typing.final
 class GetTableLocationsRequestPB(_message.Message):

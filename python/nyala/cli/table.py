@@ -1,5 +1,5 @@
 """``nyala table ...``: create, list, describe, alter (rename, add/drop/rename columns), delete,
-scan, count, load and copy tables."""
+scan, count, load and copy tables, and their statistics."""
 
 from __future__ import annotations
 
@@ -468,6 +468,23 @@ def count(name: str, wheres: tuple[str, ...], masters: str, fmt: str) -> None:
         table = client.table(name)
         rows = table.count(where=[parse_where(table.schema, w) for w in wheres])
     emit_one({"table": name, "rows": rows}, fmt)
+
+
+@group.command(name="statistics")
+@click.argument("name")
+@masters_option
+@format_option
+@one_line
+def statistics(name: str, masters: str, fmt: str) -> None:
+    """Rows (an estimate) and bytes on disk of table NAME, per tablet and in total, from the
+    tablet leaders' latest reports to the master: no scan, up to one heartbeat old."""
+    with client_for(masters) as client:
+        doc = client.table_statistics(name)
+    if fmt == "json":
+        emit_one(doc, fmt)
+        return
+    emit(doc["tablets"], fmt)
+    click.echo(f"total: {doc['rows']:,} rows, {doc['on_disk_bytes']:,} bytes on disk")
 
 
 @group.command(name="load")

@@ -117,6 +117,16 @@ class MasterService(ServiceBase, master_pb2_grpc.MasterServiceServicer):
     ) -> master_pb2.GetTableLocationsResponsePB:
         return self._locations.table_locations(request)
 
+    @unary(master_pb2.GetTableStatisticsResponsePB)
+    async def GetTableStatistics(
+        self,
+        request: master_pb2.GetTableStatisticsRequestPB,
+        context: Context[
+            master_pb2.GetTableStatisticsRequestPB, master_pb2.GetTableStatisticsResponsePB
+        ],
+    ) -> master_pb2.GetTableStatisticsResponsePB:
+        return self._locations.table_statistics(request)
+
     @unary(master_pb2.ListTablesResponsePB)
     async def ListTables(
         self,

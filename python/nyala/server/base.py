@@ -218,9 +218,13 @@ class ServerBase:
         """Flushes one replica's MemRowSet off the event loop. A failure is logged: the rows
         stay in memory and in the WAL, and the next round tries again."""
         try:
-            await asyncio.to_thread(storage.flush)
+            rowset = await asyncio.to_thread(storage.flush)
         except NyalaError as exc:
             log.warning("flush of tablet %s failed: %s", tablet_id, exc)
+            return
+        replica = None if self.tablets is None else self.tablets.lookup(tablet_id)
+        if rowset is not None and replica is not None:
+            replica.flushes += 1
 
     async def _quarantine_loop(self) -> None:
         """Purges quarantined replicas past ``quarantine_retention_s``, and the oldest while

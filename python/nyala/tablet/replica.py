@@ -110,6 +110,10 @@ class TabletReplica:
         self.applier: Applier | None = None
         self.runtime: RaftRuntime | None = None
         self.transport: Transport | None = None
+        # Metrics (read by the server's /metrics): rows returned by scans of this replica,
+        # and flushes of its MemRowSet the server started (periodic and memory pressure).
+        self.rows_scanned = 0
+        self.flushes = 0
         # WAL anchor at the first op not yet flushed to rowsets (replay needs it after a crash).
         self._storage_anchor: int | None = None
 
@@ -194,13 +198,13 @@ class TabletReplica:
         wal.update_anchor(anchor, storage.last_flushed_index + 1)
         return wal.gc()
 
-    def on_disk_bytes(self) -> int:
-        """Bytes of the replica's WAL and data files, as counted at most
-        ``DISK_USAGE_REFRESH_S`` ago: counting lists and stats every file, and a server with
-        thousands of replicas must not do that for every page view."""
+    def on_disk_bytes(self, *, max_age_s: float = DISK_USAGE_REFRESH_S) -> int:
+        """Bytes of the replica's WAL and data files, as counted at most ``max_age_s``
+        (default ``DISK_USAGE_REFRESH_S``) ago: counting lists and stats every file, and a
+        server with thousands of replicas must not do that for every page view."""
         now = time.monotonic()
         cached = self._disk_usage
-        if cached is not None and now - cached[0] < DISK_USAGE_REFRESH_S:
+        if cached is not None and now - cached[0] < max_age_s:
             return cached[1]
         total = 0
         for root in (self.paths.wal_dir, self.paths.data_dir):
@@ -471,7 +475,9 @@ class TabletReplica:
         runtime, storage, _ = self._running()
         self._require_leader(runtime)
         index = await runtime.read_index()
-        return index, storage.scan(columns, where, limit=limit, **bounds)
+        rows = storage.scan(columns, where, limit=limit, **bounds)
+        self.rows_scanned += rows.num_rows
+        return index, rows
 
     async def scan_follower(
         self,
@@ -496,7 +502,9 @@ class TabletReplica:
             raise StaleReplicaError(f"tablet {self.tablet_id}: {refusal}")
         # Apply and this scan both run on the event loop, so the rows are exactly those at
         # applied_index.
-        return applier.applied_index, storage.scan(columns, where, limit=limit, **bounds)
+        rows = storage.scan(columns, where, limit=limit, **bounds)
+        self.rows_scanned += rows.num_rows
+        return applier.applied_index, rows
 
 
 def follower_read_refusal(

@@ -21,6 +21,10 @@ leader, committed config op index, schema version, and for a leader its follower
 recomputed at each heartbeat, so no hook in the replica code is needed for a change to be
 reported.
 
+A leader's report also carries its size (``stats``: rows in its MemRowSet and rowsets, bytes
+of its WAL and data files, counted at most one heartbeat interval ago), from which the master
+answers ``GetTableStatistics`` without a scan; a changed size is reported at the next heartbeat.
+
 A leader's report carries the health of each follower (Kudu's per-peer health report:
 HEALTHY, FAILED after ``follower_unavailable_considered_failed_sec`` without an answer,
 FAILED_UNRECOVERABLE when the follower's replica is FAILED or it refused the copy it needs), so
@@ -182,8 +186,9 @@ class Heartbeater:
                 pb.consensus_state.leader_uuid = leader
                 pb.consensus_state.committed_config.CopyFrom(config_to_pb(st.committed_config))
                 health = self._peer_health(replica, pb)
+                stats = self._stats(replica, pb) if leader == self._uuid else ()
             else:
-                health = ()
+                health = stats = ()
             signature = (
                 pb.state,
                 pb.data_state,
@@ -192,9 +197,24 @@ class Heartbeater:
                 config_index,
                 pb.schema_version,
                 health,
+                stats,
             )
             out[status.tablet_id] = (signature, pb)
         return out
+
+    def _stats(
+        self, replica: TabletReplica | None, pb: master_pb2.ReportedTabletPB
+    ) -> tuple[int, ...]:
+        """Fills a leader's size into its report (bytes counted at most one heartbeat
+        interval ago); returns it for the signature, so a changed size is reported."""
+        storage = None if replica is None else replica.storage
+        if replica is None or storage is None:
+            return ()
+        counts = storage.stats()
+        rows = counts["mem_rows"] + counts["frozen_rows"] + counts["disk_rows"]
+        size = replica.on_disk_bytes(max_age_s=self._interval_s)
+        pb.stats.live_row_count, pb.stats.on_disk_bytes = rows, size
+        return rows, size
 
     def _peer_health(
         self, replica: TabletReplica | None, pb: master_pb2.ReportedTabletPB
