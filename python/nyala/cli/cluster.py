@@ -12,7 +12,7 @@ from typing import Any
 
 import click
 
-from nyala.cli.cluster_client import one_line, timeout_ms, timeout_option
+from nyala.cli.cluster_client import client_for, one_line, timeout_ms, timeout_option
 from nyala.cli.output import format_option, render_table
 from nyala.client import ksck as ksck_module
 from nyala.errors import InvalidArgumentError
@@ -39,19 +39,9 @@ def masters_option(fn: Any) -> Any:
     return timeout_option(_masters(fn))
 
 
-def connect_cli(masters: str, *, default_timeout_ms: int = 15_000) -> Any:
-    """A client for a cluster command: ``--timeout`` bounds its calls; no reachable master
-    fails fast (``cluster_client.client_for``)."""
-    from nyala.cli.cluster_client import UNREACHABLE_FAIL_MS
-    from nyala.client import connect
-
-    deadline_ms = timeout_ms(default_timeout_ms)
-    return connect(
-        master_list(masters),
-        timeout_ms=deadline_ms,
-        admin_timeout_ms=deadline_ms,
-        unreachable_fail_ms=min(UNREACHABLE_FAIL_MS, deadline_ms),
-    )
+def connect_cli(masters: str, *, default_timeout_ms: int | None = None) -> Any:
+    """``cluster_client.client_for`` of the checked ``-m/--masters`` list."""
+    return client_for(master_list(masters), default_timeout_ms=default_timeout_ms)
 
 
 @click.group(name="cluster")

@@ -72,13 +72,13 @@ def masters_option(fn: _F) -> _F:
     return timeout_option(option(fn))
 
 
-def client_for(masters: str) -> Any:
+def client_for(masters: str | list[str], *, default_timeout_ms: int | None = None) -> Any:
     """A connected ``nyala.Client`` (imported here so ``--help`` stays fast) whose calls are
-    bounded by ``--timeout``."""
+    bounded by ``--timeout`` (else ``default_timeout_ms``, else the client's defaults)."""
     from nyala.client import connect
     from nyala.client.client import ADMIN_TIMEOUT_MS
 
-    given = timeout_ms(0)
+    given = timeout_ms(0) or default_timeout_ms
     deadline_ms = given or CLI_TIMEOUT_MS
     return connect(
         masters,
