@@ -245,7 +245,8 @@ def stop_detached(directory: Path, *, timeout_s: float = 30.0) -> dict[str, Any]
 
 
 def status(directory: Path) -> dict[str, Any]:
-    """Each server of the local cluster in ``directory``: address, pid, running, answering."""
+    """Each server of the local cluster in ``directory``: RPC and HTTP addresses, pid,
+    running, answering; ``healthy`` when every server answers."""
     directory = directory.resolve()
     servers = _load(directory)
     rows = []
@@ -273,13 +274,15 @@ def status(directory: Path) -> dict[str, Any]:
                 "name": record.name,
                 "role": record.role,
                 "rpc_addr": record.rpc_addr,
+                "http_addr": join_host_port(LOOPBACK, record.http_port),
                 "pid": record.pid if alive else None,
                 "running": alive,
                 "answering": answering,
             }
         )
     masters = ",".join(s.rpc_addr for s in servers if s.role == "master")
-    return {"dir": str(directory), "masters": masters, "servers": rows}
+    healthy = all(row["answering"] for row in rows)
+    return {"dir": str(directory), "masters": masters, "healthy": healthy, "servers": rows}
 
 
 __all__ = ["LocalCluster", "start_detached", "status", "stop_detached"]

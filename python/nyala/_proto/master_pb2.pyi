@@ -454,6 +454,7 @@ class ReportedTabletPB(_message.Message):
     SCHEMA_VERSION_FIELD_NUMBER: _builtins.int
     STATE_REASON_FIELD_NUMBER: _builtins.int
     PEER_HEALTH_FIELD_NUMBER: _builtins.int
+    STATS_FIELD_NUMBER: _builtins.int
     tablet_id: _builtins.str
     state: _metadata_pb2.TabletState.ValueType
     data_state: _metadata_pb2.TabletDataState.ValueType
@@ -468,6 +469,10 @@ class ReportedTabletPB(_message.Message):
     def peer_health(self) -> _containers.RepeatedCompositeFieldContainer[Global___PeerHealthPB]:
         """Only from the tablet's leader: the health of every other peer of its active config."""
 
+    @_builtins.property
+    def stats(self) -> Global___TabletStatsPB:
+        """Only from the tablet's leader: its size (Kudu's ReportedTabletStatsPB)."""
+
     def __init__(
         self,
         *,
@@ -478,16 +483,48 @@ class ReportedTabletPB(_message.Message):
         schema_version: _builtins.int = ...,
         state_reason: _builtins.str = ...,
         peer_health: _abc.Iterable[Global___PeerHealthPB] | None = ...,
+        stats: Global___TabletStatsPB | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_consensus_state", b"_consensus_state", "consensus_state", b"consensus_state"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_consensus_state", b"_consensus_state", "_stats", b"_stats", "consensus_state", b"consensus_state", "stats", b"stats"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_consensus_state", b"_consensus_state", "consensus_state", b"consensus_state", "data_state", b"data_state", "peer_health", b"peer_health", "schema_version", b"schema_version", "state", b"state", "state_reason", b"state_reason", "tablet_id", b"tablet_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_consensus_state", b"_consensus_state", "_stats", b"_stats", "consensus_state", b"consensus_state", "data_state", b"data_state", "peer_health", b"peer_health", "schema_version", b"schema_version", "state", b"state", "state_reason", b"state_reason", "stats", b"stats", "tablet_id", b"tablet_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__consensus_state: _TypeAlias = _typing.Literal["consensus_state"]  # noqa: Y015
     _WhichOneofArgType__consensus_state: _TypeAlias = _typing.Literal["_consensus_state", b"_consensus_state"]  # noqa: Y015
+    _WhichOneofReturnType__stats: _TypeAlias = _typing.Literal["stats"]  # noqa: Y015
+    _WhichOneofArgType__stats: _TypeAlias = _typing.Literal["_stats", b"_stats"]  # noqa: Y015
+    @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__consensus_state) -> _WhichOneofReturnType__consensus_state | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__stats) -> _WhichOneofReturnType__stats | None: ...
 
 Global___ReportedTabletPB: _TypeAlias = ReportedTabletPB  # noqa: Y015
+
+@_typing.final
+class TabletStatsPB(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LIVE_ROW_COUNT_FIELD_NUMBER: _builtins.int
+    ON_DISK_BYTES_FIELD_NUMBER: _builtins.int
+    live_row_count: _builtins.int
+    """Rows in the MemRowSet and rowsets (an estimate: updates and deletes not yet compacted
+    count their row again).
+    """
+    on_disk_bytes: _builtins.int
+    """Bytes of the replica's WAL and data files."""
+    def __init__(
+        self,
+        *,
+        live_row_count: _builtins.int = ...,
+        on_disk_bytes: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["live_row_count", b"live_row_count", "on_disk_bytes", b"on_disk_bytes"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TabletStatsPB: _TypeAlias = TabletStatsPB  # noqa: Y015
 
 @_typing.final
 class TabletReportPB(_message.Message):
@@ -535,12 +572,17 @@ class TSHeartbeatRequestPB(_message.Message):
     REGISTRATION_FIELD_NUMBER: _builtins.int
     TABLET_REPORT_FIELD_NUMBER: _builtins.int
     NUM_LIVE_TABLETS_FIELD_NUMBER: _builtins.int
+    HEARTBEAT_INTERVAL_MS_FIELD_NUMBER: _builtins.int
     dest_uuid: _builtins.str
     """The master's UUID, or empty before the tserver learned it."""
     ts_uuid: _builtins.str
     ts_instance_seqno: _builtins.int
     """Changes every time the tserver process starts (a restart is a new instance)."""
     num_live_tablets: _builtins.int
+    heartbeat_interval_ms: _builtins.int
+    """The tserver's master_heartbeat_interval_ms: a master shows it UNRESPONSIVE once a
+    heartbeat is overdue (0 from an older tserver: the master's own default is assumed).
+    """
     @_builtins.property
     def registration(self) -> Global___TSRegistrationPB:
         """Sent on every heartbeat (it is small), so any master learns the server at once."""
@@ -558,10 +600,11 @@ class TSHeartbeatRequestPB(_message.Message):
         registration: Global___TSRegistrationPB | None = ...,
         tablet_report: Global___TabletReportPB | None = ...,
         num_live_tablets: _builtins.int = ...,
+        heartbeat_interval_ms: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_tablet_report", b"_tablet_report", "registration", b"registration", "tablet_report", b"tablet_report"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_tablet_report", b"_tablet_report", "dest_uuid", b"dest_uuid", "num_live_tablets", b"num_live_tablets", "registration", b"registration", "tablet_report", b"tablet_report", "ts_instance_seqno", b"ts_instance_seqno", "ts_uuid", b"ts_uuid"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_tablet_report", b"_tablet_report", "dest_uuid", b"dest_uuid", "heartbeat_interval_ms", b"heartbeat_interval_ms", "num_live_tablets", b"num_live_tablets", "registration", b"registration", "tablet_report", b"tablet_report", "ts_instance_seqno", b"ts_instance_seqno", "ts_uuid", b"ts_uuid"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__tablet_report: _TypeAlias = _typing.Literal["tablet_report"]  # noqa: Y015
     _WhichOneofArgType__tablet_report: _TypeAlias = _typing.Literal["_tablet_report", b"_tablet_report"]  # noqa: Y015
@@ -1274,6 +1317,90 @@ class TabletLocationsPB(_message.Message):
 Global___TabletLocationsPB: _TypeAlias = TabletLocationsPB  # noqa: Y015
 
 @_typing.final
+class GetTableStatisticsRequestPB(_message.Message):
+    """A table's size from its tablet leaders' latest reports (no scan; Kudu's
+    GetTableStatistics).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DEST_UUID_FIELD_NUMBER: _builtins.int
+    TABLE_FIELD_NUMBER: _builtins.int
+    dest_uuid: _builtins.str
+    @_builtins.property
+    def table(self) -> Global___TableIdentifierPB: ...
+    def __init__(
+        self,
+        *,
+        dest_uuid: _builtins.str = ...,
+        table: Global___TableIdentifierPB | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["table", b"table"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dest_uuid", b"dest_uuid", "table", b"table"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetTableStatisticsRequestPB: _TypeAlias = GetTableStatisticsRequestPB  # noqa: Y015
+
+@_typing.final
+class GetTableStatisticsResponsePB(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class TabletPB(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        TABLET_ID_FIELD_NUMBER: _builtins.int
+        REPORTED_FIELD_NUMBER: _builtins.int
+        STATS_FIELD_NUMBER: _builtins.int
+        tablet_id: _builtins.str
+        reported: _builtins.bool
+        """False while no leader has reported the tablet's size yet (counted as 0)."""
+        @_builtins.property
+        def stats(self) -> Global___TabletStatsPB: ...
+        def __init__(
+            self,
+            *,
+            tablet_id: _builtins.str = ...,
+            reported: _builtins.bool = ...,
+            stats: Global___TabletStatsPB | None = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _typing.Literal["stats", b"stats"]  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["reported", b"reported", "stats", b"stats", "tablet_id", b"tablet_id"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    LIVE_ROW_COUNT_FIELD_NUMBER: _builtins.int
+    ON_DISK_BYTES_FIELD_NUMBER: _builtins.int
+    TABLETS_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    live_row_count: _builtins.int
+    on_disk_bytes: _builtins.int
+    @_builtins.property
+    def tablets(self) -> _containers.RepeatedCompositeFieldContainer[Global___GetTableStatisticsResponsePB.TabletPB]: ...
+    @_builtins.property
+    def error(self) -> _common_pb2.ErrorPB: ...
+    def __init__(
+        self,
+        *,
+        live_row_count: _builtins.int = ...,
+        on_disk_bytes: _builtins.int = ...,
+        tablets: _abc.Iterable[Global___GetTableStatisticsResponsePB.TabletPB] | None = ...,
+        error: _common_pb2.ErrorPB | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_error", b"_error", "error", b"error"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_error", b"_error", "error", b"error", "live_row_count", b"live_row_count", "on_disk_bytes", b"on_disk_bytes", "tablets", b"tablets"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__error: _TypeAlias = _typing.Literal["error"]  # noqa: Y015
+    _WhichOneofArgType__error: _TypeAlias = _typing.Literal["_error", b"_error"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__error) -> _WhichOneofReturnType__error | None: ...
+
+Global___GetTableStatisticsResponsePB: _TypeAlias = GetTableStatisticsResponsePB  # noqa: Y015
+
+@_typing.final
 class GetTableLocationsRequestPB(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -1459,11 +1586,17 @@ class ListTabletServersResponsePB(_message.Message):
         MILLIS_SINCE_HEARTBEAT_FIELD_NUMBER: _builtins.int
         LIVE_FIELD_NUMBER: _builtins.int
         NUM_REPLICAS_FIELD_NUMBER: _builtins.int
+        STATE_FIELD_NUMBER: _builtins.int
         millis_since_heartbeat: _builtins.int
         live: _builtins.bool
         """Heard from within the liveness window."""
         num_replicas: _builtins.int
         """Replicas the catalog places on this server (RUNNING and CREATING tablets)."""
+        state: _builtins.str
+        """LIVE: heard within twice its heartbeat interval; UNRESPONSIVE: a heartbeat is overdue
+        (the server may be dead, but it still counts for placement until `live` turns false);
+        DEAD: not heard within the master's tserver_unresponsive_timeout_ms (`live` is false).
+        """
         @_builtins.property
         def ts_info(self) -> Global___TSInfoPB: ...
         def __init__(
@@ -1473,10 +1606,11 @@ class ListTabletServersResponsePB(_message.Message):
             millis_since_heartbeat: _builtins.int = ...,
             live: _builtins.bool = ...,
             num_replicas: _builtins.int = ...,
+            state: _builtins.str = ...,
         ) -> None: ...
         _HasFieldArgType: _TypeAlias = _typing.Literal["ts_info", b"ts_info"]  # noqa: Y015
         def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-        _ClearFieldArgType: _TypeAlias = _typing.Literal["live", b"live", "millis_since_heartbeat", b"millis_since_heartbeat", "num_replicas", b"num_replicas", "ts_info", b"ts_info"]  # noqa: Y015
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["live", b"live", "millis_since_heartbeat", b"millis_since_heartbeat", "num_replicas", b"num_replicas", "state", b"state", "ts_info", b"ts_info"]  # noqa: Y015
         def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
         def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1766,10 +1900,15 @@ class ChangeReplicaTypeRequestPB(_message.Message):
     TABLET_ID_FIELD_NUMBER: _builtins.int
     TS_UUID_FIELD_NUMBER: _builtins.int
     MEMBER_TYPE_FIELD_NUMBER: _builtins.int
+    FORCE_FIELD_NUMBER: _builtins.int
     dest_uuid: _builtins.str
     tablet_id: _builtins.str
     ts_uuid: _builtins.str
     member_type: _metadata_pb2.MemberType.ValueType
+    force: _builtins.bool
+    """The leader's type is not changed (ILLEGAL_STATE, as Kudu refuses it) unless forced: then
+    the leader is asked to hand leadership over first.
+    """
     def __init__(
         self,
         *,
@@ -1777,10 +1916,11 @@ class ChangeReplicaTypeRequestPB(_message.Message):
         tablet_id: _builtins.str = ...,
         ts_uuid: _builtins.str = ...,
         member_type: _metadata_pb2.MemberType.ValueType = ...,
+        force: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["dest_uuid", b"dest_uuid", "member_type", b"member_type", "tablet_id", b"tablet_id", "ts_uuid", b"ts_uuid"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dest_uuid", b"dest_uuid", "force", b"force", "member_type", b"member_type", "tablet_id", b"tablet_id", "ts_uuid", b"ts_uuid"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -79,6 +79,11 @@ class MasterServiceStub:
                 request_serializer=nyala_dot_master__pb2.GetTableLocationsRequestPB.SerializeToString,
                 response_deserializer=nyala_dot_master__pb2.GetTableLocationsResponsePB.FromString,
                 _registered_method=True)
+        self.GetTableStatistics = channel.unary_unary(
+                '/nyala.MasterService/GetTableStatistics',
+                request_serializer=nyala_dot_master__pb2.GetTableStatisticsRequestPB.SerializeToString,
+                response_deserializer=nyala_dot_master__pb2.GetTableStatisticsResponsePB.FromString,
+                _registered_method=True)
         self.ListTables = channel.unary_unary(
                 '/nyala.MasterService/ListTables',
                 request_serializer=nyala_dot_master__pb2.ListTablesRequestPB.SerializeToString,
@@ -193,6 +198,12 @@ class MasterServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def GetTableLocations(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetTableStatistics(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -317,6 +328,11 @@ def add_MasterServiceServicer_to_server(servicer, server):
                     servicer.GetTableLocations,
                     request_deserializer=nyala_dot_master__pb2.GetTableLocationsRequestPB.FromString,
                     response_serializer=nyala_dot_master__pb2.GetTableLocationsResponsePB.SerializeToString,
+            ),
+            'GetTableStatistics': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetTableStatistics,
+                    request_deserializer=nyala_dot_master__pb2.GetTableStatisticsRequestPB.FromString,
+                    response_serializer=nyala_dot_master__pb2.GetTableStatisticsResponsePB.SerializeToString,
             ),
             'ListTables': grpc.unary_unary_rpc_method_handler(
                     servicer.ListTables,
@@ -622,6 +638,33 @@ class MasterService:
             '/nyala.MasterService/GetTableLocations',
             nyala_dot_master__pb2.GetTableLocationsRequestPB.SerializeToString,
             nyala_dot_master__pb2.GetTableLocationsResponsePB.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetTableStatistics(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/nyala.MasterService/GetTableStatistics',
+            nyala_dot_master__pb2.GetTableStatisticsRequestPB.SerializeToString,
+            nyala_dot_master__pb2.GetTableStatisticsResponsePB.FromString,
             options,
             channel_credentials,
             insecure,

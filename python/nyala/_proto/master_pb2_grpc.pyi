@@ -51,6 +51,7 @@ class MasterServiceStub:
     DeleteTable: _grpc.UnaryUnaryMultiCallable[_master_pb2.DeleteTableRequestPB, _master_pb2.DeleteTableResponsePB]
     GetTableSchema: _grpc.UnaryUnaryMultiCallable[_master_pb2.GetTableSchemaRequestPB, _master_pb2.GetTableSchemaResponsePB]
     GetTableLocations: _grpc.UnaryUnaryMultiCallable[_master_pb2.GetTableLocationsRequestPB, _master_pb2.GetTableLocationsResponsePB]
+    GetTableStatistics: _grpc.UnaryUnaryMultiCallable[_master_pb2.GetTableStatisticsRequestPB, _master_pb2.GetTableStatisticsResponsePB]
     ListTables: _grpc.UnaryUnaryMultiCallable[_master_pb2.ListTablesRequestPB, _master_pb2.ListTablesResponsePB]
     ListTabletServers: _grpc.UnaryUnaryMultiCallable[_master_pb2.ListTabletServersRequestPB, _master_pb2.ListTabletServersResponsePB]
     ListMasters: _grpc.UnaryUnaryMultiCallable[_master_pb2.ListMastersRequestPB, _master_pb2.ListMastersResponsePB]
@@ -76,6 +77,7 @@ class MasterServiceAsyncStub(MasterServiceStub):
     DeleteTable: _aio.UnaryUnaryMultiCallable[_master_pb2.DeleteTableRequestPB, _master_pb2.DeleteTableResponsePB]  # type: ignore[assignment]
     GetTableSchema: _aio.UnaryUnaryMultiCallable[_master_pb2.GetTableSchemaRequestPB, _master_pb2.GetTableSchemaResponsePB]  # type: ignore[assignment]
     GetTableLocations: _aio.UnaryUnaryMultiCallable[_master_pb2.GetTableLocationsRequestPB, _master_pb2.GetTableLocationsResponsePB]  # type: ignore[assignment]
+    GetTableStatistics: _aio.UnaryUnaryMultiCallable[_master_pb2.GetTableStatisticsRequestPB, _master_pb2.GetTableStatisticsResponsePB]  # type: ignore[assignment]
     ListTables: _aio.UnaryUnaryMultiCallable[_master_pb2.ListTablesRequestPB, _master_pb2.ListTablesResponsePB]  # type: ignore[assignment]
     ListTabletServers: _aio.UnaryUnaryMultiCallable[_master_pb2.ListTabletServersRequestPB, _master_pb2.ListTabletServersResponsePB]  # type: ignore[assignment]
     ListMasters: _aio.UnaryUnaryMultiCallable[_master_pb2.ListMastersRequestPB, _master_pb2.ListMastersResponsePB]  # type: ignore[assignment]
@@ -152,6 +154,13 @@ class MasterServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _master_pb2.GetTableLocationsRequestPB,
         context: _ServicerContext,
     ) -> _typing.Union[_master_pb2.GetTableLocationsResponsePB, _abc.Awaitable[_master_pb2.GetTableLocationsResponsePB]]: ...
+
+    @_abc_1.abstractmethod
+    def GetTableStatistics(
+        self,
+        request: _master_pb2.GetTableStatisticsRequestPB,
+        context: _ServicerContext,
+    ) -> _typing.Union[_master_pb2.GetTableStatisticsResponsePB, _abc.Awaitable[_master_pb2.GetTableStatisticsResponsePB]]: ...
 
     @_abc_1.abstractmethod
     def ListTables(

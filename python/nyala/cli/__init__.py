@@ -24,6 +24,8 @@ COMMAND_MODULES: dict[str, str] = {
     "table": "nyala.cli.table",
     "tablet": "nyala.cli.tablet",
     "local-cluster": "nyala.cli.local_cluster",
+    "remote-replica": "nyala.cli.remote_replica",
+    "perf": "nyala.cli.perf",
 }
 
 _SHORT_HELP: dict[str, str] = {
@@ -36,6 +38,8 @@ _SHORT_HELP: dict[str, str] = {
     "table": "Create, inspect, change, read and load tables.",
     "tablet": "List tablets and manage their leaders.",
     "local-cluster": "Run a cluster on this machine in the background.",
+    "remote-replica": "Operate on a replica of a live tablet server (unsafe-change-config).",
+    "perf": "Load generators: measure write throughput (loadgen).",
 }
 
 

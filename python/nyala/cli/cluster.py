@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import json
 import sys
+from typing import Any
 
 import click
 
-from nyala.cli.options import one_line_errors
+from nyala.cli.cluster_client import client_for, one_line, timeout_ms, timeout_option
 from nyala.cli.output import format_option, render_table
 from nyala.client import ksck as ksck_module
 from nyala.errors import InvalidArgumentError
@@ -30,9 +31,17 @@ def master_list(masters: str) -> list[str]:
     return addrs
 
 
-masters_option = click.option(
-    "-m", "--masters", envvar="NYALA_MASTERS", default="", help=_MASTERS_HELP
-)
+_masters = click.option("-m", "--masters", envvar="NYALA_MASTERS", default="", help=_MASTERS_HELP)
+
+
+def masters_option(fn: Any) -> Any:
+    """``-m/--masters`` (checked by ``master_list``) and ``--timeout``."""
+    return timeout_option(_masters(fn))
+
+
+def connect_cli(masters: str, *, default_timeout_ms: int | None = None) -> Any:
+    """``cluster_client.client_for`` of the checked ``-m/--masters`` list."""
+    return client_for(master_list(masters), default_timeout_ms=default_timeout_ms)
 
 
 @click.group(name="cluster")
@@ -43,10 +52,10 @@ def group() -> None:
 @group.command(name="ksck")
 @masters_option
 @format_option
-@one_line_errors
+@one_line
 def ksck(masters: str, fmt: str) -> None:
     """Check masters, tablet servers and every tablet's replicas; exit 0 only when healthy."""
-    snapshot, findings = ksck_module.run(master_list(masters))
+    snapshot, findings = ksck_module.run(master_list(masters), leader_wait_s=timeout_ms() / 1000)
     if fmt == "json":
         click.echo(json.dumps(ksck_module.to_json(snapshot, findings), indent=1))
     else:
@@ -87,17 +96,15 @@ def _print_report(
 @click.argument("replicas", type=int)
 @masters_option
 @click.option("--wait/--no-wait", default=True, show_default=True, help="Wait until done.")
-@click.option("--timeout-s", type=float, default=300.0, show_default=True)
-@one_line_errors
-def change_replication_factor(
-    table: str, replicas: int, masters: str, wait: bool, timeout_s: float
-) -> None:
-    """Set the number of voters of every tablet of TABLE (odd)."""
-    from nyala.client import connect
-
-    with connect(master_list(masters)) as client:
+@one_line
+def change_replication_factor(table: str, replicas: int, masters: str, wait: bool) -> None:
+    """Set the number of voters of every tablet of TABLE (odd); --timeout defaults to 300 s."""
+    limit_ms = timeout_ms(300_000)
+    with connect_cli(masters, default_timeout_ms=limit_ms) as client:
         click.echo(
-            client.admin.change_replication_factor(table, replicas, wait=wait, timeout_s=timeout_s)
+            client.admin.change_replication_factor(
+                table, replicas, wait=wait, timeout_s=limit_ms / 1000
+            )
         )
 
 
@@ -106,15 +113,14 @@ def change_replication_factor(
 @click.option("--max-moves", type=int, default=100, show_default=True, help="Stop after this many.")
 @click.option("--dry-run", is_flag=True, help="Only print the next move.")
 @format_option
-@one_line_errors
+@one_line
 def rebalance(masters: str, max_moves: int, dry_run: bool, fmt: str) -> None:
     """Move replicas, one at a time, until every table's replicas are spread evenly (live
     tservers differ by at most one) over the live tablet servers."""
-    from nyala.client import connect
     from nyala.client.rebalance import rebalance as run_rebalance
 
     addrs = master_list(masters)
-    with connect(addrs) as client:
+    with connect_cli(masters) as client:
         moves = run_rebalance(client, addrs, max_moves=max_moves, dry_run=dry_run)
     rows = [
         {"table": m.table, "tablet_id": m.tablet_id, "from": m.from_ts, "to": m.to_ts}

@@ -27,6 +27,9 @@ from nyala.testing.mini_cluster import ServerProcess
 
 SCHEMA = nyala.Schema.parse("id:int64, name:string?, value:double, ts:timestamp", key=["id"])
 CATCH_UP_TIMEOUT_S = 120.0
+# The master's tablet list must name the new leaders within one tserver heartbeat interval
+# (1 s by default) of the writes that prove they lead: tservers report an election at once.
+LEADER_VIEW_TIMEOUT_S = 1.0
 FAST_RAFT = ["--heartbeat-interval-ms", "200"]
 
 
@@ -76,6 +79,33 @@ class Workload:
 
 def _leaders(client: nyala.Client) -> collections.Counter[str]:
     return collections.Counter(t["leader"] for t in client.admin.list_tablets("demo"))
+
+
+def _live_leader_view(client: nyala.Client, dead_uuid: str) -> list[dict[str, object]]:
+    """The master's tablet list once it names a leader for every tablet and none on the dead
+    server; ``SystemExit`` after ``LEADER_VIEW_TIMEOUT_S``."""
+    deadline = time.perf_counter() + LEADER_VIEW_TIMEOUT_S
+    while True:
+        tablets = client.admin.list_tablets("demo")
+        stale = [t["tablet_id"] for t in tablets if t["leader"] in ("", None, dead_uuid)]
+        if not stale:
+            return tablets
+        if time.perf_counter() > deadline:
+            raise SystemExit(f"demo: the master still names no live leader for {stale}")
+        time.sleep(0.05)
+
+
+def _unresponsive_view(client: nyala.Client, dead_uuid: str) -> list[dict[str, object]]:
+    """The master's tablet server list once it shows the dead server as not LIVE (1.5
+    heartbeat intervals after its last heartbeat); ``SystemExit`` after 3 s."""
+    deadline = time.perf_counter() + 3.0
+    while True:
+        servers = client.list_tablet_servers()
+        if all(s["state"] != "LIVE" for s in servers if s["uuid"] == dead_uuid):
+            return servers
+        if time.perf_counter() > deadline:
+            raise SystemExit(f"demo: the master still calls the killed {dead_uuid} LIVE")
+        time.sleep(0.05)
 
 
 def _committed(ts: ServerProcess, tablet_ids: list[str]) -> dict[str, int]:
@@ -159,9 +189,10 @@ def run(total_rows: int, batch_rows: int, base_dir: Path | None) -> None:
         if not counts or any(c != 1000 for c in counts):
             raise SystemExit(f"demo: reads during the failover saw {set(counts)} rows, not 1000")
         print(f"reads continued: {len(counts)} scans during the failover, each saw all 1000 rows")
-        print(render_table(client.admin.list_tablets("demo"), ["tablet_id", "partition", "leader"]))
-        columns = ["uuid", "rpc_addr", "live", "seconds_since_heartbeat"]
-        print(render_table(client.list_tablet_servers(), columns))
+        view = _live_leader_view(client, victim.uuid or "")
+        print(render_table(view, ["tablet_id", "partition", "leader"]))
+        columns = ["uuid", "rpc_addr", "state", "seconds_since_heartbeat"]
+        print(render_table(_unresponsive_view(client, victim.uuid or ""), columns))
         findings = _ksck(cluster)
         print(f"ksck with {victim.name} dead: {len(findings)} finding(s), e.g. {findings[0][:90]}")
         print(f"verified {work.verify():,} rows with one of three tservers dead")

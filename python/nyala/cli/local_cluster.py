@@ -28,6 +28,9 @@ def _show(doc: dict[str, object], fmt: str) -> None:
     servers = doc.get("servers")
     if isinstance(servers, list):
         emit(servers, fmt)
+        if doc.get("healthy") is False:
+            down = [s["name"] for s in servers if not s["answering"]]
+            click.echo(f"not answering: {', '.join(down)}")
     stopped = doc.get("stopped")
     if isinstance(stopped, list):
         click.echo(f"stopped: {', '.join(stopped) or '(nothing was running)'}")
@@ -62,7 +65,11 @@ def stop(directory: Path, fmt: str) -> None:
 @format_option
 @one_line
 def status(directory: Path, fmt: str) -> None:
-    """Show each server of the cluster in DIR: running, answering."""
+    """Show each server of the cluster in DIR (addresses, running, answering); exit 0 only
+    when every server answers, 1 otherwise (after printing)."""
     from nyala.local_cluster import status as cluster_status
 
-    _show(cluster_status(directory), fmt)
+    doc = cluster_status(directory)
+    _show(doc, fmt)
+    if not doc["healthy"]:
+        raise SystemExit(1)

@@ -2,21 +2,21 @@
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Iterable
 
 import click
 
 from nyala._proto import master_pb2, metadata_pb2
-from nyala.cli.options import one_line_errors
+from nyala.cli.cluster import masters_option as cluster_masters_option
+from nyala.cli.cluster_client import UNREACHABLE_FAIL_MS, one_line, timeout_ms
+from nyala.cli.output import emit, format_option
 from nyala.cli.server_run import run_command
-from nyala.errors import InvalidArgumentError, NyalaError, TimedOutError
+from nyala.errors import InvalidArgumentError, NetworkError, NyalaError, TimedOutError
 from nyala.master.settings import MasterSettings
 from nyala.rpc import BlockingServerProxy, split_host_port
 
 _SERVER_FIELDS = ("fs_root", "rpc_bind", "http_bind", "masters", "uuid")
-_MASTERS_HELP = "Comma-separated master addresses (default: $NYALA_MASTERS)."
 
 
 @click.group(name="master")
@@ -44,12 +44,17 @@ def _master_list(masters: str) -> list[str]:
     return addrs
 
 
-def find_leader(addrs: list[str], timeout_s: float = 15.0) -> tuple[str, str]:
-    """(address, uuid) of the leader master with a loaded catalog, asking every master."""
-    deadline = time.monotonic() + timeout_s
+def find_leader(addrs: list[str], timeout_s: float | None = None) -> tuple[str, str]:
+    """(address, uuid) of the leader master with a loaded catalog, asking every master until
+    ``timeout_s`` (default: ``--timeout``); ``NetworkError`` early if none can be reached."""
+    if timeout_s is None:
+        timeout_s = timeout_ms() / 1000
+    start = time.monotonic()
+    deadline = start + timeout_s
     last = "no master answered"
     candidates = list(addrs)
     while time.monotonic() < deadline:
+        unreachable = []
         for addr in list(candidates):
             try:
                 with BlockingServerProxy(addr) as proxy:
@@ -60,6 +65,8 @@ def find_leader(addrs: list[str], timeout_s: float = 15.0) -> tuple[str, str]:
                     )
             except NyalaError as exc:
                 last = f"{addr}: {exc}"
+                if isinstance(exc, NetworkError):
+                    unreachable.append(last)
                 continue
             if answer.catalog_ready:
                 return addr, str(answer.master_uuid)
@@ -69,6 +76,9 @@ def find_leader(addrs: list[str], timeout_s: float = 15.0) -> tuple[str, str]:
                 hinted = f"{entry.rpc_addr.host}:{entry.rpc_addr.port}"
                 if entry.permanent_uuid == answer.leader_uuid and hinted not in candidates:
                     candidates.append(hinted)
+        waited_ms = (time.monotonic() - start) * 1000
+        if len(unreachable) == len(candidates) and waited_ms >= UNREACHABLE_FAIL_MS:
+            raise NetworkError(f"no master could be reached: {'; '.join(unreachable)}")
         time.sleep(0.2)
     raise TimedOutError(f"no leader master among {','.join(addrs)} ({last})")
 
@@ -83,26 +93,17 @@ def _print_masters(entries: Iterable[master_pb2.MasterEntryPB], fmt: str) -> Non
         }
         for e in entries
     ]
-    if fmt == "json":
-        click.echo(json.dumps(rows, indent=1))
-        return
-    click.echo(f"{'uuid':32}  {'rpc_addr':21}  {'role':15}  member_type")
-    for r in rows:
-        click.echo(f"{r['uuid']:32}  {r['rpc_addr']:21}  {r['role']:15}  {r['member_type']}")
+    emit(rows, fmt)
 
 
-_format_option = click.option(
-    "--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True
-)
-_masters_option = click.option(
-    "-m", "--masters", envvar="NYALA_MASTERS", default="", help=_MASTERS_HELP
-)
+_format_option = format_option
+_masters_option = cluster_masters_option
 
 
 @group.command(name="list")
 @_masters_option
 @_format_option
-@one_line_errors
+@one_line
 def list_masters(masters: str, fmt: str) -> None:
     """List the masters of the cluster with their roles."""
     addr, uuid = find_leader(_master_list(masters))
@@ -116,7 +117,7 @@ def list_masters(masters: str, fmt: str) -> None:
 @group.command(name="add")
 @_masters_option
 @click.argument("address")
-@one_line_errors
+@one_line
 def add_master(masters: str, address: str) -> None:
     """Add the running master at ADDRESS (HOST:PORT) to the cluster."""
     host, port = split_host_port(address)
@@ -131,7 +132,7 @@ def add_master(masters: str, address: str) -> None:
 @group.command(name="remove")
 @_masters_option
 @click.argument("master")
-@one_line_errors
+@one_line
 def remove_master(masters: str, master: str) -> None:
     """Remove MASTER (a UUID or HOST:PORT) from the cluster."""
     addr, uuid = find_leader(_master_list(masters))

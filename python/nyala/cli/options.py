@@ -8,7 +8,6 @@ setting is a flag without touching the command line code.
 from __future__ import annotations
 
 import functools
-import sys
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
@@ -63,15 +62,15 @@ def given(values: dict[str, Any]) -> dict[str, Any]:
 
 
 def one_line_errors(fn: _F) -> _F:
-    """Reports a ``NyalaError`` as one line on stderr and exits 1 (no traceback)."""
+    """Reports a ``NyalaError`` as one line on stderr (JSON under ``--format json``) and exits
+    1 (no traceback); the cluster commands use the broader ``cluster_client.one_line``."""
+    from nyala.cli.cluster_client import fail
 
     @functools.wraps(fn)
     def run(*args: Any, **kwargs: Any) -> Any:
         try:
             return fn(*args, **kwargs)
         except NyalaError as exc:
-            message = " ".join(str(exc).split())  # one line, whatever the message held
-            print(f"nyala: error: {type(exc).__name__}: {message}", file=sys.stderr)
-            sys.exit(1)
+            fail(exc, str(kwargs.get("fmt", "table")))
 
     return run  # type: ignore[return-value]

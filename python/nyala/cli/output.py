@@ -75,4 +75,12 @@ def emit_one(doc: Mapping[str, Any], fmt: str) -> None:
         click.echo(f"{key.ljust(width)}  {text}")
 
 
-__all__ = ["FORMATS", "emit", "emit_one", "format_option", "render_table"]
+def replica_label(uuid: str | None, replicas: Sequence[Mapping[str, Any]]) -> str:
+    """A replica as tables print it everywhere: ``<uuid prefix>@<address>`` ("" if none)."""
+    if not uuid:
+        return ""
+    addr = next((r["addr"] for r in replicas if r["uuid"] == uuid), "?")
+    return f"{uuid[:8]}@{addr}"
+
+
+__all__ = ["FORMATS", "emit", "emit_one", "format_option", "render_table", "replica_label"]

@@ -1,4 +1,5 @@
-"""``nyala table ...``: create, list, describe, alter, delete, scan, count and load tables."""
+"""``nyala table ...``: create, list, describe, alter (rename, add/drop/rename columns), delete,
+scan, count, load and copy tables, and their statistics."""
 
 from __future__ import annotations
 
@@ -10,12 +11,13 @@ from typing import Any
 import click
 
 from nyala.cli.cluster_client import client_for, masters_option, one_line
-from nyala.cli.output import emit, emit_one, format_option
+from nyala.cli.output import emit, emit_one, format_option, replica_label
 from nyala.errors import InvalidArgumentError
 
 #: Rows per write when loading a file (one op batch each, split per tablet).
 LOAD_BATCH_ROWS = 100_000
-#: Rows ``scan`` prints when no ``--limit`` is given, to keep a terminal usable.
+#: Rows ``scan`` prints when no ``--limit`` is given (in every format), to keep a terminal
+#: usable; ``--limit 0`` prints every row.
 SCAN_PRINT_ROWS_DEFAULT = 1_000
 
 _WHERE = re.compile(
@@ -161,8 +163,8 @@ def describe(name: str, masters: str, fmt: str) -> None:
         {
             "tablet_id": t["tablet_id"],
             "partition": t["partition"],
-            "leader": t["leader"],
-            "replicas": [r["addr"] for r in t["replicas"]],
+            "leader": replica_label(t["leader"], t["replicas"]),
+            "replicas": [replica_label(r["uuid"], t["replicas"]) for r in t["replicas"]],
         }
         for t in doc["tablets"]
     ]
@@ -239,11 +241,171 @@ def drop_column(name: str, column: str, masters: str, fmt: str) -> None:
     emit_one({"table": name, "dropped": column, "schema_version": table.schema.version}, fmt)
 
 
+@group.command(name="rename-column")
+@click.argument("name")
+@click.argument("old")
+@click.argument("new")
+@masters_option
+@format_option
+@one_line
+def rename_column(name: str, old: str, new: str, masters: str, fmt: str) -> None:
+    """Rename column OLD of table NAME to NEW (key columns too; data is kept)."""
+    with client_for(masters) as client:
+        table = client.alter_table(name, rename_columns={old: new})
+    emit_one(
+        {"table": name, "renamed": old, "to": new, "schema_version": table.schema.version}, fmt
+    )
+
+
+_KUDU_OPS = {"=": "=", "<": "<", "<=": "<=", ">": ">", ">=": ">=", "IN": "in"}
+
+
+def parse_predicates(schema: Any, text: str) -> list[tuple[Any, ...]]:
+    """Kudu's JSON predicates (``kudu table copy -predicates``) as predicate tuples:
+    ``["AND", ["=", "id", 1], [">=", "v", 2.5], ["IN", "c", [1, 2]], ["NULL", "n"],
+    ["NOTNULL", "n"]]``."""
+    import json
+
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InvalidArgumentError(f"--predicates is not JSON: {exc}") from None
+    if not isinstance(doc, list) or not doc or str(doc[0]).upper() != "AND":
+        raise InvalidArgumentError('--predicates must look like ["AND", [OP, COLUMN, VALUE], ...]')
+    out: list[tuple[Any, ...]] = []
+    for term in doc[1:]:
+        if not isinstance(term, list) or len(term) < 2 or not isinstance(term[1], str):
+            raise InvalidArgumentError(f"--predicates: {term!r} is not [OP, COLUMN, ...]")
+        op, column = str(term[0]).upper(), term[1]
+        schema.column(column)
+        if op in ("NULL", "NOTNULL") and len(term) == 2:
+            out.append((column, "is null" if op == "NULL" else "is not null"))
+        elif op in _KUDU_OPS and len(term) == 3:
+            if op == "IN" and not isinstance(term[2], list):
+                raise InvalidArgumentError(f"--predicates: IN takes a list: {term!r}")
+            out.append((column, _KUDU_OPS[op], term[2]))
+        else:
+            raise InvalidArgumentError(f"--predicates: cannot use {term!r}")
+    return out
+
+
+@group.command(name="copy")
+@click.argument("src")
+@click.argument("dst")
+@click.option("--predicates", default=None, help="""Kudu's JSON: '["AND", [">=", "id", 10]]'.""")
+@click.option("--where", "wheres", multiple=True, help="Predicate like 'id >= 10' (repeat).")
+@click.option(
+    "--write-type",
+    type=click.Choice(["insert", "upsert"]),
+    default="insert",
+    show_default=True,
+    help="How rows are written to DST.",
+)
+@click.option(
+    "--create-table/--no-create-table",
+    default=True,
+    show_default=True,
+    help="Create DST like SRC (schema, hash levels, replicas) when it does not exist.",
+)
+@masters_option
+@format_option
+@one_line
+def copy(
+    src: str,
+    dst: str,
+    predicates: str | None,
+    wheres: tuple[str, ...],
+    write_type: str,
+    create_table: bool,
+    masters: str,
+    fmt: str,
+) -> None:
+    """Copy the rows of table SRC (those matching the predicates) into table DST, batch by
+    batch, with progress on a terminal. Exits 1 if any row was not written."""
+    from nyala.errors import NotFoundError
+
+    with client_for(masters) as client:
+        source = client.table(src)
+        where = [parse_where(source.schema, w) for w in wheres]
+        if predicates:
+            where += parse_predicates(source.schema, predicates)
+        try:
+            target = client.table(dst)
+        except NotFoundError:
+            if not create_table:
+                raise
+            target = client.create_table(
+                dst,
+                source.schema,
+                partitioning=_same_partitioning(source.partition_schema),
+                replicas=client.describe_table(src)["replicas"],
+            )
+        started = time.monotonic()
+        copied = failed = 0
+        progress = _CopyProgress(enabled=fmt != "json")
+        for batch in source.scan(where=where):
+            result = target.write(batch, write_type)
+            copied += result.applied
+            failed += batch.num_rows - result.applied
+            progress.update(copied, started)
+        progress.finish()
+    elapsed = time.monotonic() - started
+    emit_one(
+        {
+            "source": src,
+            "destination": dst,
+            "rows": copied,
+            "failed": failed,
+            "rows_per_s": round(copied / elapsed) if elapsed > 0 else None,
+        },
+        fmt,
+    )
+    if failed:
+        raise SystemExit(1)
+
+
+def _same_partitioning(partition_schema: Any) -> Any:
+    """The hash levels of ``partition_schema``, and its range columns as one unbounded range
+    (range splits are not copied)."""
+    from nyala.partition import RangePartitioning
+
+    spec: list[Any] = list(partition_schema.hash_levels)
+    if partition_schema.range_columns:
+        spec.append(RangePartitioning(list(partition_schema.range_columns), []))
+    return spec or None
+
+
+class _CopyProgress:
+    """Rows copied so far and rows per second, on one stderr line, only on a terminal."""
+
+    def __init__(self, *, enabled: bool) -> None:
+        self._stream = click.get_text_stream("stderr")
+        self._enabled = enabled and self._stream.isatty()
+        self._shown = False
+
+    def update(self, rows: int, started: float) -> None:
+        if self._enabled:
+            rate = rows / max(time.monotonic() - started, 1e-6)
+            self._stream.write(f"\rcopied {rows:,} rows, {rate:,.0f} rows/s")
+            self._stream.flush()
+            self._shown = True
+
+    def finish(self) -> None:
+        if self._shown:
+            self._stream.write("\n")
+
+
 @group.command(name="scan")
 @click.argument("name")
 @click.option("--columns", default=None, help="Columns to return, comma-separated.")
 @click.option("--where", "wheres", multiple=True, help="Predicate like 'id >= 10' (repeat).")
-@click.option("--limit", type=int, default=None, help="At most this many rows.")
+@click.option(
+    "--limit",
+    type=click.IntRange(min=0),
+    default=SCAN_PRINT_ROWS_DEFAULT,
+    show_default=True,
+    help="At most this many rows, in every format (0: all).",
+)
 @click.option(
     "--replica",
     type=click.Choice(["leader", "closest", "any", "follower"]),
@@ -264,27 +426,34 @@ def scan(
     name: str,
     columns: str | None,
     wheres: tuple[str, ...],
-    limit: int | None,
+    limit: int,
     replica: str,
     max_staleness_ms: int,
     masters: str,
     fmt: str,
 ) -> None:
-    """Print the rows of table NAME (a table prints at most 1000 rows unless --limit)."""
+    """Print the rows of table NAME: at most --limit (1000) rows in any format; when rows
+    were left out, a notice on stderr says so."""
     with client_for(masters) as client:
         table = client.table(name)
         names = [c.strip() for c in columns.split(",")] if columns else None
         where = [parse_where(table.schema, w) for w in wheres]
-        shown = limit if limit is not None or fmt == "json" else SCAN_PRINT_ROWS_DEFAULT
         scanner = table.scan(
             columns=names,
             where=where,
-            limit=shown,
+            limit=limit + 1 if limit else None,  # one more row tells whether any were cut
             replica=replica,
             max_staleness_ms=max_staleness_ms,
         )
         rows = scanner.to_arrow().to_pylist()
-    emit(rows, fmt, columns=names or table.schema.names)
+    truncated = bool(limit) and len(rows) > limit
+    emit(rows[:limit] if limit else rows, fmt, columns=names or table.schema.names)
+    if truncated:
+        click.echo(
+            f"nyala: showing the first {limit:,} rows; more match (--limit N for more, "
+            "--limit 0 for all)",
+            err=True,
+        )
 
 
 @group.command(name="count")
@@ -299,6 +468,23 @@ def count(name: str, wheres: tuple[str, ...], masters: str, fmt: str) -> None:
         table = client.table(name)
         rows = table.count(where=[parse_where(table.schema, w) for w in wheres])
     emit_one({"table": name, "rows": rows}, fmt)
+
+
+@group.command(name="statistics")
+@click.argument("name")
+@masters_option
+@format_option
+@one_line
+def statistics(name: str, masters: str, fmt: str) -> None:
+    """Rows (an estimate) and bytes on disk of table NAME, per tablet and in total, from the
+    tablet leaders' latest reports to the master: no scan, up to one heartbeat old."""
+    with client_for(masters) as client:
+        doc = client.table_statistics(name)
+    if fmt == "json":
+        emit_one(doc, fmt)
+        return
+    emit(doc["tablets"], fmt)
+    click.echo(f"total: {doc['rows']:,} rows, {doc['on_disk_bytes']:,} bytes on disk")
 
 
 @group.command(name="load")

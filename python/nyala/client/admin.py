@@ -96,10 +96,15 @@ class ReplicaAdminMixin:
         *,
         wait: bool = True,
         timeout_s: float | None = None,
+        force: bool = False,
     ) -> str:
-        """Makes the replica on ``ts_uuid`` a VOTER or a NON_VOTER."""
+        """Makes the replica on ``ts_uuid`` a VOTER or a NON_VOTER. The leader's type is
+        refused (``IllegalStateError``) unless ``force``: it then hands leadership over."""
         request = master_pb2.ChangeReplicaTypeRequestPB(
-            tablet_id=tablet_id, ts_uuid=ts_uuid, member_type=member_type(replica_type)
+            tablet_id=tablet_id,
+            ts_uuid=ts_uuid,
+            member_type=member_type(replica_type),
+            force=force,
         )
         return self._until_done(
             lambda s: s.master.ChangeReplicaType, request, wait=wait, timeout_s=timeout_s

@@ -24,7 +24,7 @@ from nyala.client.table import Table
 from nyala.client.write import Writer, WriteResult
 from nyala.partition import PartitioningSpec, PartitionSchema, range_spec_to_pb
 from nyala.rowops import OpType, PreparedRows, prepare_op_batch
-from nyala.rpc.errors import join_host_port
+from nyala.rpc.errors import join_host_port, split_host_port
 from nyala.rpc.messages import Addressable, Answer
 from nyala.rpc.schema_pb import column_to_pb, schema_to_pb
 from nyala.rpc.settings import RpcSettings
@@ -46,10 +46,18 @@ def connect(
     *,
     timeout_ms: int = CLIENT_TIMEOUT_MS,
     admin_timeout_ms: int = ADMIN_TIMEOUT_MS,
+    unreachable_fail_ms: int | None = None,
 ) -> Client:
     """A client of the cluster whose masters are ``masters`` (``"h1:p,h2:p"`` or a list).
-    Finds the leader master now, so a wrong address fails here with a clear error."""
-    client = Client(masters, timeout_ms=timeout_ms, admin_timeout_ms=admin_timeout_ms)
+    Finds the leader master now, so a wrong address fails here with a clear error.
+    ``unreachable_fail_ms``: give up (``NetworkError``, with each master's own error) once no
+    master could be reached at all for this long, instead of retrying until ``timeout_ms``."""
+    client = Client(
+        masters,
+        timeout_ms=timeout_ms,
+        admin_timeout_ms=admin_timeout_ms,
+        unreachable_fail_ms=unreachable_fail_ms,
+    )
     try:
         client._masters.discover(time.monotonic() + timeout_ms / 1000)
     except BaseException:
@@ -67,12 +75,18 @@ class Client:
         *,
         timeout_ms: int = CLIENT_TIMEOUT_MS,
         admin_timeout_ms: int = ADMIN_TIMEOUT_MS,
+        unreachable_fail_ms: int | None = None,
     ) -> None:
         self.master_addrs = parse_masters(masters)
         self.timeout_ms = timeout_ms
         self.admin_timeout_ms = admin_timeout_ms
         self._pool = ChannelPool(RpcSettings())
-        self._masters = MasterConnection(self.master_addrs, self._pool, timeout_ms=timeout_ms)
+        self._masters = MasterConnection(
+            self.master_addrs,
+            self._pool,
+            timeout_ms=timeout_ms,
+            unreachable_fail_ms=unreachable_fail_ms,
+        )
         self._cache = MetaCache(self._masters)
         self._executor = ThreadPoolExecutor(WRITE_THREADS, thread_name_prefix="nyala-write")
         self._writer = Writer(self._cache, self._pool, self._executor, timeout_ms=timeout_ms)
@@ -185,6 +199,30 @@ class Client:
             for t in response.tables
         ]
 
+    def table_statistics(self, name: str) -> dict[str, Any]:
+        """The table's size from its tablet leaders' latest reports (no scan; up to one
+        tserver heartbeat old): ``rows`` (an estimate until compaction) and ``on_disk_bytes``
+        in total and per tablet; a tablet whose leader has not reported yet counts as 0 with
+        ``reported`` False."""
+        request = master_pb2.GetTableStatisticsRequestPB(
+            table=master_pb2.TableIdentifierPB(table_name=name)
+        )
+        response = self._master_call(lambda s: s.master.GetTableStatistics, request)
+        return {
+            "table": name,
+            "rows": response.live_row_count,
+            "on_disk_bytes": response.on_disk_bytes,
+            "tablets": [
+                {
+                    "tablet_id": t.tablet_id,
+                    "reported": t.reported,
+                    "rows": t.stats.live_row_count,
+                    "on_disk_bytes": t.stats.on_disk_bytes,
+                }
+                for t in response.tablets
+            ],
+        }
+
     def describe_table(self, name: str) -> dict[str, Any]:
         """Schema, partitioning and tablets of a table, as plain data."""
         table = self.table(name)
@@ -211,7 +249,9 @@ class Client:
     # --- cluster listings ---------------------------------------------------------------------
 
     def list_tablet_servers(self) -> list[dict[str, Any]]:
-        """Every tablet server the leader master knows, with liveness and replica count."""
+        """Every tablet server the leader master knows, with liveness and replica count:
+        ``state`` is LIVE, UNRESPONSIVE (a heartbeat is overdue) or DEAD, and ``live`` is
+        whether it is LIVE."""
         response = self._master_call(
             lambda s: s.master.ListTabletServers, master_pb2.ListTabletServersRequestPB()
         )
@@ -219,7 +259,8 @@ class Client:
             {
                 "uuid": s.ts_info.permanent_uuid,
                 "rpc_addr": join_host_port(s.ts_info.rpc_addr.host, s.ts_info.rpc_addr.port),
-                "live": s.live,
+                "state": s.state or ("LIVE" if s.live else "DEAD"),
+                "live": s.state == "LIVE" if s.state else s.live,
                 "replicas": s.num_replicas,
                 "seconds_since_heartbeat": round(s.millis_since_heartbeat / 1000, 1),
             }
@@ -298,11 +339,13 @@ class Admin(ReplicaAdminMixin):
         self._client = client
 
     def list_tablets(self, table: str | None = None) -> list[dict[str, Any]]:
-        """Tablets of one table or of every table, with their replicas and leader."""
+        """Tablets of one table or of every table, with their replicas and leader, as the
+        leader master knows them now (not from this client's location cache)."""
         names = [table] if table else [t["name"] for t in self._client.list_tables()]
         out = []
         for name in names:
             handle = self._client.table(name)
+            self._client._cache.invalidate(handle.id)
             for tablet in handle.tablets():
                 out.append({"table": name, **tablet_summary(tablet, handle.partition_schema)})
         return out
@@ -326,13 +369,72 @@ class Admin(ReplicaAdminMixin):
         stubs = self._client._pool.get(leader.addr)
         stubs.call(stubs.consensus.LeaderStepDown, request, self._client.admin_timeout_ms)
 
+    def change_config(
+        self,
+        tablet_id: str,
+        change: str,
+        ts_uuid: str,
+        *,
+        replica_type: str | None = None,
+        cas_config_opid_index: int | None = None,
+    ) -> dict[str, Any]:
+        """Raft ChangeConfig sent straight to the tablet's leader (Kudu's ``tablet
+        change_config``): ``change`` is ADD_PEER, REMOVE_PEER or MODIFY_PEER of the replica on
+        ``ts_uuid``. With ``cas_config_opid_index`` it applies only if the committed config's
+        op index still equals it (``CasFailedError`` otherwise). Returns the new (pending)
+        config. The master is not asked: it may undo the change to keep the replication
+        factor (see ``catalog_manager_evict_excess_replicas``)."""
+        kinds = {
+            "ADD_PEER": consensus_pb2.ADD_PEER,
+            "REMOVE_PEER": consensus_pb2.REMOVE_PEER,
+            "MODIFY_PEER": consensus_pb2.MODIFY_PEER,
+        }
+        kind = kinds.get(change.upper())
+        if kind is None:
+            raise errors.InvalidArgumentError(f"change must be one of {sorted(kinds)}: {change!r}")
+        tablet = self._find(tablet_id)
+        leader = tablet.leader
+        if leader is None:
+            raise errors.ServiceUnavailableError(f"tablet {tablet_id} has no known leader")
+        server = metadata_pb2.RaftPeerPB(permanent_uuid=ts_uuid)
+        if replica_type is not None:
+            from nyala.client.admin import member_type
+
+            server.member_type = member_type(replica_type)
+        if kind == consensus_pb2.ADD_PEER:
+            servers = {s["uuid"]: s for s in self._client.list_tablet_servers()}
+            if ts_uuid not in servers:
+                raise errors.NotFoundError(f"no tablet server {ts_uuid}")
+            host, port = split_host_port(servers[ts_uuid]["rpc_addr"])
+            server.last_known_addr.host, server.last_known_addr.port = host, port
+        request = consensus_pb2.ChangeConfigRequestPB(
+            dest_uuid=leader.uuid, tablet_id=tablet_id, type=kind, server=server
+        )
+        if cas_config_opid_index is not None:
+            request.cas_config_opid_index = cas_config_opid_index
+        stubs = self._client._pool.get(leader.addr)
+        answer = stubs.call(stubs.consensus.ChangeConfig, request, self._client.admin_timeout_ms)
+        return config_summary(answer.new_config)
+
     def _find(self, tablet_id: str) -> TabletLocation:
         for entry in self._client.list_tables():
             handle = self._client.table(entry["name"])
+            self._client._cache.invalidate(handle.id)  # the leader as the master knows it now
             for tablet in handle.tablets():
                 if tablet.tablet_id == tablet_id:
                     return tablet
         raise errors.NotFoundError(f"no tablet {tablet_id}")
+
+
+def config_summary(config: metadata_pb2.RaftConfigPB) -> dict[str, Any]:
+    """A Raft config as plain data: its op index and each peer's uuid and member type."""
+    return {
+        "opid_index": config.opid_index if config.HasField("opid_index") else None,
+        "peers": [
+            {"uuid": p.permanent_uuid, "member_type": metadata_pb2.MemberType.Name(p.member_type)}
+            for p in config.peers
+        ],
+    }
 
 
 def tablet_summary(tablet: TabletLocation, partition_schema: PartitionSchema) -> dict[str, Any]:

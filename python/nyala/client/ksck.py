@@ -300,11 +300,13 @@ def _check_tablet(tablet: TabletView) -> list[Finding]:
     return out
 
 
-def run(masters: Sequence[str]) -> tuple[ClusterSnapshot, list[Finding]]:
+def run(
+    masters: Sequence[str], *, leader_wait_s: float = 10.0
+) -> tuple[ClusterSnapshot, list[Finding]]:
     """``gather`` then ``check``."""
     if not masters:
         raise TimedOutError("no masters given")
-    snapshot = gather(masters)
+    snapshot = gather(masters, leader_wait_s=leader_wait_s)
     return snapshot, check(snapshot)
 
 

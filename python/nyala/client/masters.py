@@ -6,6 +6,11 @@ UUID as ``dest_uuid``; on ``NOT_THE_LEADER``, ``CATALOG_MANAGER_NOT_INITIALIZED`
 or wrong server it rediscovers and retries with back-off until the call's deadline. A client
 configured with masters that are not the cluster's (another count, or an address the cluster
 does not list) is refused with ``InvalidArgumentError`` rather than half-working.
+
+With ``unreachable_fail_ms`` (the command line sets it), discovery gives up early when no
+master could be reached at all (nothing listens, no route) for that long, raising
+``NetworkError`` with each master's own error ("Connection refused") instead of retrying until
+the deadline; a master that answers, even as a follower, keeps the retries going.
 """
 
 from __future__ import annotations
@@ -55,13 +60,29 @@ def parse_masters(masters: str | Sequence[str]) -> list[str]:
     return addrs
 
 
+class _NoLeader(errors.ServiceUnavailableError):
+    """No master answered as a ready leader in one round; ``unreachable``: none answered."""
+
+    def __init__(self, message: str, *, unreachable: bool) -> None:
+        super().__init__(message)
+        self.unreachable = unreachable
+
+
 class MasterConnection:
     """The client's link to the leader master."""
 
-    def __init__(self, masters: Sequence[str], pool: ChannelPool, *, timeout_ms: int) -> None:
+    def __init__(
+        self,
+        masters: Sequence[str],
+        pool: ChannelPool,
+        *,
+        timeout_ms: int,
+        unreachable_fail_ms: int | None = None,
+    ) -> None:
         self.masters = list(masters)
         self.pool = pool
         self.timeout_ms = timeout_ms
+        self.unreachable_fail_ms = unreachable_fail_ms
         self._leader: LeaderMaster | None = None
         self._lock = threading.Lock()
 
@@ -74,6 +95,7 @@ class MasterConnection:
         """Asks every master until one leads with a loaded catalog or ``deadline`` passes."""
         backoff = Backoff(deadline)
         last: Exception | None = None
+        unreachable_since: float | None = None
         while True:
             try:
                 leader = self._discover_once(min(CONNECT_ROUND_TIMEOUT_MS, backoff.remaining_ms()))
@@ -82,6 +104,17 @@ class MasterConnection:
                 return leader
             except errors.InvalidArgumentError:
                 raise
+            except _NoLeader as exc:
+                last = exc
+                now = time.monotonic()
+                unreachable_since = (unreachable_since or now) if exc.unreachable else None
+                limit_ms = self.unreachable_fail_ms
+                if (
+                    unreachable_since is not None
+                    and limit_ms is not None
+                    and (now - unreachable_since) * 1000 >= limit_ms
+                ):
+                    raise errors.NetworkError(f"no master could be reached: {exc}") from None
             except errors.NyalaError as exc:
                 last = exc
             if backoff.expired():
@@ -98,11 +131,13 @@ class MasterConnection:
             calls.append((stubs, stubs.start(stubs.master.ConnectToMaster, request, timeout_ms)))
         problems: list[str] = []
         found: LeaderMaster | None = None
+        unreachable = 0
         for stubs, future in calls:
             try:
                 response = stubs.finish(future)
             except errors.NyalaError as exc:
-                problems.append(f"{stubs.addr}: {type(exc).__name__}")
+                unreachable += isinstance(exc, errors.NetworkError)
+                problems.append(f"{stubs.addr}: {type(exc).__name__}: {_cause(exc)}")
                 continue
             self._check_membership(stubs.addr, response)
             if response.role == master_pb2.ROLE_LEADER and response.catalog_ready:
@@ -111,7 +146,10 @@ class MasterConnection:
             else:
                 problems.append(f"{stubs.addr}: not a ready leader")
         if found is None:
-            raise errors.ServiceUnavailableError("; ".join(problems) or "no master answered")
+            raise _NoLeader(
+                "; ".join(problems) or "no master answered",
+                unreachable=unreachable == len(calls),
+            )
         return found
 
     def _check_membership(self, addr: str, response: master_pb2.ConnectToMasterResponsePB) -> None:
@@ -155,6 +193,15 @@ class MasterConnection:
                         f"master call failed until the deadline: {exc}"
                     ) from exc
                 backoff.sleep()
+
+
+def _cause(exc: errors.NyalaError) -> str:
+    """The useful end of a transport error: gRPC's last error ("Connection refused")."""
+    text = " ".join(str(exc).split())
+    _, sep, last = text.rpartition("last error: ")
+    if sep:
+        return last.rsplit(": ", 1)[-1] if ": " in last else last
+    return text
 
 
 __all__ = ["LeaderMaster", "MasterConnection", "parse_masters"]

@@ -160,6 +160,13 @@ class Gauge(_Metric):
         ]
 
 
+class ObservedCounter(Gauge):
+    """A counter whose series are read from ``set_callback`` at each render (the totals live
+    elsewhere, e.g. plain ints on each tablet replica, so the hot path pays no lock)."""
+
+    kind = "counter"
+
+
 class _HistogramSeries:
     __slots__ = ("bucket_counts", "count", "total")
 
@@ -249,6 +256,18 @@ class MetricsRegistry:
     def gauge(self, name: str, help_text: str, label_names: Sequence[str] = ()) -> Gauge:
         """Registers and returns a new gauge."""
         return self._register(Gauge(name, help_text, label_names))
+
+    def observed_counter(
+        self,
+        name: str,
+        help_text: str,
+        label_names: Sequence[str],
+        callback: Callable[[], Iterable[tuple[dict[str, str], float]]],
+    ) -> ObservedCounter:
+        """Registers a counter read from ``callback`` at each render."""
+        counter = self._register(ObservedCounter(name, help_text, label_names))
+        counter.set_callback(callback)
+        return counter
 
     def histogram(
         self,

@@ -89,3 +89,13 @@ def tune_allocator() -> bool:
     trimmed = mallopt(_M_TRIM_THRESHOLD, SERVER_TRIM_THRESHOLD_BYTES)
     mapped = mallopt(_M_MMAP_THRESHOLD, SERVER_MMAP_THRESHOLD_BYTES)
     return bool(trimmed and mapped)
+
+
+def resident_bytes() -> int:
+    """This process's resident set size in bytes (0 where ``/proc`` is missing)."""
+    try:
+        with open("/proc/self/statm", "rb") as statm:
+            pages = int(statm.read().split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0
+    return pages * os.sysconf("SC_PAGE_SIZE")

@@ -588,6 +588,7 @@ class RaftCore:
         assert op_id.index == index
         self._pending_config = config
         self._refresh_passive_role()
+        self._reset_election_timer()  # a survivor left as the sole voter campaigns at once
         self._flush_meta()
         return op_id
 
@@ -767,8 +768,19 @@ class RaftCore:
         jitter = self._opts.election_jitter_fraction
         return int(backoff * self._rng.uniform(1.0 - jitter, 1.0 + jitter))
 
+    def _sole_voter(self) -> bool:
+        """Whether this replica is the only VOTER of its newest config (it needs no votes)."""
+        return self.active_config.voters() == (self.uuid,)
+
     def _reset_election_timer(self, *, snooze_ms: int | None = None) -> None:
-        delay = self._election_timeout_ms() if snooze_ms is None else snooze_ms
+        # A sole voter elects itself at once (Kudu: the initial single-node election): its
+        # election needs nobody else, so waiting out a failure detector only delays writes.
+        if snooze_ms is not None:
+            delay = snooze_ms
+        elif self._sole_voter():
+            delay = 0
+        else:
+            delay = self._election_timeout_ms()
         self._election_deadline_ms = self._clock.now_ms() + delay
 
     # --- role transitions -------------------------------------------------------------------

@@ -79,6 +79,24 @@ class Locations:
                 replica.role = master_pb2.ROLE_FOLLOWER
         return pb
 
+    def table_statistics(
+        self, request: master_pb2.GetTableStatisticsRequestPB
+    ) -> master_pb2.GetTableStatisticsResponsePB:
+        """A table's rows and bytes, summed over the latest size each tablet's leader reported
+        (a tablet no leader has reported yet counts as 0 and says so)."""
+        table = self._m.require_leader().table(request.table)
+        response = master_pb2.GetTableStatisticsResponsePB()
+        for tablet in table.live_tablets():
+            leader = tablet.pb.consensus_state.leader_uuid
+            report = self._m.reports.get(tablet.tablet_id, {}).get(leader)
+            entry = response.tablets.add(tablet_id=tablet.tablet_id)
+            if report is not None and report.HasField("stats"):
+                entry.reported = True
+                entry.stats.CopyFrom(report.stats)
+                response.live_row_count += report.stats.live_row_count
+                response.on_disk_bytes += report.stats.on_disk_bytes
+        return response
+
     def list_tables(self, name_filter: str) -> list[TableInfo]:
         """Live tables whose name contains ``name_filter``, by name."""
         catalog = self._m.require_leader()

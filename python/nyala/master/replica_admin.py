@@ -205,9 +205,15 @@ class ReplicaAdmin:
         return await self._change(tablet, consensus_pb2.REMOVE_PEER, peer, f"removing {ts_uuid}")
 
     async def change_replica_type(
-        self, tablet_id: str, ts_uuid: str, member_type: metadata_pb2.MemberType.ValueType
+        self,
+        tablet_id: str,
+        ts_uuid: str,
+        member_type: metadata_pb2.MemberType.ValueType,
+        *,
+        force: bool = False,
     ) -> Outcome:
-        """ChangeReplicaType: done once ``ts_uuid`` has ``member_type``."""
+        """ChangeReplicaType: done once ``ts_uuid`` has ``member_type``. The leader's type is
+        refused (Kudu's rule) unless ``force``: then it hands leadership over first."""
         if member_type not in (_VOTER, _NON_VOTER):
             raise InvalidArgumentError("member_type must be VOTER or NON_VOTER")
         tablet = await self._tablet(tablet_id)
@@ -217,6 +223,11 @@ class ReplicaAdmin:
         if peer.member_type == member_type:
             return Outcome(True, f"{ts_uuid} is a {_name(member_type)} of {tablet_id}")
         if ts_uuid == tablet.leader_uuid:
+            if not force:
+                raise IllegalStateError(
+                    f"{ts_uuid} leads {tablet_id}: the leader's type is not changed (step it "
+                    "down first, or force it: it then hands leadership over)"
+                )
             return await self._step_down(tablet)
         new = metadata_pb2.RaftPeerPB(permanent_uuid=ts_uuid, member_type=member_type)
         new.last_known_addr.CopyFrom(peer.last_known_addr)

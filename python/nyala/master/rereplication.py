@@ -89,12 +89,19 @@ def _can_evict(peers: list[PeerView], uuid: str) -> bool:
 
 
 def decide(
-    peers: list[PeerView], leader_uuid: str, target_voters: int, *, evict_first: bool
+    peers: list[PeerView],
+    leader_uuid: str,
+    target_voters: int,
+    *,
+    evict_first: bool,
+    evict_excess: bool = True,
 ) -> Decision:
     """The one change to make to a tablet whose committed config is ``peers`` (pure).
 
     One change at a time (Raft's one-by-one rule): while a NON_VOTER is being promoted nothing
     else is added, and a removal waits for the config it is based on to be the committed one.
+    ``evict_excess`` False (``catalog_manager_evict_excess_replicas``) keeps healthy voters
+    beyond the replication factor, such as one an operator added.
     """
     voters = [p for p in peers if p.voter]
     promoting = [p for p in peers if not p.voter and p.promote]
@@ -108,7 +115,7 @@ def decide(
         decision = _evict_one(peers, bad, leader_uuid)
         if decision.action is not Action.NONE:
             return decision
-    if not bad and len(voters) > target_voters and not promoting:
+    if evict_excess and not bad and len(voters) > target_voters and not promoting:
         # Over-replicated (the replication factor was lowered): drop a non-leader voter.
         extra = [p for p in voters if p.uuid != leader_uuid]
         if extra and _can_evict(peers, extra[-1].uuid):
@@ -215,7 +222,13 @@ class Rereplicator:
             if table is None or table.is_removed or not leader or self.server_failed(leader):
                 continue
             peers = self.peer_views(tablet)
-            decision = decide(peers, leader, int(table.pb.num_replicas), evict_first=evict_first)
+            decision = decide(
+                peers,
+                leader,
+                int(table.pb.num_replicas),
+                evict_first=evict_first,
+                evict_excess=self._m.settings.catalog_manager_evict_excess_replicas,
+            )
             change = self._change(tablet, leader, decision, load)
             if change is not None:
                 out.append(change)

@@ -250,6 +250,7 @@ class MasterServer(ServerBase):
                 "http_addr": ts.http_addr,
                 "millis_since_heartbeat": ts.millis_since_heartbeat(),
                 "live": ts_manager.is_live(ts),
+                "state": ts_manager.state(ts),
             }
             for ts in ts_manager.all()
         ]

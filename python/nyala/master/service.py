@@ -117,6 +117,16 @@ class MasterService(ServiceBase, master_pb2_grpc.MasterServiceServicer):
     ) -> master_pb2.GetTableLocationsResponsePB:
         return self._locations.table_locations(request)
 
+    @unary(master_pb2.GetTableStatisticsResponsePB)
+    async def GetTableStatistics(
+        self,
+        request: master_pb2.GetTableStatisticsRequestPB,
+        context: Context[
+            master_pb2.GetTableStatisticsRequestPB, master_pb2.GetTableStatisticsResponsePB
+        ],
+    ) -> master_pb2.GetTableStatisticsResponsePB:
+        return self._locations.table_statistics(request)
+
     @unary(master_pb2.ListTablesResponsePB)
     async def ListTables(
         self,
@@ -152,6 +162,7 @@ class MasterService(ServiceBase, master_pb2_grpc.MasterServiceServicer):
                 millis_since_heartbeat=ts.millis_since_heartbeat(),
                 live=ts_manager.is_live(ts),
                 num_replicas=counts.get(ts.uuid, 0),
+                state=ts_manager.state(ts),
             )
         return response
 
@@ -219,7 +230,7 @@ class MasterService(ServiceBase, master_pb2_grpc.MasterServiceServicer):
         context: Context[master_pb2.ChangeReplicaTypeRequestPB, master_pb2.ReplicaAdminResponsePB],
     ) -> master_pb2.ReplicaAdminResponsePB:
         outcome = await self._admin.change_replica_type(
-            request.tablet_id, request.ts_uuid, request.member_type
+            request.tablet_id, request.ts_uuid, request.member_type, force=request.force
         )
         return outcome.to_pb()
 

@@ -32,6 +32,10 @@ class MasterSettings(ServerSettings):
     background_task_interval_ms: int = 500
     # 3-4-3: add the replacement before evicting a bad voter; False: the old 3-2-3 order.
     prepare_replacement_before_eviction: bool = True
+    # Evict healthy voters beyond a table's replication factor (Kudu's flag of this name).
+    # False keeps them: an operator's add-replica of a VOTER stays, and lowering the
+    # replication factor removes nothing.
+    catalog_manager_evict_excess_replicas: bool = True
     # How long after sending an RPC for one tablet the background tasks send it again.
     background_rpc_retry_ms: int = 2_000
     # A sys-catalog write not committed within this long fails; the master then steps down.

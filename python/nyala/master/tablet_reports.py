@@ -35,7 +35,10 @@ class TabletReports:
     ) -> master_pb2.TSHeartbeatResponsePB:
         """Handles a tserver heartbeat on any master; reports count only on the leader."""
         ts = self._m.ts_manager.heartbeat(
-            request.ts_uuid, request.ts_instance_seqno, request.registration
+            request.ts_uuid,
+            request.ts_instance_seqno,
+            request.registration,
+            interval_ms=request.heartbeat_interval_ms,
         )
         response = master_pb2.TSHeartbeatResponsePB(master_uuid=self._m.uuid)
         status = self._m.status()

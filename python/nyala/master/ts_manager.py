@@ -3,6 +3,12 @@
 Every master keeps this, followers included, because every tserver heartbeats to every master
 (seed 002, "Heartbeat to all masters"): a newly elected leader already knows every live tserver
 and places tablets on all of them at once (KUDU-1358). Nothing here is persisted.
+
+A server's state, as listings show it: LIVE while heard within ``OVERDUE_HEARTBEATS`` of its
+own heartbeat interval, UNRESPONSIVE once a heartbeat is overdue (a SIGKILLed server shows so
+within 1.5 s by default), DEAD after ``tserver_unresponsive_timeout_ms``. Placement and
+re-replication go by ``is_live`` (not DEAD) only, so a server that merely missed a heartbeat or
+two under load keeps its replicas.
 """
 
 from __future__ import annotations
@@ -12,6 +18,14 @@ from dataclasses import dataclass, field
 
 from nyala._proto import master_pb2
 from nyala.rpc import join_host_port
+
+#: A server is UNRESPONSIVE once this many of its heartbeat intervals passed without one (a
+#: heartbeat goes out an interval after the previous one finished: 1.5 leaves room for it).
+OVERDUE_HEARTBEATS = 1.5
+#: The heartbeat interval assumed of a server that does not say (the tserver default).
+HEARTBEAT_INTERVAL_MS_DEFAULT = 1_000
+
+LIVE, UNRESPONSIVE, DEAD = "LIVE", "UNRESPONSIVE", "DEAD"
 
 
 @dataclass
@@ -27,6 +41,7 @@ class TSDescriptor:
     # instance or a new term needs a new full report before incremental ones count.
     full_report_seen: tuple[int, int] | None = None
     registration: master_pb2.TSRegistrationPB = field(kw_only=True, repr=False)
+    heartbeat_interval_ms: int = field(default=HEARTBEAT_INTERVAL_MS_DEFAULT, kw_only=True)
 
     def millis_since_heartbeat(self) -> int:
         """Milliseconds since the last heartbeat."""
@@ -53,9 +68,15 @@ class TSManager:
         return int((time.monotonic() - self._started_s) * 1000)
 
     def heartbeat(
-        self, uuid: str, instance_seqno: int, registration: master_pb2.TSRegistrationPB
+        self,
+        uuid: str,
+        instance_seqno: int,
+        registration: master_pb2.TSRegistrationPB,
+        *,
+        interval_ms: int = 0,
     ) -> TSDescriptor:
-        """Records a heartbeat (registering a new server or a new instance of one)."""
+        """Records a heartbeat (registering a new server or a new instance of one);
+        ``interval_ms`` is the server's heartbeat interval (0: not said)."""
         rpc = join_host_port(registration.rpc_addr.host, registration.rpc_addr.port)
         http = join_host_port(registration.http_addr.host, registration.http_addr.port)
         now = time.monotonic()
@@ -66,6 +87,7 @@ class TSManager:
         else:
             ts.rpc_addr, ts.http_addr, ts.last_heartbeat_s = rpc, http, now
             ts.registration = registration
+        ts.heartbeat_interval_ms = interval_ms or HEARTBEAT_INTERVAL_MS_DEFAULT
         return ts
 
     def get(self, uuid: str) -> TSDescriptor | None:
@@ -75,6 +97,13 @@ class TSManager:
     def is_live(self, ts: TSDescriptor) -> bool:
         """Heard from within the unresponsive timeout."""
         return ts.millis_since_heartbeat() < self._unresponsive_timeout_ms
+
+    def state(self, ts: TSDescriptor) -> str:
+        """LIVE, UNRESPONSIVE (a heartbeat is overdue) or DEAD (not ``is_live``)."""
+        if not self.is_live(ts):
+            return DEAD
+        overdue_ms = int(OVERDUE_HEARTBEATS * ts.heartbeat_interval_ms)
+        return LIVE if ts.millis_since_heartbeat() <= overdue_ms else UNRESPONSIVE
 
     def all(self) -> list[TSDescriptor]:
         """Every known server, by UUID."""

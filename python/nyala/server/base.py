@@ -154,7 +154,12 @@ class ServerBase:
             RealClock(),
             raft_options=self._raft_options(),
             isolate_failure=not self.REPLICA_FAILURE_STOPS_SERVER,
+            on_consensus_change=self._on_consensus_change,
         )
+
+    def _on_consensus_change(self) -> None:
+        """A replica's role, term, leader or committed config changed (on the event loop); a
+        tablet server reports it to the masters at once."""
 
     def _raft_options(self) -> RaftOptions:
         s = self.server_settings
@@ -213,9 +218,13 @@ class ServerBase:
         """Flushes one replica's MemRowSet off the event loop. A failure is logged: the rows
         stay in memory and in the WAL, and the next round tries again."""
         try:
-            await asyncio.to_thread(storage.flush)
+            rowset = await asyncio.to_thread(storage.flush)
         except NyalaError as exc:
             log.warning("flush of tablet %s failed: %s", tablet_id, exc)
+            return
+        replica = None if self.tablets is None else self.tablets.lookup(tablet_id)
+        if rowset is not None and replica is not None:
+            replica.flushes += 1
 
     async def _quarantine_loop(self) -> None:
         """Purges quarantined replicas past ``quarantine_retention_s``, and the oldest while

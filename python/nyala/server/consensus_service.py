@@ -229,6 +229,7 @@ class ConsensusService(ServiceBase, consensus_pb2_grpc.ConsensusServiceServicer)
             request.caller_id,
             voters,
         )
-        # The runtime's tick loop executes the core's effects (the new term's election).
-        runtime.core.unsafe_change_config(voters)
+        # The runtime executes the core's effects and re-arms its timer (the new term's
+        # election: at once when this replica is left as the sole voter).
+        runtime.unsafe_change_config(voters)
         return consensus_pb2.UnsafeChangeConfigResponsePB()

@@ -24,6 +24,8 @@ import struct
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+import numpy as np
+
 from nyala.consensus.runtime.wal_log import WalEntryBatch, WalLog
 from nyala.consensus.types import EntryKind
 from nyala.errors import CorruptionError, InvalidArgumentError
@@ -93,6 +95,9 @@ class Applier:
         # are not kept by index: a follower never collects, and keeping tens of thousands of
         # uncollected outcomes made the garbage collector's full passes slow its event loop.
         self._collectors = 0
+        # Metrics: rows of applied WRITE entries that ended OK, and those that failed.
+        self.rows_written = 0
+        self.rows_failed = 0
 
     def outcome_of(self, request_id: RequestId) -> WriteOutcome | None:
         """The outcome of an already applied request, if it is remembered."""
@@ -164,6 +169,9 @@ class Applier:
             ops_start = end - len(entry.ops)
             result = self._storage.apply_from_entry_batch(batch, ops_start, end, index)
             outcome = WriteOutcome(index, result)
+            failed = int(np.count_nonzero(result.statuses))
+            self.rows_written += len(result.statuses) - failed
+            self.rows_failed += failed
         except InvalidArgumentError as exc:
             # A malformed batch is refused whole, the same way on every replica (the engine
             # validates before it changes anything), so the replicas stay identical.

@@ -21,7 +21,7 @@ import json
 import logging
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -110,6 +110,10 @@ class TabletReplica:
         self.applier: Applier | None = None
         self.runtime: RaftRuntime | None = None
         self.transport: Transport | None = None
+        # Metrics (read by the server's /metrics): rows returned by scans of this replica,
+        # and flushes of its MemRowSet the server started (periodic and memory pressure).
+        self.rows_scanned = 0
+        self.flushes = 0
         # WAL anchor at the first op not yet flushed to rowsets (replay needs it after a crash).
         self._storage_anchor: int | None = None
 
@@ -194,13 +198,13 @@ class TabletReplica:
         wal.update_anchor(anchor, storage.last_flushed_index + 1)
         return wal.gc()
 
-    def on_disk_bytes(self) -> int:
-        """Bytes of the replica's WAL and data files, as counted at most
-        ``DISK_USAGE_REFRESH_S`` ago: counting lists and stats every file, and a server with
-        thousands of replicas must not do that for every page view."""
+    def on_disk_bytes(self, *, max_age_s: float = DISK_USAGE_REFRESH_S) -> int:
+        """Bytes of the replica's WAL and data files, as counted at most ``max_age_s``
+        (default ``DISK_USAGE_REFRESH_S``) ago: counting lists and stats every file, and a
+        server with thousands of replicas must not do that for every page view."""
         now = time.monotonic()
         cached = self._disk_usage
-        if cached is not None and now - cached[0] < DISK_USAGE_REFRESH_S:
+        if cached is not None and now - cached[0] < max_age_s:
             return cached[1]
         total = 0
         for root in (self.paths.wal_dir, self.paths.data_dir):
@@ -221,11 +225,14 @@ class TabletReplica:
         raft_options: RaftOptions | None = None,
         runtime_options: RuntimeOptions | None = None,
         isolate_failure: bool = True,
+        on_consensus_change: Callable[[], None] | None = None,
     ) -> RaftRuntime:
         """Runs Raft for this replica as a task of ``task_group``; the replica is RUNNING.
 
         If Raft or the WAL fails, the replica goes FAILED and the group goes on
-        (``isolate_failure``), or the failure ends the whole group."""
+        (``isolate_failure``), or the failure ends the whole group. ``on_consensus_change`` is
+        called (on the event loop) when the replica's role, term, leader or committed config
+        changes: the tablet server then reports to the masters at once."""
         if self.wal is None or self.storage is None or self.applier is None:
             raise IllegalStateError(f"tablet {self.tablet_id} is not open ({self.state.value})")
         applier = self.applier
@@ -242,6 +249,10 @@ class TabletReplica:
             last_applied_index=applier.applied_index,
             on_apply=lambda effect: self._on_apply(applier, effect),
             on_failure=self._on_consensus_failure if isolate_failure else None,
+            on_role_change=None if on_consensus_change is None else lambda _: on_consensus_change(),
+            on_config_committed=(
+                None if on_consensus_change is None else lambda _: on_consensus_change()
+            ),
         )
         runtime.start(task_group)
         self.runtime = runtime
@@ -464,7 +475,9 @@ class TabletReplica:
         runtime, storage, _ = self._running()
         self._require_leader(runtime)
         index = await runtime.read_index()
-        return index, storage.scan(columns, where, limit=limit, **bounds)
+        rows = storage.scan(columns, where, limit=limit, **bounds)
+        self.rows_scanned += rows.num_rows
+        return index, rows
 
     async def scan_follower(
         self,
@@ -489,7 +502,9 @@ class TabletReplica:
             raise StaleReplicaError(f"tablet {self.tablet_id}: {refusal}")
         # Apply and this scan both run on the event loop, so the rows are exactly those at
         # applied_index.
-        return applier.applied_index, storage.scan(columns, where, limit=limit, **bounds)
+        rows = storage.scan(columns, where, limit=limit, **bounds)
+        self.rows_scanned += rows.num_rows
+        return applier.applied_index, rows
 
 
 def follower_read_refusal(

@@ -11,10 +11,20 @@ Tablet reports go only to the master that answered as leader with a loaded catal
   report that master processed, and the ids of replicas that are gone (edge-triggered: a
   replica reported once is not reported again until it changes).
 
+A replica whose role, term, leader or committed config changes calls ``trigger`` (Kudu's
+``TriggerASAP``): the next heartbeat goes out at once instead of at the end of the interval,
+so the leader master names a new tablet leader within one round trip of its election. Changes
+that arrive while a heartbeat is in flight are coalesced into the next one.
+
 A replica's reported state is compared as a signature (runtime and data state, Raft term,
 leader, committed config op index, schema version, and for a leader its followers' health),
 recomputed at each heartbeat, so no hook in the replica code is needed for a change to be
 reported.
+
+A leader's report also carries its size (``stats``: rows in its MemRowSet and rowsets, bytes
+of its WAL and data files, counted at most one heartbeat interval ago while its rows change,
+else every 30 s), from which the master answers ``GetTableStatistics`` without a scan; a
+changed size is reported at the next heartbeat.
 
 A leader's report carries the health of each follower (Kudu's per-peer health report:
 HEALTHY, FAILED after ``follower_unavailable_considered_failed_sec`` without an answer,
@@ -25,6 +35,7 @@ the master replaces a replica that cannot serve even while its tserver heartbeat
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Sequence
@@ -37,7 +48,7 @@ from nyala.rpc import ServerProxy, split_host_port
 from nyala.rpc.settings import RpcSettings
 from nyala.server.convert import config_to_pb
 from nyala.tablet import TabletManager
-from nyala.tablet.replica import TabletReplica
+from nyala.tablet.replica import DISK_USAGE_REFRESH_S, TabletReplica
 from nyala.tserver.tablet_meta import peer_health
 
 log = logging.getLogger(__name__)
@@ -66,6 +77,8 @@ class _MasterState:
     leader_term: int = -1
     needs_full_report: bool = True
     seqno: int = 0
+    # Set by ``Heartbeater.trigger``: the next heartbeat is due now.
+    due: asyncio.Event = field(default_factory=asyncio.Event)
     # tablet id -> signature, as of the last report this master processed.
     reported: dict[str, Signature] = field(default_factory=dict)
 
@@ -101,6 +114,17 @@ class Heartbeater:
         # A new number per process start: masters see a restart as a new instance.
         self._instance_seqno = time.time_ns() // 1000
         self._masters = [_MasterState(addr) for addr in masters]
+        self._rows_seen: dict[str, int] = {}  # tablet id -> rows at the last size report
+
+    @property
+    def interval_ms(self) -> int:
+        """Milliseconds between two heartbeats to a master (without triggers)."""
+        return round(self._interval_s * 1000)
+
+    def trigger(self) -> None:
+        """Sends the next heartbeat to every master now (call on the event loop)."""
+        for master in self._masters:
+            master.due.set()
 
     async def run(self) -> None:
         """Heartbeats to every master until cancelled."""
@@ -112,12 +136,14 @@ class Heartbeater:
         proxy = ServerProxy(master.addr, self._rpc_settings)
         try:
             while True:
-                again = False
+                again = failed = False
+                master.due.clear()  # what changed until now goes into this heartbeat
                 try:
                     again = await self._heartbeat(proxy, master)
                 except WrongServerUuidError:
                     master.uuid = ""  # the master at this address was replaced
                 except NyalaError as exc:
+                    failed = True  # retried after the interval, whatever triggers came
                     log.debug("heartbeat to master %s failed: %s", master.addr, exc)
                     master.is_leader = False
                     if isinstance(exc, NetworkError):
@@ -125,8 +151,12 @@ class Heartbeater:
                         # restarted master unaware of this tserver for many seconds.
                         await proxy.close()
                         proxy = ServerProxy(master.addr, self._rpc_settings)
-                if not again:
+                if failed:
                     await asyncio.sleep(self._interval_s)
+                elif not again:
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(self._interval_s):
+                            await master.due.wait()
         finally:
             await proxy.close()
 
@@ -158,8 +188,9 @@ class Heartbeater:
                 pb.consensus_state.leader_uuid = leader
                 pb.consensus_state.committed_config.CopyFrom(config_to_pb(st.committed_config))
                 health = self._peer_health(replica, pb)
+                stats = self._stats(replica, pb) if leader == self._uuid else ()
             else:
-                health = ()
+                health = stats = ()
             signature = (
                 pb.state,
                 pb.data_state,
@@ -168,9 +199,30 @@ class Heartbeater:
                 config_index,
                 pb.schema_version,
                 health,
+                stats,
             )
             out[status.tablet_id] = (signature, pb)
         return out
+
+    def _stats(
+        self, replica: TabletReplica | None, pb: master_pb2.ReportedTabletPB
+    ) -> tuple[int, ...]:
+        """Fills a leader's size into its report (bytes counted at most one heartbeat
+        interval ago); returns it for the signature, so a changed size is reported."""
+        storage = None if replica is None else replica.storage
+        if replica is None or storage is None:
+            return ()
+        counts = storage.stats()
+        rows = counts["mem_rows"] + counts["frozen_rows"] + counts["disk_rows"]
+        # Counting bytes walks the replica's files: only tablets whose rows changed are
+        # counted afresh at each heartbeat, idle ones (most of thousands) every 30 s.
+        changed = self._rows_seen.get(replica.tablet_id) != rows
+        self._rows_seen[replica.tablet_id] = rows
+        size = replica.on_disk_bytes(
+            max_age_s=self._interval_s if changed else DISK_USAGE_REFRESH_S
+        )
+        pb.stats.live_row_count, pb.stats.on_disk_bytes = rows, size
+        return rows, size
 
     def _peer_health(
         self, replica: TabletReplica | None, pb: master_pb2.ReportedTabletPB
@@ -190,6 +242,7 @@ class Heartbeater:
             ts_uuid=self._uuid,
             ts_instance_seqno=self._instance_seqno,
             registration=self._registration,
+            heartbeat_interval_ms=self.interval_ms,
         )
         snapshot = self._snapshot()
         request.num_live_tablets = sum(

@@ -15,6 +15,7 @@ import logging
 from collections.abc import Callable
 
 from nyala._proto import tserver_admin_pb2_grpc, tserver_pb2_grpc
+from nyala.common.process import resident_bytes
 from nyala.consensus.core import ReplicaStatus
 from nyala.consensus.types import Role
 from nyala.errors import ServiceUnavailableError
@@ -24,6 +25,7 @@ from nyala.server.base import ServerBase
 from nyala.server.consensus_service import ConsensusService, add_consensus_service
 from nyala.server.tablet_copy import TabletCopy, add_tablet_copy_service
 from nyala.tablet.replica import TabletReplica
+from nyala.tserver.heartbeater import Heartbeater
 from nyala.tserver.scanners import ScannerRegistry
 from nyala.tserver.services import AdminService, TabletService
 from nyala.tserver.settings import TabletServerSettings
@@ -50,6 +52,53 @@ def _is_leader(status: ReplicaStatus) -> float:
 
 
 # Per-tablet consensus gauges on /metrics: name -> (help, how to read it from the status).
+def _storage_stat(key: str) -> Callable[[TabletReplica], float | None]:
+    def read(replica: TabletReplica) -> float | None:
+        storage = replica.storage
+        return None if storage is None else float(storage.stats()[key])
+
+    return read
+
+
+def _applier_stat(attr: str) -> Callable[[TabletReplica], float | None]:
+    def read(replica: TabletReplica) -> float | None:
+        applier = replica.applier
+        return None if applier is None else float(getattr(applier, attr))
+
+    return read
+
+
+#: Counters of each replica (labels table, tablet_id), read at scrape time.
+_PER_REPLICA_COUNTERS: dict[str, tuple[str, Callable[[TabletReplica], float | None]]] = {
+    "nyala_rows_written_total": (
+        "Rows of applied writes that ended OK (on every replica)",
+        _applier_stat("rows_written"),
+    ),
+    "nyala_write_errors_total": (
+        "Rows of applied writes that failed (duplicate or missing key, bad value, ...)",
+        _applier_stat("rows_failed"),
+    ),
+    "nyala_rows_scanned_total": (
+        "Rows returned by scans served by this replica",
+        lambda r: float(r.rows_scanned),
+    ),
+    "nyala_flushes_total": (
+        "MemRowSet flushes this server started (periodic, memory pressure)",
+        lambda r: float(r.flushes),
+    ),
+}
+#: Gauges of each replica (labels table, tablet_id).
+_PER_REPLICA_GAUGES: dict[str, tuple[str, Callable[[TabletReplica], float | None]]] = {
+    "nyala_memrowset_bytes": ("Bytes held by the MemRowSet", _storage_stat("mem_bytes")),
+    "nyala_memrowset_rows": ("Rows held by the MemRowSet", _storage_stat("mem_rows")),
+    "nyala_data_rows": ("Rows in flushed rowsets", _storage_stat("disk_rows")),
+    "nyala_data_rowsets": ("Flushed rowsets", _storage_stat("rowsets")),
+    "nyala_on_disk_bytes": (
+        "Bytes of the replica's WAL and data files (counted at most 30 s ago)",
+        lambda r: float(r.on_disk_bytes()),
+    ),
+}
+
 _PER_TABLET_GAUGES: dict[str, tuple[str, Callable[[ReplicaStatus], float]]] = {
     "nyala_tablet_raft_term": ("Current Raft term, per tablet", lambda st: st.term),
     "nyala_tablet_commit_index": ("Raft commit index, per tablet", lambda st: st.commit_index),
@@ -78,6 +127,7 @@ class TabletServer(ServerBase):
         self._replica_tasks: asyncio.TaskGroup | None = None
         self._flush_task: asyncio.Task[None] | None = None
         self._heartbeat_task: asyncio.Task[None] | None = None
+        self._heartbeater: Heartbeater | None = None
         self._quarantine_task: asyncio.Task[None] | None = None
         self.copy: TabletCopy | None = None
         self._copy_tasks: list[asyncio.Task[None]] = []
@@ -220,14 +270,19 @@ class TabletServer(ServerBase):
                     return
                 await self._flush(tablet_id, storages[tablet_id])
 
+    def _on_consensus_change(self) -> None:
+        # Kudu's incremental tablet report, sent at once: the masters name a new leader
+        # within one round trip of its election.
+        if self._heartbeater is not None:
+            self._heartbeater.trigger()
+
     async def _heartbeat(self) -> None:
         """Heartbeats to every master (``nyala.tserver.heartbeater``) until cancelled."""
-        from nyala.tserver.heartbeater import Heartbeater
 
         assert self.rpc is not None
         assert self.http is not None
         assert self.tablets is not None
-        heartbeater = Heartbeater(
+        heartbeater = self._heartbeater = Heartbeater(
             self.uuid,
             self.rpc.address,
             self.http.address,
@@ -272,6 +327,44 @@ class TabletServer(ServerBase):
         self.metrics.gauge(
             "nyala_server_heartbeats_sent", "Server heartbeats sent to peer servers"
         ).set_callback(self._server_heartbeats_sent)
+        self._register_data_metrics()
+
+    def _register_data_metrics(self) -> None:
+        """What the data does, by table and tablet (read from each replica at scrape time,
+        so writes and scans only bump plain ints)."""
+        labels = ("table", "tablet_id")
+        for name, (help_text, read) in _PER_REPLICA_COUNTERS.items():
+            self.metrics.observed_counter(
+                name, help_text, labels, functools.partial(self._per_replica, read)
+            )
+        for name, (help_text, read) in _PER_REPLICA_GAUGES.items():
+            self.metrics.gauge(name, help_text, labels).set_callback(
+                functools.partial(self._per_replica, read)
+            )
+        self.metrics.gauge("nyala_leaders", "Tablet replicas this server leads").set_callback(
+            self._leader_count
+        )
+        self.metrics.gauge(
+            "nyala_process_resident_memory_bytes", "Resident set size of this process"
+        ).set_callback(lambda: [({}, float(resident_bytes()))])
+
+    def _per_replica(
+        self, read: Callable[[TabletReplica], float | None]
+    ) -> list[tuple[dict[str, str], float]]:
+        out = []
+        for replica in self.tablets.replicas() if self.tablets is not None else []:
+            value = read(replica)
+            if value is not None:
+                labels = {"table": replica.superblock.table_name, "tablet_id": replica.tablet_id}
+                out.append((labels, float(value)))
+        return out
+
+    def _leader_count(self) -> list[tuple[dict[str, str], float]]:
+        leaders = 0
+        for replica in self.tablets.replicas() if self.tablets is not None else []:
+            runtime = replica.runtime
+            leaders += runtime is not None and runtime.role is Role.LEADER
+        return [({}, float(leaders))]
 
     def _server_heartbeats_sent(self) -> list[tuple[dict[str, str], float]]:
         heartbeats = self.server_heartbeats

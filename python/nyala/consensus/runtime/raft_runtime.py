@@ -23,7 +23,7 @@ import itertools
 import logging
 import random
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -327,6 +327,14 @@ class RaftRuntime:
         """Appends a config change as leader; ``on_config_committed`` reports its commit."""
         self._require_running()
         op_id = self.core.change_config(change)
+        self._schedule_pump()
+        return op_id
+
+    def unsafe_change_config(self, voter_uuids: Sequence[str]) -> OpId:
+        """UnsafeChangeConfig (DANGEROUS): forces a config of only ``voter_uuids`` here; a
+        replica left as the sole voter is elected at the next timer turn."""
+        self._require_running()
+        op_id = self.core.unsafe_change_config(voter_uuids)
         self._schedule_pump()
         return op_id
 
