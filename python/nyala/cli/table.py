@@ -507,26 +507,26 @@ def _alter_range(name: str, lower: str, upper: str, masters: str, fmt: str, add:
     )
 
 
-@group.command(name="add-range-partition")
-@click.argument("name")
-@click.argument("lower")
-@click.argument("upper")
-@masters_option
-@format_option
-@one_line
-def add_range_partition(name: str, lower: str, upper: str, masters: str, fmt: str) -> None:
-    """Add the range LOWER <= key < UPPER to table NAME (in every hash bucket). Bounds are
-    values of the range column(s), comma-separated when there are several, or 'unbounded'."""
-    _alter_range(name, lower, upper, masters, fmt, add=True)
+def _range_command(add: bool, summary: str) -> None:
+    """Registers ``add-range-partition`` or ``drop-range-partition`` (the same arguments)."""
+
+    @group.command(name=f"{'add' if add else 'drop'}-range-partition", help=summary)
+    @click.argument("name")
+    @click.argument("lower")
+    @click.argument("upper")
+    @masters_option
+    @format_option
+    @one_line
+    def command(name: str, lower: str, upper: str, masters: str, fmt: str) -> None:
+        _alter_range(name, lower, upper, masters, fmt, add=add)
 
 
-@group.command(name="drop-range-partition")
-@click.argument("name")
-@click.argument("lower")
-@click.argument("upper")
-@masters_option
-@format_option
-@one_line
-def drop_range_partition(name: str, lower: str, upper: str, masters: str, fmt: str) -> None:
-    """Drop the range LOWER <= key < UPPER of table NAME: its tablets and rows are deleted."""
-    _alter_range(name, lower, upper, masters, fmt, add=False)
+_range_command(
+    True,
+    "Add the range LOWER <= key < UPPER to table NAME (in every hash bucket). Bounds are "
+    "values of the range column(s), comma-separated when there are several, or 'unbounded'.",
+)
+_range_command(
+    False,
+    "Drop the range LOWER <= key < UPPER of table NAME: its tablets and rows are deleted.",
+)

@@ -60,6 +60,9 @@ from nyala.schema import Schema
 #: fsync). Any valid row (``nyala._native.ROW_BYTES_MAX``) fits in one request.
 WRITE_REQUEST_ROWS_MAX = 256 * 1024
 WRITE_REQUEST_BYTES_MAX = 16 * 1024 * 1024
+#: Rows no cached tablet covers make the client ask the master for the table's locations
+#: again, once, when those are older than this: another client may have added the range.
+GAP_RECHECK_AFTER_S = 1.0
 
 #: Errors with which a server refuses a write before proposing it: an attempt that ends so did
 #: not apply the request. Every other failed attempt may have (its outcome is unknown).
@@ -463,13 +466,24 @@ class Writer:
         if batch.num_rows == 0 or (selection is not None and not len(selection)):
             return per_tablet
         locations = self.cache.locations(info)
-        pieces, unrouted = locations.router.split_requests(
-            batch,
-            WRITE_REQUEST_ROWS_MAX,
-            WRITE_REQUEST_BYTES_MAX,
-            selection=None if selection is None else pa.array(selection, pa.uint32()),
-        )
-        gaps = np.asarray(unrouted)
+
+        def split(locations: Any) -> tuple[Any, np.ndarray[Any, Any]]:
+            pieces, unrouted = locations.router.split_requests(
+                batch,
+                WRITE_REQUEST_ROWS_MAX,
+                WRITE_REQUEST_BYTES_MAX,
+                selection=None if selection is None else pa.array(selection, pa.uint32()),
+            )
+            return pieces, np.asarray(unrouted)
+
+        pieces, gaps = split(locations)
+        if len(gaps) and time.monotonic() - locations.fetched_at > GAP_RECHECK_AFTER_S:
+            # A range may have been added since the locations were cached (by another
+            # client): ask the master once before refusing the rows (Kudu's client looks up
+            # a key it has no tablet for, too).
+            self.cache.invalidate(info.table_id)
+            locations = self.cache.locations(info)
+            pieces, gaps = split(locations)
         if len(gaps):
             outcomes.row_failures = True
             outcomes.set(

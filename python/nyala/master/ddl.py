@@ -245,7 +245,10 @@ class TableDdl:
                     to_add.remove((low, high))
                 else:
                     to_drop.add((low, high))
-        partitions = create_partitions(partition_schema, RangeSpec(bounds=tuple(to_add)))
+        # No bounds would mean one range over everything: only ask for partitions of added ones.
+        partitions = (
+            create_partitions(partition_schema, RangeSpec(bounds=tuple(to_add))) if to_add else []
+        )
         if partitions and len(live) + len(partitions) > TABLETS_PER_TABLE_MAX:
             raise InvalidArgumentError(
                 f"{len(live) + len(partitions)} tablets; at most {TABLETS_PER_TABLE_MAX} a table"
