@@ -324,3 +324,8 @@ def test_range_partitions_added_and_dropped_with_bounds_shown_as_values(
         table = fresh.alter_table("monthly", add_range_partition=(datetime.date(2024, 4, 1), None))
         shown = {t.partition.describe(table.partition_schema, schema) for t in table.tablets()}
         assert "bucket 1, 2024-04-01 <= day" in shown
+        # Range predicates prune tablets as equality on hash columns does.
+        assert len(table.scan(where=[("day", ">=", mar)]).tablets()) == 4
+        assert len(table.scan(where=[("day", "<", mar), ("day", ">", feb)]).tablets()) == 2
+        assert len(table.scan(where=[("day", "=", mar), ("id", "=", 4)]).tablets()) == 1
+        assert table.scan(where=[("day", ">=", mar)]).to_arrow().column("id").to_pylist() == [4]
