@@ -185,6 +185,9 @@ class Client:
         final = new_name or name
         if wait:
             self._wait_done("IsAlterTableDone", final, self._alter_done)
+            if add_range_partition is not None:
+                # The new range's tablets take writes once each has a leader.
+                self._wait_done("IsCreateTableDone", final, self._create_done)
         return self.table(final)
 
     def delete_table(self, name: str) -> None:

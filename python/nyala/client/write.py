@@ -60,9 +60,6 @@ from nyala.schema import Schema
 #: fsync). Any valid row (``nyala._native.ROW_BYTES_MAX``) fits in one request.
 WRITE_REQUEST_ROWS_MAX = 256 * 1024
 WRITE_REQUEST_BYTES_MAX = 16 * 1024 * 1024
-#: Rows no cached tablet covers make the client ask the master for the table's locations
-#: again, once, when those are older than this: another client may have added the range.
-GAP_RECHECK_AFTER_S = 1.0
 
 #: Errors with which a server refuses a write before proposing it: an attempt that ends so did
 #: not apply the request. Every other failed attempt may have (its outcome is unknown).
@@ -465,6 +462,7 @@ class Writer:
         selection = prepared.selection()
         if batch.num_rows == 0 or (selection is not None and not len(selection)):
             return per_tablet
+        asked_at = time.monotonic()
         locations = self.cache.locations(info)
 
         def split(locations: Any) -> tuple[Any, np.ndarray[Any, Any]]:
@@ -477,7 +475,7 @@ class Writer:
             return pieces, np.asarray(unrouted)
 
         pieces, gaps = split(locations)
-        if len(gaps) and time.monotonic() - locations.fetched_at > GAP_RECHECK_AFTER_S:
+        if len(gaps) and locations.fetched_at < asked_at:
             # A range may have been added since the locations were cached (by another
             # client): ask the master once before refusing the rows (Kudu's client looks up
             # a key it has no tablet for, too).

@@ -160,19 +160,25 @@ class TableDdl:
             column_steps = [s for s in request.steps if s.WhichOneof("step") not in _RANGE_STEPS]
             altered = _apply_steps(old, column_steps)
             added, dropped = self._range_changes(catalog, table, old, request.steps)
-            # One AlterTable is one schema version, whatever its number of steps; a rename
-            # is a version too, so that every tablet learns the new name.
-            schema = Schema(
-                altered.columns,
-                altered.key,
-                version=old.version + 1,
-                next_column_id=altered.next_column_id,
-            )
             record = copy_record(table.pb)
-            record.schema.CopyFrom(schema_to_pb(schema))
-            record.next_column_id = schema.next_column_id
-            record.state = master_pb2.SYS_TABLE_ALTERING
             record.last_alter_request_id = request.request_id
+            # Adding or dropping ranges alone changes no schema: the tablets that stay keep
+            # theirs and need no AlterSchema (with hundreds of tablets, a retention job must
+            # not wait for all of them), and the new ones are created with the current one.
+            range_only = not column_steps and (not new_name or new_name == table.name)
+            schema = old
+            if not range_only:
+                # One AlterTable is one schema version, whatever its number of steps; a
+                # rename is a version too, so that every tablet learns the new name.
+                schema = Schema(
+                    altered.columns,
+                    altered.key,
+                    version=old.version + 1,
+                    next_column_id=altered.next_column_id,
+                )
+                record.schema.CopyFrom(schema_to_pb(schema))
+                record.next_column_id = schema.next_column_id
+                record.state = master_pb2.SYS_TABLE_ALTERING
             if new_name:
                 record.name = new_name
             tablets = [*added, *dropped]
