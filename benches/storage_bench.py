@@ -21,7 +21,7 @@ INSERT 1.44 M -> 2.71 M rows/CPU s, UPSERT 2.16 M -> 3.43 M, baseline ~27 M in b
 Typed columns (issue 33): the same rows applied (IPC path, INSERT batches of 10k, 500k rows,
 250k with ``--quick``) into a fresh engine and scanned (3 value columns, after a flush), once
 with ``a:decimal(18,2), b:date, s:varchar(32)`` and once with ``a:int64, b:int64, s:string`` (the
-decimals' unscaled values and the dates' day numbers as the integers), alternating, 3 rounds;
+decimals' unscaled values and the dates' day numbers as the integers), alternating, 5 rounds;
 ``typed_apply_ratio`` and ``typed_scan_ratio`` are the typed table's median rate over the other
 one's (target >= 0.8 each).
 
@@ -199,7 +199,7 @@ def typed_round(
     return apply_rate, count / scan_s
 
 
-def typed_figures(root: Path, count: int, rounds: int = 3) -> dict[str, Any]:
+def typed_figures(root: Path, count: int, rounds: int = 5) -> dict[str, Any]:
     """Apply and scan rates of the typed table next to the int64/string one, alternating."""
     payloads = {
         "typed": typed_payloads(TYPED_SCHEMA, count),
