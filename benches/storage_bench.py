@@ -18,7 +18,15 @@ key (``spark_*_vs_sort_ratio`` = engine rows per CPU second / baseline rows per 
 Medians before/after the November 2026 apply work are in docs/storage-format.md (Performance):
 INSERT 1.44 M -> 2.71 M rows/CPU s, UPSERT 2.16 M -> 3.43 M, baseline ~27 M in both.
 
-Usage: ``python benches/storage_bench.py [--quick]``; the last line printed is one JSON object.
+Typed columns (issue 33): the same rows applied (IPC path, INSERT batches of 10k, 500k rows,
+250k with ``--quick``) into a fresh engine and scanned (3 value columns, after a flush), once
+with ``a:decimal(18,2), b:date, s:varchar(32)`` and once with ``a:int64, b:int64, s:string`` (the
+decimals' unscaled values and the dates' day numbers as the integers), alternating, 5 rounds;
+``typed_apply_ratio`` and ``typed_scan_ratio`` are the typed table's median rate over the other
+one's (target >= 0.8 each).
+
+Usage: ``python benches/storage_bench.py [--quick] [--typed-only]``; the last line printed is
+one JSON object.
 """
 
 from __future__ import annotations
@@ -138,6 +146,82 @@ def spark_apply(root: Path, rows: int) -> dict[str, Any]:
     return figures
 
 
+TYPED_SCHEMA = Schema.parse("id:int64, a:decimal(18,2), b:date, s:varchar(32)?", key=["id"])
+PLAIN_SCHEMA = Schema.parse("id:int64, a:int64, b:int64, s:string?", key=["id"])
+
+
+def typed_payloads(schema: Schema, count: int) -> list[pa.Buffer]:
+    """INSERT batches of ``count`` rows of ``schema`` (typed or plain: the same values)."""
+    rng = np.random.default_rng(11)
+    typed = schema is TYPED_SCHEMA
+    out = []
+    for start in range(0, count, BATCH_ROWS):
+        ids = np.arange(start, min(start + BATCH_ROWS, count), dtype=np.int64)
+        cents = rng.integers(-(10**15), 10**15, len(ids), dtype=np.int64)
+        days = rng.integers(-20_000, 30_000, len(ids), dtype=np.int64)
+        text = pa.array(np.char.add("customer-", (ids % 100_003).astype(str)))
+        data: dict[str, Any] = {
+            "id": ids,
+            "s": text,
+        }
+        if typed:
+            data["a"] = pa.Array.from_buffers(
+                pa.decimal128(18, 2), len(ids), [None, pa.py_buffer(_i128(cents))]
+            )
+            data["b"] = pa.array(days.astype(np.int32)).cast(pa.date32())
+        else:
+            data["a"] = pa.array(cents)
+            data["b"] = pa.array(days)
+        out.append(encode(make_op_batch(data, OpType.INSERT, schema)))
+    return out
+
+
+def _i128(values: np.ndarray[Any, Any]) -> bytes:
+    """Little-endian 128-bit two's complement of int64 ``values`` (Arrow's decimal128 layout)."""
+    wide = np.empty((len(values), 2), dtype=np.int64)
+    wide[:, 0] = values
+    wide[:, 1] = np.where(values < 0, -1, 0)
+    return wide.tobytes()
+
+
+def typed_round(
+    root: Path, schema: Schema, payloads: list[pa.Buffer], count: int
+) -> tuple[float, float]:
+    """(apply rows/s, scan rows/s) of one fresh engine of ``schema``."""
+    engine = StorageEngine.create(root, schema, background_flush=False)
+    start = time.perf_counter()
+    for index, payload in enumerate(payloads, 1):
+        assert engine.apply(payload, index).ok
+    apply_rate = count / (time.perf_counter() - start)
+    engine.flush()
+    scan_s, table = timed(lambda: engine.scan(columns=["a", "b", "s"]), 3)
+    assert table.num_rows == count
+    return apply_rate, count / scan_s
+
+
+def typed_figures(root: Path, count: int, rounds: int = 5) -> dict[str, Any]:
+    """Apply and scan rates of the typed table next to the int64/string one, alternating."""
+    payloads = {
+        "typed": typed_payloads(TYPED_SCHEMA, count),
+        "plain": typed_payloads(PLAIN_SCHEMA, count),
+    }
+    rates: dict[str, list[tuple[float, float]]] = {"typed": [], "plain": []}
+    for i in range(rounds):
+        for name, schema in (("plain", PLAIN_SCHEMA), ("typed", TYPED_SCHEMA)):
+            rates[name].append(typed_round(root / f"{name}{i}", schema, payloads[name], count))
+    apply = {k: statistics.median(r[0] for r in v) for k, v in rates.items()}
+    scan = {k: statistics.median(r[1] for r in v) for k, v in rates.items()}
+    return {
+        "typed_apply_rows_per_s": round(apply["typed"]),
+        "plain_apply_rows_per_s": round(apply["plain"]),
+        "typed_scan_rows_per_s": round(scan["typed"]),
+        "plain_scan_rows_per_s": round(scan["plain"]),
+        "typed_apply_ratio": round(apply["typed"] / apply["plain"], 3),
+        "typed_scan_ratio": round(scan["typed"] / scan["plain"], 3),
+        "typed_rows": count,
+    }
+
+
 def timed(fn: Callable[[], Any], repeats: int) -> tuple[float, Any]:
     """Median seconds of ``repeats`` calls, and the last result."""
     times = []
@@ -155,7 +239,17 @@ def main() -> None:
     parser.add_argument(
         "--spark-apply-only", action="store_true", help="only the Spark-shaped apply figures"
     )
+    parser.add_argument(
+        "--typed-only", action="store_true", help="only the typed-column figures (issue 33)"
+    )
     args = parser.parse_args()
+    typed_rows = 250_000 if args.quick else 500_000
+    if args.typed_only:
+        with tempfile.TemporaryDirectory() as tmp:
+            typed = typed_figures(Path(tmp), typed_rows)
+        print_typed(typed)
+        print(json.dumps(typed))
+        return
     if args.spark_apply_only:
         with tempfile.TemporaryDirectory() as tmp:
             print(json.dumps(spark_apply(Path(tmp), 500_000 if args.quick else 1_000_000)))
@@ -165,6 +259,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         spark_figures = spark_apply(root, 500_000 if args.quick else 1_000_000)
+        typed = typed_figures(root / "typed", typed_rows)
         # 1M rows already in the engine, flushed to disk.
         engine = StorageEngine.create(
             root / "tablet", SCHEMA, flush_threshold_bytes=32 * 1024 * 1024
@@ -255,6 +350,7 @@ def main() -> None:
         "upsert_rows": upsert_rows,
         "batch_rows": BATCH_ROWS,
         **spark_figures,
+        **typed,
     }
     print(f"apply   {apply_rows_per_s / 1e6:6.2f} M rows/s (IPC path, {flushes} flush(es))")
     print(
@@ -266,7 +362,17 @@ def main() -> None:
             f"spark {name} {spark_figures[f'spark_{name}_cpu_rows_per_s'] / 1e6:6.2f} M rows/CPU s"
             f" (sort baseline {spark_figures['spark_sort_baseline_cpu_rows_per_s'] / 1e6:.2f})"
         )
+    print_typed(typed)
     print(json.dumps(figures))
+
+
+def print_typed(typed: dict[str, Any]) -> None:
+    print(
+        f"typed apply {typed['typed_apply_rows_per_s'] / 1e6:6.2f} M rows/s vs int64/string "
+        f"{typed['plain_apply_rows_per_s'] / 1e6:.2f} (ratio {typed['typed_apply_ratio']}); "
+        f"scan {typed['typed_scan_rows_per_s'] / 1e6:.2f} vs "
+        f"{typed['plain_scan_rows_per_s'] / 1e6:.2f} (ratio {typed['typed_scan_ratio']})"
+    )
 
 
 if __name__ == "__main__":

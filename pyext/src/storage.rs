@@ -345,7 +345,11 @@ fn value_from_py(value: &Bound<'_, PyAny>) -> PyResult<Value> {
     if value.is_instance_of::<PyBool>() {
         Ok(Value::Bool(value.extract()?))
     } else if value.is_instance_of::<PyInt>() {
-        Ok(Value::Int(value.extract()?))
+        // A decimal's unscaled value may need more than 64 bits.
+        match value.extract::<i64>() {
+            Ok(v) => Ok(Value::Int(v)),
+            Err(_) => Ok(Value::Decimal(value.extract()?)),
+        }
     } else if value.is_instance_of::<PyFloat>() {
         Ok(Value::Float(value.extract()?))
     } else if value.is_instance_of::<PyString>() {
@@ -365,9 +369,10 @@ fn schema_to_py<'py>(py: Python<'py>, schema: &Schema) -> PyResult<Bound<'py, Py
         let default: Option<Bound<'py, PyAny>> = match &c.default {
             None => None,
             Some(Value::Int(v)) => Some(v.into_pyobject(py)?.into_any()),
+            Some(Value::Decimal(v)) => Some(v.into_pyobject(py)?.into_any()),
             Some(Value::Float(v)) => Some(v.into_pyobject(py)?.into_any()),
             Some(Value::Bool(v)) => Some(PyBool::new(py, *v).to_owned().into_any()),
-            Some(Value::Bytes(v)) if c.data_type == DataType::String => {
+            Some(Value::Bytes(v)) if c.data_type.is_text() => {
                 Some(PyString::new(py, &String::from_utf8_lossy(v)).into_any())
             }
             Some(Value::Bytes(v)) => Some(PyBytes::new(py, v).into_any()),

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import datetime
 import functools
 import itertools
 from collections.abc import Iterable, Sequence
@@ -26,7 +27,14 @@ import pyarrow as pa
 
 from nyala._proto import master_pb2, metadata_pb2
 from nyala.errors import InvalidArgumentError
-from nyala.schema import Schema
+from nyala.schema import (
+    Schema,
+    decimal_params,
+    from_unscaled,
+    normalize_default,
+    unscaled,
+    varchar_chars,
+)
 
 #: Most buckets one hash level may have, and most hash levels (limits, as in Kudu).
 HASH_BUCKETS_MAX = 1024
@@ -40,7 +48,9 @@ _FNV_OFFSET = 0xCBF29CE484222325
 _FNV_PRIME = 0x100000001B3
 _SEED_MULTIPLIER = 0x9E3779B97F4A7C15
 _MASK64 = (1 << 64) - 1
-_INT_WIDTHS = {"int8": 1, "int16": 2, "int32": 4, "int64": 8, "timestamp": 8}
+_INT_WIDTHS = {"int8": 1, "int16": 2, "int32": 4, "int64": 8, "timestamp": 8, "date": 4}
+_DECIMAL_BYTES = 16
+_EPOCH_DATE = datetime.date(1970, 1, 1)
 
 
 # --- the hash and the key encoding (the reference for the Rust router) ----------------------
@@ -63,22 +73,26 @@ def hash64(data: bytes, seed: int = 0) -> int:
 
 def encode_key(types: Sequence[str], values: Sequence[Any]) -> bytes:
     """The memcomparable encoding of one row's ``values`` of columns of ``types`` (the same
-    encoding the storage engine uses for primary keys, rust/storage/src/key.rs): integers and
-    timestamps big-endian with the sign bit flipped; strings and binaries raw when last,
-    otherwise with ``00`` escaped as ``00 01`` and terminated by ``00 00``."""
+    encoding the storage engine uses for primary keys, rust/storage/src/key.rs): integers,
+    timestamps, dates (4-byte days) and decimals (16-byte unscaled value) big-endian with the
+    sign bit flipped; strings, varchars and binaries raw when last, otherwise with ``00``
+    escaped as ``00 01`` and terminated by ``00 00``."""
     if len(types) != len(values):
         raise InvalidArgumentError(f"{len(values)} values for {len(types)} key columns")
     out = bytearray()
     for i, (type_, value) in enumerate(zip(types, values, strict=True)):
         last = i + 1 == len(types)
         width = _INT_WIDTHS.get(type_)
+        params = decimal_params(type_)
+        if params is not None:
+            width = _DECIMAL_BYTES
         if width is not None:
             number = _as_int(type_, value)
             bits = width * 8
             if not -(1 << (bits - 1)) <= number < (1 << (bits - 1)):
                 raise InvalidArgumentError(f"{value!r} is out of range for {type_}")
             out += ((number & ((1 << bits) - 1)) ^ (1 << (bits - 1))).to_bytes(width, "big")
-        elif type_ in ("string", "binary"):
+        elif type_ in ("string", "binary") or varchar_chars(type_) is not None:
             raw = _as_bytes(type_, value)
             out += raw if last else raw.replace(b"\x00", b"\x00\x01") + b"\x00\x00"
         else:
@@ -87,11 +101,25 @@ def encode_key(types: Sequence[str], values: Sequence[Any]) -> bytes:
 
 
 def _as_int(type_: str, value: Any) -> int:
+    """The integer a key value of ``type_`` encodes as (timestamps: UTC microseconds; dates:
+    days since 1970-01-01; decimals: the unscaled value)."""
     if type_ == "timestamp" and not isinstance(value, int):
         try:
-            return int(pa.scalar(value, type=pa.timestamp("us")).value)
+            return int(pa.scalar(value, type=pa.timestamp("us", tz="UTC")).value)
         except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError) as err:
             raise InvalidArgumentError(f"{value!r} is not a timestamp: {err}") from err
+    if type_ == "date" and not isinstance(value, int):
+        if isinstance(value, str):
+            try:
+                value = datetime.date.fromisoformat(value)
+            except ValueError:
+                raise InvalidArgumentError(f"{value!r} is not a date") from None
+        if isinstance(value, datetime.datetime) or not isinstance(value, datetime.date):
+            raise InvalidArgumentError(f"{value!r} is not a date")
+        return (value - _EPOCH_DATE).days
+    params = decimal_params(type_)
+    if params is not None:
+        return unscaled(normalize_default(type_, value), params[1])
     if isinstance(value, bool) or not isinstance(value, int):
         try:
             as_int = int(value)
@@ -104,6 +132,9 @@ def _as_int(type_: str, value: Any) -> int:
 
 
 def _as_bytes(type_: str, value: Any) -> bytes:
+    chars = varchar_chars(type_)
+    if chars is not None and isinstance(value, str):
+        return value[:chars].encode()  # as the tablet servers store it
     if type_ == "string" and isinstance(value, str):
         return value.encode()
     if type_ == "binary" and isinstance(value, (bytes, bytearray, memoryview)):
@@ -329,15 +360,107 @@ class Partition:
             bytes(pb.partition_key_start), bytes(pb.partition_key_end), tuple(pb.hash_buckets)
         )
 
-    def describe(self, partition_schema: PartitionSchema) -> str:
-        """A short human form: buckets and the range bounds in hex."""
+    def range_bounds(self) -> tuple[bytes, bytes]:
+        """The encoded range part ``(lower, upper)`` of this partition (empty: unbounded): its
+        bounds without the hash bucket prefix."""
+        skip = BUCKET_BYTES * len(self.hash_buckets)
+        low = self.key_start[skip:]
+        same_buckets = bool(self.key_end) and self.key_end[:skip] == self.key_start[:skip]
+        return low, self.key_end[skip:] if same_buckets else b""
+
+    def describe(self, partition_schema: PartitionSchema, schema: Schema | None = None) -> str:
+        """A short human form: buckets and the range bounds, as values when ``schema`` is
+        given (``2024-01-01 <= day < 2024-02-01``), else in hex."""
         parts = [f"bucket {b}" for b in self.hash_buckets]
         if partition_schema.range_columns:
-            skip = BUCKET_BYTES * len(self.hash_buckets)
-            low = self.key_start[skip:].hex() or "-inf"
-            high = self.key_end[skip:].hex() if self.key_end[:skip] == self.key_start[:skip] else ""
-            parts.append(f"range [{low}, {high or '+inf'})")
+            low, high = self.range_bounds()
+            if schema is not None:
+                parts.append(describe_range(schema, partition_schema.range_columns, low, high))
+            else:
+                parts.append(f"range [{low.hex() or '-inf'}, {high.hex() or '+inf'})")
         return ", ".join(parts) or "whole table"
+
+
+def decode_key(types: Sequence[str], data: bytes) -> tuple[Any, ...]:
+    """Inverse of ``encode_key``: the values of one encoded key (timestamps as aware UTC
+    ``datetime``, dates as ``date``, decimals as ``Decimal``)."""
+    values: list[Any] = []
+    at = 0
+    for i, type_ in enumerate(types):
+        last = i + 1 == len(types)
+        params = decimal_params(type_)
+        width = _DECIMAL_BYTES if params is not None else _INT_WIDTHS.get(type_)
+        if width is not None:
+            if at + width > len(data):
+                raise InvalidArgumentError(f"encoded key {data.hex()} is truncated")
+            bits = width * 8
+            raw = int.from_bytes(data[at : at + width], "big") ^ (1 << (bits - 1))
+            number = raw - (1 << bits) if raw >= 1 << (bits - 1) else raw
+            at += width
+            values.append(_from_int(type_, number))
+            continue
+        if last:
+            raw_bytes, at = data[at:], len(data)
+        else:
+            out = bytearray()
+            while True:
+                if at + 1 >= len(data):
+                    raise InvalidArgumentError(f"encoded key {data.hex()} is truncated")
+                if data[at] == 0 and data[at + 1] == 0:
+                    at += 2
+                    break
+                if data[at] == 0 and data[at + 1] == 1:
+                    out.append(0)
+                    at += 2
+                    continue
+                out.append(data[at])
+                at += 1
+            raw_bytes = bytes(out)
+        values.append(raw_bytes if type_ == "binary" else raw_bytes.decode(errors="replace"))
+    return tuple(values)
+
+
+def _from_int(type_: str, number: int) -> Any:
+    if type_ == "timestamp":
+        return datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC) + datetime.timedelta(
+            microseconds=number
+        )
+    if type_ == "date":
+        return _EPOCH_DATE + datetime.timedelta(days=number)
+    params = decimal_params(type_)
+    if params is not None:
+        return from_unscaled(number, params[1])
+    return number
+
+
+def format_value(value: Any) -> str:
+    """One key value as people read it: dates and timestamps in ISO form (UTC), text as
+    itself, bytes in hex."""
+    if isinstance(value, datetime.datetime):
+        return value.isoformat(sep=" ").replace("+00:00", "Z")
+    if isinstance(value, bytes):
+        return "0x" + value.hex()
+    return str(value)
+
+
+def describe_range(schema: Schema, columns: Sequence[str], low: bytes, high: bytes) -> str:
+    """``2024-01-01 <= day < 2024-02-01`` for encoded range bounds (empty: unbounded);
+    ``(a, b)`` tuples when there are several range columns."""
+    types = [schema.column(c).type for c in columns]
+
+    def shown(data: bytes) -> str:
+        values = [format_value(v) for v in decode_key(types, data)]
+        return values[0] if len(values) == 1 else f"({', '.join(values)})"
+
+    name = columns[0] if len(columns) == 1 else f"({', '.join(columns)})"
+    if not low and not high:
+        return f"{name}: unbounded"
+    text = name
+    if low:
+        text = f"{shown(low)} <= {text}"
+    if high:
+        text = f"{text} < {shown(high)}"
+    return text
 
 
 @dataclasses.dataclass(frozen=True)
@@ -450,6 +573,39 @@ def range_spec_to_pb(
     return bounds, splits
 
 
+def range_bounds_pb(
+    schema: Schema, partition_schema: PartitionSchema, bounds: tuple[Any, Any]
+) -> master_pb2.RangeBoundsPB:
+    """The ``RangeBoundsPB`` of one range ``(lower, upper)`` given as values of the range
+    columns (one value, or a tuple with several columns; None: unbounded), checked against
+    the table: ``InvalidArgumentError`` if it has no range partitioning or a value does not
+    fit."""
+    columns = partition_schema.range_columns
+    if not columns:
+        raise InvalidArgumentError("the table has no range partitioning (no range columns)")
+    if not isinstance(bounds, (tuple, list)) or len(bounds) != 2:
+        raise InvalidArgumentError(f"a range partition is (lower, upper); got {bounds!r}")
+    rows = [None if b is None else _as_row(b, columns) for b in bounds]
+    encoded = [b"" if r is None else partition_schema.encode_range_key(schema, r) for r in rows]
+    if encoded[0] and encoded[1] and encoded[0] >= encoded[1]:
+        raise InvalidArgumentError(f"range {bounds!r}: the lower bound must be below the upper")
+    lower, upper = (b"" if r is None else rows_to_ipc(schema, columns, [r]) for r in rows)
+    return _range_bounds_pb(lower, upper)
+
+
+def range_bounds_from_pb(
+    schema: Schema, partition_schema: PartitionSchema, pb: master_pb2.RangeBoundsPB
+) -> tuple[bytes, bytes]:
+    """The encoded ``(lower, upper)`` range keys of a ``RangeBoundsPB`` (empty: unbounded)."""
+    out = []
+    for data in (bytes(pb.lower), bytes(pb.upper)):
+        keys = _keys_from_ipc(schema, partition_schema, data) if data else [b""]
+        if len(keys) != 1:
+            raise InvalidArgumentError("a range bound is one row")
+        out.append(keys[0])
+    return out[0], out[1]
+
+
 def _range_bounds_pb(lower: bytes, upper: bytes) -> master_pb2.RangeBoundsPB:
     """A ``RangeBoundsPB`` (master.proto)."""
     return master_pb2.RangeBoundsPB(lower=lower, upper=upper)
@@ -493,10 +649,15 @@ __all__ = [
     "RangePartitioning",
     "RangeSpec",
     "create_partitions",
+    "decode_key",
+    "describe_range",
     "encode_key",
     "find_partition",
+    "format_value",
     "hash64",
     "partitions_for_create_table",
+    "range_bounds_from_pb",
+    "range_bounds_pb",
     "range_spec_to_pb",
     "rows_to_ipc",
 ]

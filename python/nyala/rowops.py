@@ -229,7 +229,7 @@ def _cast_rows(
     """``array`` cast to ``target``, and the rows whose values do not fit it (their cells
     become null). A column that cannot convert at all raises ``InvalidArgumentError``."""
     try:
-        return array.cast(target, safe=True), []
+        return _cast(array, target), []
     except pa.ArrowNotImplementedError as err:
         raise InvalidArgumentError(f"column {name!r}: cannot convert to {target}: {err}") from err
     except pa.ArrowInvalid as err:
@@ -245,7 +245,7 @@ def _cast_rows(
     mask[bad] = True
     kept = pc.if_else(pa.array(mask), pa.nulls(len(array), array.type), array)
     try:
-        cast = kept.cast(target, safe=True)
+        cast = _cast(kept, target)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as err:
         raise InvalidArgumentError(f"column {name!r}: cannot convert to {target}: {err}") from err
     values = array.take(pa.array(bad, pa.int64())).to_pylist()
@@ -254,6 +254,23 @@ def _cast_rows(
         for row, value in zip(bad.tolist(), values, strict=True)
     ]
     return cast, problems
+
+
+def _cast(array: pa.Array, target: pa.DataType) -> pa.Array:
+    """``array`` cast to ``target`` without loss; text without a zone offset cast to a zoned
+    timestamp is taken as UTC (nyala's rule for naive timestamps), text with one is
+    converted."""
+    try:
+        return array.cast(target, safe=True)
+    except pa.ArrowInvalid:
+        zoned_from_text = (
+            pa.types.is_timestamp(target)
+            and target.tz is not None
+            and (pa.types.is_string(array.type) or pa.types.is_large_string(array.type))
+        )
+        if not zoned_from_text:
+            raise
+        return array.cast(pa.timestamp(target.unit), safe=True).cast(target)
 
 
 def _out_of_range(array: pa.Array, target: pa.DataType) -> np.ndarray[Any, Any] | None:
@@ -285,7 +302,7 @@ def _failing_rows(array: pa.Array, target: pa.DataType) -> np.ndarray[Any, Any]:
     while ranges:
         start, stop = ranges.pop()
         try:
-            array.slice(start, stop - start).cast(target, safe=True)
+            _cast(array.slice(start, stop - start), target)
             continue
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
             pass

@@ -5,9 +5,15 @@ that is a prefix of non-null columns, a version that grows with every change, an
 ids (a rename or a drop never rewrites data; see docs/storage-format.md). The native engine
 validates schemas again; this module gives early, readable errors and the CLI's string form::
 
-    Schema.parse("id:int64, name:string?, ts:timestamp, n:int32=7", key=["id"])
+    Schema.parse("id:int64, name:string?, price:decimal(10,2), day:date, code:varchar(8)",
+                 key=["id"])
 
 where a trailing ``?`` marks a nullable column and ``=VALUE`` gives the column's write default.
+The types (docs/types-and-partitioning.md) are the integers, ``float``, ``double``, ``bool``,
+``string``, ``binary``, ``timestamp`` (microseconds, UTC: zoned input is converted, naive input
+is taken as UTC, scans return ``timestamp[us, tz=UTC]``), ``decimal(p,s)`` (1 <= p <= 38,
+0 <= s <= p; Arrow decimal128), ``date`` (Arrow date32) and ``varchar(n)`` (1 <= n <= 65,535
+characters; the tablet servers truncate longer values to n characters, as Kudu does).
 
 A column's default (Kudu's write default) is what an INSERT or UPSERT row that leaves the column
 out gets, and what rows written before the column was added read as. It is checked and
@@ -21,7 +27,9 @@ from __future__ import annotations
 import base64
 import dataclasses
 import datetime
+import decimal
 import math
+import re
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -29,7 +37,8 @@ import pyarrow as pa
 
 from nyala.errors import InvalidArgumentError
 
-#: The column types, by their canonical names.
+#: The column types without parameters, by their canonical names (``decimal(p,s)`` and
+#: ``varchar(n)`` are the parameterised ones: ``arrow_type_of``).
 TYPES: dict[str, pa.DataType] = {
     "int8": pa.int8(),
     "int16": pa.int16(),
@@ -40,8 +49,13 @@ TYPES: dict[str, pa.DataType] = {
     "bool": pa.bool_(),
     "string": pa.string(),
     "binary": pa.binary(),
-    "timestamp": pa.timestamp("us"),
+    "timestamp": pa.timestamp("us", tz="UTC"),
+    "date": pa.date32(),
 }
+#: Most digits of a decimal, and most characters of a varchar (as in Kudu).
+DECIMAL_PRECISION_MAX = 38
+VARCHAR_CHARS_MAX = 65_535
+_PARAMETERISED = re.compile(r"^(decimal|numeric|varchar)\s*\(([^()]*)\)$")
 
 _ALIASES = {
     "float32": "float",
@@ -51,6 +65,7 @@ _ALIASES = {
     "str": "string",
     "bytes": "binary",
     "timestamp[us]": "timestamp",
+    "date32": "date",
 }
 
 #: The range of each integer type (timestamps are int64 microseconds).
@@ -73,25 +88,98 @@ NativeSchema = tuple[list[NativeColumn], int, int, int]
 
 
 def canonical_type(name: str) -> str:
-    """The canonical name of a column type; ``InvalidArgumentError`` if unknown."""
+    """The canonical name of a column type (``decimal(10,2)``, ``varchar(32)``, ``int64``);
+    ``InvalidArgumentError`` if unknown or its parameters are out of range."""
     lowered = name.strip().lower()
     lowered = _ALIASES.get(lowered, lowered)
-    if lowered not in TYPES:
+    if lowered in TYPES:
+        return lowered
+    match = _PARAMETERISED.match(lowered)
+    if match is None:
         raise InvalidArgumentError(
-            f"unknown column type {name!r}; expected one of {', '.join(TYPES)}"
+            f"unknown column type {name!r}; expected one of {', '.join(TYPES)}, "
+            "decimal(p,s), varchar(n)"
         )
-    return lowered
+    base, params = match.group(1), [p.strip() for p in match.group(2).split(",")]
+    try:
+        numbers = [int(p) for p in params]
+    except ValueError:
+        raise InvalidArgumentError(f"column type {name!r}: parameters must be integers") from None
+    if base == "varchar":
+        if len(numbers) != 1 or not 1 <= numbers[0] <= VARCHAR_CHARS_MAX:
+            raise InvalidArgumentError(
+                f"column type {name!r}: varchar(n) needs 1 <= n <= {VARCHAR_CHARS_MAX}"
+            )
+        return f"varchar({numbers[0]})"
+    if len(numbers) == 1:
+        numbers.append(0)  # decimal(p) has scale 0, as in SQL and Kudu
+    if len(numbers) != 2 or not (
+        1 <= numbers[0] <= DECIMAL_PRECISION_MAX and 0 <= numbers[1] <= numbers[0]
+    ):
+        raise InvalidArgumentError(
+            f"column type {name!r}: decimal(p,s) needs 1 <= p <= {DECIMAL_PRECISION_MAX} "
+            "and 0 <= s <= p"
+        )
+    return f"decimal({numbers[0]},{numbers[1]})"
+
+
+def decimal_params(type_name: str) -> tuple[int, int] | None:
+    """``(precision, scale)`` of a canonical ``decimal(p,s)`` type name, else None."""
+    if not type_name.startswith("decimal("):
+        return None
+    precision, scale = type_name[len("decimal(") : -1].split(",")
+    return int(precision), int(scale)
+
+
+def varchar_chars(type_name: str) -> int | None:
+    """``n`` of a canonical ``varchar(n)`` type name, else None."""
+    if not type_name.startswith("varchar("):
+        return None
+    return int(type_name[len("varchar(") : -1])
+
+
+def arrow_type_of(type_name: str) -> pa.DataType:
+    """The Arrow type of a canonical column type name: what writes are cast to and scans
+    return (``timestamp[us, tz=UTC]`` for timestamps)."""
+    params = decimal_params(type_name)
+    if params is not None:
+        return pa.decimal128(*params)
+    if varchar_chars(type_name) is not None:
+        return pa.string()
+    return TYPES[type_name]
+
+
+def storage_arrow_type_of(type_name: str) -> pa.DataType:
+    """The Arrow type the storage engine holds for a column type: ``arrow_type_of`` except
+    timestamps, which it stores without the zone label (always UTC microseconds)."""
+    if type_name == "timestamp":
+        return pa.timestamp("us")
+    return arrow_type_of(type_name)
 
 
 def normalize_default(type_name: str, value: Any) -> Any:
     """``value`` as a default of a ``type_name`` column (int, float, bool, str or bytes;
-    timestamps as int microseconds since the epoch), or ``InvalidArgumentError``."""
+    timestamps as int microseconds since the epoch; dates as ``datetime.date``; decimals as an
+    exact ``decimal.Decimal`` of the column's scale; varchar text cut to n characters), or
+    ``InvalidArgumentError``."""
     if value is None:
         return None
     bad = InvalidArgumentError(f"default {value!r} does not fit a {type_name} column")
     if type_name == "timestamp" and isinstance(value, datetime.datetime):
         aware = value if value.tzinfo else value.replace(tzinfo=datetime.UTC)
         value = (aware - _EPOCH) // datetime.timedelta(microseconds=1)
+    params = decimal_params(type_name)
+    if params is not None:
+        return _exact_decimal(value, *params, bad)
+    if type_name == "date":
+        if isinstance(value, datetime.datetime) or not isinstance(value, datetime.date):
+            raise bad
+        return value
+    chars = varchar_chars(type_name)
+    if chars is not None:
+        if not isinstance(value, str):
+            raise bad
+        return value[:chars]
     if type_name in _INT_RANGES:
         if isinstance(value, bool) or not isinstance(value, int):
             raise bad
@@ -116,6 +204,39 @@ def normalize_default(type_name: str, value: Any) -> Any:
     return bytes(value)
 
 
+def _exact_decimal(
+    value: Any, precision: int, scale: int, bad: InvalidArgumentError
+) -> decimal.Decimal:
+    """``value`` (Decimal, int or decimal text) at ``scale`` places, when that is exact and it
+    has at most ``precision`` digits."""
+    if isinstance(value, bool) or not isinstance(value, (decimal.Decimal, int, str)):
+        raise bad
+    context = _EXACT
+    try:
+        exact = decimal.Decimal(value.strip() if isinstance(value, str) else value)
+        if not exact.is_finite():
+            raise bad
+        scaled = exact.quantize(decimal.Decimal(1).scaleb(-scale), context=context)
+    except (decimal.InvalidOperation, ValueError):
+        raise bad from None
+    if scaled != exact or abs(unscaled(scaled, scale)) >= 10**precision:
+        raise bad
+    return scaled
+
+
+_EXACT = decimal.Context(prec=2 * DECIMAL_PRECISION_MAX)
+
+
+def unscaled(value: decimal.Decimal, scale: int) -> int:
+    """The unscaled integer of an exact decimal at ``scale`` places (Arrow's storage form)."""
+    return int(value.scaleb(scale, context=_EXACT))
+
+
+def from_unscaled(value: int, scale: int) -> decimal.Decimal:
+    """Inverse of ``unscaled``: the decimal of ``value`` with ``scale`` places."""
+    return decimal.Decimal(value).scaleb(-scale, context=_EXACT)
+
+
 def default_to_json(type_name: str, value: Any) -> Any:
     """The JSON form of a default (None stays None): numbers, booleans and strings as
     themselves, a non-finite float as its name (``"nan"``, ``"inf"``, ``"-inf"``), binary as
@@ -124,6 +245,8 @@ def default_to_json(type_name: str, value: Any) -> Any:
         return None
     if type_name == "binary":
         return base64.b64encode(value).decode()
+    if isinstance(value, (decimal.Decimal, datetime.date)):
+        return str(value)
     if isinstance(value, float) and not math.isfinite(value):
         return repr(value)
     return value
@@ -139,6 +262,11 @@ def default_from_json(type_name: str, doc: Any) -> Any:
         return base64.b64decode(doc.encode(), validate=True)
     if type_name in ("float", "double") and isinstance(doc, str):
         return float(doc)
+    if type_name == "date" and isinstance(doc, str):
+        try:
+            return datetime.date.fromisoformat(doc)
+        except ValueError:
+            raise InvalidArgumentError(f"date default {doc!r} is not an ISO date") from None
     return normalize_default(type_name, doc)
 
 
@@ -160,8 +288,13 @@ class Column:
 
     @property
     def arrow_type(self) -> pa.DataType:
-        """The Arrow type of this column's values."""
-        return TYPES[self.type]
+        """The Arrow type of this column's values (writes are cast to it, scans return it)."""
+        return arrow_type_of(self.type)
+
+    @property
+    def storage_arrow_type(self) -> pa.DataType:
+        """The Arrow type the storage engine holds (``storage_arrow_type_of``)."""
+        return storage_arrow_type_of(self.type)
 
 
 class Schema:
@@ -261,7 +394,7 @@ class Schema:
         raise InvalidArgumentError(f"no column named {name!r}")
 
     def to_arrow(self) -> pa.Schema:
-        """The Arrow schema of this table's rows."""
+        """The Arrow schema of this table's rows (as scans return them)."""
         return pa.schema(
             [pa.field(c.name, c.arrow_type, nullable=c.nullable) for c in self._columns]
         )
@@ -319,7 +452,10 @@ class Schema:
 
     def to_native(self) -> NativeSchema:
         """The tuple form ``nyala._native`` takes."""
-        columns = [(int(c.id or 0), c.name, c.type, c.nullable, c.default) for c in self._columns]
+        columns = [
+            (int(c.id or 0), c.name, c.type, c.nullable, _native_default(c.type, c.default))
+            for c in self._columns
+        ]
         return (columns, self._key_count, self._version, self._next_column_id)
 
     @classmethod
@@ -327,7 +463,13 @@ class Schema:
         """Inverse of ``to_native``."""
         columns, key_count, version, next_column_id = native
         cols = [
-            Column(name=name, type=type_, nullable=nullable, default=default, id=id_)
+            Column(
+                name=name,
+                type=type_,
+                nullable=nullable,
+                default=_default_from_native(type_, default),
+                id=id_,
+            )
             for (id_, name, type_, nullable, default) in columns
         ]
         return cls(
@@ -341,12 +483,55 @@ class Schema:
 
     @classmethod
     def parse(cls, text: str, key: Iterable[str]) -> Schema:
-        """Parses ``'id:int64, name:string?, ts:timestamp, n:int32=7'`` (``?``: nullable,
-        ``=VALUE``: the write default; a default holds no comma)."""
-        parts = text.split(",")
+        """Parses ``'id:int64, name:string?, price:decimal(10,2), n:int32=7'`` (``?``:
+        nullable, ``=VALUE``: the write default; a default holds no comma, a comma inside a
+        type's parentheses does not split columns)."""
+        parts = split_columns(text)
         if any(not part.strip() for part in parts):
             raise InvalidArgumentError(f"empty column in schema {text!r}")
         return cls([parse_column(part) for part in parts], list(key))
+
+
+def split_columns(text: str) -> list[str]:
+    """``text`` split at the commas outside parentheses (``decimal(10,2)`` stays whole)."""
+    parts: list[str] = []
+    depth = 0
+    start = 0
+    for i, char in enumerate(text):
+        if char == "(":
+            depth += 1
+        elif char == ")":
+            depth = max(depth - 1, 0)
+        elif char == "," and depth == 0:
+            parts.append(text[start:i])
+            start = i + 1
+    parts.append(text[start:])
+    return parts
+
+
+def _native_default(type_name: str, value: Any) -> Any:
+    """A default in the form ``nyala._native`` takes: dates as days since the epoch, decimals
+    as their unscaled integer."""
+    if value is None:
+        return None
+    if type_name == "date":
+        return (value - _EPOCH.date()).days
+    params = decimal_params(type_name)
+    if params is not None:
+        return unscaled(value, params[1])
+    return value
+
+
+def _default_from_native(type_name: str, value: Any) -> Any:
+    """Inverse of ``_native_default``."""
+    if value is None:
+        return None
+    if type_name == "date" and isinstance(value, int):
+        return _EPOCH.date() + datetime.timedelta(days=value)
+    params = decimal_params(type_name)
+    if params is not None and isinstance(value, int):
+        return from_unscaled(value, params[1])
+    return value
 
 
 def parse_column(text: str) -> Column:
@@ -368,7 +553,7 @@ def parse_column(text: str) -> Column:
 def parse_default(type_name: str, text: str) -> Any:
     """A default written as text (the CLI's form) as a value of ``type_name``: integers,
     floats, ``true``/``false``, strings as given (quotes optional), binary as UTF-8 bytes,
-    timestamps as microseconds or ISO 8601."""
+    timestamps as microseconds or ISO 8601, dates as ISO 8601, decimals as decimal text."""
     text = text.strip()
     if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
         text = text[1:-1]
@@ -385,6 +570,10 @@ def parse_default(type_name: str, text: str) -> Any:
             if text.lstrip("-").isdigit():
                 return int(text)
             return normalize_default(type_name, datetime.datetime.fromisoformat(text))
+        if type_name == "date":
+            return datetime.date.fromisoformat(text)
+        if decimal_params(type_name) is not None:
+            return normalize_default(type_name, text)
     except ValueError:
         raise InvalidArgumentError(f"default {text!r} is not a {type_name} value") from None
     return text.encode() if type_name == "binary" else text
@@ -404,18 +593,27 @@ def _format_default(value: Any) -> str:
         return "true" if value else "false"
     if isinstance(value, bytes):
         return value.decode(errors="backslashreplace")
-    return str(value)
+    return str(value)  # a Decimal or a date prints as the text parse_default reads
 
 
 __all__ = [
+    "DECIMAL_PRECISION_MAX",
     "TYPES",
+    "VARCHAR_CHARS_MAX",
     "Column",
     "Schema",
+    "arrow_type_of",
     "canonical_type",
+    "decimal_params",
     "default_from_json",
     "default_to_json",
     "format_schema",
+    "from_unscaled",
     "normalize_default",
     "parse_column",
     "parse_default",
+    "split_columns",
+    "storage_arrow_type_of",
+    "unscaled",
+    "varchar_chars",
 ]

@@ -9,6 +9,7 @@ owns nothing else; the tablet layer drives it.
 from __future__ import annotations
 
 import dataclasses
+import decimal
 import enum
 import os
 from collections.abc import Iterator, Mapping, Sequence
@@ -21,7 +22,7 @@ import pyarrow as pa
 from nyala import _native
 from nyala.errors import InvalidArgumentError
 from nyala.rowops import OpType, encode, make_op_batch
-from nyala.schema import Schema
+from nyala.schema import Schema, decimal_params
 
 #: Default MemRowSet size at which a background flush starts, in bytes.
 FLUSH_THRESHOLD_BYTES = 64 * 1024 * 1024
@@ -49,6 +50,8 @@ class RowStatus(enum.IntEnum):
     NULL_IN_NOT_NULL = 3
     #: A cell is over ``CELL_BYTES_MAX`` or the row over ``ROW_BYTES_MAX``: refused alone.
     TOO_LARGE = 4
+    #: A value does not fit its column's type (a decimal over its precision): refused alone.
+    OUT_OF_RANGE = 5
 
 
 #: Largest string or binary cell, and largest row, in bytes (the storage engine's limits).
@@ -211,8 +214,11 @@ class StorageEngine:
         values = value if op == "in" else [value]
         if op == "in" and isinstance(value, (str, bytes)):
             raise InvalidArgumentError("'in' takes a list of values")
+        params = decimal_params(column.type)
+        if params is not None:  # decimal literals travel as exact text
+            values = [decimal.Decimal(v) if isinstance(v, str) else v for v in values]
         try:
-            array = pa.array(list(values), type=column.arrow_type)
+            array = pa.array(list(values), type=column.storage_arrow_type)
         except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError) as err:
             raise InvalidArgumentError(f"predicate value for {name!r}: {err}") from err
         return (name, op, array)
@@ -224,7 +230,7 @@ class StorageEngine:
         for name in schema.key:
             if name not in bound:
                 raise InvalidArgumentError(f"key bound lacks key column {name!r}")
-            arrays.append(pa.array([bound[name]], type=schema.column(name).arrow_type))
+            arrays.append(pa.array([bound[name]], type=schema.column(name).storage_arrow_type))
         keys = pa.RecordBatch.from_arrays(arrays, names=schema.key)
         return self._native.encode_keys(keys)[0]
 

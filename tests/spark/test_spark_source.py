@@ -3,6 +3,7 @@ SparkSession for the whole module (starting Spark is the expensive part)."""
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import sys
@@ -23,7 +24,7 @@ pytest.importorskip("pyspark")
 
 from nyala.client import connect
 from nyala.errors import SchemaMismatchError
-from nyala.partition import HashPartitioning
+from nyala.partition import HashPartitioning, RangePartitioning
 from nyala.schema import Schema
 from nyala.spark.load import RowErrorsError, load_file
 from nyala.testing import MiniCluster, dump_logs
@@ -167,7 +168,54 @@ def test_round_trip_every_type_with_nulls(spark: Any, client: Any, masters: str)
     assert got[4]["s"] == "row-4-é"
     # The client sees the same values (timestamps as UTC microseconds).
     stored = table_rows(client, "all_types")
-    assert stored[5]["ts"] == pa.scalar(5 * 1000003 - 5000000, pa.timestamp("us")).as_py()
+    assert stored[5]["ts"] == pa.scalar(5 * 1000003 - 5000000, pa.timestamp("us", tz="UTC")).as_py()
+
+
+def test_decimal_date_and_varchar_round_trip_and_prune_by_range(
+    spark: Any, client: Any, masters: str
+) -> None:
+    """Spark's DECIMAL and DATE both ways, exact (issue 33): extremes of DECIMAL(38,2), dates
+    before 1970; a varchar column reads back as STRING, cut to its length; a range predicate on
+    a DATE range column reads only the tablets it can match."""
+    df = spark.range(400).selectExpr(
+        "id",
+        "if(id % 5 = 0, null, "
+        "cast(cast(id * 1234567 - 250000000 as decimal(20,0)) / 100 as decimal(20,2))) as price",
+        "case id when 1 then cast('999999999999999999999999999999999999.99' as decimal(38,2)) "
+        "when 2 then cast('-999999999999999999999999999999999999.99' as decimal(38,2)) "
+        "else cast(id as decimal(38,2)) end as big",
+        "date_add(date'1969-12-01', cast(id as int)) as day",
+        "concat('日本-', cast(id as string)) as tag",
+    )
+    writer(df, masters, "spark_typed", "insert", createTable="true", primaryKey="id").save()
+    stored = client.table("spark_typed").schema
+    assert [c.type for c in stored.columns] == [
+        "int64", "decimal(20,2)", "decimal(38,2)", "date", "string",
+    ]  # fmt: skip
+    back = reader(spark, masters, "spark_typed").load()
+    assert sorted(back.collect()) == sorted(df.collect())
+    # A varchar table written from STRING values: cut to 4 characters on the servers.
+    client.create_table(
+        "spark_ranges",
+        Schema.parse("day:date, id:int64, tag:varchar(4)?", key=["day", "id"]),
+        partitioning=[
+            HashPartitioning(["id"], buckets=2),
+            RangePartitioning(
+                ["day"],
+                bounds=[(datetime.date(1969, 12, 1), datetime.date(1970, 3, 1))],
+                splits=[datetime.date(1970, 1, 1), datetime.date(1970, 2, 1)],
+            ),
+        ],
+        replicas=3,
+    )
+    inside = df.filter("id < 90").select("day", "id", "tag")  # days within the bounds
+    writer(inside, masters, "spark_ranges", "upsert").save()
+    got = reader(spark, masters, "spark_ranges").load()
+    assert got.filter("id = 7").collect()[0]["tag"] == "日本-7"
+    assert got.filter("id = 17").collect()[0]["tag"] == "日本-1"
+    january = got.filter("day >= date'1970-01-01' and day < date'1970-02-01'")
+    assert january.count() == 31
+    assert january.rdd.getNumPartitions() == 2  # one range × 2 hash buckets of 6 tablets
 
 
 def test_each_operation(spark: Any, client: Any, masters: str, tmp_path: Path) -> None:

@@ -247,14 +247,28 @@ def test_conform_selects_the_plan_columns_without_copying() -> None:
     assert out.column(2).buffers()[1].address == batch.column(0).buffers()[1].address
 
 
-def test_schema_for_create_makes_keys_not_null_and_refuses_dates() -> None:
+def test_schema_for_create_makes_keys_not_null_and_refuses_nested_types() -> None:
     made = schema_map.schema_for_create(spark_like_schema(), ["id", "tag"])
     assert made.key == ["id", "tag"]
     assert not made.column("id").nullable
     assert made.column("v").nullable
     assert made.column("ts").type == "timestamp"
-    with pytest.raises(SchemaMismatchError, match="column 'd' has type date32"):
-        schema_map.schema_for_create(pa.schema([pa.field("d", pa.date32())]), ["d"])
+    typed = schema_map.schema_for_create(
+        pa.schema([pa.field("d", pa.date32()), pa.field("p", pa.decimal128(12, 3))]), ["d"]
+    )
+    assert [c.type for c in typed.columns] == ["date", "decimal(12,3)"]
+    assert schema_map.spark_ddl(typed) == "`d` DATE NOT NULL, `p` DECIMAL(12,3)"
+    with pytest.raises(SchemaMismatchError, match="column 'l' has type list"):
+        schema_map.schema_for_create(pa.schema([pa.field("l", pa.list_(pa.int8()))]), ["l"])
+
+
+def test_decimal_and_varchar_conversions_by_row() -> None:
+    assert schema_map.converts_losslessly("decimal(10,2)", "decimal(12,3)")
+    assert not schema_map.converts_losslessly("decimal(10,2)", "decimal(10,3)")
+    assert schema_map.converts_by_row("decimal(38,10)", "decimal(5,2)")  # row errors if not
+    assert schema_map.converts_by_row("int64", "decimal(5,2)")
+    assert schema_map.converts_by_row("string", "varchar(3)")  # truncated by the servers
+    assert not schema_map.converts_by_row("date", "decimal(5,2)")
 
 
 # --- filters ------------------------------------------------------------------------------

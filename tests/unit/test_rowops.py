@@ -61,7 +61,7 @@ def test_pyarrow_and_pandas_inputs() -> None:
     )
     batch = make_op_batch(frame, "insert", SCHEMA)
     assert batch.schema.field("id").type == pa.int64()
-    assert batch.schema.field("ts").type == pa.timestamp("us")
+    assert batch.schema.field("ts").type == pa.timestamp("us", tz="UTC")  # naive: UTC
     assert batch.column("name").to_pylist() == ["a", None]
     table = pa.table({"id": [1, 2], "v": [0.5, None], "name": ["x", "y"], "ts": [None, None]})
     from_table = make_op_batch(table, OpType.INSERT, SCHEMA)

@@ -992,27 +992,76 @@ class AlterTableStepPB(_message.Message):
         def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
         def WhichOneof(self, oneof_group: _Never) -> None: ...
 
+    @_typing.final
+    class AddRangePartition(_message.Message):
+        """Kudu's ADD/DROP RANGE PARTITION: one range (lower inclusive, upper exclusive), in every
+        hash bucket. An added range must overlap no existing one; a dropped range must be exactly
+        an existing one, and its tablets (data included) are deleted.
+        """
+
+        DESCRIPTOR: _descriptor.Descriptor
+
+        BOUNDS_FIELD_NUMBER: _builtins.int
+        @_builtins.property
+        def bounds(self) -> Global___RangeBoundsPB: ...
+        def __init__(
+            self,
+            *,
+            bounds: Global___RangeBoundsPB | None = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _typing.Literal["bounds", b"bounds"]  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["bounds", b"bounds"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    @_typing.final
+    class DropRangePartition(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        BOUNDS_FIELD_NUMBER: _builtins.int
+        @_builtins.property
+        def bounds(self) -> Global___RangeBoundsPB: ...
+        def __init__(
+            self,
+            *,
+            bounds: Global___RangeBoundsPB | None = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _typing.Literal["bounds", b"bounds"]  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["bounds", b"bounds"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     ADD_COLUMN_FIELD_NUMBER: _builtins.int
     DROP_COLUMN_FIELD_NUMBER: _builtins.int
     RENAME_COLUMN_FIELD_NUMBER: _builtins.int
+    ADD_RANGE_PARTITION_FIELD_NUMBER: _builtins.int
+    DROP_RANGE_PARTITION_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def add_column(self) -> Global___AlterTableStepPB.AddColumn: ...
     @_builtins.property
     def drop_column(self) -> Global___AlterTableStepPB.DropColumn: ...
     @_builtins.property
     def rename_column(self) -> Global___AlterTableStepPB.RenameColumn: ...
+    @_builtins.property
+    def add_range_partition(self) -> Global___AlterTableStepPB.AddRangePartition: ...
+    @_builtins.property
+    def drop_range_partition(self) -> Global___AlterTableStepPB.DropRangePartition: ...
     def __init__(
         self,
         *,
         add_column: Global___AlterTableStepPB.AddColumn | None = ...,
         drop_column: Global___AlterTableStepPB.DropColumn | None = ...,
         rename_column: Global___AlterTableStepPB.RenameColumn | None = ...,
+        add_range_partition: Global___AlterTableStepPB.AddRangePartition | None = ...,
+        drop_range_partition: Global___AlterTableStepPB.DropRangePartition | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["add_column", b"add_column", "drop_column", b"drop_column", "rename_column", b"rename_column", "step", b"step"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["add_column", b"add_column", "add_range_partition", b"add_range_partition", "drop_column", b"drop_column", "drop_range_partition", b"drop_range_partition", "rename_column", b"rename_column", "step", b"step"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["add_column", b"add_column", "drop_column", b"drop_column", "rename_column", b"rename_column", "step", b"step"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["add_column", b"add_column", "add_range_partition", b"add_range_partition", "drop_column", b"drop_column", "drop_range_partition", b"drop_range_partition", "rename_column", b"rename_column", "step", b"step"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_step: _TypeAlias = _typing.Literal["add_column", "drop_column", "rename_column"]  # noqa: Y015
+    _WhichOneofReturnType_step: _TypeAlias = _typing.Literal["add_column", "drop_column", "rename_column", "add_range_partition", "drop_range_partition"]  # noqa: Y015
     _WhichOneofArgType_step: _TypeAlias = _typing.Literal["step", b"step"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_step) -> _WhichOneofReturnType_step | None: ...
 

@@ -236,6 +236,7 @@ class ColumnPredicatePB(_message.Message):
         IN: ColumnPredicatePB._Op.ValueType  # 6
         IS_NULL: ColumnPredicatePB._Op.ValueType  # 7
         IS_NOT_NULL: ColumnPredicatePB._Op.ValueType  # 8
+        NE: ColumnPredicatePB._Op.ValueType  # 9
 
     class Op(_Op, metaclass=_OpEnumTypeWrapper): ...
     OP_UNKNOWN: ColumnPredicatePB.Op.ValueType  # 0
@@ -247,6 +248,7 @@ class ColumnPredicatePB(_message.Message):
     IN: ColumnPredicatePB.Op.ValueType  # 6
     IS_NULL: ColumnPredicatePB.Op.ValueType  # 7
     IS_NOT_NULL: ColumnPredicatePB.Op.ValueType  # 8
+    NE: ColumnPredicatePB.Op.ValueType  # 9
 
     COLUMN_FIELD_NUMBER: _builtins.int
     OP_FIELD_NUMBER: _builtins.int
@@ -274,7 +276,9 @@ Global___ColumnPredicatePB: _TypeAlias = ColumnPredicatePB  # noqa: Y015
 
 @_typing.final
 class ScalarPB(_message.Message):
-    """A literal in a predicate. Timestamps are int64 microseconds since the epoch (UTC)."""
+    """A literal in a predicate. Timestamps are int64 microseconds since the epoch (UTC), dates
+    int64 days since 1970-01-01, decimals exact decimal text ("-12.50") in string_value.
+    """
 
     DESCRIPTOR: _descriptor.Descriptor
 

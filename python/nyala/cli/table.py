@@ -21,8 +21,16 @@ LOAD_BATCH_ROWS = 100_000
 SCAN_PRINT_ROWS_DEFAULT = 1_000
 
 _WHERE = re.compile(
-    r"^\s*(?P<col>[^\s<>=!]+)\s*(?P<op>is\s+not\s+null|is\s+null|<=|>=|==|=|<|>|in)\s*(?P<rest>.*)$",
+    r"^\s*(?P<col>[^\s<>=!]+)\s*"
+    r"(?P<op>is\s+not\s+null|is\s+null|<=|>=|==|!=|<>|=|<|>|in\b)\s*(?P<rest>.*)$",
     re.IGNORECASE,
+)
+#: What ``--where`` accepts, for its error messages.
+WHERE_FORMS = (
+    "COLUMN OP VALUE with OP one of = == != <> < <= > >=; COLUMN IN (V1, V2, ...); "
+    "COLUMN IS NULL; COLUMN IS NOT NULL. Values: integers, decimals (12.50), true/false, "
+    "'quoted' or bare text, dates (2024-01-31), timestamps (2024-01-31 10:00:00[.ffffff]"
+    "[+01:00|Z], ISO 8601 with T, or integer microseconds since 1970; no zone means UTC)"
 )
 
 
@@ -41,41 +49,81 @@ def _parse_hash(text: str) -> Any:
 
 
 def parse_value(schema: Any, column: str, text: str) -> Any:
-    """A literal typed as ``column``'s values (``'quoted'`` strings lose their quotes;
-    timestamps stay text, which the predicate encoder parses)."""
+    """A literal typed as ``column``'s values (``'quoted'`` text loses its quotes): integers,
+    floats, booleans, text, decimals (exact), ISO dates, timestamps as ISO 8601 with or without
+    a zone (none: UTC) or integer microseconds since the epoch."""
     from nyala.schema import parse_default
 
     kind = schema.column(column).type
-    if kind == "timestamp":
-        text = text.strip()
-        quoted = len(text) >= 2 and text[0] == text[-1] and text[0] in "'\""
-        return text[1:-1] if quoted else text
     try:
+        if kind == "timestamp":
+            return _parse_timestamp(text)
         return parse_default(kind, text)
-    except InvalidArgumentError:
+    except (InvalidArgumentError, ValueError):
         raise InvalidArgumentError(
-            f"{text.strip()!r} is not a {kind} value for {column!r}"
+            f"{text.strip()!r} is not a {kind} value for {column!r}; accepted: {WHERE_FORMS}"
         ) from None
 
 
+def _parse_timestamp(text: str) -> Any:
+    """An aware ``datetime`` (UTC when no zone is written) or int microseconds."""
+    import datetime
+
+    text = text.strip()
+    if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
+        text = text[1:-1].strip()
+    if text.lstrip("-").isdigit():
+        return int(text)
+    value = datetime.datetime.fromisoformat(text)
+    return value if value.tzinfo else value.replace(tzinfo=datetime.UTC)
+
+
+def _split_list(text: str) -> list[str]:
+    """``a, 'b,c', d`` split at the commas outside quotes."""
+    items: list[str] = []
+    current: list[str] = []
+    quote = ""
+    for char in text:
+        if quote:
+            quote = "" if char == quote else quote
+        elif char in "'\"":
+            quote = char
+        elif char == ",":
+            items.append("".join(current))
+            current = []
+            continue
+        current.append(char)
+    if quote:
+        raise InvalidArgumentError(f"unterminated quote in {text!r}")
+    items.append("".join(current))
+    return items
+
+
 def parse_where(schema: Any, text: str) -> tuple[Any, ...]:
-    """``'id >= 10'``, ``'name is null'``, ``'id in (1, 2)'`` as a predicate tuple."""
+    """``'id >= 10'``, ``'name is null'``, ``'id in (1, 2)'``, ``"day != '2024-01-01'"`` as
+    a predicate tuple; ``InvalidArgumentError`` listing the accepted forms otherwise."""
     match = _WHERE.match(text)
     if match is None:
-        raise InvalidArgumentError(f"cannot parse --where {text!r}: expected 'COLUMN OP VALUE'")
+        raise InvalidArgumentError(f"cannot parse --where {text!r}; accepted: {WHERE_FORMS}")
     column, op, rest = match["col"], " ".join(match["op"].lower().split()), match["rest"]
     schema.column(column)
+    op = {"==": "=", "<>": "!="}.get(op, op)
     if op in ("is null", "is not null"):
         if rest.strip():
-            raise InvalidArgumentError(f"--where {text!r}: nothing may follow {op!r}")
+            raise InvalidArgumentError(
+                f"--where {text!r}: nothing may follow {op!r}; accepted: {WHERE_FORMS}"
+            )
         return (column, op)
     if op == "in":
         inner = rest.strip()
         if not (inner.startswith("(") and inner.endswith(")")):
-            raise InvalidArgumentError(f"--where {text!r}: IN takes '(v1, v2, ...)'")
-        return (column, "in", [parse_value(schema, column, v) for v in inner[1:-1].split(",")])
+            raise InvalidArgumentError(
+                f"--where {text!r}: IN takes '(v1, v2, ...)'; accepted: {WHERE_FORMS}"
+            )
+        values = [parse_value(schema, column, v) for v in _split_list(inner[1:-1])]
+        return (column, "in", values)
     if not rest.strip():
-        raise InvalidArgumentError(f"--where {text!r} needs a value")
+        raise InvalidArgumentError(f"--where {text!r} needs a value; accepted: {WHERE_FORMS}")
     return (column, op, parse_value(schema, column, rest))
 
 
@@ -602,3 +650,69 @@ class _Progress:
 
 
 __all__ = ["group", "parse_value", "parse_where"]
+
+
+def _range_bound(client: Any, table: str, text: str) -> Any:
+    """A range bound of ``table`` from the command line: the range column values
+    (comma-separated when there are several), or ``unbounded`` (or empty)."""
+    if text.strip().lower() in ("", "unbounded"):
+        return None
+    handle = client.table(table)
+    columns = handle.partition_schema.range_columns
+    if not columns:
+        raise InvalidArgumentError(f"table {table!r} has no range partitioning")
+    values = _split_list(text) if len(columns) > 1 else [text]
+    if len(values) != len(columns):
+        raise InvalidArgumentError(
+            f"bound {text!r} needs {len(columns)} comma-separated value(s) for {list(columns)}"
+        )
+    row = tuple(parse_value(handle.schema, c, v) for c, v in zip(columns, values, strict=True))
+    return row if len(row) > 1 else row[0]
+
+
+def _alter_range(name: str, lower: str, upper: str, masters: str, fmt: str, add: bool) -> None:
+    from nyala.partition import describe_range
+
+    with client_for(masters) as client:
+        bounds = (_range_bound(client, name, lower), _range_bound(client, name, upper))
+        key = "add_range_partition" if add else "drop_range_partition"
+        table = client.alter_table(name, **{key: bounds})
+        ranges = sorted({t.partition.range_bounds() for t in table.tablets()})
+        shown = [
+            describe_range(table.schema, table.partition_schema.range_columns, lo, hi)
+            for lo, hi in ranges
+        ]
+    emit_one(
+        {
+            "table": name,
+            "added" if add else "dropped": [lower, upper],
+            "tablets": len(table.tablets()),
+            "ranges": shown,
+        },
+        fmt,
+    )
+
+
+def _range_command(add: bool, summary: str) -> None:
+    """Registers ``add-range-partition`` or ``drop-range-partition`` (the same arguments)."""
+
+    @group.command(name=f"{'add' if add else 'drop'}-range-partition", help=summary)
+    @click.argument("name")
+    @click.argument("lower")
+    @click.argument("upper")
+    @masters_option
+    @format_option
+    @one_line
+    def command(name: str, lower: str, upper: str, masters: str, fmt: str) -> None:
+        _alter_range(name, lower, upper, masters, fmt, add=add)
+
+
+_range_command(
+    True,
+    "Add the range LOWER <= key < UPPER to table NAME (in every hash bucket). Bounds are "
+    "values of the range column(s), comma-separated when there are several, or 'unbounded'.",
+)
+_range_command(
+    False,
+    "Drop the range LOWER <= key < UPPER of table NAME: its tablets and rows are deleted.",
+)

@@ -22,7 +22,12 @@ from nyala.client.rpc import ChannelPool, StubMethod
 from nyala.client.session import Session
 from nyala.client.table import Table
 from nyala.client.write import Writer, WriteResult
-from nyala.partition import PartitioningSpec, PartitionSchema, range_spec_to_pb
+from nyala.partition import (
+    PartitioningSpec,
+    PartitionSchema,
+    range_bounds_pb,
+    range_spec_to_pb,
+)
 from nyala.rowops import OpType, PreparedRows, prepare_op_batch
 from nyala.rpc.errors import join_host_port, split_host_port
 from nyala.rpc.messages import Addressable, Answer
@@ -148,11 +153,20 @@ class Client:
         drop_columns: Sequence[str] = (),
         rename_columns: Mapping[str, str] | None = None,
         new_name: str | None = None,
+        add_range_partition: tuple[Any, Any] | None = None,
+        drop_range_partition: tuple[Any, Any] | None = None,
         wait: bool = True,
     ) -> Table:
-        """Changes the table's columns and/or name in one all-or-nothing step. An added
-        column must be nullable or have a default (Kudu's rule); rows already written read
-        as its default (or null)."""
+        """Changes the table's columns, name and/or range partitions in one all-or-nothing
+        step. An added column must be nullable or have a default (Kudu's rule); rows already
+        written read as its default (or null).
+
+        ``add_range_partition=(lo, hi)`` adds the range ``lo <= key < hi`` of the table's
+        range columns (a value, or a tuple of values when there are several; None:
+        unbounded) in every hash bucket; it must overlap no existing range.
+        ``drop_range_partition=(lo, hi)`` drops exactly an existing range: its tablets and
+        their rows are deleted, and later writes to it fail row by row (no tablet covers
+        them)."""
         request = master_pb2.AlterTableRequestPB(
             table=master_pb2.TableIdentifierPB(table_name=name),
             new_table_name=new_name or "",
@@ -166,6 +180,18 @@ class Client:
             step = request.steps.add()
             step.rename_column.old_name = old
             step.rename_column.new_name = new
+        if add_range_partition is not None or drop_range_partition is not None:
+            current = self.table(name)
+            if add_range_partition is not None:
+                bounds = range_bounds_pb(
+                    current.schema, current.partition_schema, add_range_partition
+                )
+                request.steps.add().add_range_partition.bounds.CopyFrom(bounds)
+            if drop_range_partition is not None:
+                bounds = range_bounds_pb(
+                    current.schema, current.partition_schema, drop_range_partition
+                )
+                request.steps.add().drop_range_partition.bounds.CopyFrom(bounds)
         if not request.steps and not new_name:
             raise errors.InvalidArgumentError("alter_table needs at least one change")
         self._master_call(lambda s: s.master.AlterTable, request, admin=True)
@@ -173,6 +199,9 @@ class Client:
         final = new_name or name
         if wait:
             self._wait_done("IsAlterTableDone", final, self._alter_done)
+            if add_range_partition is not None:
+                # The new range's tablets take writes once each has a leader.
+                self._wait_done("IsCreateTableDone", final, self._create_done)
         return self.table(final)
 
     def delete_table(self, name: str) -> None:
@@ -243,7 +272,9 @@ class Client:
                 for c in table.schema.columns
             ],
             "partitioning": table.partition_schema.describe(),
-            "tablets": [tablet_summary(t, table.partition_schema) for t in table.tablets()],
+            "tablets": [
+                tablet_summary(t, table.partition_schema, table.schema) for t in table.tablets()
+            ],
         }
 
     # --- cluster listings ---------------------------------------------------------------------
@@ -347,7 +378,8 @@ class Admin(ReplicaAdminMixin):
             handle = self._client.table(name)
             self._client._cache.invalidate(handle.id)
             for tablet in handle.tablets():
-                out.append({"table": name, **tablet_summary(tablet, handle.partition_schema)})
+                summary = tablet_summary(tablet, handle.partition_schema, handle.schema)
+                out.append({"table": name, **summary})
         return out
 
     def leader_step_down(
@@ -437,11 +469,13 @@ def config_summary(config: metadata_pb2.RaftConfigPB) -> dict[str, Any]:
     }
 
 
-def tablet_summary(tablet: TabletLocation, partition_schema: PartitionSchema) -> dict[str, Any]:
-    """A tablet as plain data (for ``describe`` and the CLI)."""
+def tablet_summary(
+    tablet: TabletLocation, partition_schema: PartitionSchema, schema: Schema
+) -> dict[str, Any]:
+    """A tablet as plain data (for ``describe`` and the CLI); range bounds as values."""
     return {
         "tablet_id": tablet.tablet_id,
-        "partition": tablet.partition.describe(partition_schema),
+        "partition": tablet.partition.describe(partition_schema, schema),
         "leader": tablet.leader_uuid,
         "replicas": [
             {"uuid": r.uuid, "addr": r.addr, "role": r.role, "member_type": r.member_type}

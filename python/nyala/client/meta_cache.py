@@ -75,6 +75,8 @@ class TableLocations:
     router: _native.PartitionRouter
     expires_at: float
     schema_version: int
+    #: ``time.monotonic()`` when the master answered.
+    fetched_at: float = 0.0
 
     def expired(self) -> bool:
         """True once the TTL has passed."""
@@ -142,8 +144,9 @@ class MetaCache:
             [t.partition.key_end for t in tablets],
         )
         ttl_ms = response.ttl_ms or LOCATIONS_TTL_DEFAULT_MS
+        now = time.monotonic()
         fresh = TableLocations(
-            tablets, router, time.monotonic() + ttl_ms / 1000, response.schema_version
+            tablets, router, now + ttl_ms / 1000, response.schema_version, fetched_at=now
         )
         with self._lock:
             self._locations[info.table_id] = fresh

@@ -39,8 +39,9 @@ from nyala.client.meta_cache import MetaCache, Replica, TableInfo, TabletLocatio
 from nyala.client.rpc import Backoff, ChannelPool
 from nyala.client.write import pick_replica
 from nyala.common.extras import require
+from nyala.partition import encode_key
 from nyala.rpc.errors import error_from_pb
-from nyala.schema import Schema
+from nyala.schema import Schema, decimal_params, normalize_default, varchar_chars
 
 #: Target Arrow bytes of one streamed batch.
 SCAN_BATCH_BYTES = 4 * 1024 * 1024
@@ -57,9 +58,12 @@ REPLICA_SELECTIONS = ("leader", "closest", "any", "follower")
 #: Partition pruning routes at most this many combinations of ``=``/``in`` values.
 PRUNE_POINTS_MAX = 4096
 
+_EPOCH_DATE = dt.date(1970, 1, 1)
 _OPS = {
     "=": tserver_pb2.ColumnPredicatePB.EQ,
     "==": tserver_pb2.ColumnPredicatePB.EQ,
+    "!=": tserver_pb2.ColumnPredicatePB.NE,
+    "<>": tserver_pb2.ColumnPredicatePB.NE,
     "<": tserver_pb2.ColumnPredicatePB.LT,
     "<=": tserver_pb2.ColumnPredicatePB.LE,
     ">": tserver_pb2.ColumnPredicatePB.GT,
@@ -97,11 +101,24 @@ def predicate_to_pb(schema: Schema, predicate: Predicate) -> tserver_pb2.ColumnP
 
 
 def _scalar(pb: tserver_pb2.ScalarPB, type_: str, value: Any) -> None:
+    """Fills ``pb`` with ``value`` as a literal of a ``type_`` column: timestamps as int
+    microseconds (UTC; a zoned value is converted, a naive one taken as UTC), dates as int
+    days, decimals as exact decimal text of the column's scale."""
     try:
         if type_ == "timestamp":
             if isinstance(value, (dt.datetime, str)):
-                value = pa.scalar(value, type=pa.timestamp("us")).value
+                value = pa.scalar(value, type=pa.timestamp("us", tz="UTC")).value
+            if isinstance(value, bool) or int(value) != value:
+                raise TypeError(value)
             pb.int_value = int(value)
+        elif type_ == "date":
+            if isinstance(value, str):
+                value = dt.date.fromisoformat(value)
+            if isinstance(value, dt.datetime) or not isinstance(value, dt.date):
+                raise TypeError(value)
+            pb.int_value = (value - _EPOCH_DATE).days
+        elif decimal_params(type_) is not None:
+            pb.string_value = str(normalize_default(type_, value))
         elif type_.startswith("int"):
             if isinstance(value, bool) or int(value) != value:
                 raise TypeError(value)
@@ -112,13 +129,13 @@ def _scalar(pb: tserver_pb2.ScalarPB, type_: str, value: Any) -> None:
             if not isinstance(value, bool):
                 raise TypeError(value)
             pb.bool_value = value
-        elif type_ == "string":
+        elif type_ == "string" or varchar_chars(type_) is not None:
             if not isinstance(value, str):
                 raise TypeError(value)
             pb.string_value = value
         else:
             pb.binary_value = bytes(value)
-    except (TypeError, ValueError, pa.ArrowInvalid) as err:
+    except (TypeError, ValueError, pa.ArrowInvalid, errors.InvalidArgumentError) as err:
         raise errors.InvalidArgumentError(f"{value!r} is not a {type_} value") from err
 
 
@@ -160,6 +177,7 @@ class Scanner:
         for name in self.columns:
             schema.column(name)
         self.predicates = [predicate_to_pb(schema, p) for p in where]
+        self._where = list(where)
         self._points = _point_values(where)
         self.limit = limit
         self.replica = replica
@@ -177,8 +195,7 @@ class Scanner:
     def __iter__(self) -> Iterator[pa.RecordBatch]:
         remaining = self.limit
         self.served_by = {}
-        locations = self.cache.locations(self.info)
-        for tablet in self._prune(locations.tablets, locations.router):
+        for tablet in self.tablets():
             if remaining == 0:
                 return
             for batch in self._scan_tablet(tablet, remaining):
@@ -187,10 +204,21 @@ class Scanner:
                     remaining -= batch.num_rows
                 if batch.num_rows:
                     # One schema for every batch, whichever replica or schema version sent it.
-                    columns = batch.select(self.columns).columns
+                    # Timestamps gain their UTC label here (a relabelling, no copy).
+                    columns = [
+                        c if c.type == f.type else c.cast(f.type)
+                        for c, f in zip(
+                            batch.select(self.columns).columns, self.output_schema, strict=True
+                        )
+                    ]
                     yield pa.RecordBatch.from_arrays(columns, schema=self.output_schema)
                 if remaining == 0:
                     return
+
+    def tablets(self) -> list[TabletLocation]:
+        """The tablets this scan reads, in partition order: those partition pruning keeps."""
+        locations = self.cache.locations(self.info)
+        return self._prune(locations.tablets, locations.router)
 
     def to_arrow(self) -> pa.Table:
         """Every row as one ``pyarrow.Table``."""
@@ -290,7 +318,46 @@ class Scanner:
     def _prune(self, tablets: list[TabletLocation], router: Any) -> list[TabletLocation]:
         """The tablets the scan can match (partition pruning): when ``=``/``in`` predicates
         fix every partition column to a few values, only the tablets those values route to;
-        otherwise all of them."""
+        then, with one range column, only the tablets whose range meets the ``<``, ``<=``,
+        ``>``, ``>=`` and ``=`` predicates on it."""
+        return self._prune_ranges(self._prune_points(tablets, router))
+
+    def _prune_ranges(self, tablets: list[TabletLocation]) -> list[TabletLocation]:
+        columns = self.info.partition_schema.range_columns
+        if len(columns) != 1 or len(tablets) < 2:
+            return tablets
+        column = self.info.schema.column(columns[0])
+        lows: list[bytes] = []  # the key is >= each
+        highs: list[tuple[bytes, bool]] = []  # the key is <= (True) or < (False) each
+        for predicate in self._where:
+            if len(predicate) != 3 or predicate[0] != column.name:
+                continue
+            op = str(predicate[1]).strip().lower()
+            if op not in ("=", "==", "<", "<=", ">", ">="):
+                continue
+            chars = varchar_chars(column.type)
+            if chars is not None and len(str(predicate[2])) > chars:
+                continue  # stored values are cut to n characters: no safe bound
+            try:
+                encoded = encode_key([column.type], [predicate[2]])
+            except errors.InvalidArgumentError:
+                continue
+            if op in ("=", "==", ">", ">="):
+                lows.append(encoded)  # '>' keeps the tablet starting at the value: safe
+            if op in ("=", "==", "<="):
+                highs.append((encoded, True))
+            elif op == "<":
+                highs.append((encoded, False))
+
+        def meets(tablet: TabletLocation) -> bool:
+            low, high = tablet.partition.range_bounds()
+            if high and any(high <= v for v in lows):
+                return False
+            return not any(low > v if inclusive else low >= v for v, inclusive in highs)
+
+        return [t for t in tablets if meets(t)]
+
+    def _prune_points(self, tablets: list[TabletLocation], router: Any) -> list[TabletLocation]:
         partitioning = self.info.partition_schema
         columns = list(
             dict.fromkeys(

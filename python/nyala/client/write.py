@@ -462,14 +462,26 @@ class Writer:
         selection = prepared.selection()
         if batch.num_rows == 0 or (selection is not None and not len(selection)):
             return per_tablet
+        asked_at = time.monotonic()
         locations = self.cache.locations(info)
-        pieces, unrouted = locations.router.split_requests(
-            batch,
-            WRITE_REQUEST_ROWS_MAX,
-            WRITE_REQUEST_BYTES_MAX,
-            selection=None if selection is None else pa.array(selection, pa.uint32()),
-        )
-        gaps = np.asarray(unrouted)
+
+        def split(locations: Any) -> tuple[Any, np.ndarray[Any, Any]]:
+            pieces, unrouted = locations.router.split_requests(
+                batch,
+                WRITE_REQUEST_ROWS_MAX,
+                WRITE_REQUEST_BYTES_MAX,
+                selection=None if selection is None else pa.array(selection, pa.uint32()),
+            )
+            return pieces, np.asarray(unrouted)
+
+        pieces, gaps = split(locations)
+        if len(gaps) and locations.fetched_at < asked_at:
+            # A range may have been added since the locations were cached (by another
+            # client): ask the master once before refusing the rows (Kudu's client looks up
+            # a key it has no tablet for, too).
+            self.cache.invalidate(info.table_id)
+            locations = self.cache.locations(info)
+            pieces, gaps = split(locations)
         if len(gaps):
             outcomes.row_failures = True
             outcomes.set(

@@ -20,10 +20,18 @@ from nyala._proto import master_pb2, metadata_pb2
 from nyala.errors import AlreadyPresentError, InvalidArgumentError
 from nyala.master.catalog import Catalog, TableInfo, copy_record
 from nyala.master.catalog_manager import LEADER_POLL_S, CatalogManager
-from nyala.master.partitions import table_partitions
+from nyala.master.partitions import TABLETS_PER_TABLE_MAX, table_partitions
 from nyala.master.placement import choose_replicas
 from nyala.master.sys_catalog import CatalogRecord
 from nyala.master.ts_manager import TSDescriptor
+from nyala.partition import (
+    Partition,
+    PartitionSchema,
+    RangeSpec,
+    create_partitions,
+    describe_range,
+    range_bounds_from_pb,
+)
 from nyala.rpc.schema_pb import column_from_pb, schema_from_pb, schema_to_pb
 from nyala.schema import Column, Schema
 
@@ -149,27 +157,129 @@ class TableDdl:
                 if new_name in catalog.tables_by_name:
                     raise AlreadyPresentError(f"table {new_name!r} already exists")
             old = table.schema()
-            altered = _apply_steps(old, request.steps)
-            # One AlterTable is one schema version, whatever its number of steps; a rename
-            # is a version too, so that every tablet learns the new name.
-            schema = Schema(
-                altered.columns,
-                altered.key,
-                version=old.version + 1,
-                next_column_id=altered.next_column_id,
-            )
+            column_steps = [s for s in request.steps if s.WhichOneof("step") not in _RANGE_STEPS]
+            altered = _apply_steps(old, column_steps)
+            added, dropped = self._range_changes(catalog, table, old, request.steps)
             record = copy_record(table.pb)
-            record.schema.CopyFrom(schema_to_pb(schema))
-            record.next_column_id = schema.next_column_id
-            record.state = master_pb2.SYS_TABLE_ALTERING
             record.last_alter_request_id = request.request_id
+            # Adding or dropping ranges alone changes no schema: the tablets that stay keep
+            # theirs and need no AlterSchema (with hundreds of tablets, a retention job must
+            # not wait for all of them), and the new ones are created with the current one.
+            range_only = not column_steps and (not new_name or new_name == table.name)
+            schema = old
+            if not range_only:
+                # One AlterTable is one schema version, whatever its number of steps; a
+                # rename is a version too, so that every tablet learns the new name.
+                schema = Schema(
+                    altered.columns,
+                    altered.key,
+                    version=old.version + 1,
+                    next_column_id=altered.next_column_id,
+                )
+                record.schema.CopyFrom(schema_to_pb(schema))
+                record.next_column_id = schema.next_column_id
+                record.state = master_pb2.SYS_TABLE_ALTERING
             if new_name:
                 record.name = new_name
-            await self._m.replicate([CatalogRecord.table(record)])
+            tablets = [*added, *dropped]
+            await self._m.replicate(
+                [*(CatalogRecord.tablet(t) for t in tablets), CatalogRecord.table(record)]
+            )
+            for tablet in tablets:
+                catalog.commit_tablet(tablet)
             catalog.commit_table(record)
-        log.info("altered table %s to schema version %d", record.name, schema.version)
+            for tablet in dropped:
+                self.schedule_tombstones(tablet)
+        log.info(
+            "altered table %s to schema version %d (%d tablets added, %d dropped)",
+            record.name,
+            schema.version,
+            len(added),
+            len(dropped),
+        )
         self._m.wake.set()
         return table.table_id, schema.version
+
+    def _range_changes(
+        self,
+        catalog: Catalog,
+        table: TableInfo,
+        schema: Schema,
+        steps: Iterable[master_pb2.AlterTableStepPB],
+    ) -> tuple[list[master_pb2.SysTabletEntryPB], list[master_pb2.SysTabletEntryPB]]:
+        """The new CREATING tablet records of the ranges ``steps`` add (in every hash bucket)
+        and the DELETED records of the tablets of the ranges they drop, checked in order:
+        an added range overlaps no range of the table, a dropped one is exactly one of them."""
+        steps = [s for s in steps if s.WhichOneof("step") in _RANGE_STEPS]
+        if not steps:
+            return [], []
+        partition_schema = PartitionSchema.from_pb(table.pb.partition_schema)
+        if not partition_schema.range_columns:
+            raise InvalidArgumentError(
+                f"table {table.name!r} has no range partitioning: no range to add or drop"
+            )
+        live = table.live_tablets()
+        ranges = {Partition.from_pb(t.pb.partition).range_bounds() for t in live}
+        to_add: list[tuple[bytes, bytes]] = []
+        to_drop: set[tuple[bytes, bytes]] = set()
+        for step in steps:
+            kind = step.WhichOneof("step")
+            bounds = (
+                step.add_range_partition.bounds
+                if kind == "add_range_partition"
+                else step.drop_range_partition.bounds
+            )
+            low, high = range_bounds_from_pb(schema, partition_schema, bounds)
+            shown = describe_range(schema, partition_schema.range_columns, low, high)
+            if kind == "add_range_partition":
+                if low and high and low >= high:
+                    raise InvalidArgumentError(f"range {shown}: lower bound not below upper")
+                clash = next((r for r in ranges if _overlap(r, (low, high))), None)
+                if clash is not None:
+                    other = describe_range(schema, partition_schema.range_columns, *clash)
+                    raise InvalidArgumentError(f"range {shown} overlaps range {other}")
+                ranges.add((low, high))
+                to_add.append((low, high))
+            else:
+                if (low, high) not in ranges:
+                    raise InvalidArgumentError(
+                        f"table {table.name!r} has no range partition {shown} (a dropped "
+                        "range must be exactly one of the table's ranges)"
+                    )
+                ranges.discard((low, high))
+                if (low, high) in to_add:
+                    to_add.remove((low, high))
+                else:
+                    to_drop.add((low, high))
+        # No bounds would mean one range over everything: only ask for partitions of added ones.
+        partitions = (
+            create_partitions(partition_schema, RangeSpec(bounds=tuple(to_add))) if to_add else []
+        )
+        if partitions and len(live) + len(partitions) > TABLETS_PER_TABLE_MAX:
+            raise InvalidArgumentError(
+                f"{len(live) + len(partitions)} tablets; at most {TABLETS_PER_TABLE_MAX} a table"
+            )
+        placeable = self._placeable_tservers()
+        num_replicas = table.pb.num_replicas
+        if partitions and num_replicas > len(placeable):
+            raise InvalidArgumentError(
+                f"replication factor {num_replicas} is more than the {len(placeable)} live "
+                "tablet servers"
+            )
+        now_us = _now_us()
+        load = catalog.replica_counts()
+        added = [
+            self.new_tablet_record(table.table_id, p.to_pb(), placeable, load, num_replicas, now_us)
+            for p in partitions
+        ]
+        dropped = []
+        for tablet in live:
+            if Partition.from_pb(tablet.pb.partition).range_bounds() in to_drop:
+                record = copy_record(tablet.pb)
+                record.state = master_pb2.SYS_TABLET_DELETED
+                record.state_msg = "range partition dropped"
+                dropped.append(record)
+        return added, dropped
 
     async def delete_table(self, request: master_pb2.DeleteTableRequestPB) -> None:
         """DeleteTable: table REMOVED and its tablets DELETED in one batch, then tombstones."""
@@ -258,6 +368,14 @@ class TableDdl:
         """(every tablet reported the current schema version, that version)."""
         table = self._m.require_leader().table(request.table)
         return table.pb.state != master_pb2.SYS_TABLE_ALTERING, int(table.pb.schema.version)
+
+
+_RANGE_STEPS = ("add_range_partition", "drop_range_partition")
+
+
+def _overlap(a: tuple[bytes, bytes], b: tuple[bytes, bytes]) -> bool:
+    """True if the encoded ranges ``a`` and ``b`` (empty bound: unbounded) share a key."""
+    return (not a[1] or b[0] < a[1]) and (not b[1] or a[0] < b[1])
 
 
 def _now_us() -> int:

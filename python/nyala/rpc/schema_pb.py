@@ -2,9 +2,12 @@
 tservers and the master (all of which import ``nyala.rpc``).
 
 The Arrow schema travels in IPC form, with each column's stable id in the field metadata key
-``nyala.column_id`` (docs/storage-format.md) and its write default, if it has one, in
-``nyala.default`` (``nyala.schema.default_to_json``'s form, as JSON text). The master keeps this
-form in its sys catalog, so a default survives master restarts and leader changes.
+``nyala.column_id`` (docs/storage-format.md), its type as written (``decimal(10,2)``,
+``varchar(32)``: Arrow cannot tell a varchar from a string) in ``nyala.type``, and its write
+default, if it has one, in ``nyala.default`` (``nyala.schema.default_to_json``'s form, as JSON
+text). A schema without ``nyala.type`` (written before it existed) takes its types from Arrow.
+The master keeps this form in its sys catalog, so a default survives master restarts and
+leader changes.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from nyala.schema import (
     TYPES,
     Column,
     Schema,
+    arrow_type_of,
     canonical_type,
     default_from_json,
     default_to_json,
@@ -26,14 +30,27 @@ from nyala.schema import (
 
 _COLUMN_ID_KEY = b"nyala.column_id"
 _DEFAULT_KEY = b"nyala.default"
+_TYPE_KEY = b"nyala.type"
 _TYPE_NAMES = {arrow_type: name for name, arrow_type in TYPES.items()}
+_TYPE_NAMES[pa.timestamp("us")] = "timestamp"  # schemas written before timestamps had a zone
+
+
+def _type_name(field: pa.Field) -> str | None:
+    """The column type of a field of a wire schema, or None if nyala has no such type."""
+    written = (field.metadata or {}).get(_TYPE_KEY)
+    if written is not None:
+        name = canonical_type(written.decode())
+        return name if arrow_type_of(name) == field.type else None
+    if pa.types.is_decimal128(field.type):
+        return canonical_type(f"decimal({field.type.precision},{field.type.scale})")
+    return _TYPE_NAMES.get(field.type)
 
 
 def schema_to_pb(schema: Schema) -> metadata_pb2.SchemaPB:
     """The ``SchemaPB`` of ``schema``."""
     fields = []
     for c in schema.columns:
-        metadata = {_COLUMN_ID_KEY: str(c.id).encode()}
+        metadata = {_COLUMN_ID_KEY: str(c.id).encode(), _TYPE_KEY: c.type.encode()}
         if c.default is not None:
             metadata[_DEFAULT_KEY] = json.dumps(default_to_json(c.type, c.default)).encode()
         fields.append(pa.field(c.name, c.arrow_type, nullable=c.nullable, metadata=metadata))
@@ -52,7 +69,7 @@ def schema_from_pb(pb: metadata_pb2.SchemaPB) -> Schema:
         raise InvalidArgumentError(f"schema.arrow_schema is not an Arrow schema: {err}") from None
     columns = []
     for f in arrow:
-        name = _TYPE_NAMES.get(f.type)
+        name = _type_name(f)
         if name is None:
             raise InvalidArgumentError(f"column {f.name!r}: type {f.type} is not supported")
         metadata = f.metadata or {}

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import decimal
 from collections.abc import Sequence
 from typing import Any
 
@@ -30,7 +31,8 @@ from pyspark.sql.datasource import (
     LessThanOrEqual,
 )
 
-from nyala.schema import Column, Schema
+from nyala.errors import InvalidArgumentError
+from nyala.schema import Column, Schema, decimal_params, normalize_default, varchar_chars
 
 #: A nyala scan predicate as ``table.scan(where=...)`` takes it: ``(column, op, value)``, or
 #: ``(column, "is null")`` / ``(column, "is not null")``.
@@ -132,6 +134,23 @@ def literal(value: Any, column: Column) -> Any:
         if not isinstance(value, datetime.datetime):
             raise _NotExpressible
         return timestamp_micros(value)
+    if type_ == "date":
+        if isinstance(value, datetime.datetime) or not isinstance(value, datetime.date):
+            raise _NotExpressible
+        return value
+    if decimal_params(type_) is not None:
+        if isinstance(value, bool) or not isinstance(value, (int, decimal.Decimal)):
+            raise _NotExpressible
+        try:  # a literal the column cannot hold exactly matches no row: Spark keeps it
+            return normalize_default(type_, value)
+        except InvalidArgumentError:
+            raise _NotExpressible from None
+    if varchar_chars(type_) is not None:
+        # Stored values are cut to n characters, so a longer literal could match a cut
+        # value: only literals that fit are pushed.
+        if not isinstance(value, str) or len(value) > (varchar_chars(type_) or 0):
+            raise _NotExpressible
+        return value
     expected: dict[str, type | tuple[type, ...]] = {
         "bool": bool,
         "string": str,

@@ -8,10 +8,10 @@ returns), the write plan that says, before any row is written, whether a DataFra
 neither pyspark nor the client.
 
 Type mapping (Spark SQL ↔ nyala): TINYINT int8, SMALLINT int16, INT int32, BIGINT int64, FLOAT
-float, DOUBLE double, BOOLEAN bool, STRING string, BINARY binary, TIMESTAMP and TIMESTAMP_NTZ
-timestamp (microseconds since the epoch, UTC; read back as TIMESTAMP, as Kudu's
-``UNIXTIME_MICROS`` is). DATE, DECIMAL and nested types have no nyala column type: a DataFrame
-holding one is refused with the column's name.
+float, DOUBLE double, BOOLEAN bool, STRING string (and varchar(n), read back as STRING), BINARY
+binary, TIMESTAMP and TIMESTAMP_NTZ timestamp (microseconds since the epoch, UTC; read back as
+TIMESTAMP, as Kudu's ``UNIXTIME_MICROS`` is), DECIMAL(p,s) decimal(p,s), DATE date. Nested
+types have no nyala column type: a DataFrame holding one is refused with the column's name.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import pyarrow as pa
 
 from nyala.errors import InvalidArgumentError, SchemaMismatchError
 from nyala.rowops import OpType
-from nyala.schema import Column, Schema
+from nyala.schema import Column, Schema, canonical_type, decimal_params, varchar_chars
 
 #: nyala column type → Spark SQL type name.
 SPARK_TYPES: dict[str, str] = {
@@ -37,14 +37,29 @@ SPARK_TYPES: dict[str, str] = {
     "string": "STRING",
     "binary": "BINARY",
     "timestamp": "TIMESTAMP",
+    "date": "DATE",
 }
 #: The time zone Spark's Python data source reader expects on timestamp columns.
 READ_TIMEZONE = "UTC"
 _INT_WIDTH = {"int8": 8, "int16": 16, "int32": 32, "int64": 64}
 
 
+def spark_type(type_name: str) -> str:
+    """The Spark SQL type of a nyala column type (``DECIMAL(10,2)``; varchar(n) is STRING)."""
+    params = decimal_params(type_name)
+    if params is not None:
+        return f"DECIMAL({params[0]},{params[1]})"
+    if varchar_chars(type_name) is not None:
+        return "STRING"
+    return SPARK_TYPES[type_name]
+
+
 def nyala_type_of(arrow_type: pa.DataType) -> str | None:
     """The nyala column type holding values of ``arrow_type`` exactly, or None."""
+    if pa.types.is_decimal128(arrow_type):
+        return canonical_type(f"decimal({arrow_type.precision},{arrow_type.scale})")
+    if arrow_type == pa.date32():
+        return "date"
     if pa.types.is_timestamp(arrow_type):
         # Spark sends TIMESTAMP as timestamp[us, tz=<session zone>] and TIMESTAMP_NTZ as
         # timestamp[us]; both carry UTC microseconds, which is what nyala stores.
@@ -70,6 +85,13 @@ def converts_losslessly(source: str, target: str) -> bool:
     a narrower integer into a wider one, or float into double)."""
     if source == target:
         return True
+    source_decimal, target_decimal = decimal_params(source), decimal_params(target)
+    if source_decimal is not None and target_decimal is not None:
+        # Every value fits when the integer digits and the scale both grow or stay.
+        (sp, ss), (tp, ts) = source_decimal, target_decimal
+        return ss <= ts and sp - ss <= tp - ts
+    if varchar_chars(source) is not None:
+        return target == "string"
     if source in _INT_WIDTH and target in _INT_WIDTH:
         return _INT_WIDTH[source] < _INT_WIDTH[target]
     return source == "float" and target == "double"
@@ -87,7 +109,7 @@ def spark_ddl(schema: Schema, columns: Sequence[str] | None = None) -> str:
     for name in names:
         column = schema.column(name)
         null = "" if column.nullable else " NOT NULL"
-        parts.append(f"{quote_identifier(name)} {SPARK_TYPES[column.type]}{null}")
+        parts.append(f"{quote_identifier(name)} {spark_type(column.type)}{null}")
     return ", ".join(parts)
 
 
@@ -125,7 +147,7 @@ def schema_for_create(input_schema: pa.Schema, key: Sequence[str]) -> Schema:
         if type_ is None:
             raise SchemaMismatchError(
                 f"column {field.name!r} has type {field.type}, which nyala cannot store "
-                f"(supported: {', '.join(SPARK_TYPES.values())}); cast it first"
+                f"(supported: {', '.join(SPARK_TYPES.values())}, DECIMAL(p,s)); cast it first"
             )
         nullable = field.nullable and field.name not in key
         columns.append(Column(field.name, type_, nullable=nullable))
@@ -143,6 +165,11 @@ def converts_by_row(source: str, target: str) -> bool:
     numbers = {"int8", "int16", "int32", "int64", "float", "double"}
     if converts_losslessly(source, target):
         return True
+    if decimal_params(target) is not None:
+        # Each value must fit the precision and rescale exactly, else it is a row error.
+        return source in _INT_WIDTH or decimal_params(source) is not None
+    if varchar_chars(target) is not None:
+        return source == "string" or varchar_chars(source) is not None  # truncated on write
     if source in _INT_WIDTH:
         return target in numbers
     return source in ("float", "double") and target in ("float", "double")
@@ -272,5 +299,6 @@ __all__ = [
     "read_arrow_schema",
     "schema_for_create",
     "spark_ddl",
+    "spark_type",
     "to_read_batch",
 ]

@@ -272,10 +272,12 @@ class NyalaReader(DataSourceReader):
         yield from pushed.remaining
 
     def partitions(self) -> list[InputPartition]:
-        """One partition per tablet of the table."""
+        """One partition per tablet the pushed predicates can match (hash and range
+        partition pruning, as the client's scans do)."""
         options = self.options
         with _connect(options.masters, options.timeout_ms) as client:
-            tablets = client.table(options.table).tablets()
+            table = client.table(options.table)
+            tablets = table.scan(where=list(self.predicates)).tablets()
         return [TabletPartition(t.tablet_id, _hosts(t)) for t in tablets]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:

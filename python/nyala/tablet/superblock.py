@@ -119,22 +119,21 @@ def schema_from_dict(doc: Any) -> Schema:
 
 
 def _schema_to_dict(schema: Schema) -> dict[str, Any]:
-    columns, key_count, version, next_column_id = schema.to_native()
     out = [
         {
-            "id": column_id,
-            "name": name,
-            "type": type_,
-            "nullable": nullable,
-            "default": default_to_json(type_, default),
+            "id": c.id,
+            "name": c.name,
+            "type": c.type,
+            "nullable": c.nullable,
+            "default": default_to_json(c.type, c.default),
         }
-        for column_id, name, type_, nullable, default in columns
+        for c in schema.columns
     ]
     return {
         "columns": out,
-        "key_count": key_count,
-        "version": version,
-        "next_column_id": next_column_id,
+        "key_count": len(schema.key),
+        "version": schema.version,
+        "next_column_id": schema.next_column_id,
     }
 
 

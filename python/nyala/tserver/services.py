@@ -48,6 +48,7 @@ _ROW_STATUS_CODES = {
     RowStatus.NOT_FOUND: common_pb2.NOT_FOUND,
     RowStatus.NULL_IN_NOT_NULL: common_pb2.INVALID_ARGUMENT,
     RowStatus.TOO_LARGE: common_pb2.INVALID_ARGUMENT,
+    RowStatus.OUT_OF_RANGE: common_pb2.INVALID_ARGUMENT,
 }
 _ROW_STATUS_MESSAGES = {
     RowStatus.ALREADY_PRESENT: "key already present",
@@ -56,9 +57,11 @@ _ROW_STATUS_MESSAGES = {
     RowStatus.TOO_LARGE: (
         f"a cell is over {CELL_BYTES_MAX} bytes or the row over {ROW_BYTES_MAX} bytes"
     ),
+    RowStatus.OUT_OF_RANGE: "a value does not fit its column's type",
 }
 _PREDICATE_OPS = {
     tserver_pb2.ColumnPredicatePB.EQ: "=",
+    tserver_pb2.ColumnPredicatePB.NE: "!=",
     tserver_pb2.ColumnPredicatePB.LT: "<",
     tserver_pb2.ColumnPredicatePB.LE: "<=",
     tserver_pb2.ColumnPredicatePB.GT: ">",

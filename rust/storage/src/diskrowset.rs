@@ -520,7 +520,7 @@ impl RowSetWriter {
             .set_dictionary_enabled(false)
             .set_dictionary_page_size_limit(DICTIONARY_PAGE_BYTES_MAX);
         for column in schema.columns() {
-            if matches!(column.data_type, DataType::String | DataType::Binary) {
+            if column.data_type.is_text() || column.data_type == DataType::Binary {
                 props = props
                     .set_column_dictionary_enabled(ColumnPath::from(column.name.as_str()), true);
             }

@@ -1,15 +1,17 @@
 //! Memcomparable primary-key encoding and the key bloom filter.
 //!
 //! A row's key columns encode into one byte string whose bytewise order is the key order, so
-//! the MemRowSet, merges and range bounds compare plain bytes. Integers (and timestamps) are
-//! big-endian with the sign bit flipped; strings and binaries are written raw when they are
+//! the MemRowSet, merges and range bounds compare plain bytes. Integers (and timestamps, dates
+//! as 4-byte day numbers, decimals as their 16-byte unscaled value) are big-endian with the
+//! sign bit flipped; strings and binaries are written raw when they are
 //! the last key column and otherwise escaped (`00` -> `00 01`) and terminated by `00 00`, so a
 //! shorter value sorts before its extensions. The format is persisted (min/max keys in rowset
 //! metadata, bloom filters), so it must never change silently.
 
 use arrow::array::{Array, ArrayRef, AsArray};
 use arrow::datatypes::{
-    DataType as ArrowType, Int16Type, Int32Type, Int64Type, Int8Type, TimestampMicrosecondType,
+    DataType as ArrowType, Date32Type, Decimal128Type, Int16Type, Int32Type, Int64Type, Int8Type,
+    TimestampMicrosecondType,
 };
 
 use crate::error::{Result, StorageError};
@@ -74,8 +76,9 @@ fn fixed_width(data_type: &ArrowType) -> Option<usize> {
     match data_type {
         ArrowType::Int8 => Some(1),
         ArrowType::Int16 => Some(2),
-        ArrowType::Int32 => Some(4),
+        ArrowType::Int32 | ArrowType::Date32 => Some(4),
         ArrowType::Int64 | ArrowType::Timestamp(_, _) => Some(8),
+        ArrowType::Decimal128(_, _) => Some(16),
         _ => None,
     }
 }
@@ -137,6 +140,8 @@ fn write_column(column: &ArrayRef, last: bool, bytes: &mut [u8], cursor: &mut [u
         ArrowType::Timestamp(_, _) => {
             write_ints!(column, TimestampMicrosecondType, u64, bytes, cursor)
         }
+        ArrowType::Date32 => write_ints!(column, Date32Type, u32, bytes, cursor),
+        ArrowType::Decimal128(_, _) => write_ints!(column, Decimal128Type, u128, bytes, cursor),
         ArrowType::Utf8 => {
             let values = column.as_string::<i32>();
             for (value, at) in values.iter().zip(cursor.iter_mut()) {
@@ -275,6 +280,22 @@ mod tests {
         for i in 1..values.len() {
             assert!(keys.get(i - 1) < keys.get(i));
         }
+    }
+
+    #[test]
+    fn decimal_and_date_order_is_byte_order() {
+        use arrow::array::{Date32Array, Decimal128Array};
+        let decimals = vec![i128::MIN + 1, -10i128.pow(37), -1, 0, 1, 10i128.pow(37) - 1];
+        let array = Decimal128Array::from(decimals)
+            .with_precision_and_scale(38, 2)
+            .unwrap();
+        let keys = encode_keys(&[Arc::new(array)]).unwrap();
+        assert!((1..keys.len()).all(|i| keys.get(i - 1) < keys.get(i)));
+        assert_eq!(keys.get(0).len(), 16);
+        let dates = Date32Array::from(vec![-719_162, -1, 0, 1, 2_932_896]);
+        let keys = encode_keys(&[Arc::new(dates)]).unwrap();
+        assert!((1..keys.len()).all(|i| keys.get(i - 1) < keys.get(i)));
+        assert_eq!(keys.get(0).len(), 4);
     }
 
     #[test]

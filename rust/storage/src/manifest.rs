@@ -210,6 +210,14 @@ fn encode_schema(out: &mut Vec<u8>, schema: &Schema) {
         put_u32(out, column.id);
         put_bytes(out, column.name.as_bytes());
         out.push(column.data_type.code());
+        match column.data_type {
+            DataType::Decimal { precision, scale } => {
+                out.push(precision);
+                out.push(scale as u8);
+            }
+            DataType::Varchar(n) => put_u16(out, n),
+            _ => {}
+        }
         out.push(column.nullable as u8);
         match &column.default {
             None => out.push(0),
@@ -229,6 +237,10 @@ fn encode_schema(out: &mut Vec<u8>, schema: &Schema) {
                 out.push(4);
                 put_bytes(out, v);
             }
+            Some(Value::Decimal(v)) => {
+                out.push(5);
+                out.extend_from_slice(&v.to_le_bytes());
+            }
         }
     }
 }
@@ -243,8 +255,13 @@ fn decode_schema(r: &mut Reader<'_>) -> Result<Schema> {
         let id = r.u32()?;
         let name = String::from_utf8(r.bytes()?.to_vec())
             .map_err(|_| StorageError::corruption("manifest column name is not UTF-8"))?;
-        let data_type = DataType::from_code(r.u8()?)
-            .ok_or_else(|| StorageError::corruption("manifest has an unknown column type"))?;
+        let unknown = |_| StorageError::corruption("manifest has an unknown column type");
+        let data_type = match r.u8()? {
+            11 => DataType::decimal(r.u8()?, r.u8()? as i8).map_err(unknown)?,
+            13 => DataType::varchar(r.u16()?.into()).map_err(unknown)?,
+            code => DataType::from_code(code)
+                .ok_or_else(|| StorageError::corruption("manifest has an unknown column type"))?,
+        };
         let nullable = r.u8()? != 0;
         let default = match r.u8()? {
             0 => None,
@@ -252,6 +269,9 @@ fn decode_schema(r: &mut Reader<'_>) -> Result<Schema> {
             2 => Some(Value::Float(f64::from_bits(r.u64()?))),
             3 => Some(Value::Bool(r.u8()? != 0)),
             4 => Some(Value::Bytes(r.bytes()?.to_vec())),
+            5 => Some(Value::Decimal(i128::from_le_bytes(
+                r.take(16)?.try_into().expect("16 bytes"),
+            ))),
             _ => return Err(StorageError::corruption("manifest has a bad default tag")),
         };
         columns.push(ColumnSchema {
@@ -324,10 +344,15 @@ mod tests {
             vec![
                 ("id".into(), DataType::Int64, false),
                 ("s".into(), DataType::String, true),
+                ("v".into(), DataType::varchar(32).unwrap(), true),
+                ("day".into(), DataType::Date, true),
             ],
             &["id"],
         )
         .unwrap();
+        let mut price = ColumnSchema::new(0, "price", DataType::decimal(38, 4).unwrap(), false);
+        price.default = Some(Value::Decimal(-(10i128.pow(37))));
+        let schema = schema.add_column(price).unwrap();
         let mut with_default = ColumnSchema::new(0, "d", DataType::String, false);
         with_default.default = Some(Value::Bytes(b"x".to_vec()));
         let schema = schema.add_column(with_default).unwrap();

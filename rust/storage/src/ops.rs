@@ -6,10 +6,15 @@
 
 use std::sync::Arc;
 
-use arrow::array::{new_null_array, Array, ArrayRef, AsArray, RecordBatch, UInt8Array};
+use arrow::array::{
+    new_null_array, Array, ArrayRef, AsArray, RecordBatch, StringArray, UInt8Array,
+};
 use arrow::buffer::Buffer;
-use arrow::compute::cast;
-use arrow::datatypes::{DataType as ArrowType, Field, Schema as ArrowSchema, SchemaRef, TimeUnit};
+use arrow::compute::{cast_with_options, CastOptions};
+use arrow::datatypes::{
+    DataType as ArrowType, Decimal128Type, DecimalType, Field, Schema as ArrowSchema, SchemaRef,
+    TimeUnit,
+};
 use arrow::ipc::reader::StreamDecoder;
 use arrow::ipc::writer::StreamWriter;
 
@@ -85,6 +90,9 @@ pub enum RowStatus {
     NullInNotNull = 3,
     /// A cell is over `CELL_BYTES_MAX` or the row over `ROW_BYTES_MAX`; the row was not applied.
     TooLarge = 4,
+    /// A value does not fit its column's type (a decimal with more digits than its precision);
+    /// the row was not applied.
+    OutOfRange = 5,
 }
 
 /// A row of an op batch that breaks a rule of the schema (`check_rows`): it is refused on its
@@ -287,11 +295,42 @@ fn check_rows(schema: &Schema, columns: &[Option<&ArrayRef>], ops: &[OpType]) ->
             }
         }
     }
+    check_decimals(schema, columns, &mut problems);
     check_sizes(schema, columns, ops.len(), &mut problems);
     // The first problem found for a row is the one reported (nulls before sizes).
     problems.sort_by_key(|p| p.row);
     problems.dedup_by_key(|p| p.row);
     problems
+}
+
+/// Adds an `OutOfRange` problem for every row whose decimal has more digits than its column's
+/// precision (Arrow does not check that when a batch is built).
+fn check_decimals(schema: &Schema, columns: &[Option<&ArrayRef>], problems: &mut Vec<RowProblem>) {
+    for (column, spec) in columns.iter().zip(schema.columns()) {
+        let (Some(column), DataType::Decimal { precision, scale }) = (column, spec.data_type)
+        else {
+            continue;
+        };
+        let values = column.as_primitive::<Decimal128Type>();
+        if values.validate_decimal_precision(precision).is_ok() {
+            continue;
+        }
+        for (row, value) in values.iter().enumerate() {
+            let Some(value) = value else { continue };
+            if !Decimal128Type::is_valid_decimal_precision(value, precision) {
+                problems.push(RowProblem {
+                    row,
+                    status: RowStatus::OutOfRange,
+                    message: format!(
+                        "column {:?}: {} does not fit {}",
+                        spec.name,
+                        Decimal128Type::format_decimal(value, precision, scale),
+                        spec.data_type.name()
+                    ),
+                });
+            }
+        }
+    }
 }
 
 /// Adds a `TooLarge` problem for every row with a cell over `CELL_BYTES_MAX` or a total over
@@ -522,32 +561,66 @@ fn op_codes(batch: &RecordBatch) -> Result<Vec<OpType>> {
 }
 
 /// Checks that `column` has the Arrow type of `wanted`, accepting the layouts pyarrow and pandas
-/// commonly produce for the same values (large/view strings, zoned timestamps) by casting them.
+/// commonly produce for the same values (large/view strings, zoned timestamps, decimals of a
+/// smaller scale, which rescale exactly) by casting them. A `varchar(n)` column's values are
+/// truncated to `n` characters here, on every replica, as Kudu's tablet servers do.
 fn conform(column: &ArrayRef, wanted: DataType, name: &str) -> Result<ArrayRef> {
     let target = wanted.arrow();
     let found = column.data_type();
-    if *found == target {
-        return Ok(column.clone());
-    }
-    let castable = matches!(
-        (wanted, found),
-        (DataType::String, ArrowType::LargeUtf8 | ArrowType::Utf8View)
-            | (
-                DataType::Binary,
-                ArrowType::LargeBinary | ArrowType::BinaryView
+    let conformed = if *found == target {
+        column.clone()
+    } else {
+        let castable = match (wanted, found) {
+            (
+                DataType::String | DataType::Varchar(_),
+                ArrowType::LargeUtf8 | ArrowType::Utf8View,
             )
-            | (
-                DataType::Timestamp,
-                ArrowType::Timestamp(TimeUnit::Microsecond, Some(_))
-            )
-    );
-    if !castable {
-        return Err(StorageError::invalid(format!(
-            "column {name:?} must be {} ({target}), got {found}",
-            wanted.name()
-        )));
+            | (DataType::Binary, ArrowType::LargeBinary | ArrowType::BinaryView)
+            | (DataType::Timestamp, ArrowType::Timestamp(TimeUnit::Microsecond, Some(_))) => true,
+            // Rescaling up is exact; down could round, which a write must never do silently.
+            (DataType::Decimal { scale, .. }, ArrowType::Decimal128(_, from_scale)) => {
+                *from_scale <= scale
+            }
+            _ => false,
+        };
+        if !castable {
+            return Err(StorageError::invalid(format!(
+                "column {name:?} must be {} ({target}), got {found}",
+                wanted.name()
+            )));
+        }
+        let options = CastOptions {
+            safe: false,
+            ..Default::default()
+        };
+        cast_with_options(column, &target, &options)
+            .map_err(|e| StorageError::invalid(format!("column {name:?}: {e}")))?
+    };
+    match wanted {
+        DataType::Varchar(chars) => Ok(truncate_chars(&conformed, usize::from(chars))),
+        _ => Ok(conformed),
     }
-    cast(column, &target).map_err(|e| StorageError::invalid(format!("column {name:?}: {e}")))
+}
+
+/// `column` (UTF-8) with every value cut to at most `chars` characters; the same array when no
+/// value can be longer (a value of at most `chars` bytes has at most `chars` characters, so
+/// only longer ones are counted).
+pub fn truncate_chars(column: &ArrayRef, chars: usize) -> ArrayRef {
+    let strings = column.as_string::<i32>();
+    let long = strings
+        .value_offsets()
+        .windows(2)
+        .any(|w| (w[1] - w[0]) as usize > chars);
+    if !long {
+        return column.clone();
+    }
+    let cut = strings.iter().map(|value| {
+        value.map(|v| match v.char_indices().nth(chars) {
+            Some((at, _)) if v.len() > chars => &v[..at],
+            _ => v,
+        })
+    });
+    Arc::new(StringArray::from_iter(cut))
 }
 
 /// Encodes a record batch as Arrow IPC stream bytes (the op-batch wire and WAL form).
@@ -583,4 +656,87 @@ pub fn with_op_column(batch: &RecordBatch, op: OpType) -> Result<RecordBatch> {
     columns.push(op_column(op, batch.num_rows()));
     RecordBatch::try_new(Arc::new(ArrowSchema::new(fields)), columns)
         .map_err(|e| StorageError::invalid(format!("cannot add op column: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use arrow::array::{Decimal128Array, StringArray};
+
+    #[test]
+    fn varchar_values_are_cut_to_characters_not_bytes() {
+        let column: ArrayRef = Arc::new(StringArray::from(vec![
+            Some("abc"),
+            Some("日本語テキスト"),
+            None,
+            Some("😀x😀y😀"),
+        ]));
+        let cut = conform(&column, DataType::varchar(4).unwrap(), "v").unwrap();
+        let cut = cut.as_string::<i32>();
+        let values: Vec<Option<&str>> = cut.iter().collect();
+        assert_eq!(
+            values,
+            vec![Some("abc"), Some("日本語テ"), None, Some("😀x😀y")]
+        );
+        // Nothing longer than n bytes: the very same array, no copy.
+        let short: ArrayRef = Arc::new(StringArray::from(vec!["ab", "c"]));
+        let same = conform(&short, DataType::varchar(4).unwrap(), "v").unwrap();
+        assert!(Arc::ptr_eq(&same, &short));
+    }
+
+    #[test]
+    fn decimals_rescale_only_upwards_and_precision_is_checked_per_row() {
+        let wanted = DataType::decimal(6, 3).unwrap();
+        let finer: ArrayRef = Arc::new(
+            Decimal128Array::from(vec![15])
+                .with_precision_and_scale(10, 4)
+                .unwrap(),
+        );
+        assert!(
+            conform(&finer, wanted, "p").is_err(),
+            "scale down could round"
+        );
+        let coarser: ArrayRef = Arc::new(
+            Decimal128Array::from(vec![15, 999_999])
+                .with_precision_and_scale(10, 1)
+                .unwrap(),
+        );
+        assert!(
+            conform(&coarser, wanted, "p").is_err(),
+            "99999.9 overflows decimal(6,3)"
+        );
+        let fits: ArrayRef = Arc::new(
+            Decimal128Array::from(vec![15, -999])
+                .with_precision_and_scale(10, 1)
+                .unwrap(),
+        );
+        let rescaled = conform(&fits, wanted, "p").unwrap();
+        let values = rescaled.as_primitive::<Decimal128Type>();
+        assert_eq!(values.values().to_vec(), vec![1500, -99_900]);
+        let schema = Schema::build(
+            vec![
+                ("id".into(), DataType::Int64, false),
+                ("p".into(), wanted, true),
+            ],
+            &["id"],
+        )
+        .unwrap();
+        let over: ArrayRef = Arc::new(
+            Decimal128Array::from(vec![1, 1_000_000, -999_999])
+                .with_precision_and_scale(6, 3)
+                .unwrap(),
+        );
+        let ids: ArrayRef = Arc::new(arrow::array::Int64Array::from(vec![1, 2, 3]));
+        let problems = check_rows(
+            &schema,
+            &[Some(&ids), Some(&over)],
+            &[OpType::Insert, OpType::Insert, OpType::Insert],
+        );
+        assert_eq!(problems.len(), 1);
+        assert_eq!(problems[0].row, 1);
+        assert_eq!(problems[0].status, RowStatus::OutOfRange);
+        assert!(problems[0]
+            .message
+            .contains("1000.000 does not fit decimal(6,3)"));
+    }
 }

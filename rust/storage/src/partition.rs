@@ -15,7 +15,8 @@ use std::sync::{Arc, Mutex};
 use arrow::array::{Array, ArrayRef, AsArray, RecordBatch, RecordBatchOptions, UInt32Array};
 use arrow::compute::take_record_batch;
 use arrow::datatypes::{
-    DataType as ArrowType, Int16Type, Int32Type, Int64Type, Int8Type, TimestampMicrosecondType,
+    DataType as ArrowType, Date32Type, Decimal128Type, Int16Type, Int32Type, Int64Type, Int8Type,
+    TimestampMicrosecondType,
 };
 use arrow::ipc::writer::StreamWriter;
 
@@ -578,6 +579,8 @@ fn hash_columns(columns: &[ArrayRef], seed: u32) -> Result<Vec<u64>> {
             ArrowType::Int32 => ints!(Int32Type, u32),
             ArrowType::Int64 => ints!(Int64Type, u64),
             ArrowType::Timestamp(_, _) => ints!(TimestampMicrosecondType, u64),
+            ArrowType::Date32 => ints!(Date32Type, u32),
+            ArrowType::Decimal128(_, _) => ints!(Decimal128Type, u128),
             ArrowType::Utf8 => {
                 let values = column.as_string::<i32>();
                 for (h, v) in state.iter_mut().zip(values.iter()) {

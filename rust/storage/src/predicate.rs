@@ -1,4 +1,4 @@
-//! Scan predicates (`=, <, <=, >, >=, IN, IS NULL, IS NOT NULL`): evaluation over Arrow arrays
+//! Scan predicates (`=, !=, <, <=, >, >=, IN, IS NULL, IS NOT NULL`): evaluation over Arrow arrays
 //! and row-group pruning over Parquet statistics.
 
 use arrow::array::{Array, ArrayRef, BooleanArray, Scalar, UInt64Array};
@@ -13,6 +13,7 @@ use crate::schema::Schema;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PredicateOp {
     Eq,
+    Ne,
     Lt,
     Le,
     Gt,
@@ -23,10 +24,12 @@ pub enum PredicateOp {
 }
 
 impl PredicateOp {
-    /// Parses `=`, `==`, `<`, `<=`, `>`, `>=`, `in`, `is null`, `is not null` (case-insensitive).
+    /// Parses `=`, `==`, `!=`, `<>`, `<`, `<=`, `>`, `>=`, `in`, `is null`, `is not null`
+    /// (case-insensitive).
     pub fn parse(text: &str) -> Result<Self> {
         Ok(match text.trim().to_ascii_lowercase().as_str() {
             "=" | "==" => PredicateOp::Eq,
+            "!=" | "<>" => PredicateOp::Ne,
             "<" => PredicateOp::Lt,
             "<=" => PredicateOp::Le,
             ">" => PredicateOp::Gt,
@@ -108,6 +111,7 @@ impl Predicate {
             PredicateOp::IsNull => is_null(array).map_err(fail)?,
             PredicateOp::IsNotNull => is_not_null(array).map_err(fail)?,
             PredicateOp::Eq => cmp::eq(&array, &scalar(0)).map_err(fail)?,
+            PredicateOp::Ne => cmp::neq(&array, &scalar(0)).map_err(fail)?,
             PredicateOp::Lt => cmp::lt(&array, &scalar(0)).map_err(fail)?,
             PredicateOp::Le => cmp::lt_eq(&array, &scalar(0)).map_err(fail)?,
             PredicateOp::Gt => cmp::gt(&array, &scalar(0)).map_err(fail)?,
@@ -171,6 +175,12 @@ impl Predicate {
                 PredicateOp::Eq | PredicateOp::In => boolean::or(
                     &cmp::lt(&stats.maxes, &v).map_err(fail)?,
                     &cmp::gt(&stats.mins, &v).map_err(fail)?,
+                )
+                .map_err(fail)?,
+                // Every row of the group equals the value: min = max = value.
+                PredicateOp::Ne => boolean::and(
+                    &cmp::eq(&stats.mins, &v).map_err(fail)?,
+                    &cmp::eq(&stats.maxes, &v).map_err(fail)?,
                 )
                 .map_err(fail)?,
                 PredicateOp::Lt => cmp::gt_eq(&stats.mins, &v).map_err(fail)?,

@@ -19,6 +19,11 @@ pub const COLUMN_NAME_BYTES_MAX: usize = 256;
 /// Most columns a table may have.
 pub const COLUMNS_MAX: usize = 1024;
 
+/// Most digits a decimal column may hold (Arrow's decimal128, Kudu's decimal128).
+pub const DECIMAL_PRECISION_MAX: u8 = 38;
+/// Most characters a `varchar(n)` column may declare (as in Kudu).
+pub const VARCHAR_CHARS_MAX: u16 = 65_535;
+
 /// The column types nyala stores.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum DataType {
@@ -31,13 +36,24 @@ pub enum DataType {
     Bool,
     String,
     Binary,
-    /// Microseconds since the Unix epoch, UTC, no time zone attached.
+    /// Microseconds since the Unix epoch, UTC (the storage form carries no zone; clients label
+    /// scans `UTC`).
     Timestamp,
+    /// An exact decimal of `precision` digits, `scale` of them after the point (Arrow
+    /// decimal128: the unscaled value as an `i128`).
+    Decimal {
+        precision: u8,
+        scale: i8,
+    },
+    /// Days since the Unix epoch (Arrow date32).
+    Date,
+    /// UTF-8 text of at most `n` characters; longer values are truncated on write, as in Kudu.
+    Varchar(u16),
 }
 
 impl DataType {
-    /// Every type, in wire-code order.
-    pub const ALL: [DataType; 10] = [
+    /// The types without parameters, in wire-code order.
+    pub const SIMPLE: [DataType; 11] = [
         DataType::Int8,
         DataType::Int16,
         DataType::Int32,
@@ -48,33 +64,76 @@ impl DataType {
         DataType::String,
         DataType::Binary,
         DataType::Timestamp,
+        DataType::Date,
     ];
 
-    /// The name used by the CLI and the Python API (`int64`, `string`, `timestamp`, ...).
-    pub const fn name(self) -> &'static str {
+    /// A checked `decimal(precision, scale)`: 1 <= precision <= 38, 0 <= scale <= precision.
+    pub fn decimal(precision: u8, scale: i8) -> Result<Self> {
+        if !(1..=DECIMAL_PRECISION_MAX).contains(&precision) || scale < 0 || scale as u8 > precision
+        {
+            return Err(StorageError::invalid(format!(
+                "decimal({precision},{scale}): precision must be 1..={DECIMAL_PRECISION_MAX} \
+                 and scale 0..=precision"
+            )));
+        }
+        Ok(DataType::Decimal { precision, scale })
+    }
+
+    /// A checked `varchar(n)`: 1 <= n <= 65,535 characters.
+    pub fn varchar(chars: u32) -> Result<Self> {
+        if !(1..=u32::from(VARCHAR_CHARS_MAX)).contains(&chars) {
+            return Err(StorageError::invalid(format!(
+                "varchar({chars}): the length must be 1..={VARCHAR_CHARS_MAX} characters"
+            )));
+        }
+        Ok(DataType::Varchar(chars as u16))
+    }
+
+    /// The name used by the CLI and the Python API (`int64`, `decimal(10,2)`, `varchar(32)`).
+    pub fn name(self) -> String {
         match self {
-            DataType::Int8 => "int8",
-            DataType::Int16 => "int16",
-            DataType::Int32 => "int32",
-            DataType::Int64 => "int64",
-            DataType::Float => "float",
-            DataType::Double => "double",
-            DataType::Bool => "bool",
-            DataType::String => "string",
-            DataType::Binary => "binary",
-            DataType::Timestamp => "timestamp",
+            DataType::Int8 => "int8".into(),
+            DataType::Int16 => "int16".into(),
+            DataType::Int32 => "int32".into(),
+            DataType::Int64 => "int64".into(),
+            DataType::Float => "float".into(),
+            DataType::Double => "double".into(),
+            DataType::Bool => "bool".into(),
+            DataType::String => "string".into(),
+            DataType::Binary => "binary".into(),
+            DataType::Timestamp => "timestamp".into(),
+            DataType::Decimal { precision, scale } => format!("decimal({precision},{scale})"),
+            DataType::Date => "date".into(),
+            DataType::Varchar(n) => format!("varchar({n})"),
         }
     }
 
-    /// Parses a type name; an unknown name is `InvalidArgument`.
+    /// Parses a type name (`name`'s form; spaces inside the parentheses allowed); an unknown
+    /// or out-of-range one is `InvalidArgument`.
     pub fn from_name(name: &str) -> Result<Self> {
-        DataType::ALL
-            .into_iter()
-            .find(|t| t.name() == name)
-            .ok_or_else(|| StorageError::invalid(format!("unknown column type {name:?}")))
+        let unknown = || StorageError::invalid(format!("unknown column type {name:?}"));
+        if let Some(simple) = DataType::SIMPLE.into_iter().find(|t| t.name() == name) {
+            return Ok(simple);
+        }
+        let (base, rest) = name.split_once('(').ok_or_else(unknown)?;
+        let params: Vec<&str> = rest
+            .strip_suffix(')')
+            .ok_or_else(unknown)?
+            .split(',')
+            .map(str::trim)
+            .collect();
+        match (base.trim(), params.as_slice()) {
+            ("decimal", [p, s]) => DataType::decimal(
+                p.parse().map_err(|_| unknown())?,
+                s.parse().map_err(|_| unknown())?,
+            ),
+            ("varchar", [n]) => DataType::varchar(n.parse().map_err(|_| unknown())?),
+            _ => Err(unknown()),
+        }
     }
 
-    /// The code stored in the manifest.
+    /// The code stored in the manifest (a parameterised type's parameters follow it:
+    /// `manifest.rs`).
     pub const fn code(self) -> u8 {
         match self {
             DataType::Int8 => 1,
@@ -87,12 +146,15 @@ impl DataType {
             DataType::String => 8,
             DataType::Binary => 9,
             DataType::Timestamp => 10,
+            DataType::Decimal { .. } => 11,
+            DataType::Date => 12,
+            DataType::Varchar(_) => 13,
         }
     }
 
-    /// Inverse of `code`.
+    /// Inverse of `code` for the types without parameters.
     pub fn from_code(code: u8) -> Option<Self> {
-        DataType::ALL.into_iter().find(|t| t.code() == code)
+        DataType::SIMPLE.into_iter().find(|t| t.code() == code)
     }
 
     /// The Arrow type batches carry for this column.
@@ -105,9 +167,11 @@ impl DataType {
             DataType::Float => ArrowType::Float32,
             DataType::Double => ArrowType::Float64,
             DataType::Bool => ArrowType::Boolean,
-            DataType::String => ArrowType::Utf8,
+            DataType::String | DataType::Varchar(_) => ArrowType::Utf8,
             DataType::Binary => ArrowType::Binary,
             DataType::Timestamp => ArrowType::Timestamp(TimeUnit::Microsecond, None),
+            DataType::Decimal { precision, scale } => ArrowType::Decimal128(precision, scale),
+            DataType::Date => ArrowType::Date32,
         }
     }
 
@@ -116,12 +180,19 @@ impl DataType {
     pub const fn can_be_key(self) -> bool {
         !matches!(self, DataType::Float | DataType::Double | DataType::Bool)
     }
+
+    /// True for the UTF-8 text types (`string`, `varchar(n)`).
+    pub const fn is_text(self) -> bool {
+        matches!(self, DataType::String | DataType::Varchar(_))
+    }
 }
 
 /// A default value for a column added after rows exist.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Value {
     Int(i64),
+    /// A decimal's unscaled value (`Int` is accepted for decimals too).
+    Decimal(i128),
     Float(f64),
     Bool(bool),
     Bytes(Vec<u8>),
@@ -151,6 +222,25 @@ impl Value {
                 len
             ])),
             DataType::Int64 => Arc::new(Int64Array::from(vec![int(i64::MIN, i64::MAX)?; len])),
+            DataType::Date => Arc::new(Date32Array::from(vec![
+                int(i32::MIN.into(), i32::MAX.into())?
+                    as i32;
+                len
+            ])),
+            DataType::Decimal { precision, scale } => {
+                let unscaled = match self {
+                    Value::Decimal(v) => *v,
+                    Value::Int(v) => i128::from(*v),
+                    _ => return Err(bad()),
+                };
+                let array = Decimal128Array::from(vec![unscaled; len])
+                    .with_precision_and_scale(precision, scale)
+                    .map_err(|_| bad())?;
+                array
+                    .validate_decimal_precision(precision)
+                    .map_err(|_| bad())?;
+                Arc::new(array)
+            }
             DataType::Timestamp => Arc::new(TimestampMicrosecondArray::from(vec![
                 int(
                     i64::MIN,
@@ -174,9 +264,14 @@ impl Value {
                 Value::Bool(v) => Arc::new(BooleanArray::from(vec![*v; len])),
                 _ => return Err(bad()),
             },
-            DataType::String => match self {
+            DataType::String | DataType::Varchar(_) => match self {
                 Value::Bytes(b) => {
                     let s = std::str::from_utf8(b).map_err(|_| bad())?;
+                    if let DataType::Varchar(n) = data_type {
+                        if s.chars().count() > usize::from(n) {
+                            return Err(bad());
+                        }
+                    }
                     Arc::new(StringArray::from_iter_values(std::iter::repeat_n(s, len)))
                 }
                 _ => return Err(bad()),
@@ -354,8 +449,9 @@ impl Schema {
             .map(|c| match c.data_type {
                 DataType::Int8 => Some(1),
                 DataType::Int16 => Some(2),
-                DataType::Int32 => Some(4),
+                DataType::Int32 | DataType::Date => Some(4),
                 DataType::Int64 | DataType::Timestamp => Some(8),
+                DataType::Decimal { .. } => Some(16),
                 _ => None,
             })
             .sum()
@@ -540,6 +636,26 @@ mod tests {
         let float_key = Schema::build(vec![("id".into(), DataType::Double, false)], &["id"]);
         assert!(float_key.is_err());
         assert!(DataType::from_name("decimal").is_err());
+        assert!(DataType::from_name("decimal(39,2)").is_err());
+        assert!(DataType::from_name("decimal(5,6)").is_err());
+        assert!(DataType::from_name("varchar(0)").is_err());
+        assert!(DataType::from_name("varchar(65536)").is_err());
+        for name in [
+            "decimal(10,2)",
+            "decimal(38,38)",
+            "date",
+            "varchar(32)",
+            "timestamp",
+        ] {
+            assert_eq!(DataType::from_name(name).unwrap().name(), name);
+        }
+        assert_eq!(
+            DataType::from_name("decimal(10, 2)").unwrap(),
+            DataType::Decimal {
+                precision: 10,
+                scale: 2
+            }
+        );
         let not_prefix = Schema::build(
             vec![
                 ("a".into(), DataType::Int64, false),
