@@ -100,10 +100,11 @@ def test_a_streamed_write_reports_rows_by_stream_position(table: nyala.Table) ->
     from nyala.client import table as table_module
 
     start, rows = 2_000_000, 3 * table_module.STREAM_WRITE_ROWS_MAX + 17
-    assert table.insert(_reader(start, 10, 10)).ok
-    result = table.insert(_reader(start, rows, 100_000))  # the first 10 rows exist already
+    taken = table_module.STREAM_WRITE_ROWS_MAX + 5  # 10 rows inside the second chunk exist
+    assert table.insert(_reader(start + taken, 10, 10)).ok
+    result = table.insert(_reader(start, rows, 100_000))
     assert result.rows == rows
-    assert [e.row for e in result.row_errors] == list(range(10))
+    assert [e.row for e in result.row_errors] == list(range(taken, taken + 10))
     assert {e.code for e in result.row_errors} == {"ALREADY_PRESENT"}
     assert result.failed_rows is not None
     assert result.failed_rows.num_rows == 10
