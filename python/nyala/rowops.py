@@ -88,8 +88,11 @@ def to_record_batch(data: Any) -> pa.RecordBatch:
 def is_arrow_stream(data: Any) -> bool:
     """True for input best read as a stream of batches: an object exporting
     ``__arrow_c_stream__`` (a RecordBatchReader, a polars DataFrame, a DuckDB relation, a
-    nyala Scanner) other than a pyarrow Table, which is already in memory."""
-    return hasattr(data, "__arrow_c_stream__") and not isinstance(data, (pa.Table, pa.RecordBatch))
+    nyala Scanner) other than a pyarrow Table, which is already in memory, and a pandas
+    DataFrame, whose stream would carry its index as a column."""
+    if isinstance(data, (pa.Table, pa.RecordBatch)) or type(data).__module__.startswith("pandas"):
+        return False
+    return hasattr(data, "__arrow_c_stream__")
 
 
 def stream_chunks(data: Any, rows_max: int) -> Iterator[pa.RecordBatch]:
