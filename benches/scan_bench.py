@@ -122,8 +122,12 @@ def wait_flushed(cluster: MiniCluster, table: nyala.Table, rows: int, timeout_s:
     """Waits until the leaders' rowset files hold every row (memory flushed)."""
     deadline = time.monotonic() + timeout_s
     while True:
-        on_disk = sum(pq.ParquetFile(f).metadata.num_rows for f in rowset_files(cluster, table))
-        if on_disk >= rows:
+        try:
+            files = rowset_files(cluster, table)
+            on_disk = sum(pq.ParquetFile(f).metadata.num_rows for f in files)
+        except (OSError, pa.ArrowInvalid):
+            on_disk = -1  # a rowset being written or replaced
+        if on_disk == rows:
             return
         if time.monotonic() > deadline:
             raise TimeoutError(f"only {on_disk} of {rows} rows reached rowset files")
