@@ -6,14 +6,15 @@
 //! the GIL.
 
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use arrow::array::{ArrayData, ArrayRef, RecordBatch};
 use arrow::buffer::Buffer;
+use arrow::datatypes::{Schema as ArrowSchema, SchemaRef};
 use arrow::pyarrow::{PyArrowType, Table};
 use nyala_storage::{
-    ColumnSchema, DataType, Engine, EngineOptions, OpBatch, Predicate, PredicateOp, ScanSpec,
-    Schema, StorageError, Value,
+    encode_ipc, ColumnSchema, DataType, Engine, EngineOptions, OpBatch, Predicate, PredicateOp,
+    ScanSpec, Schema, StorageError, Value,
 };
 use pyo3::buffer::PyBuffer;
 use pyo3::prelude::*;
@@ -29,6 +30,7 @@ type SchemaTuple = (Vec<ColumnTuple>, usize, u32, u32);
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<StorageEngine>()?;
+    m.add_class::<ScanCursor>()?;
     m.add_function(wrap_pyfunction!(check_op_batch, m)?)?;
     m.add("CELL_BYTES_MAX", nyala_storage::ops::CELL_BYTES_MAX)?;
     m.add("ROW_BYTES_MAX", nyala_storage::ops::ROW_BYTES_MAX)?;
@@ -211,29 +213,38 @@ impl StorageEngine {
         &self,
         py: Python<'_>,
         columns: Option<Vec<String>>,
-        predicates: Vec<(String, String, Option<PyArrowType<ArrayData>>)>,
+        predicates: Vec<PredicateTuple>,
         lower_bound: Option<Vec<u8>>,
         upper_bound: Option<Vec<u8>>,
         limit: Option<usize>,
     ) -> PyResult<PyArrowType<Table>> {
-        let mut parsed = Vec::with_capacity(predicates.len());
-        for (column, op, values) in predicates {
-            let op = PredicateOp::parse(&op).map_err(to_py)?;
-            let values: Option<ArrayRef> = values.map(|v| arrow::array::make_array(v.0));
-            parsed.push(Predicate { column, op, values });
-        }
-        let spec = ScanSpec {
-            columns,
-            predicates: parsed,
-            lower_bound,
-            upper_bound,
-            limit,
-        };
+        let spec = scan_spec(columns, predicates, lower_bound, upper_bound, limit)?;
         let engine = self.engine.clone();
         let result = py.detach(move || engine.scan(&spec)).map_err(to_py)?;
         let table = Table::try_new(result.batches, result.schema)
             .map_err(|e| to_py(StorageError::arrow_internal("scan", e)))?;
         Ok(PyArrowType(table))
+    }
+
+    /// Opens a cursor over a consistent view of the tablet (arguments as for `scan`).
+    #[pyo3(signature = (columns = None, predicates = Vec::new(), lower_bound = None, upper_bound = None, limit = None))]
+    fn open_scan(
+        &self,
+        py: Python<'_>,
+        columns: Option<Vec<String>>,
+        predicates: Vec<PredicateTuple>,
+        lower_bound: Option<Vec<u8>>,
+        upper_bound: Option<Vec<u8>>,
+        limit: Option<usize>,
+    ) -> PyResult<ScanCursor> {
+        let spec = scan_spec(columns, predicates, lower_bound, upper_bound, limit)?;
+        let engine = self.engine.clone();
+        let cursor = py.detach(move || engine.open_scan(spec)).map_err(to_py)?;
+        Ok(ScanCursor {
+            schema: cursor.schema(),
+            snapshot_index: cursor.snapshot_index(),
+            inner: Mutex::new(cursor),
+        })
     }
 
     /// Encodes each row of a pyarrow RecordBatch of key columns as a scan bound.
@@ -310,6 +321,110 @@ impl StorageEngine {
         d.set_item("last_applied_index", s.last_applied_index)?;
         d.set_item("last_flushed_index", s.last_flushed_index)?;
         Ok(d)
+    }
+}
+
+/// A scan predicate as Python passes it: (column, op, values or None).
+type PredicateTuple = (String, String, Option<PyArrowType<ArrayData>>);
+
+fn scan_spec(
+    columns: Option<Vec<String>>,
+    predicates: Vec<PredicateTuple>,
+    lower_bound: Option<Vec<u8>>,
+    upper_bound: Option<Vec<u8>>,
+    limit: Option<usize>,
+) -> PyResult<ScanSpec> {
+    let mut parsed = Vec::with_capacity(predicates.len());
+    for (column, op, values) in predicates {
+        let op = PredicateOp::parse(&op).map_err(to_py)?;
+        let values: Option<ArrayRef> = values.map(|v| arrow::array::make_array(v.0));
+        parsed.push(Predicate { column, op, values });
+    }
+    Ok(ScanSpec {
+        columns,
+        predicates: parsed,
+        lower_bound,
+        upper_bound,
+        limit,
+    })
+}
+
+/// A scan in progress (`StorageEngine.open_scan`). Each batch is produced with the GIL
+/// released; the cursor pins the rowsets it still has to read until it is closed or dropped.
+#[pyclass(frozen, module = "nyala._native")]
+pub struct ScanCursor {
+    schema: SchemaRef,
+    snapshot_index: u64,
+    /// One caller advances the cursor at a time.
+    inner: Mutex<nyala_storage::ScanCursor>,
+}
+
+impl ScanCursor {
+    /// Advances the cursor with the GIL released.
+    fn advance(&self, py: Python<'_>, bytes_max: usize) -> PyResult<Option<RecordBatch>> {
+        py.detach(|| {
+            self.inner
+                .lock()
+                .map_err(|_| StorageError::IllegalState("a scan cursor panicked".into()))?
+                .next_batch(bytes_max.max(1))
+        })
+        .map_err(to_py)
+    }
+}
+
+#[pymethods]
+impl ScanCursor {
+    /// The schema of every batch.
+    #[getter]
+    fn schema(&self) -> PyArrowType<ArrowSchema> {
+        PyArrowType(self.schema.as_ref().clone())
+    }
+
+    /// The last op index applied to the view the cursor reads.
+    #[getter]
+    fn snapshot_index(&self) -> u64 {
+        self.snapshot_index
+    }
+
+    /// The next rows in key order as a pyarrow RecordBatch of about `bytes_max` bytes at
+    /// most (at least one row); None once the scan is done.
+    fn next_batch(
+        &self,
+        py: Python<'_>,
+        bytes_max: usize,
+    ) -> PyResult<Option<PyArrowType<RecordBatch>>> {
+        Ok(self.advance(py, bytes_max)?.map(PyArrowType))
+    }
+
+    /// `next_batch` as an Arrow IPC stream (schema and one batch) and its row count,
+    /// encoded with the GIL released.
+    fn next_ipc<'py>(
+        &self,
+        py: Python<'py>,
+        bytes_max: usize,
+    ) -> PyResult<Option<(Bound<'py, PyBytes>, usize)>> {
+        let encoded = py
+            .detach(|| -> nyala_storage::Result<Option<(Vec<u8>, usize)>> {
+                let mut cursor = self
+                    .inner
+                    .lock()
+                    .map_err(|_| StorageError::IllegalState("a scan cursor panicked".into()))?;
+                let Some(batch) = cursor.next_batch(bytes_max.max(1))? else {
+                    return Ok(None);
+                };
+                Ok(Some((encode_ipc(&batch)?, batch.num_rows())))
+            })
+            .map_err(to_py)?;
+        Ok(encoded.map(|(bytes, rows)| (PyBytes::new(py, &bytes), rows)))
+    }
+
+    /// Lets go of everything the cursor holds; it returns nothing more.
+    fn close(&self, py: Python<'_>) {
+        py.detach(|| {
+            if let Ok(mut cursor) = self.inner.lock() {
+                cursor.close();
+            }
+        });
     }
 }
 

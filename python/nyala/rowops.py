@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -73,10 +73,46 @@ def to_record_batch(data: Any) -> pa.RecordBatch:
         return pa.RecordBatch.from_arrays(arrays, names=[str(n) for n in data])
     if type(data).__module__.startswith("pandas"):
         return pa.RecordBatch.from_pandas(data, preserve_index=False)
+    if hasattr(data, "__arrow_c_array__"):
+        return pa.record_batch(data)
+    if hasattr(data, "__arrow_c_stream__"):
+        # Read whole here; Table.write streams such input in bounded memory instead.
+        return to_record_batch(pa.RecordBatchReader.from_stream(data).read_all())
     raise InvalidArgumentError(
         f"cannot make rows from {type(data).__name__}: expected a pyarrow RecordBatch or "
-        "Table, a pandas DataFrame, or a dict of arrays"
+        "Table, a pandas DataFrame, a dict of arrays, or an object exporting "
+        "__arrow_c_array__ or __arrow_c_stream__"
     )
+
+
+def is_arrow_stream(data: Any) -> bool:
+    """True for input best read as a stream of batches: an object exporting
+    ``__arrow_c_stream__`` (a RecordBatchReader, a polars DataFrame, a DuckDB relation, a
+    nyala Scanner) other than a pyarrow Table, which is already in memory, and a pandas
+    DataFrame, whose stream would carry its index as a column."""
+    if isinstance(data, (pa.Table, pa.RecordBatch)) or type(data).__module__.startswith("pandas"):
+        return False
+    return hasattr(data, "__arrow_c_stream__")
+
+
+def stream_chunks(data: Any, rows_max: int) -> Iterator[pa.RecordBatch]:
+    """The batches of an Arrow stream (``is_arrow_stream``), cut or joined into batches of at
+    most ``rows_max`` rows, read one at a time as they are asked for."""
+    reader = pa.RecordBatchReader.from_stream(data)
+    pending: list[pa.RecordBatch] = []
+    pending_rows = 0
+    for batch in reader:
+        offset = 0
+        while offset < batch.num_rows:
+            take = min(rows_max - pending_rows, batch.num_rows - offset)
+            pending.append(batch.slice(offset, take))
+            pending_rows += take
+            offset += take
+            if pending_rows == rows_max:
+                yield pa.Table.from_batches(pending).combine_chunks().to_batches()[0]
+                pending, pending_rows = [], 0
+    if pending_rows:
+        yield pa.Table.from_batches(pending).combine_chunks().to_batches()[0]
 
 
 def _to_array(values: Any) -> pa.Array:

@@ -86,6 +86,44 @@ class StorageSnapshot:
     manifest_image: bytes
 
 
+class ScanCursor:
+    """A scan in progress over one consistent view of a tablet (``StorageEngine.open_scan``).
+
+    Batches come in key order, each produced in Rust with the GIL released; the cursor pins
+    the rowsets it still has to read (compaction leaves their files until it lets go) and
+    holds at most one decoded row group besides the copy of the in-memory rows it was opened
+    with. ``close`` (or dropping it) lets go of everything.
+    """
+
+    def __init__(self, native: _native.ScanCursor) -> None:
+        self._native = native
+
+    @property
+    def schema(self) -> pa.Schema:
+        """The schema of every batch."""
+        schema: pa.Schema = self._native.schema
+        return schema
+
+    @property
+    def snapshot_index(self) -> int:
+        """The last op index applied to storage when the cursor was opened."""
+        return self._native.snapshot_index
+
+    def next_batch(self, bytes_max: int) -> pa.RecordBatch | None:
+        """The next rows, at most about ``bytes_max`` bytes (at least one row); None at the
+        end."""
+        batch: pa.RecordBatch | None = self._native.next_batch(bytes_max)
+        return batch
+
+    def next_ipc(self, bytes_max: int) -> tuple[bytes, int] | None:
+        """``next_batch`` as an Arrow IPC stream and its row count, encoded in Rust."""
+        return self._native.next_ipc(bytes_max)
+
+    def close(self) -> None:
+        """Lets go of everything the cursor holds; it returns nothing more."""
+        self._native.close()
+
+
 class StorageEngine:
     """One tablet's storage engine over its data directory."""
 
@@ -194,11 +232,39 @@ class StorageEngine:
         """Rows in key order. ``where`` holds ``(column, op, value)`` with op one of
         ``= < <= > >= in`` (value a list for ``in``) or ``is null`` / ``is not null`` (value
         None). Bounds map key column names to values: lower inclusive, upper exclusive."""
+        return self._native.scan(*self._scan_args(columns, where, lower_bound, upper_bound, limit))
+
+    def open_scan(
+        self,
+        columns: Sequence[str] | None = None,
+        where: Sequence[Predicate] = (),
+        *,
+        lower_bound: Mapping[str, Any] | None = None,
+        upper_bound: Mapping[str, Any] | None = None,
+        limit: int | None = None,
+    ) -> ScanCursor:
+        """``scan`` as a cursor over one consistent view, read a batch at a time."""
+        args = self._scan_args(columns, where, lower_bound, upper_bound, limit)
+        return ScanCursor(self._native.open_scan(*args))
+
+    def _scan_args(
+        self,
+        columns: Sequence[str] | None,
+        where: Sequence[Predicate],
+        lower_bound: Mapping[str, Any] | None,
+        upper_bound: Mapping[str, Any] | None,
+        limit: int | None,
+    ) -> tuple[
+        list[str] | None,
+        list[tuple[str, str, pa.Array | None]],
+        bytes | None,
+        bytes | None,
+        int | None,
+    ]:
         schema = self.schema
-        predicates = [self._predicate(schema, p) for p in where]
-        return self._native.scan(
+        return (
             list(columns) if columns is not None else None,
-            predicates,
+            [self._predicate(schema, p) for p in where],
             self._bound(schema, lower_bound),
             self._bound(schema, upper_bound),
             limit,

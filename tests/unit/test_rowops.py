@@ -153,3 +153,21 @@ def test_encode_is_ipc_stream() -> None:
     batch = make_op_batch({"id": np.arange(3)}, OpType.DELETE, SCHEMA)
     data = encode(batch)
     assert pa.ipc.open_stream(data).read_all().to_batches()[0].equals(batch)
+
+
+def test_arrow_streams_and_arrays_make_rows_but_pandas_keeps_its_own_path() -> None:
+    import pandas as pd
+
+    from nyala.rowops import is_arrow_stream, stream_chunks, to_record_batch
+
+    frame = pd.DataFrame({"id": [1, 2]}, index=[7, 8])
+    assert not is_arrow_stream(frame)  # its stream would carry the index as a column
+    assert to_record_batch(frame).schema.names == ["id"]
+    table = pa.table({"id": list(range(10))})
+    assert not is_arrow_stream(table)
+    reader = pa.RecordBatchReader.from_batches(table.schema, table.to_batches(max_chunksize=3))
+    assert is_arrow_stream(reader)
+    chunks = list(stream_chunks(reader, 4))
+    assert [c.num_rows for c in chunks] == [4, 4, 2]
+    assert pa.Table.from_batches(chunks).column("id").to_pylist() == list(range(10))
+    assert to_record_batch(table.to_batches()[0]).num_rows == 10

@@ -220,6 +220,17 @@ class Scanner:
         locations = self.cache.locations(self.info)
         return self._prune(locations.tablets, locations.router)
 
+    def to_reader(self) -> pa.RecordBatchReader:
+        """The scan as a ``pyarrow.RecordBatchReader`` that reads a page at a time as it is
+        consumed (client memory stays about one page, whatever the table's size)."""
+        return pa.RecordBatchReader.from_batches(self.output_schema, iter(self))
+
+    def __arrow_c_stream__(self, requested_schema: object | None = None) -> object:
+        """The Arrow PyCapsule stream protocol: ``pa.RecordBatchReader.from_stream(scanner)``,
+        ``duckdb.sql("select ... from scanner")``, ``pl.DataFrame(scanner)`` read the scan
+        streaming. Each call runs the scan again."""
+        return self.to_reader().__arrow_c_stream__(requested_schema)
+
     def to_arrow(self) -> pa.Table:
         """Every row as one ``pyarrow.Table``."""
         batches = list(self)

@@ -25,8 +25,11 @@ from nyala.client.scanner import (
 )
 from nyala.client.write import WriteResult
 from nyala.partition import PartitionSchema
-from nyala.rowops import OpType, prepare_op_batch
+from nyala.rowops import OpType, is_arrow_stream, prepare_op_batch, stream_chunks
 from nyala.schema import Schema
+
+#: Rows per write call when a write streams its input (``Table.write``).
+STREAM_WRITE_ROWS_MAX = 256 * 1024
 
 if TYPE_CHECKING:
     from nyala.client.client import Client
@@ -84,7 +87,23 @@ class Table:
         """Applies ``data``'s rows as operation ``op`` and waits until they are durable.
 
         Columns the table has and ``data`` lacks take their default (or null) in INSERT and
-        UPSERT rows; a column the table lacks is an error unless ``ignore_extra_columns``."""
+        UPSERT rows; a column the table lacks is an error unless ``ignore_extra_columns``.
+
+        An object exporting ``__arrow_c_stream__`` (a ``pyarrow.RecordBatchReader``, a polars
+        DataFrame, a DuckDB relation, another table's scanner) is read and written in chunks
+        of ``STREAM_WRITE_ROWS_MAX`` rows, one after the other, so client memory stays about
+        one chunk whatever the stream's length; the result covers every row, positions
+        counting from the stream's first row. If a chunk ends with rows unknown,
+        ``PartialWriteError`` is raised for it (``exc.result`` covers that chunk; the chunks
+        before it are applied, the rest of the stream is not read)."""
+        if is_arrow_stream(data):
+            parts = [
+                self.write(
+                    chunk, op, timeout_ms=timeout_ms, ignore_extra_columns=ignore_extra_columns
+                )
+                for chunk in stream_chunks(data, STREAM_WRITE_ROWS_MAX)
+            ]
+            return WriteResult.concat(parts)
         info = self._current_info()
         prepared = prepare_op_batch(
             data, OpType.parse(op), info.schema, ignore_extra_columns=ignore_extra_columns

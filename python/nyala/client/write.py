@@ -38,9 +38,9 @@ import threading
 import time
 import uuid
 import weakref
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -251,6 +251,39 @@ class WriteResult:
         rows = source.drop_columns([OP_COLUMN]) if OP_COLUMN in source.schema.names else source
         return cls(outcomes, rows, key)
 
+    @classmethod
+    def concat(cls, parts: Sequence[WriteResult]) -> WriteResult:
+        """One result over the rows of ``parts`` in order (the chunks of a streamed write):
+        row positions count from the first part's first row; only rows that failed or are
+        unknown keep their values (``failed_rows``, ``unknown_rows``). Nothing to retry: a
+        streamed write raises on a chunk with unknown rows."""
+        merged = cls.__new__(cls)
+        outcomes = _Outcomes(0)
+        outcomes.state = np.concatenate(
+            [p._outcomes.state for p in parts] or [np.zeros(0, dtype=np.uint8)]
+        )
+        row_errors: list[RowError] = []
+        unknown: list[RowError] = []
+        offset = 0
+        for part in parts:
+            outcomes.reasons.update({offset + r: why for r, why in part._outcomes.reasons.items()})
+            outcomes.row_failures |= part._outcomes.row_failures
+            if outcomes.request_error is None:
+                outcomes.request_error = part._outcomes.request_error
+            row_errors += [replace(e, row=e.row + offset) for e in part.row_errors]
+            unknown += [replace(e, row=e.row + offset) for e in part.unknown]
+            offset += part.rows
+        merged._outcomes = outcomes
+        merged._source = merged._converted = None
+        merged._key = parts[0]._key if parts else []
+        merged._retry_with = None
+        merged.rows = offset
+        merged.row_errors = row_errors
+        merged.unknown = unknown
+        merged.failed_rows = _concat_tables([p.failed_rows for p in parts])
+        merged.unknown_rows = _concat_tables([p.unknown_rows for p in parts])
+        return merged
+
     @property
     def outcomes(self) -> np.ndarray[Any, np.dtype[np.uint8]]:
         """One ``RowOutcome`` per input row (a copy)."""
@@ -350,6 +383,11 @@ class WriteResult:
 
 def _positions(state: np.ndarray[Any, Any], outcome: RowOutcome) -> np.ndarray[Any, Any]:
     return np.flatnonzero(state == outcome)
+
+
+def _concat_tables(tables: Sequence[pa.Table | None]) -> pa.Table | None:
+    present = [t for t in tables if t is not None]
+    return pa.concat_tables(present, promote_options="permissive") if present else None
 
 
 def _take(source: pa.RecordBatch, positions: np.ndarray[Any, Any]) -> pa.Table | None:

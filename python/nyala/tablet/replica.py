@@ -47,7 +47,7 @@ from nyala.errors import (
     TabletNotRunningError,
 )
 from nyala.schema import Schema
-from nyala.storage import FLUSH_THRESHOLD_BYTES, Predicate, StorageEngine
+from nyala.storage import FLUSH_THRESHOLD_BYTES, Predicate, ScanCursor, StorageEngine
 from nyala.tablet.applier import Applier, WriteOutcome
 from nyala.tablet.superblock import (
     DataState,
@@ -470,41 +470,48 @@ class TabletReplica:
         limit: int | None = None,
         **bounds: Any,
     ) -> tuple[int, pa.Table]:
-        """A linearizable scan at the leader: served once ReadIndex confirmed leadership and
-        everything committed before the call is applied. Returns (read index, rows)."""
-        runtime, storage, _ = self._running()
-        self._require_leader(runtime)
-        index = await runtime.read_index()
+        """A linearizable scan at the leader read whole (small tablets such as the sys
+        catalog): served once ReadIndex confirmed leadership and everything committed before
+        the call is applied. Returns (read index, rows)."""
+        index, storage = await self._read_point(None)
         rows = storage.scan(columns, where, limit=limit, **bounds)
         self.rows_scanned += rows.num_rows
         return index, rows
 
-    async def scan_follower(
+    async def open_scan(
         self,
-        max_staleness_ms: int,
+        max_staleness_ms: int | None,
         columns: Sequence[str] | None = None,
         where: Sequence[Predicate] = (),
         *,
         limit: int | None = None,
         **bounds: Any,
-    ) -> tuple[int, pa.Table]:
-        """A follower read (Kudu's READ_LATEST on a follower, no ReadIndex): served at this
-        replica's applied index if it had everything its current leader had committed no more
-        than ``max_staleness_ms`` ago; ``StaleReplicaError`` otherwise. It may miss writes
-        acknowledged in that window. At the leader it is the linearizable ``scan``."""
+    ) -> tuple[int, ScanCursor]:
+        """Opens a cursor at the leader (``max_staleness_ms`` None: linearizable, after
+        ReadIndex) or, with a staleness bound, as a follower read (see ``_read_point``).
+        Returns (read index, cursor); the cursor sees every op up to the read index, and
+        possibly later committed ones. It is opened off the event loop (the in-memory rows
+        are copied then)."""
+        index, storage = await self._read_point(max_staleness_ms)
+        cursor = await asyncio.to_thread(storage.open_scan, columns, where, limit=limit, **bounds)
+        return index, cursor
+
+    async def _read_point(self, max_staleness_ms: int | None) -> tuple[int, StorageEngine]:
+        """The index a read is served at. Without a staleness bound: at the leader, after
+        ReadIndex. With one (Kudu's READ_LATEST on a follower, no ReadIndex): this replica's
+        applied index if it had everything its current leader had committed no more than
+        ``max_staleness_ms`` ago, ``StaleReplicaError`` otherwise; such a read may miss writes
+        acknowledged in that window. At the leader a follower read is a leader read."""
         runtime, storage, applier = self._running()
-        if runtime.role is Role.LEADER:
-            return await self.scan(columns, where, limit=limit, **bounds)
+        if max_staleness_ms is None or runtime.role is Role.LEADER:
+            self._require_leader(runtime)
+            return await runtime.read_index(), storage
         refusal = follower_read_refusal(
             runtime.core.leader_contact(), max_staleness_ms, applier.applied_index
         )
         if refusal is not None:
             raise StaleReplicaError(f"tablet {self.tablet_id}: {refusal}")
-        # Apply and this scan both run on the event loop, so the rows are exactly those at
-        # applied_index.
-        rows = storage.scan(columns, where, limit=limit, **bounds)
-        self.rows_scanned += rows.num_rows
-        return applier.applied_index, rows
+        return applier.applied_index, storage
 
 
 def follower_read_refusal(

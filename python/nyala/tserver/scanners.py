@@ -1,10 +1,13 @@
-"""Open scanners of one tablet server: a scan's remaining batches, by scanner id, until they are
-read, closed, or left idle longer than the scanner TTL (DESIGN.md §5).
+"""Open scanners of one tablet server: a native cursor per scan, by scanner id, until the scan
+is read to the end, closed, or left idle longer than the scanner TTL (DESIGN.md §5; Kudu's
+``tserver/scanners.h``).
 
-A scan reads one consistent result at its snapshot (the ReadIndex it was served at); a client
-that stops after ``batches_max`` batches continues with the scanner id and gets the rest of the
-same result. Idle scanners are dropped lazily whenever the registry is used, so no background
-task is needed; a continue after expiry is ``SCANNER_EXPIRED``.
+A scanner holds a storage cursor (``nyala.storage.ScanCursor``) over the consistent view the
+scan was opened on, never its result: each page is produced when asked for, in Rust with the
+GIL released, off the event loop. A client that stops after ``batches_max`` batches continues
+with the scanner id and gets the rest of the same view. Idle scanners are dropped whenever the
+registry is used and by the server's periodic ``expire`` (so a client that walks away frees
+what its cursor pins); a continue after expiry is ``SCANNER_EXPIRED``.
 """
 
 from __future__ import annotations
@@ -14,9 +17,8 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import pyarrow as pa
-
 from nyala.errors import ScannerExpiredError, ThrottledError
+from nyala.storage import ScanCursor
 
 #: Open scanners per server; more are refused (THROTTLED) rather than growing memory.
 SCANNERS_MAX = 1024
@@ -24,19 +26,16 @@ SCANNERS_MAX = 1024
 
 @dataclass
 class Scanner:
-    """One open scan: the batches not yet sent."""
+    """One open scan: its cursor and the size of its pages."""
 
     scanner_id: str
     tablet_id: str
     snapshot_index: int
-    batches: list[pa.RecordBatch]
-    next_batch: int = 0
+    cursor: ScanCursor
+    #: Bytes of one page's batch at most (the request's size, capped by the server's
+    #: ``scan_batch_bytes_max``; fixed for the scanner's life).
+    batch_bytes_max: int
     last_access_s: float = field(default_factory=time.monotonic)
-
-    @property
-    def done(self) -> bool:
-        """True once every batch was sent."""
-        return self.next_batch >= len(self.batches)
 
 
 class ScannerRegistry:
@@ -47,35 +46,47 @@ class ScannerRegistry:
         self._clock = clock
         self._scanners: dict[str, Scanner] = {}
 
-    def open(self, tablet_id: str, snapshot_index: int, batches: list[pa.RecordBatch]) -> Scanner:
-        """Registers a new scanner over ``batches``."""
-        self._expire()
+    def open(
+        self, tablet_id: str, snapshot_index: int, cursor: ScanCursor, batch_bytes_max: int
+    ) -> Scanner:
+        """Registers a new scanner over ``cursor``; ``ThrottledError`` (and the cursor closed)
+        if ``SCANNERS_MAX`` are open."""
+        self.expire()
         if len(self._scanners) >= SCANNERS_MAX:
+            cursor.close()
             raise ThrottledError(f"{len(self._scanners)} scanners are open; try again later")
-        scanner = Scanner(uuid.uuid4().hex, tablet_id, snapshot_index, batches)
+        scanner = Scanner(uuid.uuid4().hex, tablet_id, snapshot_index, cursor, batch_bytes_max)
         scanner.last_access_s = self._clock()
         self._scanners[scanner.scanner_id] = scanner
         return scanner
 
     def get(self, scanner_id: str) -> Scanner:
         """The open scanner ``scanner_id``; ``ScannerExpiredError`` if unknown or expired."""
-        self._expire()
+        self.expire()
         scanner = self._scanners.get(scanner_id)
         if scanner is None:
             raise ScannerExpiredError(f"scanner {scanner_id} is not open (expired or unknown)")
         scanner.last_access_s = self._clock()
         return scanner
 
+    def touch(self, scanner: Scanner) -> None:
+        """Marks ``scanner`` as used now (while a page is produced, it is not idle)."""
+        scanner.last_access_s = self._clock()
+
     def close(self, scanner_id: str) -> None:
-        """Forgets a scanner (no-op if it is gone)."""
+        """Forgets a scanner (no-op if it is gone). Its cursor lets go of what it pins when
+        the last reference goes (a page being produced keeps it until that page is done)."""
         self._scanners.pop(scanner_id, None)
 
     def __len__(self) -> int:
         return len(self._scanners)
 
-    def _expire(self) -> None:
+    def expire(self) -> int:
+        """Drops every scanner idle longer than the TTL; returns how many."""
         now = self._clock()
-        for scanner_id in [
+        idle = [
             s.scanner_id for s in self._scanners.values() if now - s.last_access_s > self._ttl_s
-        ]:
+        ]
+        for scanner_id in idle:
             del self._scanners[scanner_id]
+        return len(idle)

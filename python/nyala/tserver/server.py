@@ -33,6 +33,9 @@ from nyala.tserver.tablet_meta import TabletReport, peer_health
 
 log = logging.getLogger(__name__)
 
+#: Longest pause between two sweeps for idle scanners, in ms (a quarter of the TTL if shorter).
+SCANNER_EXPIRY_INTERVAL_MS_MAX = 1_000
+
 
 def memrowsets_to_flush(mem_bytes: dict[str, int], limit_bytes: int) -> list[str]:
     """The tablets whose MemRowSets to flush, largest first, until the rest fit in
@@ -131,6 +134,7 @@ class TabletServer(ServerBase):
         self._quarantine_task: asyncio.Task[None] | None = None
         self.copy: TabletCopy | None = None
         self._copy_tasks: list[asyncio.Task[None]] = []
+        self.scanners = ScannerRegistry(settings.scanner_ttl_ms)
 
     async def run(self) -> None:
         """Opens the fs root, serves until stopped, shuts down gracefully."""
@@ -182,6 +186,7 @@ class TabletServer(ServerBase):
             tasks.create_task(self._shutdown_when_stopped(), name="shutdown")
             self._flush_task = tasks.create_task(self._flush_loop(), name="flush")
             tasks.create_task(self._memory_pressure_loop(), name="memory-pressure")
+            tasks.create_task(self._scanner_expiry_loop(), name="scanner-expiry")
             self._quarantine_task = tasks.create_task(self._quarantine_loop(), name="quarantine")
             if self.settings.masters:
                 self._heartbeat_task = tasks.create_task(self._heartbeat(), name="heartbeater")
@@ -226,7 +231,8 @@ class TabletServer(ServerBase):
                 self._rpc_metrics,
                 self._started_s,
                 self.tablets,
-                ScannerRegistry(self.settings.scanner_ttl_ms),
+                self.scanners,
+                self.settings.scan_batch_bytes_max,
             ),
         )
         server.add_service(
@@ -253,6 +259,13 @@ class TabletServer(ServerBase):
         if self.copy is not None:
             server.add_service(add_tablet_copy_service, self.copy.service(self._rpc_metrics))
         return server
+
+    async def _scanner_expiry_loop(self) -> None:
+        """Drops idle scanners (and what their cursors pin) even when no scan comes in."""
+        interval_s = min(self.settings.scanner_ttl_ms / 4, SCANNER_EXPIRY_INTERVAL_MS_MAX) / 1000
+        while not self._stopping:
+            await asyncio.sleep(interval_s)
+            self.scanners.expire()
 
     async def _memory_pressure_loop(self) -> None:
         """Flushes the largest MemRowSets while all of them together exceed

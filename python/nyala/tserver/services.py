@@ -72,8 +72,10 @@ _PREDICATE_OPS = {
 }
 #: Per-tablet admin locks kept before idle ones are dropped.
 _TABLET_LOCKS_MAX = 4096
-#: Rows per streamed scan batch when the request names no batch size.
+#: Bytes of one streamed scan batch when the request names no batch size.
 SCAN_BATCH_BYTES_DEFAULT = 1024 * 1024
+#: Largest scan batch a request may ask for, in bytes (Kudu's scanner_max_batch_size_bytes).
+SCAN_BATCH_BYTES_MAX_DEFAULT = 8 * 1024 * 1024
 
 
 def _scalar(pb: tserver_pb2.ScalarPB) -> int | float | bool | str | bytes:
@@ -117,13 +119,6 @@ def _key_bound(data: bytes, which: str) -> dict[str, Any] | None:
     return row
 
 
-def _ipc(batch: pa.RecordBatch) -> bytes:
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, batch.schema) as writer:
-        writer.write_batch(batch)
-    return bytes(sink.getvalue().to_pybytes())
-
-
 def _request_id(request: tserver_pb2.WriteRequestPB) -> RequestId | None:
     """The exactly-once id of a ``WriteRequestPB`` (None if it has none)."""
     if request.HasField("request_id") and request.request_id.client_id:
@@ -156,11 +151,13 @@ class TabletService(ServiceBase, tserver_pb2_grpc.TabletServiceServicer):
         started_s: float,
         tablets: TabletManager,
         scanners: ScannerRegistry,
+        scan_batch_bytes_max: int = SCAN_BATCH_BYTES_MAX_DEFAULT,
     ) -> None:
         super().__init__(server_uuid, metrics)
         self._started_s = started_s  # time.monotonic() when the server started serving
         self._tablets = tablets
         self._scanners = scanners
+        self._scan_batch_bytes_max = scan_batch_bytes_max
 
     @unary(tserver_pb2.PingResponsePB, allow_empty_dest=True)
     async def Ping(
@@ -259,47 +256,54 @@ class TabletService(ServiceBase, tserver_pb2_grpc.TabletServiceServicer):
             )
             return
         sent = 0
-        while not scanner.done and (not request.batches_max or sent < request.batches_max):
-            batch = scanner.batches[scanner.next_batch]
-            scanner.next_batch += 1
-            sent += 1
-            if scanner.done:
+        while not request.batches_max or sent < request.batches_max:
+            # Produced in Rust with the GIL released, on a worker thread: the event loop (and
+            # every Raft heartbeat of this server) keeps running while the page is read.
+            page = await asyncio.to_thread(scanner.cursor.next_ipc, scanner.batch_bytes_max)
+            self._scanners.touch(scanner)
+            if page is None:
                 self._scanners.close(scanner.scanner_id)
+                yield tserver_pb2.ScanResponsePB(
+                    scanner_id=scanner.scanner_id,
+                    has_more_results=False,
+                    snapshot_index=scanner.snapshot_index,
+                )
+                return
+            sent += 1
+            replica = self._tablets.lookup(scanner.tablet_id)
+            if replica is not None:
+                replica.rows_scanned += page[1]
             yield tserver_pb2.ScanResponsePB(
                 scanner_id=scanner.scanner_id,
-                batch=_ipc(batch),
-                row_count=batch.num_rows,
-                has_more_results=not scanner.done,
+                batch=page[0],
+                row_count=page[1],
+                has_more_results=True,
                 snapshot_index=scanner.snapshot_index,
             )
 
     async def _open_scanner(
         self, scan: tserver_pb2.NewScanRequestPB, batch_size_bytes: int
     ) -> Scanner:
-        """Serves a new scan at the leader (ReadIndex), or with READ_FOLLOWER here at this
-        replica's applied index within the staleness bound (``StaleReplicaError`` if not), and
-        registers its result, cut into batches of about ``batch_size_bytes`` (fixed for the
-        scanner's life). Key bounds and predicates are applied in storage."""
+        """Opens a storage cursor at the leader (ReadIndex), or with READ_FOLLOWER here at
+        this replica's applied index within the staleness bound (``StaleReplicaError`` if
+        not), and registers it with pages of ``batch_size_bytes`` (capped by
+        ``scan_batch_bytes_max``; fixed for the scanner's life). Key bounds, predicates,
+        projection and the limit are applied in storage."""
         replica = self._tablets.replica(scan.tablet_id)
-        columns = list(scan.projection) or None
-        where = _predicates(scan.predicates)
         bounds = {
             "lower_bound": _key_bound(scan.lower_bound_key, "lower"),
             "upper_bound": _key_bound(scan.upper_bound_key, "upper"),
         }
-        limit = scan.limit_rows or None
-        if scan.read_mode == tserver_pb2.READ_FOLLOWER:
-            index, table = await replica.scan_follower(
-                scan.max_staleness_ms, columns, where, limit=limit, **bounds
-            )
-        else:
-            index, table = await replica.scan(columns, where, limit=limit, **bounds)
-        batch_bytes = batch_size_bytes or SCAN_BATCH_BYTES_DEFAULT
-        row_bytes = max(1, table.nbytes // max(1, table.num_rows))
-        batches = table.combine_chunks().to_batches(max_chunksize=max(1, batch_bytes // row_bytes))
-        if not batches:
-            batches = [pa.RecordBatch.from_pylist([], schema=table.schema)]
-        return self._scanners.open(scan.tablet_id, index, batches)
+        follower = scan.read_mode == tserver_pb2.READ_FOLLOWER
+        index, cursor = await replica.open_scan(
+            scan.max_staleness_ms if follower else None,
+            list(scan.projection) or None,
+            _predicates(scan.predicates),
+            limit=scan.limit_rows or None,
+            **bounds,
+        )
+        batch_bytes = min(batch_size_bytes or SCAN_BATCH_BYTES_DEFAULT, self._scan_batch_bytes_max)
+        return self._scanners.open(scan.tablet_id, index, cursor, batch_bytes)
 
     @unary(tserver_pb2.ScannerKeepAliveResponsePB)
     async def ScannerKeepAlive(

@@ -24,12 +24,15 @@ class TabletServerSettings(ServerSettings):
     # Master heartbeats.
     master_heartbeat_interval_ms: int = 1_000
 
-    # Scanners.
+    # Scanners: an idle scanner (and what its cursor pins) is dropped after scanner_ttl_ms; a
+    # scan page's batch holds at most scan_batch_bytes_max bytes whatever the client asks for.
     scanner_ttl_ms: int = 60_000
+    scan_batch_bytes_max: int = 8 * 1024 * 1024
 
     POSITIVE_FIELDS: ClassVar[tuple[str, ...]] = (
         "master_heartbeat_interval_ms",
         "scanner_ttl_ms",
+        "scan_batch_bytes_max",
         "memrowsets_memory_limit_mb",
         "memory_pressure_check_interval_ms",
     )

@@ -17,7 +17,7 @@ use arrow::datatypes::{DataType as ArrowType, Field, Schema as ArrowSchema, Sche
 use parquet::arrow::arrow_reader::statistics::StatisticsConverter;
 use parquet::arrow::arrow_reader::{
     ArrowPredicate, ArrowPredicateFn, ArrowReaderMetadata, ArrowReaderOptions,
-    ParquetRecordBatchReaderBuilder, RowFilter,
+    ParquetRecordBatchReader, ParquetRecordBatchReaderBuilder, RowFilter,
 };
 use parquet::arrow::{ArrowWriter, ProjectionMask};
 use parquet::basic::Compression;
@@ -29,7 +29,7 @@ use crate::error::{Result, StorageError};
 use crate::key::{encode_keys, EncodedKeys, KeyBloom};
 use crate::memrowset::{Presence, DELETED_COLUMN};
 use crate::predicate::{ColumnStats, Predicate};
-use crate::schema::{field_column_id, DataType, Schema};
+use crate::schema::{field_column_id, ColumnSchema, DataType, Schema};
 
 const BLOOM_MAGIC: &[u8; 4] = b"NYBF";
 const BLOOM_VERSION: u16 = 1;
@@ -92,6 +92,71 @@ const READ_THREADS_MAX: usize = 4;
 struct KeyIndex {
     keys: EncodedKeys,
     deleted: Vec<bool>,
+}
+
+/// Where an output column of a rowset read comes from.
+enum Slot {
+    /// Column `.0` of the decoded file batch.
+    File(usize),
+    /// A column the file predates: its default (or null) on every row.
+    Fill(ColumnSchema),
+}
+
+/// How decoded file batches become a read's output batches.
+struct ReadLayout {
+    slots: Vec<Slot>,
+    with_deleted: bool,
+    schema: SchemaRef,
+}
+
+impl ReadLayout {
+    fn apply(&self, batch: RecordBatch) -> Result<RecordBatch> {
+        let mut arrays: Vec<ArrayRef> = Vec::with_capacity(self.slots.len() + 1);
+        for slot in &self.slots {
+            arrays.push(match slot {
+                Slot::File(i) => batch.column(*i).clone(),
+                Slot::Fill(column) => column.fill(batch.num_rows())?,
+            });
+        }
+        if self.with_deleted {
+            arrays.push(batch.column(batch.num_columns() - 1).clone());
+        }
+        RecordBatch::try_new(self.schema.clone(), arrays)
+            .map_err(|e| StorageError::arrow_internal("rowset read", e))
+    }
+}
+
+/// A planned rowset read: file columns to decode, row filters, row groups, output layout.
+struct ReadPlan {
+    wanted: Vec<usize>,
+    filters: Vec<ColumnFilter>,
+    groups: Vec<usize>,
+    layout: ReadLayout,
+}
+
+/// The batches of one rowset read, decoded as they are pulled (`DiskRowSet::stream`).
+pub struct RowSetStream {
+    /// Keeps the files from deletion by a compaction while the stream lives.
+    rowset: RowSetRef,
+    /// None when statistics ruled out every row.
+    reader: Option<ParquetRecordBatchReader>,
+    layout: Option<ReadLayout>,
+}
+
+impl Iterator for RowSetStream {
+    type Item = Result<RecordBatch>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let batch = self.reader.as_mut()?.next()?;
+        let layout = self.layout.as_ref().expect("a reader has a layout");
+        Some(
+            batch
+                .map_err(|e| {
+                    StorageError::arrow_internal(&self.rowset.path.display().to_string(), e)
+                })
+                .and_then(|b| layout.apply(b)),
+        )
+    }
 }
 
 /// One immutable, key-sorted rowset on disk.
@@ -274,16 +339,17 @@ impl DiskRowSet {
         Ok(KeyIndex { keys, deleted })
     }
 
-    /// Reads the columns at `file_columns` (positions in this file's schema), keeping only rows
-    /// that pass `filters` (each over one file column), from row groups `row_groups` (all if
-    /// None), stopping after `limit` rows.
-    fn read_raw(
+    /// A reader of the columns at `file_columns` (positions in this file's schema), keeping
+    /// only rows that pass `filters` (each over one file column), over row groups
+    /// `row_groups` (all if None), stopping after `limit` rows. It decodes one row group at a
+    /// time, as it is iterated.
+    fn reader(
         &self,
         file_columns: &[usize],
         filters: &[ColumnFilter],
         row_groups: Option<Vec<usize>>,
         limit: Option<usize>,
-    ) -> Result<Vec<RecordBatch>> {
+    ) -> Result<ParquetRecordBatchReader> {
         let file = File::open(&self.path).map_err(|e| open_error(&self.path, e))?;
         let parquet_schema = self.metadata.metadata().file_metadata().schema_descr_ptr();
         let mut builder =
@@ -314,10 +380,20 @@ impl DiskRowSet {
         if let Some(limit) = limit {
             builder = builder.with_limit(limit);
         }
-        let reader = builder
+        builder
             .build()
-            .map_err(|e| StorageError::parquet(&self.path, e))?;
-        reader
+            .map_err(|e| StorageError::parquet(&self.path, e))
+    }
+
+    /// `reader` read to the end.
+    fn read_raw(
+        &self,
+        file_columns: &[usize],
+        filters: &[ColumnFilter],
+        row_groups: Option<Vec<usize>>,
+        limit: Option<usize>,
+    ) -> Result<Vec<RecordBatch>> {
+        self.reader(file_columns, filters, row_groups, limit)?
             .map(|b| {
                 b.map_err(|e| StorageError::arrow_internal(&self.path.display().to_string(), e))
             })
@@ -362,18 +438,16 @@ impl DiskRowSet {
         Ok(out)
     }
 
-    /// Reads the rows of this rowset as the schema's columns at `columns` (positions in
-    /// `schema`), plus `__deleted` when `with_deleted`; tombstones are dropped otherwise.
-    /// `predicates` are pushed into the reader (statistics pruning and row filters); `limit`
-    /// stops early. Columns the file predates read as their default (or null).
-    pub fn read(
+    /// Plans a read of the schema's columns at `columns` (see `read`): which file columns to
+    /// decode, the row filters, the row groups statistics cannot rule out, and how file
+    /// batches map to the output. None if no row can match.
+    fn plan_read(
         &self,
         schema: &Schema,
         columns: &[usize],
         predicates: &[Predicate],
         with_deleted: bool,
-        limit: Option<usize>,
-    ) -> Result<Vec<RecordBatch>> {
+    ) -> Result<Option<ReadPlan>> {
         let file_schema = self.metadata.schema().clone();
         let file_index = |schema_column: usize| -> Option<usize> {
             let id = schema.columns()[schema_column].id;
@@ -393,7 +467,7 @@ impl DiskRowSet {
                 // The file predates the column: every row has the fill value.
                 let fill = schema.columns()[position].fill(1)?;
                 if !predicate.evaluate(fill.as_ref())?.value(0) {
-                    return Ok(Vec::new());
+                    return Ok(None);
                 }
                 continue;
             };
@@ -410,36 +484,75 @@ impl DiskRowSet {
             filters.push(ColumnFilter::Live(deleted_at));
         }
         let groups: Vec<usize> = (0..keep_groups.len()).filter(|g| keep_groups[*g]).collect();
+        if groups.is_empty() {
+            return Ok(None);
+        }
         let mut wanted: Vec<usize> = columns.iter().filter_map(|c| file_index(*c)).collect();
         if with_deleted {
             wanted.push(deleted_at);
         }
         wanted.sort_unstable();
         wanted.dedup();
-        if groups.is_empty() {
-            return Ok(Vec::new());
-        }
-        let raw = self.read_groups(&wanted, &filters, groups, limit)?;
-        let out_schema = output_schema(schema, columns, with_deleted);
-        raw.into_iter()
-            .map(|batch| {
-                let mut arrays: Vec<ArrayRef> = Vec::with_capacity(columns.len() + 1);
-                for c in columns {
-                    arrays.push(match file_index(*c) {
-                        Some(at) => {
-                            let i = wanted.binary_search(&at).expect("projected");
-                            batch.column(i).clone()
-                        }
-                        None => schema.columns()[*c].fill(batch.num_rows())?,
-                    });
-                }
-                if with_deleted {
-                    arrays.push(batch.column(batch.num_columns() - 1).clone());
-                }
-                RecordBatch::try_new(out_schema.clone(), arrays)
-                    .map_err(|e| StorageError::arrow_internal("rowset read", e))
+        let slots = columns
+            .iter()
+            .map(|c| match file_index(*c) {
+                Some(at) => Slot::File(wanted.binary_search(&at).expect("projected")),
+                None => Slot::Fill(schema.columns()[*c].clone()),
             })
-            .collect()
+            .collect();
+        Ok(Some(ReadPlan {
+            wanted,
+            filters,
+            groups,
+            layout: ReadLayout {
+                slots,
+                with_deleted,
+                schema: output_schema(schema, columns, with_deleted),
+            },
+        }))
+    }
+
+    /// Reads the rows of this rowset as the schema's columns at `columns` (positions in
+    /// `schema`), plus `__deleted` when `with_deleted`; tombstones are dropped otherwise.
+    /// `predicates` are pushed into the reader (statistics pruning and row filters); `limit`
+    /// stops early. Columns the file predates read as their default (or null).
+    pub fn read(
+        &self,
+        schema: &Schema,
+        columns: &[usize],
+        predicates: &[Predicate],
+        with_deleted: bool,
+        limit: Option<usize>,
+    ) -> Result<Vec<RecordBatch>> {
+        let Some(plan) = self.plan_read(schema, columns, predicates, with_deleted)? else {
+            return Ok(Vec::new());
+        };
+        let raw = self.read_groups(&plan.wanted, &plan.filters, plan.groups, limit)?;
+        raw.into_iter().map(|b| plan.layout.apply(b)).collect()
+    }
+
+    /// `read` as a stream that decodes one row group at a time while it is iterated; the
+    /// stream holds the rowset (its files stay until the stream is dropped).
+    pub fn stream(
+        self: &Arc<Self>,
+        schema: &Schema,
+        columns: &[usize],
+        predicates: &[Predicate],
+        limit: Option<usize>,
+    ) -> Result<RowSetStream> {
+        let Some(plan) = self.plan_read(schema, columns, predicates, false)? else {
+            return Ok(RowSetStream {
+                rowset: self.clone(),
+                reader: None,
+                layout: None,
+            });
+        };
+        let reader = self.reader(&plan.wanted, &plan.filters, Some(plan.groups), limit)?;
+        Ok(RowSetStream {
+            rowset: self.clone(),
+            reader: Some(reader),
+            layout: Some(plan.layout),
+        })
     }
 
     fn column_stats(&self, file_schema: &SchemaRef, at: usize) -> Result<ColumnStats> {

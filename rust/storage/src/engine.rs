@@ -25,7 +25,7 @@ use crate::key::encode_keys;
 use crate::manifest::{self, Manifest, RowSetEntry};
 use crate::memrowset::{MemRowSet, Presence};
 use crate::ops::{OpBatch, RowStatus};
-use crate::scan::{merge_sorted, ScanPlan, ScanResult, ScanSpec, Source};
+use crate::scan::{merge_sorted, ScanCursor, ScanPlan, ScanResult, ScanSpec, Source};
 use crate::schema::Schema;
 
 /// A step of flush or compaction at which tests inject a crash or an I/O failure.
@@ -415,18 +415,24 @@ impl Engine {
 
     /// Reads rows in key order from a consistent view of the tablet.
     pub fn scan(&self, spec: &ScanSpec) -> Result<ScanResult> {
+        self.open_scan(spec.clone())?.collect()
+    }
+
+    /// Opens a cursor over a consistent view of the tablet: under the state lock the active
+    /// MemRowSet's rows within the bounds are located (one pass over its index, no values
+    /// copied), the frozen MemRowSet and the DiskRowSets are pinned; values are gathered and
+    /// decoded as the cursor is advanced.
+    pub fn open_scan(&self, spec: ScanSpec) -> Result<ScanCursor> {
         let st = self.shared.state.read();
-        let schema = st.schema.clone();
-        let plan = ScanPlan::new(&schema, spec)?;
+        let plan = ScanPlan::new(st.schema.clone(), spec)?;
         let mut sources = Vec::with_capacity(st.disk.len() + 2);
         if let Some((min, max)) = st.active.key_range() {
-            let gathered = st.active.sorted_batches(
+            let rows = st.active.rows_in(
                 &plan.work,
-                spec.lower_bound.as_deref(),
-                spec.upper_bound.as_deref(),
-                READ_BATCH_ROWS,
-            )?;
-            sources.push(Source::Gathered(gathered, min, max));
+                plan.spec.lower_bound.as_deref(),
+                plan.spec.upper_bound.as_deref(),
+            );
+            sources.push(Source::Mem(rows, min, max));
         }
         if let Some(frozen) = &st.frozen {
             if let Some((min, max)) = frozen.mem.key_range() {
@@ -434,8 +440,9 @@ impl Engine {
             }
         }
         sources.extend(st.disk.iter().rev().map(|r| Source::Disk(r.clone())));
+        let snapshot_index = st.last_applied_index;
         drop(st);
-        plan.run(sources)
+        Ok(ScanCursor::new(plan, sources, snapshot_index))
     }
 
     /// Changes the schema as op `op_index`. Everything in memory is flushed under the old

@@ -33,5 +33,5 @@ pub use ops::{
     CELL_BYTES_MAX, OP_COLUMN, ROW_BYTES_MAX,
 };
 pub use predicate::{Predicate, PredicateOp};
-pub use scan::{ScanResult, ScanSpec};
+pub use scan::{ScanCursor, ScanResult, ScanSpec};
 pub use schema::{ColumnSchema, DataType, Schema, Value};

@@ -231,51 +231,102 @@ impl MemRowSet {
         upper: Option<&[u8]>,
         chunk_rows: usize,
     ) -> Result<Vec<RecordBatch>> {
-        let Some(first) = self.batches.first() else {
-            return Ok(Vec::new());
+        self.rows_in(columns, lower, upper)
+            .into_chunks(chunk_rows)
+            .collect()
+    }
+
+    /// Where the rows whose keys fall in `[lower, upper)` are, in key order: one pass over
+    /// the index and a clone of the batch handles, no column values copied. Batches are never
+    /// mutated after they are pushed, so the result stays valid (and keeps those batches
+    /// alive) while this MemRowSet takes more writes.
+    pub fn rows_in(
+        &self,
+        columns: &[usize],
+        lower: Option<&[u8]>,
+        upper: Option<&[u8]>,
+    ) -> MemRows {
+        let empty = lower.zip(upper).is_some_and(|(l, u)| l >= u);
+        let refs: Vec<RowRef> = if empty || self.batches.is_empty() {
+            Vec::new()
+        } else {
+            self.index.range(lower, upper).collect()
         };
-        let schema = first.schema();
-        let mut fields: Vec<Field> = columns.iter().map(|c| schema.field(*c).clone()).collect();
-        fields.push(Field::new(
-            DELETED_COLUMN,
-            arrow::datatypes::DataType::Boolean,
-            false,
-        ));
-        let out_schema = Arc::new(ArrowSchema::new(fields));
-        if let (Some(l), Some(u)) = (lower, upper) {
-            if l >= u {
-                return Ok(Vec::new());
-            }
+        let schema = self.batches.first().map(|first| {
+            let schema = first.schema();
+            let mut fields: Vec<Field> = columns.iter().map(|c| schema.field(*c).clone()).collect();
+            fields.push(Field::new(
+                DELETED_COLUMN,
+                arrow::datatypes::DataType::Boolean,
+                false,
+            ));
+            Arc::new(ArrowSchema::new(fields))
+        });
+        MemRows {
+            columns: self
+                .batches
+                .iter()
+                .map(|b| columns.iter().map(|c| b.column(*c).clone()).collect())
+                .collect(),
+            refs,
+            schema,
         }
-        let sources: Vec<Vec<&dyn Array>> = columns
+    }
+}
+
+/// Rows of a MemRowSet at one moment, in key order (`MemRowSet::rows_in`): the column arrays
+/// of the batches they live in and each row's place. Their values are gathered chunk by
+/// chunk when asked for.
+#[derive(Debug)]
+pub struct MemRows {
+    /// Per batch, the chosen columns.
+    columns: Vec<Vec<ArrayRef>>,
+    refs: Vec<RowRef>,
+    /// The chosen columns and `__deleted` (None if the MemRowSet held no batch).
+    schema: Option<Arc<ArrowSchema>>,
+}
+
+impl MemRows {
+    /// The number of rows (live and tombstones).
+    pub fn len(&self) -> usize {
+        self.refs.len()
+    }
+
+    /// True if there are no rows.
+    pub fn is_empty(&self) -> bool {
+        self.refs.is_empty()
+    }
+
+    /// The rows as batches of at most `chunk_rows` rows, gathered as they are pulled.
+    pub fn into_chunks(
+        self,
+        chunk_rows: usize,
+    ) -> impl Iterator<Item = Result<RecordBatch>> + Send + 'static {
+        let chunk_rows = chunk_rows.max(1);
+        let starts = (0..self.refs.len()).step_by(chunk_rows);
+        starts.map(move |start| self.chunk(start, (start + chunk_rows).min(self.refs.len())))
+    }
+
+    fn chunk(&self, start: usize, end: usize) -> Result<RecordBatch> {
+        let schema = self.schema.clone().expect("rows have a schema");
+        let refs = &self.refs[start..end];
+        let picks: Vec<(usize, usize)> = refs
             .iter()
-            .map(|c| self.batches.iter().map(|b| b.column(*c).as_ref()).collect())
+            .map(|r| (r.batch as usize, r.row as usize))
             .collect();
-        let mut out = Vec::new();
-        let mut picks: Vec<(usize, usize)> = Vec::with_capacity(chunk_rows);
-        let mut deleted: Vec<bool> = Vec::with_capacity(chunk_rows);
-        let mut entries = self.index.range(lower, upper).peekable();
-        while entries.peek().is_some() {
-            picks.clear();
-            deleted.clear();
-            for r in entries.by_ref().take(chunk_rows) {
-                picks.push((r.batch as usize, r.row as usize));
-                deleted.push(r.deleted);
-            }
-            let mut arrays: Vec<ArrayRef> = Vec::with_capacity(columns.len() + 1);
-            for source in &sources {
-                arrays.push(
-                    interleave(source, &picks)
-                        .map_err(|e| StorageError::arrow_internal("MemRowSet gather", e))?,
-                );
-            }
-            arrays.push(Arc::new(BooleanArray::from(deleted.clone())));
-            out.push(
-                RecordBatch::try_new(out_schema.clone(), arrays)
+        let mut arrays: Vec<ArrayRef> = Vec::with_capacity(schema.fields().len());
+        for c in 0..schema.fields().len() - 1 {
+            let sources: Vec<&dyn Array> = self.columns.iter().map(|b| b[c].as_ref()).collect();
+            arrays.push(
+                interleave(&sources, &picks)
                     .map_err(|e| StorageError::arrow_internal("MemRowSet gather", e))?,
             );
         }
-        Ok(out)
+        arrays.push(Arc::new(BooleanArray::from_iter(
+            refs.iter().map(|r| Some(r.deleted)),
+        )));
+        RecordBatch::try_new(schema, arrays)
+            .map_err(|e| StorageError::arrow_internal("MemRowSet gather", e))
     }
 }
 

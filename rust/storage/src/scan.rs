@@ -6,16 +6,18 @@
 //! overlapping sources are merged, and there only key-column predicates are pushed down
 //! (a non-key predicate could hide a newer version and resurrect an older one).
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 
 use arrow::array::{Array, ArrayRef, AsArray, BooleanArray, RecordBatch};
 use arrow::compute::{filter_record_batch, interleave};
 use arrow::datatypes::SchemaRef;
+use nyala_common::OpIndex;
 
 use crate::diskrowset::{output_schema, RowSetRef, READ_BATCH_ROWS};
 use crate::error::{Result, StorageError};
 use crate::key::{encode_keys, EncodedKeys};
-use crate::memrowset::MemRowSet;
+use crate::memrowset::{MemRowSet, MemRows};
 use crate::predicate::{and_all, Predicate};
 use crate::schema::Schema;
 
@@ -48,11 +50,154 @@ impl ScanResult {
     }
 }
 
+/// Output batches of one group of sources, produced as they are pulled.
+type Batches = Box<dyn Iterator<Item = Result<RecordBatch>> + Send>;
+
+/// A scan in progress (Kudu's `RowwiseIterator` behind a tserver scanner): the sources of one
+/// consistent view of the tablet, pinned when the cursor was opened, read in key order as
+/// batches are asked for. It holds the rowsets it still has to read (their files outlive a
+/// compaction until the cursor lets go), copies of the in-memory rows, and at most one
+/// partly returned batch; a DiskRowSet is decoded one row group at a time.
+pub struct ScanCursor {
+    plan: Arc<ScanPlan>,
+    schema: SchemaRef,
+    /// Groups not yet opened, in key order.
+    groups: VecDeque<Vec<(usize, Source)>>,
+    current: Option<Batches>,
+    /// The rest of a pulled batch and its bytes per row (measured on the whole batch).
+    pending: Option<(RecordBatch, usize)>,
+    /// Rows the limit still allows.
+    remaining: usize,
+    /// The last op index applied to the view the cursor reads.
+    snapshot_index: OpIndex,
+}
+
+impl std::fmt::Debug for ScanCursor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ScanCursor")
+            .field("groups_left", &self.groups.len())
+            .field("remaining", &self.remaining)
+            .field("snapshot_index", &self.snapshot_index)
+            .finish()
+    }
+}
+
+impl ScanCursor {
+    /// A cursor over `sources` (newest first) of the view at `snapshot_index`.
+    pub(crate) fn new(plan: ScanPlan, sources: Vec<Source>, snapshot_index: OpIndex) -> Self {
+        let schema = output_schema(&plan.schema, &plan.output, false);
+        let groups = plan.groups(sources);
+        let remaining = plan.spec.limit.unwrap_or(usize::MAX);
+        ScanCursor {
+            plan: Arc::new(plan),
+            schema,
+            groups,
+            current: None,
+            pending: None,
+            remaining,
+            snapshot_index,
+        }
+    }
+
+    /// The schema of every batch the cursor returns.
+    pub fn schema(&self) -> SchemaRef {
+        self.schema.clone()
+    }
+
+    /// The last op index applied to the tablet when the cursor was opened: it reads exactly
+    /// the rows as of that op.
+    pub fn snapshot_index(&self) -> OpIndex {
+        self.snapshot_index
+    }
+
+    /// The next rows in key order, as one batch of about `bytes_max` bytes at most (at least
+    /// one row); None once the scan is done. A batch never spans two groups of sources, so
+    /// it can be smaller.
+    pub fn next_batch(&mut self, bytes_max: usize) -> Result<Option<RecordBatch>> {
+        if self.remaining == 0 {
+            self.close();
+            return Ok(None);
+        }
+        let (batch, row_bytes) = match self.pending.take() {
+            Some(pending) => pending,
+            None => match self.pull()? {
+                Some(batch) => {
+                    let row_bytes = batch.get_array_memory_size() / batch.num_rows().max(1);
+                    (batch, row_bytes.max(1))
+                }
+                None => {
+                    self.close();
+                    return Ok(None);
+                }
+            },
+        };
+        let rows = (bytes_max / row_bytes)
+            .clamp(1, batch.num_rows())
+            .min(self.remaining);
+        if rows < batch.num_rows() && rows < self.remaining {
+            self.pending = Some((batch.slice(rows, batch.num_rows() - rows), row_bytes));
+        }
+        self.remaining -= rows;
+        batch
+            .slice(0, rows)
+            .with_schema(self.schema.clone())
+            .map(Some)
+            .map_err(|e| StorageError::arrow_internal("scan output", e))
+    }
+
+    /// Lets go of every source: the scan returns nothing more.
+    pub fn close(&mut self) {
+        self.groups.clear();
+        self.current = None;
+        self.pending = None;
+        self.remaining = 0;
+    }
+
+    /// The next non-empty batch of the current group, opening groups as needed.
+    fn pull(&mut self) -> Result<Option<RecordBatch>> {
+        loop {
+            if let Some(current) = self.current.as_mut() {
+                match current.next() {
+                    Some(Ok(batch)) if batch.num_rows() == 0 => continue,
+                    Some(Ok(batch)) => return Ok(Some(batch)),
+                    Some(Err(err)) => {
+                        self.close();
+                        return Err(err);
+                    }
+                    None => self.current = None,
+                }
+            }
+            let Some(group) = self.groups.pop_front() else {
+                return Ok(None);
+            };
+            match self.plan.open_group(group, self.remaining) {
+                Ok(batches) => self.current = Some(batches),
+                Err(err) => {
+                    self.close();
+                    return Err(err);
+                }
+            }
+        }
+    }
+
+    /// Reads the rest of the scan.
+    pub fn collect(mut self) -> Result<ScanResult> {
+        let mut batches = Vec::new();
+        while let Some(batch) = self.next_batch(usize::MAX)? {
+            batches.push(batch);
+        }
+        Ok(ScanResult {
+            schema: self.schema,
+            batches,
+        })
+    }
+}
+
 /// One sorted source of a scan, newest first in the list handed to `run`.
 pub(crate) enum Source {
-    /// Rows already gathered (the active MemRowSet, copied under the lock): `columns` layout
-    /// plus `__deleted`.
-    Gathered(Vec<RecordBatch>, Vec<u8>, Vec<u8>),
+    /// The rows of the active MemRowSet within the bounds, located under the engine's lock
+    /// (`work` layout plus `__deleted` once gathered), and its smallest and largest keys.
+    Mem(MemRows, Vec<u8>, Vec<u8>),
     /// A frozen MemRowSet and its smallest and largest keys.
     Frozen(Arc<MemRowSet>, Vec<u8>, Vec<u8>),
     Disk(RowSetRef),
@@ -61,8 +206,8 @@ pub(crate) enum Source {
 impl Source {
     fn key_range(&self) -> Option<(&[u8], &[u8])> {
         match self {
-            Source::Gathered(batches, min, max) => {
-                (!batches.is_empty()).then_some((min.as_slice(), max.as_slice()))
+            Source::Mem(rows, min, max) => {
+                (!rows.is_empty()).then_some((min.as_slice(), max.as_slice()))
             }
             Source::Frozen(_, min, max) => Some((min.as_slice(), max.as_slice())),
             Source::Disk(rowset) => Some(rowset.key_range()),
@@ -70,19 +215,19 @@ impl Source {
     }
 }
 
-/// A scan being planned and run against one consistent set of sources.
-pub(crate) struct ScanPlan<'a> {
-    pub schema: &'a Schema,
+/// A scan planned against one schema: which columns it outputs and which it works with.
+pub(crate) struct ScanPlan {
+    pub schema: Arc<Schema>,
     /// Output columns (positions in the schema).
     pub output: Vec<usize>,
     /// Output, key and predicate columns, sorted: the layout of gathered sources.
     pub work: Vec<usize>,
-    pub spec: &'a ScanSpec,
+    pub spec: ScanSpec,
 }
 
-impl<'a> ScanPlan<'a> {
+impl ScanPlan {
     /// Validates `spec` against `schema`.
-    pub fn new(schema: &'a Schema, spec: &'a ScanSpec) -> Result<Self> {
+    pub fn new(schema: Arc<Schema>, spec: ScanSpec) -> Result<Self> {
         let output: Vec<usize> = match &spec.columns {
             None => (0..schema.columns().len()).collect(),
             Some(names) => names
@@ -102,7 +247,7 @@ impl<'a> ScanPlan<'a> {
         let mut work: Vec<usize> = output.clone();
         work.extend(0..schema.key_count());
         for predicate in &spec.predicates {
-            predicate.validate(schema)?;
+            predicate.validate(&schema)?;
             work.push(schema.index_of(&predicate.column).expect("validated"));
         }
         work.sort_unstable();
@@ -138,94 +283,107 @@ impl<'a> ScanPlan<'a> {
         lower.is_none_or(|l| range.1 >= l) && upper.is_none_or(|u| range.0 < u)
     }
 
-    /// Runs the scan over `sources` (newest first).
-    pub fn run(&self, sources: Vec<Source>) -> Result<ScanResult> {
-        let schema = output_schema(self.schema, &self.output, false);
+    /// The sources that may hold rows within the bounds, in key order, as groups of sources
+    /// whose key ranges overlap (each with its rank: 0 is the newest).
+    fn groups(&self, sources: Vec<Source>) -> VecDeque<Vec<(usize, Source)>> {
         let mut ranked: Vec<(usize, Source)> = sources
             .into_iter()
             .enumerate()
             .filter(|(_, s)| s.key_range().is_some_and(|r| self.overlaps_bounds(r)))
             .collect();
         ranked.sort_by(|a, b| a.1.key_range().cmp(&b.1.key_range()));
-        let mut batches = Vec::new();
-        let mut remaining = self.spec.limit.unwrap_or(usize::MAX);
+        let mut groups = VecDeque::new();
         let mut group: Vec<(usize, Source)> = Vec::new();
         let mut group_max: Vec<u8> = Vec::new();
         for (rank, source) in ranked {
             let (min, max) = source.key_range().expect("filtered");
             if !group.is_empty() && min > group_max.as_slice() {
-                self.emit(std::mem::take(&mut group), &mut batches, &mut remaining)?;
+                groups.push_back(std::mem::take(&mut group));
             }
             if group.is_empty() || max > group_max.as_slice() {
                 group_max = max.to_vec();
             }
             group.push((rank, source));
-            if remaining == 0 {
-                break;
-            }
         }
-        if !group.is_empty() && remaining > 0 {
-            self.emit(group, &mut batches, &mut remaining)?;
+        if !group.is_empty() {
+            groups.push_back(group);
         }
-        let batches = batches
-            .into_iter()
-            .map(|b| b.with_schema(schema.clone()))
-            .collect::<std::result::Result<_, _>>()
-            .map_err(|e| StorageError::arrow_internal("scan output", e))?;
-        Ok(ScanResult { schema, batches })
+        groups
     }
 
-    fn emit(
-        &self,
+    /// The output batches of one group, at most `limit` rows of them needed. A DiskRowSet
+    /// alone in its key range is decoded as the batches are pulled; in-memory sources and
+    /// overlapping groups are read when the group is opened.
+    fn open_group(
+        self: &Arc<Self>,
         mut group: Vec<(usize, Source)>,
-        out: &mut Vec<RecordBatch>,
-        remaining: &mut usize,
-    ) -> Result<()> {
-        if *remaining == 0 {
-            return Ok(());
-        }
-        let produced = if group.len() == 1 {
-            self.read_single(group.pop().expect("one").1, *remaining)?
-        } else {
+        limit: usize,
+    ) -> Result<Batches> {
+        if group.len() > 1 {
             group.sort_by_key(|(rank, _)| *rank);
             let sources: Vec<Source> = group.into_iter().map(|(_, s)| s).collect();
-            self.read_merged(sources)?
-        };
-        for batch in produced {
-            if *remaining == 0 {
-                break;
-            }
-            let take = batch.num_rows().min(*remaining);
-            *remaining -= take;
-            out.push(batch.slice(0, take));
+            return Ok(Box::new(self.read_merged(sources)?.into_iter().map(Ok)));
         }
-        Ok(())
+        let source = group.pop().expect("groups are not empty").1;
+        let Source::Disk(rowset) = source else {
+            return self.read_single(source);
+        };
+        let (lower, upper) = self.bounds();
+        let predicates = &self.spec.predicates;
+        if lower.is_none() && upper.is_none() {
+            return Ok(Box::new(rowset.stream(
+                &self.schema,
+                &self.output,
+                predicates,
+                Some(limit),
+            )?));
+        }
+        let stream = rowset.stream(&self.schema, &self.work, predicates, None)?;
+        let key_positions = self.key_positions();
+        let (lower, upper) = (lower.map(<[u8]>::to_vec), upper.map(<[u8]>::to_vec));
+        let output = self.output_positions();
+        let schema = output_schema(&self.schema, &self.output, false);
+        Ok(Box::new(stream.map(move |batch| {
+            let batch = clip(batch?, &key_positions, lower.as_deref(), upper.as_deref())?;
+            project(&batch, &output, &schema)
+        })))
     }
 
-    /// One source alone in its key range: push every predicate, drop tombstones.
-    fn read_single(&self, source: Source, limit: usize) -> Result<Vec<RecordBatch>> {
+    /// Positions of the key columns in the `work` layout.
+    fn key_positions(&self) -> Vec<usize> {
+        (0..self.schema.key_count())
+            .map(|k| self.work.binary_search(&k).expect("keys are in work"))
+            .collect()
+    }
+
+    /// Positions of the output columns in the `work` layout.
+    fn output_positions(&self) -> Vec<usize> {
+        self.output
+            .iter()
+            .map(|c| self.work.binary_search(c).expect("in work"))
+            .collect()
+    }
+
+    /// An in-memory source alone in its key range: push every predicate, drop tombstones;
+    /// values are gathered a chunk at a time as the batches are pulled.
+    fn read_single(self: &Arc<Self>, source: Source) -> Result<Batches> {
         let (lower, upper) = self.bounds();
-        if let Source::Disk(rowset) = &source {
-            if lower.is_none() && upper.is_none() {
-                return rowset.read(
-                    self.schema,
-                    &self.output,
-                    &self.spec.predicates,
-                    false,
-                    Some(limit),
-                );
-            }
-        }
-        let gathered = self.gather(&source, &self.spec.predicates)?;
-        let mut out = Vec::new();
-        for batch in gathered {
-            let mut masks = vec![arrow::compute::not(deleted_of(&batch)).expect("boolean")];
-            masks.extend(self.predicate_masks(&batch, &self.spec.predicates)?);
-            let kept = filter_record_batch(&batch, &and_all(masks, batch.num_rows()))
-                .map_err(|e| StorageError::arrow_internal("scan filter", e))?;
-            out.push(self.project(&kept)?);
-        }
-        Ok(out)
+        let rows = match source {
+            Source::Mem(rows, _, _) => rows,
+            Source::Frozen(mem, _, _) => mem.rows_in(&self.work, lower, upper),
+            Source::Disk(_) => unreachable!("a lone DiskRowSet is streamed by its reader"),
+        };
+        let plan = self.clone();
+        Ok(Box::new(rows.into_chunks(READ_BATCH_ROWS).map(
+            move |batch| {
+                let batch = batch?;
+                let mut masks = vec![arrow::compute::not(deleted_of(&batch)).expect("boolean")];
+                masks.extend(plan.predicate_masks(&batch, &plan.spec.predicates)?);
+                let kept = filter_record_batch(&batch, &and_all(masks, batch.num_rows()))
+                    .map_err(|e| StorageError::arrow_internal("scan filter", e))?;
+                plan.project(&kept)
+            },
+        )))
     }
 
     /// Overlapping sources: gather each (key predicates pushed), merge newest-wins, then
@@ -241,16 +399,14 @@ impl<'a> ScanPlan<'a> {
             .cloned()
             .collect();
         let mut loaded = Vec::with_capacity(sources.len());
-        for source in &sources {
+        for source in sources {
             let batches = self.gather(source, &key_predicates)?;
-            let schema = output_schema(self.schema, &self.work, true);
+            let schema = output_schema(&self.schema, &self.work, true);
             let batch = arrow::compute::concat_batches(&schema, &batches)
                 .map_err(|e| StorageError::arrow_internal("scan merge", e))?;
             loaded.push(batch);
         }
-        let key_positions: Vec<usize> = (0..self.schema.key_count())
-            .map(|k| self.work.binary_search(&k).expect("keys are in work"))
-            .collect();
+        let key_positions = self.key_positions();
         let merged = merge_sorted(&loaded, &key_positions, true, READ_BATCH_ROWS)?;
         let mut out = Vec::new();
         for batch in merged {
@@ -265,17 +421,17 @@ impl<'a> ScanPlan<'a> {
     /// A source's rows within the bounds in the `work` layout plus `__deleted`, filtered by
     /// `predicates`. In-memory tombstones are kept regardless; callers pass only predicates
     /// under which dropping a tombstone cannot resurrect an older version.
-    fn gather(&self, source: &Source, predicates: &[Predicate]) -> Result<Vec<RecordBatch>> {
+    fn gather(&self, source: Source, predicates: &[Predicate]) -> Result<Vec<RecordBatch>> {
         let (lower, upper) = self.bounds();
         let batches = match source {
-            Source::Gathered(batches, _, _) => batches.clone(),
+            Source::Mem(rows, _, _) => rows.into_chunks(READ_BATCH_ROWS).collect::<Result<_>>()?,
             Source::Frozen(mem, _, _) => {
                 mem.sorted_batches(&self.work, lower, upper, READ_BATCH_ROWS)?
             }
             Source::Disk(rowset) => {
                 // Pushed into the reader: a tombstone failing a predicate can only shadow rows
                 // that fail it too (key predicates) or is dropped anyway (single source).
-                let raw = rowset.read(self.schema, &self.work, predicates, true, None)?;
+                let raw = rowset.read(&self.schema, &self.work, predicates, true, None)?;
                 return self.clip(raw);
             }
         };
@@ -300,22 +456,10 @@ impl<'a> ScanPlan<'a> {
         if lower.is_none() && upper.is_none() {
             return Ok(batches);
         }
-        let key_positions: Vec<usize> = (0..self.schema.key_count())
-            .map(|k| self.work.binary_search(&k).expect("keys are in work"))
-            .collect();
+        let key_positions = self.key_positions();
         batches
             .into_iter()
-            .map(|batch| {
-                let keys = batch_keys(&batch, &key_positions)?;
-                let mask: BooleanArray = (0..keys.len())
-                    .map(|i| {
-                        let k = keys.get(i);
-                        Some(lower.is_none_or(|l| k >= l) && upper.is_none_or(|u| k < u))
-                    })
-                    .collect();
-                filter_record_batch(&batch, &mask)
-                    .map_err(|e| StorageError::arrow_internal("scan bounds", e))
-            })
+            .map(|batch| clip(batch, &key_positions, lower, upper))
             .collect()
     }
 
@@ -336,18 +480,36 @@ impl<'a> ScanPlan<'a> {
 
     /// From the `work` layout to the output columns.
     fn project(&self, batch: &RecordBatch) -> Result<RecordBatch> {
-        let arrays: Vec<ArrayRef> = self
-            .output
-            .iter()
-            .map(|c| {
-                batch
-                    .column(self.work.binary_search(c).expect("in work"))
-                    .clone()
-            })
-            .collect();
-        RecordBatch::try_new(output_schema(self.schema, &self.output, false), arrays)
-            .map_err(|e| StorageError::arrow_internal("scan projection", e))
+        project(
+            batch,
+            &self.output_positions(),
+            &output_schema(&self.schema, &self.output, false),
+        )
     }
+}
+
+/// The rows of `batch` whose keys (at `key_positions`) lie in `[lower, upper)`.
+fn clip(
+    batch: RecordBatch,
+    key_positions: &[usize],
+    lower: Option<&[u8]>,
+    upper: Option<&[u8]>,
+) -> Result<RecordBatch> {
+    let keys = batch_keys(&batch, key_positions)?;
+    let mask: BooleanArray = (0..keys.len())
+        .map(|i| {
+            let k = keys.get(i);
+            Some(lower.is_none_or(|l| k >= l) && upper.is_none_or(|u| k < u))
+        })
+        .collect();
+    filter_record_batch(&batch, &mask).map_err(|e| StorageError::arrow_internal("scan bounds", e))
+}
+
+/// The columns of `batch` at `positions`, as `schema`.
+fn project(batch: &RecordBatch, positions: &[usize], schema: &SchemaRef) -> Result<RecordBatch> {
+    let arrays: Vec<ArrayRef> = positions.iter().map(|p| batch.column(*p).clone()).collect();
+    RecordBatch::try_new(schema.clone(), arrays)
+        .map_err(|e| StorageError::arrow_internal("scan projection", e))
 }
 
 fn deleted_of(batch: &RecordBatch) -> &BooleanArray {

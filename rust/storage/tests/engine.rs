@@ -717,3 +717,83 @@ fn row_problems_refuse_only_their_rows_the_same_way_everywhere() {
     assert_eq!(result.statuses, vec![RowStatus::Ok, RowStatus::TooLarge]);
     assert_eq!(ids(&all(&engine)), vec![1]);
 }
+
+#[test]
+fn cursor_pages_are_bounded_and_keep_their_view() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = Engine::create(dir.path(), schema(), options()).unwrap();
+    let total = 200_000i64;
+    for (n, start) in (0..total).step_by(50_000).enumerate() {
+        let rows: Vec<_> = (start..start + 50_000)
+            .map(|i| (Insert, i, Some(i), None))
+            .collect();
+        engine
+            .apply(&ops(&engine.schema(), &rows), n as u64 + 1)
+            .unwrap();
+        engine.flush().unwrap();
+    }
+    let mut cursor = engine.open_scan(ScanSpec::default()).unwrap();
+    assert_eq!(cursor.snapshot_index(), 4);
+    let first = cursor.next_batch(64 * 1024).unwrap().unwrap();
+    assert!(first.num_rows() > 0);
+    let sent = nyala_storage::encode_ipc(&first).unwrap().len();
+    assert!(
+        sent <= 2 * 64 * 1024,
+        "a page is about bytes_max: {sent} bytes"
+    );
+    // The view stays: later writes, a compaction that replaces every rowset file.
+    engine
+        .apply(&ops(&engine.schema(), &[(Delete, 7, None, None)]), 5)
+        .unwrap();
+    engine.flush().unwrap();
+    engine.compact().unwrap();
+    let mut got = ids(&[first]);
+    while let Some(batch) = cursor.next_batch(1024 * 1024).unwrap() {
+        got.extend(ids(&[batch]));
+    }
+    assert_eq!(got, (0..total).collect::<Vec<_>>());
+    assert!(cursor.next_batch(1024).unwrap().is_none());
+    assert_eq!(ids(&all(&engine)).len(), total as usize - 1);
+}
+
+#[test]
+fn cursor_applies_bounds_and_limit_to_streamed_rowsets() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = Engine::create(dir.path(), schema(), options()).unwrap();
+    let rows: Vec<_> = (0..100_000i64)
+        .map(|i| (Insert, i, Some(i), None))
+        .collect();
+    engine.apply(&ops(&engine.schema(), &rows), 1).unwrap();
+    engine.flush().unwrap();
+    let key = |id: i64| {
+        let keys = RecordBatch::try_from_iter([(
+            "id",
+            Arc::new(Int64Array::from(vec![id])) as Arc<dyn Array>,
+        )])
+        .unwrap();
+        engine.encode_keys(&keys).unwrap().remove(0)
+    };
+    let spec = ScanSpec {
+        columns: Some(vec!["v".into()]),
+        lower_bound: Some(key(70_000)),
+        upper_bound: Some(key(90_000)),
+        limit: Some(15_000),
+        ..ScanSpec::default()
+    };
+    let mut cursor = engine.open_scan(spec).unwrap();
+    let mut values = Vec::new();
+    while let Some(batch) = cursor.next_batch(16 * 1024).unwrap() {
+        assert_eq!(batch.num_columns(), 1, "projection");
+        values.extend(
+            batch
+                .column(0)
+                .as_primitive::<Int64Type>()
+                .values()
+                .to_vec(),
+        );
+    }
+    assert_eq!(values, (70_000..85_000).collect::<Vec<_>>());
+    let mut closed = engine.open_scan(ScanSpec::default()).unwrap();
+    closed.close();
+    assert!(closed.next_batch(1024).unwrap().is_none());
+}
