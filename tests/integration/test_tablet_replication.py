@@ -186,6 +186,7 @@ def test_a_scanner_continues_keeps_alive_and_closes(cluster: MiniCluster) -> Non
         ids = [
             i
             for r in responses
+            if r.batch  # the answer that ends the scan carries no rows
             for i in pa.ipc.open_stream(r.batch).read_all().column("id").to_pylist()
         ]
         assert ids == list(range(300))

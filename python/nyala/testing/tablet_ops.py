@@ -98,7 +98,8 @@ def scan(
         for response in proxy.tablet.Scan(request, timeout=60):
             if response.HasField("error"):
                 raise_for_response(response)
-            batches.extend(pa.ipc.open_stream(response.batch).read_all().to_batches())
+            if response.batch:  # the answer that ends the scan carries no rows
+                batches.extend(pa.ipc.open_stream(response.batch).read_all().to_batches())
     if not batches:
         return schema.to_arrow().empty_table()
     return pa.Table.from_batches(batches)
