@@ -316,8 +316,11 @@ class MiniCluster:
 
     def start(self) -> None:
         """Starts every configured server, then waits for all of them to be ready."""
-        for _ in range(self._num_masters):
-            self._new_master()
+        # Every master's ports chosen in one call: masters bind only once all are listed, and
+        # ports chosen one call after another may repeat (each call's sockets are closed).
+        ports = free_loopback_ports(2 * self._num_masters, LOOPBACK)
+        for i in range(self._num_masters):
+            self._new_master(ports=(ports[2 * i], ports[2 * i + 1]))
         for master in self.masters:
             master.flags += ["--masters", ",".join(self.master_addrs)]
             master.start()
@@ -422,8 +425,10 @@ class MiniCluster:
         if self._owns_dir and not self.keep_dir:
             shutil.rmtree(self.base_dir, ignore_errors=True)
 
-    def _new_master(self, flags: Sequence[str] = ()) -> ServerProcess:
-        rpc_port, http_port = free_loopback_ports(2, LOOPBACK)
+    def _new_master(
+        self, flags: Sequence[str] = (), ports: tuple[int, int] | None = None
+    ) -> ServerProcess:
+        rpc_port, http_port = ports or free_loopback_ports(2, LOOPBACK)
         master = ServerProcess(
             "master",
             len(self.masters),
