@@ -103,6 +103,10 @@ bench: setup
 # profile (pyproject.toml; no debug info). scripts/check_wheel.py checks tag, size and ABI.
 wheel: $(STAMPS)/wheel-deps
 	rm -rf dist
+	# The sdist's files carry one fixed old mtime, so Cargo would take a cached build of our own
+	# crates (made from older sources) as fresh; drop those (dependencies stay cached).
+	cargo clean --quiet --profile wheel --target $(shell rustc -vV | sed -n "s/^host: //p") \
+		-p nyala-common -p nyala-wal -p nyala-storage -p nyala-consensus -p nyala-pyext
 	maturin build --sdist --zig --compatibility manylinux_2_28 --auditwheel check --out dist
 	$(PY) scripts/check_wheel.py dist
 
