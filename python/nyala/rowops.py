@@ -182,9 +182,7 @@ def prepare_op_batch(
     batch = to_record_batch(data)
     rows = batch.num_rows
     ops = _op_array(op, rows)
-    codes = ops.to_numpy(zero_copy_only=False)
-    only_deletes = bool(np.isin(codes, (OpType.DELETE, OpType.DELETE_IGNORE)).all())
-    has_updates = bool(np.isin(codes, (OpType.UPDATE, OpType.UPDATE_IGNORE)).any())
+    only_deletes, has_updates = _op_kinds(op, ops)
     present = batch.schema.names
     if len(set(present)) != len(present):
         raise InvalidArgumentError(f"the rows name a column twice: {present}")
@@ -350,6 +348,18 @@ def _failing_rows(array: pa.Array, target: pa.DataType) -> np.ndarray[Any, Any]:
     return np.array(sorted(bad), dtype=np.int64)
 
 
+def _op_kinds(op: Any, ops: pa.Array) -> tuple[bool, bool]:
+    """(every row deletes, some row updates): read off a single op without touching arrays
+    (the common case, and most of a one-row write's client cost when done with numpy)."""
+    if not isinstance(op, (np.ndarray, pa.Array, pa.ChunkedArray)):
+        kind = OpType.parse(op)
+        return kind.is_delete, kind in (OpType.UPDATE, OpType.UPDATE_IGNORE)
+    codes = ops.to_numpy(zero_copy_only=False)
+    deletes = (codes == OpType.DELETE) | (codes == OpType.DELETE_IGNORE)
+    updates = (codes == OpType.UPDATE) | (codes == OpType.UPDATE_IGNORE)
+    return bool(deletes.all()), bool(updates.any())
+
+
 def _op_array(op: Any, rows: int) -> pa.Array:
     if isinstance(op, (np.ndarray, pa.Array, pa.ChunkedArray)):
         ops = _to_array(op)
@@ -363,10 +373,14 @@ def _op_array(op: Any, rows: int) -> pa.Array:
     return pa.array(np.full(rows, code, dtype=np.uint8))
 
 
+# Explicit options: without them pyarrow reads two environment variables on every call.
+_IPC_WRITE_OPTIONS = pa.ipc.IpcWriteOptions()
+
+
 def encode(batch: pa.RecordBatch) -> pa.Buffer:
     """The Arrow IPC stream bytes of an op batch (the wire and WAL form)."""
     sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, batch.schema) as writer:
+    with pa.ipc.new_stream(sink, batch.schema, options=_IPC_WRITE_OPTIONS) as writer:
         writer.write_batch(batch)
     return sink.getvalue()
 
