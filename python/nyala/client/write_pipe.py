@@ -27,6 +27,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TypeAlias, TypeVar
 
@@ -56,7 +57,26 @@ _Response = TypeVar("_Response", bound=Message)
 # generic only to the type checker.
 _Call: TypeAlias = (
     "grpc.Future[tserver_pb2.WriteResponsePB] | grpc.Future[tserver_pb2.WriteMultiResponsePB]"
+    " | _Completed"
 )
+
+
+class _Completed:
+    """A blocking call made at once, read back like a finished future (``result()``)."""
+
+    def __init__(self, call: Callable[[], tserver_pb2.WriteResponsePB]) -> None:
+        self._response: tserver_pb2.WriteResponsePB | None = None
+        self._error: BaseException | None = None
+        try:
+            self._response = call()
+        except Exception as exc:  # raised again by result(), as a future would
+            self._error = exc
+
+    def result(self) -> tserver_pb2.WriteResponsePB:
+        if self._error is not None:
+            raise self._error
+        assert self._response is not None, "a call that did not raise answered"
+        return self._response
 
 
 @dataclass(eq=False)
@@ -126,7 +146,9 @@ class WritePipe:
         with self._lock:
             self._queue.append(pending)
             batch = self._take_locked()
-        if batch:
+        if batch == [pending]:
+            self._call_inline(pending)
+        elif batch:
             self._start(batch)
         if not pending.done.wait(timeout_ms / 1000):
             with self._lock:
@@ -164,6 +186,15 @@ class WritePipe:
             self.calls_sent += 1
             self.writes_sent += len(batch)
         return batch
+
+    def _call_inline(self, pending: _Pending) -> None:
+        """Sends a write that found the pipe idle and alone as a blocking call in its caller's
+        thread. A sync channel's ``future()`` starts a polling thread whenever the channel has
+        no call in flight and stops it when the call ends, so a lone writer paid a thread start
+        per write (docs/performance.md); calls queued meanwhile still go as futures."""
+        timeout_s = max(0.001, pending.deadline - time.monotonic())
+        request = b"".join(_request_parts(pending))
+        self._finish([pending], _Completed(lambda: self._write(request, timeout=timeout_s)), None)
 
     def _start(self, batch: list[_Pending]) -> None:
         timeout_s = max(0.001, max(p.deadline for p in batch) - time.monotonic())
