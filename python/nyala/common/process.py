@@ -99,3 +99,30 @@ def resident_bytes() -> int:
     except (OSError, IndexError, ValueError):
         return 0
     return pages * os.sysconf("SC_PAGE_SIZE")
+
+
+def trim_heap() -> bool:
+    """Gives the heap's free pages back to the kernel (glibc ``malloc_trim(0)``: the free top
+    of every arena, and whole free pages inside them). With the trim threshold above, glibc
+    itself keeps up to 512 MiB of freed memory; a server calls this after a flush freed a
+    MemRowSet so that its resident size falls back (Kudu's tcmalloc releases to the OS at a
+    set rate for the same reason). Returns False where ``malloc_trim`` is not glibc's."""
+    name = ctypes.util.find_library("c")
+    if name is None:
+        return False
+    try:
+        malloc_trim = ctypes.CDLL(name).malloc_trim
+    except (OSError, AttributeError):
+        return False
+    malloc_trim.argtypes = [ctypes.c_size_t]
+    malloc_trim.restype = ctypes.c_int
+    malloc_trim(0)
+    return True
+
+
+def machine_memory_bytes() -> int:
+    """Physical memory of the machine in bytes (0 if unknown)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        return 0
