@@ -21,6 +21,7 @@ import os
 import resource
 import threading
 import time
+from typing import Any
 
 PARENT_PID_ENV = "NYALA_PARENT_PID"
 #: How often the watchdog looks at the parent; a server outlives its parent by at most this.
@@ -66,6 +67,17 @@ def raise_open_files_limit() -> int:
     return soft
 
 
+def _libc_function(name: str) -> Any:
+    """``name`` from the C library (a ctypes function), or None if it has none."""
+    library = ctypes.util.find_library("c")
+    if library is None:
+        return None
+    try:
+        return getattr(ctypes.CDLL(library), name)
+    except (OSError, AttributeError):
+        return None
+
+
 def tune_allocator() -> bool:
     """Makes glibc malloc reuse freed large buffers instead of unmapping them.
 
@@ -77,12 +89,8 @@ def tune_allocator() -> bool:
     thresholds instead (no second allocator to ship). Servers only: a library must not change
     its host process's allocator. Returns False where ``mallopt`` is not glibc's.
     """
-    name = ctypes.util.find_library("c")
-    if name is None:
-        return False
-    try:
-        mallopt = ctypes.CDLL(name).mallopt
-    except (OSError, AttributeError):
+    mallopt = _libc_function("mallopt")
+    if mallopt is None:
         return False
     mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
     mallopt.restype = ctypes.c_int
@@ -107,12 +115,8 @@ def trim_heap() -> bool:
     itself keeps up to 512 MiB of freed memory; a server calls this after a flush freed a
     MemRowSet so that its resident size falls back (Kudu's tcmalloc releases to the OS at a
     set rate for the same reason). Returns False where ``malloc_trim`` is not glibc's."""
-    name = ctypes.util.find_library("c")
-    if name is None:
-        return False
-    try:
-        malloc_trim = ctypes.CDLL(name).malloc_trim
-    except (OSError, AttributeError):
+    malloc_trim = _libc_function("malloc_trim")
+    if malloc_trim is None:
         return False
     malloc_trim.argtypes = [ctypes.c_size_t]
     malloc_trim.restype = ctypes.c_int
