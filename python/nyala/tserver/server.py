@@ -274,21 +274,22 @@ class TabletServer(ServerBase):
             await asyncio.sleep(interval_s)
             self.scanners.expire()
 
-    def _measure_memory(self) -> dict[str, int]:
+    def _measure_memory(self) -> tuple[dict[str, int], int]:
         """Refreshes the tracked memory (``nyala.tserver.memory``); returns each replica's
-        MemRowSet bytes (the one being flushed included)."""
+        active MemRowSet bytes and the bytes of those being flushed."""
         assert self.tablets is not None
-        sizes: dict[str, int] = {}
-        caches = 0
+        active: dict[str, int] = {}
+        flushing = caches = 0
         for replica in self.tablets.replicas():
             if replica.storage is not None:
                 stats = replica.storage.stats()
-                sizes[replica.tablet_id] = stats["mem_bytes"] + stats["frozen_bytes"]
+                active[replica.tablet_id] = stats["mem_bytes"]
+                flushing += stats["frozen_bytes"]
             if replica.wal is not None:
                 caches += replica.wal.cache_stats().bytes
         scanners = len(self.scanners) * self.settings.scan_batch_bytes_max
-        self.memory.update(MemoryUsage(sum(sizes.values()), caches, scanners))
-        return sizes
+        self.memory.update(MemoryUsage(sum(active.values()) + flushing, caches, scanners))
+        return active, flushing
 
     async def _memory_pressure_loop(self) -> None:
         """Flushes the largest MemRowSets while all of them together exceed
@@ -299,19 +300,17 @@ class TabletServer(ServerBase):
         limit_bytes = self.settings.memrowsets_memory_limit_mb * MIB
         while not self._stopping:
             await asyncio.sleep(self.settings.memory_pressure_check_interval_ms / 1000)
-            storages = {
-                r.tablet_id: r.storage for r in self.tablets.replicas() if r.storage is not None
-            }
-            sizes = self._measure_memory()
+            active, flushing = self._measure_memory()
             budget = min(limit_bytes, self.memory.memrowsets_budget_bytes())
             # A MemRowSet already being flushed frees its memory when that flush ends.
-            active = {t: s.stats()["mem_bytes"] for t, s in storages.items() if t in sizes}
-            flushing = sum(sizes.values()) - sum(active.values())
             chosen = memrowsets_to_flush(active, max(0, budget - flushing))
             for tablet_id in chosen:
+                replica = self.tablets.lookup(tablet_id)
                 if self._stopping:
                     return
-                await self._flush(tablet_id, storages[tablet_id])
+                if replica is None or replica.storage is None:
+                    continue
+                await self._flush(tablet_id, replica.storage)
                 self._measure_memory()
             if chosen:
                 await asyncio.to_thread(trim_heap)
