@@ -14,9 +14,9 @@ use arrow::datatypes::{Schema as ArrowSchema, SchemaRef};
 use arrow::pyarrow::{PyArrowType, Table};
 use nyala_consensus::ReplicatedLog;
 use nyala_storage::{
-    apply_write_entry, encode_ipc, Admission, ColumnSchema, DataType, Engine, EngineOptions,
+    apply_write_entries, encode_ipc, Admission, ColumnSchema, DataType, Engine, EngineOptions,
     OpBatch, Predicate, PredicateOp, RequestIndex, ScanSpec, Schema, StorageError, Value,
-    WriteEffect, WriteKind, WriteOutcome,
+    WriteEffect, WriteOutcome,
 };
 use nyala_wal::EntryType;
 use pyo3::buffer::PyBuffer;
@@ -190,28 +190,20 @@ fn apply_range(
                 Arc::new(std::panic::AssertUnwindSafe(batch.clone())),
             )
         };
-        for (position, meta) in batch.metas().iter().enumerate() {
-            if meta.index <= after || meta.index > last || meta.entry_type != EntryType::Write {
-                continue;
-            }
-            let payload = batch.entry(position).payload;
-            let start = payload.as_ptr() as usize - base;
-            let outcome = apply_write_entry(
-                engine,
-                requests,
-                meta.index,
-                whole.slice_with_length(start, payload.len()),
-            )
-            .map_err(to_py)?;
-            if outcome.header.kind == WriteKind::AlterSchema {
-                let doc = whole.slice_with_length(
-                    start + outcome.header.ops_offset,
-                    payload.len() - outcome.header.ops_offset,
-                );
-                let alter = (meta.index, outcome.header.schema_version, doc);
-                return Ok((meta.index - 1, outcomes, Some(alter)));
-            }
-            outcomes.push(outcome);
+        let writes = batch
+            .metas()
+            .iter()
+            .enumerate()
+            .filter(|(_, m)| m.index > after && m.index <= last && m.entry_type == EntryType::Write)
+            .map(|(position, meta)| {
+                let payload = batch.entry(position).payload;
+                let start = payload.as_ptr() as usize - base;
+                (meta.index, whole.slice_with_length(start, payload.len()))
+            });
+        let applied = apply_write_entries(engine, requests, writes).map_err(to_py)?;
+        outcomes.extend(applied.outcomes);
+        if let Some((index, version, doc)) = applied.schema_change {
+            return Ok((index - 1, outcomes, Some((index, version, doc))));
         }
         after = last.min(batch.last_op_id().index);
     }

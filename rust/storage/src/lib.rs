@@ -37,6 +37,6 @@ pub use predicate::{Predicate, PredicateOp};
 pub use scan::{ScanCursor, ScanResult, ScanSpec};
 pub use schema::{ColumnSchema, DataType, Schema, Value};
 pub use write_entry::{
-    apply_write_entry, decode_write_entry, Admission, RequestId, RequestIndex, WriteEffect,
-    WriteEntryHeader, WriteKind, WriteOutcome,
+    apply_write_entries, apply_write_entry, decode_write_entry, Admission, AppliedEntries,
+    RequestId, RequestIndex, WriteEffect, WriteEntryHeader, WriteKind, WriteOutcome,
 };

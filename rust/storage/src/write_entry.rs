@@ -274,6 +274,35 @@ pub fn apply_write_entry(
     Ok(outcome(effect, watermark))
 }
 
+/// What `apply_write_entries` did: one outcome per entry applied or skipped, in order, and
+/// the schema change that stopped it, if any, as (op index, schema version, document).
+#[derive(Debug, Default)]
+pub struct AppliedEntries {
+    pub outcomes: Vec<WriteOutcome>,
+    pub schema_change: Option<(OpIndex, u32, Buffer)>,
+}
+
+/// Applies WRITE entries `(op index, payload)` in order (`apply_write_entry`) until the first
+/// schema change, which is returned unapplied with the entries after it left alone: the
+/// caller applies it (storage and tablet metadata) and goes on after its index.
+pub fn apply_write_entries(
+    engine: &Engine,
+    requests: &mut RequestIndex,
+    entries: impl IntoIterator<Item = (OpIndex, Buffer)>,
+) -> Result<AppliedEntries> {
+    let mut applied = AppliedEntries::default();
+    for (index, payload) in entries {
+        let outcome = apply_write_entry(engine, requests, index, payload.clone())?;
+        if outcome.effect == WriteEffect::AlterSchema {
+            let doc = payload.slice(outcome.header.ops_offset);
+            applied.schema_change = Some((index, outcome.header.schema_version, doc));
+            return Ok(applied);
+        }
+        applied.outcomes.push(outcome);
+    }
+    Ok(applied)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
