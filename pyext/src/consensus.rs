@@ -187,7 +187,7 @@ impl PyEntryBatch {
 /// One replica's log: the WAL plus a log cache (native part; see `nyala.consensus.wal_log`).
 #[pyclass(frozen, name = "ReplicatedLog", module = "nyala._native")]
 pub struct PyReplicatedLog {
-    log: ReplicatedLog,
+    pub(crate) log: ReplicatedLog,
 }
 
 #[pymethods]

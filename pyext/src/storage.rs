@@ -12,15 +12,18 @@ use arrow::array::{ArrayData, ArrayRef, RecordBatch};
 use arrow::buffer::Buffer;
 use arrow::datatypes::{Schema as ArrowSchema, SchemaRef};
 use arrow::pyarrow::{PyArrowType, Table};
+use nyala_consensus::ReplicatedLog;
 use nyala_storage::{
-    encode_ipc, ColumnSchema, DataType, Engine, EngineOptions, OpBatch, Predicate, PredicateOp,
-    ScanSpec, Schema, StorageError, Value,
+    apply_write_entries, encode_ipc, Admission, ColumnSchema, DataType, Engine, EngineOptions,
+    OpBatch, Predicate, PredicateOp, RequestIndex, ScanSpec, Schema, StorageError, Value,
+    WriteEffect, WriteOutcome,
 };
+use nyala_wal::EntryType;
 use pyo3::buffer::PyBuffer;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyInt, PyString};
 
-use crate::consensus::PyEntryBatch;
+use crate::consensus::PyReplicatedLog;
 use crate::errors::to_py;
 
 /// One column as Python passes it: (id, name, type name, nullable, default or None).
@@ -31,7 +34,9 @@ type SchemaTuple = (Vec<ColumnTuple>, usize, u32, u32);
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<StorageEngine>()?;
     m.add_class::<ScanCursor>()?;
+    m.add_class::<PyRequestIndex>()?;
     m.add_function(wrap_pyfunction!(check_op_batch, m)?)?;
+    m.add_function(wrap_pyfunction!(decode_write_entry, m)?)?;
     m.add("CELL_BYTES_MAX", nyala_storage::ops::CELL_BYTES_MAX)?;
     m.add("ROW_BYTES_MAX", nyala_storage::ops::ROW_BYTES_MAX)?;
     Ok(())
@@ -54,6 +59,185 @@ fn check_op_batch(
         .into_iter()
         .map(|p| (p.row, p.status as u8, p.message))
         .collect())
+}
+
+/// A WRITE entry payload's header (docs/tablet-write-entry.md) as
+/// `(kind, client id or None, seq no, first incomplete seq no, schema version, ops offset)`;
+/// `CorruptionError` / `NotSupportedError` if it is damaged or newer than this build.
+#[pyfunction]
+fn decode_write_entry(payload: &[u8]) -> PyResult<WriteEntryTuple> {
+    let header = nyala_storage::decode_write_entry(payload).map_err(to_py)?;
+    let (client, seq, first) = match header.request_id {
+        Some(r) => (Some(r.client_id), r.seq_no, r.first_incomplete_seq_no),
+        None => (
+            None,
+            nyala_storage::write_entry::NO_SEQ_NO,
+            nyala_storage::write_entry::NO_SEQ_NO,
+        ),
+    };
+    Ok((
+        header.kind as u8,
+        client,
+        seq,
+        first,
+        header.schema_version,
+        header.ops_offset,
+    ))
+}
+
+/// What `decode_write_entry` returns.
+type WriteEntryTuple = (u8, Option<String>, i64, i64, u32, usize);
+
+/// One applied WRITE entry as Python gets it: (op index, effect code (0 applied, 1 refused,
+/// 2 duplicate, 3 stale), row statuses or None, failed rows, refusal message or None,
+/// client id or None, seq no, client watermark or None).
+type OutcomeTuple<'py> = (
+    u64,
+    u8,
+    Option<Bound<'py, PyBytes>>,
+    usize,
+    Option<String>,
+    Option<String>,
+    i64,
+    Option<i64>,
+);
+
+/// A schema change met while applying: (op index, schema version, schema document).
+type AlterTuple<'py> = (u64, u32, Bound<'py, PyBytes>);
+
+/// The request ids a replica has applied (`nyala_storage::RequestIndex`), consulted and
+/// updated by `StorageEngine.apply_committed`.
+#[pyclass(frozen, name = "RequestIndex", module = "nyala._native")]
+pub struct PyRequestIndex {
+    inner: Mutex<RequestIndex>,
+}
+
+impl PyRequestIndex {
+    fn lock(&self) -> PyResult<std::sync::MutexGuard<'_, RequestIndex>> {
+        self.inner
+            .lock()
+            .map_err(|_| to_py(StorageError::IllegalState("an apply panicked".into())))
+    }
+}
+
+#[pymethods]
+impl PyRequestIndex {
+    #[new]
+    fn new() -> Self {
+        PyRequestIndex {
+            inner: Mutex::new(RequestIndex::new()),
+        }
+    }
+
+    /// 0 if the request may be applied, 1 if it was applied already, 2 if it is a stale
+    /// retry (below the client's first incomplete seq no and forgotten).
+    fn admit(&self, client_id: &str, seq_no: i64) -> PyResult<u8> {
+        Ok(match self.lock()?.admit_seq(client_id, seq_no) {
+            Admission::New => 0,
+            Admission::Duplicate => 1,
+            Admission::Stale => 2,
+        })
+    }
+
+    fn __len__(&self) -> PyResult<usize> {
+        Ok(self.lock()?.len())
+    }
+}
+
+/// What `apply_range` did: the last index handled, the WRITE outcomes, and the schema change
+/// (op index, version, document) that stopped it.
+type AppliedRange = (u64, Vec<WriteOutcome>, Option<(u64, u32, Buffer)>);
+
+/// The entries after `after` up to `last` that are WRITEs, applied in order until a schema
+/// change (returned unapplied); what `StorageEngine.apply_committed` does with the GIL
+/// released.
+fn apply_range(
+    engine: &Engine,
+    log: &ReplicatedLog,
+    requests: &mut RequestIndex,
+    mut after: u64,
+    last: u64,
+    read_bytes_max: usize,
+) -> PyResult<AppliedRange> {
+    let mut outcomes = Vec::new();
+    while after < last {
+        // The batch as appended, shared with the log cache, when it is there whole; a copy
+        // of the range otherwise (older entries come from the WAL). Bounded by `last`: the
+        // uncommitted tail behind it is not read.
+        let batch = match log.read_whole_batch(after, last) {
+            Some(batch) => batch,
+            None => log
+                .read_range(after, last, read_bytes_max)
+                .map_err(to_py)?
+                .ok_or_else(|| {
+                    to_py(StorageError::corruption(format!(
+                        "committed entry {} is not in the log",
+                        after + 1
+                    )))
+                })?,
+        };
+        let bytes = batch.as_bytes();
+        let base = bytes.as_ptr() as usize;
+        let ptr = std::ptr::NonNull::new(bytes.as_ptr().cast_mut())
+            .expect("a slice's pointer is never null");
+        let len = bytes.len();
+        // SAFETY: `ptr..ptr + len` are the batch's bytes, immutable and alive as long as the
+        // batch, which the buffer keeps.
+        let whole = unsafe {
+            Buffer::from_custom_allocation(
+                ptr,
+                len,
+                Arc::new(std::panic::AssertUnwindSafe(batch.clone())),
+            )
+        };
+        let writes = batch
+            .metas()
+            .iter()
+            .enumerate()
+            .filter(|(_, m)| m.index > after && m.index <= last && m.entry_type == EntryType::Write)
+            .map(|(position, meta)| {
+                let payload = batch.entry(position).payload;
+                let start = payload.as_ptr() as usize - base;
+                (meta.index, whole.slice_with_length(start, payload.len()))
+            });
+        let applied = apply_write_entries(engine, requests, writes).map_err(to_py)?;
+        outcomes.extend(applied.outcomes);
+        if let Some((index, version, doc)) = applied.schema_change {
+            return Ok((index - 1, outcomes, Some((index, version, doc))));
+        }
+        after = last.min(batch.last_op_id().index);
+    }
+    Ok((after, outcomes, None))
+}
+
+fn outcome_to_py<'py>(py: Python<'py>, outcome: WriteOutcome) -> OutcomeTuple<'py> {
+    let (client, seq) = match outcome.header.request_id {
+        Some(r) => (Some(r.client_id), r.seq_no),
+        None => (None, nyala_storage::write_entry::NO_SEQ_NO),
+    };
+    let (code, statuses, failed, message) = match outcome.effect {
+        WriteEffect::Applied(statuses) => {
+            let failed = statuses
+                .iter()
+                .filter(|s| **s != nyala_storage::RowStatus::Ok)
+                .count();
+            (0, Some(status_bytes(py, &statuses)), failed, None)
+        }
+        WriteEffect::Refused(message) => (1, None, 0, Some(message)),
+        WriteEffect::Duplicate => (2, None, 0, None),
+        WriteEffect::Stale => (3, None, 0, None),
+        WriteEffect::AlterSchema => (4, None, 0, None),
+    };
+    (
+        outcome.index,
+        code,
+        statuses,
+        failed,
+        message,
+        client,
+        seq,
+        outcome.watermark,
+    )
 }
 
 /// One tablet's storage engine.
@@ -137,44 +321,32 @@ impl StorageEngine {
         Ok(status_bytes(py, &statuses.statuses))
     }
 
-    /// Applies the IPC op batch at bytes `start..end` of a log entry batch as op `op_index`,
-    /// without copying it: the stored columns share the batch's bytes (which they keep
-    /// alive) wherever the IPC buffers are aligned, as WRITE entries lay them out.
-    fn apply_from_entry_batch<'py>(
+    /// Applies the committed WRITE entries after `after` up to `last` of `log`, in order,
+    /// with the GIL released: returns (the last index handled, one outcome per WRITE entry,
+    /// a schema change that stopped it or None). Row bytes stay in native memory: the
+    /// stored columns share the log's bytes wherever they are aligned, as WRITE entries lay
+    /// them out. Entries up to the returned index are done; after a schema change (its
+    /// index is the returned one plus one) the caller applies it and calls again.
+    #[pyo3(signature = (log, requests, after, last, read_bytes_max = 4 * 1024 * 1024))]
+    fn apply_committed<'py>(
         &self,
         py: Python<'py>,
-        batch: PyRef<'py, PyEntryBatch>,
-        start: usize,
-        end: usize,
-        op_index: u64,
-    ) -> PyResult<Bound<'py, PyBytes>> {
-        let owner = batch.batch.clone();
-        let bytes = owner.as_bytes();
-        if start > end || end > bytes.len() {
-            return Err(to_py(StorageError::invalid(format!(
-                "op batch range {start}..{end} is outside the {} byte entry batch",
-                bytes.len()
-            ))));
-        }
-        let ptr = std::ptr::NonNull::new(bytes[start..].as_ptr().cast_mut())
-            .expect("a slice's pointer is never null");
-        // SAFETY: `ptr..ptr + (end - start)` lies in the batch's bytes, which are immutable
-        // and live as long as `owner`, which the buffer keeps.
-        let data = unsafe {
-            Buffer::from_custom_allocation(
-                ptr,
-                end - start,
-                Arc::new(std::panic::AssertUnwindSafe(owner)),
-            )
-        };
-        let engine = self.engine.clone();
-        let statuses = py
-            .detach(move || {
-                let batch = engine.decode(data)?;
-                engine.apply(&batch, op_index)
-            })
-            .map_err(to_py)?;
-        Ok(status_bytes(py, &statuses.statuses))
+        log: PyRef<'py, PyReplicatedLog>,
+        requests: PyRef<'py, PyRequestIndex>,
+        after: u64,
+        last: u64,
+        read_bytes_max: usize,
+    ) -> PyResult<(u64, Vec<OutcomeTuple<'py>>, Option<AlterTuple<'py>>)> {
+        let engine: &Engine = &self.engine;
+        let log: &ReplicatedLog = &log.log;
+        let requests: &PyRequestIndex = &requests;
+        let (through, outcomes, alter) = py.detach(|| {
+            let mut requests = requests.lock()?;
+            apply_range(engine, log, &mut requests, after, last, read_bytes_max)
+        })?;
+        let outcomes = outcomes.into_iter().map(|o| outcome_to_py(py, o)).collect();
+        let alter = alter.map(|(index, version, doc)| (index, version, PyBytes::new(py, &doc)));
+        Ok((through, outcomes, alter))
     }
 
     /// Applies a pyarrow RecordBatch of row operations as op `op_index`.
@@ -308,7 +480,7 @@ impl StorageEngine {
         self.engine.background_error()
     }
 
-    /// Counters: mem_rows, mem_bytes, frozen_rows, rowsets, disk_rows, last_applied_index,
+    /// Counters: mem_rows, mem_bytes, frozen_rows, frozen_bytes, rowsets, disk_rows, last_applied_index,
     /// last_flushed_index.
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let s = self.engine.stats();
@@ -316,6 +488,7 @@ impl StorageEngine {
         d.set_item("mem_rows", s.mem_rows)?;
         d.set_item("mem_bytes", s.mem_bytes)?;
         d.set_item("frozen_rows", s.frozen_rows)?;
+        d.set_item("frozen_bytes", s.frozen_bytes)?;
         d.set_item("rowsets", s.rowsets)?;
         d.set_item("disk_rows", s.disk_rows)?;
         d.set_item("last_applied_index", s.last_applied_index)?;

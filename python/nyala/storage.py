@@ -30,14 +30,21 @@ FLUSH_THRESHOLD_BYTES = 64 * 1024 * 1024
 Predicate = tuple[str, str, Any]
 
 
-class NativeEntryBatch(Protocol):
-    """A log entry batch held in native memory (``nyala.consensus.runtime.wal_log``'s
-    ``WalEntryBatch``); storage reads WRITE payloads from it in place."""
+class NativeLog(Protocol):
+    """A replica's log held in native memory (``nyala.consensus.runtime.wal_log``'s
+    ``WalLog``); storage reads committed WRITE entries from it in place."""
 
     @property
-    def native(self) -> _native.EntryBatch:
-        """The native batch."""
+    def native(self) -> _native.ReplicatedLog:
+        """The native log."""
         ...
+
+
+#: One applied WRITE entry (``StorageEngine.apply_committed``): op index, effect (0 applied,
+#: 1 refused as malformed, 2 duplicate request, 3 stale request), row statuses (applied), rows
+#: that failed, the refusal's message, client id and seq no (None and -1 without a request
+#: id), and the client's first incomplete seq no after it (None if not recorded).
+EntryOutcome = tuple[int, int, bytes | None, int, str | None, str | None, int, int | None]
 
 
 class RowStatus(enum.IntEnum):
@@ -174,7 +181,8 @@ class StorageEngine:
         return self._native.last_applied_index
 
     def stats(self) -> dict[str, int]:
-        """Counters: mem_rows, mem_bytes, frozen_rows, rowsets, disk_rows, indexes."""
+        """Counters: mem_rows, mem_bytes, frozen_rows, frozen_bytes (the MemRowSet being
+        flushed), rowsets, disk_rows, indexes."""
         return dict(self._native.stats())
 
     def background_error(self) -> str | None:
@@ -193,14 +201,22 @@ class StorageEngine:
             raw = self._native.apply_ipc(view if view.format == "B" else view.cast("B"), op_index)
         return ApplyResult(np.frombuffer(raw, dtype=np.uint8))
 
-    def apply_from_entry_batch(
-        self, batch: NativeEntryBatch, start: int, end: int, op_index: int
-    ) -> ApplyResult:
-        """Applies the IPC op batch at bytes ``start:end`` of a log entry batch's encoding as
-        op ``op_index``. The stored rows share the batch's bytes (no copy where the IPC
-        buffers are 8-byte aligned, as WRITE entries lay them out)."""
-        raw = self._native.apply_from_entry_batch(batch.native, start, end, op_index)
-        return ApplyResult(np.frombuffer(raw, dtype=np.uint8))
+    def apply_committed(
+        self,
+        log: NativeLog,
+        requests: _native.RequestIndex,
+        after: int,
+        last: int,
+        read_bytes_max: int = 4 * 1024 * 1024,
+    ) -> tuple[int, list[EntryOutcome], tuple[int, int, bytes] | None]:
+        """Applies the committed WRITE entries after ``after`` up to ``last`` of ``log`` in
+        one native call (the GIL released; row bytes never leave native memory, and the
+        stored rows share the log's bytes where they are aligned, as WRITE entries lay them
+        out). ``requests`` decides which request ids are new and records them. Returns the
+        last index handled, one outcome per WRITE entry, and the schema change that stopped
+        it, if any, as (op index, schema version, document): the caller applies that (its
+        index is the returned one plus one) and calls again."""
+        return self._native.apply_committed(log.native, requests, after, last, read_bytes_max)
 
     def write(self, data: Any, op: OpType | str, op_index: int) -> ApplyResult:
         """Converts ``data`` (see ``nyala.rowops``) to an op batch and applies it."""
@@ -341,6 +357,8 @@ __all__ = [
     "FLUSH_THRESHOLD_BYTES",
     "ROW_BYTES_MAX",
     "ApplyResult",
+    "EntryOutcome",
+    "NativeLog",
     "RowStatus",
     "StorageEngine",
     "StorageSnapshot",

@@ -1,7 +1,13 @@
-"""The tablet server's choice of MemRowSets to flush under memory pressure."""
+"""The tablet server's memory limit: which MemRowSets to flush under memory pressure, and
+when writes are refused."""
 
 from __future__ import annotations
 
+import pytest
+
+from nyala.common.process import machine_memory_bytes, trim_heap
+from nyala.errors import ServiceUnavailableError
+from nyala.tserver.memory import MEMORY_LIMIT_FRACTION_DEFAULT, MemoryTracker, MemoryUsage
 from nyala.tserver.server import memrowsets_to_flush
 
 
@@ -20,3 +26,37 @@ def test_the_largest_are_flushed_first_until_the_rest_fit() -> None:
 def test_empty_memrowsets_are_never_flushed_and_ties_go_by_tablet_id() -> None:
     assert memrowsets_to_flush({"x": 0, "y": 0}, 0) == []
     assert memrowsets_to_flush({"b": 700, "a": 700}, 1000) == ["a"]
+
+
+def test_the_default_limit_is_a_fraction_of_the_machine() -> None:
+    machine = machine_memory_bytes()
+    assert machine > 0
+    assert MemoryTracker(0).limit_bytes == int(machine * MEMORY_LIMIT_FRACTION_DEFAULT)
+    tracker = MemoryTracker(1000, pressure_percentage=60, soft_percentage=80)
+    assert (tracker.limit_bytes, tracker.pressure_bytes, tracker.soft_limit_bytes) == (
+        1000,
+        600,
+        800,
+    )
+
+
+def test_writes_are_refused_above_the_soft_limit_until_a_measurement_says_otherwise() -> None:
+    tracker = MemoryTracker(1000, pressure_percentage=60, soft_percentage=80)
+    tracker.update(MemoryUsage(memrowsets_bytes=500, log_caches_bytes=100, scanners_bytes=0))
+    tracker.admit_write(150)  # 750: admitted, and counted until the next measurement
+    tracker.admit_write(100)  # 750 < 800 before it: admitted
+    with pytest.raises(ServiceUnavailableError, match="soft limit"):
+        tracker.admit_write(1)  # 850
+    assert tracker.writes_refused == 1
+    assert tracker.estimated_bytes == 850
+    tracker.update(MemoryUsage(memrowsets_bytes=100))  # a flush freed memory
+    tracker.admit_write(1)
+    # The MemRowSets may use the pressure threshold less the other consumers.
+    tracker.update(MemoryUsage(memrowsets_bytes=0, log_caches_bytes=200, scanners_bytes=100))
+    assert tracker.memrowsets_budget_bytes() == 300
+    tracker.update(MemoryUsage(log_caches_bytes=900))
+    assert tracker.memrowsets_budget_bytes() == 0
+
+
+def test_trimming_the_heap_works_on_this_platform() -> None:
+    assert trim_heap()

@@ -68,6 +68,7 @@ _NOT_PROPOSED = (
     errors.TabletNotFoundError,
     errors.TabletNotRunningError,
     errors.SchemaMismatchError,
+    errors.ServiceUnavailableError,  # not serving yet, or over its soft memory limit
 )
 
 
@@ -675,6 +676,8 @@ class Writer:
         raise errors.NotFoundError(f"tablet {tablet_id} of {info.name} no longer exists")
 
     def _on_retriable(self, info: TableInfo, tablet: TabletLocation, exc: Exception) -> None:
+        if isinstance(exc, errors.ServiceUnavailableError):
+            return  # the right server, busy (e.g. over its soft memory limit): back off only
         hint = exc.leader_uuid if isinstance(exc, errors.NotLeaderError) else None
         if hint and self.cache.set_leader(info.table_id, tablet.tablet_id, hint):
             return

@@ -21,6 +21,7 @@ import os
 import resource
 import threading
 import time
+from typing import Any
 
 PARENT_PID_ENV = "NYALA_PARENT_PID"
 #: How often the watchdog looks at the parent; a server outlives its parent by at most this.
@@ -66,6 +67,17 @@ def raise_open_files_limit() -> int:
     return soft
 
 
+def _libc_function(name: str) -> Any:
+    """``name`` from the C library (a ctypes function), or None if it has none."""
+    library = ctypes.util.find_library("c")
+    if library is None:
+        return None
+    try:
+        return getattr(ctypes.CDLL(library), name)
+    except (OSError, AttributeError):
+        return None
+
+
 def tune_allocator() -> bool:
     """Makes glibc malloc reuse freed large buffers instead of unmapping them.
 
@@ -77,12 +89,8 @@ def tune_allocator() -> bool:
     thresholds instead (no second allocator to ship). Servers only: a library must not change
     its host process's allocator. Returns False where ``mallopt`` is not glibc's.
     """
-    name = ctypes.util.find_library("c")
-    if name is None:
-        return False
-    try:
-        mallopt = ctypes.CDLL(name).mallopt
-    except (OSError, AttributeError):
+    mallopt = _libc_function("mallopt")
+    if mallopt is None:
         return False
     mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
     mallopt.restype = ctypes.c_int
@@ -99,3 +107,26 @@ def resident_bytes() -> int:
     except (OSError, IndexError, ValueError):
         return 0
     return pages * os.sysconf("SC_PAGE_SIZE")
+
+
+def trim_heap() -> bool:
+    """Gives the heap's free pages back to the kernel (glibc ``malloc_trim(0)``: the free top
+    of every arena, and whole free pages inside them). With the trim threshold above, glibc
+    itself keeps up to 512 MiB of freed memory; a server calls this after a flush freed a
+    MemRowSet so that its resident size falls back (Kudu's tcmalloc releases to the OS at a
+    set rate for the same reason). Returns False where ``malloc_trim`` is not glibc's."""
+    malloc_trim = _libc_function("malloc_trim")
+    if malloc_trim is None:
+        return False
+    malloc_trim.argtypes = [ctypes.c_size_t]
+    malloc_trim.restype = ctypes.c_int
+    malloc_trim(0)
+    return True
+
+
+def machine_memory_bytes() -> int:
+    """Physical memory of the machine in bytes (0 if unknown)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        return 0

@@ -1,46 +1,44 @@
 """Applies a replica's committed log entries to its storage engine, in order, exactly once.
 
-The Raft runtime reports committed ranges (``Apply``); this module reads those entries back from
-the log, applies each WRITE's op batch to storage as its op index, and keeps the outcome per
-client request so that a retried request (or a duplicate entry from a retry racing a leader
-change) is answered with the first outcome instead of being applied twice (DESIGN.md §4,
-docs/tablet-write-entry.md). NO_OP and CONFIG_CHANGE entries have no effect on storage. A
-WRITE whose op batch the engine refuses as malformed is recorded as a failed outcome, not a
-replica failure.
+The Raft runtime reports committed ranges (``Apply``); one native call
+(``StorageEngine.apply_committed``) reads those entries from the log cache (or the WAL),
+applies each WRITE's op batch to storage as its op index and returns one outcome per WRITE,
+with the GIL released: row bytes never enter Python (DESIGN.md §4,
+docs/tablet-write-entry.md). Rust also decides, from its index of applied request ids
+(``_native.RequestIndex``), that a retried request (or a duplicate entry from a retry racing
+a leader change) is not applied twice; this module keeps the outcome per client request so
+that such a retry is answered with the first outcome. NO_OP and CONFIG_CHANGE entries have no
+effect on storage; a schema change stops the native call and is applied here, through the
+tablet's callback. A WRITE whose op batch the engine refuses as malformed is recorded as a
+failed outcome, not a replica failure.
 
 Entries at or below the storage engine's ``last_applied_index`` are skipped: after a restart
 the engine opens at ``last_flushed_index`` and the runtime re-announces everything above it as
 it re-learns the commit index (bootstrap, issue 7 item 4).
-
-Known gap: WRITE payloads cross into Python here (one copy of a batch's wire bytes) on their
-way to storage; DESIGN.md §4 wants that loop in Rust.
 """
 
 from __future__ import annotations
 
 import contextlib
 import heapq
-import struct
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
 
-from nyala.consensus.runtime.wal_log import WalEntryBatch, WalLog
-from nyala.consensus.types import EntryKind
-from nyala.errors import CorruptionError, InvalidArgumentError
+from nyala import _native
+from nyala.consensus.runtime.wal_log import WalLog
+from nyala.errors import CorruptionError
 from nyala.storage import ApplyResult, StorageEngine
-from nyala.tablet.write_entry import KIND_ALTER_SCHEMA, RequestId, decode_write_entry
-
-# Entry batch wire encoding (docs/entry-batch.md): a 24-byte batch header, then entries, each
-# a 24-byte header (term u64, index u64, type u8, 3 reserved, payload length u32) + payload.
-_BATCH_HEADER_BYTES = 24
-_ENTRY_HEADER = struct.Struct("<QQB3xI")
+from nyala.tablet.write_entry import RequestId
 
 #: Encoded bytes read from the log per step while applying.
 APPLY_READ_BYTES_MAX = 4 * 1024 * 1024
 #: Outcomes kept for proposers to collect; followers' are never collected, so the oldest go.
 UNCOLLECTED_OUTCOMES_MAX = 65_536
+
+# Effect codes of ``StorageEngine.apply_committed``'s outcomes.
+_APPLIED, _REFUSED, _DUPLICATE, _STALE = 0, 1, 2, 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,21 +49,6 @@ class WriteOutcome:
     op_index: int
     result: ApplyResult | None
     error: str | None = None
-
-
-def iter_write_payloads(wire: bytes | memoryview) -> Iterator[tuple[int, int, int]]:
-    """(index, start, end) of each WRITE entry's payload in an encoded, already verified
-    entry batch."""
-    view = memoryview(wire)
-    offset = _BATCH_HEADER_BYTES
-    while offset < len(view):
-        _term, index, entry_type, length = _ENTRY_HEADER.unpack_from(view, offset)
-        start = offset + _ENTRY_HEADER.size
-        if start + length > len(view):
-            raise CorruptionError(f"entry {index} overruns its batch")
-        if entry_type == EntryKind.WRITE:
-            yield index, start, start + length
-        offset = start + length
 
 
 class Applier:
@@ -87,8 +70,9 @@ class Applier:
         self._outcomes: dict[str, dict[int, WriteOutcome]] = {}
         # client id -> min-heap of the seq nos in ``_outcomes[client]`` (for trimming).
         self._kept_seqs: dict[str, list[int]] = {}
-        # client id -> the highest first-incomplete seq no it sent: outcomes below are gone.
-        self._watermarks: dict[str, int] = {}
+        # The applied request ids (native; the same keys as ``_outcomes``, trimmed by the same
+        # watermarks, which it reports).
+        self._requests = _native.RequestIndex()
         # op index -> outcome, for the proposer of that op to collect.
         self._by_index: dict[int, WriteOutcome] = {}
         # Proposals whose outcome someone will collect (``collecting``). With none, outcomes
@@ -106,8 +90,7 @@ class Applier:
     def is_stale(self, request_id: RequestId) -> bool:
         """True for a request the client declared complete (below its first incomplete seq
         no) whose outcome is already forgotten: it must not be applied again."""
-        watermark = self._watermarks.get(request_id.client_id, -1)
-        return request_id.seq_no < watermark and self.outcome_of(request_id) is None
+        return self._requests.admit(request_id.client_id, request_id.seq_no) == 2
 
     @contextlib.contextmanager
     def collecting(self) -> Iterator[None]:
@@ -128,57 +111,40 @@ class Applier:
         """Applies committed entries ``first_index..last_index`` (inclusive), in order."""
         after = max(first_index - 1, self.applied_index)
         while after < last_index:
-            # Bounded by ``last_index``: the uncommitted tail behind it is not read (reading it
-            # made applying a backlog quadratic in its length).
-            # The batch as appended, shared with the log cache, when it is there whole; a
-            # copy of the range otherwise (older entries come from the WAL).
-            batch = self._log.read_whole_batch(after, last_index) or self._log.read_batch(
-                after, APPLY_READ_BYTES_MAX, last_index
+            through, outcomes, alter = self._storage.apply_committed(
+                self._log, self._requests, after, last_index, APPLY_READ_BYTES_MAX
             )
-            if batch is None:
-                raise CorruptionError(f"committed entry {after + 1} is not in the log")
-            wire = batch.wire_view()
-            for index, start, end in iter_write_payloads(wire):
-                if after < index <= last_index:
-                    self._apply_write(index, batch, wire, start, end)
-            after = min(last_index, batch.last_op_id.index)
-            self.applied_index = after
-
-    def _apply_write(
-        self, index: int, batch: WalEntryBatch, wire: memoryview, start: int, end: int
-    ) -> None:
-        """Applies the WRITE entry at ``wire[start:end]`` (``wire`` views ``batch``)."""
-        entry = decode_write_entry(wire[start:end])
-        if entry.kind == KIND_ALTER_SCHEMA:
-            if self._on_alter_schema is None:
-                raise CorruptionError(f"entry {index} changes the schema; nothing can apply it")
-            self._on_alter_schema(index, entry.schema_version, bytes(entry.ops))
-            self._keep(WriteOutcome(index, None))
-            return
-        request = entry.request_id
-        if request is not None:
-            first_outcome = self.outcome_of(request)
-            if first_outcome is not None:
-                self._keep(first_outcome, index)  # a duplicate: answer with the first
-                return
-            if self.is_stale(request):
-                self._keep(WriteOutcome(index, None, "stale retry of a completed request"))
-                return
-        try:
-            # The op batch is the payload's tail; storage keeps the log's bytes, not a copy.
-            ops_start = end - len(entry.ops)
-            result = self._storage.apply_from_entry_batch(batch, ops_start, end, index)
-            outcome = WriteOutcome(index, result)
-            failed = int(np.count_nonzero(result.statuses))
-            self.rows_written += len(result.statuses) - failed
-            self.rows_failed += failed
-        except InvalidArgumentError as exc:
-            # A malformed batch is refused whole, the same way on every replica (the engine
-            # validates before it changes anything), so the replicas stay identical.
-            outcome = WriteOutcome(index, None, str(exc))
-        self._keep(outcome)
-        if request is not None:
-            self._remember(request, outcome)
+            for index, effect, statuses, failed, message, client, seq, watermark in outcomes:
+                outcome: WriteOutcome
+                if effect == _APPLIED:
+                    assert statuses is not None
+                    outcome = WriteOutcome(index, ApplyResult(np.frombuffer(statuses, np.uint8)))
+                    self.rows_written += len(statuses) - failed
+                    self.rows_failed += failed
+                elif effect == _REFUSED:
+                    # A malformed batch is refused whole, the same way on every replica (the
+                    # engine validates before it changes anything): the replicas stay alike.
+                    outcome = WriteOutcome(index, None, message)
+                elif effect == _DUPLICATE:
+                    assert client is not None
+                    first = self._outcomes.get(client, {}).get(seq)
+                    if first is not None:  # always, as the cache and the index agree
+                        self._keep(first, index)  # a duplicate: answer with the first
+                        continue
+                    outcome = WriteOutcome(index, None, "stale retry of a completed request")
+                else:
+                    outcome = WriteOutcome(index, None, "stale retry of a completed request")
+                self._keep(outcome)
+                if client is not None and watermark is not None:
+                    self._remember(client, seq, watermark, outcome)
+            self.applied_index = after = through
+            if alter is not None:
+                index, version, doc = alter
+                if self._on_alter_schema is None:
+                    raise CorruptionError(f"entry {index} changes the schema; nothing can apply it")
+                self._on_alter_schema(index, version, doc)
+                self._keep(WriteOutcome(index, None))
+                self.applied_index = after = index
 
     def _keep(self, outcome: WriteOutcome, index: int | None = None) -> None:
         """Keeps ``outcome`` as the answer for op ``index`` (its own by default) if a proposer
@@ -189,18 +155,16 @@ class Applier:
         if len(self._by_index) > UNCOLLECTED_OUTCOMES_MAX:
             del self._by_index[next(iter(self._by_index))]
 
-    def _remember(self, request: RequestId, outcome: WriteOutcome) -> None:
-        client = request.client_id
+    def _remember(self, client: str, seq_no: int, watermark: int, outcome: WriteOutcome) -> None:
         per_client = self._outcomes.get(client)
         if per_client is None:
             per_client = self._outcomes[client] = {}
             self._kept_seqs[client] = []
-        per_client[request.seq_no] = outcome
+        per_client[seq_no] = outcome
         kept = self._kept_seqs[client]
-        heapq.heappush(kept, request.seq_no)
-        watermark = max(self._watermarks.get(client, -1), request.first_incomplete_seq_no)
-        self._watermarks[client] = watermark
-        # Trimmed from the lowest kept seq no up: a scan of every kept outcome per write was
+        heapq.heappush(kept, seq_no)
+        # Trimmed from the lowest kept seq no up, below the watermark the request index
+        # reported (it forgot the same ids): a scan of every kept outcome per write was
         # quadratic while one old request of a busy client stayed incomplete.
         while kept and kept[0] < watermark:
             per_client.pop(heapq.heappop(kept), None)

@@ -26,12 +26,11 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
-from nyala.errors import CorruptionError, InvalidArgumentError, NotSupportedError
+from nyala import _native
+from nyala.errors import CorruptionError, InvalidArgumentError
 
 MAGIC = b"NYWR"
 FORMAT_VERSION = 2
-#: Version 1 had no padding before the op batch; its entries are still read.
-_UNPADDED_VERSION = 1
 _OPS_ALIGNMENT = 8
 _HEADER = struct.Struct("<4sBBHqqI")
 HEADER_BYTES = _HEADER.size
@@ -89,23 +88,14 @@ def encode_write_entry(request_id: RequestId | None, schema_version: int, ops: b
 
 
 def decode_write_entry(payload: bytes | memoryview) -> WriteEntry:
-    """Parses a WRITE payload; damage is ``CorruptionError`` (the log's CRC passed, so a bad
-    payload means a bug or a foreign writer, never something to skip)."""
+    """Parses a WRITE payload with the reader every replica applies with
+    (``nyala_storage::write_entry``); damage is ``CorruptionError`` (the log's CRC passed, so a
+    bad payload means a bug or a foreign writer, never something to skip)."""
     view = memoryview(payload)
-    if len(view) < HEADER_BYTES:
-        raise CorruptionError(f"WRITE payload is {len(view)} bytes, shorter than its header")
-    magic, version, kind, client_len, seq, first, schema_version = _HEADER.unpack_from(view)
-    if magic != MAGIC:
-        raise CorruptionError(f"WRITE payload has magic {magic!r}, expected {MAGIC!r}")
-    if version not in (FORMAT_VERSION, _UNPADDED_VERSION):
-        raise NotSupportedError(f"WRITE payload format {version} is not supported")
-    end = HEADER_BYTES + client_len
-    ops_start = end if version == _UNPADDED_VERSION else -(-end // _OPS_ALIGNMENT) * _OPS_ALIGNMENT
+    # The header and client id (with its padding) are all the reader looks at.
+    head = bytes(view[: HEADER_BYTES + CLIENT_ID_BYTES_MAX + _OPS_ALIGNMENT])
+    kind, client, seq, first, schema_version, ops_start = _native.decode_write_entry(head)
     if ops_start > len(view):
         raise CorruptionError("WRITE payload's client id overruns the payload")
-    request_id = None
-    if seq != NO_SEQ_NO:
-        request_id = RequestId(bytes(view[HEADER_BYTES:end]).decode(), seq, first)
-    if kind not in (KIND_ROWS, KIND_ALTER_SCHEMA):
-        raise NotSupportedError(f"WRITE payload kind {kind} is not supported")
+    request_id = None if client is None else RequestId(client, seq, first)
     return WriteEntry(request_id, schema_version, view[ops_start:], kind)

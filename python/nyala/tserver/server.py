@@ -15,7 +15,7 @@ import logging
 from collections.abc import Callable
 
 from nyala._proto import tserver_admin_pb2_grpc, tserver_pb2_grpc
-from nyala.common.process import resident_bytes
+from nyala.common.process import resident_bytes, trim_heap
 from nyala.consensus.core import ReplicaStatus
 from nyala.consensus.types import Role
 from nyala.errors import ServiceUnavailableError
@@ -26,6 +26,7 @@ from nyala.server.consensus_service import ConsensusService, add_consensus_servi
 from nyala.server.tablet_copy import TabletCopy, add_tablet_copy_service
 from nyala.tablet.replica import TabletReplica
 from nyala.tserver.heartbeater import Heartbeater
+from nyala.tserver.memory import MemoryTracker, MemoryUsage
 from nyala.tserver.scanners import ScannerRegistry
 from nyala.tserver.services import AdminService, TabletService
 from nyala.tserver.settings import TabletServerSettings
@@ -135,6 +136,11 @@ class TabletServer(ServerBase):
         self.copy: TabletCopy | None = None
         self._copy_tasks: list[asyncio.Task[None]] = []
         self.scanners = ScannerRegistry(settings.scanner_ttl_ms)
+        self.memory = MemoryTracker(
+            settings.memory_limit_bytes,
+            settings.memory_pressure_percentage,
+            settings.memory_limit_soft_percentage,
+        )
 
     async def run(self) -> None:
         """Opens the fs root, serves until stopped, shuts down gracefully."""
@@ -233,6 +239,7 @@ class TabletServer(ServerBase):
                 self.tablets,
                 self.scanners,
                 self.settings.scan_batch_bytes_max,
+                self.memory.admit_write,
             ),
         )
         server.add_service(
@@ -267,21 +274,46 @@ class TabletServer(ServerBase):
             await asyncio.sleep(interval_s)
             self.scanners.expire()
 
+    def _measure_memory(self) -> tuple[dict[str, int], int]:
+        """Refreshes the tracked memory (``nyala.tserver.memory``); returns each replica's
+        active MemRowSet bytes and the bytes of those being flushed."""
+        assert self.tablets is not None
+        active: dict[str, int] = {}
+        flushing = caches = 0
+        for replica in self.tablets.replicas():
+            if replica.storage is not None:
+                stats = replica.storage.stats()
+                active[replica.tablet_id] = stats["mem_bytes"]
+                flushing += stats["frozen_bytes"]
+            if replica.wal is not None:
+                caches += replica.wal.cache_stats().bytes
+        scanners = len(self.scanners) * self.settings.scan_batch_bytes_max
+        self.memory.update(MemoryUsage(sum(active.values()) + flushing, caches, scanners))
+        return active, flushing
+
     async def _memory_pressure_loop(self) -> None:
         """Flushes the largest MemRowSets while all of them together exceed
-        ``memrowsets_memory_limit_mb``."""
+        ``memrowsets_memory_limit_mb`` or the server's tracked memory is above its pressure
+        threshold (``memory_pressure_percentage`` of ``memory_limit_bytes``); then gives the
+        freed memory back to the kernel."""
         assert self.tablets is not None
         limit_bytes = self.settings.memrowsets_memory_limit_mb * MIB
         while not self._stopping:
             await asyncio.sleep(self.settings.memory_pressure_check_interval_ms / 1000)
-            storages = {
-                r.tablet_id: r.storage for r in self.tablets.replicas() if r.storage is not None
-            }
-            sizes = {tablet_id: s.stats()["mem_bytes"] for tablet_id, s in storages.items()}
-            for tablet_id in memrowsets_to_flush(sizes, limit_bytes):
+            active, flushing = self._measure_memory()
+            budget = min(limit_bytes, self.memory.memrowsets_budget_bytes())
+            # A MemRowSet already being flushed frees its memory when that flush ends.
+            chosen = memrowsets_to_flush(active, max(0, budget - flushing))
+            for tablet_id in chosen:
+                replica = self.tablets.lookup(tablet_id)
                 if self._stopping:
                     return
-                await self._flush(tablet_id, storages[tablet_id])
+                if replica is None or replica.storage is None:
+                    continue
+                await self._flush(tablet_id, replica.storage)
+                self._measure_memory()
+            if chosen:
+                await asyncio.to_thread(trim_heap)
 
     def _on_consensus_change(self) -> None:
         # Kudu's incremental tablet report, sent at once: the masters name a new leader
@@ -360,6 +392,39 @@ class TabletServer(ServerBase):
         self.metrics.gauge(
             "nyala_process_resident_memory_bytes", "Resident set size of this process"
         ).set_callback(lambda: [({}, float(resident_bytes()))])
+        self._register_memory_metrics()
+
+    def _register_memory_metrics(self) -> None:
+        """The tracked memory by consumer and its limits (``nyala.tserver.memory``)."""
+        memory = self.memory
+        self.metrics.gauge(
+            "nyala_memory_tracked_bytes",
+            "Memory tracked against memory_limit_bytes, by consumer (last measurement)",
+            ("consumer",),
+        ).set_callback(
+            lambda: [
+                ({"consumer": "memrowsets"}, float(memory.usage.memrowsets_bytes)),
+                ({"consumer": "log_caches"}, float(memory.usage.log_caches_bytes)),
+                ({"consumer": "scanners"}, float(memory.usage.scanners_bytes)),
+            ]
+        )
+        self.metrics.gauge(
+            "nyala_memory_limit_bytes",
+            "The memory limit and its thresholds (pressure: flush; soft: refuse writes)",
+            ("threshold",),
+        ).set_callback(
+            lambda: [
+                ({"threshold": "hard"}, float(memory.limit_bytes)),
+                ({"threshold": "soft"}, float(memory.soft_limit_bytes)),
+                ({"threshold": "pressure"}, float(memory.pressure_bytes)),
+            ]
+        )
+        self.metrics.observed_counter(
+            "nyala_writes_refused_memory_total",
+            "Writes refused above the soft memory limit",
+            (),
+            lambda: [({}, float(memory.writes_refused))],
+        )
 
     def _per_replica(
         self, read: Callable[[TabletReplica], float | None]

@@ -152,8 +152,11 @@ class TabletService(ServiceBase, tserver_pb2_grpc.TabletServiceServicer):
         tablets: TabletManager,
         scanners: ScannerRegistry,
         scan_batch_bytes_max: int = SCAN_BATCH_BYTES_MAX_DEFAULT,
+        admit_write: Callable[[int], None] | None = None,
     ) -> None:
         super().__init__(server_uuid, metrics)
+        # Counts a write's bytes against the memory limit or refuses it (retriable).
+        self._admit_write = admit_write
         self._started_s = started_s  # time.monotonic() when the server started serving
         self._tablets = tablets
         self._scanners = scanners
@@ -228,12 +231,16 @@ class TabletService(ServiceBase, tserver_pb2_grpc.TabletServiceServicer):
         self, tablet_id: str, subs: list[tserver_pb2.WriteRequestPB]
     ) -> list[WriteOutcome | Exception]:
         replica = self._tablets.replica(tablet_id)
+        if self._admit_write is not None:
+            self._admit_write(sum(len(sub.ops) for sub in subs))
         return await replica.write_many(
             [(_request_id(sub), sub.schema_version, sub.ops) for sub in subs]
         )
 
     async def _write(self, request: tserver_pb2.WriteRequestPB) -> tserver_pb2.WriteResponsePB:
         replica = self._tablets.replica(request.tablet_id)
+        if self._admit_write is not None:
+            self._admit_write(len(request.ops))
         outcome = await replica.write(_request_id(request), request.schema_version, request.ops)
         return _write_response(outcome)
 

@@ -20,6 +20,13 @@ class TabletServerSettings(ServerSettings):
     # memory pressure too). Checked every memory_pressure_check_interval_ms.
     memrowsets_memory_limit_mb: int = 1024
     memory_pressure_check_interval_ms: int = 500
+    # The server's memory limit (MemRowSets, log caches, scanners; nyala.tserver.memory):
+    # 0 means 80 % of the machine's memory, as in Kudu. Above memory_pressure_percentage of
+    # it MemRowSets are flushed, largest first; above memory_limit_soft_percentage writes
+    # are refused with the retriable SERVICE_UNAVAILABLE until flushes make room.
+    memory_limit_bytes: int = 0
+    memory_pressure_percentage: int = 60
+    memory_limit_soft_percentage: int = 80
 
     # Master heartbeats.
     master_heartbeat_interval_ms: int = 1_000
@@ -35,4 +42,6 @@ class TabletServerSettings(ServerSettings):
         "scan_batch_bytes_max",
         "memrowsets_memory_limit_mb",
         "memory_pressure_check_interval_ms",
+        "memory_pressure_percentage",
+        "memory_limit_soft_percentage",
     )

@@ -108,6 +108,8 @@ pub struct EngineStats {
     pub mem_rows: usize,
     pub mem_bytes: usize,
     pub frozen_rows: usize,
+    /// Bytes of the MemRowSet being flushed (0 if none): still memory until the flush ends.
+    pub frozen_bytes: usize,
     pub rowsets: usize,
     pub disk_rows: u64,
     pub last_applied_index: OpIndex,
@@ -310,6 +312,7 @@ impl Engine {
             mem_rows: st.active.len(),
             mem_bytes: st.active.bytes(),
             frozen_rows: st.frozen.as_ref().map_or(0, |f| f.mem.len()),
+            frozen_bytes: st.frozen.as_ref().map_or(0, |f| f.mem.bytes()),
             rowsets: st.disk.len(),
             disk_rows: st.disk.iter().map(|r| r.rows()).sum(),
             last_applied_index: st.last_applied_index,

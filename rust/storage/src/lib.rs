@@ -19,6 +19,7 @@ pub mod partition;
 pub mod predicate;
 pub mod scan;
 pub mod schema;
+pub mod write_entry;
 
 pub use engine::{
     ApplyResult, Engine, EngineOptions, EngineStats, FaultInjector, FaultPoint, Snapshot,
@@ -35,3 +36,7 @@ pub use ops::{
 pub use predicate::{Predicate, PredicateOp};
 pub use scan::{ScanCursor, ScanResult, ScanSpec};
 pub use schema::{ColumnSchema, DataType, Schema, Value};
+pub use write_entry::{
+    apply_write_entries, apply_write_entry, decode_write_entry, Admission, AppliedEntries,
+    RequestId, RequestIndex, WriteEffect, WriteEntryHeader, WriteKind, WriteOutcome,
+};

@@ -205,6 +205,11 @@ class WalLog:
             min_segments_to_retain=options.min_segments_to_retain,
         )
 
+    @property
+    def native(self) -> _native.ReplicatedLog:
+        """The native log (for bindings that read its entries in place)."""
+        return self._log
+
     # --- RaftLog --------------------------------------------------------------------------
 
     def last_op_id(self) -> OpId:

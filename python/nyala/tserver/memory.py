@@ -1,0 +1,94 @@
+"""A tablet server's tracked memory and its limit (Kudu's ``memory_limit_hard_bytes``).
+
+What is tracked: every replica's MemRowSets (the active one and one being flushed), every
+log cache, and the open scanners (each counted at its page bound, ``scan_batch_bytes_max``:
+the cursor holds about one decoded row group and one page). The server refreshes the figure
+every ``memory_pressure_check_interval_ms``; between refreshes each admitted write adds its
+size, so a burst cannot run far past the limit unseen.
+
+Two thresholds below the limit, as in Kudu:
+
+* ``memory_pressure_percentage`` (60 %): MemRowSets are flushed, largest first, until the
+  tracked memory is below it again (the memory-pressure loop in ``nyala.tserver.server``);
+* ``memory_limit_soft_percentage`` (80 %): the leader refuses new writes with the retriable
+  ``ServiceUnavailableError`` (``SERVICE_UNAVAILABLE``); the client backs off and retries
+  under the same request id, so nothing is lost and nothing is applied twice. Replication
+  to followers is never refused (a follower that refused would stall its tablet).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from nyala.common.process import machine_memory_bytes
+from nyala.errors import ServiceUnavailableError
+
+#: Share of the machine's memory that ``memory_limit_bytes = 0`` means (Kudu: 80 %).
+MEMORY_LIMIT_FRACTION_DEFAULT = 0.8
+#: Used when the machine's memory cannot be read.
+MEMORY_LIMIT_BYTES_FALLBACK = 4 << 30
+
+
+def default_memory_limit_bytes() -> int:
+    """The memory limit of a tablet server not told otherwise: a fraction of the machine."""
+    machine = machine_memory_bytes()
+    if machine <= 0:
+        return MEMORY_LIMIT_BYTES_FALLBACK
+    return int(machine * MEMORY_LIMIT_FRACTION_DEFAULT)
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryUsage:
+    """Tracked bytes by consumer."""
+
+    memrowsets_bytes: int = 0
+    log_caches_bytes: int = 0
+    scanners_bytes: int = 0
+
+    @property
+    def total_bytes(self) -> int:
+        return self.memrowsets_bytes + self.log_caches_bytes + self.scanners_bytes
+
+
+class MemoryTracker:
+    """The server's limit, its thresholds, and the last measured usage."""
+
+    def __init__(
+        self, limit_bytes: int, pressure_percentage: int = 60, soft_percentage: int = 80
+    ) -> None:
+        self.limit_bytes = limit_bytes if limit_bytes > 0 else default_memory_limit_bytes()
+        self.pressure_bytes = self.limit_bytes * pressure_percentage // 100
+        self.soft_limit_bytes = self.limit_bytes * soft_percentage // 100
+        self.usage = MemoryUsage()
+        # Bytes of writes admitted since ``usage`` was measured.
+        self._admitted_bytes = 0
+        #: Writes refused above the soft limit (a counter for /metrics).
+        self.writes_refused = 0
+
+    def update(self, usage: MemoryUsage) -> None:
+        """Records a fresh measurement (it includes every write admitted before it)."""
+        self.usage = usage
+        self._admitted_bytes = 0
+
+    @property
+    def estimated_bytes(self) -> int:
+        """The last measurement plus what was admitted since."""
+        return self.usage.total_bytes + self._admitted_bytes
+
+    def admit_write(self, size_bytes: int) -> None:
+        """Counts a write of ``size_bytes`` in, or refuses it (retriable) above the soft
+        limit."""
+        if self.estimated_bytes >= self.soft_limit_bytes:
+            self.writes_refused += 1
+            raise ServiceUnavailableError(
+                f"tablet server memory {self.estimated_bytes >> 20} MiB is over its soft limit "
+                f"{self.soft_limit_bytes >> 20} MiB (memory_limit_bytes "
+                f"{self.limit_bytes >> 20} MiB); retry after the flushes under way"
+            )
+        self._admitted_bytes += size_bytes
+
+    def memrowsets_budget_bytes(self) -> int:
+        """What the MemRowSets may hold before flushes start: the pressure threshold less the
+        other consumers."""
+        others = self.usage.log_caches_bytes + self.usage.scanners_bytes
+        return max(0, self.pressure_bytes - others)

@@ -1,0 +1,397 @@
+//! Applying committed WRITE log entries (docs/tablet-write-entry.md): the payload format's
+//! reader, the replica's index of applied request ids, and the step that turns one entry
+//! into storage changes and per-row statuses.
+//!
+//! The log side (which entries are committed, where their bytes are) is the caller's; this
+//! module sees one WRITE payload at a time as an Arrow buffer, so the op batch the MemRowSet
+//! keeps can be the log's own bytes. The encoder is `nyala.tablet.write_entry` (the leader
+//! builds entries in Python; every replica reads them here).
+
+use std::collections::{BTreeSet, HashMap};
+
+use arrow::buffer::Buffer;
+use nyala_common::OpIndex;
+
+use crate::engine::Engine;
+use crate::error::{Result, StorageError};
+use crate::ops::RowStatus;
+
+/// First bytes of every WRITE payload.
+pub const WRITE_ENTRY_MAGIC: [u8; 4] = *b"NYWR";
+/// The format version written today: the op batch starts 8-byte aligned.
+pub const WRITE_ENTRY_FORMAT_VERSION: u8 = 2;
+/// The first version, without padding before the op batch; still read.
+const UNPADDED_FORMAT_VERSION: u8 = 1;
+/// Fixed header in front of the client id.
+pub const WRITE_ENTRY_HEADER_BYTES: usize = 28;
+/// Sequence number meaning "no request id".
+pub const NO_SEQ_NO: i64 = -1;
+const OPS_ALIGNMENT: usize = 8;
+
+/// What a WRITE entry's tail holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WriteKind {
+    /// An op batch (Arrow IPC stream of the table's columns plus the op column).
+    Rows = 0,
+    /// A schema change: the tail is the new schema document (JSON), applied by the caller.
+    AlterSchema = 1,
+}
+
+/// One client request (`RequestIdPB` without the attempt count).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RequestId {
+    pub client_id: String,
+    pub seq_no: i64,
+    pub first_incomplete_seq_no: i64,
+}
+
+/// A parsed WRITE payload header; the tail (`ops` bytes) starts at `ops_offset`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WriteEntryHeader {
+    pub kind: WriteKind,
+    pub request_id: Option<RequestId>,
+    pub schema_version: u32,
+    pub ops_offset: usize,
+}
+
+fn le_u16(b: &[u8], at: usize) -> u16 {
+    u16::from_le_bytes(b[at..at + 2].try_into().expect("two bytes"))
+}
+
+fn le_u32(b: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes(b[at..at + 4].try_into().expect("four bytes"))
+}
+
+fn le_i64(b: &[u8], at: usize) -> i64 {
+    i64::from_le_bytes(b[at..at + 8].try_into().expect("eight bytes"))
+}
+
+/// Parses a WRITE payload's header. The log's CRC covered the payload, so damage here is a
+/// bug or a foreign writer: `Corruption` (or `NotSupported` for a newer version or kind),
+/// never something to skip.
+pub fn decode_write_entry(payload: &[u8]) -> Result<WriteEntryHeader> {
+    if payload.len() < WRITE_ENTRY_HEADER_BYTES {
+        return Err(StorageError::corruption(format!(
+            "WRITE payload is {} bytes, shorter than its header",
+            payload.len()
+        )));
+    }
+    if payload[..4] != WRITE_ENTRY_MAGIC {
+        return Err(StorageError::corruption(format!(
+            "WRITE payload has magic {:?}, expected {:?}",
+            String::from_utf8_lossy(&payload[..4]),
+            String::from_utf8_lossy(&WRITE_ENTRY_MAGIC)
+        )));
+    }
+    let version = payload[4];
+    if version != WRITE_ENTRY_FORMAT_VERSION && version != UNPADDED_FORMAT_VERSION {
+        return Err(StorageError::NotSupported(format!(
+            "WRITE payload format {version} is not supported"
+        )));
+    }
+    let client_end = WRITE_ENTRY_HEADER_BYTES + usize::from(le_u16(payload, 6));
+    let ops_offset = if version == UNPADDED_FORMAT_VERSION {
+        client_end
+    } else {
+        client_end.div_ceil(OPS_ALIGNMENT) * OPS_ALIGNMENT
+    };
+    if ops_offset > payload.len() {
+        return Err(StorageError::corruption(
+            "WRITE payload's client id overruns the payload",
+        ));
+    }
+    let kind = match payload[5] {
+        0 => WriteKind::Rows,
+        1 => WriteKind::AlterSchema,
+        other => {
+            return Err(StorageError::NotSupported(format!(
+                "WRITE payload kind {other} is not supported"
+            )))
+        }
+    };
+    let seq_no = le_i64(payload, 8);
+    let request_id = if seq_no == NO_SEQ_NO {
+        None
+    } else {
+        let client_id = std::str::from_utf8(&payload[WRITE_ENTRY_HEADER_BYTES..client_end])
+            .map_err(|e| StorageError::corruption(format!("WRITE payload's client id: {e}")))?;
+        Some(RequestId {
+            client_id: client_id.to_owned(),
+            seq_no,
+            first_incomplete_seq_no: le_i64(payload, 16),
+        })
+    };
+    Ok(WriteEntryHeader {
+        kind,
+        request_id,
+        schema_version: le_u32(payload, 24),
+        ops_offset,
+    })
+}
+
+/// Whether a request may be applied (`RequestIndex::admit`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Admission {
+    /// Not applied before: apply it.
+    New,
+    /// Already applied: its first outcome is the answer.
+    Duplicate,
+    /// Below the client's first incomplete sequence number and no longer remembered: the
+    /// client declared it complete, so it must not be applied again.
+    Stale,
+}
+
+#[derive(Default)]
+struct ClientRequests {
+    /// The highest first-incomplete sequence number the client sent.
+    watermark: i64,
+    /// Applied sequence numbers at or above `watermark`.
+    applied: BTreeSet<i64>,
+}
+
+/// The request ids a replica has applied, per client, from each client's first incomplete
+/// sequence number up (what exactly-once needs, DESIGN.md §4). Every replica builds the same
+/// index from the same log. The outcomes themselves are the caller's (the tablet's applier
+/// keeps them with the same trimming, driven by `watermark`).
+#[derive(Default)]
+pub struct RequestIndex {
+    clients: HashMap<String, ClientRequests>,
+}
+
+impl RequestIndex {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Whether `request` may be applied.
+    pub fn admit(&self, request: &RequestId) -> Admission {
+        self.admit_seq(&request.client_id, request.seq_no)
+    }
+
+    /// `admit` by client id and sequence number.
+    pub fn admit_seq(&self, client_id: &str, seq_no: i64) -> Admission {
+        match self.clients.get(client_id) {
+            None => Admission::New,
+            Some(c) if c.applied.contains(&seq_no) => Admission::Duplicate,
+            Some(c) if seq_no < c.watermark => Admission::Stale,
+            Some(_) => Admission::New,
+        }
+    }
+
+    /// Records `request` as applied and forgets the client's requests below its first
+    /// incomplete sequence number; returns that watermark.
+    pub fn record(&mut self, request: &RequestId) -> i64 {
+        let client = self
+            .clients
+            .entry(request.client_id.clone())
+            .or_insert_with(|| ClientRequests {
+                watermark: i64::MIN,
+                applied: BTreeSet::new(),
+            });
+        client.applied.insert(request.seq_no);
+        if request.first_incomplete_seq_no > client.watermark {
+            client.watermark = request.first_incomplete_seq_no;
+            client.applied = client.applied.split_off(&client.watermark);
+        }
+        client.watermark
+    }
+
+    /// Number of remembered request ids (all clients).
+    pub fn len(&self) -> usize {
+        self.clients.values().map(|c| c.applied.len()).sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// What applying one WRITE entry did.
+#[derive(Debug, PartialEq, Eq)]
+pub enum WriteEffect {
+    /// The op batch was applied: one status per row.
+    Applied(Vec<RowStatus>),
+    /// The op batch was refused whole as malformed (the same on every replica); nothing
+    /// changed.
+    Refused(String),
+    /// A request applied before: not applied again.
+    Duplicate,
+    /// A stale retry of a request the client declared complete: not applied.
+    Stale,
+    /// A schema change, left to the caller (`header.ops_offset..` is the schema document).
+    AlterSchema,
+}
+
+/// One applied WRITE entry: its index, header and effect, and the client's watermark after
+/// it (for trimming the caller's outcome cache; `None` without a request id or if the
+/// request was not recorded).
+#[derive(Debug)]
+pub struct WriteOutcome {
+    pub index: OpIndex,
+    pub header: WriteEntryHeader,
+    pub effect: WriteEffect,
+    pub watermark: Option<i64>,
+}
+
+/// Applies the WRITE entry whose payload is `payload` as op `index`: parses it, skips a
+/// duplicate or stale request, decodes the op batch in place (the MemRowSet keeps
+/// `payload`'s bytes where they are aligned) and applies it. A schema change is returned
+/// unapplied (`WriteEffect::AlterSchema`). Errors other than a malformed op batch (which is
+/// a `Refused` outcome) stop the replica: they mean damage or a broken invariant.
+pub fn apply_write_entry(
+    engine: &Engine,
+    requests: &mut RequestIndex,
+    index: OpIndex,
+    payload: Buffer,
+) -> Result<WriteOutcome> {
+    let header = decode_write_entry(payload.as_slice())?;
+    let outcome = |effect, watermark| WriteOutcome {
+        index,
+        header: header.clone(),
+        effect,
+        watermark,
+    };
+    if header.kind == WriteKind::AlterSchema {
+        return Ok(outcome(WriteEffect::AlterSchema, None));
+    }
+    if let Some(request) = &header.request_id {
+        match requests.admit(request) {
+            Admission::Duplicate => return Ok(outcome(WriteEffect::Duplicate, None)),
+            Admission::Stale => return Ok(outcome(WriteEffect::Stale, None)),
+            Admission::New => {}
+        }
+    }
+    let ops = payload.slice(header.ops_offset);
+    let effect = match engine
+        .decode(ops)
+        .and_then(|batch| engine.apply(&batch, index))
+    {
+        Ok(result) => WriteEffect::Applied(result.statuses),
+        Err(StorageError::InvalidArgument(message)) => WriteEffect::Refused(message),
+        Err(other) => return Err(other),
+    };
+    let watermark = header.request_id.as_ref().map(|r| requests.record(r));
+    Ok(outcome(effect, watermark))
+}
+
+/// What `apply_write_entries` did: one outcome per entry applied or skipped, in order, and
+/// the schema change that stopped it, if any, as (op index, schema version, document).
+#[derive(Debug, Default)]
+pub struct AppliedEntries {
+    pub outcomes: Vec<WriteOutcome>,
+    pub schema_change: Option<(OpIndex, u32, Buffer)>,
+}
+
+/// Applies WRITE entries `(op index, payload)` in order (`apply_write_entry`) until the first
+/// schema change, which is returned unapplied with the entries after it left alone: the
+/// caller applies it (storage and tablet metadata) and goes on after its index.
+pub fn apply_write_entries(
+    engine: &Engine,
+    requests: &mut RequestIndex,
+    entries: impl IntoIterator<Item = (OpIndex, Buffer)>,
+) -> Result<AppliedEntries> {
+    let mut applied = AppliedEntries::default();
+    for (index, payload) in entries {
+        let outcome = apply_write_entry(engine, requests, index, payload.clone())?;
+        if outcome.effect == WriteEffect::AlterSchema {
+            let doc = payload.slice(outcome.header.ops_offset);
+            applied.schema_change = Some((index, outcome.header.schema_version, doc));
+            return Ok(applied);
+        }
+        applied.outcomes.push(outcome);
+    }
+    Ok(applied)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn encode(kind: u8, client: &str, seq: i64, first: i64, version: u8, tail: &[u8]) -> Vec<u8> {
+        let mut out = Vec::new();
+        out.extend_from_slice(&WRITE_ENTRY_MAGIC);
+        out.push(version);
+        out.push(kind);
+        out.extend_from_slice(&(client.len() as u16).to_le_bytes());
+        out.extend_from_slice(&seq.to_le_bytes());
+        out.extend_from_slice(&first.to_le_bytes());
+        out.extend_from_slice(&7u32.to_le_bytes());
+        out.extend_from_slice(client.as_bytes());
+        if version == WRITE_ENTRY_FORMAT_VERSION {
+            while out.len() % OPS_ALIGNMENT != 0 {
+                out.push(0);
+            }
+        }
+        out.extend_from_slice(tail);
+        out
+    }
+
+    #[test]
+    fn header_round_trip_both_versions() {
+        for version in [1, 2] {
+            let payload = encode(0, "abc", 5, 3, version, b"ops!");
+            let header = decode_write_entry(&payload).unwrap();
+            assert_eq!(&payload[header.ops_offset..], b"ops!");
+            assert_eq!(header.schema_version, 7);
+            assert_eq!(header.kind, WriteKind::Rows);
+            let request = header.request_id.unwrap();
+            assert_eq!((request.client_id.as_str(), request.seq_no), ("abc", 5));
+            assert_eq!(request.first_incomplete_seq_no, 3);
+        }
+        let header = decode_write_entry(&encode(1, "", -1, -1, 2, b"{}")).unwrap();
+        assert_eq!(header.kind, WriteKind::AlterSchema);
+        assert!(header.request_id.is_none());
+        assert_eq!(header.ops_offset % OPS_ALIGNMENT, 0);
+    }
+
+    #[test]
+    fn damaged_headers_are_refused() {
+        let good = encode(0, "abc", 5, 3, 2, b"ops!");
+        let short = decode_write_entry(&good[..10]).unwrap_err();
+        assert!(matches!(short, StorageError::Corruption(_)), "{short}");
+        let mut magic = good.clone();
+        magic[0] = b'X';
+        assert!(matches!(
+            decode_write_entry(&magic),
+            Err(StorageError::Corruption(_))
+        ));
+        let mut version = good.clone();
+        version[4] = 3;
+        assert!(matches!(
+            decode_write_entry(&version),
+            Err(StorageError::NotSupported(_))
+        ));
+        let mut kind = good.clone();
+        kind[5] = 9;
+        assert!(matches!(
+            decode_write_entry(&kind),
+            Err(StorageError::NotSupported(_))
+        ));
+        let mut overrun = good;
+        overrun[6] = 200;
+        assert!(matches!(
+            decode_write_entry(&overrun),
+            Err(StorageError::Corruption(_))
+        ));
+    }
+
+    #[test]
+    fn request_index_dedupes_and_trims_below_the_watermark() {
+        let mut index = RequestIndex::new();
+        let req = |seq, first| RequestId {
+            client_id: "c".into(),
+            seq_no: seq,
+            first_incomplete_seq_no: first,
+        };
+        assert_eq!(index.admit(&req(0, 0)), Admission::New);
+        assert_eq!(index.record(&req(0, 0)), 0);
+        assert_eq!(index.record(&req(1, 0)), 0);
+        assert_eq!(index.admit(&req(0, 0)), Admission::Duplicate);
+        assert_eq!(index.record(&req(2, 1)), 1);
+        // Seq 0 is below the watermark and forgotten: a retry of it is stale.
+        assert_eq!(index.admit(&req(0, 0)), Admission::Stale);
+        assert_eq!(index.admit(&req(1, 0)), Admission::Duplicate);
+        assert_eq!(index.len(), 2);
+        assert_eq!(index.admit_seq("other", 0), Admission::New);
+    }
+}
