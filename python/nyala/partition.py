@@ -463,6 +463,78 @@ def describe_range(schema: Schema, columns: Sequence[str], low: bytes, high: byt
     return text
 
 
+#: The comparison operators ``range_key_interval`` understands (others are ignored).
+PRUNING_OPS = frozenset(("=", "==", "<", "<=", ">", ">=", "in"))
+
+
+def range_key_interval(
+    types: Sequence[str], predicates: Iterable[tuple[str, Any]]
+) -> tuple[bytes, bytes | None]:
+    """The interval ``[lower, upper)`` of encoded range keys (of range columns of ``types``;
+    ``upper`` None: unbounded) that holds every key whose **first** column meets all
+    ``predicates`` (``(op, value)``, op in ``PRUNING_OPS``, ``in`` with a list of values).
+
+    A key's first column is its leading bytes, so "first column = v" is the set of keys
+    starting with v's encoding (exactly that encoding when there is one range column).
+    Predicates that cannot be encoded (a value of another type, out of range, a varchar value
+    longer than n, which storage compares uncut) are skipped: they only widen the interval,
+    never exclude a key that could match. ``upper <= lower`` means no key matches."""
+    lower, upper = b"", None
+    for op, value in predicates:
+        op = op.strip().lower()
+        if op not in PRUNING_OPS:
+            continue
+        values = list(value) if op == "in" else [value]
+        try:
+            encoded = sorted(_leading_bytes(types, v) for v in values)
+        except InvalidArgumentError:
+            continue
+        if not encoded:
+            return b"", b""  # IN (): nothing matches
+        low: bytes | None = b""
+        high: bytes | None = None
+        if op in ("=", "==", "in"):
+            low, high = encoded[0], _after(encoded[-1], types)
+        elif op in (">", ">="):
+            low = encoded[0] if op == ">=" else _after(encoded[0], types)
+        else:
+            high = encoded[0] if op == "<" else _after(encoded[0], types)
+        if low is None:
+            return b"", b""  # nothing is above the largest value
+        lower = max(lower, low)
+        upper = high if upper is None else upper if high is None else min(upper, high)
+    return lower, upper
+
+
+def range_may_hold(low: bytes, high: bytes, interval: tuple[bytes, bytes | None]) -> bool:
+    """True if a range partition ``[low, high)`` (empty: unbounded) shares a key with the
+    ``interval`` of ``range_key_interval``."""
+    lower, upper = interval
+    return (not high or lower < high) and (upper is None or low < upper)
+
+
+def _leading_bytes(types: Sequence[str], value: Any) -> bytes:
+    """The bytes a range key starts with when its first column holds ``value``."""
+    chars = varchar_chars(types[0])
+    if chars is not None and isinstance(value, str) and len(value) > chars:
+        raise InvalidArgumentError("stored values are cut to n characters; this one is longer")
+    if len(types) == 1:
+        return encode_key(types, [value])
+    # Not last: encoded self-delimiting; encode it before a 1-byte column and drop that byte.
+    return encode_key([types[0], "int8"], [value, 0])[:-1]
+
+
+def _after(leading: bytes, types: Sequence[str]) -> bytes | None:
+    """The smallest key above every key whose first column encodes as ``leading`` (None:
+    there is none)."""
+    if len(types) == 1:
+        return leading + b"\x00"  # the key is exactly ``leading``
+    trimmed = leading.rstrip(b"\xff")
+    if not trimmed:
+        return None
+    return trimmed[:-1] + bytes([trimmed[-1] + 1])
+
+
 @dataclasses.dataclass(frozen=True)
 class RangeSpec:
     """Encoded range bounds ``(lower, upper)`` (empty = unbounded; no bounds = one range over
@@ -642,6 +714,7 @@ def partitions_for_create_table(
 
 __all__ = [
     "BUCKET_BYTES",
+    "PRUNING_OPS",
     "HashPartitioning",
     "Partition",
     "PartitionSchema",
@@ -658,6 +731,8 @@ __all__ = [
     "partitions_for_create_table",
     "range_bounds_from_pb",
     "range_bounds_pb",
+    "range_key_interval",
+    "range_may_hold",
     "range_spec_to_pb",
     "rows_to_ipc",
 ]

@@ -39,7 +39,7 @@ from nyala.client.meta_cache import MetaCache, Replica, TableInfo, TabletLocatio
 from nyala.client.rpc import Backoff, ChannelPool
 from nyala.client.write import pick_replica
 from nyala.common.extras import require
-from nyala.partition import encode_key
+from nyala.partition import range_key_interval, range_may_hold
 from nyala.rpc.errors import error_from_pb
 from nyala.schema import Schema, decimal_params, normalize_default, varchar_chars
 
@@ -329,44 +329,19 @@ class Scanner:
     def _prune(self, tablets: list[TabletLocation], router: Any) -> list[TabletLocation]:
         """The tablets the scan can match (partition pruning): when ``=``/``in`` predicates
         fix every partition column to a few values, only the tablets those values route to;
-        then, with one range column, only the tablets whose range meets the ``<``, ``<=``,
-        ``>``, ``>=`` and ``=`` predicates on it."""
+        then only the tablets whose range meets the ``=``, ``in``, ``<``, ``<=``, ``>`` and
+        ``>=`` predicates on the first range column (``nyala.partition.range_key_interval``)."""
         return self._prune_ranges(self._prune_points(tablets, router))
 
     def _prune_ranges(self, tablets: list[TabletLocation]) -> list[TabletLocation]:
         columns = self.info.partition_schema.range_columns
-        if len(columns) != 1 or len(tablets) < 2:
+        if not columns or len(tablets) < 2:
             return tablets
-        column = self.info.schema.column(columns[0])
-        lows: list[bytes] = []  # the key is >= each
-        highs: list[tuple[bytes, bool]] = []  # the key is <= (True) or < (False) each
-        for predicate in self._where:
-            if len(predicate) != 3 or predicate[0] != column.name:
-                continue
-            op = str(predicate[1]).strip().lower()
-            if op not in ("=", "==", "<", "<=", ">", ">="):
-                continue
-            chars = varchar_chars(column.type)
-            if chars is not None and len(str(predicate[2])) > chars:
-                continue  # stored values are cut to n characters: no safe bound
-            try:
-                encoded = encode_key([column.type], [predicate[2]])
-            except errors.InvalidArgumentError:
-                continue
-            if op in ("=", "==", ">", ">="):
-                lows.append(encoded)  # '>' keeps the tablet starting at the value: safe
-            if op in ("=", "==", "<="):
-                highs.append((encoded, True))
-            elif op == "<":
-                highs.append((encoded, False))
-
-        def meets(tablet: TabletLocation) -> bool:
-            low, high = tablet.partition.range_bounds()
-            if high and any(high <= v for v in lows):
-                return False
-            return not any(low > v if inclusive else low >= v for v, inclusive in highs)
-
-        return [t for t in tablets if meets(t)]
+        types = [self.info.schema.column(c).type for c in columns]
+        # The first range column leads every range key: its predicates bound the keys.
+        on_first = [(str(p[1]), p[2]) for p in self._where if len(p) == 3 and p[0] == columns[0]]
+        interval = range_key_interval(types, on_first)
+        return [t for t in tablets if range_may_hold(*t.partition.range_bounds(), interval)]
 
     def _prune_points(self, tablets: list[TabletLocation], router: Any) -> list[TabletLocation]:
         partitioning = self.info.partition_schema
