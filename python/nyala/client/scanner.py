@@ -216,8 +216,14 @@ class Scanner:
                     return
 
     def tablets(self) -> list[TabletLocation]:
-        """The tablets this scan reads, in partition order: those partition pruning keeps."""
-        locations = self.cache.locations(self.info)
+        """The tablets this scan reads, in partition order: those partition pruning keeps.
+
+        A range-partitioned table's layout may have changed since the client cached it
+        (another client added or dropped a range), so it is asked of the master: a scan then
+        reads an added range's tablets and never a dropped range's, even before the dropped
+        tablets' replicas are tombstoned. Hash partitions never change: the cache serves."""
+        ranged = bool(self.info.partition_schema.range_columns)
+        locations = self.cache.locations(self.info, refresh=ranged)
         return self._prune(locations.tablets, locations.router)
 
     def to_reader(self) -> pa.RecordBatchReader:
@@ -257,7 +263,10 @@ class Scanner:
         # after the last the tablet is read from the leader (Kudu's CLOSEST_REPLICA fallback).
         candidates = self._candidates(tablet)
         while True:
-            tablet = self._fresh(tablet)
+            fresh = self._fresh(tablet)
+            if fresh is None:
+                return  # its range partition was dropped meanwhile: its rows are gone
+            tablet = fresh
             follower = bool(candidates)
             if follower:
                 target = candidates[0]
@@ -320,11 +329,13 @@ class Scanner:
             batches_max=self.page_batches,
         )
 
-    def _fresh(self, tablet: TabletLocation) -> TabletLocation:
+    def _fresh(self, tablet: TabletLocation) -> TabletLocation | None:
+        """``tablet`` as the cache knows it now; None if the table has it no more (the master
+        lists a table's tablets until their range partition is dropped)."""
         for candidate in self.cache.locations(self.info).tablets:
             if candidate.tablet_id == tablet.tablet_id:
                 return candidate
-        raise errors.TabletNotFoundError(f"tablet {tablet.tablet_id} no longer exists")
+        return None
 
     def _prune(self, tablets: list[TabletLocation], router: Any) -> list[TabletLocation]:
         """The tablets the scan can match (partition pruning): when ``=``/``in`` predicates
