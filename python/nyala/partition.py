@@ -468,11 +468,14 @@ PRUNING_OPS = frozenset(("=", "==", "<", "<=", ">", ">=", "in"))
 
 
 def range_key_interval(
-    types: Sequence[str], predicates: Iterable[tuple[str, Any]]
+    types: Sequence[str], predicates: Sequence[Iterable[tuple[str, Any]]]
 ) -> tuple[bytes, bytes | None]:
     """The interval ``[lower, upper)`` of encoded range keys (of range columns of ``types``;
-    ``upper`` None: unbounded) that holds every key whose **first** column meets all
-    ``predicates`` (``(op, value)``, op in ``PRUNING_OPS``, ``in`` with a list of values).
+    ``upper`` None: unbounded) that holds every key whose columns meet ``predicates`` (per
+    range column in order, its ``(op, value)`` pairs: op in ``PRUNING_OPS``, ``in`` with a
+    list of values), as Kudu's partition pruner bounds them: the first column's predicates
+    bound the keys; while a column is fixed to one value by ``=``, the next column's
+    predicates bound the keys within that prefix.
 
     A key's first column is its leading bytes, so "first column = v" is the set of keys
     starting with v's encoding (exactly that encoding when there is one range column).
@@ -480,6 +483,28 @@ def range_key_interval(
     longer than n, which storage compares uncut) are skipped: they only widen the interval,
     never exclude a key that could match. ``upper <= lower`` means no key matches."""
     lower, upper = b"", None
+    prefix = b""  # the encoded values of the leading columns fixed by '='
+    for i, column_predicates in enumerate(predicates[: len(types)]):
+        column_lower, column_upper, fixed = _column_interval(types[i:], column_predicates)
+        if column_upper is not None and column_upper <= column_lower:
+            return b"", b""
+        lower = max(lower, prefix + column_lower)
+        if column_upper is not None:
+            bound = prefix + column_upper
+            upper = bound if upper is None else min(upper, bound)
+        if fixed is None:
+            break
+        prefix += fixed
+    return lower, upper
+
+
+def _column_interval(
+    types: Sequence[str], predicates: Iterable[tuple[str, Any]]
+) -> tuple[bytes, bytes | None, bytes | None]:
+    """For keys of columns ``types`` (the rest of a range key), the interval ``[lower,
+    upper)`` that every key whose first column meets ``predicates`` lies in, and that
+    column's encoding if an ``=`` fixes it to one value (else None)."""
+    lower, upper, fixed = b"", None, None
     for op, value in predicates:
         op = op.strip().lower()
         if op not in PRUNING_OPS:
@@ -490,20 +515,22 @@ def range_key_interval(
         except InvalidArgumentError:
             continue
         if not encoded:
-            return b"", b""  # IN (): nothing matches
+            return b"", b"", None  # IN (): nothing matches
         low: bytes | None = b""
         high: bytes | None = None
         if op in ("=", "==", "in"):
             low, high = encoded[0], _after(encoded[-1], types)
+            if len(set(encoded)) == 1:
+                fixed = encoded[0]
         elif op in (">", ">="):
             low = encoded[0] if op == ">=" else _after(encoded[0], types)
         else:
             high = encoded[0] if op == "<" else _after(encoded[0], types)
         if low is None:
-            return b"", b""  # nothing is above the largest value
+            return b"", b"", None  # nothing is above the largest value
         lower = max(lower, low)
         upper = high if upper is None else upper if high is None else min(upper, high)
-    return lower, upper
+    return lower, upper, fixed
 
 
 def range_may_hold(low: bytes, high: bytes, interval: tuple[bytes, bytes | None]) -> bool:

@@ -341,7 +341,8 @@ class Scanner:
         """The tablets the scan can match (partition pruning): when ``=``/``in`` predicates
         fix every partition column to a few values, only the tablets those values route to;
         then only the tablets whose range meets the ``=``, ``in``, ``<``, ``<=``, ``>`` and
-        ``>=`` predicates on the first range column (``nyala.partition.range_key_interval``)."""
+        ``>=`` predicates on the first range column, and on each next one while the columns
+        before it are fixed by ``=`` (``nyala.partition.range_key_interval``)."""
         return self._prune_ranges(self._prune_points(tablets, router))
 
     def _prune_ranges(self, tablets: list[TabletLocation]) -> list[TabletLocation]:
@@ -349,9 +350,11 @@ class Scanner:
         if not columns or len(tablets) < 2:
             return tablets
         types = [self.info.schema.column(c).type for c in columns]
-        # The first range column leads every range key: its predicates bound the keys.
-        on_first = [(str(p[1]), p[2]) for p in self._where if len(p) == 3 and p[0] == columns[0]]
-        interval = range_key_interval(types, on_first)
+        by_column = [
+            [(str(p[1]), p[2]) for p in self._where if len(p) == 3 and p[0] == column]
+            for column in columns
+        ]
+        interval = range_key_interval(types, by_column)
         return [t for t in tablets if range_may_hold(*t.partition.range_bounds(), interval)]
 
     def _prune_points(self, tablets: list[TabletLocation], router: Any) -> list[TabletLocation]:

@@ -1,8 +1,9 @@
 """Range partition pruning on a multi-column range key: a scan keeps every tablet that could
 hold a matching row. Checked against brute force: for random range bounds (with a hash level
-in front) and random predicates on the first range column, every partition that holds some
-row of a dense value domain meeting the predicates must survive pruning (no false pruning);
-and on simple layouts pruning does drop the partitions that cannot match."""
+in front) and random predicates on the range columns, every partition that holds some row of
+a dense value domain meeting the predicates must survive pruning (no false pruning); and on
+simple layouts pruning does drop the partitions that cannot match (by the first column, and by
+the second one when the first is fixed by '=')."""
 
 from __future__ import annotations
 
@@ -102,12 +103,15 @@ def cases(draw: st.DrawFn) -> tuple[int, list[tuple[bytes, bytes]], list[tuple[A
         for low, high in itertools.pairwise(edges)
         if (not high or low < high) and draw(st.booleans())
     ]
-    first = DOMAINS[types[0]] + ([] if types[0] == "date" else ODD_VALUES)
-    predicate = st.one_of(
-        st.tuples(st.sampled_from(sorted(COMPARE)), st.sampled_from(first)),
-        st.tuples(st.just("in"), st.lists(st.sampled_from(first), max_size=3)),
-    )
-    where = [(range_columns[0], op, v) for op, v in draw(st.lists(predicate, max_size=3))]
+    where = []
+    for column, type_ in zip(range_columns, types, strict=True):
+        literals = DOMAINS[type_] + ([] if type_ == "date" else ODD_VALUES)
+        predicate = st.one_of(
+            st.tuples(st.sampled_from(sorted(COMPARE)), st.sampled_from(literals)),
+            st.tuples(st.just("="), st.sampled_from(literals)),  # fixes a prefix more often
+            st.tuples(st.just("in"), st.lists(st.sampled_from(literals), max_size=3)),
+        )
+        where += [(column, op, v) for op, v in draw(st.lists(predicate, max_size=2))]
     return layout, ranges or [(b"", b"")], where
 
 
@@ -130,7 +134,9 @@ def test_no_partition_that_could_hold_a_matching_row_is_pruned(
             for row in rows
             if low <= encode_key(types, row) and (not high or encode_key(types, row) < high)
         ]
-        matching = [r for r in holds if all(matches(r[0], op, v) for _, op, v in where)]
+        matching = [
+            r for r in holds if all(matches(r[range_columns.index(c)], op, v) for c, op, v in where)
+        ]
         assert not matching or partition in kept, (partition, matching[0], where)
 
 
@@ -161,10 +167,30 @@ def test_the_first_range_column_prunes_a_multi_column_range_key() -> None:
     assert kept_days(("a", "!=", day(2))) == [0, 1, 2, 3, 4]
 
 
+def test_the_second_range_column_prunes_once_the_first_is_fixed() -> None:
+    types = ["int8", "int32"]
+    # Ranges (a, b): [(1, 0), (1, 10)), [(1, 10), (1, 20)), [(1, 20), (2, 0)), [(2, 0), (2, 10)).
+    cuts = [(1, 0), (1, 10), (1, 20), (2, 0), (2, 10)]
+    bounds = list(itertools.pairwise(encode_key(types, c) for c in cuts))
+
+    def kept(*where: tuple[Any, ...]) -> list[int]:
+        _, partitions, kept = prune(0, bounds, list(where))
+        first = [p for p in partitions if p.hash_buckets == (0,)]
+        return [i for i, p in enumerate(first) if p in kept]
+
+    assert kept(("a", "=", 1), ("b", ">=", 10)) == [1, 2]
+    assert kept(("a", "=", 1), ("b", "<", 10)) == [0]
+    assert kept(("a", "=", 1), ("b", "=", 25)) == [2]
+    assert kept(("a", "=", 2), ("b", "in", [1, 5])) == [3]
+    assert kept(("a", "in", [1]), ("b", "<", 10)) == [0]  # one value fixes it too
+    assert kept(("a", ">=", 1), ("b", "<", 10)) == [0, 1, 2, 3]  # not fixed: b says nothing
+    assert kept(("a", "in", [1, 2]), ("b", "<", 10)) == [0, 1, 2, 3]
+
+
 def test_every_single_predicate_against_one_partition_per_domain_key() -> None:
     """Exhaustive over the domains: partitions cut at every domain key (so each holds one
-    domain row; the last holds the largest and is unbounded), every single predicate
-    of every operator and value."""
+    domain row; the last holds the largest and is unbounded), every single predicate of every
+    operator and value on the first column, and on the second with the first fixed."""
     for layout, (text, range_columns) in enumerate(LAYOUTS):
         types = [c.split(":")[1] for c in text.split(", ")][: len(range_columns)]
         rows = sorted(
@@ -175,8 +201,16 @@ def test_every_single_predicate_against_one_partition_per_domain_key() -> None:
         values = DOMAINS[types[0]] + ([] if types[0] == "date" else ODD_VALUES)
         predicates = [(op, v) for op in COMPARE for v in values]
         predicates += [("in", list(pair)) for pair in itertools.combinations(values[:6], 2)]
-        for op, value in predicates:
-            where = [(range_columns[0], op, value)]
+        wheres = [[(range_columns[0], op, v)] for op, v in predicates]
+        if len(types) == 2:  # the first column fixed, every single predicate on the second
+            second = DOMAINS[types[1]] + ([] if types[1] == "date" else ODD_VALUES)
+            wheres += [
+                [(range_columns[0], "=", fixed), (range_columns[1], op, v)]
+                for fixed in DOMAINS[types[0]][::2]
+                for op in COMPARE
+                for v in second
+            ]
+        for where in wheres:
             pruned = prune(layout, bounds, where)
             if pruned is None:
                 continue
@@ -188,5 +222,7 @@ def test_every_single_predicate_against_one_partition_per_domain_key() -> None:
                     for r, k in zip(rows, keys, strict=True)
                     if low <= k and (not high or k < high)
                 ]
-                if any(matches(r[0], op, value) for r in holds):
+                if any(
+                    all(matches(r[i], op, v) for i, (_, op, v) in enumerate(where)) for r in holds
+                ):
                     assert partition in kept, (text, where, holds)
