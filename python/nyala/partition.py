@@ -463,6 +463,105 @@ def describe_range(schema: Schema, columns: Sequence[str], low: bytes, high: byt
     return text
 
 
+#: The comparison operators ``range_key_interval`` understands (others are ignored).
+PRUNING_OPS = frozenset(("=", "==", "<", "<=", ">", ">=", "in"))
+
+
+def range_key_interval(
+    types: Sequence[str], predicates: Sequence[Iterable[tuple[str, Any]]]
+) -> tuple[bytes, bytes | None]:
+    """The interval ``[lower, upper)`` of encoded range keys (of range columns of ``types``;
+    ``upper`` None: unbounded) that holds every key whose columns meet ``predicates`` (per
+    range column in order, its ``(op, value)`` pairs: op in ``PRUNING_OPS``, ``in`` with a
+    list of values), as Kudu's partition pruner bounds them: the first column's predicates
+    bound the keys; while a column is fixed to one value by ``=``, the next column's
+    predicates bound the keys within that prefix.
+
+    A key's first column is its leading bytes, so "first column = v" is the set of keys
+    starting with v's encoding (exactly that encoding when there is one range column).
+    Predicates that cannot be encoded (a value of another type, out of range, a varchar value
+    longer than n, which storage compares uncut) are skipped: they only widen the interval,
+    never exclude a key that could match. ``upper <= lower`` means no key matches."""
+    lower, upper = b"", None
+    prefix = b""  # the encoded values of the leading columns fixed by '='
+    for i, column_predicates in enumerate(predicates[: len(types)]):
+        column_lower, column_upper, fixed = _column_interval(types[i:], column_predicates)
+        if column_upper is not None and column_upper <= column_lower:
+            return b"", b""
+        lower = max(lower, prefix + column_lower)
+        if column_upper is not None:
+            bound = prefix + column_upper
+            upper = bound if upper is None else min(upper, bound)
+        if fixed is None:
+            break
+        prefix += fixed
+    return lower, upper
+
+
+def _column_interval(
+    types: Sequence[str], predicates: Iterable[tuple[str, Any]]
+) -> tuple[bytes, bytes | None, bytes | None]:
+    """For keys of columns ``types`` (the rest of a range key), the interval ``[lower,
+    upper)`` that every key whose first column meets ``predicates`` lies in, and that
+    column's encoding if an ``=`` fixes it to one value (else None)."""
+    lower, upper, fixed = b"", None, None
+    for op, value in predicates:
+        op = op.strip().lower()
+        if op not in PRUNING_OPS:
+            continue
+        values = list(value) if op == "in" else [value]
+        try:
+            encoded = sorted(_leading_bytes(types, v) for v in values)
+        except InvalidArgumentError:
+            continue
+        if not encoded:
+            return b"", b"", None  # IN (): nothing matches
+        low: bytes | None = b""
+        high: bytes | None = None
+        if op in ("=", "==", "in"):
+            low, high = encoded[0], _after(encoded[-1], types)
+            if len(set(encoded)) == 1:
+                fixed = encoded[0]
+        elif op in (">", ">="):
+            low = encoded[0] if op == ">=" else _after(encoded[0], types)
+        else:
+            high = encoded[0] if op == "<" else _after(encoded[0], types)
+        if low is None:
+            return b"", b"", None  # nothing is above the largest value
+        lower = max(lower, low)
+        upper = high if upper is None else upper if high is None else min(upper, high)
+    return lower, upper, fixed
+
+
+def range_may_hold(low: bytes, high: bytes, interval: tuple[bytes, bytes | None]) -> bool:
+    """True if a range partition ``[low, high)`` (empty: unbounded) shares a key with the
+    ``interval`` of ``range_key_interval``."""
+    lower, upper = interval
+    return (not high or lower < high) and (upper is None or low < upper)
+
+
+def _leading_bytes(types: Sequence[str], value: Any) -> bytes:
+    """The bytes a range key starts with when its first column holds ``value``."""
+    chars = varchar_chars(types[0])
+    if chars is not None and isinstance(value, str) and len(value) > chars:
+        raise InvalidArgumentError("stored values are cut to n characters; this one is longer")
+    if len(types) == 1:
+        return encode_key(types, [value])
+    # Not last: encoded self-delimiting; encode it before a 1-byte column and drop that byte.
+    return encode_key([types[0], "int8"], [value, 0])[:-1]
+
+
+def _after(leading: bytes, types: Sequence[str]) -> bytes | None:
+    """The smallest key above every key whose first column encodes as ``leading`` (None:
+    there is none)."""
+    if len(types) == 1:
+        return leading + b"\x00"  # the key is exactly ``leading``
+    trimmed = leading.rstrip(b"\xff")
+    if not trimmed:
+        return None
+    return trimmed[:-1] + bytes([trimmed[-1] + 1])
+
+
 @dataclasses.dataclass(frozen=True)
 class RangeSpec:
     """Encoded range bounds ``(lower, upper)`` (empty = unbounded; no bounds = one range over
@@ -642,6 +741,7 @@ def partitions_for_create_table(
 
 __all__ = [
     "BUCKET_BYTES",
+    "PRUNING_OPS",
     "HashPartitioning",
     "Partition",
     "PartitionSchema",
@@ -658,6 +758,8 @@ __all__ = [
     "partitions_for_create_table",
     "range_bounds_from_pb",
     "range_bounds_pb",
+    "range_key_interval",
+    "range_may_hold",
     "range_spec_to_pb",
     "rows_to_ipc",
 ]

@@ -290,6 +290,11 @@ def _cast_rows(
     return cast, problems
 
 
+#: Timestamp text that ends in a zone offset after its time of day (``...T09:00:00Z``,
+#: ``... 10:00:00+01:00``, ``...-0500``); a bare date's ``-01`` is not one.
+_ZONE_SUFFIX = r"[T ]\d\d:\d\d.*(Z|z|[+-]\d\d(:?\d\d)?)$"
+
+
 def _cast(array: pa.Array, target: pa.DataType) -> pa.Array:
     """``array`` cast to ``target`` without loss; text without a zone offset cast to a zoned
     timestamp is taken as UTC (nyala's rule for naive timestamps), text with one is
@@ -304,7 +309,15 @@ def _cast(array: pa.Array, target: pa.DataType) -> pa.Array:
         )
         if not zoned_from_text:
             raise
-        return array.cast(pa.timestamp(target.unit), safe=True).cast(target)
+        naive = pa.timestamp(target.unit)
+        zoned = pc.fill_null(pc.match_substring_regex(array, _ZONE_SUFFIX), False)
+        if not pc.any(zoned).as_py():
+            return array.cast(naive, safe=True).cast(target)
+        # Text with and without offsets in one column (a CSV): each kind cast on its own.
+        nulls = pa.nulls(len(array), array.type)
+        with_zone = pc.if_else(zoned, array, nulls).cast(target, safe=True)
+        without = pc.if_else(zoned, nulls, array).cast(naive, safe=True).cast(target)
+        return pc.if_else(zoned, with_zone, without)
 
 
 def _out_of_range(array: pa.Array, target: pa.DataType) -> np.ndarray[Any, Any] | None:

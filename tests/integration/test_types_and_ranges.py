@@ -22,8 +22,10 @@ import pytest
 from click.testing import CliRunner
 
 import nyala
+from nyala._proto import metadata_pb2
 from nyala.cli import main
-from nyala.testing import MiniCluster, logs_on_failure
+from nyala.testing import MiniCluster, logs_on_failure, replica_ops
+from nyala.testing import master_ops as ops
 from nyala.testing.mini_cluster import FAST_TSERVER_FLAGS, fast_master_flags
 
 D = decimal.Decimal
@@ -329,3 +331,167 @@ def test_range_partitions_added_and_dropped_with_bounds_shown_as_values(
         assert len(table.scan(where=[("day", "<", mar), ("day", ">", feb)]).tablets()) == 2
         assert len(table.scan(where=[("day", "=", mar), ("id", "=", 4)]).tablets()) == 1
         assert table.scan(where=[("day", ">=", mar)]).to_arrow().column("id").to_pylist() == [4]
+
+
+def test_a_client_with_a_stale_cache_after_ranges_are_dropped_and_added(
+    client: nyala.Client, cluster: MiniCluster
+) -> None:
+    """Client ``stale`` caches the table's layout; another client drops January and adds
+    March. The stale client's scans never show January's rows (not even before the dropped
+    replicas are tombstoned) and see March's; its writes to January fail row by row, and
+    its writes to March succeed."""
+    schema = nyala.Schema.parse("day:date, id:int64, v:string?", key=["day", "id"])
+    jan, feb, mar, apr = (datetime.date(2024, m, 1) for m in (1, 2, 3, 4))
+    client.create_table(
+        "stale_layout",
+        schema,
+        partitioning=[
+            nyala.HashPartitioning(["id"], buckets=2),
+            nyala.RangePartitioning(["day"], bounds=[(jan, feb), (feb, mar)]),
+        ],
+        replicas=3,
+    )
+    with nyala.connect(cluster.master_addrs, timeout_ms=30_000) as stale:
+        table = stale.table("stale_layout")
+        ids = list(range(20))
+        assert table.insert({"day": [jan] * 20, "id": ids}).ok
+        assert table.insert({"day": [feb] * 20, "id": ids}).ok
+        assert table.count() == 40
+        cached = {t.tablet_id for t in table.tablets()}
+        assert len(cached) == 4
+
+        def days(*where: tuple[Any, ...]) -> list[datetime.date]:
+            return table.scan(columns=["day"], where=list(where)).to_arrow()["day"].to_pylist()
+
+        client.alter_table("stale_layout", drop_range_partition=(jan, feb))
+        # At once, whether or not the tombstones have reached the replicas yet.
+        assert days() == [feb] * 20
+        assert days(("day", "<", feb)) == []
+        assert days(("day", "=", jan), ("id", "=", 3)) == []
+        assert {t.tablet_id for t in table.tablets()} < cached  # the scans refreshed it
+        client.alter_table("stale_layout", add_range_partition=(mar, apr))
+        assert client.table("stale_layout").insert({"day": [mar] * 5, "id": ids[:5]}).ok
+        assert sorted(days()) == [feb] * 20 + [mar] * 5
+        assert days(("day", ">=", mar)) == [mar] * 5
+        assert days(("day", "=", mar), ("id", "=", 4)) == [mar]
+
+    with (
+        nyala.connect(cluster.master_addrs, timeout_ms=30_000) as scanning,
+        nyala.connect(cluster.master_addrs, timeout_ms=30_000) as writing,
+    ):
+        table = scanning.table("stale_layout")
+        before = {t.tablet_id: t for t in table.tablets()}  # cached: February and March
+        writer = writing.table("stale_layout")
+        assert {t.tablet_id for t in writer.tablets()} == set(before)
+        # A scan under way when February is dropped: it started with February's tablets
+        # (bucket 0's February first), and ends without error when they have gone.
+        scan = iter(table.scan(columns=["day"], page_batches=1))
+        started = next(scan).column("day").to_pylist()
+        assert set(started) == {feb}
+        client.alter_table("stale_layout", drop_range_partition=(feb, mar))
+        gone = {i for i, t in before.items() if t.partition.range_bounds()[0] == key(table, feb)}
+        ops.wait_until(
+            lambda: all(
+                all(
+                    replica_ops.tablet_states(ts).get(i) == metadata_pb2.TABLET_DATA_TOMBSTONED
+                    for i in gone
+                )
+                for ts in cluster.tservers
+            ),
+            timeout_s=60,
+            what="the dropped tablets' replicas tombstoned",
+        )
+        rest = [d for batch in scan for d in batch.column("day").to_pylist()]
+        assert rest.count(mar) == 5
+        assert set(rest) <= {feb, mar}  # what bucket 0's February scanner had open, at most
+        # The writer still routes February's rows to February's tablets: they answer
+        # TABLET_NOT_FOUND, the master no longer lists them, and the rows fail one by one.
+        # (A call whose every row went to a dropped tablet returns them so; it does not raise.)
+        result = writer.insert({"day": [feb, feb], "id": [100, 101]})
+        assert [e.row for e in result.row_errors] == [0, 1]
+        assert {e.code for e in result.row_errors} == {"NOT_FOUND"}
+        assert all("range partition was dropped" in e.message for e in result.row_errors)
+        assert writer.insert({"day": [mar], "id": [100]}).ok
+        client.alter_table("stale_layout", add_range_partition=(apr, None))
+        # April was added since the writer cached the layout: it asks the master again.
+        result = writer.insert({"day": [apr, feb], "id": [100, 102]})
+        assert [e.row for e in result.row_errors] == [1]
+        assert "no tablet covers the row's key" in result.row_errors[0].message
+        assert sorted(table.scan(columns=["day"]).to_arrow()["day"].to_pylist()) == (
+            [mar] * 6 + [apr]
+        )
+
+
+def key(table: nyala.Table, value: Any) -> bytes:
+    """The encoded range key of ``value`` in ``table`` (one range column)."""
+    return table.partition_schema.encode_range_key(table.schema, [value])
+
+
+def test_csv_load_of_decimals_dates_and_timestamps_with_rejects(
+    client: nyala.Client, cluster: MiniCluster, tmp_path: Path
+) -> None:
+    cli(
+        cluster, "table", "create", "csv_typed", "--schema", SCHEMA_TEXT, "--key", "id",
+        "--hash", "id:2", "--replicas", "3",
+    )  # fmt: skip
+    path = tmp_path / "rows.csv"
+    path.write_text(
+        "id,price,small,day,code,ts\n"
+        "1,12345678.91,99.999,1969-12-31,日本語テキスト,2024-01-01 10:00:00+01:00\n"
+        "2,-999999999999999999999999999999999999.99,-0.001,0001-01-01,ab,2024-01-01T09:00:00Z\n"
+        "3,0.10,,2024-02-29,,2024-07-01 10:00:00\n"
+        "4,1.234,1,2024-01-01,x,\n"  # 1.234 would round: refused
+        "5,7,100.000,2024-01-01,x,\n"  # 100.000 does not fit decimal(5,3)
+        "6,7,1,2024-02-30,x,\n"  # no such day
+        "7,abc,1,2024-01-01,x,2024-01-01\n"  # not a number
+        "8,7,1,2024-01-01,x,yesterday\n"  # not a time
+        "9,,,,,\n"
+    )
+    rejects = tmp_path / "rejects.parquet"
+    result = CliRunner().invoke(
+        main,
+        [
+            "table", "load", "csv_typed", str(path), "--rejects", str(rejects),
+            "--masters", ",".join(cluster.master_addrs), "--format", "json",
+        ],
+    )  # fmt: skip
+    assert result.exit_code == 1, result.output  # some rows were not applied
+    summary = json.loads(result.stdout)
+    assert (summary["applied"], summary["failed"], summary["unknown"]) == (4, 5, 0)
+    assert summary["failed_by_code"] == {"INVALID_ARGUMENT": 5}
+    refused = pq.read_table(rejects).sort_by("__row").to_pydict()
+    assert refused["id"] == ["4", "5", "6", "7", "8"]  # the values as they were in the file
+    assert refused["__row"] == [3, 4, 5, 6, 7]
+    assert "cannot convert '1.234' to decimal128(38, 2)" in refused["__error_message"][0]
+    assert "'2024-02-30'" in refused["__error_message"][2]
+    assert "'yesterday'" in refused["__error_message"][4]
+    got = client.table("csv_typed").scan().to_arrow().sort_by("id").to_pydict()
+    assert got["id"] == [1, 2, 3, 9]
+    assert got["price"] == [
+        D("12345678.91"),
+        D("-999999999999999999999999999999999999.99"),
+        D("0.10"),
+        None,
+    ]
+    assert got["small"] == [D("99.999"), D("-0.001"), None, None]
+    assert got["day"] == [
+        datetime.date(1969, 12, 31),
+        datetime.date(1, 1, 1),
+        datetime.date(2024, 2, 29),
+        None,
+    ]
+    assert got["code"] == ["日本語テ", "ab", None, None]
+    assert got["ts"] == [
+        datetime.datetime(2024, 1, 1, 9, tzinfo=UTC),
+        datetime.datetime(2024, 1, 1, 9, tzinfo=UTC),
+        datetime.datetime(2024, 7, 1, 10, tzinfo=UTC),
+        None,
+    ]
+    # Fixed, the rejects load back (their bookkeeping columns dropped).
+    fixed = pq.read_table(rejects).to_pandas()
+    fixed["price"], fixed["small"], fixed["day"] = "1.23", "1", "2024-01-02"
+    fixed["ts"] = "2024-01-02"
+    pq.write_table(pa.Table.from_pandas(fixed, preserve_index=False), rejects)
+    again = cli(cluster, "table", "load", "csv_typed", str(rejects), "--ignore-extra-columns")
+    assert again["applied"] == 5
+    assert client.table("csv_typed").count(where=[("price", "=", D("1.23"))]) == 5

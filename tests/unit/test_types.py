@@ -154,6 +154,49 @@ def test_a_decimal_that_does_not_fit_is_a_row_error_and_the_others_are_written(
     ]
 
 
+def test_text_of_every_type_parses_exactly_and_bad_text_fails_its_row_alone() -> None:
+    """What a CSV load hands the client: every column as text."""
+    text = {
+        "id": ["1", "2", "3", "4", "5", "6"],
+        "price": ["12345678.91", "-0.01", "1.234", "abc", None, "99999999999999999999999.99"],
+        "day": ["1969-12-31", "0001-01-01", "2024-02-29", "2024-02-30", None, "2024-01-01"],
+        "code": ["日本語テキスト", "", "abcd", "x", None, "y"],
+        # With and without a zone offset in one column; a bare date is midnight UTC.
+        "ts": [
+            "2024-01-01 10:00:00+01:00",
+            "2024-01-01T09:00:00Z",
+            "2024-01-01",
+            "2024-01-01 09:00:00",
+            "1969-12-31T23:59:59.999999-0100",
+            "not a time",
+        ],
+    }
+    batch = pa.record_batch({k: pa.array(v, pa.string()) for k, v in text.items()})
+    prepared = prepare_op_batch(batch, OpType.INSERT, TYPED)
+    assert [(p.row, p.code) for p in prepared.problems] == [
+        (2, "INVALID_ARGUMENT"),  # 1.234 would round in decimal(38,2)
+        (3, "INVALID_ARGUMENT"),  # abc (and 2024-02-30)
+        (5, "INVALID_ARGUMENT"),  # not a time
+    ]
+    assert "cannot convert '1.234'" in prepared.problems[0].message
+    got = prepared.batch.to_pydict()
+    assert got["price"][:2] == [D("12345678.91"), D("-0.01")]
+    assert got["price"][5] == D("99999999999999999999999.99")  # 25 digits, exactly
+    assert got["day"][:3] == [
+        datetime.date(1969, 12, 31),
+        datetime.date(1, 1, 1),
+        datetime.date(2024, 2, 29),
+    ]
+    nine = datetime.datetime(2024, 1, 1, 9, tzinfo=UTC)
+    assert got["ts"][:5] == [
+        nine,
+        nine,
+        datetime.datetime(2024, 1, 1, tzinfo=UTC),
+        nine,
+        datetime.datetime(1970, 1, 1, 0, 59, 59, 999999, tzinfo=UTC),
+    ]
+
+
 def test_predicates_on_the_new_types_with_statistics_pruning(tmp_path: Path) -> None:
     schema = Schema.parse("id:int64, p:decimal(18,2), day:date, v:varchar(8)", key=["id"])
     engine = StorageEngine.create(tmp_path / "t", schema, background_flush=False)

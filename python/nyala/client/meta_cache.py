@@ -6,6 +6,11 @@ and a ``PartitionRouter`` over them. Locations expire after the TTL the master g
 that says our picture is stale (``NOT_THE_LEADER`` without a usable hint, ``TABLET_NOT_FOUND``,
 ``WRONG_SERVER_UUID``, an unreachable server) invalidates the table's entry so the next
 attempt asks the master again. A leader hint from a tserver updates one tablet in place.
+
+Only range partitions change a table's layout after creation (added or dropped, perhaps by
+another client), and no tablet server can tell a client that: so a scan of a range-partitioned
+table starts from locations asked of the master (``refresh=True``), and a write that finds no
+cached tablet for a row asks once before refusing it (``nyala.client.write``).
 """
 
 from __future__ import annotations
@@ -125,10 +130,11 @@ class MetaCache:
             if info is not None:
                 self._locations.pop(info.table_id, None)
 
-    def locations(self, info: TableInfo) -> TableLocations:
-        """The table's tablet locations, from the cache unless expired or invalidated."""
+    def locations(self, info: TableInfo, *, refresh: bool = False) -> TableLocations:
+        """The table's tablet locations, from the cache unless expired or invalidated (or
+        ``refresh``: asked of the master in any case, and cached)."""
         with self._lock:
-            cached = self._locations.get(info.table_id)
+            cached = None if refresh else self._locations.get(info.table_id)
         if cached is not None and not cached.expired():
             return cached
         request = master_pb2.GetTableLocationsRequestPB(

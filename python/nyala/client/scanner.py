@@ -39,7 +39,7 @@ from nyala.client.meta_cache import MetaCache, Replica, TableInfo, TabletLocatio
 from nyala.client.rpc import Backoff, ChannelPool
 from nyala.client.write import pick_replica
 from nyala.common.extras import require
-from nyala.partition import encode_key
+from nyala.partition import range_key_interval, range_may_hold
 from nyala.rpc.errors import error_from_pb
 from nyala.schema import Schema, decimal_params, normalize_default, varchar_chars
 
@@ -216,8 +216,14 @@ class Scanner:
                     return
 
     def tablets(self) -> list[TabletLocation]:
-        """The tablets this scan reads, in partition order: those partition pruning keeps."""
-        locations = self.cache.locations(self.info)
+        """The tablets this scan reads, in partition order: those partition pruning keeps.
+
+        A range-partitioned table's layout may have changed since the client cached it
+        (another client added or dropped a range), so it is asked of the master: a scan then
+        reads an added range's tablets and never a dropped range's, even before the dropped
+        tablets' replicas are tombstoned. Hash partitions never change: the cache serves."""
+        ranged = bool(self.info.partition_schema.range_columns)
+        locations = self.cache.locations(self.info, refresh=ranged)
         return self._prune(locations.tablets, locations.router)
 
     def to_reader(self) -> pa.RecordBatchReader:
@@ -257,7 +263,10 @@ class Scanner:
         # after the last the tablet is read from the leader (Kudu's CLOSEST_REPLICA fallback).
         candidates = self._candidates(tablet)
         while True:
-            tablet = self._fresh(tablet)
+            fresh = self._fresh(tablet)
+            if fresh is None:
+                return  # its range partition was dropped meanwhile: its rows are gone
+            tablet = fresh
             follower = bool(candidates)
             if follower:
                 target = candidates[0]
@@ -320,53 +329,33 @@ class Scanner:
             batches_max=self.page_batches,
         )
 
-    def _fresh(self, tablet: TabletLocation) -> TabletLocation:
+    def _fresh(self, tablet: TabletLocation) -> TabletLocation | None:
+        """``tablet`` as the cache knows it now; None if the table has it no more (the master
+        lists a table's tablets until their range partition is dropped)."""
         for candidate in self.cache.locations(self.info).tablets:
             if candidate.tablet_id == tablet.tablet_id:
                 return candidate
-        raise errors.TabletNotFoundError(f"tablet {tablet.tablet_id} no longer exists")
+        return None
 
     def _prune(self, tablets: list[TabletLocation], router: Any) -> list[TabletLocation]:
         """The tablets the scan can match (partition pruning): when ``=``/``in`` predicates
         fix every partition column to a few values, only the tablets those values route to;
-        then, with one range column, only the tablets whose range meets the ``<``, ``<=``,
-        ``>``, ``>=`` and ``=`` predicates on it."""
+        then only the tablets whose range meets the ``=``, ``in``, ``<``, ``<=``, ``>`` and
+        ``>=`` predicates on the first range column, and on each next one while the columns
+        before it are fixed by ``=`` (``nyala.partition.range_key_interval``)."""
         return self._prune_ranges(self._prune_points(tablets, router))
 
     def _prune_ranges(self, tablets: list[TabletLocation]) -> list[TabletLocation]:
         columns = self.info.partition_schema.range_columns
-        if len(columns) != 1 or len(tablets) < 2:
+        if not columns or len(tablets) < 2:
             return tablets
-        column = self.info.schema.column(columns[0])
-        lows: list[bytes] = []  # the key is >= each
-        highs: list[tuple[bytes, bool]] = []  # the key is <= (True) or < (False) each
-        for predicate in self._where:
-            if len(predicate) != 3 or predicate[0] != column.name:
-                continue
-            op = str(predicate[1]).strip().lower()
-            if op not in ("=", "==", "<", "<=", ">", ">="):
-                continue
-            chars = varchar_chars(column.type)
-            if chars is not None and len(str(predicate[2])) > chars:
-                continue  # stored values are cut to n characters: no safe bound
-            try:
-                encoded = encode_key([column.type], [predicate[2]])
-            except errors.InvalidArgumentError:
-                continue
-            if op in ("=", "==", ">", ">="):
-                lows.append(encoded)  # '>' keeps the tablet starting at the value: safe
-            if op in ("=", "==", "<="):
-                highs.append((encoded, True))
-            elif op == "<":
-                highs.append((encoded, False))
-
-        def meets(tablet: TabletLocation) -> bool:
-            low, high = tablet.partition.range_bounds()
-            if high and any(high <= v for v in lows):
-                return False
-            return not any(low > v if inclusive else low >= v for v, inclusive in highs)
-
-        return [t for t in tablets if meets(t)]
+        types = [self.info.schema.column(c).type for c in columns]
+        by_column = [
+            [(str(p[1]), p[2]) for p in self._where if len(p) == 3 and p[0] == column]
+            for column in columns
+        ]
+        interval = range_key_interval(types, by_column)
+        return [t for t in tablets if range_may_hold(*t.partition.range_bounds(), interval)]
 
     def _prune_points(self, tablets: list[TabletLocation], router: Any) -> list[TabletLocation]:
         partitioning = self.info.partition_schema

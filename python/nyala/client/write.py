@@ -8,6 +8,8 @@ been applied). Nothing is dropped silently and a partial write is never hidden.
 * Rows that break a rule of the table (``nyala.rowops.prepare_op_batch``: a value out of range,
   a null in a NOT NULL column, a cell or row over the size limits) are refused before sending;
   so are rows that no tablet covers (a gap between range partitions). Each is a ``RowError``.
+  A tablet that disappears from the table while its rows are being sent (its range partition
+  was dropped, perhaps by another client) fails its rows the same way, not the call.
 * The other rows are split per tablet in Rust (``PartitionRouter.split_requests``: routing over
   whole columns, each row measured, one gather per request, IPC encoding, no per-row Python, the
   GIL released) into requests of bounded rows and bytes, and every tablet's requests go to its
@@ -60,6 +62,9 @@ from nyala.schema import Schema
 #: fsync). Any valid row (``nyala._native.ROW_BYTES_MAX``) fits in one request.
 WRITE_REQUEST_ROWS_MAX = 256 * 1024
 WRITE_REQUEST_BYTES_MAX = 16 * 1024 * 1024
+
+#: The reason of a row no tablet covers.
+NO_TABLET_MESSAGE = "no tablet covers the row's key (it falls between the table's range partitions)"
 
 #: Errors with which a server refuses a write before proposing it: an attempt that ends so did
 #: not apply the request. Every other failed attempt may have (its outcome is unknown).
@@ -176,6 +181,8 @@ class _Settled:
     error: BaseException | None = None
     #: Not answered: the request must be retried (its rows unknown, or failed if never sent).
     pending: bool = False
+    #: Its tablet left the table (range partition dropped): its rows failed, one by one.
+    dropped: bool = False
 
 
 class _Outcomes:
@@ -523,12 +530,7 @@ class Writer:
             pieces, gaps = split(locations)
         if len(gaps):
             outcomes.row_failures = True
-            outcomes.set(
-                gaps.tolist(),
-                RowOutcome.FAILED,
-                "NOT_FOUND",
-                "no tablet covers the row's key (it falls between the table's range partitions)",
-            )
+            outcomes.set(gaps.tolist(), RowOutcome.FAILED, "NOT_FOUND", NO_TABLET_MESSAGE)
         shape = _shape(prepared)
         for partition, positions, ops in pieces:
             tablet = locations.tablets[partition]
@@ -554,6 +556,8 @@ class Writer:
                 continue
             try:
                 settled.append(_Settled(request, response=self._send(info, request, deadline)))
+            except _TabletDropped as exc:
+                settled.append(_Settled(request, error=exc, dropped=True))
             except errors.InvalidArgumentError as exc:
                 # Refused whole at apply (deterministically) or before proposing: final.
                 settled.append(_Settled(request, error=exc, pending=request.maybe_sent))
@@ -575,6 +579,11 @@ class Writer:
                 outcomes.row_failures = True
             return
         rows = request.positions.tolist()
+        if settled.dropped:
+            # Whether or not an earlier attempt reached the tablet, its rows are gone with it.
+            outcomes.set(rows, RowOutcome.FAILED, "NOT_FOUND", str(settled.error))
+            outcomes.row_failures = True
+            return
         if settled.error is None:  # not sent: an earlier request of its tablet got no answer
             outcomes.set(
                 rows,
@@ -673,7 +682,10 @@ class Writer:
         for tablet in self.cache.locations(info).tablets:
             if tablet.tablet_id == tablet_id:
                 return tablet
-        raise errors.NotFoundError(f"tablet {tablet_id} of {info.name} no longer exists")
+        raise _TabletDropped(
+            f"no tablet covers the row's key: its range partition was dropped (tablet "
+            f"{tablet_id} of {info.name} no longer exists)"
+        )
 
     def _on_retriable(self, info: TableInfo, tablet: TabletLocation, exc: Exception) -> None:
         if isinstance(exc, errors.ServiceUnavailableError):
@@ -682,6 +694,10 @@ class Writer:
         if hint and self.cache.set_leader(info.table_id, tablet.tablet_id, hint):
             return
         self.cache.invalidate(info.table_id)
+
+
+class _TabletDropped(errors.NotFoundError):
+    """A request's tablet is no longer one of its table's: its range partition was dropped."""
 
 
 def _shape(prepared: PreparedRows) -> _Shape:
