@@ -122,6 +122,11 @@ class TabletReplica:
         """The tablet's id (32 hex digits)."""
         return self.superblock.tablet_id
 
+    @property
+    def storage_anchor(self) -> int | None:
+        """The id of the WAL anchor the storage holds (at the first unflushed op), if open."""
+        return self._storage_anchor
+
     def create_files(self) -> None:
         """Lays down a new replica's cmeta (initial config, term 0) and empty storage.
 

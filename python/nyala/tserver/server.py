@@ -20,16 +20,19 @@ from nyala.consensus.core import ReplicaStatus
 from nyala.consensus.types import Role
 from nyala.errors import ServiceUnavailableError
 from nyala.rpc import HttpResponse, HttpServer, RpcServer
+from nyala.rpc.http import HttpRequest, Route
 from nyala.rpc.settings import MIB
 from nyala.server.base import ServerBase
 from nyala.server.consensus_service import ConsensusService, add_consensus_service
 from nyala.server.tablet_copy import TabletCopy, add_tablet_copy_service
+from nyala.server.web_ui import Cell, Markup, wants_json
 from nyala.tablet.replica import TabletReplica
 from nyala.tserver.heartbeater import Heartbeater
 from nyala.tserver.scanners import ScannerRegistry
 from nyala.tserver.services import AdminService, TabletService
 from nyala.tserver.settings import TabletServerSettings
 from nyala.tserver.tablet_meta import TabletReport, peer_health
+from nyala.tserver.web_ui import TSERVER_NAV, TabletServerPages, tablet_link
 
 log = logging.getLogger(__name__)
 
@@ -120,6 +123,7 @@ class TabletServer(ServerBase):
     # One batch out per follower: what is proposed meanwhile rides in the next one (measured:
     # about 40 % less server CPU per single-row write, docs/performance.md).
     PEER_INFLIGHT_BATCHES_MAX = 1
+    ROLE = "tserver"
 
     def __init__(self, settings: TabletServerSettings) -> None:
         super().__init__(settings)
@@ -149,13 +153,7 @@ class TabletServer(ServerBase):
         )
         self.rpc = self._build_rpc_server()
         self.http = HttpServer(
-            self.settings.http_bind,
-            {
-                "/healthz": self._healthz,
-                "/metrics": self._metrics_page,
-                "/tablets": self._tablets,
-                "/tablet-copies": self.copy.http_page,
-            },
+            self.settings.http_bind, self._http_routes(), self.copy.http_post_routes(self.frame)
         )
         try:
             await self._serve()
@@ -400,7 +398,42 @@ class TabletServer(ServerBase):
             counts[status.state] = counts.get(status.state, 0) + 1
         return [({"state": state}, float(n)) for state, n in sorted(counts.items())]
 
-    async def _tablets(self) -> HttpResponse:
+    # --- web UI -------------------------------------------------------------------------------
+
+    def _http_routes(self) -> dict[str, Route]:
+        return {
+            **super()._http_routes(),
+            "/tablets": self._tablets,
+            "/tablet": self._tablet_page,
+            "/tablet-copies": self._copy_page,
+        }
+
+    def _role_nav(self) -> list[tuple[str, str]]:
+        return list(TSERVER_NAV)
+
+    def _pages(self) -> TabletServerPages:
+        assert self.tablets is not None
+        failed_after_ms = self.settings.follower_unavailable_considered_failed_sec * 1000
+        return TabletServerPages(self.tablets, failed_after_ms)
+
+    def _home_sections(self) -> list[Markup]:
+        return self._pages().home_sections()
+
+    def _tablet_link(self, tablet_id: str) -> Cell:
+        return tablet_link(tablet_id)
+
+    async def _tablet_page(self, request: HttpRequest) -> HttpResponse:
+        assert self.copy is not None
+        anchors = self.copy.sessions.anchors_of(request.param("id"))
+        return self._pages().tablet(self.frame(), request, anchors)
+
+    async def _copy_page(self, request: HttpRequest) -> HttpResponse:
+        assert self.copy is not None
+        return await self.copy.http_page(request, self.frame())
+
+    async def _tablets(self, request: HttpRequest) -> HttpResponse:
+        if not wants_json(request):
+            return self._pages().tablets(self.frame())
         body = json.dumps(
             {"server_uuid": self.uuid, "tablets": [r.to_json() for r in self.list_tablets()]},
             indent=1,
