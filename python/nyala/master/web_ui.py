@@ -184,19 +184,28 @@ class MasterPages:
         return Markup("<br>".join(parts))
 
     def masters(self, frame: PageFrame) -> HttpResponse:
-        """``/masters``: the sys catalog's config, with each master's role."""
+        """``/masters``: the sys catalog's config, with each master's role and, on the leader,
+        each other master's health as its Raft sees it."""
+        runtime = self._m.sys_catalog.runtime
+        failed_after_ms = self._m.settings.follower_unavailable_considered_failed_sec * 1000
+        health = {} if runtime is None else runtime.peer_health(failed_after_ms)
         rows: list[tuple[Cell, ...]] = [
             (
                 code(e.permanent_uuid),
                 code(f"{e.rpc_addr.host}:{e.rpc_addr.port}"),
                 state(master_pb2.RaftRole.Name(e.role).removeprefix("ROLE_")),
                 metadata_pb2.MemberType.Name(e.member_type),
+                "this master"
+                if e.permanent_uuid == self._m.uuid
+                else state(health[e.permanent_uuid].value)
+                if e.permanent_uuid in health
+                else "known to the leader only",
             )
             for e in self._m.master_entries()
         ]
         return frame.render(
             "Masters",
-            table(("uuid", "RPC address", "role", "member type"), rows),
+            table(("uuid", "RPC address", "role", "member type", "health"), rows),
             paragraph("As JSON: ", link("/masters", "/masters?format=json", format="json")),
         )
 

@@ -96,7 +96,8 @@ def table(headers: Sequence[str], rows: Iterable[Sequence[Cell]], *, caption: st
     out = ["<table>"]
     if caption:
         out.append(f"<caption>{escape(caption)}</caption>")
-    out.append("<tr>" + "".join(f"<th>{escape(h)}</th>" for h in headers) + "</tr>")
+    if headers:
+        out.append("<tr>" + "".join(f"<th>{escape(h)}</th>" for h in headers) + "</tr>")
     for row in rows:
         tds = (
             f'<td class="num">{cell(v)}</td>'
@@ -110,8 +111,8 @@ def table(headers: Sequence[str], rows: Iterable[Sequence[Cell]], *, caption: st
 
 
 def key_values(pairs: Iterable[tuple[str, Cell]]) -> Markup:
-    """A two-column table of names and values."""
-    return table(("", ""), pairs)
+    """A two-column table of names and values (no header row)."""
+    return table((), pairs)
 
 
 def heading(text: str, level: int = 2) -> Markup:

@@ -161,7 +161,7 @@ def _config_table(
                 seen,
             )
         )
-    caption = f"op index {config.opid_index}"
+    caption = "bootstrap config" if config.opid_index < 0 else f"op index {config.opid_index}"
     headers = ("uuid", "address", "member type", "role", "flags", "health")
     return table(headers, rows, caption=caption)
 
