@@ -54,7 +54,6 @@ class MasterServer(ServerBase):
         self._own_addr = ""
         self._tasks: asyncio.TaskGroup | None = None
         self._workers: list[asyncio.Task[None]] = []
-        self.copy: TabletCopy | None = None
 
     async def run(self) -> None:
         """Opens the fs root, serves until stopped, shuts down gracefully."""
@@ -183,7 +182,7 @@ class MasterServer(ServerBase):
     # --- HTTP -------------------------------------------------------------------------------
 
     def _register_metrics(self) -> None:
-        self._register_uptime()
+        self._register_server_metrics()
         self.metrics.gauge(
             "nyala_master_is_leader", "1 if this master leads with its catalog loaded"
         ).set_callback(self._is_leader_gauge)
@@ -206,7 +205,6 @@ class MasterServer(ServerBase):
             "/tables": self._tables_page,
             "/table": self._table_page,
             "/tablet-servers": self._tservers_page,
-            "/tablet-copies": self._copy_page,
         }
 
     def _role_nav(self) -> list[tuple[str, str]]:
@@ -218,10 +216,6 @@ class MasterServer(ServerBase):
 
     def _home_sections(self) -> list[Markup]:
         return self._pages().home_sections()
-
-    async def _copy_page(self, request: HttpRequest) -> HttpResponse:
-        assert self.copy is not None
-        return await self.copy.http_page(request, self.frame())
 
     @staticmethod
     def _json(doc: object) -> HttpResponse:

@@ -30,6 +30,7 @@ from nyala.rpc.settings import MIB
 from nyala.server.fs_manager import FsManager, InstanceInfo
 from nyala.server.server_heartbeats import ServerHeartbeats
 from nyala.server.settings import ServerSettings
+from nyala.server.tablet_copy import TabletCopy
 from nyala.server.web_ui import (
     COMMON_NAV,
     Cell,
@@ -91,6 +92,8 @@ class ServerBase:
         self._base_tasks: list[asyncio.Task[None]] = []
         # The process's recent log records for /logs (installed while the fs root is open).
         self.log_ring = LogRing()
+        # Tablet copy onto and from this server (built by the role once the fs root is open).
+        self.copy: TabletCopy | None = None
         # Addresses actually bound (set once listening), for the web UI.
         self.rpc_address = ""
         self.http_address = ""
@@ -250,13 +253,9 @@ class ServerBase:
         """Flushes one replica's MemRowSet off the event loop. A failure is logged: the rows
         stay in memory and in the WAL, and the next round tries again."""
         try:
-            rowset = await asyncio.to_thread(storage.flush)
+            await asyncio.to_thread(storage.flush)
         except NyalaError as exc:
             log.warning("flush of tablet %s failed: %s", tablet_id, exc)
-            return
-        replica = None if self.tablets is None else self.tablets.lookup(tablet_id)
-        if rowset is not None and replica is not None:
-            replica.flushes += 1
 
     async def _quarantine_loop(self) -> None:
         """Purges quarantined replicas past ``quarantine_retention_s``, and the oldest while
@@ -271,10 +270,38 @@ class ServerBase:
             except OSError as exc:
                 log.warning("purging the quarantine failed: %s", exc)
 
-    def _register_uptime(self) -> None:
+    def _register_server_metrics(self) -> None:
+        """What every server exports: uptime, memory (RSS and tracked), tablet-copy bytes."""
         self.metrics.gauge(
             "nyala_server_uptime_seconds", "Seconds since the server started"
         ).set_callback(lambda: [({}, time.monotonic() - self._started_s)])
+        self.metrics.gauge(
+            "nyala_process_resident_memory_bytes", "Resident set size of this process"
+        ).set_callback(lambda: [({}, float(resident_bytes()))])
+        self.metrics.gauge(
+            "nyala_memory_tracked_bytes",
+            "Memory the server accounts for: MemRowSets and log caches of its replicas",
+            ("kind",),
+        ).set_callback(self._tracked_memory)
+        self.metrics.observed_counter(
+            "nyala_tablet_copy_bytes_total",
+            "Tablet copy bytes: fetched (onto this server) and served (as a source)",
+            ("direction",),
+            self._copy_bytes,
+        )
+
+    def _tracked_memory(self) -> list[tuple[dict[str, str], float]]:
+        by_kind = {"MemRowSet": 0, "log cache": 0}
+        for kind, _, n in self.memory_rows():
+            by_kind[kind] = by_kind.get(kind, 0) + n
+        return [({"kind": kind}, float(n)) for kind, n in sorted(by_kind.items())]
+
+    def _copy_bytes(self) -> list[tuple[dict[str, str], float]]:
+        copy = self.copy
+        if copy is None:
+            return []
+        fetched = float(copy.jobs.bytes_fetched())
+        return [({"direction": "fetched"}, fetched), ({"direction": "served"}, copy.bytes_served)]
 
     # --- HTTP: status endpoints and the web UI ------------------------------------------------
 
@@ -288,6 +315,7 @@ class ServerBase:
             "/varz": self._varz_page,
             "/mem-trackers": self._memory_page,
             "/logs": self._logs_page,
+            "/tablet-copies": self._copy_page,
         }
 
     def _role_nav(self) -> list[tuple[str, str]]:
@@ -371,6 +399,10 @@ class ServerBase:
             paragraph(f"The newest {count} records (kept in memory: {log_ring_records_max})."),
             logs_section(self.log_ring, count),
         )
+
+    async def _copy_page(self, request: HttpRequest) -> HttpResponse:
+        assert self.copy is not None, "the tablet copy is built before the HTTP server"
+        return await self.copy.http_page(request, self.frame())
 
     async def _metrics_html_page(self, _request: HttpRequest) -> HttpResponse:
         return self.frame().render("Metrics", metrics_section(self.metrics.render()))

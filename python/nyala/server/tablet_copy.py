@@ -256,6 +256,8 @@ class TabletCopy:
             concurrency_max=settings.tablet_copy_concurrency_max,
         )
         self.corrupt_chunks_left = settings.tablet_copy_inject_corrupt_chunks
+        # Bytes of chunks served as a source (FetchData answers), for /metrics.
+        self.bytes_served = 0
         self._group: asyncio.TaskGroup | None = None
         self._vivifying: set[tuple[str, str]] = set()  # (tablet, peer) with a call in flight
         self._proxies: dict[str, ServerProxy] = {}
@@ -498,6 +500,7 @@ class TabletCopyService(ServiceBase, tablet_copy_pb2_grpc.TabletCopyServiceServi
             damaged = bytearray(answer)  # after the CRC: the target must notice
             damaged[-1] ^= 0xFF
             answer = bytes(damaged)
+        self._copy.bytes_served += len(answer)
         return answer
 
     @unary(tablet_copy_pb2.EndTabletCopySessionResponsePB)

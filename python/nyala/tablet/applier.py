@@ -29,7 +29,7 @@ import numpy as np
 from nyala.consensus.runtime.wal_log import WalEntryBatch, WalLog
 from nyala.consensus.types import EntryKind
 from nyala.errors import CorruptionError, InvalidArgumentError
-from nyala.storage import ApplyResult, StorageEngine
+from nyala.storage import ApplyResult, RowStatus, StorageEngine
 from nyala.tablet.write_entry import KIND_ALTER_SCHEMA, RequestId, decode_write_entry
 
 # Entry batch wire encoding (docs/entry-batch.md): a 24-byte batch header, then entries, each
@@ -95,9 +95,12 @@ class Applier:
         # are not kept by index: a follower never collects, and keeping tens of thousands of
         # uncollected outcomes made the garbage collector's full passes slow its event loop.
         self._collectors = 0
-        # Metrics: rows of applied WRITE entries that ended OK, and those that failed.
+        # Metrics: rows of applied WRITE entries that ended OK, those that failed (and by
+        # RowStatus name), and the bytes of the applied op batches (Arrow IPC).
         self.rows_written = 0
         self.rows_failed = 0
+        self.rows_failed_by_code: dict[str, int] = {}
+        self.bytes_written = 0
 
     def outcome_of(self, request_id: RequestId) -> WriteOutcome | None:
         """The outcome of an already applied request, if it is remembered."""
@@ -123,6 +126,15 @@ class Applier:
     def take_outcome(self, op_index: int) -> WriteOutcome | None:
         """The outcome of the WRITE at ``op_index`` (once; None if it was not a new write)."""
         return self._by_index.pop(op_index, None)
+
+    def _count_failures(self, statuses: np.ndarray) -> None:
+        """Adds the failed rows of one applied batch to the per-code counts (off the happy
+        path: a batch without failures never gets here)."""
+        codes, counts = np.unique(statuses[statuses != 0], return_counts=True)
+        for code, count in zip(codes.tolist(), counts.tolist(), strict=True):
+            name = RowStatus(code).name if code in RowStatus._value2member_map_ else str(code)
+            self.rows_failed_by_code[name] = self.rows_failed_by_code.get(name, 0) + count
+            self.rows_failed += count
 
     def apply(self, first_index: int, last_index: int) -> None:
         """Applies committed entries ``first_index..last_index`` (inclusive), in order."""
@@ -171,7 +183,9 @@ class Applier:
             outcome = WriteOutcome(index, result)
             failed = int(np.count_nonzero(result.statuses))
             self.rows_written += len(result.statuses) - failed
-            self.rows_failed += failed
+            self.bytes_written += end - ops_start
+            if failed:
+                self._count_failures(result.statuses)
         except InvalidArgumentError as exc:
             # A malformed batch is refused whole, the same way on every replica (the engine
             # validates before it changes anything), so the replicas stay identical.

@@ -15,7 +15,6 @@ import logging
 from collections.abc import Callable
 
 from nyala._proto import tserver_admin_pb2_grpc, tserver_pb2_grpc
-from nyala.common.process import resident_bytes
 from nyala.consensus.core import ReplicaStatus
 from nyala.consensus.types import Role
 from nyala.errors import ServiceUnavailableError
@@ -32,7 +31,7 @@ from nyala.tserver.scanners import ScannerRegistry
 from nyala.tserver.services import AdminService, TabletService
 from nyala.tserver.settings import TabletServerSettings
 from nyala.tserver.tablet_meta import TabletReport, peer_health
-from nyala.tserver.web_ui import TSERVER_NAV, TabletServerPages, tablet_link
+from nyala.tserver.web_ui import TSERVER_NAV, TabletServerPages, file_bytes, tablet_link
 
 log = logging.getLogger(__name__)
 
@@ -58,10 +57,25 @@ def _is_leader(status: ReplicaStatus) -> float:
 
 
 # Per-tablet consensus gauges on /metrics: name -> (help, how to read it from the status).
-def _storage_stat(key: str) -> Callable[[TabletReplica], float | None]:
+def _storage_stat(key: str, scale: float = 1.0) -> Callable[[TabletReplica], float | None]:
     def read(replica: TabletReplica) -> float | None:
         storage = replica.storage
-        return None if storage is None else float(storage.stats()[key])
+        return None if storage is None else storage.stats()[key] * scale
+
+    return read
+
+
+def _wal_stat(*, bytes_: bool) -> Callable[[TabletReplica], float | None]:
+    """The replica's WAL segments on disk: their bytes, or how many there are."""
+
+    def read(replica: TabletReplica) -> float | None:
+        wal = replica.wal
+        if wal is None:
+            return None
+        paths = wal.segment_paths()
+        if not bytes_:
+            return float(len(paths))
+        return float(sum(file_bytes(p) for p in paths))
 
     return read
 
@@ -80,17 +94,33 @@ _PER_REPLICA_COUNTERS: dict[str, tuple[str, Callable[[TabletReplica], float | No
         "Rows of applied writes that ended OK (on every replica)",
         _applier_stat("rows_written"),
     ),
-    "nyala_write_errors_total": (
-        "Rows of applied writes that failed (duplicate or missing key, bad value, ...)",
-        _applier_stat("rows_failed"),
+    "nyala_bytes_written_total": (
+        "Bytes of applied write batches (Arrow IPC, on every replica)",
+        _applier_stat("bytes_written"),
     ),
     "nyala_rows_scanned_total": (
         "Rows returned by scans served by this replica",
         lambda r: float(r.rows_scanned),
     ),
+    "nyala_bytes_scanned_total": (
+        "Bytes of scan results served by this replica (Arrow IPC)",
+        lambda r: float(r.bytes_scanned),
+    ),
     "nyala_flushes_total": (
-        "MemRowSet flushes this server started (periodic, memory pressure)",
-        lambda r: float(r.flushes),
+        "MemRowSet flushes that wrote a rowset (periodic, memory pressure and size-triggered)",
+        _storage_stat("flushes"),
+    ),
+    "nyala_flush_duration_seconds_total": (
+        "Seconds spent in those flushes",
+        _storage_stat("flush_duration_us", scale=1e-6),
+    ),
+    "nyala_compactions_total": (
+        "Compactions that merged rowsets",
+        _storage_stat("compactions"),
+    ),
+    "nyala_compaction_duration_seconds_total": (
+        "Seconds spent in those compactions",
+        _storage_stat("compaction_duration_us", scale=1e-6),
     ),
 }
 #: Gauges of each replica (labels table, tablet_id).
@@ -99,6 +129,9 @@ _PER_REPLICA_GAUGES: dict[str, tuple[str, Callable[[TabletReplica], float | None
     "nyala_memrowset_rows": ("Rows held by the MemRowSet", _storage_stat("mem_rows")),
     "nyala_data_rows": ("Rows in flushed rowsets", _storage_stat("disk_rows")),
     "nyala_data_rowsets": ("Flushed rowsets", _storage_stat("rowsets")),
+    "nyala_data_bytes": ("Bytes of the flushed rowsets' files", _storage_stat("data_bytes")),
+    "nyala_wal_bytes": ("Bytes of the replica's WAL segments on disk", _wal_stat(bytes_=True)),
+    "nyala_wal_segments": ("WAL segments on disk", _wal_stat(bytes_=False)),
     "nyala_on_disk_bytes": (
         "Bytes of the replica's WAL and data files (counted at most 30 s ago)",
         lambda r: float(r.on_disk_bytes()),
@@ -136,7 +169,6 @@ class TabletServer(ServerBase):
         self._heartbeat_task: asyncio.Task[None] | None = None
         self._heartbeater: Heartbeater | None = None
         self._quarantine_task: asyncio.Task[None] | None = None
-        self.copy: TabletCopy | None = None
         self._copy_tasks: list[asyncio.Task[None]] = []
         self.scanners = ScannerRegistry(settings.scanner_ttl_ms)
 
@@ -327,7 +359,7 @@ class TabletServer(ServerBase):
         self._replica_tasks = None
 
     def _register_metrics(self) -> None:
-        self._register_uptime()
+        self._register_server_metrics()
         tablets = self.metrics.gauge(
             "nyala_tablets", "Tablet replicas on this server, by state", ("state",)
         )
@@ -352,12 +384,15 @@ class TabletServer(ServerBase):
             self.metrics.gauge(name, help_text, labels).set_callback(
                 functools.partial(self._per_replica, read)
             )
+        self.metrics.observed_counter(
+            "nyala_write_errors_total",
+            "Rows of applied writes that failed, by row status (duplicate or missing key, ...)",
+            ("table", "tablet_id", "code"),
+            self._write_errors,
+        )
         self.metrics.gauge("nyala_leaders", "Tablet replicas this server leads").set_callback(
             self._leader_count
         )
-        self.metrics.gauge(
-            "nyala_process_resident_memory_bytes", "Resident set size of this process"
-        ).set_callback(lambda: [({}, float(resident_bytes()))])
 
     def _per_replica(
         self, read: Callable[[TabletReplica], float | None]
@@ -368,6 +403,21 @@ class TabletServer(ServerBase):
             if value is not None:
                 labels = {"table": replica.superblock.table_name, "tablet_id": replica.tablet_id}
                 out.append((labels, float(value)))
+        return out
+
+    def _write_errors(self) -> list[tuple[dict[str, str], float]]:
+        out = []
+        for replica in self.tablets.replicas() if self.tablets is not None else []:
+            applier = replica.applier
+            if applier is None:
+                continue
+            for code, count in applier.rows_failed_by_code.items():
+                labels = {
+                    "table": replica.superblock.table_name,
+                    "tablet_id": replica.tablet_id,
+                    "code": code,
+                }
+                out.append((labels, float(count)))
         return out
 
     def _leader_count(self) -> list[tuple[dict[str, str], float]]:
@@ -405,7 +455,6 @@ class TabletServer(ServerBase):
             **super()._http_routes(),
             "/tablets": self._tablets,
             "/tablet": self._tablet_page,
-            "/tablet-copies": self._copy_page,
         }
 
     def _role_nav(self) -> list[tuple[str, str]]:
@@ -426,10 +475,6 @@ class TabletServer(ServerBase):
         assert self.copy is not None
         anchors = self.copy.sessions.anchors_of(request.param("id"))
         return self._pages().tablet(self.frame(), request, anchors)
-
-    async def _copy_page(self, request: HttpRequest) -> HttpResponse:
-        assert self.copy is not None
-        return await self.copy.http_page(request, self.frame())
 
     async def _tablets(self, request: HttpRequest) -> HttpResponse:
         if not wants_json(request):

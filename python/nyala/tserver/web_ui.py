@@ -170,7 +170,7 @@ def _wal_section(replica: TabletReplica, anchors: dict[int, str]) -> list[Markup
     wal = replica.wal
     if wal is None:
         return [heading("WAL"), paragraph("not open")]
-    sizes = [(path, _file_size(path)) for path in wal.segment_paths()]
+    sizes = [(path, file_bytes(path)) for path in wal.segment_paths()]
     segments: list[tuple[Cell, ...]] = [
         (code(path.name), size, human_bytes(size)) for path, size in sizes
     ]
@@ -220,8 +220,9 @@ def _storage_section(replica: TabletReplica) -> list[Markup]:
     ]
 
 
-def _file_size(path: Path) -> int:
+def file_bytes(path: Path) -> int:
+    """``path``'s size; 0 if it is gone (a WAL segment GC'd since it was listed)."""
     try:
         return path.stat().st_size
-    except OSError:  # GC'd between the listing and the stat
+    except OSError:
         return 0

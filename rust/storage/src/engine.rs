@@ -675,11 +675,12 @@ impl Shared {
         st.disk.extend(rowset);
         st.frozen = None;
         st.last_flushed_index = flush_index;
-        drop(st);
         if new_id.is_some() {
+            // Under the state lock: `stats` sees the rowset and its count together.
             let c = &self.counters;
             MaintenanceCounters::record(&c.flushes, &c.flush_duration_us, started);
         }
+        drop(st);
         self.fault(FaultPoint::AfterManifestWrite)?;
         Ok(new_id)
     }
@@ -796,12 +797,12 @@ impl Shared {
         {
             let mut st = self.state.write();
             st.disk = output.into_iter().collect();
+            let c = &self.counters;
+            MaintenanceCounters::record(&c.compactions, &c.compaction_duration_us, started);
         }
         for rowset in &inputs {
             rowset.mark_obsolete();
         }
-        let c = &self.counters;
-        MaintenanceCounters::record(&c.compactions, &c.compaction_duration_us, started);
         self.fault(FaultPoint::AfterManifestWrite)?;
         Ok(true)
     }
