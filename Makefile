@@ -36,7 +36,7 @@ export NYALA_WHEEL_PYTHONS ?= $(lastword $(sort $(filter-out %t/bin/python3,\
 # until their time in CI is measured; run them with `make py-test-slow`.
 PYTEST_SLOW := -m "slow or stress"
 
-.PHONY: help setup build test lint rust-test py-test py-test-slow proto proto-check bench wheel \
+.PHONY: help setup build browser test lint rust-test py-test py-test-slow proto proto-check bench wheel \
 	demo clean
 
 help:
@@ -55,7 +55,20 @@ $(STAMPS)/deps: requirements-dev.txt $(STAMPS)/wheel-deps
 	$(PY) -m pip install -q -r requirements-dev.txt
 	@mkdir -p $(STAMPS) && touch $@
 
-setup: $(STAMPS)/deps build
+setup: $(STAMPS)/deps build browser
+
+# The web UI's browser tests drive Debian's chromium (tests/integration/test_web_ui.py): installed
+# here when missing and running as root; otherwise those tests skip and say why.
+browser:
+	@if ! command -v chromium >/dev/null; then \
+		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+			{ apt-get update -q >/dev/null \
+				&& DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null; } \
+			|| echo "chromium could not be installed: the web UI browser tests will skip" >&2; \
+		else \
+			echo "chromium missing (not root or no apt-get): the web UI browser tests will skip" >&2; \
+		fi; \
+	fi
 
 # Incremental: cargo rebuilds only what changed. The editable install gets no bytecode from
 # pip, and with PYTHONDONTWRITEBYTECODE set (as on our machines) every server, Spark worker and

@@ -409,6 +409,16 @@ impl PyReplicatedLog {
             .map_err(to_py)
     }
 
+    /// Every anchor as `(anchor_id, index)`, by anchor id.
+    fn anchors(&self) -> Vec<(u64, u64)> {
+        self.log
+            .wal()
+            .anchors()
+            .into_iter()
+            .map(|(id, index)| (id.0, index))
+            .collect()
+    }
+
     /// Releases an anchor.
     fn release_anchor(&self, anchor: u64) -> PyResult<()> {
         self.log

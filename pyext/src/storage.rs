@@ -100,6 +100,7 @@ type OutcomeTuple<'py> = (
     Option<String>,
     i64,
     Option<i64>,
+    usize,
 );
 
 /// A schema change met while applying: (op index, schema version, schema document).
@@ -237,6 +238,7 @@ fn outcome_to_py<'py>(py: Python<'py>, outcome: WriteOutcome) -> OutcomeTuple<'p
         client,
         seq,
         outcome.watermark,
+        outcome.ops_bytes,
     )
 }
 
@@ -480,8 +482,9 @@ impl StorageEngine {
         self.engine.background_error()
     }
 
-    /// Counters: mem_rows, mem_bytes, frozen_rows, frozen_bytes, rowsets, disk_rows, last_applied_index,
-    /// last_flushed_index.
+    /// Counters: mem_rows, mem_bytes, frozen_rows, frozen_bytes, rowsets, disk_rows,
+    /// data_bytes, last_applied_index, last_flushed_index, flushes, flush_duration_us,
+    /// compactions, compaction_duration_us.
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let s = self.engine.stats();
         let d = PyDict::new(py);
@@ -493,6 +496,11 @@ impl StorageEngine {
         d.set_item("disk_rows", s.disk_rows)?;
         d.set_item("last_applied_index", s.last_applied_index)?;
         d.set_item("last_flushed_index", s.last_flushed_index)?;
+        d.set_item("data_bytes", s.data_bytes)?;
+        d.set_item("flushes", s.flushes)?;
+        d.set_item("flush_duration_us", s.flush_duration_us)?;
+        d.set_item("compactions", s.compactions)?;
+        d.set_item("compaction_duration_us", s.compaction_duration_us)?;
         Ok(d)
     }
 }

@@ -43,8 +43,9 @@ class NativeLog(Protocol):
 #: One applied WRITE entry (``StorageEngine.apply_committed``): op index, effect (0 applied,
 #: 1 refused as malformed, 2 duplicate request, 3 stale request), row statuses (applied), rows
 #: that failed, the refusal's message, client id and seq no (None and -1 without a request
-#: id), and the client's first incomplete seq no after it (None if not recorded).
-EntryOutcome = tuple[int, int, bytes | None, int, str | None, str | None, int, int | None]
+#: id), the client's first incomplete seq no after it (None if not recorded), and the bytes
+#: of the entry's op batch.
+EntryOutcome = tuple[int, int, bytes | None, int, str | None, str | None, int, int | None, int]
 
 
 class RowStatus(enum.IntEnum):

@@ -266,6 +266,37 @@ def test_table_copy_with_predicates_creates_the_destination(cluster: LocalCluste
     cluster.client.delete_table("t_copy")
 
 
+def test_table_copy_keeps_the_range_partitions(cluster: LocalCluster) -> None:
+    # Splits at 100 and 200 and a gap from 300 to 400: the copy has the same tablets.
+    partitioning = [
+        nyala.HashPartitioning("id", 2),
+        nyala.RangePartitioning("id", bounds=[(None, 100), (100, 200), (200, 300), (400, None)]),
+    ]
+    cluster.client.create_table("ranged", SCHEMA, partitioning=partitioning, replicas=1)
+    ids = [5, 150, 250, 450]
+    cluster.client.table("ranged").insert({"id": ids, "v": ["a", "b", "c", "d"]})
+    summary = nyala_cmd(cluster, "table", "copy", "ranged", "ranged_copy", "--format", "json")
+    assert summary.json()["rows"] == len(ids)
+    source = nyala_cmd(cluster, "table", "describe", "ranged", "--format", "json").json()
+    copied = nyala_cmd(cluster, "table", "describe", "ranged_copy", "--format", "json").json()
+    assert len(copied["tablets"]) == len(source["tablets"]) == 8
+    partitions = sorted(t["partition"] for t in copied["tablets"])
+    assert partitions == sorted(t["partition"] for t in source["tablets"])
+    assert "300" in " ".join(partitions)  # the gap [300, 400) stays a gap
+    rows = cluster.client.table("ranged_copy").scan().to_arrow()
+    assert sorted(rows["id"].to_pylist()) == ids
+    cluster.client.delete_table("ranged")
+    cluster.client.delete_table("ranged_copy")
+
+
+def test_change_replication_factor_help_says_its_wait() -> None:
+    from nyala.cli.cluster import CHANGE_REPLICATION_FACTOR_TIMEOUT_S
+
+    result = CliRunner().invoke(main, ["cluster", "change-replication-factor", "--help"])
+    assert f"(default: {CHANGE_REPLICATION_FACTOR_TIMEOUT_S:g})" in result.output
+    assert CHANGE_REPLICATION_FACTOR_TIMEOUT_S == 300
+
+
 def test_rename_column(cluster: LocalCluster) -> None:
     cluster.client.create_table("renamed", SCHEMA, replicas=1)
     done = nyala_cmd(cluster, "table", "rename-column", "renamed", "v", "w", "--format", "json")

@@ -62,7 +62,5 @@ def test_a_load_over_the_memory_limit_is_flushed_refused_retried_and_kept() -> N
         lines = _metrics(cluster)
     assert _sum(lines, "nyala_writes_refused_memory_total") > 0
     assert _sum(lines, 'nyala_memory_limit_bytes{threshold="hard"}') == 3 * LIMIT_BYTES
-    assert any(
-        line.startswith('nyala_memory_tracked_bytes{consumer="memrowsets"}') for line in lines
-    )
+    assert any(line.startswith('nyala_memory_tracked_bytes{kind="MemRowSet"}') for line in lines)
     assert _sum(lines, "nyala_flushes_total{") > 0  # flushed under pressure

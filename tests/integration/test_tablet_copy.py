@@ -19,6 +19,8 @@ import os
 import sys
 import threading
 import time
+import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -361,6 +363,37 @@ def test_throttled_copy_is_listed_and_cancelled_leaving_a_tombstone() -> None:
         assert json.loads(out.output)["jobs"][0]["state"] == "CANCELLED"
         out = runner.invoke(main, ["tablet-copy", "cancel", job_id, "--server", target.rpc_addr])
         assert out.exit_code != 0  # it already ended
+
+
+def test_web_ui_shows_a_copy_in_progress_and_cancels_it() -> None:
+    flags = ("--tablet-copy-rate-bytes-per-s", "65536", "--tablet-copy-chunk-bytes", "65536")
+    with MiniCluster(2, tserver_flags=flags) as mini:
+        source, target = mini.tservers
+        mini.create_tablet(TABLET, SCHEMA, servers=[source])
+        assert mini.leader_of(TABLET) is source
+        for seq in range(6):
+            write_rows(mini, seq * 500, 500, seq)  # ~700 KiB of WAL: >10 s at 64 KiB/s
+        job_id = start_copy(target, source, int(cstate(source).current_term)).job_id
+        wait_for("bytes copied", lambda: [j for j in copy_jobs(target) if j.bytes_done > 0])
+        page_url = f"http://{target.http_addr}/tablet-copies"
+        browser = urllib.request.Request(page_url, headers={"Accept": "text/html"})
+        with urllib.request.urlopen(browser) as page:
+            shown = page.read().decode()
+        assert job_id in shown
+        assert "<progress" in shown
+        assert 'action="/tablet-copies/cancel"' in shown
+
+        # The page's Cancel button: a POST of the job id, answered by a redirect to the list.
+        form = urllib.parse.urlencode({"id": job_id}).encode()
+        with urllib.request.urlopen(f"{page_url}/cancel", data=form) as answer:
+            assert answer.url == page_url  # followed the 303
+            after = answer.read().decode()
+        assert job_id in after
+        wait_for("the job cancelled", lambda: copy_jobs(target)[0].state == "CANCELLED")
+        assert data_state(target) == "TABLET_DATA_TOMBSTONED"
+        with pytest.raises(urllib.error.HTTPError) as again:
+            urllib.request.urlopen(f"{page_url}/cancel", data=form)
+        assert again.value.code == 409  # it already ended
 
 
 SLOW_TARGET_FLAGS = (

@@ -114,8 +114,9 @@ def test_rows_applied_from_a_log_batch_outlive_the_batch(
         requests = _native.RequestIndex()
         through, outcomes, alter = engine.apply_committed(log, requests, 0, 2)
         assert (through, alter) == (2, None)
-        ((index, effect, statuses, failed, _msg, client, seq, watermark),) = outcomes
+        ((index, effect, statuses, failed, _msg, client, seq, watermark, size),) = outcomes
         assert (index, effect, failed, client, seq, watermark) == (1, 0, 0, "client", 1, 0)
+        assert size == len(ops)
         assert statuses == bytes(500)
         assert requests.admit("client", 1) == 1  # applied: a retry is a duplicate
         log.wait_durable()

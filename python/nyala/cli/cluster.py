@@ -39,6 +39,15 @@ def masters_option(fn: Any) -> Any:
     return timeout_option(_masters(fn))
 
 
+#: change-replication-factor waits for the master to move replicas: a longer --timeout.
+CHANGE_REPLICATION_FACTOR_TIMEOUT_S = 300.0
+
+
+def _masters_waiting(fn: Any) -> Any:
+    """``masters_option`` whose ``--timeout`` defaults to (and says) the longer wait."""
+    return timeout_option(_masters(fn), default_s=CHANGE_REPLICATION_FACTOR_TIMEOUT_S)
+
+
 def connect_cli(masters: str, *, default_timeout_ms: int | None = None) -> Any:
     """``cluster_client.client_for`` of the checked ``-m/--masters`` list."""
     return client_for(master_list(masters), default_timeout_ms=default_timeout_ms)
@@ -94,12 +103,12 @@ def _print_report(
 @group.command(name="change-replication-factor")
 @click.argument("table")
 @click.argument("replicas", type=int)
-@masters_option
+@_masters_waiting
 @click.option("--wait/--no-wait", default=True, show_default=True, help="Wait until done.")
 @one_line
 def change_replication_factor(table: str, replicas: int, masters: str, wait: bool) -> None:
-    """Set the number of voters of every tablet of TABLE (odd); --timeout defaults to 300 s."""
-    limit_ms = timeout_ms(300_000)
+    """Set the number of voters of every tablet of TABLE (odd)."""
+    limit_ms = timeout_ms(round(CHANGE_REPLICATION_FACTOR_TIMEOUT_S * 1000))
     with connect_cli(masters, default_timeout_ms=limit_ms) as client:
         click.echo(
             client.admin.change_replication_factor(

@@ -40,8 +40,9 @@ def _store_timeout(ctx: click.Context, _: click.Parameter, value: float | None) 
         ctx.meta[_TIMEOUT_KEY] = max(1, round(value * 1000))
 
 
-def timeout_option(fn: _F) -> _F:
-    """Adds ``--timeout SECONDS`` (read back with ``timeout_ms()``)."""
+def timeout_option(fn: _F, *, default_s: float = CLI_TIMEOUT_MS / 1000) -> _F:
+    """Adds ``--timeout SECONDS`` (read back with ``timeout_ms()``); ``default_s`` is only
+    what the help says: the command passes the same default to ``timeout_ms``."""
     option = click.option(
         "--timeout",
         type=click.FloatRange(min=0, min_open=True),
@@ -50,7 +51,7 @@ def timeout_option(fn: _F) -> _F:
         is_eager=True,
         callback=_store_timeout,
         metavar="SECONDS",
-        help="Give up after this many seconds (default: 15).",
+        help=f"Give up after this many seconds (default: {default_s:g}).",
     )
     return option(fn)
 

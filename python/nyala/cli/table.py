@@ -385,7 +385,7 @@ def copy(
             target = client.create_table(
                 dst,
                 source.schema,
-                partitioning=_same_partitioning(source.partition_schema),
+                partitioning=_same_partitioning(source),
                 replicas=client.describe_table(src)["replicas"],
             )
         started = time.monotonic()
@@ -412,14 +412,22 @@ def copy(
         raise SystemExit(1)
 
 
-def _same_partitioning(partition_schema: Any) -> Any:
-    """The hash levels of ``partition_schema``, and its range columns as one unbounded range
-    (range splits are not copied)."""
-    from nyala.partition import RangePartitioning
+def _same_partitioning(source: Any) -> Any:
+    """The partitioning of table ``source``: its hash levels, and its range partitions as they
+    are now (every range's bounds, read from its tablets: splits and gaps both carry over)."""
+    from nyala.partition import RangePartitioning, decode_key
 
+    partition_schema = source.partition_schema
     spec: list[Any] = list(partition_schema.hash_levels)
-    if partition_schema.range_columns:
-        spec.append(RangePartitioning(list(partition_schema.range_columns), []))
+    columns = list(partition_schema.range_columns)
+    if columns:
+        types = [source.schema.column(c).type for c in columns]
+        ranges = sorted({t.partition.range_bounds() for t in source.tablets()})
+        bounds = [
+            (decode_key(types, low) if low else None, decode_key(types, high) if high else None)
+            for low, high in ranges
+        ]
+        spec.append(RangePartitioning(columns, bounds=bounds))
     return spec or None
 
 

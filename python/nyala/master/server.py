@@ -29,10 +29,13 @@ from nyala.master.formation import check_masters_match, discover_config, own_add
 from nyala.master.settings import MasterSettings
 from nyala.master.sys_catalog import SysCatalog
 from nyala.master.ts_manager import TSManager
+from nyala.master.web_ui import MASTER_NAV, MasterPages
 from nyala.rpc import HttpResponse, HttpServer, RpcServer
+from nyala.rpc.http import HttpRequest, Route
 from nyala.server.base import ServerBase
 from nyala.server.consensus_service import ConsensusService, add_consensus_service
 from nyala.server.tablet_copy import TabletCopy, add_tablet_copy_service
+from nyala.server.web_ui import Markup, wants_json
 from nyala.tablet.replica import TabletReplica, TabletState
 
 log = logging.getLogger(__name__)
@@ -42,6 +45,7 @@ class MasterServer(ServerBase):
     """One master. ``run`` serves until ``request_stop`` (or a signal)."""
 
     REPLICA_FAILURE_STOPS_SERVER = True
+    ROLE = "master"
 
     def __init__(self, settings: MasterSettings) -> None:
         super().__init__(settings)
@@ -50,7 +54,6 @@ class MasterServer(ServerBase):
         self._own_addr = ""
         self._tasks: asyncio.TaskGroup | None = None
         self._workers: list[asyncio.Task[None]] = []
-        self.copy: TabletCopy | None = None
 
     async def run(self) -> None:
         """Opens the fs root, serves until stopped, shuts down gracefully."""
@@ -92,16 +95,9 @@ class MasterServer(ServerBase):
     async def _serve(self, sys_catalog: SysCatalog) -> None:
         assert self.manager is not None
         rpc = self._build_rpc_server()
+        assert self.copy is not None
         http = HttpServer(
-            self.settings.http_bind,
-            {
-                "/healthz": self._healthz,
-                "/metrics": self._metrics_page,
-                "/masters": self._masters_page,
-                "/tables": self._tables_page,
-                "/tablet-servers": self._tservers_page,
-                "/tablet-copies": self._copy_page,
-            },
+            self.settings.http_bind, self._http_routes(), self.copy.http_post_routes(self.frame)
         )
         await self._start_listening(rpc, http)
         log.info("master %s ready: rpc %s, http %s", self.uuid, rpc.address, http.address)
@@ -186,7 +182,7 @@ class MasterServer(ServerBase):
     # --- HTTP -------------------------------------------------------------------------------
 
     def _register_metrics(self) -> None:
-        self._register_uptime()
+        self._register_server_metrics()
         self.metrics.gauge(
             "nyala_master_is_leader", "1 if this master leads with its catalog loaded"
         ).set_callback(self._is_leader_gauge)
@@ -202,16 +198,36 @@ class MasterServer(ServerBase):
         count = 0 if self.manager is None else len(self.manager.ts_manager.live())
         return [({}, float(count))]
 
-    async def _copy_page(self) -> HttpResponse:
-        assert self.copy is not None
-        return await self.copy.http_page()
+    def _http_routes(self) -> dict[str, Route]:
+        return {
+            **super()._http_routes(),
+            "/masters": self._masters_page,
+            "/tables": self._tables_page,
+            "/table": self._table_page,
+            "/tablet-servers": self._tservers_page,
+        }
+
+    def _role_nav(self) -> list[tuple[str, str]]:
+        return list(MASTER_NAV)
+
+    def _pages(self) -> MasterPages:
+        assert self.manager is not None
+        return MasterPages(self.manager)
+
+    def _home_sections(self) -> list[Markup]:
+        return self._pages().home_sections()
 
     @staticmethod
     def _json(doc: object) -> HttpResponse:
         return HttpResponse(200, json.dumps(doc, indent=1).encode() + b"\n", "application/json")
 
-    async def _masters_page(self) -> HttpResponse:
+    async def _table_page(self, request: HttpRequest) -> HttpResponse:
+        return self._pages().table(self.frame(), request)
+
+    async def _masters_page(self, request: HttpRequest) -> HttpResponse:
         assert self.manager is not None
+        if not wants_json(request):
+            return self._pages().masters(self.frame())
         masters = [
             {
                 "uuid": e.permanent_uuid,
@@ -223,8 +239,10 @@ class MasterServer(ServerBase):
         ]
         return self._json({"server_uuid": self.uuid, "masters": masters})
 
-    async def _tables_page(self) -> HttpResponse:
+    async def _tables_page(self, request: HttpRequest) -> HttpResponse:
         assert self.manager is not None
+        if not wants_json(request):
+            return self._pages().tables(self.frame())
         if not self.manager.is_ready_leader():
             return self._json({"server_uuid": self.uuid, "leader": False, "tables": []})
         tables = [
@@ -240,8 +258,10 @@ class MasterServer(ServerBase):
         ]
         return self._json({"server_uuid": self.uuid, "leader": True, "tables": tables})
 
-    async def _tservers_page(self) -> HttpResponse:
+    async def _tservers_page(self, request: HttpRequest) -> HttpResponse:
         assert self.manager is not None
+        if not wants_json(request):
+            return self._pages().tablet_servers(self.frame())
         ts_manager = self.manager.ts_manager
         servers = [
             {

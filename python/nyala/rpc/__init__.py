@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from nyala.rpc.channel import BlockingServerProxy, ServerProxy
 from nyala.rpc.errors import error_from_pb, error_to_pb, join_host_port, split_host_port
-from nyala.rpc.http import HttpResponse, HttpServer
+from nyala.rpc.http import HttpRequest, HttpResponse, HttpServer
 from nyala.rpc.server import RpcServer
 from nyala.rpc.service import (
     Context,
@@ -23,6 +23,7 @@ from nyala.rpc.settings import RpcSettings
 __all__ = [
     "BlockingServerProxy",
     "Context",
+    "HttpRequest",
     "HttpResponse",
     "HttpServer",
     "RpcMetrics",

@@ -15,18 +15,41 @@ import signal
 import time
 from typing import ClassVar
 
+from nyala import _native
 from nyala.common.clock import RealClock
 from nyala.common.metrics import MetricsRegistry
+from nyala.common.process import resident_bytes
 from nyala.consensus.options import RaftOptions
 from nyala.consensus.runtime.peer_streams import PeerStreams
 from nyala.consensus.runtime.transport import GrpcTransport
 from nyala.consensus.runtime.wal_log import WalLogOptions
 from nyala.errors import NyalaError
 from nyala.rpc import HttpResponse, HttpServer, RpcMetrics, RpcServer
+from nyala.rpc.http import HttpRequest, Route
 from nyala.rpc.settings import MIB
 from nyala.server.fs_manager import FsManager, InstanceInfo
 from nyala.server.server_heartbeats import ServerHeartbeats
 from nyala.server.settings import ServerSettings
+from nyala.server.tablet_copy import TabletCopy
+from nyala.server.web_ui import (
+    COMMON_NAV,
+    Cell,
+    LogRing,
+    Markup,
+    PageFrame,
+    ServerIdentity,
+    heading,
+    home_section,
+    human_bytes,
+    link,
+    log_page_lines_default,
+    log_ring_records_max,
+    logs_section,
+    metrics_section,
+    paragraph,
+    settings_rows,
+    table,
+)
 from nyala.storage import StorageEngine
 from nyala.tablet import TabletDirs, TabletManager
 from nyala.tablet.quarantine import Quarantine
@@ -48,6 +71,8 @@ class ServerBase:
     #: serve without its sys catalog) or only goes FAILED (a tablet server's other replicas
     #: keep serving).
     REPLICA_FAILURE_STOPS_SERVER: ClassVar[bool] = False
+    #: "master" or "tserver": the web UI's name for this server's role.
+    ROLE: ClassVar[str] = "server"
 
     def __init__(self, settings: ServerSettings) -> None:
         self.server_settings = settings
@@ -65,6 +90,13 @@ class ServerBase:
         self.peer_streams: PeerStreams | None = None
         # Tasks of this base (streams, server heartbeats): cancelled once replicas stopped.
         self._base_tasks: list[asyncio.Task[None]] = []
+        # The process's recent log records for /logs (installed while the fs root is open).
+        self.log_ring = LogRing()
+        # Tablet copy onto and from this server (built by the role once the fs root is open).
+        self.copy: TabletCopy | None = None
+        # Addresses actually bound (set once listening), for the web UI.
+        self.rpc_address = ""
+        self.http_address = ""
 
     @property
     def uuid(self) -> str:
@@ -80,6 +112,7 @@ class ServerBase:
         """Opens the fs root (refusing a foreign or damaged one) and every replica on it; a
         replica that cannot open is marked FAILED, one bad tablet never stops the server."""
         s = self.server_settings
+        logging.getLogger().addHandler(self.log_ring)
         self.instance = self.fs.open(s.uuid)
         dirs = TabletDirs(
             tablet_meta=self.fs.dir("tablet-meta"),
@@ -137,6 +170,7 @@ class ServerBase:
         if self.tablets is not None:
             self.tablets.shutdown()
         self.fs.unlock()
+        logging.getLogger().removeHandler(self.log_ring)
 
     def _start_consensus(self, replica: TabletReplica, tasks: asyncio.TaskGroup) -> None:
         """Runs ``replica``'s Raft in ``tasks``, talking gRPC to the peers of its config."""
@@ -186,6 +220,7 @@ class ServerBase:
         except BaseException:
             await rpc.stop(0)
             raise
+        self.rpc_address, self.http_address = rpc.address, http.address
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, self._on_signal, signum)
@@ -218,13 +253,9 @@ class ServerBase:
         """Flushes one replica's MemRowSet off the event loop. A failure is logged: the rows
         stay in memory and in the WAL, and the next round tries again."""
         try:
-            rowset = await asyncio.to_thread(storage.flush)
+            await asyncio.to_thread(storage.flush)
         except NyalaError as exc:
             log.warning("flush of tablet %s failed: %s", tablet_id, exc)
-            return
-        replica = None if self.tablets is None else self.tablets.lookup(tablet_id)
-        if rowset is not None and replica is not None:
-            replica.flushes += 1
 
     async def _quarantine_loop(self) -> None:
         """Purges quarantined replicas past ``quarantine_retention_s``, and the oldest while
@@ -239,17 +270,149 @@ class ServerBase:
             except OSError as exc:
                 log.warning("purging the quarantine failed: %s", exc)
 
-    def _register_uptime(self) -> None:
+    def _register_server_metrics(self) -> None:
+        """What every server exports: uptime, memory (RSS and tracked), tablet-copy bytes."""
         self.metrics.gauge(
             "nyala_server_uptime_seconds", "Seconds since the server started"
         ).set_callback(lambda: [({}, time.monotonic() - self._started_s)])
+        self.metrics.gauge(
+            "nyala_process_resident_memory_bytes", "Resident set size of this process"
+        ).set_callback(lambda: [({}, float(resident_bytes()))])
+        self.metrics.gauge(
+            "nyala_memory_tracked_bytes",
+            "Memory the server accounts for: MemRowSets and log caches of its replicas",
+            ("kind",),
+        ).set_callback(self._tracked_memory)
+        self.metrics.observed_counter(
+            "nyala_tablet_copy_bytes_total",
+            "Tablet copy bytes: fetched (onto this server) and served (as a source)",
+            ("direction",),
+            self._copy_bytes,
+        )
 
-    async def _healthz(self) -> HttpResponse:
+    def _tracked_memory(self) -> list[tuple[dict[str, str], float]]:
+        by_kind = {"MemRowSet": 0, "log cache": 0}
+        for kind, _, n in self.memory_rows():
+            by_kind[kind] = by_kind.get(kind, 0) + n
+        return [({"kind": kind}, float(n)) for kind, n in sorted(by_kind.items())]
+
+    def _copy_bytes(self) -> list[tuple[dict[str, str], float]]:
+        copy = self.copy
+        if copy is None:
+            return []
+        fetched = float(copy.jobs.bytes_fetched())
+        return [({"direction": "fetched"}, fetched), ({"direction": "served"}, copy.bytes_served)]
+
+    # --- HTTP: status endpoints and the web UI ------------------------------------------------
+
+    def _http_routes(self) -> dict[str, Route]:
+        """The pages every server serves (each role adds its own)."""
+        return {
+            "/": self._home_page,
+            "/healthz": self._healthz,
+            "/metrics": self._metrics_page,
+            "/metrics-page": self._metrics_html_page,
+            "/varz": self._varz_page,
+            "/mem-trackers": self._memory_page,
+            "/logs": self._logs_page,
+            "/tablet-copies": self._copy_page,
+        }
+
+    def _role_nav(self) -> list[tuple[str, str]]:
+        """The role's pages, first in the navigation bar."""
+        return []
+
+    def frame(self) -> PageFrame:
+        """The page frame with this server's identity and navigation."""
+        identity = ServerIdentity(
+            self.ROLE,
+            "" if self.instance is None else self.instance.uuid,
+            self.rpc_address,
+            self.http_address,
+        )
+        return PageFrame(identity, [("/", "Home"), *self._role_nav(), *COMMON_NAV])
+
+    def _home_sections(self) -> list[Markup]:
+        """What the role adds to its home page."""
+        return []
+
+    async def _home_page(self, _request: HttpRequest) -> HttpResponse:
+        frame = self.frame()
+        return frame.render(
+            f"nyala {self.ROLE}",
+            home_section(frame.identity, _native.__version__, time.monotonic() - self._started_s),
+            *self._home_sections(),
+            heading("Settings that differ from their default"),
+            table(
+                ("name", "value", "default"), settings_rows(self.server_settings, changed_only=True)
+            ),
+            paragraph("Every setting: ", link("/varz", "/varz"), "."),
+        )
+
+    async def _varz_page(self, _request: HttpRequest) -> HttpResponse:
+        rows = settings_rows(self.server_settings, changed_only=False)
+        return self.frame().render("Flags", table(("name", "value", "default"), rows))
+
+    def memory_rows(self) -> list[tuple[str, str, int]]:
+        """(what, tablet, bytes) of the memory this server tracks: each replica's MemRowSet
+        and log cache (a role may add its own)."""
+        rows = []
+        for replica in self.tablets.replicas() if self.tablets is not None else []:
+            storage, wal = replica.storage, replica.wal
+            if storage is not None:
+                rows.append(("MemRowSet", replica.tablet_id, storage.stats()["mem_bytes"]))
+            if wal is not None:
+                rows.append(("log cache", replica.tablet_id, wal.cache_stats().bytes))
+        return rows
+
+    async def _memory_page(self, _request: HttpRequest) -> HttpResponse:
+        rows = self.memory_rows()
+        tracked = sum(n for _, _, n in rows)
+        totals: list[tuple[str, Cell, Cell]] = [
+            ("process resident set (RSS)", resident_bytes(), human_bytes(resident_bytes())),
+            ("tracked (sum below)", tracked, human_bytes(tracked)),
+        ]
+        by_kind: dict[str, int] = {}
+        for kind, _, n in rows:
+            by_kind[kind] = by_kind.get(kind, 0) + n
+        totals += [(f"{kind} (all)", n, human_bytes(n)) for kind, n in sorted(by_kind.items())]
+        detail = [(kind, self._tablet_link(tablet), n, human_bytes(n)) for kind, tablet, n in rows]
+        return self.frame().render(
+            "Memory",
+            table(("what", "bytes", ""), totals),
+            heading("By tablet"),
+            table(("what", "tablet", "bytes", ""), detail),
+        )
+
+    def _tablet_link(self, tablet_id: str) -> Cell:
+        """A tablet id as the role's page shows it (a link where the role has a tablet page)."""
+        return tablet_id
+
+    async def _logs_page(self, request: HttpRequest) -> HttpResponse:
+        try:
+            count = int(request.param("lines", str(log_page_lines_default)))
+        except ValueError:
+            count = log_page_lines_default
+        count = max(0, min(count, log_ring_records_max))
+        return self.frame().render(
+            "Recent log lines",
+            paragraph(f"The newest {count} records (kept in memory: {log_ring_records_max})."),
+            logs_section(self.log_ring, count),
+        )
+
+    async def _copy_page(self, request: HttpRequest) -> HttpResponse:
+        assert self.copy is not None, "the tablet copy is built before the HTTP server"
+        return await self.copy.http_page(request, self.frame())
+
+    async def _metrics_html_page(self, _request: HttpRequest) -> HttpResponse:
+        return self.frame().render("Metrics", metrics_section(self.metrics.render()))
+
+    async def _healthz(self, _request: HttpRequest) -> HttpResponse:
         if self._stopping:
             return HttpResponse(503, b"stopping\n")
         return HttpResponse(200, b"ok\n")
 
-    async def _metrics_page(self) -> HttpResponse:
+    async def _metrics_page(self, _request: HttpRequest) -> HttpResponse:
         body = self.metrics.render().encode()
         return HttpResponse(200, body, "text/plain; version=0.0.4; charset=utf-8")
 

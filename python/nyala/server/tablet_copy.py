@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from collections.abc import Callable
 
 import grpc
 
@@ -38,18 +39,35 @@ from nyala.consensus.runtime.transport import GrpcTransport
 from nyala.consensus.types import OpId
 from nyala.errors import (
     CorruptionError,
+    IllegalStateError,
     InvalidArgumentError,
+    NotFoundError,
     NyalaError,
     TabletFailedError,
 )
 from nyala.rpc import Context, HttpResponse, RpcMetrics, ServiceBase, unary
 from nyala.rpc.channel import ServerProxy
 from nyala.rpc.errors import join_host_port, raise_for_response, split_host_port
+from nyala.rpc.http import HttpRequest, Route
 from nyala.rpc.server import DeserializerOverride
 from nyala.rpc.service import unary_serialized
 from nyala.rpc.settings import RpcSettings
 from nyala.server.convert import config_to_pb
 from nyala.server.settings import ServerSettings
+from nyala.server.web_ui import (
+    Cell,
+    Markup,
+    PageFrame,
+    code,
+    form_button,
+    heading,
+    human_bytes,
+    link,
+    paragraph,
+    state,
+    table,
+    wants_json,
+)
 from nyala.tablet import TabletManager
 from nyala.tablet.copy_client import DownloadOptions
 from nyala.tablet.copy_io import CopyIoPool
@@ -89,6 +107,26 @@ def job_to_pb(job: CopyJob) -> tablet_copy_pb2.TabletCopyJobPB:
         rate_bytes_per_s=job.rate_bytes_per_s,
         elapsed_s=job.elapsed_s,
         error=job.error,
+    )
+
+
+def _job_row(job: CopyJob) -> tuple[Cell, ...]:
+    """One copy job as a row of ``/tablet-copies``."""
+    done, total = job.progress.bytes_done, job.progress.bytes_total
+    bar = f'<progress value="{done}" max="{max(total, 1)}"></progress> '
+    progress = Markup(bar + f"{human_bytes(done)} of {human_bytes(total)}")
+    running = job.state.value == "RUNNING"
+    cancel = form_button("/tablet-copies/cancel", "Cancel", {"id": job.job_id}) if running else ""
+    return (
+        code(job.job_id),
+        code(job.tablet_id),
+        code(job.source_addr),
+        state(job.state.value),
+        progress,
+        f"{human_bytes(job.rate_bytes_per_s)}/s",
+        f"{job.elapsed_s:.1f} s",
+        cancel,
+        job.error,
     )
 
 
@@ -218,6 +256,8 @@ class TabletCopy:
             concurrency_max=settings.tablet_copy_concurrency_max,
         )
         self.corrupt_chunks_left = settings.tablet_copy_inject_corrupt_chunks
+        # Bytes of chunks served as a source (FetchData answers), for /metrics.
+        self.bytes_served = 0
         self._group: asyncio.TaskGroup | None = None
         self._vivifying: set[tuple[str, str]] = set()  # (tablet, peer) with a call in flight
         self._proxies: dict[str, ServerProxy] = {}
@@ -346,17 +386,49 @@ class TabletCopy:
 
     # --- visibility ---------------------------------------------------------------------------
 
-    async def http_page(self) -> HttpResponse:
-        """``/tablet-copies``: every copy job as JSON, plus the open source sessions."""
-        body = json.dumps(
-            {
-                "server_uuid": self.uuid,
-                "jobs": [job.to_json() for job in self.jobs.jobs()],
-                "source_sessions": self.sessions.session_ids(),
-            },
-            indent=1,
+    async def http_page(self, request: HttpRequest, frame: PageFrame) -> HttpResponse:
+        """``/tablet-copies``: every copy job (with progress and, while it runs, a cancel
+        button) and the open source sessions; JSON unless a browser asks (``wants_json``)."""
+        if wants_json(request):
+            body = json.dumps(
+                {
+                    "server_uuid": self.uuid,
+                    "jobs": [job.to_json() for job in self.jobs.jobs()],
+                    "source_sessions": self.sessions.session_ids(),
+                },
+                indent=1,
+            )
+            return HttpResponse(200, body.encode() + b"\n", "application/json")
+        jobs = [_job_row(job) for job in reversed(self.jobs.jobs())]
+        headers = ("job", "tablet", "source", "state", "progress", "rate", "elapsed", "", "error")
+        sessions = [(code(sid),) for sid in self.sessions.session_ids()]
+        return frame.render(
+            "Tablet copies",
+            heading("Copies onto this server"),
+            table(headers, jobs),
+            heading("Sessions served as a source"),
+            table(("session",), sessions),
+            paragraph(
+                "As JSON: ", link("/tablet-copies", "/tablet-copies?format=json", format="json")
+            ),
         )
-        return HttpResponse(200, body.encode() + b"\n", "application/json")
+
+    def http_post_routes(self, frame: Callable[[], PageFrame]) -> dict[str, Route]:
+        """The web UI's actions on copies: ``POST /tablet-copies/cancel`` (form field ``id``)
+        cancels a running job, as CancelTabletCopy does, and returns to the list."""
+
+        async def cancel(request: HttpRequest) -> HttpResponse:
+            job_id = request.param("id")
+            try:
+                self.jobs.cancel(job_id)
+            except (NotFoundError, IllegalStateError) as exc:
+                status = 404 if isinstance(exc, NotFoundError) else 409
+                page = frame().render("Cancel failed", paragraph(str(exc)), status=status)
+                return page
+            log.info("tablet copy job %s cancelled from the web UI", job_id)
+            return HttpResponse(303, b"", headers=(("Location", "/tablet-copies"),))
+
+        return {"/tablet-copies/cancel": cancel}
 
     def service(self, metrics: RpcMetrics) -> TabletCopyService:
         """The RPC service over this component (register it with ``add_tablet_copy_service``)."""
@@ -428,6 +500,7 @@ class TabletCopyService(ServiceBase, tablet_copy_pb2_grpc.TabletCopyServiceServi
             damaged = bytearray(answer)  # after the CRC: the target must notice
             damaged[-1] ^= 0xFF
             answer = bytes(damaged)
+        self._copy.bytes_served += len(answer)
         return answer
 
     @unary(tablet_copy_pb2.EndTabletCopySessionResponsePB)

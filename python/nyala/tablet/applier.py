@@ -29,7 +29,7 @@ import numpy as np
 from nyala import _native
 from nyala.consensus.runtime.wal_log import WalLog
 from nyala.errors import CorruptionError
-from nyala.storage import ApplyResult, StorageEngine
+from nyala.storage import ApplyResult, RowStatus, StorageEngine
 from nyala.tablet.write_entry import RequestId
 
 #: Encoded bytes read from the log per step while applying.
@@ -82,6 +82,9 @@ class Applier:
         # Metrics: rows of applied WRITE entries that ended OK, and those that failed.
         self.rows_written = 0
         self.rows_failed = 0
+        # ... the failed rows by RowStatus name, and the bytes of applied op batches.
+        self.rows_failed_by_code: dict[str, int] = {}
+        self.bytes_written = 0
 
     def outcome_of(self, request_id: RequestId) -> WriteOutcome | None:
         """The outcome of an already applied request, if it is remembered."""
@@ -107,6 +110,15 @@ class Applier:
         """The outcome of the WRITE at ``op_index`` (once; None if it was not a new write)."""
         return self._by_index.pop(op_index, None)
 
+    def _count_failures(self, statuses: np.ndarray) -> None:
+        """Adds the failed rows of one applied batch to the counts by code (off the happy
+        path: a batch without failures never gets here)."""
+        codes, counts = np.unique(statuses[statuses != 0], return_counts=True)
+        for code, count in zip(codes.tolist(), counts.tolist(), strict=True):
+            name = RowStatus(code).name if code in RowStatus._value2member_map_ else str(code)
+            self.rows_failed_by_code[name] = self.rows_failed_by_code.get(name, 0) + count
+            self.rows_failed += count
+
     def apply(self, first_index: int, last_index: int) -> None:
         """Applies committed entries ``first_index..last_index`` (inclusive), in order."""
         after = max(first_index - 1, self.applied_index)
@@ -114,13 +126,15 @@ class Applier:
             through, outcomes, alter = self._storage.apply_committed(
                 self._log, self._requests, after, last_index, APPLY_READ_BYTES_MAX
             )
-            for index, effect, statuses, failed, message, client, seq, watermark in outcomes:
+            for index, effect, statuses, failed, message, client, seq, watermark, size in outcomes:
                 outcome: WriteOutcome
                 if effect == _APPLIED:
                     assert statuses is not None
                     outcome = WriteOutcome(index, ApplyResult(np.frombuffer(statuses, np.uint8)))
                     self.rows_written += len(statuses) - failed
-                    self.rows_failed += failed
+                    self.bytes_written += size
+                    if failed:
+                        self._count_failures(np.frombuffer(statuses, np.uint8))
                 elif effect == _REFUSED:
                     # A malformed batch is refused whole, the same way on every replica (the
                     # engine validates before it changes anything): the replicas stay alike.

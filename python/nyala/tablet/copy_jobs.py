@@ -161,6 +161,8 @@ class TabletCopyJobs:
         self._running: dict[str, CopyJob] = {}  # tablet id -> job
         self._ids = itertools.count(1)
         self._group: asyncio.TaskGroup | None = None
+        # Bytes downloaded by jobs that ended (``bytes_fetched`` adds the running ones).
+        self._bytes_fetched_ended = 0
 
     def attach(self, group: asyncio.TaskGroup | None) -> None:
         """The task group jobs run in (None: the server is not serving)."""
@@ -241,6 +243,11 @@ class TabletCopyJobs:
         job.task.cancel()
         return job
 
+    def bytes_fetched(self) -> int:
+        """Bytes every copy onto this server downloaded so far (a counter)."""
+        running = sum(job.progress.bytes_done for job in self._running.values())
+        return self._bytes_fetched_ended + running
+
     def _finished(self, job: CopyJob) -> None:
         # A job cancelled before its task ever ran never reached ``_run``'s handlers.
         if job.state is JobState.RUNNING:
@@ -248,6 +255,7 @@ class TabletCopyJobs:
             job.finished_s = time.time()
         if self._running.get(job.tablet_id) is job:
             del self._running[job.tablet_id]
+            self._bytes_fetched_ended += job.progress.bytes_done
 
     def cancel_all(self) -> None:
         """Server shutdown: stops every running job (a restart tombstones its replica)."""

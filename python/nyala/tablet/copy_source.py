@@ -270,6 +270,16 @@ class CopySessionManager:
         with self._lock:
             return sorted(self._sessions)
 
+    def anchors_of(self, tablet_id: str) -> dict[int, str]:
+        """WAL anchor id -> session id of the sessions open on ``tablet_id`` (the web UI names
+        who holds each anchor)."""
+        with self._lock:
+            return {
+                s.anchor: sid
+                for sid, s in self._sessions.items()
+                if s.replica.tablet_id == tablet_id
+            }
+
     def close_all(self) -> None:
         """Ends every session (server shutdown)."""
         for sid in self.session_ids():

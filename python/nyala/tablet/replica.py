@@ -110,10 +110,10 @@ class TabletReplica:
         self.applier: Applier | None = None
         self.runtime: RaftRuntime | None = None
         self.transport: Transport | None = None
-        # Metrics (read by the server's /metrics): rows returned by scans of this replica,
-        # and flushes of its MemRowSet the server started (periodic and memory pressure).
+        # Metrics (read by the server's /metrics): rows and bytes (Arrow IPC) returned by
+        # scans of this replica. Flushes are counted by the storage engine.
         self.rows_scanned = 0
-        self.flushes = 0
+        self.bytes_scanned = 0
         # WAL anchor at the first op not yet flushed to rowsets (replay needs it after a crash).
         self._storage_anchor: int | None = None
 
@@ -121,6 +121,11 @@ class TabletReplica:
     def tablet_id(self) -> str:
         """The tablet's id (32 hex digits)."""
         return self.superblock.tablet_id
+
+    @property
+    def storage_anchor(self) -> int | None:
+        """The id of the WAL anchor the storage holds (at the first unflushed op), if open."""
+        return self._storage_anchor
 
     def create_files(self) -> None:
         """Lays down a new replica's cmeta (initial config, term 0) and empty storage.
@@ -476,6 +481,7 @@ class TabletReplica:
         index, storage = await self._read_point(None)
         rows = storage.scan(columns, where, limit=limit, **bounds)
         self.rows_scanned += rows.num_rows
+        self.bytes_scanned += rows.nbytes
         return index, rows
 
     async def open_scan(

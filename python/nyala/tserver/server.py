@@ -15,15 +15,17 @@ import logging
 from collections.abc import Callable
 
 from nyala._proto import tserver_admin_pb2_grpc, tserver_pb2_grpc
-from nyala.common.process import resident_bytes, trim_heap
+from nyala.common.process import trim_heap
 from nyala.consensus.core import ReplicaStatus
 from nyala.consensus.types import Role
 from nyala.errors import ServiceUnavailableError
 from nyala.rpc import HttpResponse, HttpServer, RpcServer
+from nyala.rpc.http import HttpRequest, Route
 from nyala.rpc.settings import MIB
 from nyala.server.base import ServerBase
 from nyala.server.consensus_service import ConsensusService, add_consensus_service
 from nyala.server.tablet_copy import TabletCopy, add_tablet_copy_service
+from nyala.server.web_ui import Cell, Markup, wants_json
 from nyala.tablet.replica import TabletReplica
 from nyala.tserver.heartbeater import Heartbeater
 from nyala.tserver.memory import MemoryTracker, MemoryUsage
@@ -31,6 +33,7 @@ from nyala.tserver.scanners import ScannerRegistry
 from nyala.tserver.services import AdminService, TabletService
 from nyala.tserver.settings import TabletServerSettings
 from nyala.tserver.tablet_meta import TabletReport, peer_health
+from nyala.tserver.web_ui import TSERVER_NAV, TabletServerPages, file_bytes, tablet_link
 
 log = logging.getLogger(__name__)
 
@@ -56,10 +59,25 @@ def _is_leader(status: ReplicaStatus) -> float:
 
 
 # Per-tablet consensus gauges on /metrics: name -> (help, how to read it from the status).
-def _storage_stat(key: str) -> Callable[[TabletReplica], float | None]:
+def _storage_stat(key: str, scale: float = 1.0) -> Callable[[TabletReplica], float | None]:
     def read(replica: TabletReplica) -> float | None:
         storage = replica.storage
-        return None if storage is None else float(storage.stats()[key])
+        return None if storage is None else storage.stats()[key] * scale
+
+    return read
+
+
+def _wal_stat(*, bytes_: bool) -> Callable[[TabletReplica], float | None]:
+    """The replica's WAL segments on disk: their bytes, or how many there are."""
+
+    def read(replica: TabletReplica) -> float | None:
+        wal = replica.wal
+        if wal is None:
+            return None
+        paths = wal.segment_paths()
+        if not bytes_:
+            return float(len(paths))
+        return float(sum(file_bytes(p) for p in paths))
 
     return read
 
@@ -78,17 +96,33 @@ _PER_REPLICA_COUNTERS: dict[str, tuple[str, Callable[[TabletReplica], float | No
         "Rows of applied writes that ended OK (on every replica)",
         _applier_stat("rows_written"),
     ),
-    "nyala_write_errors_total": (
-        "Rows of applied writes that failed (duplicate or missing key, bad value, ...)",
-        _applier_stat("rows_failed"),
+    "nyala_bytes_written_total": (
+        "Bytes of applied write batches (Arrow IPC, on every replica)",
+        _applier_stat("bytes_written"),
     ),
     "nyala_rows_scanned_total": (
         "Rows returned by scans served by this replica",
         lambda r: float(r.rows_scanned),
     ),
+    "nyala_bytes_scanned_total": (
+        "Bytes of scan results served by this replica (Arrow IPC)",
+        lambda r: float(r.bytes_scanned),
+    ),
     "nyala_flushes_total": (
-        "MemRowSet flushes this server started (periodic, memory pressure)",
-        lambda r: float(r.flushes),
+        "MemRowSet flushes that wrote a rowset (periodic, memory pressure and size-triggered)",
+        _storage_stat("flushes"),
+    ),
+    "nyala_flush_duration_seconds_total": (
+        "Seconds spent in those flushes",
+        _storage_stat("flush_duration_us", scale=1e-6),
+    ),
+    "nyala_compactions_total": (
+        "Compactions that merged rowsets",
+        _storage_stat("compactions"),
+    ),
+    "nyala_compaction_duration_seconds_total": (
+        "Seconds spent in those compactions",
+        _storage_stat("compaction_duration_us", scale=1e-6),
     ),
 }
 #: Gauges of each replica (labels table, tablet_id).
@@ -97,6 +131,9 @@ _PER_REPLICA_GAUGES: dict[str, tuple[str, Callable[[TabletReplica], float | None
     "nyala_memrowset_rows": ("Rows held by the MemRowSet", _storage_stat("mem_rows")),
     "nyala_data_rows": ("Rows in flushed rowsets", _storage_stat("disk_rows")),
     "nyala_data_rowsets": ("Flushed rowsets", _storage_stat("rowsets")),
+    "nyala_data_bytes": ("Bytes of the flushed rowsets' files", _storage_stat("data_bytes")),
+    "nyala_wal_bytes": ("Bytes of the replica's WAL segments on disk", _wal_stat(bytes_=True)),
+    "nyala_wal_segments": ("WAL segments on disk", _wal_stat(bytes_=False)),
     "nyala_on_disk_bytes": (
         "Bytes of the replica's WAL and data files (counted at most 30 s ago)",
         lambda r: float(r.on_disk_bytes()),
@@ -121,6 +158,7 @@ class TabletServer(ServerBase):
     # One batch out per follower: what is proposed meanwhile rides in the next one (measured:
     # about 40 % less server CPU per single-row write, docs/performance.md).
     PEER_INFLIGHT_BATCHES_MAX = 1
+    ROLE = "tserver"
 
     def __init__(self, settings: TabletServerSettings) -> None:
         super().__init__(settings)
@@ -133,7 +171,6 @@ class TabletServer(ServerBase):
         self._heartbeat_task: asyncio.Task[None] | None = None
         self._heartbeater: Heartbeater | None = None
         self._quarantine_task: asyncio.Task[None] | None = None
-        self.copy: TabletCopy | None = None
         self._copy_tasks: list[asyncio.Task[None]] = []
         self.scanners = ScannerRegistry(settings.scanner_ttl_ms)
         self.memory = MemoryTracker(
@@ -155,13 +192,7 @@ class TabletServer(ServerBase):
         )
         self.rpc = self._build_rpc_server()
         self.http = HttpServer(
-            self.settings.http_bind,
-            {
-                "/healthz": self._healthz,
-                "/metrics": self._metrics_page,
-                "/tablets": self._tablets,
-                "/tablet-copies": self.copy.http_page,
-            },
+            self.settings.http_bind, self._http_routes(), self.copy.http_post_routes(self.frame)
         )
         try:
             await self._serve()
@@ -361,7 +392,7 @@ class TabletServer(ServerBase):
         self._replica_tasks = None
 
     def _register_metrics(self) -> None:
-        self._register_uptime()
+        self._register_server_metrics()
         tablets = self.metrics.gauge(
             "nyala_tablets", "Tablet replicas on this server, by state", ("state",)
         )
@@ -386,28 +417,30 @@ class TabletServer(ServerBase):
             self.metrics.gauge(name, help_text, labels).set_callback(
                 functools.partial(self._per_replica, read)
             )
+        self.metrics.observed_counter(
+            "nyala_write_errors_total",
+            "Rows of applied writes that failed, by row status (duplicate or missing key, ...)",
+            ("table", "tablet_id", "code"),
+            self._write_errors,
+        )
         self.metrics.gauge("nyala_leaders", "Tablet replicas this server leads").set_callback(
             self._leader_count
         )
-        self.metrics.gauge(
-            "nyala_process_resident_memory_bytes", "Resident set size of this process"
-        ).set_callback(lambda: [({}, float(resident_bytes()))])
         self._register_memory_metrics()
 
+    def _tracked_memory(self) -> list[tuple[dict[str, str], float]]:
+        """``nyala_memory_tracked_bytes`` by kind: the memory tracker's last measurement of
+        what counts against ``memory_limit_bytes`` (``nyala.tserver.memory``)."""
+        usage = self.memory.usage
+        return [
+            ({"kind": "MemRowSet"}, float(usage.memrowsets_bytes)),
+            ({"kind": "log cache"}, float(usage.log_caches_bytes)),
+            ({"kind": "scanners"}, float(usage.scanners_bytes)),
+        ]
+
     def _register_memory_metrics(self) -> None:
-        """The tracked memory by consumer and its limits (``nyala.tserver.memory``)."""
+        """The memory limit's thresholds and the writes refused above it."""
         memory = self.memory
-        self.metrics.gauge(
-            "nyala_memory_tracked_bytes",
-            "Memory tracked against memory_limit_bytes, by consumer (last measurement)",
-            ("consumer",),
-        ).set_callback(
-            lambda: [
-                ({"consumer": "memrowsets"}, float(memory.usage.memrowsets_bytes)),
-                ({"consumer": "log_caches"}, float(memory.usage.log_caches_bytes)),
-                ({"consumer": "scanners"}, float(memory.usage.scanners_bytes)),
-            ]
-        )
         self.metrics.gauge(
             "nyala_memory_limit_bytes",
             "The memory limit and its thresholds (pressure: flush; soft: refuse writes)",
@@ -435,6 +468,21 @@ class TabletServer(ServerBase):
             if value is not None:
                 labels = {"table": replica.superblock.table_name, "tablet_id": replica.tablet_id}
                 out.append((labels, float(value)))
+        return out
+
+    def _write_errors(self) -> list[tuple[dict[str, str], float]]:
+        out = []
+        for replica in self.tablets.replicas() if self.tablets is not None else []:
+            applier = replica.applier
+            if applier is None:
+                continue
+            for code, count in applier.rows_failed_by_code.items():
+                labels = {
+                    "table": replica.superblock.table_name,
+                    "tablet_id": replica.tablet_id,
+                    "code": code,
+                }
+                out.append((labels, float(count)))
         return out
 
     def _leader_count(self) -> list[tuple[dict[str, str], float]]:
@@ -465,7 +513,37 @@ class TabletServer(ServerBase):
             counts[status.state] = counts.get(status.state, 0) + 1
         return [({"state": state}, float(n)) for state, n in sorted(counts.items())]
 
-    async def _tablets(self) -> HttpResponse:
+    # --- web UI -------------------------------------------------------------------------------
+
+    def _http_routes(self) -> dict[str, Route]:
+        return {
+            **super()._http_routes(),
+            "/tablets": self._tablets,
+            "/tablet": self._tablet_page,
+        }
+
+    def _role_nav(self) -> list[tuple[str, str]]:
+        return list(TSERVER_NAV)
+
+    def _pages(self) -> TabletServerPages:
+        assert self.tablets is not None
+        failed_after_ms = self.settings.follower_unavailable_considered_failed_sec * 1000
+        return TabletServerPages(self.tablets, failed_after_ms)
+
+    def _home_sections(self) -> list[Markup]:
+        return self._pages().home_sections()
+
+    def _tablet_link(self, tablet_id: str) -> Cell:
+        return tablet_link(tablet_id)
+
+    async def _tablet_page(self, request: HttpRequest) -> HttpResponse:
+        assert self.copy is not None
+        anchors = self.copy.sessions.anchors_of(request.param("id"))
+        return self._pages().tablet(self.frame(), request, anchors)
+
+    async def _tablets(self, request: HttpRequest) -> HttpResponse:
+        if not wants_json(request):
+            return self._pages().tablets(self.frame())
         body = json.dumps(
             {"server_uuid": self.uuid, "tablets": [r.to_json() for r in self.list_tablets()]},
             indent=1,

@@ -280,6 +280,7 @@ class TabletService(ServiceBase, tserver_pb2_grpc.TabletServiceServicer):
             replica = self._tablets.lookup(scanner.tablet_id)
             if replica is not None:
                 replica.rows_scanned += page[1]
+                replica.bytes_scanned += len(page[0])
             yield tserver_pb2.ScanResponsePB(
                 scanner_id=scanner.scanner_id,
                 batch=page[0],

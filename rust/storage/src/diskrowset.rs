@@ -166,6 +166,8 @@ pub struct DiskRowSet {
     bloom_file: PathBuf,
     rows: u64,
     tombstones: u64,
+    /// Bytes of the data and bloom files (fixed once written).
+    bytes: u64,
     min_key: Vec<u8>,
     max_key: Vec<u8>,
     metadata: ArrowReaderMetadata,
@@ -203,6 +205,10 @@ impl DiskRowSet {
         let bloom_file = bloom_path(dir, id);
         let bloom = read_bloom(&bloom_file)?;
         let file = File::open(&path).map_err(|e| open_error(&path, e))?;
+        let data_bytes = file.metadata().map_err(|e| open_error(&path, e))?.len();
+        let bloom_bytes = std::fs::metadata(&bloom_file)
+            .map_err(|e| open_error(&bloom_file, e))?
+            .len();
         let metadata = ArrowReaderMetadata::load(&file, ArrowReaderOptions::new())
             .map_err(|e| StorageError::parquet(&path, e))?;
         let kv = |key: &str| -> Result<String> {
@@ -248,6 +254,7 @@ impl DiskRowSet {
             bloom_file,
             rows,
             tombstones,
+            bytes: data_bytes + bloom_bytes,
             min_key,
             max_key,
             metadata,
@@ -272,6 +279,11 @@ impl DiskRowSet {
     /// Tombstone rows in the file.
     pub fn tombstones(&self) -> u64 {
         self.tombstones
+    }
+
+    /// Bytes of the rowset's files on disk.
+    pub fn bytes(&self) -> u64 {
+        self.bytes
     }
 
     /// The smallest and largest encoded keys.

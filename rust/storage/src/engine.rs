@@ -112,8 +112,35 @@ pub struct EngineStats {
     pub frozen_bytes: usize,
     pub rowsets: usize,
     pub disk_rows: u64,
+    /// Bytes of the rowsets' files.
+    pub data_bytes: u64,
     pub last_applied_index: OpIndex,
     pub last_flushed_index: OpIndex,
+    /// Flushes that wrote a rowset since the engine opened (explicit and size-triggered).
+    pub flushes: u64,
+    /// Time spent in those flushes, in microseconds.
+    pub flush_duration_us: u64,
+    /// Compactions that merged rowsets since the engine opened.
+    pub compactions: u64,
+    /// Time spent in those compactions, in microseconds.
+    pub compaction_duration_us: u64,
+}
+
+/// What maintenance did since the engine opened (read by `Engine::stats`).
+#[derive(Default)]
+struct MaintenanceCounters {
+    flushes: AtomicU64,
+    flush_duration_us: AtomicU64,
+    compactions: AtomicU64,
+    compaction_duration_us: AtomicU64,
+}
+
+impl MaintenanceCounters {
+    fn record(count: &AtomicU64, duration_us: &AtomicU64, started: std::time::Instant) {
+        let micros = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
+        count.fetch_add(1, Ordering::Relaxed);
+        duration_us.fetch_add(micros, Ordering::Relaxed);
+    }
 }
 
 struct Frozen {
@@ -196,6 +223,7 @@ struct Shared {
     background_error: Mutex<Option<String>>,
     pins: Mutex<HashMap<u64, Vec<RowSetRef>>>,
     next_snapshot_id: AtomicU64,
+    counters: MaintenanceCounters,
 }
 
 /// One tablet replica's storage engine over its data directory.
@@ -281,6 +309,7 @@ impl Engine {
             background_error: Mutex::new(None),
             pins: Mutex::new(HashMap::new()),
             next_snapshot_id: AtomicU64::new(1),
+            counters: MaintenanceCounters::default(),
         });
         Ok(Engine { shared })
     }
@@ -308,6 +337,7 @@ impl Engine {
     /// Counters for monitoring and tests.
     pub fn stats(&self) -> EngineStats {
         let st = self.shared.state.read();
+        let counters = &self.shared.counters;
         EngineStats {
             mem_rows: st.active.len(),
             mem_bytes: st.active.bytes(),
@@ -315,8 +345,13 @@ impl Engine {
             frozen_bytes: st.frozen.as_ref().map_or(0, |f| f.mem.bytes()),
             rowsets: st.disk.len(),
             disk_rows: st.disk.iter().map(|r| r.rows()).sum(),
+            data_bytes: st.disk.iter().map(|r| r.bytes()).sum(),
             last_applied_index: st.last_applied_index,
             last_flushed_index: st.last_flushed_index,
+            flushes: counters.flushes.load(Ordering::Relaxed),
+            flush_duration_us: counters.flush_duration_us.load(Ordering::Relaxed),
+            compactions: counters.compactions.load(Ordering::Relaxed),
+            compaction_duration_us: counters.compaction_duration_us.load(Ordering::Relaxed),
         }
     }
 
@@ -613,6 +648,7 @@ impl Shared {
 
     /// Writes the frozen MemRowSet (if any) and installs it. Caller holds `maintenance`.
     fn flush_frozen_locked(&self) -> Result<Option<u64>> {
+        let started = std::time::Instant::now();
         let (mem, flush_index, schema, no_older, id) = {
             let mut st = self.state.write();
             let Some(frozen) = &st.frozen else {
@@ -642,6 +678,11 @@ impl Shared {
         st.disk.extend(rowset);
         st.frozen = None;
         st.last_flushed_index = flush_index;
+        if new_id.is_some() {
+            // Under the state lock: `stats` sees the rowset and its count together.
+            let c = &self.counters;
+            MaintenanceCounters::record(&c.flushes, &c.flush_duration_us, started);
+        }
         drop(st);
         self.fault(FaultPoint::AfterManifestWrite)?;
         Ok(new_id)
@@ -717,6 +758,7 @@ impl Shared {
 
     /// Merges all DiskRowSets into one. Caller holds `maintenance`.
     fn compact_locked(&self) -> Result<bool> {
+        let started = std::time::Instant::now();
         let (schema, inputs, id) = {
             let mut st = self.state.write();
             let worth = st.disk.len() > 1 || st.disk.iter().any(|r| r.tombstones() > 0);
@@ -758,6 +800,8 @@ impl Shared {
         {
             let mut st = self.state.write();
             st.disk = output.into_iter().collect();
+            let c = &self.counters;
+            MaintenanceCounters::record(&c.compactions, &c.compaction_duration_us, started);
         }
         for rowset in &inputs {
             rowset.mark_obsolete();

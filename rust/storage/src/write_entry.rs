@@ -231,6 +231,8 @@ pub struct WriteOutcome {
     pub header: WriteEntryHeader,
     pub effect: WriteEffect,
     pub watermark: Option<i64>,
+    /// Bytes of the entry's op batch (or schema document): what the write carried.
+    pub ops_bytes: usize,
 }
 
 /// Applies the WRITE entry whose payload is `payload` as op `index`: parses it, skips a
@@ -245,11 +247,13 @@ pub fn apply_write_entry(
     payload: Buffer,
 ) -> Result<WriteOutcome> {
     let header = decode_write_entry(payload.as_slice())?;
+    let ops_bytes = payload.len().saturating_sub(header.ops_offset);
     let outcome = |effect, watermark| WriteOutcome {
         index,
         header: header.clone(),
         effect,
         watermark,
+        ops_bytes,
     };
     if header.kind == WriteKind::AlterSchema {
         return Ok(outcome(WriteEffect::AlterSchema, None));

@@ -114,10 +114,19 @@ fn flush_compact_reopen_keep_newest_versions() {
     };
     check(&engine);
     engine.flush().unwrap();
-    assert_eq!(engine.stats().rowsets, 2);
+    let stats = engine.stats();
+    assert_eq!(stats.rowsets, 2);
+    assert_eq!((stats.flushes, stats.compactions), (2, 0));
+    assert!(stats.data_bytes > 0);
     check(&engine);
     assert!(engine.compact().unwrap());
-    assert_eq!(engine.stats().rowsets, 1);
+    let compacted = engine.stats();
+    assert_eq!(compacted.rowsets, 1);
+    assert_eq!((compacted.flushes, compacted.compactions), (2, 1));
+    assert!(compacted.data_bytes > 0);
+    // A flush with nothing to write writes no rowset and is not counted.
+    engine.flush().unwrap();
+    assert_eq!(engine.stats().flushes, 2);
     check(&engine);
     drop(engine);
     let engine = Engine::open(dir.path(), options()).unwrap();
@@ -318,6 +327,10 @@ fn background_flush_at_threshold() {
         engine.background_error()
     );
     assert!(engine.last_flushed_index() > 0);
+    // The engine's own (size-triggered) flushes are counted like explicit ones.
+    let stats = engine.stats();
+    assert_eq!(stats.flushes, stats.rowsets as u64);
+    assert!(stats.data_bytes > 0);
     assert_eq!(ids(&all(&engine)).len(), 20_000);
 }
 

@@ -339,6 +339,15 @@ impl Log {
         }
     }
 
+    /// Every registered anchor and the index it holds, by anchor id.
+    pub fn anchors(&self) -> Vec<(AnchorId, OpIndex)> {
+        let anchors = self.shared.anchors.lock().list();
+        anchors
+            .into_iter()
+            .map(|(id, index)| (AnchorId(id), index))
+            .collect()
+    }
+
     /// The lowest registered anchor, if any.
     pub fn min_anchor(&self) -> Option<OpIndex> {
         self.shared.anchors.lock().min()

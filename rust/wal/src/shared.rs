@@ -299,6 +299,11 @@ impl Anchors {
         id
     }
 
+    /// Every anchor as (id, index), by id.
+    pub(crate) fn list(&self) -> Vec<(u64, OpIndex)> {
+        self.by_id.iter().map(|(id, index)| (*id, *index)).collect()
+    }
+
     /// Moves anchor `id` to `index`; false if there is no such anchor.
     pub(crate) fn update(&mut self, id: u64, index: OpIndex) -> bool {
         match self.by_id.get_mut(&id) {

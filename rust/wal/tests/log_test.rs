@@ -130,6 +130,10 @@ fn gc_respects_anchors_and_min_segments() {
     };
     let log = Log::open(dir.path(), "t", options.clone()).unwrap();
     let anchor = log.register_anchor(1);
+    let other = log.register_anchor(7);
+    assert_eq!(log.anchors(), vec![(anchor, 1), (other, 7)]);
+    log.release_anchor(other).unwrap();
+    assert_eq!(log.anchors(), vec![(anchor, 1)]);
     for i in 0..20 {
         append_range(&log, 1, i * 10 + 1, i * 10 + 10);
     }
@@ -139,6 +143,7 @@ fn gc_respects_anchors_and_min_segments() {
     let removed = report.segments_deleted + report.segments_recycled;
     assert_eq!(removed, 0, "the anchor at 1 keeps everything");
     log.update_anchor(anchor, 120).unwrap();
+    assert_eq!(log.anchors(), vec![(anchor, 120)]);
     // Finished segments are closed by the background thread; give it a moment if it lags.
     let mut deleted = 0;
     for _ in 0..200 {

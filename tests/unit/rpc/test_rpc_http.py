@@ -1,10 +1,12 @@
-"""The status-page HTTP server answers GET/HEAD on its routes and refuses the rest."""
+"""The status-page HTTP server answers GET/HEAD on its routes, POST with a form on its post
+routes, and refuses the rest."""
 
 from __future__ import annotations
 
 import asyncio
 
-from nyala.rpc import HttpResponse, HttpServer
+from nyala.rpc import HttpRequest, HttpResponse, HttpServer
+from nyala.rpc.http import request_body_bytes_max
 
 
 async def _request(port: int, raw: bytes) -> bytes:
@@ -19,13 +21,21 @@ async def _request(port: int, raw: bytes) -> bytes:
 
 def _exchange(requests: list[bytes]) -> list[bytes]:
     async def main() -> list[bytes]:
-        async def hello() -> HttpResponse:
+        async def hello(_request: HttpRequest) -> HttpResponse:
             return HttpResponse(200, b"hello\n")
 
-        async def broken() -> HttpResponse:
+        async def echo(request: HttpRequest) -> HttpResponse:
+            said = f"{request.method} {request.param('id')} {request.headers.get('accept')}"
+            return HttpResponse(303, said.encode(), headers=(("Location", "/hello"),))
+
+        async def broken(_request: HttpRequest) -> HttpResponse:
             raise RuntimeError("page bug")
 
-        server = HttpServer("127.0.0.1:0", {"/hello": hello, "/broken": broken})
+        server = HttpServer(
+            "127.0.0.1:0",
+            {"/hello": hello, "/broken": broken, "/echo": echo},
+            {"/echo": echo},
+        )
         await server.start()
         try:
             return [await _request(server.port, raw) for raw in requests]
@@ -61,3 +71,21 @@ def test_get_head_and_errors() -> None:
 def test_a_client_that_never_finishes_its_request_gets_400() -> None:
     (answer,) = _exchange([b"GET /hello HTTP/1.1\r\n"])  # EOF before the blank line
     assert answer.startswith(b"HTTP/1.1 400 ")
+
+
+def test_query_headers_and_post_forms() -> None:
+    too_big = request_body_bytes_max + 1
+    query, form, unsized, oversized = _exchange(
+        [
+            b"GET /echo?id=a%20b HTTP/1.1\r\nAccept: text/html\r\n\r\n",
+            b"POST /echo HTTP/1.1\r\nContent-Length: 7\r\n\r\nid=x%26",
+            b"POST /echo HTTP/1.1\r\nContent-Length: many\r\n\r\nid=1",
+            b"POST /echo HTTP/1.1\r\nContent-Length: %d\r\n\r\n" % too_big,
+        ]
+    )
+    assert query.startswith(b"HTTP/1.1 303 See Other\r\n")
+    assert b"Location: /hello\r\n" in query
+    assert query.endswith(b"GET a b text/html")
+    assert form.endswith(b"POST x& None")
+    assert unsized.startswith(b"HTTP/1.1 400 ")
+    assert oversized.startswith(b"HTTP/1.1 400 ")

@@ -320,6 +320,10 @@ class WalLog:
         """Releases ``anchor`` (``InvalidArgumentError`` if it is unknown)."""
         self._log.release_anchor(anchor)
 
+    def anchors(self) -> list[tuple[int, int]]:
+        """Every anchor as (anchor id, first index it keeps), by anchor id."""
+        return self._log.anchors()
+
     def gc(self) -> tuple[int, int]:
         """Removes whole closed segments below every anchor and the durable index, keeping
         ``min_segments_to_retain``; returns (segments removed, first index still held)."""
