@@ -74,6 +74,7 @@ class ServerHeartbeats:
         # Silence is checked more often than heartbeats are sent: a dead peer's replicas wake
         # within a fifth of an interval of the silence timeout, not a whole interval later.
         checks_per_interval = 5
+        step_ms = self._interval_ms / checks_per_interval
         try:
             async with asyncio.TaskGroup() as group:
                 while True:
@@ -82,7 +83,14 @@ class ServerHeartbeats:
                         group.create_task(self._send(peer_uuid, peer))
                     for _ in range(checks_per_interval):
                         self._check_silence(peers)
-                        await asyncio.sleep(self._interval_ms / 1000 / checks_per_interval)
+                        slept_from = self._clock.now_ms()
+                        await asyncio.sleep(step_ms / 1000)
+                        # Woken late: this loop was stalled, and what peers sent meanwhile
+                        # still waits to be handled (``ServerSilence.excuse``).
+                        stalled_ms = int(self._clock.now_ms() - slept_from - step_ms)
+                        self._silence.excuse(stalled_ms)
+                        if stalled_ms >= self._interval_ms:
+                            log.info("event loop stalled for %d ms", stalled_ms)
         finally:
             proxies, self._proxies = self._proxies, {}
             for proxy in proxies.values():
@@ -157,7 +165,11 @@ class ServerHeartbeats:
         if proxy is None:
             proxy = self._proxies[peer.address] = ServerProxy(peer.address, self._rpc_settings)
         try:
-            await proxy.call(proxy.consensus.ServerHeartbeat, request, timeout_ms=self._interval_ms)
+            # As long as the peer's silence timeout: a heartbeat that reaches a busy peer late
+            # still counts there (it is its whole point), so it must not expire on the way.
+            await proxy.call(
+                proxy.consensus.ServerHeartbeat, request, timeout_ms=self._silence.silent_after_ms
+            )
             self.sent += 1
         except NyalaError as e:
             log.debug("server heartbeat to %s@%s failed: %r", peer_uuid, peer.address, e)

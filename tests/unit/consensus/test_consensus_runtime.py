@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -330,5 +331,23 @@ def test_replicates_over_grpc_streams(tmp_path: Path) -> None:
                 await server.stop(0)
             for log in logs:
                 log.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_stalled_event_loop_does_not_depose_a_live_leader(tmp_path: Path) -> None:
+    # The whole loop blocks (time.sleep) for several election timeouts: when it runs again,
+    # the followers' election timers are long past due, but the leader's heartbeats are what
+    # the stall held back. They are waited for (once) instead of campaigning: no new term.
+    async def scenario() -> None:
+        async with cluster_of_three(tmp_path, memory_log) as cluster:
+            leader = await cluster.leader()
+            await leader.propose(b"settled")
+            term = leader.core.term
+            for _ in range(5):
+                time.sleep(8 * RAFT_OPTIONS.election_timeout_base_ms / 1000)  # noqa: ASYNC251
+                await asyncio.sleep(4 * RAFT_OPTIONS.election_timeout_base_ms / 1000)
+            assert leader.role is Role.LEADER
+            assert {r.runtime.core.term for r in cluster.replicas.values()} == {term}
 
     asyncio.run(scenario())

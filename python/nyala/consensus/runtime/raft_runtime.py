@@ -18,7 +18,6 @@ turn), and proposals resolve in index order from one pass over ``Apply`` ranges.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import logging
 import random
@@ -213,27 +212,50 @@ class RaftRuntime:
             self._fail_waiters(AbortedError(f"the runtime of replica {self.uuid} stopped"))
 
     async def _tick_loop(self) -> None:
-        """Ticks the core at its deadlines; sleeps without a timer while it has none."""
+        """Ticks the core at its deadlines; sleeps without a timer while it has none.
+
+        A follower's election deadline that passed while this event loop was stalled (the
+        timer fired at least a heartbeat interval late) is given the stall's length once more
+        before the core ticks: the leader's heartbeats of that stretch may be waiting, not yet
+        handled, behind the stall, and a campaign started from a stalled loop is how a busy
+        server's elections feed on themselves (issue "Thousands of tablet replicas per
+        server"). Once per deadline: a loop that stays stalled still campaigns, one stall
+        later.
+        """
         slack = self._opts.timer_slack_ms
+        stall_ms_min = self.core.options.heartbeat_interval_ms
+        woke_late_ms = 0
+        excused_deadline: int | None = None  # the election deadline a stall was excused for
         while True:
             if self._failure is not None:
                 raise self._failure
             deadline = self.core.next_timer_ms()
             now = self._clock.now_ms()
             if deadline is not None and deadline <= now:
-                self.core.tick()
-                self._execute()
-                continue
+                if (
+                    woke_late_ms >= stall_ms_min
+                    and deadline != excused_deadline
+                    and self.core.role is not Role.LEADER
+                ):
+                    excused_deadline = deadline
+                    deadline = now + woke_late_ms
+                else:
+                    self.core.tick()
+                    self._execute()
+                    continue
             self._timer_moved.clear()
+            woke_late_ms = 0
             if deadline is None:
                 self._timer_target = None
                 await self._timer_moved.wait()
                 continue
             target = -(-deadline // slack) * slack  # rounded up: due timers fire together
             self._timer_target = target
-            with contextlib.suppress(TimeoutError):
+            try:
                 async with asyncio.timeout((target - now) / 1000):
                     await self._timer_moved.wait()
+            except TimeoutError:
+                woke_late_ms = self._clock.now_ms() - target
 
     # --- inputs -----------------------------------------------------------------------------
 
