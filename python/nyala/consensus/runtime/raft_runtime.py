@@ -372,7 +372,8 @@ class RaftRuntime:
         if self._loop is None or self._failure is not None:
             return
         liveness.receive(self.core, sender, named)
-        self._execute()
+        if not self.core.quiesced:  # it woke; vouching for a quiesced replica sends nothing
+            self._execute()
 
     def server_silent(self, server: str) -> None:
         """``server`` has sent no server heartbeat for too long (``liveness.sender_silent``)."""
