@@ -164,6 +164,9 @@ class RaftRuntime:
         # brings the core's next deadline before it.
         self._timer_target: int | None = None
         self._timer_moved = asyncio.Event()
+        # The election deadline a stall of the event loop was excused for (``_tick_loop``):
+        # the timer sleeps past it on purpose.
+        self._excused_deadline: int | None = None
 
     # --- life cycle -------------------------------------------------------------------------
 
@@ -225,7 +228,6 @@ class RaftRuntime:
         slack = self._opts.timer_slack_ms
         stall_ms_min = self.core.options.heartbeat_interval_ms
         woke_late_ms = 0
-        excused_deadline: int | None = None  # the election deadline a stall was excused for
         while True:
             if self._failure is not None:
                 raise self._failure
@@ -234,10 +236,10 @@ class RaftRuntime:
             if deadline is not None and deadline <= now:
                 if (
                     woke_late_ms >= stall_ms_min
-                    and deadline != excused_deadline
+                    and deadline != self._excused_deadline
                     and self.core.role is not Role.LEADER
                 ):
-                    excused_deadline = deadline
+                    self._excused_deadline = deadline
                     deadline = now + woke_late_ms
                 else:
                     self.core.tick()
@@ -457,7 +459,8 @@ class RaftRuntime:
             self._execute_one(effect)
         deadline = self.core.next_timer_ms()
         target = self._timer_target
-        if deadline is not None and (target is None or deadline < target):
+        moved_earlier = deadline is not None and (target is None or deadline < target)
+        if moved_earlier and deadline != self._excused_deadline:
             self._timer_moved.set()  # the timer task sleeps past the new deadline
 
     def _execute_one(self, effect: Effect) -> None:
