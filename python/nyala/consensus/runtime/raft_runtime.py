@@ -218,15 +218,15 @@ class RaftRuntime:
         """Ticks the core at its deadlines; sleeps without a timer while it has none.
 
         A follower's election deadline that passed while this event loop was stalled (the
-        timer fired at least a heartbeat interval late) is given the stall's length once more
-        before the core ticks: the leader's heartbeats of that stretch may be waiting, not yet
-        handled, behind the stall, and a campaign started from a stalled loop is how a busy
-        server's elections feed on themselves (issue "Thousands of tablet replicas per
-        server"). Once per deadline: a loop that stays stalled still campaigns, one stall
+        timer fired at least the minimum election timeout late) is given the stall's length
+        once more before the core ticks: the leader's heartbeats of that stretch may be
+        waiting, not yet handled, behind the stall, and campaigns started from a stalled loop
+        let a busy server's elections feed on themselves (issue "Thousands of tablet replicas
+        per server"). Once per deadline: a loop that stays stalled still campaigns, one stall
         later.
         """
         slack = self._opts.timer_slack_ms
-        stall_ms_min = self.core.options.heartbeat_interval_ms
+        stall_ms_min = self.core.options.election_timeout_min_ms
         woke_late_ms = 0
         while True:
             if self._failure is not None:
