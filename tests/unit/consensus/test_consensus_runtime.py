@@ -8,6 +8,7 @@ has a deadline, and a test fails rather than hangs when the cluster does not con
 from __future__ import annotations
 
 import asyncio
+import itertools
 import random
 import time
 from collections.abc import AsyncIterator, Callable
@@ -22,12 +23,14 @@ from nyala._proto import consensus_pb2, consensus_pb2_grpc
 from nyala.common.clock import RealClock
 from nyala.consensus import (
     MemoryLog,
+    OpId,
     RaftConfig,
     RaftOptions,
     RaftPeer,
     Role,
     bootstrap_cmeta,
 )
+from nyala.consensus.messages import AppendRequest, Message, VoteRequest
 from nyala.consensus.runtime import DurabilityNotifier, RaftRuntime, RuntimeOptions
 from nyala.consensus.runtime.cmeta_store import FileCmetaStore
 from nyala.consensus.runtime.peer_streams import PeerStreams
@@ -335,19 +338,50 @@ def test_replicates_over_grpc_streams(tmp_path: Path) -> None:
     asyncio.run(scenario())
 
 
-def test_a_stalled_event_loop_does_not_depose_a_live_leader(tmp_path: Path) -> None:
-    # The whole loop blocks (time.sleep) for several election timeouts: when it runs again,
-    # the followers' election timers are long past due, but the leader's heartbeats are what
-    # the stall held back. They are waited for (once) instead of campaigning: no new term.
+def test_a_follower_whose_deadline_passed_in_a_stall_waits_for_the_queued_heartbeat(
+    tmp_path: Path,
+) -> None:
+    # One real follower; its leader ("a") and the third voter ("c") are played by the test.
+    # The whole loop blocks (time.sleep) for ten election timeouts; the leader's next
+    # heartbeat is handled just after the stall, as one queued behind it would be. The
+    # follower's long-overdue timer must not start a campaign in between.
     async def scenario() -> None:
-        async with cluster_of_three(tmp_path, memory_log) as cluster:
-            leader = await cluster.leader()
-            await leader.propose(b"settled")
-            term = leader.core.term
-            for _ in range(5):
-                time.sleep(8 * RAFT_OPTIONS.election_timeout_base_ms / 1000)  # noqa: ASYNC251
-                await asyncio.sleep(4 * RAFT_OPTIONS.election_timeout_base_ms / 1000)
-            assert leader.role is Role.LEADER
-            assert {r.runtime.core.term for r in cluster.replicas.values()} == {term}
+        network = InMemoryNetwork()
+        store = FileCmetaStore(tmp_path / "cmeta")
+        bootstrap_cmeta(store, RaftConfig(tuple(RaftPeer(u, f"{u}:7050") for u in UUIDS)))
+        follower = RaftRuntime(
+            "b",
+            MemoryLog(sync_on_append=True),
+            store,
+            network.transport("b"),
+            RealClock(),
+            raft_options=RAFT_OPTIONS,
+            options=RUNTIME_OPTIONS,
+            rng=random.Random(7),
+        )
+        heard: list[Message] = []
+        leader, third = network.transport("a"), network.transport("c")
+        seq = itertools.count(1)
+
+        async def heartbeats(duration_s: float) -> None:
+            for _ in range(int(duration_s / 0.02)):
+                leader.send(AppendRequest("a", "b", 1, OpId(0, 0), None, 0, next(seq)))
+                await asyncio.sleep(0.02)
+
+        async with asyncio.TaskGroup() as group:
+            peers = [group.create_task(t.run(heard.append)) for t in (leader, third)]
+            follower.start(group)
+            await asyncio.sleep(0)
+            await heartbeats(0.3)
+            assert follower.core.leader_uuid == "a"
+            heard.clear()  # a campaign before the first heartbeat arrived is not the point
+            time.sleep(10 * RAFT_OPTIONS.election_timeout_base_ms / 1000)  # noqa: ASYNC251
+            await asyncio.sleep(0.05)  # the loop runs again; the heartbeat is not handled yet
+            await heartbeats(0.5)
+            follower.stop()
+            for task in peers:
+                task.cancel()
+        assert [m for m in heard if isinstance(m, VoteRequest)] == []
+        assert (follower.core.term, follower.core.leader_uuid) == (1, "a")
 
     asyncio.run(scenario())
