@@ -18,7 +18,6 @@ from typing import ClassVar
 from nyala.common.clock import RealClock
 from nyala.common.metrics import MetricsRegistry
 from nyala.consensus.options import RaftOptions
-from nyala.consensus.runtime import CampaignSlots, RuntimeOptions
 from nyala.consensus.runtime.peer_streams import PeerStreams
 from nyala.consensus.runtime.transport import GrpcTransport
 from nyala.consensus.runtime.wal_log import WalLogOptions
@@ -66,8 +65,6 @@ class ServerBase:
         self.peer_streams: PeerStreams | None = None
         # Tasks of this base (streams, server heartbeats): cancelled once replicas stopped.
         self._base_tasks: list[asyncio.Task[None]] = []
-        # Every replica's runtime shares them: at most this many campaign at once.
-        self.campaign_slots = CampaignSlots(settings.raft_concurrent_elections_max)
 
     @property
     def uuid(self) -> str:
@@ -156,7 +153,6 @@ class ServerBase:
             transport,
             RealClock(),
             raft_options=self._raft_options(),
-            runtime_options=RuntimeOptions(campaign_slots=self.campaign_slots),
             isolate_failure=not self.REPLICA_FAILURE_STOPS_SERVER,
             on_consensus_change=self._on_consensus_change,
         )

@@ -40,11 +40,6 @@ class ServerSettings:
     # (0: never; docs/consensus.md). Tablet servers quiesce by default; a master's one tablet
     # gains nothing from it.
     raft_quiesce_after_idle_heartbeats: int = 0
-    # Replicas of this server campaigning at once at most; a follower whose election timer
-    # fires while that many campaign tries again a little later (elections write consensus
-    # metadata with fsyncs on the event loop: thousands at once kept a busy server too slow
-    # to heartbeat, and the missed heartbeats caused more elections; docs/consensus.md).
-    raft_concurrent_elections_max: int = 32
 
     # WAL.
     wal_segment_bytes: int = 8 * MIB
@@ -94,7 +89,6 @@ class ServerSettings:
     _COMMON_POSITIVE: ClassVar[tuple[str, ...]] = (
         "heartbeat_interval_ms",
         "leader_failure_max_missed_heartbeat_periods",
-        "raft_concurrent_elections_max",
         "consensus_batch_bytes_max",
         "wal_segment_bytes",
         "follower_unavailable_considered_failed_sec",

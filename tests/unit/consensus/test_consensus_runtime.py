@@ -31,12 +31,7 @@ from nyala.consensus import (
     bootstrap_cmeta,
 )
 from nyala.consensus.messages import AppendRequest, Message, VoteRequest
-from nyala.consensus.runtime import (
-    CampaignSlots,
-    DurabilityNotifier,
-    RaftRuntime,
-    RuntimeOptions,
-)
+from nyala.consensus.runtime import DurabilityNotifier, RaftRuntime, RuntimeOptions
 from nyala.consensus.runtime.cmeta_store import FileCmetaStore
 from nyala.consensus.runtime.peer_streams import PeerStreams
 from nyala.consensus.runtime.transport import GrpcTransport, InMemoryNetwork
@@ -79,9 +74,7 @@ class Replica:
 
 
 class Cluster:
-    def __init__(
-        self, root: Path, make_log: LogFactory, options: RuntimeOptions = RUNTIME_OPTIONS
-    ) -> None:
+    def __init__(self, root: Path, make_log: LogFactory) -> None:
         self.network = InMemoryNetwork()
         self.replicas: dict[str, Replica] = {}
         config = RaftConfig(tuple(RaftPeer(u, f"{u}:7050") for u in UUIDS))
@@ -100,7 +93,7 @@ class Cluster:
                 RealClock(),
                 notifier=notifier,
                 raft_options=RAFT_OPTIONS,
-                options=options,
+                options=RUNTIME_OPTIONS,
                 rng=random.Random(uuid),
                 on_apply=lambda a, out=applied: out.append((a.first_index, a.last_index)),
             )
@@ -138,10 +131,8 @@ class Cluster:
 
 
 @asynccontextmanager
-async def cluster_of_three(
-    root: Path, make_log: LogFactory, options: RuntimeOptions = RUNTIME_OPTIONS
-) -> AsyncIterator[Cluster]:
-    cluster = Cluster(root, make_log, options)
+async def cluster_of_three(root: Path, make_log: LogFactory) -> AsyncIterator[Cluster]:
+    cluster = Cluster(root, make_log)
     try:
         async with asyncio.TaskGroup() as group:
             cluster.start(group)
@@ -392,31 +383,5 @@ def test_a_follower_whose_deadline_passed_in_a_stall_waits_for_the_queued_heartb
                 task.cancel()
         assert [m for m in heard if isinstance(m, VoteRequest)] == []
         assert (follower.core.term, follower.core.leader_uuid) == (1, "a")
-
-    asyncio.run(scenario())
-
-
-def test_no_replica_campaigns_while_every_campaign_slot_is_taken(tmp_path: Path) -> None:
-    # The three replicas stand for one server with one campaign slot. With the slot taken,
-    # the followers of a dead leader wait (no pre-vote, no new term); once it is free, one of
-    # them is elected.
-    async def scenario() -> None:
-        slots = CampaignSlots(1)
-        options = RuntimeOptions(timer_slack_ms=5, campaign_slots=slots)
-        async with cluster_of_three(tmp_path, memory_log, options) as cluster:
-            leader = await cluster.leader()
-            await leader.propose(b"settled")
-            assert slots.campaigning == 0  # released once elected
-            term = leader.core.term
-            assert slots.acquire("another replica")
-            await cluster.stop(leader.uuid)
-            await asyncio.sleep(10 * RAFT_OPTIONS.election_timeout_base_ms / 1000)
-            survivors = [r for r in cluster.live()]
-            assert {(r.role, r.core.term) for r in survivors} == {(Role.FOLLOWER, term)}
-            assert slots.postponed > 0
-            slots.release("another replica")
-            successor = await cluster.leader(excluding=leader.uuid, min_term=term + 1)
-            await successor.propose(b"after")
-            assert slots.campaigning == 0
 
     asyncio.run(scenario())

@@ -9,11 +9,6 @@ the core never imports it.
 
 from __future__ import annotations
 
-from nyala.consensus.runtime.raft_runtime import (
-    CampaignSlots,
-    DurabilityNotifier,
-    RaftRuntime,
-    RuntimeOptions,
-)
+from nyala.consensus.runtime.raft_runtime import DurabilityNotifier, RaftRuntime, RuntimeOptions
 
-__all__ = ["CampaignSlots", "DurabilityNotifier", "RaftRuntime", "RuntimeOptions"]
+__all__ = ["DurabilityNotifier", "RaftRuntime", "RuntimeOptions"]

@@ -75,43 +75,6 @@ class DurabilityNotifier(Protocol):
         ...
 
 
-class CampaignSlots:
-    """How many replicas of one server may campaign at once (shared by its runtimes).
-
-    A replica holds a slot from the tick that starts its campaign until it is no longer a
-    candidate. A follower whose election timer fires while every slot is taken waits a
-    fifth of an election timeout (randomized) and tries again; its leader's heartbeats may
-    arrive meanwhile. Postponing a campaign is always safe (it only delays an election).
-    Elections are where a busy server's event loop went (each writes consensus metadata with
-    fsyncs), so bounding them keeps room for the heartbeats that make them unnecessary.
-    """
-
-    def __init__(self, limit: int) -> None:
-        assert limit > 0
-        self.limit = limit
-        self._holders: set[object] = set()
-        self.postponed = 0  # campaigns postponed for want of a slot (metrics, tests)
-
-    def acquire(self, holder: object) -> bool:
-        """Takes a slot for ``holder`` (True if it already holds one); False if none is free."""
-        if holder in self._holders:
-            return True
-        if len(self._holders) >= self.limit:
-            self.postponed += 1
-            return False
-        self._holders.add(holder)
-        return True
-
-    def release(self, holder: object) -> None:
-        """Gives ``holder``'s slot back (no-op if it holds none)."""
-        self._holders.discard(holder)
-
-    @property
-    def campaigning(self) -> int:
-        """Slots taken."""
-        return len(self._holders)
-
-
 @dataclass(frozen=True, slots=True)
 class RuntimeOptions:
     """Settings of the driver itself (Raft's own timing lives in ``RaftOptions``)."""
@@ -119,8 +82,6 @@ class RuntimeOptions:
     # A tick may come up to this late: deadlines are rounded up to a multiple of it, so the
     # timers of the many replicas of a server that fall due together fire in one loop turn.
     timer_slack_ms: int = 10
-    # Shared by every runtime of a server: bounds its concurrent campaigns (None: unbounded).
-    campaign_slots: CampaignSlots | None = None
 
     def __post_init__(self) -> None:
         assert self.timer_slack_ms > 0
@@ -203,11 +164,9 @@ class RaftRuntime:
         # brings the core's next deadline before it.
         self._timer_target: int | None = None
         self._timer_moved = asyncio.Event()
-        # The election deadline a stall of the event loop was excused for (``_tick_loop``),
-        # and the one the timer sleeps past on purpose (excused, or no campaign slot free).
+        # The election deadline a stall of the event loop was excused for (``_tick_loop``):
+        # the timer sleeps past it on purpose.
         self._excused_deadline: int | None = None
-        self._deferred_deadline: int | None = None
-        self._retry_rng = random.Random()
 
     # --- life cycle -------------------------------------------------------------------------
 
@@ -251,8 +210,6 @@ class RaftRuntime:
             self._on_failure(failure)
         finally:
             self._loop = None
-            if self._opts.campaign_slots is not None:
-                self._opts.campaign_slots.release(self)
             if fd is not None and not loop.is_closed():
                 loop.remove_reader(fd)
             self._fail_waiters(AbortedError(f"the runtime of replica {self.uuid} stopped"))
@@ -269,9 +226,7 @@ class RaftRuntime:
         later.
         """
         slack = self._opts.timer_slack_ms
-        slots = self._opts.campaign_slots
         stall_ms_min = self.core.options.election_timeout_min_ms
-        election_timeout_ms = self.core.options.election_timeout_base_ms
         woke_late_ms = 0
         while True:
             if self._failure is not None:
@@ -279,21 +234,16 @@ class RaftRuntime:
             deadline = self.core.next_timer_ms()
             now = self._clock.now_ms()
             if deadline is not None and deadline <= now:
-                campaigns = self.core.role is not Role.LEADER  # a follower's deadline: elect
-                stalled = woke_late_ms >= stall_ms_min and deadline != self._excused_deadline
-                if campaigns and stalled:
-                    self._excused_deadline = self._deferred_deadline = deadline
+                if (
+                    woke_late_ms >= stall_ms_min
+                    and deadline != self._excused_deadline
+                    and self.core.role is not Role.LEADER
+                ):
+                    self._excused_deadline = deadline
                     deadline = now + woke_late_ms
-                    campaigns = False
-                if campaigns and slots is not None and not slots.acquire(self):
-                    self._deferred_deadline = deadline
-                    retry_ms = self._retry_rng.uniform(0.1, 0.3) * election_timeout_ms
-                    deadline = now + int(retry_ms)
-                elif deadline <= now:
+                else:
                     self.core.tick()
                     self._execute()
-                    if slots is not None and self.core.role is not Role.CANDIDATE:
-                        slots.release(self)
                     continue
             self._timer_moved.clear()
             woke_late_ms = 0
@@ -510,7 +460,7 @@ class RaftRuntime:
         deadline = self.core.next_timer_ms()
         target = self._timer_target
         moved_earlier = deadline is not None and (target is None or deadline < target)
-        if moved_earlier and deadline != self._deferred_deadline:
+        if moved_earlier and deadline != self._excused_deadline:
             self._timer_moved.set()  # the timer task sleeps past the new deadline
 
     def _execute_one(self, effect: Effect) -> None:
@@ -524,9 +474,6 @@ class RaftRuntime:
             case LogTruncated():
                 self._abort_commits_from(effect.from_index)
             case RoleChanged():
-                slots = self._opts.campaign_slots
-                if slots is not None and effect.role is not Role.CANDIDATE:
-                    slots.release(self)
                 if effect.role is not Role.LEADER:
                     self._fail_commits(self._not_leader(effect))
                 if self._on_role_change is not None:
