@@ -45,8 +45,8 @@ from dataclasses import dataclass, field
 from typing import TypeAlias
 
 from nyala._proto import common_pb2, master_pb2, metadata_pb2
-from nyala.consensus.core import ReplicaStatus
 from nyala.consensus.progress import PeerHealth
+from nyala.consensus.types import RaftConfig
 from nyala.errors import NetworkError, NyalaError, WrongServerUuidError
 from nyala.rpc import ServerProxy, split_host_port
 from nyala.rpc.settings import RpcSettings
@@ -69,6 +69,8 @@ _HEALTH_PB = {
 }
 #: A leader's followers' health as reported: (uuid, health, reason) each.
 _Health: TypeAlias = tuple[tuple[str, master_pb2.PeerHealth.ValueType, str], ...]
+#: A replica's Raft term, leader ("" if none) and committed config.
+_Consensus: TypeAlias = tuple[int, str, RaftConfig]
 #: Default of ``follower_unavailable_considered_failed_sec`` (Kudu's 300 s).
 PEER_FAILED_AFTER_MS_DEFAULT = 300_000
 
@@ -176,27 +178,28 @@ class Heartbeater:
             tablet_id = status.tablet_id
             replica = self._tablets.lookup(tablet_id)
             runtime = None if replica is None else replica.runtime
-            st = None if runtime is None else runtime.status()
+            consensus: _Consensus | None = None
             health: _Health = ()
             stats: tuple[int, int] | None = None
-            if st is not None:
-                health = self._peer_health(replica)
-                if st.leader_uuid == self._uuid:
+            if runtime is not None:
+                core = runtime.core  # read directly: cheaper than a full status()
+                consensus = (core.term, core.leader_uuid or "", core.committed_config)
+                if consensus[1] == self._uuid:
+                    health = self._peer_health(replica)
                     stats = self._stats(replica)
             signature = (
                 status.state,
                 status.data_state,
                 status.state_reason,
-                -1 if st is None else st.term,
-                "" if st is None else st.leader_uuid or "",
-                None if st is None else st.committed_config,  # compared by value
+                consensus,  # the committed config compared by value
                 0 if status.schema is None else status.schema.version,
                 health,
                 stats,
             )
             cached = built.get(tablet_id)
             if cached is None or cached[0] != signature:
-                cached = built[tablet_id] = (signature, self._report(status, st, health, stats))
+                report = self._report(status, consensus, health, stats)
+                cached = built[tablet_id] = (signature, report)
             out[tablet_id] = cached
         for gone in built.keys() - out.keys():
             del built[gone]
@@ -205,7 +208,7 @@ class Heartbeater:
     @staticmethod
     def _report(
         status: TabletStatus,
-        st: ReplicaStatus | None,
+        consensus: _Consensus | None,
         health: _Health,
         stats: tuple[int, int] | None,
     ) -> master_pb2.ReportedTabletPB:
@@ -217,10 +220,11 @@ class Heartbeater:
         )
         if status.data_state != "UNKNOWN":
             pb.data_state = metadata_pb2.TabletDataState.Value(f"TABLET_DATA_{status.data_state}")
-        if st is not None:
-            pb.consensus_state.current_term = st.term
-            pb.consensus_state.leader_uuid = st.leader_uuid or ""
-            pb.consensus_state.committed_config.CopyFrom(config_to_pb(st.committed_config))
+        if consensus is not None:
+            term, leader, config = consensus
+            pb.consensus_state.current_term = term
+            pb.consensus_state.leader_uuid = leader
+            pb.consensus_state.committed_config.CopyFrom(config_to_pb(config))
         for uuid, peer_health_pb, reason in health:
             pb.peer_health.add(
                 permanent_uuid=uuid,
