@@ -41,6 +41,8 @@ from nyala.rpc import RpcServer, RpcSettings
 UUIDS = ("a", "b", "c")
 RAFT_OPTIONS = RaftOptions(heartbeat_interval_ms=30, missed_heartbeats_before_election=3)
 RUNTIME_OPTIONS = RuntimeOptions(timer_slack_ms=5)
+# For a test that must not see an election from a scheduling hiccup of a loaded machine.
+SLOW_RAFT_OPTIONS = RaftOptions(heartbeat_interval_ms=100, missed_heartbeats_before_election=3)
 WAIT_S = 10.0
 
 LogFactory = Callable[[Path, str], tuple[Any, DurabilityNotifier | None]]
@@ -355,7 +357,7 @@ def test_a_follower_whose_deadline_passed_in_a_stall_waits_for_the_queued_heartb
             store,
             network.transport("b"),
             RealClock(),
-            raft_options=RAFT_OPTIONS,
+            raft_options=SLOW_RAFT_OPTIONS,
             options=RUNTIME_OPTIONS,
             rng=random.Random(7),
         )
@@ -364,20 +366,21 @@ def test_a_follower_whose_deadline_passed_in_a_stall_waits_for_the_queued_heartb
         seq = itertools.count(1)
 
         async def heartbeats(duration_s: float) -> None:
-            for _ in range(int(duration_s / 0.02)):
+            interval_s = SLOW_RAFT_OPTIONS.heartbeat_interval_ms / 1000
+            for _ in range(int(duration_s / interval_s)):
                 leader.send(AppendRequest("a", "b", 1, OpId(0, 0), None, 0, next(seq)))
-                await asyncio.sleep(0.02)
+                await asyncio.sleep(interval_s)
 
         async with asyncio.TaskGroup() as group:
             peers = [group.create_task(t.run(heard.append)) for t in (leader, third)]
             follower.start(group)
             await asyncio.sleep(0)
-            await heartbeats(0.3)
+            await heartbeats(1.0)
             assert follower.core.leader_uuid == "a"
             heard.clear()  # a campaign before the first heartbeat arrived is not the point
-            time.sleep(10 * RAFT_OPTIONS.election_timeout_base_ms / 1000)  # noqa: ASYNC251
+            time.sleep(5 * SLOW_RAFT_OPTIONS.election_timeout_base_ms / 1000)  # noqa: ASYNC251
             await asyncio.sleep(0.05)  # the loop runs again; the heartbeat is not handled yet
-            await heartbeats(0.5)
+            await heartbeats(1.0)
             follower.stop()
             for task in peers:
                 task.cancel()
