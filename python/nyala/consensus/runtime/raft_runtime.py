@@ -382,7 +382,10 @@ class RaftRuntime:
         if self._loop is None or self._failure is not None:
             return
         liveness.sender_silent(self.core, server)
-        self._execute()
+        self._execute()  # wakes the timer task for the woken replica's new deadline
+        # The silence check already excused this server's own stalls: that deadline gets no
+        # second excuse in ``_tick_loop`` (a dead leader is replaced on time).
+        self._excused_deadline = self.core.next_timer_ms()
 
     def status(self) -> ReplicaStatus:
         """A snapshot of the replica's consensus state."""
