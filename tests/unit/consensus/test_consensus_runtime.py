@@ -388,3 +388,46 @@ def test_a_follower_whose_deadline_passed_in_a_stall_waits_for_the_queued_heartb
         assert (follower.core.term, follower.core.leader_uuid) == (1, "a")
 
     asyncio.run(scenario())
+
+
+def test_a_follower_woken_by_its_leaders_silence_campaigns_even_after_a_stall(
+    tmp_path: Path,
+) -> None:
+    # A quiesced follower whose leader's server went silent wakes; a stall of the loop past
+    # its new election deadline is not excused again (the silence check excused it): it
+    # campaigns as soon as the loop runs.
+    async def scenario() -> None:
+        network = InMemoryNetwork()
+        store = FileCmetaStore(tmp_path / "cmeta")
+        bootstrap_cmeta(store, RaftConfig(tuple(RaftPeer(u, f"{u}:7050") for u in UUIDS)))
+        follower = RaftRuntime(
+            "b",
+            MemoryLog(sync_on_append=True),
+            store,
+            network.transport("b"),
+            RealClock(),
+            raft_options=SLOW_RAFT_OPTIONS,
+            options=RUNTIME_OPTIONS,
+            rng=random.Random(7),
+        )
+        heard: list[Message] = []
+        leader, third = network.transport("a"), network.transport("c")
+        async with asyncio.TaskGroup() as group:
+            peers = [group.create_task(t.run(heard.append)) for t in (leader, third)]
+            follower.start(group)
+            for seq in range(1, 6):  # heartbeats, the last one quiescing
+                quiesce = seq == 5
+                leader.send(AppendRequest("a", "b", 1, OpId(0, 0), None, 0, seq, quiesce=quiesce))
+                await asyncio.sleep(0.05)
+            assert follower.quiesced
+            heard.clear()
+            follower.server_silent("a")
+            await asyncio.sleep(0)  # the timer task arms the woken follower's deadline
+            time.sleep(5 * SLOW_RAFT_OPTIONS.election_timeout_base_ms / 1000)  # noqa: ASYNC251
+            await asyncio.sleep(0.05)
+            follower.stop()
+            for task in peers:
+                task.cancel()
+        assert [m.dest for m in heard if isinstance(m, VoteRequest)] == ["a", "c"]
+
+    asyncio.run(scenario())
