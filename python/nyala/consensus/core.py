@@ -212,6 +212,11 @@ class RaftCore:
     # --- read-only state --------------------------------------------------------------------
 
     @property
+    def options(self) -> RaftOptions:
+        """The timing and flow-control limits this replica runs with."""
+        return self._opts
+
+    @property
     def role(self) -> Role:
         """This replica's role."""
         return self._role

@@ -108,6 +108,19 @@ class ServerSilence:
         for server in servers:
             self._heard_ms.setdefault(server, now_ms)
 
+    def excuse(self, stalled_ms: int) -> None:
+        """This server's own event loop was stalled for ``stalled_ms``: heartbeats that
+        arrived meanwhile wait, unhandled, behind the stall. The stall is not counted as
+        the peers' silence (every clock moves later by it); otherwise one long loop turn on
+        a busy server would wake every quiesced replica it holds, and that load stalls the
+        loop again (the election storm of issue "Thousands of tablet replicas per server").
+        Only the detector moves: a replica's own last contact with its leader, which
+        decides vote withholding, is untouched."""
+        if stalled_ms <= 0:
+            return
+        for server, heard in self._heard_ms.items():
+            self._heard_ms[server] = heard + stalled_ms
+
     def newly_silent(self, now_ms: int) -> list[str]:
         """Servers not heard for more than ``silent_after_ms`` and not yet reported."""
         out = [

@@ -19,7 +19,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from nyala._proto import consensus_pb2
 from nyala.common.clock import Clock
@@ -36,13 +36,11 @@ log = logging.getLogger(__name__)
 
 @dataclass(slots=True)
 class _Peer:
-    """A peer server: its address and what this server's next heartbeat tells it."""
+    """A peer server: its address and this server's next heartbeat to it (built in place:
+    at thousands of quiesced replicas, building each entry once is most of the sending)."""
 
     address: str
-    leading: list[consensus_pb2.ServerHeartbeatRequestPB.LeadingPB] = field(default_factory=list)
-    following: list[consensus_pb2.ServerHeartbeatRequestPB.FollowingPB] = field(
-        default_factory=list
-    )
+    request: consensus_pb2.ServerHeartbeatRequestPB
 
 
 class ServerHeartbeats:
@@ -74,6 +72,7 @@ class ServerHeartbeats:
         # Silence is checked more often than heartbeats are sent: a dead peer's replicas wake
         # within a fifth of an interval of the silence timeout, not a whole interval later.
         checks_per_interval = 5
+        step_ms = self._interval_ms / checks_per_interval
         try:
             async with asyncio.TaskGroup() as group:
                 while True:
@@ -82,7 +81,17 @@ class ServerHeartbeats:
                         group.create_task(self._send(peer_uuid, peer))
                     for _ in range(checks_per_interval):
                         self._check_silence(peers)
-                        await asyncio.sleep(self._interval_ms / 1000 / checks_per_interval)
+                        slept_from = self._clock.now_ms()
+                        await asyncio.sleep(step_ms / 1000)
+                        # Woken late: this loop was stalled, and what peers sent meanwhile
+                        # still waits to be handled (``ServerSilence.excuse``).
+                        # Only a stall of a heartbeat interval or more: the steady lateness
+                        # of a loaded machine, excused at every check, would add up and
+                        # delay noticing a dead peer.
+                        stalled_ms = int(self._clock.now_ms() - slept_from - step_ms)
+                        if stalled_ms >= self._interval_ms:
+                            self._silence.excuse(stalled_ms)
+                            log.info("event loop stalled for %d ms", stalled_ms)
         finally:
             proxies, self._proxies = self._proxies, {}
             for proxy in proxies.values():
@@ -124,40 +133,42 @@ class ServerHeartbeats:
             config = core.active_config
             for peer in config.peers:
                 if peer.uuid != self.uuid and peer.uuid not in peers:
-                    peers[peer.uuid] = _Peer(peer.address)
+                    peers[peer.uuid] = _Peer(
+                        peer.address,
+                        consensus_pb2.ServerHeartbeatRequestPB(
+                            dest_uuid=peer.uuid, caller_uuid=self.uuid
+                        ),
+                    )
             if not core.quiesced:
                 continue
             tablet_id = replica.tablet_id
             if core.role is Role.LEADER:
-                entry = consensus_pb2.ServerHeartbeatRequestPB.LeadingPB(
-                    tablet_id=tablet_id, term=core.term, commit_index=core.commit_index
-                )
+                term, commit_index = core.term, core.commit_index
                 for peer in config.peers:
                     if peer.uuid != self.uuid:
-                        peers[peer.uuid].leading.append(entry)
+                        peers[peer.uuid].request.leading.add(
+                            tablet_id=tablet_id, term=term, commit_index=commit_index
+                        )
             elif core.leader_uuid is not None and core.leader_uuid in peers:
-                peers[core.leader_uuid].following.append(
-                    consensus_pb2.ServerHeartbeatRequestPB.FollowingPB(
-                        tablet_id=tablet_id,
-                        leader_uuid=core.leader_uuid,
-                        term=core.term,
-                        commit_index=core.commit_index,
-                    )
+                peers[core.leader_uuid].request.following.add(
+                    tablet_id=tablet_id,
+                    leader_uuid=core.leader_uuid,
+                    term=core.term,
+                    commit_index=core.commit_index,
                 )
         return peers
 
     async def _send(self, peer_uuid: str, peer: _Peer) -> None:
-        request = consensus_pb2.ServerHeartbeatRequestPB(
-            dest_uuid=peer_uuid,
-            caller_uuid=self.uuid,
-            leading=peer.leading,
-            following=peer.following,
-        )
+        request = peer.request
         proxy = self._proxies.get(peer.address)
         if proxy is None:
             proxy = self._proxies[peer.address] = ServerProxy(peer.address, self._rpc_settings)
         try:
-            await proxy.call(proxy.consensus.ServerHeartbeat, request, timeout_ms=self._interval_ms)
+            # As long as the peer's silence timeout: a heartbeat that reaches a busy peer late
+            # still counts there (it is its whole point), so it must not expire on the way.
+            await proxy.call(
+                proxy.consensus.ServerHeartbeat, request, timeout_ms=self._silence.silent_after_ms
+            )
             self.sent += 1
         except NyalaError as e:
             log.debug("server heartbeat to %s@%s failed: %r", peer_uuid, peer.address, e)

@@ -43,6 +43,7 @@ from nyala.errors import (
     IllegalStateError,
     InvalidArgumentError,
     NyalaError,
+    ServiceUnavailableError,
     TabletFailedError,
     TabletNotFoundError,
 )
@@ -135,6 +136,7 @@ class TabletManager:
         self._lock = threading.Lock()
         self._replicas: dict[str, TabletReplica] = {}
         self._unreadable: dict[str, _Failed] = {}
+        self._creating: set[str] = set()  # tablets whose files create_tablet is making
 
     # --- startup and shutdown ---------------------------------------------------------------
 
@@ -222,16 +224,27 @@ class TabletManager:
             existing = self._existing(tablet_id)
             if existing is not None:
                 return self._same_request(existing, sb)
+            if tablet_id in self._creating:
+                raise ServiceUnavailableError(f"tablet {tablet_id} is being created here")
+            self._creating.add(tablet_id)
+        # The files are made without the lock: every RPC routed to a replica looks it up under
+        # it, and a creation's fsyncs held it long enough to stall the event loop of a server
+        # creating hundreds of tablets (issue "Thousands of tablet replicas per server").
+        try:
             replica = TabletReplica(
                 sb, self.dirs.paths(tablet_id), self._wal_options, self._flush_threshold_bytes
             )
             self._clear_leftovers(replica.paths)
             replica.create_files()
             write_superblock(replica.paths.superblock, sb)
-            self._replicas[tablet_id] = replica
             replica.open()
-            log.info("created tablet %s of table %s (%s)", tablet_id, table_name, table_id)
-            return replica
+            with self._lock:
+                self._replicas[tablet_id] = replica
+        finally:
+            with self._lock:
+                self._creating.discard(tablet_id)
+        log.info("created tablet %s of table %s (%s)", tablet_id, table_name, table_id)
+        return replica
 
     def _existing(self, tablet_id: str) -> TabletReplica | None:
         if tablet_id in self._unreadable:
@@ -406,6 +419,8 @@ class TabletManager:
         replica can still vote, and empty data and WAL directories."""
         tablet_id = remote.tablet_id
         with self._lock:
+            if tablet_id in self._creating:
+                raise IllegalStateError(f"tablet {tablet_id} is being created here")
             existing = self._existing(tablet_id)
             if existing is not None and existing.superblock.data_state is not DataState.TOMBSTONED:
                 raise IllegalStateError(

@@ -16,10 +16,12 @@ A replica whose role, term, leader or committed config changes calls ``trigger``
 so the leader master names a new tablet leader within one round trip of its election. Changes
 that arrive while a heartbeat is in flight are coalesced into the next one.
 
-A replica's reported state is compared as a signature (runtime and data state, Raft term,
-leader, committed config op index, schema version, and for a leader its followers' health),
-recomputed at each heartbeat, so no hook in the replica code is needed for a change to be
-reported.
+A replica's reported state is compared as a signature (runtime and data state and reason,
+Raft term, leader, committed config, schema version, and for a leader its followers' health and
+its size), recomputed at each heartbeat, so no hook in the replica code is needed for a change
+to be reported; a replica's report message is built only when its signature changed (one
+costs about 36 us to build on the development machine: 70 ms of every heartbeat at 2,000
+replicas).
 
 A leader's report also carries its size (``stats``: rows in its MemRowSet and rowsets, bytes
 of its WAL and data files, counted at most one heartbeat interval ago while its rows change,
@@ -40,14 +42,16 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TypeAlias
 
 from nyala._proto import common_pb2, master_pb2, metadata_pb2
 from nyala.consensus.progress import PeerHealth
+from nyala.consensus.types import RaftConfig
 from nyala.errors import NetworkError, NyalaError, WrongServerUuidError
 from nyala.rpc import ServerProxy, split_host_port
 from nyala.rpc.settings import RpcSettings
 from nyala.server.convert import config_to_pb
-from nyala.tablet import TabletManager
+from nyala.tablet import TabletManager, TabletStatus
 from nyala.tablet.replica import DISK_USAGE_REFRESH_S, TabletReplica
 from nyala.tserver.tablet_meta import peer_health
 
@@ -63,6 +67,10 @@ _HEALTH_PB = {
     PeerHealth.FAILED: master_pb2.HEALTH_FAILED,
     PeerHealth.FAILED_UNRECOVERABLE: master_pb2.HEALTH_FAILED_UNRECOVERABLE,
 }
+#: A leader's followers' health as reported: (uuid, health, reason) each.
+_Health: TypeAlias = tuple[tuple[str, master_pb2.PeerHealth.ValueType, str], ...]
+#: A replica's Raft term, leader ("" if none) and committed config.
+_Consensus: TypeAlias = tuple[int, str, RaftConfig]
 #: Default of ``follower_unavailable_considered_failed_sec`` (Kudu's 300 s).
 PEER_FAILED_AFTER_MS_DEFAULT = 300_000
 
@@ -115,6 +123,7 @@ class Heartbeater:
         self._instance_seqno = time.time_ns() // 1000
         self._masters = [_MasterState(addr) for addr in masters]
         self._rows_seen: dict[str, int] = {}  # tablet id -> rows at the last size report
+        self._built: _Snapshot = {}  # each replica's last signature and the report built for it
 
     @property
     def interval_ms(self) -> int:
@@ -161,57 +170,77 @@ class Heartbeater:
             await proxy.close()
 
     def _snapshot(self) -> _Snapshot:
-        """Every replica's report and signature, now."""
+        """Every replica's report and signature, now (a report is built again only when its
+        replica's signature changed)."""
         out: _Snapshot = {}
+        built = self._built
         for status in self._tablets.statuses(sizes=False):
-            pb = master_pb2.ReportedTabletPB(
-                tablet_id=status.tablet_id,
-                state=metadata_pb2.TabletState.Value(status.state),
-                state_reason=status.state_reason,
-                schema_version=0 if status.schema is None else status.schema.version,
-            )
-            if status.data_state != "UNKNOWN":
-                pb.data_state = metadata_pb2.TabletDataState.Value(
-                    f"TABLET_DATA_{status.data_state}"
-                )
-            replica = self._tablets.lookup(status.tablet_id)
+            tablet_id = status.tablet_id
+            replica = self._tablets.lookup(tablet_id)
             runtime = None if replica is None else replica.runtime
-            term, leader, config_index = -1, "", -1
+            consensus: _Consensus | None = None
+            health: _Health = ()
+            stats: tuple[int, int] | None = None
             if runtime is not None:
-                st = runtime.status()
-                term, leader, config_index = (
-                    st.term,
-                    st.leader_uuid or "",
-                    st.committed_config.opid_index,
-                )
-                pb.consensus_state.current_term = st.term
-                pb.consensus_state.leader_uuid = leader
-                pb.consensus_state.committed_config.CopyFrom(config_to_pb(st.committed_config))
-                health = self._peer_health(replica, pb)
-                stats = self._stats(replica, pb) if leader == self._uuid else ()
-            else:
-                health = stats = ()
+                core = runtime.core  # read directly: cheaper than a full status()
+                consensus = (core.term, core.leader_uuid or "", core.committed_config)
+                if consensus[1] == self._uuid:
+                    health = self._peer_health(replica)
+                    stats = self._stats(replica)
             signature = (
-                pb.state,
-                pb.data_state,
-                term,
-                leader,
-                config_index,
-                pb.schema_version,
+                status.state,
+                status.data_state,
+                status.state_reason,
+                consensus,  # the committed config compared by value
+                0 if status.schema is None else status.schema.version,
                 health,
                 stats,
             )
-            out[status.tablet_id] = (signature, pb)
+            cached = built.get(tablet_id)
+            if cached is None or cached[0] != signature:
+                report = self._report(status, consensus, health, stats)
+                cached = built[tablet_id] = (signature, report)
+            out[tablet_id] = cached
+        for gone in built.keys() - out.keys():
+            del built[gone]
         return out
 
-    def _stats(
-        self, replica: TabletReplica | None, pb: master_pb2.ReportedTabletPB
-    ) -> tuple[int, ...]:
-        """Fills a leader's size into its report (bytes counted at most one heartbeat
-        interval ago); returns it for the signature, so a changed size is reported."""
+    @staticmethod
+    def _report(
+        status: TabletStatus,
+        consensus: _Consensus | None,
+        health: _Health,
+        stats: tuple[int, int] | None,
+    ) -> master_pb2.ReportedTabletPB:
+        pb = master_pb2.ReportedTabletPB(
+            tablet_id=status.tablet_id,
+            state=metadata_pb2.TabletState.Value(status.state),
+            state_reason=status.state_reason,
+            schema_version=0 if status.schema is None else status.schema.version,
+        )
+        if status.data_state != "UNKNOWN":
+            pb.data_state = metadata_pb2.TabletDataState.Value(f"TABLET_DATA_{status.data_state}")
+        if consensus is not None:
+            term, leader, config = consensus
+            pb.consensus_state.current_term = term
+            pb.consensus_state.leader_uuid = leader
+            pb.consensus_state.committed_config.CopyFrom(config_to_pb(config))
+        for uuid, peer_health_pb, reason in health:
+            pb.peer_health.add(
+                permanent_uuid=uuid,
+                health=peer_health_pb,
+                reason=reason,
+            )
+        if stats is not None:
+            pb.stats.live_row_count, pb.stats.on_disk_bytes = stats
+        return pb
+
+    def _stats(self, replica: TabletReplica | None) -> tuple[int, int] | None:
+        """A leader's rows and bytes on disk (bytes counted at most one heartbeat interval
+        ago while its rows change)."""
         storage = None if replica is None else replica.storage
         if replica is None or storage is None:
-            return ()
+            return None
         counts = storage.stats()
         rows = counts["mem_rows"] + counts["frozen_rows"] + counts["disk_rows"]
         # Counting bytes walks the replica's files: only tablets whose rows changed are
@@ -221,19 +250,14 @@ class Heartbeater:
         size = replica.on_disk_bytes(
             max_age_s=self._interval_s if changed else DISK_USAGE_REFRESH_S
         )
-        pb.stats.live_row_count, pb.stats.on_disk_bytes = rows, size
         return rows, size
 
-    def _peer_health(
-        self, replica: TabletReplica | None, pb: master_pb2.ReportedTabletPB
-    ) -> tuple[tuple[str, int], ...]:
-        """Fills the followers' health into a leader's report; returns it for the signature."""
-        out = []
-        for uuid, report in peer_health(replica, self._peer_failed_after_ms).items():
-            health = _HEALTH_PB[report.health]
-            pb.peer_health.add(permanent_uuid=uuid, health=health, reason=report.reason)
-            out.append((uuid, int(health)))
-        return tuple(out)
+    def _peer_health(self, replica: TabletReplica | None) -> _Health:
+        """A leader's followers' health: (uuid, health, reason) each."""
+        return tuple(
+            (uuid, _HEALTH_PB[report.health], report.reason)
+            for uuid, report in peer_health(replica, self._peer_failed_after_ms).items()
+        )
 
     async def _heartbeat(self, proxy: ServerProxy, master: _MasterState) -> bool:
         """One heartbeat; True to send the next one at once (a full report is wanted)."""

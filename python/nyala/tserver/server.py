@@ -12,6 +12,7 @@ import asyncio
 import functools
 import json
 import logging
+import time
 from collections.abc import Callable
 
 from nyala._proto import tserver_admin_pb2_grpc, tserver_pb2_grpc
@@ -152,6 +153,10 @@ _PER_TABLET_GAUGES: dict[str, tuple[str, Callable[[ReplicaStatus], float]]] = {
 }
 
 
+#: How long one snapshot of the replicas' statuses serves the per-tablet gauges (seconds).
+_STATUS_SNAPSHOT_S = 0.2
+
+
 class TabletServer(ServerBase):
     """One tablet server. ``run`` serves until ``request_stop`` (or a signal)."""
 
@@ -178,6 +183,8 @@ class TabletServer(ServerBase):
             settings.memory_pressure_percentage,
             settings.memory_limit_soft_percentage,
         )
+        # (when, statuses) of the last ``_statuses`` call.
+        self._status_snapshot: tuple[float, list[tuple[str, ReplicaStatus]]] | None = None
 
     async def run(self) -> None:
         """Opens the fs root, serves until stopped, shuts down gracefully."""
@@ -499,12 +506,23 @@ class TabletServer(ServerBase):
     def _per_tablet(
         self, read: Callable[[ReplicaStatus], float]
     ) -> list[tuple[dict[str, str], float]]:
-        out = []
+        return [({"tablet_id": tablet_id}, float(read(st))) for tablet_id, st in self._statuses()]
+
+    def _statuses(self) -> list[tuple[str, ReplicaStatus]]:
+        """Every running replica's consensus status, taken once for the per-tablet gauges of a
+        scrape (they are rendered back to back; a status per gauge and replica made a scrape
+        of thousands of replicas a long stall of the event loop)."""
+        now = time.monotonic()
+        snapshot = self._status_snapshot
+        if snapshot is not None and now - snapshot[0] < _STATUS_SNAPSHOT_S:
+            return snapshot[1]
+        statuses = []
         for replica in self.tablets.replicas() if self.tablets is not None else []:
             runtime = replica.runtime
             if runtime is not None:
-                out.append(({"tablet_id": replica.tablet_id}, float(read(runtime.status()))))
-        return out
+                statuses.append((replica.tablet_id, runtime.status()))
+        self._status_snapshot = (now, statuses)
+        return statuses
 
     def _tablet_counts(self) -> list[tuple[dict[str, str], float]]:
         counts: dict[str, int] = {}

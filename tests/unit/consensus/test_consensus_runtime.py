@@ -8,7 +8,9 @@ has a deadline, and a test fails rather than hangs when the cluster does not con
 from __future__ import annotations
 
 import asyncio
+import itertools
 import random
+import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -21,12 +23,14 @@ from nyala._proto import consensus_pb2, consensus_pb2_grpc
 from nyala.common.clock import RealClock
 from nyala.consensus import (
     MemoryLog,
+    OpId,
     RaftConfig,
     RaftOptions,
     RaftPeer,
     Role,
     bootstrap_cmeta,
 )
+from nyala.consensus.messages import AppendRequest, Message, VoteRequest
 from nyala.consensus.runtime import DurabilityNotifier, RaftRuntime, RuntimeOptions
 from nyala.consensus.runtime.cmeta_store import FileCmetaStore
 from nyala.consensus.runtime.peer_streams import PeerStreams
@@ -37,6 +41,8 @@ from nyala.rpc import RpcServer, RpcSettings
 UUIDS = ("a", "b", "c")
 RAFT_OPTIONS = RaftOptions(heartbeat_interval_ms=30, missed_heartbeats_before_election=3)
 RUNTIME_OPTIONS = RuntimeOptions(timer_slack_ms=5)
+# For a test that must not see an election from a scheduling hiccup of a loaded machine.
+SLOW_RAFT_OPTIONS = RaftOptions(heartbeat_interval_ms=100, missed_heartbeats_before_election=3)
 WAIT_S = 10.0
 
 LogFactory = Callable[[Path, str], tuple[Any, DurabilityNotifier | None]]
@@ -330,5 +336,85 @@ def test_replicates_over_grpc_streams(tmp_path: Path) -> None:
                 await server.stop(0)
             for log in logs:
                 log.close()
+
+    asyncio.run(scenario())
+
+
+@asynccontextmanager
+async def lone_follower(root: Path) -> AsyncIterator[tuple[RaftRuntime, Any, list[Message]]]:
+    """One real follower ("b"); its leader ("a", the transport yielded) and the third voter
+    ("c") are played by the test. Yields the follower, the leader's transport and every
+    message the follower sent."""
+    network = InMemoryNetwork()
+    store = FileCmetaStore(root / "cmeta")
+    bootstrap_cmeta(store, RaftConfig(tuple(RaftPeer(u, f"{u}:7050") for u in UUIDS)))
+    follower = RaftRuntime(
+        "b",
+        MemoryLog(sync_on_append=True),
+        store,
+        network.transport("b"),
+        RealClock(),
+        raft_options=SLOW_RAFT_OPTIONS,
+        options=RUNTIME_OPTIONS,
+        rng=random.Random(7),
+    )
+    heard: list[Message] = []
+    leader, third = network.transport("a"), network.transport("c")
+    async with asyncio.TaskGroup() as group:
+        peers = [group.create_task(t.run(heard.append)) for t in (leader, third)]
+        follower.start(group)
+        yield follower, leader, heard
+        follower.stop()
+        for task in peers:
+            task.cancel()
+
+
+def test_a_follower_whose_deadline_passed_in_a_stall_waits_for_the_queued_heartbeat(
+    tmp_path: Path,
+) -> None:
+    # The whole loop blocks (time.sleep) for five election timeouts; the leader's next
+    # heartbeat is handled just after the stall, as one queued behind it would be. The
+    # follower's long-overdue timer must not start a campaign in between.
+    async def scenario() -> None:
+        seq = itertools.count(1)
+        async with lone_follower(tmp_path) as (follower, leader, heard):
+
+            async def heartbeats(duration_s: float) -> None:
+                interval_s = SLOW_RAFT_OPTIONS.heartbeat_interval_ms / 1000
+                for _ in range(int(duration_s / interval_s)):
+                    leader.send(AppendRequest("a", "b", 1, OpId(0, 0), None, 0, next(seq)))
+                    await asyncio.sleep(interval_s)
+
+            await heartbeats(1.0)
+            assert follower.core.leader_uuid == "a"
+            heard.clear()  # a campaign before the first heartbeat arrived is not the point
+            time.sleep(5 * SLOW_RAFT_OPTIONS.election_timeout_base_ms / 1000)  # noqa: ASYNC251
+            await asyncio.sleep(0.05)  # the loop runs again; the heartbeat is not handled yet
+            await heartbeats(1.0)
+        assert [m for m in heard if isinstance(m, VoteRequest)] == []
+        assert (follower.core.term, follower.core.leader_uuid) == (1, "a")
+
+    asyncio.run(scenario())
+
+
+def test_a_follower_woken_by_its_leaders_silence_campaigns_even_after_a_stall(
+    tmp_path: Path,
+) -> None:
+    # A quiesced follower whose leader's server went silent wakes; a stall of the loop past
+    # its new election deadline is not excused again (the silence check excused it): it
+    # campaigns as soon as the loop runs.
+    async def scenario() -> None:
+        async with lone_follower(tmp_path) as (follower, leader, heard):
+            for seq in range(1, 6):  # heartbeats, the last one quiescing
+                quiesce = seq == 5
+                leader.send(AppendRequest("a", "b", 1, OpId(0, 0), None, 0, seq, quiesce=quiesce))
+                await asyncio.sleep(0.05)
+            assert follower.quiesced
+            heard.clear()
+            follower.server_silent("a")
+            await asyncio.sleep(0)  # the timer task arms the woken follower's deadline
+            time.sleep(5 * SLOW_RAFT_OPTIONS.election_timeout_base_ms / 1000)  # noqa: ASYNC251
+            await asyncio.sleep(0.05)
+        assert [m.dest for m in heard if isinstance(m, VoteRequest)] == ["a", "c"]
 
     asyncio.run(scenario())

@@ -18,7 +18,6 @@ turn), and proposals resolve in index order from one pass over ``Apply`` ranges.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import logging
 import random
@@ -165,6 +164,9 @@ class RaftRuntime:
         # brings the core's next deadline before it.
         self._timer_target: int | None = None
         self._timer_moved = asyncio.Event()
+        # The election deadline a stall of the event loop was excused for (``_tick_loop``):
+        # the timer sleeps past it on purpose.
+        self._excused_deadline: int | None = None
 
     # --- life cycle -------------------------------------------------------------------------
 
@@ -213,27 +215,49 @@ class RaftRuntime:
             self._fail_waiters(AbortedError(f"the runtime of replica {self.uuid} stopped"))
 
     async def _tick_loop(self) -> None:
-        """Ticks the core at its deadlines; sleeps without a timer while it has none."""
+        """Ticks the core at its deadlines; sleeps without a timer while it has none.
+
+        A follower's election deadline that passed while this event loop was stalled (the
+        timer fired at least the minimum election timeout late) is given the stall's length
+        once more before the core ticks: the leader's heartbeats of that stretch may be
+        waiting, not yet handled, behind the stall, and campaigns started from a stalled loop
+        let a busy server's elections feed on themselves (issue "Thousands of tablet replicas
+        per server"). Once per deadline: a loop that stays stalled still campaigns, one stall
+        later.
+        """
         slack = self._opts.timer_slack_ms
+        stall_ms_min = self.core.options.election_timeout_min_ms
+        woke_late_ms = 0
         while True:
             if self._failure is not None:
                 raise self._failure
             deadline = self.core.next_timer_ms()
             now = self._clock.now_ms()
             if deadline is not None and deadline <= now:
-                self.core.tick()
-                self._execute()
-                continue
+                if (
+                    woke_late_ms >= stall_ms_min
+                    and deadline != self._excused_deadline
+                    and self.core.role is not Role.LEADER
+                ):
+                    self._excused_deadline = deadline
+                    deadline = now + woke_late_ms
+                else:
+                    self.core.tick()
+                    self._execute()
+                    continue
             self._timer_moved.clear()
+            woke_late_ms = 0
             if deadline is None:
                 self._timer_target = None
                 await self._timer_moved.wait()
                 continue
             target = -(-deadline // slack) * slack  # rounded up: due timers fire together
             self._timer_target = target
-            with contextlib.suppress(TimeoutError):
+            try:
                 async with asyncio.timeout((target - now) / 1000):
                     await self._timer_moved.wait()
+            except TimeoutError:
+                woke_late_ms = self._clock.now_ms() - target
 
     # --- inputs -----------------------------------------------------------------------------
 
@@ -350,14 +374,18 @@ class RaftRuntime:
         if self._loop is None or self._failure is not None:
             return
         liveness.receive(self.core, sender, named)
-        self._execute()
+        if not self.core.quiesced:  # it woke; vouching for a quiesced replica sends nothing
+            self._execute()
 
     def server_silent(self, server: str) -> None:
         """``server`` has sent no server heartbeat for too long (``liveness.sender_silent``)."""
         if self._loop is None or self._failure is not None:
             return
         liveness.sender_silent(self.core, server)
-        self._execute()
+        self._execute()  # wakes the timer task for the woken replica's new deadline
+        # The silence check already excused this server's own stalls: that deadline gets no
+        # second excuse in ``_tick_loop`` (a dead leader is replaced on time).
+        self._excused_deadline = self.core.next_timer_ms()
 
     def status(self) -> ReplicaStatus:
         """A snapshot of the replica's consensus state."""
@@ -434,7 +462,8 @@ class RaftRuntime:
             self._execute_one(effect)
         deadline = self.core.next_timer_ms()
         target = self._timer_target
-        if deadline is not None and (target is None or deadline < target):
+        moved_earlier = deadline is not None and (target is None or deadline < target)
+        if moved_earlier and deadline != self._excused_deadline:
             self._timer_moved.set()  # the timer task sleeps past the new deadline
 
     def _execute_one(self, effect: Effect) -> None:
