@@ -2089,3 +2089,69 @@ class ChangeReplicationFactorRequestPB(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ChangeReplicationFactorRequestPB: _TypeAlias = ChangeReplicationFactorRequestPB  # noqa: Y015
+
+@_typing.final
+class SignServerCertificateRequestPB(_message.Message):
+    """A tablet server's request to have its certificate signed by the cluster CA (Kudu's IPKI):
+    sent once, at its first start, with the join credential the operator gave it (the TLS
+    client certificate of the call); the master refuses a CSR that does not name `server_uuid`.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DEST_UUID_FIELD_NUMBER: _builtins.int
+    SERVER_UUID_FIELD_NUMBER: _builtins.int
+    CSR_PEM_FIELD_NUMBER: _builtins.int
+    HOSTS_FIELD_NUMBER: _builtins.int
+    dest_uuid: _builtins.str
+    """Empty is allowed: the server does not know which master answers."""
+    server_uuid: _builtins.str
+    csr_pem: _builtins.bytes
+    """PEM certificate signing request, at most 16 KiB."""
+    @_builtins.property
+    def hosts(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Hosts (IP addresses or DNS names) the server is reached at, put in its certificate."""
+
+    def __init__(
+        self,
+        *,
+        dest_uuid: _builtins.str = ...,
+        server_uuid: _builtins.str = ...,
+        csr_pem: _builtins.bytes = ...,
+        hosts: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["csr_pem", b"csr_pem", "dest_uuid", b"dest_uuid", "hosts", b"hosts", "server_uuid", b"server_uuid"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SignServerCertificateRequestPB: _TypeAlias = SignServerCertificateRequestPB  # noqa: Y015
+
+@_typing.final
+class SignServerCertificateResponsePB(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CERT_PEM_FIELD_NUMBER: _builtins.int
+    CA_CERT_PEM_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    cert_pem: _builtins.bytes
+    ca_cert_pem: _builtins.bytes
+    @_builtins.property
+    def error(self) -> _common_pb2.ErrorPB: ...
+    def __init__(
+        self,
+        *,
+        cert_pem: _builtins.bytes = ...,
+        ca_cert_pem: _builtins.bytes = ...,
+        error: _common_pb2.ErrorPB | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_error", b"_error", "error", b"error"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_error", b"_error", "ca_cert_pem", b"ca_cert_pem", "cert_pem", b"cert_pem", "error", b"error"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__error: _TypeAlias = _typing.Literal["error"]  # noqa: Y015
+    _WhichOneofArgType__error: _TypeAlias = _typing.Literal["_error", b"_error"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__error) -> _WhichOneofReturnType__error | None: ...
+
+Global___SignServerCertificateResponsePB: _TypeAlias = SignServerCertificateResponsePB  # noqa: Y015

@@ -34,6 +34,11 @@ class MasterServiceStub:
         Args:
             channel: A grpc.Channel.
         """
+        self.SignServerCertificate = channel.unary_unary(
+                '/nyala.MasterService/SignServerCertificate',
+                request_serializer=nyala_dot_master__pb2.SignServerCertificateRequestPB.SerializeToString,
+                response_deserializer=nyala_dot_master__pb2.SignServerCertificateResponsePB.FromString,
+                _registered_method=True)
         self.TSHeartbeat = channel.unary_unary(
                 '/nyala.MasterService/TSHeartbeat',
                 request_serializer=nyala_dot_master__pb2.TSHeartbeatRequestPB.SerializeToString,
@@ -148,6 +153,12 @@ class MasterServiceStub:
 
 class MasterServiceServicer:
     """Missing associated documentation comment in .proto file."""
+
+    def SignServerCertificate(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
 
     def TSHeartbeat(self, request, context):
         """Missing associated documentation comment in .proto file."""
@@ -284,6 +295,11 @@ class MasterServiceServicer:
 
 def add_MasterServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
+            'SignServerCertificate': grpc.unary_unary_rpc_method_handler(
+                    servicer.SignServerCertificate,
+                    request_deserializer=nyala_dot_master__pb2.SignServerCertificateRequestPB.FromString,
+                    response_serializer=nyala_dot_master__pb2.SignServerCertificateResponsePB.SerializeToString,
+            ),
             'TSHeartbeat': grpc.unary_unary_rpc_method_handler(
                     servicer.TSHeartbeat,
                     request_deserializer=nyala_dot_master__pb2.TSHeartbeatRequestPB.FromString,
@@ -404,6 +420,33 @@ def add_MasterServiceServicer_to_server(servicer, server):
  # This class is part of an EXPERIMENTAL API.
 class MasterService:
     """Missing associated documentation comment in .proto file."""
+
+    @staticmethod
+    def SignServerCertificate(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/nyala.MasterService/SignServerCertificate',
+            nyala_dot_master__pb2.SignServerCertificateRequestPB.SerializeToString,
+            nyala_dot_master__pb2.SignServerCertificateResponsePB.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
 
     @staticmethod
     def TSHeartbeat(request,

@@ -42,6 +42,7 @@ class MasterServiceStub:
     def __new__(cls, channel: _grpc.Channel) -> _Self: ...
     @_typing.overload
     def __new__(cls, channel: _aio.Channel) -> MasterServiceAsyncStub: ...
+    SignServerCertificate: _grpc.UnaryUnaryMultiCallable[_master_pb2.SignServerCertificateRequestPB, _master_pb2.SignServerCertificateResponsePB]
     TSHeartbeat: _grpc.UnaryUnaryMultiCallable[_master_pb2.TSHeartbeatRequestPB, _master_pb2.TSHeartbeatResponsePB]
     ConnectToMaster: _grpc.UnaryUnaryMultiCallable[_master_pb2.ConnectToMasterRequestPB, _master_pb2.ConnectToMasterResponsePB]
     CreateTable: _grpc.UnaryUnaryMultiCallable[_master_pb2.CreateTableRequestPB, _master_pb2.CreateTableResponsePB]
@@ -68,6 +69,7 @@ class MasterServiceStub:
 @_typing.type_check_only
 class MasterServiceAsyncStub(MasterServiceStub):
     def __init__(self, channel: _aio.Channel) -> None: ...
+    SignServerCertificate: _aio.UnaryUnaryMultiCallable[_master_pb2.SignServerCertificateRequestPB, _master_pb2.SignServerCertificateResponsePB]  # type: ignore[assignment]
     TSHeartbeat: _aio.UnaryUnaryMultiCallable[_master_pb2.TSHeartbeatRequestPB, _master_pb2.TSHeartbeatResponsePB]  # type: ignore[assignment]
     ConnectToMaster: _aio.UnaryUnaryMultiCallable[_master_pb2.ConnectToMasterRequestPB, _master_pb2.ConnectToMasterResponsePB]  # type: ignore[assignment]
     CreateTable: _aio.UnaryUnaryMultiCallable[_master_pb2.CreateTableRequestPB, _master_pb2.CreateTableResponsePB]  # type: ignore[assignment]
@@ -92,6 +94,13 @@ class MasterServiceAsyncStub(MasterServiceStub):
     ChangeReplicationFactor: _aio.UnaryUnaryMultiCallable[_master_pb2.ChangeReplicationFactorRequestPB, _master_pb2.ReplicaAdminResponsePB]  # type: ignore[assignment]
 
 class MasterServiceServicer(metaclass=_abc_1.ABCMeta):
+    @_abc_1.abstractmethod
+    def SignServerCertificate(
+        self,
+        request: _master_pb2.SignServerCertificateRequestPB,
+        context: _ServicerContext,
+    ) -> _typing.Union[_master_pb2.SignServerCertificateResponsePB, _abc.Awaitable[_master_pb2.SignServerCertificateResponsePB]]: ...
+
     @_abc_1.abstractmethod
     def TSHeartbeat(
         self,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from nyala._proto import master_pb2, master_pb2_grpc
 from nyala.consensus.types import Role
-from nyala.errors import InvalidArgumentError
+from nyala.errors import InvalidArgumentError, NotAuthorizedError, NotSupportedError
 from nyala.master import membership
 from nyala.master.catalog_manager import CatalogManager, role_pb
 from nyala.master.ddl import TableDdl
@@ -12,14 +12,24 @@ from nyala.master.locations import Locations
 from nyala.master.replica_admin import ReplicaAdmin
 from nyala.master.tablet_reports import TabletReports
 from nyala.rpc import Context, RpcMetrics, ServiceBase, join_host_port, unary
+from nyala.rpc.auth import current_caller
+from nyala.security.identity import Identity, Kind
+from nyala.security.pki import ClusterCa
 
 
 class MasterService(ServiceBase, master_pb2_grpc.MasterServiceServicer):
     """Heartbeats, leader discovery, DDL, catalog reads and membership."""
 
-    def __init__(self, server_uuid: str, metrics: RpcMetrics, manager: CatalogManager) -> None:
+    def __init__(
+        self,
+        server_uuid: str,
+        metrics: RpcMetrics,
+        manager: CatalogManager,
+        ca: ClusterCa | None = None,
+    ) -> None:
         super().__init__(server_uuid, metrics)
         self._m = manager
+        self._ca = ca
         self._ddl = TableDdl(manager)
         self._locations = Locations(manager)
         self._reports = TabletReports(manager)
@@ -34,6 +44,30 @@ class MasterService(ServiceBase, master_pb2_grpc.MasterServiceServicer):
         if not request.ts_uuid:
             raise InvalidArgumentError("a heartbeat needs ts_uuid")
         return await self._reports.heartbeat(request)
+
+    @unary(master_pb2.SignServerCertificateResponsePB, allow_empty_dest=True)
+    async def SignServerCertificate(
+        self,
+        request: master_pb2.SignServerCertificateRequestPB,
+        context: Context[
+            master_pb2.SignServerCertificateRequestPB, master_pb2.SignServerCertificateResponsePB
+        ],
+    ) -> master_pb2.SignServerCertificateResponsePB:
+        """Signs a tablet server's CSR (Kudu's IPKI): the caller holds a join credential, or is
+        that same server renewing its certificate."""
+        if self._ca is None:
+            raise NotSupportedError("this master is not secure: it has no cluster CA")
+        caller = current_caller()
+        renewing = caller == Identity(Kind.SERVER, request.server_uuid)
+        if caller is None or (caller.kind is not Kind.JOIN and not renewing):
+            raise NotAuthorizedError(
+                f"{caller} may not enroll a server: it needs a join credential of this cluster"
+            )
+        Identity(Kind.SERVER, request.server_uuid)  # a well-formed UUID, else InvalidArgument
+        cert = self._ca.sign_server_csr(request.csr_pem, request.server_uuid, request.hosts)
+        return master_pb2.SignServerCertificateResponsePB(
+            cert_pem=cert, ca_cert_pem=self._ca.cert_pem
+        )
 
     @unary(master_pb2.ConnectToMasterResponsePB, allow_empty_dest=True)
     async def ConnectToMaster(

@@ -23,6 +23,7 @@ from nyala.rpc import HttpResponse, HttpServer, RpcServer
 from nyala.rpc.settings import MIB
 from nyala.server.base import ServerBase
 from nyala.server.consensus_service import ConsensusService, add_consensus_service
+from nyala.server.security import enroll_tserver
 from nyala.server.tablet_copy import TabletCopy, add_tablet_copy_service
 from nyala.tablet.replica import TabletReplica
 from nyala.tserver.heartbeater import Heartbeater
@@ -139,6 +140,7 @@ class TabletServer(ServerBase):
     async def run(self) -> None:
         """Opens the fs root, serves until stopped, shuts down gracefully."""
         tablets = self._open_fs_and_tablets()
+        await enroll_tserver(self.settings, self.uuid, self.settings.enroll_timeout_ms)
         self._register_metrics()
         self.copy = TabletCopy(
             self.uuid,
