@@ -18,6 +18,12 @@ through it):
   threads through the client (a single sequential writer is latency-bound: every batch waits
   for an fsync on a majority), and ``batched_rows_per_s_one_writer`` from one writer.
 
+Then (c) the client phases again against a secure cluster (mutual TLS on every RPC, the
+caller's role checked on every call: docs/security.md), started the same way right after:
+``secure_single_row_ops_per_s``, ``secure_batched_rows_per_s`` and their ratios to the
+insecure figures, ``secure_single_ratio`` and ``secure_batched_ratio`` (target, issue 36:
+>= 0.85 each).
+
 The last line printed is one JSON object (DESIGN.md §9) with ``single_row_ops_per_s``,
 ``batched_rows_per_s``, ``p99_ms_single`` and the baseline. Targets (issue 7):
 ``single_row_ops_per_s >= 3000`` and ``batched_rows_per_s >= 300000``.
@@ -320,6 +326,27 @@ def _measure_client(
     }
 
 
+def _measure_secure(seconds: float, insecure: dict[str, Any]) -> dict[str, Any]:
+    """The client phases against a secure cluster, and their ratios to ``insecure``'s."""
+    with MiniCluster(3, num_masters=1, secure=True) as cluster:
+        assert cluster.security is not None
+        credentials = cluster.security.admin_dir
+        with nyala.connect(
+            cluster.master_addrs, timeout_ms=60_000, credentials=credentials
+        ) as client:
+            table = client.create_table("bench", SCHEMA, replicas=3)
+            secure = _measure_client(cluster, client, table, seconds)
+    single, batched = secure["single_row_ops_per_s"], secure["batched_rows_per_s"]
+    return {
+        "secure_single_row_ops_per_s": single,
+        "secure_p99_ms_single": secure["p99_ms_single"],
+        "secure_server_cpu_ms_per_single_op": secure["server_cpu_ms_per_single_op"],
+        "secure_batched_rows_per_s": batched,
+        "secure_single_ratio": round(single / max(1, insecure["single_row_ops_per_s"]), 3),
+        "secure_batched_ratio": round(batched / max(1, insecure["batched_rows_per_s"]), 3),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="short phases (< 2 minutes)")
@@ -334,6 +361,7 @@ def main() -> None:
         tablet_id = table.tablets()[0].tablet_id
         result = _measure_client(cluster, client, table, seconds)
         result.update(asyncio.run(_measure_raw(cluster, tablet_id, seconds)))
+    result.update(_measure_secure(seconds, result))
     result.update(
         {
             "bench": "tserver_write",
@@ -342,6 +370,7 @@ def main() -> None:
             "phase_s": seconds,
             "target_single_row_ops_per_s": 3000,
             "target_batched_rows_per_s": 300000,
+            "target_secure_ratio": 0.85,
         }
     )
     print(
@@ -349,7 +378,10 @@ def main() -> None:
         f"{result['single_row_ops_per_s']} ops/s p50 {result['p50_ms_single']} ms p99 "
         f"{result['p99_ms_single']} ms ({result['single_row_ops_per_s_uncoalesced']} "
         f"uncoalesced) | 1000-row batches {result['batched_rows_per_s']} rows/s "
-        f"({result['batched_rows_per_s_one_writer']} with one writer)"
+        f"({result['batched_rows_per_s_one_writer']} with one writer) | secure: single-row "
+        f"{result['secure_single_row_ops_per_s']} ops/s ({result['secure_single_ratio']}x), "
+        f"batches {result['secure_batched_rows_per_s']} rows/s "
+        f"({result['secure_batched_ratio']}x)"
     )
     print(json.dumps(result))
 

@@ -25,7 +25,7 @@ from nyala._proto import (
 from nyala.rpc.credentials import channel_credentials, uuid_binding_option
 from nyala.rpc.errors import error_from_grpc, raise_for_response, split_host_port
 from nyala.rpc.messages import Answer
-from nyala.rpc.settings import RpcSettings
+from nyala.rpc.settings import RpcSettings, tool_settings
 
 _Req = TypeVar("_Req")
 _Resp = TypeVar("_Resp", bound=Answer)
@@ -100,7 +100,7 @@ class ServerProxy(_Stubs):
     ) -> None:
         split_host_port(addr)  # validate early: a typo is an InvalidArgumentError here
         self.addr = addr
-        self.settings = settings or RpcSettings()
+        self.settings = settings or tool_settings()
         channel = open_channel(addr, self.settings, server_uuid)
         self._channel = channel
         super().__init__(channel)
@@ -193,7 +193,7 @@ class BlockingServerProxy(_Stubs):
     ) -> None:
         split_host_port(addr)
         self.addr = addr
-        self.settings = settings or RpcSettings()
+        self.settings = settings or tool_settings()
         channel = open_blocking_channel(addr, self.settings, server_uuid)
         self._channel = channel
         super().__init__(channel)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from nyala.security.files import TlsSettings
+from nyala.security.files import TlsSettings, credentials_from_env, load_client_tls
 
 MIB = 1024 * 1024
 
@@ -37,3 +37,10 @@ class RpcSettings:
             # Every process on a host binds its own port; never share one silently.
             ("grpc.so_reuseport", 0),
         ]
+
+
+def tool_settings() -> RpcSettings:
+    """What a tool's channel uses when it is given no settings: the client credentials
+    ``NYALA_CREDENTIALS`` names (a secure cluster), else plaintext."""
+    directory = credentials_from_env()
+    return RpcSettings(tls=load_client_tls(directory) if directory is not None else None)

@@ -489,9 +489,7 @@ class MiniCluster:
         """``--security-dir`` for a new server of a secure cluster (none otherwise)."""
         if self.security is None:
             return []
-        if name.startswith("master"):
-            return ["--security-dir", str(self.security.master_dir(name))]
-        return ["--security-dir", str(self.security.tserver_dir(name))]
+        return ["--security-dir", str(self.security.server_dir(name))]
 
     def _new_tserver(self, flags: Sequence[str] = ()) -> ServerProcess:
         rpc_port, http_port = free_loopback_ports(2, LOOPBACK)
