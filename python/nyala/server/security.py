@@ -95,7 +95,8 @@ async def enroll_tserver(settings: ServerSettings, server_uuid: str, timeout_ms:
     directory = Path(settings.security_dir)
     if _has_own_certificate(directory, server_uuid):
         return
-    if not (directory / files.JOIN_CERT).exists():
+    renewing = (directory / files.SERVER_CERT).exists()  # with its current certificate
+    if not renewing and not (directory / files.JOIN_CERT).exists():
         raise InvalidArgumentError(
             f"{directory} has no certificate for {server_uuid} and no join credential: "
             "give the server one (nyala cert join-credential) for its first start"
