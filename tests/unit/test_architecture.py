@@ -58,18 +58,7 @@ ALLOWED: dict[str, frozenset[str]] = {
     "consensus": frozenset(),
     "consensus.runtime": frozenset({"consensus", "rpc", "schema"}),
     "tablet": frozenset({"consensus", "consensus.runtime", "storage", "schema", "rowops"}),
-    "server": frozenset(
-        {
-            "tablet",
-            "consensus",
-            "consensus.runtime",
-            "storage",
-            "rpc",
-            "schema",
-            "rowops",
-            "security",
-        }
-    ),
+    "server": SERVER_SIDE - {"server", "partition"},
     "master": SERVER_SIDE,
     "tserver": SERVER_SIDE,
     "client": frozenset({"rpc", "schema", "rowops", "partition", "security"}),

@@ -139,26 +139,25 @@ def _guard(handler: _Handler, role: Role, method: str) -> _Handler:
             return await unary(request, context)
 
         return cast(_Handler, replace(unary_unary=unary_unary))
-    if handler.unary_stream is not None:
-        server_stream = cast(Callable[..., AsyncIterator[Any]], handler.unary_stream)
-
-        async def unary_stream(request: Any, context: Any) -> AsyncIterator[Any]:
-            await _check(context, role, method)
-            async for response in server_stream(request, context):
-                yield response
-
-        return cast(_Handler, replace(unary_stream=unary_stream))
-    if handler.stream_stream is not None:
-        bidi = cast(Callable[..., AsyncIterator[Any]], handler.stream_stream)
-
-        async def stream_stream(requests: Any, context: Any) -> AsyncIterator[Any]:
-            await _check(context, role, method)
-            async for response in bidi(requests, context):
-                yield response
-
-        return cast(_Handler, replace(stream_stream=stream_stream))
+    for field in ("unary_stream", "stream_stream"):  # a request (or a stream of them) in
+        behaviour = getattr(handler, field)
+        if behaviour is not None:
+            return cast(_Handler, replace(**{field: _guard_stream(behaviour, role, method)}))
     # nyala has no client-streaming RPC: refuse rather than serve one unchecked.
     raise AssertionError(f"{method}: client-streaming methods are not guarded")
+
+
+def _guard_stream(
+    behaviour: Callable[..., AsyncIterator[Any]], role: Role, method: str
+) -> Callable[..., AsyncIterator[Any]]:
+    """A streaming behaviour (server or bidirectional) with ``_check`` run first."""
+
+    async def guarded(request_or_requests: Any, context: Any) -> AsyncIterator[Any]:
+        await _check(context, role, method)
+        async for response in behaviour(request_or_requests, context):
+            yield response
+
+    return guarded
 
 
 class AuthInterceptor(grpc.aio.ServerInterceptor):
