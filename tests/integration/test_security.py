@@ -212,3 +212,20 @@ def _hello(proxy: BlockingServerProxy, role: str) -> None:
         proxy.call(proxy.master.ConnectToMaster, request, timeout_ms=2_000)
     else:
         proxy.ping(timeout_ms=2_000)
+
+
+def test_three_secure_masters_elect_and_serve(tmp_path: Path) -> None:
+    """The masters' own Raft (the sys catalog) over mutual TLS, peers bound to their UUIDs."""
+    mini = MiniCluster(
+        1,
+        num_masters=3,
+        master_flags=fast_master_flags(),
+        tserver_flags=FAST_TSERVER_FLAGS,
+        secure=True,
+    )
+    with logs_on_failure(mini) as started:
+        assert started.security is not None
+        with nyala.connect(started.master_addrs, credentials=started.security.admin_dir) as c:
+            t = c.create_table("m3", SCHEMA, replicas=1)
+            assert t.insert({"id": [1, 2], "v": ["a", None]}).ok
+            assert len(c.list_masters()) == 3
