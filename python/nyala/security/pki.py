@@ -64,7 +64,8 @@ def fingerprint(cert_pem_data: bytes) -> str:
     return ":".join(f"{b:02X}" for b in digest)
 
 
-def _now() -> datetime.datetime:
+def now_utc() -> datetime.datetime:
+    """The current time, as certificates state theirs."""
     return datetime.datetime.now(datetime.UTC)
 
 
@@ -116,7 +117,7 @@ class ClusterCa:
         """A new self-signed CA."""
         key = new_key()
         name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
-        now = _now()
+        now = now_utc()
         cert = (
             x509.CertificateBuilder()
             .subject_name(name)
@@ -187,7 +188,7 @@ class ClusterCa:
         if identity.kind is Kind.SERVER:
             names.append(x509.DNSName(server_dns_name(identity.name)))
             names.extend(_host_names(hosts))
-        start = not_before or _now() - datetime.timedelta(minutes=5)
+        start = not_before or now_utc() - datetime.timedelta(minutes=5)
         return (
             x509.CertificateBuilder()
             .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, str(identity))]))
@@ -259,7 +260,7 @@ class ClusterCa:
             cert.verify_directly_issued_by(self.cert)
         except (ValueError, TypeError, InvalidSignature):
             raise NotAuthorizedError("the certificate is not signed by this cluster's CA") from None
-        now = _now()
+        now = now_utc()
         if not cert.not_valid_before_utc <= now <= cert.not_valid_after_utc:
             raise NotAuthorizedError("the certificate has expired or is not valid yet")
         return identity_of(cert)
@@ -277,16 +278,19 @@ def identity_of(cert: x509.Certificate) -> Identity:
 
 
 def list_certs(directory: Path) -> list[IssuedCert]:
-    """Every certificate (``*.pem``) under ``directory`` that names a nyala identity."""
+    """Every certificate (``*.pem``) under ``directory``: the CA's (named ``(CA)``) and those
+    that name a nyala identity; other files are skipped."""
     found: list[IssuedCert] = []
     for path in sorted(directory.rglob("*.pem")):
         try:
             cert = x509.load_pem_x509_certificate(path.read_bytes())
+        except ValueError:
+            continue
+        try:
             identity = str(identity_of(cert))
-        except (ValueError, InvalidArgumentError):
-            identity = "(CA)" if path.name == files.CA_CERT else ""
-            if not identity:
+        except InvalidArgumentError:
+            if path.name != files.CA_CERT:
                 continue
-            cert = x509.load_pem_x509_certificate(path.read_bytes())
+            identity = "(CA)"
         found.append(IssuedCert(identity, cert.serial_number, cert.not_valid_after_utc, path))
     return found

@@ -15,6 +15,8 @@ import socket
 import time
 from pathlib import Path
 
+from cryptography import x509
+
 from nyala._proto import master_pb2
 from nyala.errors import IllegalStateError, InvalidArgumentError, NyalaError, RetriableError
 from nyala.rpc import ServerProxy
@@ -49,12 +51,10 @@ def _has_own_certificate(directory: Path, server_uuid: str) -> bool:
     path = directory / files.SERVER_CERT
     if not path.exists() or not (directory / files.SERVER_KEY).exists():
         return False
-    from cryptography import x509
-
     cert = x509.load_pem_x509_certificate(path.read_bytes())
     if pki.identity_of(cert) != Identity(Kind.SERVER, server_uuid):
         return False
-    remaining_s = (cert.not_valid_after_utc - pki._now()).total_seconds()
+    remaining_s = (cert.not_valid_after_utc - pki.now_utc()).total_seconds()
     return remaining_s > RENEW_BEFORE_S
 
 
