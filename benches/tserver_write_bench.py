@@ -49,7 +49,7 @@ import numpy as np
 
 import nyala
 from nyala._proto import common_pb2, tserver_pb2
-from nyala.client.write import _Request
+from nyala.client.write import _Request, _Shape
 from nyala.errors import AbortedError, RetriableError, TimedOutError, WrongServerUuidError
 from nyala.rowops import encode, make_op_batch
 from nyala.rpc import ServerProxy
@@ -202,6 +202,13 @@ def _client_writes(
     count = max(50, PREENCODED_BATCHES // rows)
     payloads = [_ops(range(k * rows, (k + 1) * rows)) for k in range(count)]
     positions = np.arange(rows)
+    # Upserts of every column (what ``Table.upsert`` would send for these rows).
+    shape = _Shape(
+        columns=tuple((c.name, c.arrow_type) for c in SCHEMA.columns),
+        has_updates=True,
+        only_deletes=False,
+    )
+    version = info.schema.version
     calls_before = sum(p.calls_sent for p in writer._pipes.values())
     writes_before = sum(p.writes_sent for p in writer._pipes.values())
     latencies: list[list[float]] = [[] for _ in range(threads)]
@@ -211,11 +218,15 @@ def _client_writes(
         mine = latencies[k]
         i = k
         while time.perf_counter() < stop:
-            request = _Request(tablet_id, writer.requests.new(), payloads[i % count], positions)
+            request = _Request(
+                tablet_id, writer.requests.new(), payloads[i % count], positions, shape, version
+            )
             i += threads
             began = time.perf_counter()
-            row_errors = writer._send_all(info, [request], time.monotonic() + 60)
-            assert not row_errors, row_errors[:3]
+            (settled,) = writer._send_all(info, [request], time.monotonic() + 60)
+            assert settled.error is None, settled.error
+            assert settled.response is not None
+            assert not settled.response.per_row_errors, settled.response.per_row_errors[:3]
             mine.append((time.perf_counter() - began) * 1000)
 
     started = time.perf_counter()

@@ -247,8 +247,14 @@ def start_detached(
         record.pid = proc.pid
     _save(directory, servers)
     credentials = None if security is None else security.admin_dir
+    deadline = time.monotonic() + START_TIMEOUT_S
     _wait_for_leader(master_addrs, START_TIMEOUT_S, credentials)
-    return status(directory)
+    # Tablet servers answer a little after the leader master (a secure one enrolls first).
+    doc = status(directory)
+    while not doc["healthy"] and time.monotonic() < deadline:
+        time.sleep(0.2)
+        doc = status(directory)
+    return doc
 
 
 def _wait_for_leader(masters: str, timeout_s: float, credentials: Path | None) -> None:
