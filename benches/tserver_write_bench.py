@@ -22,7 +22,8 @@ Then (c) the client phases again against a secure cluster (mutual TLS on every R
 caller's role checked on every call: docs/security.md), started the same way right after:
 ``secure_single_row_ops_per_s``, ``secure_batched_rows_per_s`` and their ratios to the
 insecure figures, ``secure_single_ratio`` and ``secure_batched_ratio`` (target, issue 36:
->= 0.85 each).
+>= 0.85 each), and the Ping baseline over TLS, ``secure_ping_ratio`` (the RPC layer's own
+cost of TLS and the role check).
 
 The last line printed is one JSON object (DESIGN.md §9) with ``single_row_ops_per_s``,
 ``batched_rows_per_s``, ``p99_ms_single`` and the baseline. Targets (issue 7):
@@ -137,7 +138,7 @@ class Leader:
         if ts.uuid != self.uuid:
             self.changes += 1
         if ts.uuid != self.uuid or self.proxy is None:
-            self.uuid, self.proxy = ts.uuid, ServerProxy(ts.rpc_addr)
+            self.uuid, self.proxy = ts.uuid, ServerProxy(ts.rpc_addr, self.cluster.rpc_settings)
         assert self.proxy is not None
         return self.proxy
 
@@ -337,6 +338,16 @@ def _measure_client(
     }
 
 
+async def _secure_pings(cluster: MiniCluster, tablet_id: str, seconds: float) -> float:
+    """The RPC round trip alone (Ping), over mutual TLS with the role check."""
+    leader = Leader(cluster, tablet_id)
+    proxy = await leader.find()
+    try:
+        return await _pings(proxy, leader.uuid, WRITERS, seconds)
+    finally:
+        await proxy.close()
+
+
 def _measure_secure(seconds: float, insecure: dict[str, Any]) -> dict[str, Any]:
     """The client phases against a secure cluster, and their ratios to ``insecure``'s."""
     with MiniCluster(3, num_masters=1, secure=True) as cluster:
@@ -347,8 +358,11 @@ def _measure_secure(seconds: float, insecure: dict[str, Any]) -> dict[str, Any]:
         ) as client:
             table = client.create_table("bench", SCHEMA, replicas=3)
             secure = _measure_client(cluster, client, table, seconds)
+            ping_ops = asyncio.run(_secure_pings(cluster, table.tablets()[0].tablet_id, seconds))
     single, batched = secure["single_row_ops_per_s"], secure["batched_rows_per_s"]
     return {
+        "secure_baseline_ping_ops_per_s": round(ping_ops),
+        "secure_ping_ratio": round(ping_ops / max(1, insecure["baseline_ping_ops_per_s"]), 3),
         "secure_single_row_ops_per_s": single,
         "secure_p99_ms_single": secure["p99_ms_single"],
         "secure_server_cpu_ms_per_single_op": secure["server_cpu_ms_per_single_op"],
