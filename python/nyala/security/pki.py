@@ -112,6 +112,11 @@ class ClusterCa:
     def cert_pem(self) -> bytes:
         return cert_pem(self.cert)
 
+    @property
+    def private_key(self) -> ec.EllipticCurvePrivateKey:
+        """The CA's key: signs certificates and authorization tokens (never leaves a master)."""
+        return self._key
+
     @classmethod
     def create(cls, common_name: str = "nyala cluster CA") -> ClusterCa:
         """A new self-signed CA."""
