@@ -5,7 +5,10 @@ credential. One secure cluster (1 master, 3 tablet servers) serves the module.
 
 from __future__ import annotations
 
+import base64
 import datetime
+import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,11 +16,13 @@ import pytest
 
 import nyala
 from nyala import errors
-from nyala._proto import consensus_pb2, master_pb2, tserver_admin_pb2
+from nyala._proto import consensus_pb2, master_pb2, tserver_admin_pb2, tserver_pb2
 from nyala.rpc import BlockingServerProxy
+from nyala.rpc.errors import raise_for_response
 from nyala.rpc.settings import RpcSettings
 from nyala.security import files, pki
 from nyala.security.identity import Identity, Kind
+from nyala.security.tokens import AuthzToken, Privilege, sign_token
 from nyala.testing import MiniCluster, logs_on_failure
 from nyala.testing.mini_cluster import FAST_TSERVER_FLAGS, fast_master_flags
 from nyala.testing.security import ClusterSecurity
@@ -63,6 +68,8 @@ def test_a_user_with_a_certificate_writes_and_scans_over_tls(
     cluster: MiniCluster, security: ClusterSecurity, table: str
 ) -> None:
     alice = security.credentials("alice")
+    with nyala.connect(cluster.master_addrs, credentials=security.admin_dir) as admin:
+        admin.grant(table, "alice", "select,insert,update")
     with nyala.connect(cluster.master_addrs, credentials=alice) as client:
         t = client.table(table)
         assert t.upsert({"id": [10], "v": ["x"]}).ok
@@ -229,3 +236,100 @@ def test_three_secure_masters_elect_and_serve(tmp_path: Path) -> None:
             t = c.create_table("m3", SCHEMA, replicas=1)
             assert t.insert({"id": [1, 2], "v": ["a", None]}).ok
             assert len(c.list_masters()) == 3
+
+
+# --- table privileges (authz tokens) ----------------------------------------------------------
+
+#: Authz tokens live this long on the privileges cluster (REVOKE takes effect within it).
+TOKEN_VALIDITY_MS = 3_000
+
+
+@pytest.fixture(scope="module")
+def authz_cluster() -> Iterator[MiniCluster]:
+    mini = MiniCluster(
+        1,
+        num_masters=1,
+        master_flags=fast_master_flags("--authz-token-validity-ms", str(TOKEN_VALIDITY_MS)),
+        tserver_flags=FAST_TSERVER_FLAGS,
+        secure=True,
+    )
+    with logs_on_failure(mini) as started:
+        yield started
+
+
+def test_privileges_decide_who_reads_and_writes(authz_cluster: MiniCluster) -> None:
+    security = authz_cluster.security
+    assert security is not None
+    masters = authz_cluster.master_addrs
+    alice, bob = security.credentials("alice"), security.credentials("bob")
+    with nyala.connect(masters, credentials=alice) as owner:
+        owned = owner.create_table("owned", SCHEMA, replicas=1)
+        assert owned.insert({"id": [1, 2], "v": ["a", "b"]}).ok  # the owner has ALL
+        with nyala.connect(masters, credentials=bob) as other:
+            with pytest.raises(errors.NotAuthorizedError, match="SELECT"):
+                other.table("owned").scan().to_arrow()
+            with pytest.raises(errors.NotAuthorizedError, match="INSERT"):
+                other.table("owned").insert({"id": [3]})
+            with pytest.raises(errors.NotAuthorizedError, match="lacks"):
+                other.delete_table("owned")
+            with pytest.raises(errors.NotAuthorizedError, match="owner"):
+                other.grant("owned", "bob", "all")
+
+            assert owner.grant("owned", "bob", "select,insert") == "SELECT,INSERT"
+            time.sleep(TOKEN_VALIDITY_MS / 2 / 1000)  # bob's cached locations (and token) end
+            assert other.table("owned").scan().to_arrow().num_rows == 2
+            assert other.table("owned").insert({"id": [3]}).ok
+            with pytest.raises(errors.NotAuthorizedError, match="UPDATE"):
+                other.table("owned").upsert({"id": [1]})  # an upsert needs UPDATE too
+            with pytest.raises(errors.NotAuthorizedError, match="DELETE"):
+                other.table("owned").delete({"id": [1]})
+
+            assert owner.revoke("owned", "bob", "select") == "INSERT"
+            time.sleep(TOKEN_VALIDITY_MS / 1000)  # within one token lifetime
+            with pytest.raises(errors.NotAuthorizedError, match="SELECT"):
+                other.table("owned").scan().to_arrow()
+            assert owner.table("owned").scan().to_arrow().num_rows == 3
+
+
+def test_forged_foreign_or_wrong_table_tokens_are_refused(
+    authz_cluster: MiniCluster, tmp_path: Path
+) -> None:
+    security = authz_cluster.security
+    assert security is not None
+    masters = authz_cluster.master_addrs
+    with nyala.connect(masters, credentials=security.admin_dir) as admin:
+        admin.create_table("tokens_a", SCHEMA, replicas=1)
+        admin.create_table("tokens_b", SCHEMA, replicas=1)
+        admin.grant("tokens_a", "dave", "all")
+        tablet_b = admin.table("tokens_b").tablets()[0].tablet_id
+    dave = security.credentials("dave")
+    with nyala.connect(masters, credentials=dave) as client:
+        token_a = client._cache.locations(client._cache.table("tokens_a")).authz_token
+    assert token_a
+    other = ClusterSecurity(tmp_path / "other")
+    table_a = json.loads(base64.urlsafe_b64decode(token_a.split(b".")[0] + b"=="))["table_id"]
+    forged = sign_token(
+        other.ca.private_key,
+        AuthzToken("dave", table_a, Privilege.ALL, int(time.time() * 1000) + 60_000),
+    )
+    ts = authz_cluster.tservers[0]
+    settings = RpcSettings(tls=files.load_client_tls(dave))
+    with BlockingServerProxy(ts.rpc_addr, settings) as proxy:
+        cases = [
+            (b"", "no authorization token"),
+            (forged, "not signed"),
+            (token_a, "another table"),
+            (token_a[:-3], "malformed|not signed"),
+        ]
+        for token, reason in cases:
+            scan = tserver_pb2.ScanRequestPB(
+                dest_uuid=ts.uuid or "",
+                new_scan=tserver_pb2.NewScanRequestPB(tablet_id=tablet_b, authz_token=token),
+            )
+            with pytest.raises(errors.NotAuthorizedError, match=reason):
+                _scan(proxy, scan)
+
+
+def _scan(proxy: BlockingServerProxy, request: tserver_pb2.ScanRequestPB) -> None:
+    for answer in proxy.tablet.Scan(request, timeout=5):
+        raise_for_response(answer)

@@ -55,6 +55,7 @@ class MasterServiceStub:
     GetTableStatistics: _grpc.UnaryUnaryMultiCallable[_master_pb2.GetTableStatisticsRequestPB, _master_pb2.GetTableStatisticsResponsePB]
     ListTables: _grpc.UnaryUnaryMultiCallable[_master_pb2.ListTablesRequestPB, _master_pb2.ListTablesResponsePB]
     ListTabletServers: _grpc.UnaryUnaryMultiCallable[_master_pb2.ListTabletServersRequestPB, _master_pb2.ListTabletServersResponsePB]
+    SetTablePrivileges: _grpc.UnaryUnaryMultiCallable[_master_pb2.SetTablePrivilegesRequestPB, _master_pb2.SetTablePrivilegesResponsePB]
     ListMasters: _grpc.UnaryUnaryMultiCallable[_master_pb2.ListMastersRequestPB, _master_pb2.ListMastersResponsePB]
     AddMaster: _grpc.UnaryUnaryMultiCallable[_master_pb2.AddMasterRequestPB, _master_pb2.AddMasterResponsePB]
     RemoveMaster: _grpc.UnaryUnaryMultiCallable[_master_pb2.RemoveMasterRequestPB, _master_pb2.RemoveMasterResponsePB]
@@ -82,6 +83,7 @@ class MasterServiceAsyncStub(MasterServiceStub):
     GetTableStatistics: _aio.UnaryUnaryMultiCallable[_master_pb2.GetTableStatisticsRequestPB, _master_pb2.GetTableStatisticsResponsePB]  # type: ignore[assignment]
     ListTables: _aio.UnaryUnaryMultiCallable[_master_pb2.ListTablesRequestPB, _master_pb2.ListTablesResponsePB]  # type: ignore[assignment]
     ListTabletServers: _aio.UnaryUnaryMultiCallable[_master_pb2.ListTabletServersRequestPB, _master_pb2.ListTabletServersResponsePB]  # type: ignore[assignment]
+    SetTablePrivileges: _aio.UnaryUnaryMultiCallable[_master_pb2.SetTablePrivilegesRequestPB, _master_pb2.SetTablePrivilegesResponsePB]  # type: ignore[assignment]
     ListMasters: _aio.UnaryUnaryMultiCallable[_master_pb2.ListMastersRequestPB, _master_pb2.ListMastersResponsePB]  # type: ignore[assignment]
     AddMaster: _aio.UnaryUnaryMultiCallable[_master_pb2.AddMasterRequestPB, _master_pb2.AddMasterResponsePB]  # type: ignore[assignment]
     RemoveMaster: _aio.UnaryUnaryMultiCallable[_master_pb2.RemoveMasterRequestPB, _master_pb2.RemoveMasterResponsePB]  # type: ignore[assignment]
@@ -184,6 +186,13 @@ class MasterServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _master_pb2.ListTabletServersRequestPB,
         context: _ServicerContext,
     ) -> _typing.Union[_master_pb2.ListTabletServersResponsePB, _abc.Awaitable[_master_pb2.ListTabletServersResponsePB]]: ...
+
+    @_abc_1.abstractmethod
+    def SetTablePrivileges(
+        self,
+        request: _master_pb2.SetTablePrivilegesRequestPB,
+        context: _ServicerContext,
+    ) -> _typing.Union[_master_pb2.SetTablePrivilegesResponsePB, _abc.Awaitable[_master_pb2.SetTablePrivilegesResponsePB]]: ...
 
     @_abc_1.abstractmethod
     def ListMasters(

@@ -231,6 +231,35 @@ def delete(name: str, masters: str, fmt: str) -> None:
     emit_one({"deleted": name}, fmt)
 
 
+@group.command(name="grant")
+@click.argument("name")
+@click.argument("user")
+@click.argument("privileges")
+@masters_option
+@format_option
+@one_line
+def grant(name: str, user: str, privileges: str, masters: str, fmt: str) -> None:
+    """GRANT PRIVILEGES (select,insert,update,delete,alter,drop or all) on table NAME to
+    USER (a secure cluster: the owner or an admin; docs/security.md)."""
+    with client_for(masters) as client:
+        now = client.grant(name, user, privileges)
+    emit_one({"table": name, "user": user, "privileges": now}, fmt)
+
+
+@group.command(name="revoke")
+@click.argument("name")
+@click.argument("user")
+@click.argument("privileges")
+@masters_option
+@format_option
+@one_line
+def revoke(name: str, user: str, privileges: str, masters: str, fmt: str) -> None:
+    """REVOKE PRIVILEGES on table NAME from USER."""
+    with client_for(masters) as client:
+        now = client.revoke(name, user, privileges)
+    emit_one({"table": name, "user": user, "privileges": now}, fmt)
+
+
 @group.command(name="rename")
 @click.argument("old")
 @click.argument("new")

@@ -37,6 +37,7 @@ from nyala.rpc.schema_pb import column_to_pb, schema_to_pb
 from nyala.rpc.settings import RpcSettings
 from nyala.schema import Column, Schema, default_to_json
 from nyala.security.files import credentials_from_env, load_client_tls
+from nyala.security.tokens import Privilege
 
 #: Client RPC deadline and admin (DDL) deadline, in milliseconds (DESIGN.md §8).
 CLIENT_TIMEOUT_MS = 10_000
@@ -222,6 +223,31 @@ class Client:
         )
         self._master_call(lambda s: s.master.DeleteTable, request, admin=True)
         self._cache.forget_table(name)
+
+    def grant(self, table: str, user: str, privileges: str) -> str:
+        """GRANT ``privileges`` (``"select,insert"``; SELECT, INSERT, UPDATE, DELETE, ALTER,
+        DROP, ALL) on ``table`` to ``user`` (a secure cluster; by the table's owner or an
+        admin); returns the user's privileges now. Tablet servers see the change within one
+        authz token lifetime (``authz_token_validity_ms``)."""
+        return self._set_privileges(table, user, privileges, revoke=False)
+
+    def revoke(self, table: str, user: str, privileges: str) -> str:
+        """REVOKE ``privileges`` on ``table`` from ``user``; as ``grant``."""
+        return self._set_privileges(table, user, privileges, revoke=True)
+
+    def _set_privileges(self, table: str, user: str, privileges: str, *, revoke: bool) -> str:
+        try:
+            mask = Privilege.parse(privileges)
+        except ValueError as exc:
+            raise errors.InvalidArgumentError(str(exc)) from None
+        request = master_pb2.SetTablePrivilegesRequestPB(
+            table=master_pb2.TableIdentifierPB(table_name=table),
+            user=user,
+            privileges=int(mask),
+            revoke=revoke,
+        )
+        response = self._master_call(lambda s: s.master.SetTablePrivileges, request, admin=True)
+        return Privilege(response.privileges).describe()
 
     def list_tables(self, name_filter: str = "") -> list[dict[str, Any]]:
         """Live tables, sorted by name: id, name, tablets, replicas, state, schema version."""

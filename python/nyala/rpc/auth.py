@@ -44,6 +44,7 @@ METHOD_ROLES: dict[str, Role] = {
     "MasterService.ListTables": Role.USER,
     "MasterService.ListTabletServers": Role.USER,
     "MasterService.ListMasters": Role.USER,
+    "MasterService.SetTablePrivileges": Role.USER,  # the table's owner or an admin
     "MasterService.AddMaster": Role.ADMIN,
     "MasterService.RemoveMaster": Role.ADMIN,
     "MasterService.AddReplica": Role.ADMIN,

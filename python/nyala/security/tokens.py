@@ -41,6 +41,11 @@ class Privilege(enum.IntFlag):
     DROP = 32
     ALL = 63
 
+    def describe(self) -> str:
+        """``"SELECT,INSERT"``; ``"NONE"`` for no privilege."""
+        names = [p.name for p in Privilege if p in self and p is not Privilege.ALL]
+        return ",".join(n for n in names if n) or "NONE"
+
     @classmethod
     def parse(cls, text: str) -> Privilege:
         """``"select,insert"`` (any case) as a mask; a ``ValueError`` names the choices."""

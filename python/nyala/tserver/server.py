@@ -21,11 +21,13 @@ from nyala.consensus.types import Role
 from nyala.errors import ServiceUnavailableError
 from nyala.rpc import HttpResponse, HttpServer, RpcServer
 from nyala.rpc.settings import MIB
+from nyala.security.tokens import TokenVerifier
 from nyala.server.base import ServerBase
 from nyala.server.consensus_service import ConsensusService, add_consensus_service
 from nyala.server.security import enroll_tserver
 from nyala.server.tablet_copy import TabletCopy, add_tablet_copy_service
 from nyala.tablet.replica import TabletReplica
+from nyala.tserver.authz import TabletAuthorizer
 from nyala.tserver.heartbeater import Heartbeater
 from nyala.tserver.scanners import ScannerRegistry
 from nyala.tserver.services import AdminService, TabletService
@@ -223,6 +225,14 @@ class TabletServer(ServerBase):
         if replica is not None:
             await replica.stop_consensus()
 
+    def _authorizer(self) -> TabletAuthorizer | None:
+        """The table-privilege check of a secure server (None: insecure)."""
+        tls = self.settings.rpc_settings().tls
+        if tls is None:
+            return None
+        assert self.tablets is not None
+        return TabletAuthorizer(TokenVerifier(tls.ca_pem), self.tablets)
+
     def _build_rpc_server(self) -> RpcServer:
         assert self.tablets is not None, "tablets are opened before the RPC server is built"
         server = RpcServer(self.settings.rpc_bind, self.settings.rpc_settings())
@@ -235,6 +245,7 @@ class TabletServer(ServerBase):
                 self.tablets,
                 self.scanners,
                 self.settings.scan_batch_bytes_max,
+                self._authorizer(),
             ),
         )
         server.add_service(

@@ -38,6 +38,7 @@ from nyala.tablet import DataState, TabletManager
 from nyala.tablet.applier import WriteOutcome
 from nyala.tablet.replica import TabletReplica
 from nyala.tablet.write_entry import RequestId
+from nyala.tserver.authz import TabletAuthorizer
 from nyala.tserver.scanners import Scanner, ScannerRegistry
 from nyala.tserver.tablet_meta import TabletReport
 
@@ -152,12 +153,14 @@ class TabletService(ServiceBase, tserver_pb2_grpc.TabletServiceServicer):
         tablets: TabletManager,
         scanners: ScannerRegistry,
         scan_batch_bytes_max: int = SCAN_BATCH_BYTES_MAX_DEFAULT,
+        authz: TabletAuthorizer | None = None,
     ) -> None:
         super().__init__(server_uuid, metrics)
         self._started_s = started_s  # time.monotonic() when the server started serving
         self._tablets = tablets
         self._scanners = scanners
         self._scan_batch_bytes_max = scan_batch_bytes_max
+        self._authz = authz  # table privileges (None: an insecure server checks none)
 
     @unary(tserver_pb2.PingResponsePB, allow_empty_dest=True)
     async def Ping(
@@ -191,6 +194,8 @@ class TabletService(ServiceBase, tserver_pb2_grpc.TabletServiceServicer):
         for i, sub in enumerate(subs):
             try:  # the decorator checked the call's dest_uuid; each write names its own
                 check_dest_uuid(sub.dest_uuid, self.server_uuid)
+                if self._authz is not None:
+                    self._authz.check_write(sub)
             except NyalaError as exc:
                 results[i] = exc
                 continue
@@ -233,6 +238,8 @@ class TabletService(ServiceBase, tserver_pb2_grpc.TabletServiceServicer):
         )
 
     async def _write(self, request: tserver_pb2.WriteRequestPB) -> tserver_pb2.WriteResponsePB:
+        if self._authz is not None:
+            self._authz.check_write(request)
         replica = self._tablets.replica(request.tablet_id)
         outcome = await replica.write(_request_id(request), request.schema_version, request.ops)
         return _write_response(outcome)
@@ -289,6 +296,8 @@ class TabletService(ServiceBase, tserver_pb2_grpc.TabletServiceServicer):
         not), and registers it with pages of ``batch_size_bytes`` (capped by
         ``scan_batch_bytes_max``; fixed for the scanner's life). Key bounds, predicates,
         projection and the limit are applied in storage."""
+        if self._authz is not None:
+            self._authz.check_scan(scan)
         replica = self._tablets.replica(scan.tablet_id)
         bounds = {
             "lower_bound": _key_bound(scan.lower_bound_key, "lower"),
