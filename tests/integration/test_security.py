@@ -333,3 +333,20 @@ def test_forged_foreign_or_wrong_table_tokens_are_refused(
 def _scan(proxy: BlockingServerProxy, request: tserver_pb2.ScanRequestPB) -> None:
     for answer in proxy.tablet.Scan(request, timeout=5):
         raise_for_response(answer)
+
+
+def test_a_long_running_writer_outlives_its_tokens(authz_cluster: MiniCluster) -> None:
+    """Tokens expire every TOKEN_VALIDITY_MS; the client renews them with the locations, so a
+    writer that runs for several lifetimes never sees a refusal."""
+    security = authz_cluster.security
+    assert security is not None
+    erin = security.credentials("erin")
+    with nyala.connect(authz_cluster.master_addrs, credentials=erin) as client:
+        table = client.create_table("long_writer", SCHEMA, replicas=1)
+        deadline = time.monotonic() + 3 * TOKEN_VALIDITY_MS / 1000
+        written = 0
+        while time.monotonic() < deadline:
+            assert table.upsert({"id": [written], "v": ["x"]}).ok
+            written += 1
+            time.sleep(0.02)
+        assert table.scan().to_arrow().num_rows == written
