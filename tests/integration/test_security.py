@@ -13,10 +13,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
 import nyala
 from nyala import errors
 from nyala._proto import consensus_pb2, master_pb2, tserver_admin_pb2, tserver_pb2
+from nyala.cli import main
 from nyala.rpc import BlockingServerProxy
 from nyala.rpc.errors import raise_for_response
 from nyala.rpc.settings import RpcSettings
@@ -30,17 +32,21 @@ from nyala.testing.security import ClusterSecurity
 SCHEMA = nyala.Schema.parse("id:int64, v:string?", key=["id"])
 
 
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[MiniCluster]:
+def _secure_cluster(tservers: int, *master_flags: str) -> Iterator[MiniCluster]:
     mini = MiniCluster(
-        3,
+        tservers,
         num_masters=1,
-        master_flags=fast_master_flags(),
+        master_flags=fast_master_flags(*master_flags),
         tserver_flags=FAST_TSERVER_FLAGS,
         secure=True,
     )
     with logs_on_failure(mini) as started:
         yield started
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[MiniCluster]:
+    yield from _secure_cluster(3)
 
 
 @pytest.fixture(scope="module")
@@ -246,15 +252,7 @@ TOKEN_VALIDITY_MS = 3_000
 
 @pytest.fixture(scope="module")
 def authz_cluster() -> Iterator[MiniCluster]:
-    mini = MiniCluster(
-        1,
-        num_masters=1,
-        master_flags=fast_master_flags("--authz-token-validity-ms", str(TOKEN_VALIDITY_MS)),
-        tserver_flags=FAST_TSERVER_FLAGS,
-        secure=True,
-    )
-    with logs_on_failure(mini) as started:
-        yield started
+    yield from _secure_cluster(1, "--authz-token-validity-ms", str(TOKEN_VALIDITY_MS))
 
 
 def test_privileges_decide_who_reads_and_writes(authz_cluster: MiniCluster) -> None:
@@ -350,3 +348,28 @@ def test_a_long_running_writer_outlives_its_tokens(authz_cluster: MiniCluster) -
             written += 1
             time.sleep(0.02)
         assert table.scan().to_arrow().num_rows == written
+
+
+def test_grant_and_revoke_on_the_command_line(authz_cluster: MiniCluster) -> None:
+    security = authz_cluster.security
+    assert security is not None
+    env = {
+        "NYALA_MASTERS": ",".join(authz_cluster.master_addrs),
+        "NYALA_CREDENTIALS": str(security.admin_dir),
+    }
+    runner = CliRunner(env=env)
+    created = runner.invoke(
+        main, ["table", "create", "cli_t", "--schema", "id:int64", "--key", "id", "--replicas", "1"]
+    )
+    assert created.exit_code == 0, created.stderr
+    granted = runner.invoke(
+        main, ["table", "grant", "cli_t", "frank", "select,update", "--format", "json"]
+    )
+    assert json.loads(granted.stdout)["privileges"] == "SELECT,UPDATE"
+    revoked = runner.invoke(
+        main, ["table", "revoke", "cli_t", "frank", "update", "--format", "json"]
+    )
+    assert json.loads(revoked.stdout)["privileges"] == "SELECT"
+    bad = runner.invoke(main, ["table", "grant", "cli_t", "frank", "read"])
+    assert bad.exit_code == 1
+    assert "unknown privilege 'read'" in bad.stderr

@@ -231,33 +231,30 @@ def delete(name: str, masters: str, fmt: str) -> None:
     emit_one({"deleted": name}, fmt)
 
 
-@group.command(name="grant")
-@click.argument("name")
-@click.argument("user")
-@click.argument("privileges")
-@masters_option
-@format_option
-@one_line
-def grant(name: str, user: str, privileges: str, masters: str, fmt: str) -> None:
-    """GRANT PRIVILEGES (select,insert,update,delete,alter,drop or all) on table NAME to
-    USER (a secure cluster: the owner or an admin; docs/security.md)."""
-    with client_for(masters) as client:
-        now = client.grant(name, user, privileges)
-    emit_one({"table": name, "user": user, "privileges": now}, fmt)
+def _privileges_command(name: str, revoke: bool, help_text: str) -> None:
+    """Registers ``nyala table grant`` or ``revoke`` (one shape, one direction each)."""
+
+    @group.command(name=name, help=help_text)
+    @click.argument("table")
+    @click.argument("user")
+    @click.argument("privileges")
+    @masters_option
+    @format_option
+    @one_line
+    def command(table: str, user: str, privileges: str, masters: str, fmt: str) -> None:
+        with client_for(masters) as client:
+            change = client.revoke if revoke else client.grant
+            now = change(table, user, privileges)
+        emit_one({"table": table, "user": user, "privileges": now}, fmt)
 
 
-@group.command(name="revoke")
-@click.argument("name")
-@click.argument("user")
-@click.argument("privileges")
-@masters_option
-@format_option
-@one_line
-def revoke(name: str, user: str, privileges: str, masters: str, fmt: str) -> None:
-    """REVOKE PRIVILEGES on table NAME from USER."""
-    with client_for(masters) as client:
-        now = client.revoke(name, user, privileges)
-    emit_one({"table": name, "user": user, "privileges": now}, fmt)
+_privileges_command(
+    "grant",
+    False,
+    "GRANT PRIVILEGES (select,insert,update,delete,alter,drop or all) on TABLE to USER "
+    "(a secure cluster: the table's owner or an admin; docs/security.md).",
+)
+_privileges_command("revoke", True, "REVOKE PRIVILEGES on TABLE from USER.")
 
 
 @group.command(name="rename")
