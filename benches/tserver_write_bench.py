@@ -211,6 +211,7 @@ def _client_writes(
         only_deletes=False,
     )
     version = info.schema.version
+    token = writer.cache.locations(info).authz_token  # a secure cluster's (5 min: a whole run)
     calls_before = sum(p.calls_sent for p in writer._pipes.values())
     writes_before = sum(p.writes_sent for p in writer._pipes.values())
     latencies: list[list[float]] = [[] for _ in range(threads)]
@@ -221,7 +222,13 @@ def _client_writes(
         i = k
         while time.perf_counter() < stop:
             request = _Request(
-                tablet_id, writer.requests.new(), payloads[i % count], positions, shape, version
+                tablet_id,
+                writer.requests.new(),
+                payloads[i % count],
+                positions,
+                shape,
+                version,
+                authz_token=token,
             )
             i += threads
             began = time.perf_counter()
