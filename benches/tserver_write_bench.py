@@ -18,6 +18,14 @@ through it):
   threads through the client (a single sequential writer is latency-bound: every batch waits
   for an fsync on a majority), and ``batched_rows_per_s_one_writer`` from one writer.
 
+Then (c) the client phases again against a secure cluster (mutual TLS on every RPC, the
+caller's role checked on every call, and the table privileges of a user's authz token on
+every write: docs/security.md), started the same way right after:
+``secure_single_row_ops_per_s``, ``secure_batched_rows_per_s`` and their ratios to the
+insecure figures, ``secure_single_ratio`` and ``secure_batched_ratio`` (target, issue 36:
+>= 0.85 each), and the Ping baseline over TLS, ``secure_ping_ratio`` (the RPC layer's own
+cost of TLS and the role check).
+
 The last line printed is one JSON object (DESIGN.md §9) with ``single_row_ops_per_s``,
 ``batched_rows_per_s``, ``p99_ms_single`` and the baseline. Targets (issue 7):
 ``single_row_ops_per_s >= 3000`` and ``batched_rows_per_s >= 300000``.
@@ -43,7 +51,7 @@ import numpy as np
 
 import nyala
 from nyala._proto import common_pb2, tserver_pb2
-from nyala.client.write import _Request
+from nyala.client.write import _Request, _Shape
 from nyala.errors import AbortedError, RetriableError, TimedOutError, WrongServerUuidError
 from nyala.rowops import encode, make_op_batch
 from nyala.rpc import ServerProxy
@@ -131,7 +139,7 @@ class Leader:
         if ts.uuid != self.uuid:
             self.changes += 1
         if ts.uuid != self.uuid or self.proxy is None:
-            self.uuid, self.proxy = ts.uuid, ServerProxy(ts.rpc_addr)
+            self.uuid, self.proxy = ts.uuid, ServerProxy(ts.rpc_addr, self.cluster.rpc_settings)
         assert self.proxy is not None
         return self.proxy
 
@@ -196,6 +204,14 @@ def _client_writes(
     count = max(50, PREENCODED_BATCHES // rows)
     payloads = [_ops(range(k * rows, (k + 1) * rows)) for k in range(count)]
     positions = np.arange(rows)
+    # Upserts of every column (what ``Table.upsert`` would send for these rows).
+    shape = _Shape(
+        columns=tuple((c.name, c.arrow_type) for c in SCHEMA.columns),
+        has_updates=True,
+        only_deletes=False,
+    )
+    version = info.schema.version
+    token = writer.cache.locations(info).authz_token  # a secure cluster's (5 min: a whole run)
     calls_before = sum(p.calls_sent for p in writer._pipes.values())
     writes_before = sum(p.writes_sent for p in writer._pipes.values())
     latencies: list[list[float]] = [[] for _ in range(threads)]
@@ -205,11 +221,21 @@ def _client_writes(
         mine = latencies[k]
         i = k
         while time.perf_counter() < stop:
-            request = _Request(tablet_id, writer.requests.new(), payloads[i % count], positions)
+            request = _Request(
+                tablet_id,
+                writer.requests.new(),
+                payloads[i % count],
+                positions,
+                shape,
+                version,
+                authz_token=token,
+            )
             i += threads
             began = time.perf_counter()
-            row_errors = writer._send_all(info, [request], time.monotonic() + 60)
-            assert not row_errors, row_errors[:3]
+            (settled,) = writer._send_all(info, [request], time.monotonic() + 60)
+            assert settled.error is None, settled.error
+            assert settled.response is not None
+            assert not settled.response.per_row_errors, settled.response.per_row_errors[:3]
             mine.append((time.perf_counter() - began) * 1000)
 
     started = time.perf_counter()
@@ -320,6 +346,41 @@ def _measure_client(
     }
 
 
+async def _secure_pings(cluster: MiniCluster, tablet_id: str, seconds: float) -> float:
+    """The RPC round trip alone (Ping), over mutual TLS with the role check."""
+    leader = Leader(cluster, tablet_id)
+    proxy = await leader.find()
+    try:
+        return await _pings(proxy, leader.uuid, WRITERS, seconds)
+    finally:
+        await proxy.close()
+
+
+def _measure_secure(seconds: float, insecure: dict[str, Any]) -> dict[str, Any]:
+    """The client phases against a secure cluster, and their ratios to ``insecure``'s."""
+    with MiniCluster(3, num_masters=1, secure=True) as cluster:
+        assert cluster.security is not None
+        # A user, not an admin: its writes carry an authz token that the servers check.
+        credentials = cluster.security.credentials("bench")
+        with nyala.connect(
+            cluster.master_addrs, timeout_ms=60_000, credentials=credentials
+        ) as client:
+            table = client.create_table("bench", SCHEMA, replicas=3)
+            secure = _measure_client(cluster, client, table, seconds)
+            ping_ops = asyncio.run(_secure_pings(cluster, table.tablets()[0].tablet_id, seconds))
+    single, batched = secure["single_row_ops_per_s"], secure["batched_rows_per_s"]
+    return {
+        "secure_baseline_ping_ops_per_s": round(ping_ops),
+        "secure_ping_ratio": round(ping_ops / max(1, insecure["baseline_ping_ops_per_s"]), 3),
+        "secure_single_row_ops_per_s": single,
+        "secure_p99_ms_single": secure["p99_ms_single"],
+        "secure_server_cpu_ms_per_single_op": secure["server_cpu_ms_per_single_op"],
+        "secure_batched_rows_per_s": batched,
+        "secure_single_ratio": round(single / max(1, insecure["single_row_ops_per_s"]), 3),
+        "secure_batched_ratio": round(batched / max(1, insecure["batched_rows_per_s"]), 3),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="short phases (< 2 minutes)")
@@ -334,6 +395,7 @@ def main() -> None:
         tablet_id = table.tablets()[0].tablet_id
         result = _measure_client(cluster, client, table, seconds)
         result.update(asyncio.run(_measure_raw(cluster, tablet_id, seconds)))
+    result.update(_measure_secure(seconds, result))
     result.update(
         {
             "bench": "tserver_write",
@@ -342,6 +404,7 @@ def main() -> None:
             "phase_s": seconds,
             "target_single_row_ops_per_s": 3000,
             "target_batched_rows_per_s": 300000,
+            "target_secure_ratio": 0.85,
         }
     )
     print(
@@ -349,7 +412,10 @@ def main() -> None:
         f"{result['single_row_ops_per_s']} ops/s p50 {result['p50_ms_single']} ms p99 "
         f"{result['p99_ms_single']} ms ({result['single_row_ops_per_s_uncoalesced']} "
         f"uncoalesced) | 1000-row batches {result['batched_rows_per_s']} rows/s "
-        f"({result['batched_rows_per_s_one_writer']} with one writer)"
+        f"({result['batched_rows_per_s_one_writer']} with one writer) | secure: single-row "
+        f"{result['secure_single_row_ops_per_s']} ops/s ({result['secure_single_ratio']}x), "
+        f"batches {result['secure_batched_rows_per_s']} rows/s "
+        f"({result['secure_batched_ratio']}x)"
     )
     print(json.dumps(result))
 

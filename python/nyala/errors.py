@@ -152,6 +152,17 @@ class WrongServerUuidError(NyalaError):
     """The request named a server UUID that is not the receiving server's."""
 
 
+class NotAuthenticatedError(NyalaError):
+    """The server could not tell who the caller is: no credentials, or credentials it does not
+    accept (another cluster's, expired, forged). Pass credentials (``nyala.connect(...,
+    credentials=DIR)``, ``NYALA_CREDENTIALS``); retrying as is gives the same answer."""
+
+
+class NotAuthorizedError(NyalaError):
+    """The caller is known but may not do this (an admin-only RPC from a user, a server-to-server
+    RPC from a client, a join credential used twice or for another server)."""
+
+
 class MissingDependencyError(NyalaError, ImportError):
     """A feature needs an optional dependency that is not installed. The message names the
     extra that brings it (``pip install 'nyala[pandas]'``); ``extra`` holds its name. Also an
@@ -206,6 +217,8 @@ __all__ = [
     "InvalidArgumentError",
     "MissingDependencyError",
     "NetworkError",
+    "NotAuthenticatedError",
+    "NotAuthorizedError",
     "NotFoundError",
     "NotLeaderError",
     "NotSupportedError",

@@ -27,7 +27,9 @@ from nyala.client import Client, connect
 from nyala.common.process import PARENT_PID_ENV
 from nyala.rpc import BlockingServerProxy, join_host_port
 from nyala.rpc.ports import free_loopback_ports
+from nyala.rpc.settings import RpcSettings
 from nyala.testing.mini_cluster import LOOPBACK, MiniCluster
+from nyala.testing.security import ClusterSecurity
 
 #: Raft and heartbeat settings for a responsive single-machine cluster.
 LOCAL_RAFT_FLAGS = ["--heartbeat-interval-ms", "200"]
@@ -40,7 +42,8 @@ class LocalCluster:
 
     ``with nyala.LocalCluster(masters=1, tservers=3, path=dir) as cluster:`` starts them and
     waits for a leader master; data and logs go under ``path`` (kept) or a temp directory
-    (deleted). Every process is killed when the block ends.
+    (deleted). Every process is killed when the block ends. ``secure``: mutual TLS and
+    roles on every RPC (docs/security.md), the ``client`` an admin.
     """
 
     def __init__(
@@ -51,6 +54,7 @@ class LocalCluster:
         *,
         master_flags: list[str] | None = None,
         tserver_flags: list[str] | None = None,
+        secure: bool = False,
     ) -> None:
         if masters < 1 or masters % 2 == 0:
             raise errors.InvalidArgumentError("masters must be odd and at least 1")
@@ -66,6 +70,7 @@ class LocalCluster:
             master_flags=master_flags if master_flags is not None else LOCAL_RAFT_FLAGS,
             tserver_flags=tserver_flags if tserver_flags is not None else LOCAL_RAFT_FLAGS,
             keep_dir=base is not None,
+            secure=secure,
         )
         self._client: Client | None = None
 
@@ -101,7 +106,9 @@ class LocalCluster:
     def client(self) -> Client:
         """A client connected to this cluster (created on first use)."""
         if self._client is None:
-            self._client = connect(self.masters, timeout_ms=30_000)
+            security = self.mini.security
+            credentials = None if security is None else security.admin_dir
+            self._client = connect(self.masters, timeout_ms=30_000, credentials=credentials)
         return self._client
 
     @property
@@ -161,7 +168,25 @@ def _alive(record: ServerRecord, directory: Path) -> bool:
     return str(directory / "data" / record.name).encode() in cmdline
 
 
-def _command(record: ServerRecord, directory: Path, masters: str) -> list[str]:
+#: Where a detached local cluster keeps its CA, its servers' security directories and the
+#: operator's (admin) credentials: ``DIR/security/clients/admin-admin``.
+SECURITY_DIR = "security"
+
+
+def _security(directory: Path) -> ClusterSecurity | None:
+    """The local cluster's security material, if it is a secure cluster."""
+    path = directory / SECURITY_DIR
+    return ClusterSecurity(path) if ClusterSecurity.exists(path) else None
+
+
+def _rpc_settings(security: ClusterSecurity | None) -> RpcSettings:
+    return RpcSettings() if security is None else security.admin_settings
+
+
+def _command(
+    record: ServerRecord, directory: Path, masters: str, security: ClusterSecurity | None
+) -> list[str]:
+    flags = [] if security is None else ["--security-dir", str(security.server_dir(record.name))]
     return [
         sys.executable,
         "-m",
@@ -177,17 +202,23 @@ def _command(record: ServerRecord, directory: Path, masters: str) -> list[str]:
         "--masters",
         masters,
         *LOCAL_RAFT_FLAGS,
+        *flags,
     ]
 
 
-def start_detached(directory: Path, *, masters: int = 3, tservers: int = 3) -> dict[str, Any]:
+def start_detached(
+    directory: Path, *, masters: int = 3, tservers: int = 3, secure: bool = True
+) -> dict[str, Any]:
     """Starts (or restarts) the local cluster in ``directory`` in the background; returns its
-    status once a leader master serves."""
+    status once a leader master serves. A new cluster is secure unless ``secure`` is False
+    (a restarted one stays as it was made)."""
     directory = directory.resolve()
     directory.mkdir(parents=True, exist_ok=True)
     try:
         servers = _load(directory)
     except errors.NotFoundError:
+        if secure:
+            ClusterSecurity(directory / SECURITY_DIR)
         if masters < 1 or masters % 2 == 0:
             raise errors.InvalidArgumentError("--masters must be odd and at least 1") from None
         ports = free_loopback_ports(2 * (masters + tservers), LOOPBACK)
@@ -197,6 +228,7 @@ def start_detached(directory: Path, *, masters: int = 3, tservers: int = 3) -> d
             for n, (role, i) in enumerate(roles)
         ]
     master_addrs = ",".join(s.rpc_addr for s in servers if s.role == "master")
+    security = _security(directory)
     env = {k: v for k, v in os.environ.items() if k != PARENT_PID_ENV}
     for record in servers:
         if _alive(record, directory):
@@ -205,7 +237,7 @@ def start_detached(directory: Path, *, masters: int = 3, tservers: int = 3) -> d
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with log_path.open("ab") as log:
             proc = subprocess.Popen(
-                _command(record, directory, master_addrs),
+                _command(record, directory, master_addrs, security),
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -214,12 +246,19 @@ def start_detached(directory: Path, *, masters: int = 3, tservers: int = 3) -> d
             )
         record.pid = proc.pid
     _save(directory, servers)
-    _wait_for_leader(master_addrs, START_TIMEOUT_S)
-    return status(directory)
+    credentials = None if security is None else security.admin_dir
+    deadline = time.monotonic() + START_TIMEOUT_S
+    _wait_for_leader(master_addrs, START_TIMEOUT_S, credentials)
+    # Tablet servers answer a little after the leader master (a secure one enrolls first).
+    doc = status(directory)
+    while not doc["healthy"] and time.monotonic() < deadline:
+        time.sleep(0.2)
+        doc = status(directory)
+    return doc
 
 
-def _wait_for_leader(masters: str, timeout_s: float) -> None:
-    client = connect(masters, timeout_ms=int(timeout_s * 1000))
+def _wait_for_leader(masters: str, timeout_s: float, credentials: Path | None) -> None:
+    client = connect(masters, timeout_ms=int(timeout_s * 1000), credentials=credentials)
     client.close()
 
 
@@ -249,6 +288,7 @@ def status(directory: Path) -> dict[str, Any]:
     running, answering; ``healthy`` when every server answers."""
     directory = directory.resolve()
     servers = _load(directory)
+    security = _security(directory)
     rows = []
     for record in servers:
         alive = _alive(record, directory)
@@ -256,7 +296,7 @@ def status(directory: Path) -> dict[str, Any]:
         if alive:
             with (
                 contextlib.suppress(errors.NyalaError),
-                BlockingServerProxy(record.rpc_addr) as proxy,
+                BlockingServerProxy(record.rpc_addr, _rpc_settings(security)) as proxy,
             ):
                 if record.role == "tserver":
                     proxy.ping(timeout_ms=1_000)
@@ -282,7 +322,14 @@ def status(directory: Path) -> dict[str, Any]:
         )
     masters = ",".join(s.rpc_addr for s in servers if s.role == "master")
     healthy = all(row["answering"] for row in rows)
-    return {"dir": str(directory), "masters": masters, "healthy": healthy, "servers": rows}
+    credentials = None if security is None else str(security.admin_dir)
+    return {
+        "dir": str(directory),
+        "masters": masters,
+        "credentials": credentials,
+        "healthy": healthy,
+        "servers": rows,
+    }
 
 
 __all__ = ["LocalCluster", "start_detached", "status", "stop_detached"]

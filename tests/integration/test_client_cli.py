@@ -186,7 +186,8 @@ def test_local_cluster_commands(tmp_path: Path) -> None:
         )  # fmt: skip
         assert len(started["servers"]) == 2
         assert all(s["answering"] for s in started["servers"])
-        with nyala.connect(started["masters"]) as client:
+        assert started["credentials"]  # secure by default (docs/security.md)
+        with nyala.connect(started["masters"], credentials=started["credentials"]) as client:
             assert client.list_tables() == []
         status = nyala_cli("local-cluster", "status", "--dir", str(directory), "--format", "json")
         assert all(s["running"] for s in status["servers"])

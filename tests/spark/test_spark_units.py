@@ -316,3 +316,12 @@ def test_naive_timestamp_literal_is_utc_wall_clock() -> None:
     naive = datetime.datetime(2020, 1, 1)
     aware = datetime.datetime(2020, 1, 1, 1, tzinfo=datetime.timezone(datetime.timedelta(hours=1)))
     assert timestamp_micros(naive) == timestamp_micros(aware) == 1_577_836_800_000_000
+
+
+def test_credentials_option_names_a_directory_on_the_executors() -> None:
+    base = {"nyala.masters": "h:1", "nyala.table": "t"}
+    assert opts.parse_read_options(base).credentials is None
+    read = opts.parse_read_options({**base, "nyala.credentials": "/etc/nyala/alice"})
+    assert read.credentials == "/etc/nyala/alice"
+    write = opts.parse_write_options({**base, "nyala.credentials": " /etc/nyala/bob "})
+    assert write.credentials == "/etc/nyala/bob"

@@ -8,7 +8,7 @@ Layers (a module may import its own layer and the ones listed for it)::
     spark ─► client ─► rpc        testing ─► rpc, consensus core (EntryKind)
     master, tserver ─► server ─► tablet ─► consensus core, storage
                                  consensus runtime ─► consensus core, rpc
-    storage, rowops, partition ─► schema;  rpc ─► schema
+    storage, rowops, partition ─► schema;  rpc ─► schema, security (─► foundation)
     common (─► errors, _native), errors, _native, _proto: importable from everywhere
 
 Masters and tablet servers never import each other: they meet on the wire. Imports are read
@@ -44,6 +44,7 @@ SERVER_SIDE = frozenset(
         "schema",
         "rowops",
         "partition",
+        "security",
     }
 )
 #: Layer -> the other layers it may import (besides itself and the foundation).
@@ -52,19 +53,20 @@ ALLOWED: dict[str, frozenset[str]] = {
     "rowops": frozenset({"schema"}),
     "partition": frozenset({"schema"}),
     "storage": frozenset({"schema", "rowops"}),
-    "rpc": frozenset({"schema"}),
+    "security": frozenset(),
+    "rpc": frozenset({"schema", "security"}),
     "consensus": frozenset(),
     "consensus.runtime": frozenset({"consensus", "rpc", "schema"}),
     "tablet": frozenset({"consensus", "consensus.runtime", "storage", "schema", "rowops"}),
-    "server": frozenset(
-        {"tablet", "consensus", "consensus.runtime", "storage", "rpc", "schema", "rowops"}
-    ),
+    "server": SERVER_SIDE - {"server", "partition"},
     "master": SERVER_SIDE,
     "tserver": SERVER_SIDE,
-    "client": frozenset({"rpc", "schema", "rowops", "partition"}),
-    "spark": frozenset({"client", "rpc", "schema", "rowops", "partition"}),
-    "testing": frozenset({"rpc", "schema", "rowops", "partition", "consensus"}),
-    "local_cluster": frozenset({"testing", "client", "rpc", "schema", "rowops", "partition"}),
+    "client": frozenset({"rpc", "schema", "rowops", "partition", "security"}),
+    "spark": frozenset({"client", "rpc", "schema", "rowops", "partition", "security"}),
+    "testing": frozenset({"rpc", "schema", "rowops", "partition", "consensus", "security"}),
+    "local_cluster": frozenset(
+        {"testing", "client", "rpc", "schema", "rowops", "partition", "security"}
+    ),
     "chaos": frozenset({"testing", "client", "rpc", "schema", "rowops", "partition", "consensus"}),
 }
 #: Layers that may import anything: the command line, and the package's lazy public face.

@@ -65,6 +65,10 @@ class _ErrorCodeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorCode.V
     NOT_SUPPORTED: _ErrorCode.ValueType  # 20
     TIMED_OUT: _ErrorCode.ValueType  # 21
     """The server's own deadline for the work passed; the outcome is unknown."""
+    NOT_AUTHENTICATED: _ErrorCode.ValueType  # 22
+    """The caller is not authenticated (no or unacceptable credentials). Final."""
+    NOT_AUTHORIZED: _ErrorCode.ValueType  # 23
+    """The caller may not do this (its role or privileges do not allow it). Final."""
 
 class ErrorCode(_ErrorCode, metaclass=_ErrorCodeEnumTypeWrapper):
     """Why a call failed. Each code maps to one exception class in `nyala.errors`
@@ -109,6 +113,10 @@ ABORTED: ErrorCode.ValueType  # 19
 NOT_SUPPORTED: ErrorCode.ValueType  # 20
 TIMED_OUT: ErrorCode.ValueType  # 21
 """The server's own deadline for the work passed; the outcome is unknown."""
+NOT_AUTHENTICATED: ErrorCode.ValueType  # 22
+"""The caller is not authenticated (no or unacceptable credentials). Final."""
+NOT_AUTHORIZED: ErrorCode.ValueType  # 23
+"""The caller may not do this (its role or privileges do not allow it). Final."""
 Global___ErrorCode: _TypeAlias = ErrorCode  # noqa: Y015
 
 @_typing.final

@@ -242,6 +242,26 @@ Global___MasterEntryPB: _TypeAlias = MasterEntryPB  # noqa: Y015
 class SysTableEntryPB(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
+    @_typing.final
+    class PrivilegesEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.int
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     TABLE_ID_FIELD_NUMBER: _builtins.int
     NAME_FIELD_NUMBER: _builtins.int
     SCHEMA_FIELD_NUMBER: _builtins.int
@@ -254,6 +274,8 @@ class SysTableEntryPB(_message.Message):
     CREATE_REQUEST_ID_FIELD_NUMBER: _builtins.int
     LAST_ALTER_REQUEST_ID_FIELD_NUMBER: _builtins.int
     DELETE_REQUEST_ID_FIELD_NUMBER: _builtins.int
+    OWNER_FIELD_NUMBER: _builtins.int
+    PRIVILEGES_FIELD_NUMBER: _builtins.int
     table_id: _builtins.str
     name: _builtins.str
     next_column_id: _builtins.int
@@ -271,12 +293,19 @@ class SysTableEntryPB(_message.Message):
     """
     last_alter_request_id: _builtins.str
     delete_request_id: _builtins.str
+    owner: _builtins.str
+    """Secure clusters (docs/security.md): the user who created the table (it has every
+    privilege), and what other users were granted (user -> nyala.security.tokens.Privilege
+    bit mask; GRANT and REVOKE change it).
+    """
     @_builtins.property
     def schema(self) -> _metadata_pb2.SchemaPB:
         """The current schema (its `version` increases with every alter)."""
 
     @_builtins.property
     def partition_schema(self) -> _metadata_pb2.PartitionSchemaPB: ...
+    @_builtins.property
+    def privileges(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]: ...
     def __init__(
         self,
         *,
@@ -292,10 +321,12 @@ class SysTableEntryPB(_message.Message):
         create_request_id: _builtins.str = ...,
         last_alter_request_id: _builtins.str = ...,
         delete_request_id: _builtins.str = ...,
+        owner: _builtins.str = ...,
+        privileges: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["partition_schema", b"partition_schema", "schema", b"schema"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["create_request_id", b"create_request_id", "create_time_us", b"create_time_us", "delete_request_id", b"delete_request_id", "last_alter_request_id", b"last_alter_request_id", "name", b"name", "next_column_id", b"next_column_id", "num_replicas", b"num_replicas", "partition_schema", b"partition_schema", "schema", b"schema", "state", b"state", "state_msg", b"state_msg", "table_id", b"table_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["create_request_id", b"create_request_id", "create_time_us", b"create_time_us", "delete_request_id", b"delete_request_id", "last_alter_request_id", b"last_alter_request_id", "name", b"name", "next_column_id", b"next_column_id", "num_replicas", b"num_replicas", "owner", b"owner", "partition_schema", b"partition_schema", "privileges", b"privileges", "schema", b"schema", "state", b"state", "state_msg", b"state_msg", "table_id", b"table_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1492,11 +1523,17 @@ class GetTableLocationsResponsePB(_message.Message):
     TABLET_LOCATIONS_FIELD_NUMBER: _builtins.int
     TTL_MS_FIELD_NUMBER: _builtins.int
     SCHEMA_VERSION_FIELD_NUMBER: _builtins.int
+    AUTHZ_TOKEN_FIELD_NUMBER: _builtins.int
     ERROR_FIELD_NUMBER: _builtins.int
     ttl_ms: _builtins.int
     """How long the client may cache these locations."""
     schema_version: _builtins.int
     """The table's schema version (a client with an older one refreshes its schema)."""
+    authz_token: _builtins.bytes
+    """Secure clusters: the caller's privileges on this table, signed by the cluster CA, for the
+    tablet servers (Kudu's authz token; `ttl_ms` is at most half its life, so a client
+    refreshes it with the locations). Empty on an insecure cluster.
+    """
     @_builtins.property
     def tablet_locations(self) -> _containers.RepeatedCompositeFieldContainer[Global___TabletLocationsPB]:
         """Sorted by partition key start; only RUNNING and CREATING tablets."""
@@ -1509,11 +1546,12 @@ class GetTableLocationsResponsePB(_message.Message):
         tablet_locations: _abc.Iterable[Global___TabletLocationsPB] | None = ...,
         ttl_ms: _builtins.int = ...,
         schema_version: _builtins.int = ...,
+        authz_token: _builtins.bytes = ...,
         error: _common_pb2.ErrorPB | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_error", b"_error", "error", b"error"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_error", b"_error", "error", b"error", "schema_version", b"schema_version", "tablet_locations", b"tablet_locations", "ttl_ms", b"ttl_ms"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_error", b"_error", "authz_token", b"authz_token", "error", b"error", "schema_version", b"schema_version", "tablet_locations", b"tablet_locations", "ttl_ms", b"ttl_ms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__error: _TypeAlias = _typing.Literal["error"]  # noqa: Y015
     _WhichOneofArgType__error: _TypeAlias = _typing.Literal["_error", b"_error"]  # noqa: Y015
@@ -2089,3 +2127,130 @@ class ChangeReplicationFactorRequestPB(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ChangeReplicationFactorRequestPB: _TypeAlias = ChangeReplicationFactorRequestPB  # noqa: Y015
+
+@_typing.final
+class SignServerCertificateRequestPB(_message.Message):
+    """A tablet server's request to have its certificate signed by the cluster CA (Kudu's IPKI):
+    sent once, at its first start, with the join credential the operator gave it (the TLS
+    client certificate of the call); the master refuses a CSR that does not name `server_uuid`.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DEST_UUID_FIELD_NUMBER: _builtins.int
+    SERVER_UUID_FIELD_NUMBER: _builtins.int
+    CSR_PEM_FIELD_NUMBER: _builtins.int
+    HOSTS_FIELD_NUMBER: _builtins.int
+    dest_uuid: _builtins.str
+    """Empty is allowed: the server does not know which master answers."""
+    server_uuid: _builtins.str
+    csr_pem: _builtins.bytes
+    """PEM certificate signing request, at most 16 KiB."""
+    @_builtins.property
+    def hosts(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Hosts (IP addresses or DNS names) the server is reached at, put in its certificate."""
+
+    def __init__(
+        self,
+        *,
+        dest_uuid: _builtins.str = ...,
+        server_uuid: _builtins.str = ...,
+        csr_pem: _builtins.bytes = ...,
+        hosts: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["csr_pem", b"csr_pem", "dest_uuid", b"dest_uuid", "hosts", b"hosts", "server_uuid", b"server_uuid"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SignServerCertificateRequestPB: _TypeAlias = SignServerCertificateRequestPB  # noqa: Y015
+
+@_typing.final
+class SignServerCertificateResponsePB(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CERT_PEM_FIELD_NUMBER: _builtins.int
+    CA_CERT_PEM_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    cert_pem: _builtins.bytes
+    ca_cert_pem: _builtins.bytes
+    @_builtins.property
+    def error(self) -> _common_pb2.ErrorPB: ...
+    def __init__(
+        self,
+        *,
+        cert_pem: _builtins.bytes = ...,
+        ca_cert_pem: _builtins.bytes = ...,
+        error: _common_pb2.ErrorPB | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_error", b"_error", "error", b"error"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_error", b"_error", "ca_cert_pem", b"ca_cert_pem", "cert_pem", b"cert_pem", "error", b"error"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__error: _TypeAlias = _typing.Literal["error"]  # noqa: Y015
+    _WhichOneofArgType__error: _TypeAlias = _typing.Literal["_error", b"_error"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__error) -> _WhichOneofReturnType__error | None: ...
+
+Global___SignServerCertificateResponsePB: _TypeAlias = SignServerCertificateResponsePB  # noqa: Y015
+
+@_typing.final
+class SetTablePrivilegesRequestPB(_message.Message):
+    """GRANT and REVOKE: the table's owner or an admin sets what `user` may do with the table."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DEST_UUID_FIELD_NUMBER: _builtins.int
+    TABLE_FIELD_NUMBER: _builtins.int
+    USER_FIELD_NUMBER: _builtins.int
+    PRIVILEGES_FIELD_NUMBER: _builtins.int
+    REVOKE_FIELD_NUMBER: _builtins.int
+    dest_uuid: _builtins.str
+    user: _builtins.str
+    privileges: _builtins.int
+    """nyala.security.tokens.Privilege bits: added (GRANT) or removed (REVOKE)."""
+    revoke: _builtins.bool
+    @_builtins.property
+    def table(self) -> Global___TableIdentifierPB: ...
+    def __init__(
+        self,
+        *,
+        dest_uuid: _builtins.str = ...,
+        table: Global___TableIdentifierPB | None = ...,
+        user: _builtins.str = ...,
+        privileges: _builtins.int = ...,
+        revoke: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["table", b"table"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dest_uuid", b"dest_uuid", "privileges", b"privileges", "revoke", b"revoke", "table", b"table", "user", b"user"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SetTablePrivilegesRequestPB: _TypeAlias = SetTablePrivilegesRequestPB  # noqa: Y015
+
+@_typing.final
+class SetTablePrivilegesResponsePB(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PRIVILEGES_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    privileges: _builtins.int
+    """The user's privileges on the table afterwards."""
+    @_builtins.property
+    def error(self) -> _common_pb2.ErrorPB: ...
+    def __init__(
+        self,
+        *,
+        privileges: _builtins.int = ...,
+        error: _common_pb2.ErrorPB | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_error", b"_error", "error", b"error"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_error", b"_error", "error", b"error", "privileges", b"privileges"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__error: _TypeAlias = _typing.Literal["error"]  # noqa: Y015
+    _WhichOneofArgType__error: _TypeAlias = _typing.Literal["_error", b"_error"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__error) -> _WhichOneofReturnType__error | None: ...
+
+Global___SetTablePrivilegesResponsePB: _TypeAlias = SetTablePrivilegesResponsePB  # noqa: Y015

@@ -34,6 +34,11 @@ class MasterServiceStub:
         Args:
             channel: A grpc.Channel.
         """
+        self.SignServerCertificate = channel.unary_unary(
+                '/nyala.MasterService/SignServerCertificate',
+                request_serializer=nyala_dot_master__pb2.SignServerCertificateRequestPB.SerializeToString,
+                response_deserializer=nyala_dot_master__pb2.SignServerCertificateResponsePB.FromString,
+                _registered_method=True)
         self.TSHeartbeat = channel.unary_unary(
                 '/nyala.MasterService/TSHeartbeat',
                 request_serializer=nyala_dot_master__pb2.TSHeartbeatRequestPB.SerializeToString,
@@ -94,6 +99,11 @@ class MasterServiceStub:
                 request_serializer=nyala_dot_master__pb2.ListTabletServersRequestPB.SerializeToString,
                 response_deserializer=nyala_dot_master__pb2.ListTabletServersResponsePB.FromString,
                 _registered_method=True)
+        self.SetTablePrivileges = channel.unary_unary(
+                '/nyala.MasterService/SetTablePrivileges',
+                request_serializer=nyala_dot_master__pb2.SetTablePrivilegesRequestPB.SerializeToString,
+                response_deserializer=nyala_dot_master__pb2.SetTablePrivilegesResponsePB.FromString,
+                _registered_method=True)
         self.ListMasters = channel.unary_unary(
                 '/nyala.MasterService/ListMasters',
                 request_serializer=nyala_dot_master__pb2.ListMastersRequestPB.SerializeToString,
@@ -148,6 +158,12 @@ class MasterServiceStub:
 
 class MasterServiceServicer:
     """Missing associated documentation comment in .proto file."""
+
+    def SignServerCertificate(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
 
     def TSHeartbeat(self, request, context):
         """Missing associated documentation comment in .proto file."""
@@ -221,6 +237,12 @@ class MasterServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SetTablePrivileges(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ListMasters(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -284,6 +306,11 @@ class MasterServiceServicer:
 
 def add_MasterServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
+            'SignServerCertificate': grpc.unary_unary_rpc_method_handler(
+                    servicer.SignServerCertificate,
+                    request_deserializer=nyala_dot_master__pb2.SignServerCertificateRequestPB.FromString,
+                    response_serializer=nyala_dot_master__pb2.SignServerCertificateResponsePB.SerializeToString,
+            ),
             'TSHeartbeat': grpc.unary_unary_rpc_method_handler(
                     servicer.TSHeartbeat,
                     request_deserializer=nyala_dot_master__pb2.TSHeartbeatRequestPB.FromString,
@@ -343,6 +370,11 @@ def add_MasterServiceServicer_to_server(servicer, server):
                     servicer.ListTabletServers,
                     request_deserializer=nyala_dot_master__pb2.ListTabletServersRequestPB.FromString,
                     response_serializer=nyala_dot_master__pb2.ListTabletServersResponsePB.SerializeToString,
+            ),
+            'SetTablePrivileges': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetTablePrivileges,
+                    request_deserializer=nyala_dot_master__pb2.SetTablePrivilegesRequestPB.FromString,
+                    response_serializer=nyala_dot_master__pb2.SetTablePrivilegesResponsePB.SerializeToString,
             ),
             'ListMasters': grpc.unary_unary_rpc_method_handler(
                     servicer.ListMasters,
@@ -404,6 +436,33 @@ def add_MasterServiceServicer_to_server(servicer, server):
  # This class is part of an EXPERIMENTAL API.
 class MasterService:
     """Missing associated documentation comment in .proto file."""
+
+    @staticmethod
+    def SignServerCertificate(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/nyala.MasterService/SignServerCertificate',
+            nyala_dot_master__pb2.SignServerCertificateRequestPB.SerializeToString,
+            nyala_dot_master__pb2.SignServerCertificateResponsePB.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
 
     @staticmethod
     def TSHeartbeat(request,
@@ -719,6 +778,33 @@ class MasterService:
             '/nyala.MasterService/ListTabletServers',
             nyala_dot_master__pb2.ListTabletServersRequestPB.SerializeToString,
             nyala_dot_master__pb2.ListTabletServersResponsePB.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetTablePrivileges(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/nyala.MasterService/SetTablePrivileges',
+            nyala_dot_master__pb2.SetTablePrivilegesRequestPB.SerializeToString,
+            nyala_dot_master__pb2.SetTablePrivilegesResponsePB.FromString,
             options,
             channel_credentials,
             insecure,

@@ -42,6 +42,7 @@ class MasterServiceStub:
     def __new__(cls, channel: _grpc.Channel) -> _Self: ...
     @_typing.overload
     def __new__(cls, channel: _aio.Channel) -> MasterServiceAsyncStub: ...
+    SignServerCertificate: _grpc.UnaryUnaryMultiCallable[_master_pb2.SignServerCertificateRequestPB, _master_pb2.SignServerCertificateResponsePB]
     TSHeartbeat: _grpc.UnaryUnaryMultiCallable[_master_pb2.TSHeartbeatRequestPB, _master_pb2.TSHeartbeatResponsePB]
     ConnectToMaster: _grpc.UnaryUnaryMultiCallable[_master_pb2.ConnectToMasterRequestPB, _master_pb2.ConnectToMasterResponsePB]
     CreateTable: _grpc.UnaryUnaryMultiCallable[_master_pb2.CreateTableRequestPB, _master_pb2.CreateTableResponsePB]
@@ -54,6 +55,7 @@ class MasterServiceStub:
     GetTableStatistics: _grpc.UnaryUnaryMultiCallable[_master_pb2.GetTableStatisticsRequestPB, _master_pb2.GetTableStatisticsResponsePB]
     ListTables: _grpc.UnaryUnaryMultiCallable[_master_pb2.ListTablesRequestPB, _master_pb2.ListTablesResponsePB]
     ListTabletServers: _grpc.UnaryUnaryMultiCallable[_master_pb2.ListTabletServersRequestPB, _master_pb2.ListTabletServersResponsePB]
+    SetTablePrivileges: _grpc.UnaryUnaryMultiCallable[_master_pb2.SetTablePrivilegesRequestPB, _master_pb2.SetTablePrivilegesResponsePB]
     ListMasters: _grpc.UnaryUnaryMultiCallable[_master_pb2.ListMastersRequestPB, _master_pb2.ListMastersResponsePB]
     AddMaster: _grpc.UnaryUnaryMultiCallable[_master_pb2.AddMasterRequestPB, _master_pb2.AddMasterResponsePB]
     RemoveMaster: _grpc.UnaryUnaryMultiCallable[_master_pb2.RemoveMasterRequestPB, _master_pb2.RemoveMasterResponsePB]
@@ -68,6 +70,7 @@ class MasterServiceStub:
 @_typing.type_check_only
 class MasterServiceAsyncStub(MasterServiceStub):
     def __init__(self, channel: _aio.Channel) -> None: ...
+    SignServerCertificate: _aio.UnaryUnaryMultiCallable[_master_pb2.SignServerCertificateRequestPB, _master_pb2.SignServerCertificateResponsePB]  # type: ignore[assignment]
     TSHeartbeat: _aio.UnaryUnaryMultiCallable[_master_pb2.TSHeartbeatRequestPB, _master_pb2.TSHeartbeatResponsePB]  # type: ignore[assignment]
     ConnectToMaster: _aio.UnaryUnaryMultiCallable[_master_pb2.ConnectToMasterRequestPB, _master_pb2.ConnectToMasterResponsePB]  # type: ignore[assignment]
     CreateTable: _aio.UnaryUnaryMultiCallable[_master_pb2.CreateTableRequestPB, _master_pb2.CreateTableResponsePB]  # type: ignore[assignment]
@@ -80,6 +83,7 @@ class MasterServiceAsyncStub(MasterServiceStub):
     GetTableStatistics: _aio.UnaryUnaryMultiCallable[_master_pb2.GetTableStatisticsRequestPB, _master_pb2.GetTableStatisticsResponsePB]  # type: ignore[assignment]
     ListTables: _aio.UnaryUnaryMultiCallable[_master_pb2.ListTablesRequestPB, _master_pb2.ListTablesResponsePB]  # type: ignore[assignment]
     ListTabletServers: _aio.UnaryUnaryMultiCallable[_master_pb2.ListTabletServersRequestPB, _master_pb2.ListTabletServersResponsePB]  # type: ignore[assignment]
+    SetTablePrivileges: _aio.UnaryUnaryMultiCallable[_master_pb2.SetTablePrivilegesRequestPB, _master_pb2.SetTablePrivilegesResponsePB]  # type: ignore[assignment]
     ListMasters: _aio.UnaryUnaryMultiCallable[_master_pb2.ListMastersRequestPB, _master_pb2.ListMastersResponsePB]  # type: ignore[assignment]
     AddMaster: _aio.UnaryUnaryMultiCallable[_master_pb2.AddMasterRequestPB, _master_pb2.AddMasterResponsePB]  # type: ignore[assignment]
     RemoveMaster: _aio.UnaryUnaryMultiCallable[_master_pb2.RemoveMasterRequestPB, _master_pb2.RemoveMasterResponsePB]  # type: ignore[assignment]
@@ -92,6 +96,13 @@ class MasterServiceAsyncStub(MasterServiceStub):
     ChangeReplicationFactor: _aio.UnaryUnaryMultiCallable[_master_pb2.ChangeReplicationFactorRequestPB, _master_pb2.ReplicaAdminResponsePB]  # type: ignore[assignment]
 
 class MasterServiceServicer(metaclass=_abc_1.ABCMeta):
+    @_abc_1.abstractmethod
+    def SignServerCertificate(
+        self,
+        request: _master_pb2.SignServerCertificateRequestPB,
+        context: _ServicerContext,
+    ) -> _typing.Union[_master_pb2.SignServerCertificateResponsePB, _abc.Awaitable[_master_pb2.SignServerCertificateResponsePB]]: ...
+
     @_abc_1.abstractmethod
     def TSHeartbeat(
         self,
@@ -175,6 +186,13 @@ class MasterServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _master_pb2.ListTabletServersRequestPB,
         context: _ServicerContext,
     ) -> _typing.Union[_master_pb2.ListTabletServersResponsePB, _abc.Awaitable[_master_pb2.ListTabletServersResponsePB]]: ...
+
+    @_abc_1.abstractmethod
+    def SetTablePrivileges(
+        self,
+        request: _master_pb2.SetTablePrivilegesRequestPB,
+        context: _ServicerContext,
+    ) -> _typing.Union[_master_pb2.SetTablePrivilegesResponsePB, _abc.Awaitable[_master_pb2.SetTablePrivilegesResponsePB]]: ...
 
     @_abc_1.abstractmethod
     def ListMasters(

@@ -66,12 +66,15 @@ class WriteRequestPB(_message.Message):
     REQUEST_ID_FIELD_NUMBER: _builtins.int
     SCHEMA_VERSION_FIELD_NUMBER: _builtins.int
     OPS_FIELD_NUMBER: _builtins.int
+    AUTHZ_TOKEN_FIELD_NUMBER: _builtins.int
     dest_uuid: _builtins.str
     tablet_id: _builtins.str
     schema_version: _builtins.int
     """The schema version the batch was encoded for; MISMATCHED_SCHEMA if not the tablet's."""
     ops: _builtins.bytes
     """An Arrow IPC stream holding one record batch: the table's columns plus the op-type column."""
+    authz_token: _builtins.bytes
+    """Secure clusters: the master's authz token for the table (GetTableLocationsResponsePB)."""
     @_builtins.property
     def request_id(self) -> _common_pb2.RequestIdPB:
         """Exactly-once: a retry of the same id returns the first attempt's result (DESIGN.md §4)."""
@@ -84,10 +87,11 @@ class WriteRequestPB(_message.Message):
         request_id: _common_pb2.RequestIdPB | None = ...,
         schema_version: _builtins.int = ...,
         ops: _builtins.bytes = ...,
+        authz_token: _builtins.bytes = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["request_id", b"request_id"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["dest_uuid", b"dest_uuid", "ops", b"ops", "request_id", b"request_id", "schema_version", b"schema_version", "tablet_id", b"tablet_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["authz_token", b"authz_token", "dest_uuid", b"dest_uuid", "ops", b"ops", "request_id", b"request_id", "schema_version", b"schema_version", "tablet_id", b"tablet_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -324,6 +328,7 @@ class NewScanRequestPB(_message.Message):
     READ_MODE_FIELD_NUMBER: _builtins.int
     MAX_STALENESS_MS_FIELD_NUMBER: _builtins.int
     SCHEMA_VERSION_FIELD_NUMBER: _builtins.int
+    AUTHZ_TOKEN_FIELD_NUMBER: _builtins.int
     tablet_id: _builtins.str
     lower_bound_key: _builtins.bytes
     """Primary-key range [lower, upper) applied in storage, each an Arrow IPC stream of one row
@@ -338,6 +343,8 @@ class NewScanRequestPB(_message.Message):
     """READ_FOLLOWER: the staleness bound; 0 makes every follower refuse (only the leader serves)."""
     schema_version: _builtins.int
     """The schema version the client expects; MISMATCHED_SCHEMA if the tablet's is different."""
+    authz_token: _builtins.bytes
+    """Secure clusters: the master's authz token for the table (GetTableLocationsResponsePB)."""
     @_builtins.property
     def projection(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Column names to return, in order; empty means every column."""
@@ -356,10 +363,11 @@ class NewScanRequestPB(_message.Message):
         read_mode: Global___ReadMode.ValueType = ...,
         max_staleness_ms: _builtins.int = ...,
         schema_version: _builtins.int = ...,
+        authz_token: _builtins.bytes = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["limit_rows", b"limit_rows", "lower_bound_key", b"lower_bound_key", "max_staleness_ms", b"max_staleness_ms", "predicates", b"predicates", "projection", b"projection", "read_mode", b"read_mode", "schema_version", b"schema_version", "tablet_id", b"tablet_id", "upper_bound_key", b"upper_bound_key"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["authz_token", b"authz_token", "limit_rows", b"limit_rows", "lower_bound_key", b"lower_bound_key", "max_staleness_ms", b"max_staleness_ms", "predicates", b"predicates", "projection", b"projection", "read_mode", b"read_mode", "schema_version", b"schema_version", "tablet_id", b"tablet_id", "upper_bound_key", b"upper_bound_key"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

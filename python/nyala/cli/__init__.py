@@ -16,6 +16,7 @@ import click
 # noun -> module whose ``group`` implements it. Add new nouns here.
 COMMAND_MODULES: dict[str, str] = {
     "chaos": "nyala.cli.chaos",
+    "cert": "nyala.cli.cert",
     "master": "nyala.cli.master",
     "tablet-copy": "nyala.cli.tablet_copy",
     "tserver": "nyala.cli.tserver",
@@ -30,6 +31,7 @@ COMMAND_MODULES: dict[str, str] = {
 
 _SHORT_HELP: dict[str, str] = {
     "chaos": "Fault-injection runs that check nothing acknowledged is lost.",
+    "cert": "The cluster CA: create it, issue credentials, list and export certificates.",
     "master": "Run, list, add and remove masters.",
     "tablet-copy": "List and cancel tablet copies onto a tablet server.",
     "tserver": "Run and inspect tablet servers.",

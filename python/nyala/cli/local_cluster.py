@@ -25,6 +25,11 @@ def _show(doc: dict[str, object], fmt: str) -> None:
     click.echo(f"dir: {doc['dir']}")
     if "masters" in doc:
         click.echo(f"masters: {doc['masters']}   (export NYALA_MASTERS={doc['masters']})")
+    if doc.get("credentials"):
+        click.echo(
+            f"credentials: {doc['credentials']}   "
+            f"(export NYALA_CREDENTIALS={doc['credentials']}: an admin of this cluster)"
+        )
     servers = doc.get("servers")
     if isinstance(servers, list):
         emit(servers, fmt)
@@ -40,13 +45,20 @@ def _show(doc: dict[str, object], fmt: str) -> None:
 @click.option("--dir", "directory", type=click.Path(path_type=Path), required=True, help=_DIR_HELP)
 @click.option("--masters", default=3, show_default=True, help="Masters (first start only).")
 @click.option("--tservers", default=3, show_default=True, help="Tablet servers (first start).")
+@click.option(
+    "--insecure",
+    is_flag=True,
+    help="First start only: no TLS and no authentication (default: a cluster CA, mutual TLS, "
+    "and admin credentials under DIR/security; docs/security.md).",
+)
 @format_option
 @one_line
-def start(directory: Path, masters: int, tservers: int, fmt: str) -> None:
-    """Start the cluster in DIR (creating it on first use) and wait for a leader master."""
+def start(directory: Path, masters: int, tservers: int, insecure: bool, fmt: str) -> None:
+    """Start the cluster in DIR (creating it on first use, secure unless --insecure) and wait
+    for a leader master."""
     from nyala.local_cluster import start_detached
 
-    _show(start_detached(directory, masters=masters, tservers=tservers), fmt)
+    _show(start_detached(directory, masters=masters, tservers=tservers, secure=not insecure), fmt)
 
 
 @group.command(name="stop")

@@ -231,6 +231,32 @@ def delete(name: str, masters: str, fmt: str) -> None:
     emit_one({"deleted": name}, fmt)
 
 
+def _privileges_command(name: str, revoke: bool, help_text: str) -> None:
+    """Registers ``nyala table grant`` or ``revoke`` (one shape, one direction each)."""
+
+    @group.command(name=name, help=help_text)
+    @click.argument("table")
+    @click.argument("user")
+    @click.argument("privileges")
+    @masters_option
+    @format_option
+    @one_line
+    def command(table: str, user: str, privileges: str, masters: str, fmt: str) -> None:
+        with client_for(masters) as client:
+            change = client.revoke if revoke else client.grant
+            now = change(table, user, privileges)
+        emit_one({"table": table, "user": user, "privileges": now}, fmt)
+
+
+_privileges_command(
+    "grant",
+    False,
+    "GRANT PRIVILEGES (select,insert,update,delete,alter,drop or all) on TABLE to USER "
+    "(a secure cluster: the table's owner or an admin; docs/security.md).",
+)
+_privileges_command("revoke", True, "REVOKE PRIVILEGES on TABLE from USER.")
+
+
 @group.command(name="rename")
 @click.argument("old")
 @click.argument("new")

@@ -7,10 +7,12 @@ to release the channels.
 
 from __future__ import annotations
 
+import os
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any, TypeVar
 
 from nyala import errors
@@ -34,6 +36,8 @@ from nyala.rpc.messages import Addressable, Answer
 from nyala.rpc.schema_pb import column_to_pb, schema_to_pb
 from nyala.rpc.settings import RpcSettings
 from nyala.schema import Column, Schema, default_to_json
+from nyala.security.files import credentials_from_env, load_client_tls
+from nyala.security.tokens import Privilege
 
 #: Client RPC deadline and admin (DDL) deadline, in milliseconds (DESIGN.md §8).
 CLIENT_TIMEOUT_MS = 10_000
@@ -52,16 +56,21 @@ def connect(
     timeout_ms: int = CLIENT_TIMEOUT_MS,
     admin_timeout_ms: int = ADMIN_TIMEOUT_MS,
     unreachable_fail_ms: int | None = None,
+    credentials: str | os.PathLike[str] | None = None,
 ) -> Client:
     """A client of the cluster whose masters are ``masters`` (``"h1:p,h2:p"`` or a list).
     Finds the leader master now, so a wrong address fails here with a clear error.
     ``unreachable_fail_ms``: give up (``NetworkError``, with each master's own error) once no
-    master could be reached at all for this long, instead of retrying until ``timeout_ms``."""
+    master could be reached at all for this long, instead of retrying until ``timeout_ms``.
+    ``credentials``: the directory of this client's certificate for a secure cluster
+    (``ca.pem``, ``client.pem``, ``client.key``; default ``$NYALA_CREDENTIALS``, else none:
+    plaintext, which a secure cluster refuses)."""
     client = Client(
         masters,
         timeout_ms=timeout_ms,
         admin_timeout_ms=admin_timeout_ms,
         unreachable_fail_ms=unreachable_fail_ms,
+        credentials=credentials,
     )
     try:
         client._masters.discover(time.monotonic() + timeout_ms / 1000)
@@ -81,11 +90,14 @@ class Client:
         timeout_ms: int = CLIENT_TIMEOUT_MS,
         admin_timeout_ms: int = ADMIN_TIMEOUT_MS,
         unreachable_fail_ms: int | None = None,
+        credentials: str | os.PathLike[str] | None = None,
     ) -> None:
         self.master_addrs = parse_masters(masters)
         self.timeout_ms = timeout_ms
         self.admin_timeout_ms = admin_timeout_ms
-        self._pool = ChannelPool(RpcSettings())
+        directory = Path(credentials) if credentials is not None else credentials_from_env()
+        tls = load_client_tls(directory) if directory is not None else None
+        self._pool = ChannelPool(RpcSettings(tls=tls))
         self._masters = MasterConnection(
             self.master_addrs,
             self._pool,
@@ -211,6 +223,31 @@ class Client:
         )
         self._master_call(lambda s: s.master.DeleteTable, request, admin=True)
         self._cache.forget_table(name)
+
+    def grant(self, table: str, user: str, privileges: str) -> str:
+        """GRANT ``privileges`` (``"select,insert"``; SELECT, INSERT, UPDATE, DELETE, ALTER,
+        DROP, ALL) on ``table`` to ``user`` (a secure cluster; by the table's owner or an
+        admin); returns the user's privileges now. Tablet servers see the change within one
+        authz token lifetime (``authz_token_validity_ms``)."""
+        return self._set_privileges(table, user, privileges, revoke=False)
+
+    def revoke(self, table: str, user: str, privileges: str) -> str:
+        """REVOKE ``privileges`` on ``table`` from ``user``; as ``grant``."""
+        return self._set_privileges(table, user, privileges, revoke=True)
+
+    def _set_privileges(self, table: str, user: str, privileges: str, *, revoke: bool) -> str:
+        try:
+            mask = Privilege.parse(privileges)
+        except ValueError as exc:
+            raise errors.InvalidArgumentError(str(exc)) from None
+        request = master_pb2.SetTablePrivilegesRequestPB(
+            table=master_pb2.TableIdentifierPB(table_name=table),
+            user=user,
+            privileges=int(mask),
+            revoke=revoke,
+        )
+        response = self._master_call(lambda s: s.master.SetTablePrivileges, request, admin=True)
+        return Privilege(response.privileges).describe()
 
     def list_tables(self, name_filter: str = "") -> list[dict[str, Any]]:
         """Live tables, sorted by name: id, name, tablets, replicas, state, schema version."""

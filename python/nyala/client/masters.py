@@ -24,6 +24,7 @@ from typing import TypeVar
 from nyala import errors
 from nyala._proto import master_pb2
 from nyala.client.rpc import Backoff, ChannelPool, StubMethod
+from nyala.rpc.credentials import handshake_refusal
 from nyala.rpc.errors import join_host_port, split_host_port
 from nyala.rpc.messages import Addressable, Answer
 
@@ -102,7 +103,7 @@ class MasterConnection:
                 with self._lock:
                     self._leader = leader
                 return leader
-            except errors.InvalidArgumentError:
+            except (errors.InvalidArgumentError, errors.NotAuthenticatedError):
                 raise
             except _NoLeader as exc:
                 last = exc
@@ -145,6 +146,10 @@ class MasterConnection:
                     found = LeaderMaster(response.master_uuid, stubs.addr, response.term)
             else:
                 problems.append(f"{stubs.addr}: not a ready leader")
+        if found is None and unreachable == len(calls):
+            refusal = handshake_refusal(self.masters[0], self.pool.settings.tls)
+            if refusal is not None:
+                raise errors.NotAuthenticatedError(f"{self.masters[0]}: {refusal}")
         if found is None:
             raise _NoLeader(
                 "; ".join(problems) or "no master answered",

@@ -82,6 +82,9 @@ class TableLocations:
     schema_version: int
     #: ``time.monotonic()`` when the master answered.
     fetched_at: float = 0.0
+    #: A secure cluster: this client's privileges on the table, signed by the master, for
+    #: the tablet servers (valid at least until ``expires_at``; empty on an insecure cluster).
+    authz_token: bytes = b""
 
     def expired(self) -> bool:
         """True once the TTL has passed."""
@@ -152,7 +155,12 @@ class MetaCache:
         ttl_ms = response.ttl_ms or LOCATIONS_TTL_DEFAULT_MS
         now = time.monotonic()
         fresh = TableLocations(
-            tablets, router, now + ttl_ms / 1000, response.schema_version, fetched_at=now
+            tablets,
+            router,
+            now + ttl_ms / 1000,
+            response.schema_version,
+            fetched_at=now,
+            authz_token=response.authz_token,
         )
         with self._lock:
             self._locations[info.table_id] = fresh

@@ -17,6 +17,7 @@ import grpc
 
 from nyala import errors
 from nyala._proto import consensus_pb2_grpc, master_pb2_grpc, tserver_pb2_grpc
+from nyala.rpc.channel import open_blocking_channel
 from nyala.rpc.errors import error_from_grpc, raise_for_response, split_host_port
 from nyala.rpc.messages import Answer
 from nyala.rpc.settings import RpcSettings
@@ -87,7 +88,7 @@ class ChannelPool:
             stubs = self._stubs.get(addr)
             if stubs is None:
                 split_host_port(addr)
-                channel = grpc.insecure_channel(addr, options=self.settings.grpc_options())
+                channel = open_blocking_channel(addr, self.settings)
                 stubs = Stubs(addr, channel)
                 self._stubs[addr] = stubs
             return stubs

@@ -273,8 +273,10 @@ class Scanner:
             else:
                 target = self._pick_leader(tablet, attempt, unreachable)
                 attempt += 1
+            # A secure cluster's authz token for the table (renewed with the locations).
+            token = self.cache.locations(self.info).authz_token
             request: tserver_pb2.ScanRequestPB | None = self._request(
-                tablet.tablet_id, target.uuid, last_key, limit, follower
+                tablet.tablet_id, target.uuid, last_key, limit, follower, token
             )
             # A resumed scan's lower bound is inclusive: its first row may be the last one sent.
             resumed = last_key is not None
@@ -412,6 +414,7 @@ class Scanner:
         last_key: pa.RecordBatch | None,
         limit: int | None,
         follower: bool,
+        authz_token: bytes = b"",
     ) -> tserver_pb2.ScanRequestPB:
         if limit is not None and last_key is not None:
             limit += 1  # the inclusive bound may return the last row sent again
@@ -423,6 +426,7 @@ class Scanner:
             read_mode=tserver_pb2.READ_FOLLOWER if follower else tserver_pb2.READ_LATEST,
             max_staleness_ms=self.max_staleness_ms if follower else 0,
             schema_version=self.info.schema.version,
+            authz_token=authz_token,
         )
         if last_key is not None:
             scan.lower_bound_key = _ipc(last_key)

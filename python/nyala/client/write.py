@@ -170,6 +170,8 @@ class _Request:
     schema_version: int
     #: Some attempt may have reached a leader that proposed it (its outcome may be unknown).
     maybe_sent: bool = False
+    #: The table's authz token when the request was made (a secure cluster; else empty).
+    authz_token: bytes = b""
 
 
 @dataclass
@@ -536,7 +538,13 @@ class Writer:
             tablet = locations.tablets[partition]
             rows = np.asarray(positions)
             request = _Request(
-                tablet.tablet_id, self.requests.new(), ops, rows, shape, info.schema.version
+                tablet.tablet_id,
+                self.requests.new(),
+                ops,
+                rows,
+                shape,
+                info.schema.version,
+                authz_token=locations.authz_token,
             )
             # Released when no result holds it any more (answered, or dropped unretried).
             weakref.finalize(request, self.requests.done, request.seq_no)
@@ -625,6 +633,7 @@ class Writer:
                     attempt_no=attempt,
                 ),
                 schema_version=request.schema_version,
+                authz_token=request.authz_token,
             )
             attempt += 1
             try:

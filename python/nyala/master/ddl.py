@@ -22,6 +22,7 @@ from nyala.master.catalog import Catalog, TableInfo, copy_record
 from nyala.master.catalog_manager import LEADER_POLL_S, CatalogManager
 from nyala.master.partitions import TABLETS_PER_TABLE_MAX, table_partitions
 from nyala.master.placement import choose_replicas
+from nyala.master.privileges import owner_of_new_table
 from nyala.master.sys_catalog import CatalogRecord
 from nyala.master.ts_manager import TSDescriptor
 from nyala.partition import (
@@ -32,6 +33,7 @@ from nyala.partition import (
     describe_range,
     range_bounds_from_pb,
 )
+from nyala.rpc.auth import current_caller
 from nyala.rpc.schema_pb import column_from_pb, schema_from_pb, schema_to_pb
 from nyala.schema import Column, Schema
 
@@ -83,6 +85,7 @@ class TableDdl:
                 state=master_pb2.SYS_TABLE_RUNNING,
                 create_time_us=now_us,
                 create_request_id=request.request_id,
+                owner=owner_of_new_table(current_caller()),
             )
             load = catalog.replica_counts()
             tablets = [

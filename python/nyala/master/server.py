@@ -32,8 +32,10 @@ from nyala.master.ts_manager import TSManager
 from nyala.master.web_ui import MASTER_NAV, MasterPages
 from nyala.rpc import HttpResponse, HttpServer, RpcServer
 from nyala.rpc.http import HttpRequest, Route
+from nyala.security.pki import ClusterCa
 from nyala.server.base import ServerBase
 from nyala.server.consensus_service import ConsensusService, add_consensus_service
+from nyala.server.security import prepare_master
 from nyala.server.tablet_copy import TabletCopy, add_tablet_copy_service
 from nyala.server.web_ui import Markup, wants_json
 from nyala.tablet.replica import TabletReplica, TabletState
@@ -54,6 +56,7 @@ class MasterServer(ServerBase):
         self._own_addr = ""
         self._tasks: asyncio.TaskGroup | None = None
         self._workers: list[asyncio.Task[None]] = []
+        self._ca: ClusterCa | None = None  # the cluster CA (None: an insecure master)
 
     async def run(self) -> None:
         """Opens the fs root, serves until stopped, shuts down gracefully."""
@@ -61,6 +64,7 @@ class MasterServer(ServerBase):
         self._own_addr = own_address(self.settings.rpc_bind, masters)
         tablets = self._open_fs_and_tablets()
         try:
+            self._ca = prepare_master(self.settings, self.uuid)
             sys_catalog = SysCatalog(tablets, self.settings.catalog_write_timeout_ms)
             self._check_existing(sys_catalog)
             self.manager = CatalogManager(
@@ -157,7 +161,7 @@ class MasterServer(ServerBase):
         server = RpcServer(self.settings.rpc_bind, self.settings.rpc_settings())
         server.add_service(
             master_pb2_grpc.add_MasterServiceServicer_to_server,
-            MasterService(self.uuid, self._rpc_metrics, self.manager),
+            MasterService(self.uuid, self._rpc_metrics, self.manager, self._ca),
         )
         server.add_service(
             add_consensus_service,

@@ -4,22 +4,33 @@ from __future__ import annotations
 
 from nyala._proto import master_pb2, master_pb2_grpc
 from nyala.consensus.types import Role
-from nyala.errors import InvalidArgumentError
-from nyala.master import membership
+from nyala.errors import InvalidArgumentError, NotAuthorizedError, NotSupportedError
+from nyala.master import membership, privileges
 from nyala.master.catalog_manager import CatalogManager, role_pb
 from nyala.master.ddl import TableDdl
 from nyala.master.locations import Locations
 from nyala.master.replica_admin import ReplicaAdmin
 from nyala.master.tablet_reports import TabletReports
 from nyala.rpc import Context, RpcMetrics, ServiceBase, join_host_port, unary
+from nyala.rpc.auth import current_caller
+from nyala.security.identity import Identity, Kind
+from nyala.security.pki import ClusterCa
+from nyala.security.tokens import Privilege
 
 
 class MasterService(ServiceBase, master_pb2_grpc.MasterServiceServicer):
     """Heartbeats, leader discovery, DDL, catalog reads and membership."""
 
-    def __init__(self, server_uuid: str, metrics: RpcMetrics, manager: CatalogManager) -> None:
+    def __init__(
+        self,
+        server_uuid: str,
+        metrics: RpcMetrics,
+        manager: CatalogManager,
+        ca: ClusterCa | None = None,
+    ) -> None:
         super().__init__(server_uuid, metrics)
         self._m = manager
+        self._ca = ca
         self._ddl = TableDdl(manager)
         self._locations = Locations(manager)
         self._reports = TabletReports(manager)
@@ -34,6 +45,30 @@ class MasterService(ServiceBase, master_pb2_grpc.MasterServiceServicer):
         if not request.ts_uuid:
             raise InvalidArgumentError("a heartbeat needs ts_uuid")
         return await self._reports.heartbeat(request)
+
+    @unary(master_pb2.SignServerCertificateResponsePB, allow_empty_dest=True)
+    async def SignServerCertificate(
+        self,
+        request: master_pb2.SignServerCertificateRequestPB,
+        context: Context[
+            master_pb2.SignServerCertificateRequestPB, master_pb2.SignServerCertificateResponsePB
+        ],
+    ) -> master_pb2.SignServerCertificateResponsePB:
+        """Signs a tablet server's CSR (Kudu's IPKI): the caller holds a join credential, or is
+        that same server renewing its certificate."""
+        if self._ca is None:
+            raise NotSupportedError("this master is not secure: it has no cluster CA")
+        caller = current_caller()
+        renewing = caller == Identity(Kind.SERVER, request.server_uuid)
+        if caller is None or (caller.kind is not Kind.JOIN and not renewing):
+            raise NotAuthorizedError(
+                f"{caller} may not enroll a server: it needs a join credential of this cluster"
+            )
+        Identity(Kind.SERVER, request.server_uuid)  # a well-formed UUID, else InvalidArgument
+        cert = self._ca.sign_server_csr(request.csr_pem, request.server_uuid, request.hosts)
+        return master_pb2.SignServerCertificateResponsePB(
+            cert_pem=cert, ca_cert_pem=self._ca.cert_pem
+        )
 
     @unary(master_pb2.ConnectToMasterResponsePB, allow_empty_dest=True)
     async def ConnectToMaster(
@@ -76,6 +111,7 @@ class MasterService(ServiceBase, master_pb2_grpc.MasterServiceServicer):
         request: master_pb2.AlterTableRequestPB,
         context: Context[master_pb2.AlterTableRequestPB, master_pb2.AlterTableResponsePB],
     ) -> master_pb2.AlterTableResponsePB:
+        self._require(request.table, Privilege.ALTER)
         table_id, version = await self._ddl.alter_table(request)
         return master_pb2.AlterTableResponsePB(table_id=table_id, schema_version=version)
 
@@ -96,6 +132,7 @@ class MasterService(ServiceBase, master_pb2_grpc.MasterServiceServicer):
         request: master_pb2.DeleteTableRequestPB,
         context: Context[master_pb2.DeleteTableRequestPB, master_pb2.DeleteTableResponsePB],
     ) -> master_pb2.DeleteTableResponsePB:
+        self._require(request.table, Privilege.DROP)
         await self._ddl.delete_table(request)
         return master_pb2.DeleteTableResponsePB()
 
@@ -115,7 +152,32 @@ class MasterService(ServiceBase, master_pb2_grpc.MasterServiceServicer):
             master_pb2.GetTableLocationsRequestPB, master_pb2.GetTableLocationsResponsePB
         ],
     ) -> master_pb2.GetTableLocationsResponsePB:
-        return self._locations.table_locations(request)
+        response = self._locations.table_locations(request)
+        if self._ca is not None:
+            validity_ms = self._m.settings.authz_token_validity_ms
+            table = self._m.require_leader().table(request.table).pb
+            response.authz_token = privileges.authz_token(
+                self._ca, table, current_caller(), validity_ms
+            )
+            response.ttl_ms = min(response.ttl_ms, validity_ms // 2)
+        return response
+
+    @unary(master_pb2.SetTablePrivilegesResponsePB)
+    async def SetTablePrivileges(
+        self,
+        request: master_pb2.SetTablePrivilegesRequestPB,
+        context: Context[
+            master_pb2.SetTablePrivilegesRequestPB, master_pb2.SetTablePrivilegesResponsePB
+        ],
+    ) -> master_pb2.SetTablePrivilegesResponsePB:
+        """GRANT and REVOKE (``nyala table grant/revoke``)."""
+        now = await privileges.set_privileges(self._m, request, current_caller())
+        return master_pb2.SetTablePrivilegesResponsePB(privileges=int(now))
+
+    def _require(self, ident: master_pb2.TableIdentifierPB, needed: Privilege) -> None:
+        """``NotAuthorizedError`` unless the caller holds ``needed`` on the table."""
+        table = self._m.require_leader().table(ident).pb
+        privileges.require(table, current_caller(), needed)
 
     @unary(master_pb2.GetTableStatisticsResponsePB)
     async def GetTableStatistics(

@@ -42,6 +42,10 @@ class MasterSettings(ServerSettings):
     catalog_write_timeout_ms: int = 30_000
     # How long a client may cache table locations.
     table_locations_ttl_ms: int = 60_000
+    # Secure clusters: how long an authz token (a caller's privileges on one table, for the
+    # tablet servers) is valid: a REVOKE takes effect within this long. Locations are then
+    # cached for at most half of it, so a client renews its token with them.
+    authz_token_validity_ms: int = 300_000
     # How long a new master waits for its peers to answer before forming the sys catalog.
     master_discovery_timeout_ms: int = 120_000
 
@@ -54,6 +58,7 @@ class MasterSettings(ServerSettings):
         "background_rpc_retry_ms",
         "catalog_write_timeout_ms",
         "table_locations_ttl_ms",
+        "authz_token_validity_ms",
         "master_discovery_timeout_ms",
     )
 

@@ -22,9 +22,10 @@ from nyala._proto import (
     tserver_pb2,
     tserver_pb2_grpc,
 )
+from nyala.rpc.credentials import channel_credentials, uuid_binding_option
 from nyala.rpc.errors import error_from_grpc, raise_for_response, split_host_port
 from nyala.rpc.messages import Answer
-from nyala.rpc.settings import RpcSettings
+from nyala.rpc.settings import RpcSettings, tool_settings
 
 _Req = TypeVar("_Req")
 _Resp = TypeVar("_Resp", bound=Answer)
@@ -44,6 +45,31 @@ def _method_path(file: FileDescriptor, service: str, method: str) -> str:
 #: The gRPC path of FetchData, whose answers ``fetch_data_serialized`` hands over unparsed: the
 #: tablet copy target takes the chunk's bytes from them without a copy.
 _FETCH_DATA = _method_path(tablet_copy_pb2.DESCRIPTOR, "TabletCopyService", "FetchData")
+
+
+def open_channel(
+    addr: str, settings: RpcSettings, server_uuid: str | None = None
+) -> grpc.aio.Channel:
+    """An asyncio channel to ``addr``: TLS when ``settings.tls`` is set, checking the server's
+    certificate names ``server_uuid`` when given (else the host dialled)."""
+    options = settings.grpc_options()
+    if settings.tls is None:
+        return grpc.aio.insecure_channel(addr, options=options)
+    if server_uuid:
+        options.append(uuid_binding_option(server_uuid))
+    return grpc.aio.secure_channel(addr, channel_credentials(settings.tls), options=options)
+
+
+def open_blocking_channel(
+    addr: str, settings: RpcSettings, server_uuid: str | None = None
+) -> grpc.Channel:
+    """A blocking channel to ``addr``, secured as ``open_channel`` says."""
+    options = settings.grpc_options()
+    if settings.tls is None:
+        return grpc.insecure_channel(addr, options=options)
+    if server_uuid:
+        options.append(uuid_binding_option(server_uuid))
+    return grpc.secure_channel(addr, channel_credentials(settings.tls), options=options)
 
 
 class _Stubs:
@@ -69,11 +95,13 @@ class ServerProxy(_Stubs):
     tablet_copy: tablet_copy_pb2_grpc.TabletCopyServiceAsyncStub
     master: master_pb2_grpc.MasterServiceAsyncStub
 
-    def __init__(self, addr: str, settings: RpcSettings | None = None) -> None:
+    def __init__(
+        self, addr: str, settings: RpcSettings | None = None, *, server_uuid: str | None = None
+    ) -> None:
         split_host_port(addr)  # validate early: a typo is an InvalidArgumentError here
         self.addr = addr
-        self.settings = settings or RpcSettings()
-        channel = grpc.aio.insecure_channel(addr, options=self.settings.grpc_options())
+        self.settings = settings or tool_settings()
+        channel = open_channel(addr, self.settings, server_uuid)
         self._channel = channel
         super().__init__(channel)
         self.fetch_data_serialized: grpc.aio.UnaryUnaryMultiCallable[
@@ -160,11 +188,13 @@ class BlockingServerProxy(_Stubs):
     """A blocking channel to one server, with the generated stubs of every service over it, for
     tools and tests. Use as ``with``."""
 
-    def __init__(self, addr: str, settings: RpcSettings | None = None) -> None:
+    def __init__(
+        self, addr: str, settings: RpcSettings | None = None, *, server_uuid: str | None = None
+    ) -> None:
         split_host_port(addr)
         self.addr = addr
-        self.settings = settings or RpcSettings()
-        channel = grpc.insecure_channel(addr, options=self.settings.grpc_options())
+        self.settings = settings or tool_settings()
+        channel = open_blocking_channel(addr, self.settings, server_uuid)
         self._channel = channel
         super().__init__(channel)
 

@@ -47,6 +47,8 @@ CODE_TO_CLASS: dict[_Code, type[errors.NyalaError]] = {
     common_pb2.ABORTED: errors.AbortedError,
     common_pb2.NOT_SUPPORTED: errors.NotSupportedError,
     common_pb2.TIMED_OUT: errors.TimedOutError,
+    common_pb2.NOT_AUTHENTICATED: errors.NotAuthenticatedError,
+    common_pb2.NOT_AUTHORIZED: errors.NotAuthorizedError,
 }
 
 _CLASS_TO_CODE: dict[type[errors.NyalaError], _Code] = {
@@ -63,6 +65,9 @@ _GRPC_STATUS_TO_CLASS: dict[grpc.StatusCode, type[errors.NyalaError]] = {
     # A message over the size limit: sending it again gives the same answer.
     grpc.StatusCode.RESOURCE_EXHAUSTED: errors.InvalidArgumentError,
     grpc.StatusCode.INVALID_ARGUMENT: errors.InvalidArgumentError,
+    # Refused by the server's authentication check (nyala.rpc.auth).
+    grpc.StatusCode.UNAUTHENTICATED: errors.NotAuthenticatedError,
+    grpc.StatusCode.PERMISSION_DENIED: errors.NotAuthorizedError,
 }
 
 

@@ -9,6 +9,8 @@ from typing import Any, Protocol, TypeAlias, TypeVar, cast
 import grpc
 
 from nyala.errors import NetworkError
+from nyala.rpc.auth import AuthInterceptor
+from nyala.rpc.credentials import server_credentials
 from nyala.rpc.errors import join_host_port, split_host_port
 from nyala.rpc.settings import RpcSettings
 
@@ -22,12 +24,15 @@ _Handler: TypeAlias = "grpc.RpcMethodHandler[Any, Any]"
 
 
 class RpcServer:
-    """A grpc.aio server with nyala's limits; ``start`` binds, ``stop`` drains."""
+    """A grpc.aio server with nyala's limits; ``start`` binds, ``stop`` drains. With
+    ``settings.tls`` every connection is mutual TLS and every call is checked against the role
+    its method requires (``nyala.rpc.auth``)."""
 
     def __init__(self, bind: str, settings: RpcSettings) -> None:
         self._host, self._port = split_host_port(bind)
         self._settings = settings
-        self._server = grpc.aio.server(options=settings.grpc_options())
+        interceptors = [AuthInterceptor()] if settings.tls is not None else []
+        self._server = grpc.aio.server(options=settings.grpc_options(), interceptors=interceptors)
         self.port = 0  # the bound port, known after start (differs from bind's port if that is 0)
 
     def add_service(
@@ -44,14 +49,22 @@ class RpcServer:
     async def start(self) -> None:
         """Binds the address and starts serving; ``NetworkError`` if the bind fails."""
         target = join_host_port(self._host, self._port)
+        tls = self._settings.tls
         try:
-            self.port = self._server.add_insecure_port(target)
+            if tls is None:
+                self.port = self._server.add_insecure_port(target)
+            else:
+                self.port = self._server.add_secure_port(target, server_credentials(tls))
         except RuntimeError as exc:
             raise NetworkError(f"cannot bind RPC address {target}: {exc}") from None
         if self.port == 0:
             raise NetworkError(f"cannot bind RPC address {target}")
         await self._server.start()
-        log.info("rpc server listening on %s", self.address)
+        log.info(
+            "rpc server listening on %s (%s)",
+            self.address,
+            "plaintext" if tls is None else "mutual TLS",
+        )
 
     async def wait_for_termination(self) -> None:
         """Returns once the server has stopped: the server's task in its owner's TaskGroup."""

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from nyala.security.files import TlsSettings, credentials_from_env, load_client_tls
+
 MIB = 1024 * 1024
 
 
@@ -17,6 +19,9 @@ class RpcSettings:
     client_timeout_ms: int = 10_000
     # Deadline of an admin call (create/delete tablet, config change) when the caller gives none.
     admin_timeout_ms: int = 30_000
+    # TLS on every channel and server of the process (None: plaintext, an insecure cluster).
+    # A server with TLS requires a client certificate of the cluster CA on every connection.
+    tls: TlsSettings | None = None
 
     def __post_init__(self) -> None:
         if self.message_bytes_max < 4096:
@@ -24,7 +29,7 @@ class RpcSettings:
         if self.client_timeout_ms <= 0 or self.admin_timeout_ms <= 0:
             raise ValueError("RPC timeouts must be positive")
 
-    def grpc_options(self) -> list[tuple[str, int]]:
+    def grpc_options(self) -> list[tuple[str, int | str]]:
         """gRPC channel/server options enforcing the size limit in both directions."""
         return [
             ("grpc.max_send_message_length", self.message_bytes_max),
@@ -32,3 +37,10 @@ class RpcSettings:
             # Every process on a host binds its own port; never share one silently.
             ("grpc.so_reuseport", 0),
         ]
+
+
+def tool_settings() -> RpcSettings:
+    """What a tool's channel uses when it is given no settings: the client credentials
+    ``NYALA_CREDENTIALS`` names (a secure cluster), else plaintext."""
+    directory = credentials_from_env()
+    return RpcSettings(tls=load_client_tls(directory) if directory is not None else None)

@@ -6,11 +6,13 @@ fields and their own default ports.
 
 from __future__ import annotations
 
+import ipaddress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
 from nyala.rpc.settings import MIB, RpcSettings
+from nyala.security.files import load_server_tls
 
 
 @dataclass(frozen=True)
@@ -24,6 +26,17 @@ class ServerSettings:
     masters: tuple[str, ...] = field(default_factory=tuple)
     # Expected server UUID; refuse a root formatted for another one. Empty: take the root's.
     uuid: str = ""
+
+    # Security (docs/security.md): the directory of this server's TLS material (the cluster
+    # CA's certificate, its own certificate, a master's CA key, a new tablet server's join
+    # credential). Empty: plaintext and no authentication, refused on a non-loopback address
+    # unless `insecure` says so.
+    security_dir: str = ""
+    # A file whose content is the passphrase that encrypts the CA key at rest (masters; empty:
+    # the key is kept unencrypted, readable by the server's user only).
+    ca_key_passphrase_file: str = ""
+    # Serve without TLS and authentication on a non-loopback address (never the default).
+    insecure: bool = False
 
     # Raft (Kudu's defaults).
     heartbeat_interval_ms: int = 500
@@ -121,7 +134,23 @@ class ServerSettings:
             )
         if self.tablet_copy_chunk_bytes > self.rpc_message_bytes_max // 2:
             raise ValueError("tablet_copy_chunk_bytes must leave room in rpc_message_bytes_max")
-        self.rpc_settings()  # validates the RPC limits
+        # Validates the RPC limits (without reading the security directory: a new master fills it).
+        RpcSettings(
+            self.rpc_message_bytes_max, self.rpc_client_timeout_ms, self.rpc_admin_timeout_ms
+        )
+        self._check_secure_if_reachable()
+
+    def _check_secure_if_reachable(self) -> None:
+        """A server others can reach must be secure unless told ``insecure`` (docs/security.md)."""
+        if self.security_dir or self.insecure:
+            return
+        for name in ("rpc_bind", "http_bind"):
+            host = getattr(self, name).rpartition(":")[0].strip("[]")
+            if not _is_loopback(host):
+                raise ValueError(
+                    f"{name} {getattr(self, name)} is not a loopback address: give "
+                    "--security-dir (docs/security.md), or --insecure to serve it unprotected"
+                )
 
     @property
     def election_timeout_ms(self) -> int:
@@ -134,4 +163,14 @@ class ServerSettings:
             message_bytes_max=self.rpc_message_bytes_max,
             client_timeout_ms=self.rpc_client_timeout_ms,
             admin_timeout_ms=self.rpc_admin_timeout_ms,
+            tls=load_server_tls(Path(self.security_dir)) if self.security_dir else None,
         )
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

@@ -46,8 +46,17 @@ _WRITE_KEYS = {
     "failonrowerrors",
     "timeoutms",
     "reportpath",
+    "credentials",
 }
-_READ_KEYS = {"masters", "table", "columns", "replicaselection", "maxstalenessms", "timeoutms"}
+_READ_KEYS = {
+    "masters",
+    "table",
+    "columns",
+    "replicaselection",
+    "maxstalenessms",
+    "timeoutms",
+    "credentials",
+}
 
 
 class ReplicaSelection(enum.Enum):
@@ -96,6 +105,9 @@ class WriteOptions:
     timeout_ms: int | None
     #: Where the driver writes the job's JSON summary at commit (None: log line only).
     report_path: str | None
+    #: A secure cluster: the credentials directory on every executor (docs/security.md); the
+    #: plan carries this path, never a key. None: ``NYALA_CREDENTIALS`` or none.
+    credentials: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,6 +121,8 @@ class ReadOptions:
     replica_selection: ReplicaSelection
     max_staleness_ms: int | None
     timeout_ms: int | None
+    #: As in ``WriteOptions``.
+    credentials: str | None = None
 
 
 def _lowered(options: Mapping[str, str]) -> dict[str, str]:
@@ -243,6 +257,7 @@ def parse_write_options(raw: Mapping[str, str]) -> WriteOptions:
         fail_on_row_errors=parse_bool(options, "failOnRowErrors", True),
         timeout_ms=parse_int(options, "timeoutMs", None, low=1, high=3_600_000),
         report_path=report or None,
+        credentials=options.get(PREFIX + "credentials", "").strip() or None,
     )
 
 
@@ -271,6 +286,7 @@ def parse_read_options(raw: Mapping[str, str]) -> ReadOptions:
         replica_selection=selection,
         max_staleness_ms=staleness,
         timeout_ms=parse_int(options, "timeoutMs", None, low=1, high=3_600_000),
+        credentials=options.get(PREFIX + "credentials", "").strip() or None,
     )
 
 

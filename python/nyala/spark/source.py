@@ -66,12 +66,13 @@ if TYPE_CHECKING:
 log = logging.getLogger("nyala.spark")
 
 
-def _connect(masters: str, timeout_ms: int | None) -> Client:
+def _connect(options: ReadOptions | WriteOptions) -> Client:
+    """A client of the job's cluster, with the job's credentials directory if it names one."""
     from nyala.client import connect
 
-    if timeout_ms is None:
-        return connect(masters)
-    return connect(masters, timeout_ms=timeout_ms)
+    if options.timeout_ms is None:
+        return connect(options.masters, credentials=options.credentials)
+    return connect(options.masters, timeout_ms=options.timeout_ms, credentials=options.credentials)
 
 
 class NyalaDataSource(DataSource):
@@ -85,7 +86,7 @@ class NyalaDataSource(DataSource):
     def schema(self) -> str:
         """The table's columns (or ``nyala.columns`` of them) as Spark DDL."""
         options = parse_read_options(self.options)
-        with _connect(options.masters, options.timeout_ms) as client:
+        with _connect(options) as client:
             table_schema: Schema = client.table(options.table).schema
         columns = options.columns or table_schema.names
         schema_map.check_projection(table_schema, columns)
@@ -94,7 +95,7 @@ class NyalaDataSource(DataSource):
     def reader(self, schema: StructType) -> NyalaReader:
         """The reader for the columns of ``schema`` (checked against the table)."""
         options = parse_read_options(self.options)
-        with _connect(options.masters, options.timeout_ms) as client:
+        with _connect(options) as client:
             table_schema: Schema = client.table(options.table).schema
         columns = [field.name for field in schema.fields]
         schema_map.check_projection(table_schema, columns)
@@ -107,7 +108,7 @@ class NyalaDataSource(DataSource):
 
         options = parse_write_options(self.options)
         input_schema = to_arrow_schema(schema, timezone="UTC")
-        with _connect(options.masters, options.timeout_ms) as client:
+        with _connect(options) as client:
             table_schema = _open_or_create(client, options, input_schema)
             plan = schema_map.plan_write(
                 input_schema,
@@ -175,7 +176,7 @@ class NyalaWriter(DataSourceArrowWriter):
         (unless ``nyala.failOnRowErrors`` is false)."""
         options = self.options
         with (
-            _connect(options.masters, options.timeout_ms) as client,
+            _connect(options) as client,
             TableWriter(
                 client,
                 options.table,
@@ -275,7 +276,7 @@ class NyalaReader(DataSourceReader):
         """One partition per tablet the pushed predicates can match (hash and range
         partition pruning, as the client's scans do)."""
         options = self.options
-        with _connect(options.masters, options.timeout_ms) as client:
+        with _connect(options) as client:
             table = client.table(options.table)
             tablets = table.scan(where=list(self.predicates)).tablets()
         return [TabletPartition(t.tablet_id, _hosts(t)) for t in tablets]
@@ -285,7 +286,7 @@ class NyalaReader(DataSourceReader):
         assert isinstance(partition, TabletPartition)
         options = self.options
         target = schema_map.read_arrow_schema(self.table_schema, self.columns)
-        with _connect(options.masters, options.timeout_ms) as client:
+        with _connect(options) as client:
             table = client.table(options.table)
             for batch in scan_tablet(table, partition, self.columns, self.predicates, options):
                 if batch.num_rows:

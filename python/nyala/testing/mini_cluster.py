@@ -35,7 +35,9 @@ from nyala.common.process import PARENT_PID_ENV
 from nyala.errors import NyalaError, TimedOutError
 from nyala.rpc import BlockingServerProxy, join_host_port
 from nyala.rpc.ports import free_loopback_ports
+from nyala.rpc.settings import RpcSettings
 from nyala.schema import Schema
+from nyala.testing.security import ClusterSecurity
 
 LOOPBACK = "127.0.0.1"
 # Starts of a new server whose free port was taken by someone else before it could bind.
@@ -70,6 +72,7 @@ class ServerProcess:
         rpc_port: int,
         http_port: int,
         flags: Sequence[str],
+        rpc_settings: RpcSettings | None = None,
     ) -> None:
         self.role = role
         self.index = index
@@ -79,6 +82,8 @@ class ServerProcess:
         self.rpc_port = rpc_port
         self.http_port = http_port
         self.flags = list(flags)
+        # How the test process reaches it (with an admin's certificate on a secure cluster).
+        self.rpc_settings = rpc_settings or RpcSettings()
         # Learned from Ping when the process is ready; changes only by ``wipe``.
         self.uuid: str | None = None
         self._proc: subprocess.Popen[bytes] | None = None
@@ -152,7 +157,7 @@ class ServerProcess:
         records) its UUID."""
         deadline = time.monotonic() + timeout_s
         last_error: Exception | None = None
-        with BlockingServerProxy(self.rpc_addr) as proxy:
+        with self.proxy() as proxy:
             while time.monotonic() < deadline:
                 if not self.is_running():
                     raise NyalaError(
@@ -171,7 +176,7 @@ class ServerProcess:
 
     def proxy(self) -> BlockingServerProxy:
         """A blocking RPC channel to this server (close it, or use ``with``)."""
-        return BlockingServerProxy(self.rpc_addr)
+        return BlockingServerProxy(self.rpc_addr, self.rpc_settings)
 
     def ping(self, *, timeout_ms: int = 2_000) -> tserver_pb2.PingResponsePB:
         """Ping with this server's UUID as ``dest_uuid`` (any UUID if not known yet)."""
@@ -266,7 +271,10 @@ class MiniCluster:
     """A set of real server processes on loopback. Use as a context manager.
 
     ``base_dir`` defaults to a new temp directory, deleted on shutdown unless
-    ``keep_dir`` (then logs stay for a post-mortem).
+    ``keep_dir`` (then logs stay for a post-mortem). ``secure``: a cluster CA under
+    ``base_dir/security``, every server with ``--security-dir`` (mutual TLS, roles checked),
+    tablet servers enrolling with a join credential, and the test process an admin
+    (``security.admin_dir`` for ``nyala.connect(credentials=...)``).
     """
 
     def __init__(
@@ -279,6 +287,7 @@ class MiniCluster:
         master_flags: Sequence[str] = (),
         start_timeout_s: float = 30.0,
         keep_dir: bool = False,
+        secure: bool = False,
     ) -> None:
         self._owns_dir = base_dir is None
         self.base_dir = (
@@ -293,6 +302,8 @@ class MiniCluster:
         self.tservers: list[ServerProcess] = []
         self._num_tservers = num_tservers
         self._shut_down = False
+        self.security = ClusterSecurity(self.base_dir / "security") if secure else None
+        self.rpc_settings = self.security.admin_settings if self.security else RpcSettings()
 
     def __enter__(self) -> MiniCluster:
         try:
@@ -429,13 +440,16 @@ class MiniCluster:
         self, flags: Sequence[str] = (), ports: tuple[int, int] | None = None
     ) -> ServerProcess:
         rpc_port, http_port = ports or free_loopback_ports(2, LOOPBACK)
+        name = f"master-{len(self.masters)}"
+        security = self._security_flags(name)
         master = ServerProcess(
             "master",
             len(self.masters),
             self.base_dir,
             rpc_port,
             http_port,
-            [*self.master_flags, *flags],
+            [*self.master_flags, *security, *flags],
+            self.rpc_settings,
         )
         self.masters.append(master)
         return master
@@ -471,16 +485,24 @@ class MiniCluster:
             time.sleep(0.05)
         raise TimedOutError(f"no leader master within {timeout_s} s")
 
+    def _security_flags(self, name: str) -> list[str]:
+        """``--security-dir`` for a new server of a secure cluster (none otherwise)."""
+        if self.security is None:
+            return []
+        return ["--security-dir", str(self.security.server_dir(name))]
+
     def _new_tserver(self, flags: Sequence[str] = ()) -> ServerProcess:
         rpc_port, http_port = free_loopback_ports(2, LOOPBACK)
         masters = ["--masters", ",".join(self.master_addrs)] if self.masters else []
+        security = self._security_flags(f"tserver-{len(self.tservers)}")
         ts = ServerProcess(
             "tserver",
             len(self.tservers),
             self.base_dir,
             rpc_port,
             http_port,
-            [*self.tserver_flags, *masters, *flags],
+            [*self.tserver_flags, *masters, *security, *flags],
+            self.rpc_settings,
         )
         self.tservers.append(ts)
         return ts

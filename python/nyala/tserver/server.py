@@ -23,11 +23,14 @@ from nyala.errors import ServiceUnavailableError
 from nyala.rpc import HttpResponse, HttpServer, RpcServer
 from nyala.rpc.http import HttpRequest, Route
 from nyala.rpc.settings import MIB
+from nyala.security.tokens import TokenVerifier
 from nyala.server.base import ServerBase
 from nyala.server.consensus_service import ConsensusService, add_consensus_service
+from nyala.server.security import enroll_tserver
 from nyala.server.tablet_copy import TabletCopy, add_tablet_copy_service
 from nyala.server.web_ui import Cell, Markup, wants_json
 from nyala.tablet.replica import TabletReplica
+from nyala.tserver.authz import TabletAuthorizer
 from nyala.tserver.heartbeater import Heartbeater
 from nyala.tserver.memory import MemoryTracker, MemoryUsage
 from nyala.tserver.scanners import ScannerRegistry
@@ -189,6 +192,7 @@ class TabletServer(ServerBase):
     async def run(self) -> None:
         """Opens the fs root, serves until stopped, shuts down gracefully."""
         tablets = self._open_fs_and_tablets()
+        await enroll_tserver(self.settings, self.uuid, self.settings.enroll_timeout_ms)
         self._register_metrics()
         self.copy = TabletCopy(
             self.uuid,
@@ -265,6 +269,14 @@ class TabletServer(ServerBase):
         if replica is not None:
             await replica.stop_consensus()
 
+    def _authorizer(self) -> TabletAuthorizer | None:
+        """The table-privilege check of a secure server (None: insecure)."""
+        tls = self.settings.rpc_settings().tls
+        if tls is None:
+            return None
+        assert self.tablets is not None
+        return TabletAuthorizer(TokenVerifier(tls.ca_pem), self.tablets)
+
     def _build_rpc_server(self) -> RpcServer:
         assert self.tablets is not None, "tablets are opened before the RPC server is built"
         server = RpcServer(self.settings.rpc_bind, self.settings.rpc_settings())
@@ -278,6 +290,7 @@ class TabletServer(ServerBase):
                 self.scanners,
                 self.settings.scan_batch_bytes_max,
                 self.memory.admit_write,
+                self._authorizer(),
             ),
         )
         server.add_service(

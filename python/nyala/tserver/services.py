@@ -38,6 +38,7 @@ from nyala.tablet import DataState, TabletManager
 from nyala.tablet.applier import WriteOutcome
 from nyala.tablet.replica import TabletReplica
 from nyala.tablet.write_entry import RequestId
+from nyala.tserver.authz import TabletAuthorizer
 from nyala.tserver.scanners import Scanner, ScannerRegistry
 from nyala.tserver.tablet_meta import TabletReport
 
@@ -153,6 +154,7 @@ class TabletService(ServiceBase, tserver_pb2_grpc.TabletServiceServicer):
         scanners: ScannerRegistry,
         scan_batch_bytes_max: int = SCAN_BATCH_BYTES_MAX_DEFAULT,
         admit_write: Callable[[int], None] | None = None,
+        authz: TabletAuthorizer | None = None,
     ) -> None:
         super().__init__(server_uuid, metrics)
         # Counts a write's bytes against the memory limit or refuses it (retriable).
@@ -161,6 +163,7 @@ class TabletService(ServiceBase, tserver_pb2_grpc.TabletServiceServicer):
         self._tablets = tablets
         self._scanners = scanners
         self._scan_batch_bytes_max = scan_batch_bytes_max
+        self._authz = authz  # table privileges (None: an insecure server checks none)
 
     @unary(tserver_pb2.PingResponsePB, allow_empty_dest=True)
     async def Ping(
@@ -194,6 +197,8 @@ class TabletService(ServiceBase, tserver_pb2_grpc.TabletServiceServicer):
         for i, sub in enumerate(subs):
             try:  # the decorator checked the call's dest_uuid; each write names its own
                 check_dest_uuid(sub.dest_uuid, self.server_uuid)
+                if self._authz is not None:
+                    self._authz.check_write(sub)
             except NyalaError as exc:
                 results[i] = exc
                 continue
@@ -238,6 +243,8 @@ class TabletService(ServiceBase, tserver_pb2_grpc.TabletServiceServicer):
         )
 
     async def _write(self, request: tserver_pb2.WriteRequestPB) -> tserver_pb2.WriteResponsePB:
+        if self._authz is not None:
+            self._authz.check_write(request)
         replica = self._tablets.replica(request.tablet_id)
         if self._admit_write is not None:
             self._admit_write(len(request.ops))
@@ -297,6 +304,8 @@ class TabletService(ServiceBase, tserver_pb2_grpc.TabletServiceServicer):
         not), and registers it with pages of ``batch_size_bytes`` (capped by
         ``scan_batch_bytes_max``; fixed for the scanner's life). Key bounds, predicates,
         projection and the limit are applied in storage."""
+        if self._authz is not None:
+            self._authz.check_scan(scan)
         replica = self._tablets.replica(scan.tablet_id)
         bounds = {
             "lower_bound": _key_bound(scan.lower_bound_key, "lower"),

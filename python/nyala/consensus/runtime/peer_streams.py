@@ -105,7 +105,8 @@ class PeerStreams:
         self._settings = settings or RpcSettings()
         self._opts = options or PeerStreamsOptions()
         self._peers: dict[str, _Peer] = {}
-        self._proxies: dict[str, ServerProxy] = {}
+        # By (address, UUID): a channel checks the peer's certificate names the UUID.
+        self._proxies: dict[tuple[str, str], ServerProxy] = {}
         self._call_ids = itertools.count(1)
         self._group: asyncio.TaskGroup | None = None
         self.requests_dropped = 0
@@ -160,10 +161,11 @@ class PeerStreams:
         self._fail_waiting(peer, NetworkError(f"{peer.uuid} moved from {peer.address}"))
         peer.queue.clear()
 
-    def _proxy(self, address: str) -> ServerProxy:
-        proxy = self._proxies.get(address)
+    def _proxy(self, address: str, peer_uuid: str) -> ServerProxy:
+        proxy = self._proxies.get((address, peer_uuid))
         if proxy is None:
-            proxy = self._proxies[address] = ServerProxy(address, self._settings)
+            proxy = ServerProxy(address, self._settings, server_uuid=peer_uuid)
+            self._proxies[(address, peer_uuid)] = proxy
         return proxy
 
     async def _stream_loop(self, peer: _Peer) -> None:
@@ -171,7 +173,7 @@ class PeerStreams:
         delay_s = self._opts.reconnect_delay_ms / 1000
         while True:
             await peer.ready.wait()
-            proxy = self._proxy(peer.address)
+            proxy = self._proxy(peer.address, peer.uuid)
             call: _StreamCall = proxy.consensus.ConsensusPeerStream(
                 timeout=self._opts.stream_lifetime_ms / 1000
             )

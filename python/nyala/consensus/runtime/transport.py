@@ -229,7 +229,8 @@ class GrpcTransport:
         # The server's streams to its peers; None: this transport runs its own in ``run``.
         self._shared_streams = peer_streams
         self._streams = peer_streams
-        self._proxies: dict[str, ServerProxy] = {}
+        # By (address, UUID): a channel checks the peer's certificate names the UUID.
+        self._proxies: dict[tuple[str, str], ServerProxy] = {}
         # Server half: vote handlers awaiting the core's answer, by (answer type, asker), FIFO.
         self._waiters: dict[tuple[type, str], deque[asyncio.Future[Message]]] = {}
         # AppendEntries handed to the core, by the stamp put in their ``seq`` (never 0).
@@ -312,10 +313,11 @@ class GrpcTransport:
             return
         self._inbound(wire.append_response_from_pb(answer, dest=self.uuid, seq=seq))
 
-    def _proxy(self, address: str) -> ServerProxy:
-        proxy = self._proxies.get(address)
+    def _proxy(self, address: str, peer_uuid: str) -> ServerProxy:
+        proxy = self._proxies.get((address, peer_uuid))
         if proxy is None:
-            proxy = self._proxies[address] = ServerProxy(address, self._settings)
+            proxy = ServerProxy(address, self._settings, server_uuid=peer_uuid)
+            self._proxies[(address, peer_uuid)] = proxy
         return proxy
 
     async def _request_vote(self, request: VoteRequest) -> None:
@@ -323,7 +325,7 @@ class GrpcTransport:
         if address is None:
             self.messages_dropped += 1
             return
-        proxy = self._proxy(address)
+        proxy = self._proxy(address, request.dest)
         try:
             pb = await proxy.call(
                 proxy.consensus.RequestVote,
@@ -341,7 +343,7 @@ class GrpcTransport:
         if address is None:
             self.messages_dropped += 1
             return
-        proxy = self._proxy(address)
+        proxy = self._proxy(address, message.dest)
         try:
             await proxy.call(
                 proxy.consensus.RunLeaderElection,

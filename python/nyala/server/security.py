@@ -1,0 +1,136 @@
+"""A server's certificate at start-up (Kudu's IPKI, docs/security.md).
+
+A master holds the cluster CA (``ca.pem``, ``ca.key`` in its security directory; a lone master
+creates it at its first start) and signs its own certificate for its UUID. A tablet server
+without a certificate sends a CSR to a master, over a connection made with the join credential
+the operator gave it once, and keeps the signed certificate; from then on it is a server of
+the cluster. Both run before the RPC server binds, so every connection is TLS from the start.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import time
+from pathlib import Path
+
+from cryptography import x509
+
+from nyala._proto import master_pb2
+from nyala.errors import IllegalStateError, InvalidArgumentError, NyalaError, RetriableError
+from nyala.rpc import ServerProxy
+from nyala.rpc.errors import split_host_port
+from nyala.security import files, pki
+from nyala.security.identity import Identity, Kind
+from nyala.server.settings import ServerSettings
+
+log = logging.getLogger(__name__)
+
+#: A server certificate closer than this to its end is renewed at start.
+RENEW_BEFORE_S = 30 * 24 * 3600
+
+
+def _passphrase(settings: ServerSettings) -> bytes | None:
+    if not settings.ca_key_passphrase_file:
+        return None
+    return Path(settings.ca_key_passphrase_file).read_bytes().strip()
+
+
+def advertised_hosts(settings: ServerSettings) -> list[str]:
+    """The hosts a server's certificate names: its RPC bind host (the machine's name and
+    ``localhost`` too when it binds every interface)."""
+    host, _ = split_host_port(settings.rpc_bind)
+    if host in ("0.0.0.0", "::", ""):
+        return [socket.getfqdn(), socket.gethostname(), "localhost", "127.0.0.1"]
+    return [host, "localhost"] if host != "localhost" else [host]
+
+
+def _has_own_certificate(directory: Path, server_uuid: str) -> bool:
+    """Whether ``server.pem`` names this server and is not close to its end."""
+    path = directory / files.SERVER_CERT
+    if not path.exists() or not (directory / files.SERVER_KEY).exists():
+        return False
+    cert = x509.load_pem_x509_certificate(path.read_bytes())
+    if pki.identity_of(cert) != Identity(Kind.SERVER, server_uuid):
+        return False
+    remaining_s = (cert.not_valid_after_utc - pki.now_utc()).total_seconds()
+    return remaining_s > RENEW_BEFORE_S
+
+
+def prepare_master(settings: ServerSettings, server_uuid: str) -> pki.ClusterCa | None:
+    """The cluster CA of a secure master (created by a lone master at its first start), with
+    this master's certificate signed by it; None for an insecure master."""
+    if not settings.security_dir:
+        return None
+    directory = Path(settings.security_dir)
+    passphrase = _passphrase(settings)
+    if not pki.ClusterCa.exists(directory):
+        if len(settings.masters) > 1:
+            raise IllegalStateError(
+                f"{directory} holds no cluster CA: with several masters, create it once "
+                "(nyala cert init-ca) and give every master a copy"
+            )
+        log.info("creating the cluster CA in %s", directory)
+        pki.ClusterCa.create().save(directory, passphrase)
+    ca = pki.ClusterCa.load(directory, passphrase)
+    if not _has_own_certificate(directory, server_uuid):
+        ca.issue_credentials(
+            Identity(Kind.SERVER, server_uuid),
+            directory,
+            files.SERVER_CERT,
+            files.SERVER_KEY,
+            validity_s=pki.SERVER_CERT_VALIDITY_S,
+            hosts=advertised_hosts(settings),
+        )
+        log.info("signed this master's certificate for %s", server_uuid)
+    return ca
+
+
+async def enroll_tserver(settings: ServerSettings, server_uuid: str, timeout_ms: int) -> None:
+    """Makes sure a secure tablet server has its certificate, asking a master to sign a CSR
+    (with the join credential) if it has none; a no-op for an insecure server."""
+    if not settings.security_dir:
+        return
+    directory = Path(settings.security_dir)
+    if _has_own_certificate(directory, server_uuid):
+        return
+    renewing = (directory / files.SERVER_CERT).exists()  # with its current certificate
+    if not renewing and not (directory / files.JOIN_CERT).exists():
+        raise InvalidArgumentError(
+            f"{directory} has no certificate for {server_uuid} and no join credential: "
+            "give the server one (nyala cert join-credential) for its first start"
+        )
+    key = pki.new_key()
+    request = master_pb2.SignServerCertificateRequestPB(
+        server_uuid=server_uuid,
+        csr_pem=pki.make_csr(key, server_uuid),
+        hosts=advertised_hosts(settings),
+    )
+    answer = await _ask_masters(settings, request, timeout_ms)
+    files.write_private(directory / files.SERVER_KEY, pki.key_pem(key))
+    files.write_public(directory / files.SERVER_CERT, answer.cert_pem)
+    log.info("enrolled: the cluster CA signed this server's certificate for %s", server_uuid)
+
+
+async def _ask_masters(
+    settings: ServerSettings, request: master_pb2.SignServerCertificateRequestPB, timeout_ms: int
+) -> master_pb2.SignServerCertificateResponsePB:
+    """The first master's answer to ``request``; the last error if none answers within
+    ``timeout_ms``."""
+    if not settings.masters:
+        raise InvalidArgumentError("a secure tablet server needs --masters to enroll")
+    rpc_settings = settings.rpc_settings()
+    deadline = time.monotonic() + timeout_ms / 1000
+    while True:
+        last: NyalaError | None = None
+        for addr in settings.masters:
+            async with ServerProxy(addr, rpc_settings) as proxy:
+                try:
+                    return await proxy.admin_call(proxy.master.SignServerCertificate, request)
+                except NyalaError as exc:
+                    last = exc
+        assert last is not None
+        if not isinstance(last, RetriableError) or time.monotonic() > deadline:
+            raise last
+        await asyncio.sleep(0.5)

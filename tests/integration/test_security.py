@@ -1,0 +1,375 @@
+"""Security on real processes (issue 36): mutual TLS on every RPC, certificates of the cluster
+CA as the credential, roles checked on every call, tablet servers enrolled with a join
+credential. One secure cluster (1 master, 3 tablet servers) serves the module.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+import nyala
+from nyala import errors
+from nyala._proto import consensus_pb2, master_pb2, tserver_admin_pb2, tserver_pb2
+from nyala.cli import main
+from nyala.rpc import BlockingServerProxy
+from nyala.rpc.errors import raise_for_response
+from nyala.rpc.settings import RpcSettings
+from nyala.security import files, pki
+from nyala.security.identity import Identity, Kind
+from nyala.security.tokens import AuthzToken, Privilege, sign_token
+from nyala.testing import MiniCluster, logs_on_failure
+from nyala.testing.mini_cluster import FAST_TSERVER_FLAGS, fast_master_flags
+from nyala.testing.security import ClusterSecurity
+
+SCHEMA = nyala.Schema.parse("id:int64, v:string?", key=["id"])
+
+
+def _secure_cluster(tservers: int, *master_flags: str) -> Iterator[MiniCluster]:
+    mini = MiniCluster(
+        tservers,
+        num_masters=1,
+        master_flags=fast_master_flags(*master_flags),
+        tserver_flags=FAST_TSERVER_FLAGS,
+        secure=True,
+    )
+    with logs_on_failure(mini) as started:
+        yield started
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[MiniCluster]:
+    yield from _secure_cluster(3)
+
+
+@pytest.fixture(scope="module")
+def security(cluster: MiniCluster) -> ClusterSecurity:
+    assert cluster.security is not None
+    return cluster.security
+
+
+@pytest.fixture(scope="module")
+def table(cluster: MiniCluster, security: ClusterSecurity) -> str:
+    with nyala.connect(cluster.master_addrs, credentials=security.admin_dir) as client:
+        t = client.create_table(
+            "secured", SCHEMA, partitioning=nyala.HashPartitioning(["id"], buckets=2), replicas=3
+        )
+        assert t.insert({"id": [1, 2, 3], "v": ["a", "b", "c"]}).ok
+    return "secured"
+
+
+def _row_count(cluster: MiniCluster, credentials: Path, table: str) -> int:
+    with nyala.connect(cluster.master_addrs, credentials=credentials) as client:
+        return client.table(table).scan().to_arrow().num_rows
+
+
+def test_a_user_with_a_certificate_writes_and_scans_over_tls(
+    cluster: MiniCluster, security: ClusterSecurity, table: str
+) -> None:
+    alice = security.credentials("alice")
+    with nyala.connect(cluster.master_addrs, credentials=security.admin_dir) as admin:
+        admin.grant(table, "alice", "select,insert,update")
+    with nyala.connect(cluster.master_addrs, credentials=alice) as client:
+        t = client.table(table)
+        assert t.upsert({"id": [10], "v": ["x"]}).ok
+        assert t.scan().to_arrow().num_rows >= 4
+
+
+def test_a_client_without_credentials_is_refused(cluster: MiniCluster, table: str) -> None:
+    with pytest.raises(errors.NotAuthenticatedError, match="pass credentials"):
+        nyala.connect(cluster.master_addrs, timeout_ms=5_000)
+
+
+def test_a_plaintext_connection_to_a_secure_server_fails(cluster: MiniCluster) -> None:
+    for server in [*cluster.masters, *cluster.tservers]:
+        with BlockingServerProxy(server.rpc_addr) as plain, pytest.raises(errors.NetworkError):
+            plain.ping(timeout_ms=1_000)
+
+
+def test_a_certificate_of_another_cluster_is_refused(cluster: MiniCluster, tmp_path: Path) -> None:
+    other = ClusterSecurity(tmp_path / "other")
+    mallory = other.credentials("mallory", kind=Kind.ADMIN)
+    with pytest.raises(errors.NotAuthenticatedError, match="refused this client's certificate"):
+        nyala.connect(cluster.master_addrs, credentials=mallory, timeout_ms=5_000)
+    # A client that trusts the real CA but shows another cluster's certificate: refused too.
+    forged = files.TlsSettings(
+        ca_pem=(cluster.security.admin_dir / files.CA_CERT).read_bytes(),  # type: ignore[union-attr]
+        cert_pem=(mallory / files.CLIENT_CERT).read_bytes(),
+        key_pem=(mallory / files.CLIENT_KEY).read_bytes(),
+    )
+    proxy = BlockingServerProxy(cluster.tservers[0].rpc_addr, RpcSettings(tls=forged))
+    with proxy, pytest.raises(errors.NetworkError):
+        proxy.ping(timeout_ms=1_000)
+
+
+def test_an_expired_certificate_is_refused(
+    cluster: MiniCluster, security: ClusterSecurity, table: str
+) -> None:
+    long_ago = datetime.datetime.now(datetime.UTC) - datetime.timedelta(days=2)
+    expired = security.credentials("old", validity_s=3600, not_before=long_ago)
+    with pytest.raises(errors.NotAuthenticatedError, match="expired"):
+        nyala.connect(cluster.master_addrs, credentials=expired, timeout_ms=5_000)
+
+
+def test_a_user_cannot_call_admin_or_server_rpcs(
+    cluster: MiniCluster, security: ClusterSecurity, table: str
+) -> None:
+    bob = security.credentials("bob")
+    settings = RpcSettings(tls=files.load_client_tls(bob))
+    ts = cluster.tservers[0]
+    assert ts.uuid is not None
+    with BlockingServerProxy(ts.rpc_addr, settings) as proxy:
+        assert proxy.ping(ts.uuid).server_uuid == ts.uuid  # a user may ping
+        with pytest.raises(errors.NotAuthorizedError, match="ADMIN role"):
+            proxy.admin_call(
+                proxy.admin.DeleteTablet,
+                tserver_admin_pb2.DeleteTabletRequestPB(dest_uuid=ts.uuid, tablet_id="0" * 32),
+            )
+        with pytest.raises(errors.NotAuthorizedError, match="SERVER role"):
+            proxy.call(
+                proxy.consensus.RequestVote,
+                consensus_pb2.VoteRequestPB(dest_uuid=ts.uuid, tablet_id="0" * 32),
+            )
+    # An admin may call admin RPCs (here it fails for another reason: no such tablet).
+    with cluster.tservers[0].proxy() as admin:
+        with pytest.raises(errors.NyalaError) as failure:
+            admin.admin_call(
+                admin.admin.DeleteTablet,
+                tserver_admin_pb2.DeleteTabletRequestPB(dest_uuid=ts.uuid, tablet_id="0" * 32),
+            )
+        assert not isinstance(failure.value, errors.NotAuthorizedError)
+
+
+def test_a_tserver_without_a_join_credential_cannot_start(cluster: MiniCluster) -> None:
+    assert cluster.security is not None
+    ts = cluster._new_tserver()
+    (Path(ts.flags[ts.flags.index("--security-dir") + 1]) / files.JOIN_CERT).unlink()
+    ts.start()
+    assert ts.wait_exit(timeout_s=30) != 0
+    assert "no join credential" in ts.log_path.read_text()
+    cluster.tservers.remove(ts)
+
+
+def test_a_tserver_with_another_clusters_join_credential_cannot_register(
+    cluster: MiniCluster, tmp_path: Path
+) -> None:
+    assert cluster.security is not None
+    other = ClusterSecurity(tmp_path / "other")
+    ts = cluster._new_tserver(["--enroll-timeout-ms", "3000"])
+    directory = Path(ts.flags[ts.flags.index("--security-dir") + 1])
+    other.join_credential(directory)  # another CA's join credential, and that CA's ca.pem
+    (directory / files.CA_CERT).write_bytes(cluster.security.ca.cert_pem)
+    ts.start()
+    assert ts.wait_exit(timeout_s=30) != 0
+    cluster.tservers.remove(ts)
+    with nyala.connect(cluster.master_addrs, credentials=cluster.security.admin_dir) as client:
+        assert len(client.list_tablet_servers()) == 3
+
+
+def test_a_join_credential_may_only_enroll(
+    cluster: MiniCluster, security: ClusterSecurity, tmp_path: Path
+) -> None:
+    security.join_credential(tmp_path / "joiner")
+    settings = RpcSettings(tls=files.load_tls(tmp_path / "joiner", files.JOIN_CERT, files.JOIN_KEY))
+    with BlockingServerProxy(cluster.masters[0].rpc_addr, settings) as proxy:
+        with pytest.raises(errors.NotAuthorizedError, match="USER role"):
+            proxy.call(proxy.master.ListTables, master_pb2.ListTablesRequestPB())
+        with pytest.raises(errors.NotAuthorizedError, match="SERVER role"):
+            proxy.call(proxy.master.TSHeartbeat, master_pb2.TSHeartbeatRequestPB(ts_uuid="f" * 32))
+        key = pki.new_key()
+        request = master_pb2.SignServerCertificateRequestPB(
+            server_uuid="a" * 32, csr_pem=pki.make_csr(key, "b" * 32)
+        )
+        with pytest.raises(errors.InvalidArgumentError, match="does not name"):
+            proxy.call(proxy.master.SignServerCertificate, request)
+    # A user may not enroll a server.
+    user = RpcSettings(tls=files.load_client_tls(security.credentials("carol")))
+    with BlockingServerProxy(cluster.masters[0].rpc_addr, user) as proxy:
+        request = master_pb2.SignServerCertificateRequestPB(
+            server_uuid="a" * 32, csr_pem=pki.make_csr(key, "a" * 32)
+        )
+        with pytest.raises(errors.NotAuthorizedError, match="join credential"):
+            proxy.call(proxy.master.SignServerCertificate, request)
+
+
+def test_server_certificates_are_bound_to_their_uuid(
+    cluster: MiniCluster, security: ClusterSecurity
+) -> None:
+    from cryptography import x509
+
+    for server in [*cluster.masters, *cluster.tservers]:
+        assert server.uuid is not None
+        directory = Path(server.flags[server.flags.index("--security-dir") + 1])
+        cert = x509.load_pem_x509_certificate((directory / files.SERVER_CERT).read_bytes())
+        assert pki.identity_of(cert) == Identity(Kind.SERVER, server.uuid)
+        # A channel that asks for this UUID gets through; one that asks for another does not.
+        bound = BlockingServerProxy(server.rpc_addr, cluster.rpc_settings, server_uuid=server.uuid)
+        with bound:
+            _hello(bound, server.role)
+        wrong = BlockingServerProxy(server.rpc_addr, cluster.rpc_settings, server_uuid="e" * 32)
+        with wrong, pytest.raises(errors.NetworkError):
+            _hello(wrong, server.role)
+
+
+def _hello(proxy: BlockingServerProxy, role: str) -> None:
+    """A call any server of ``role`` answers."""
+    if role == "master":
+        request = master_pb2.ConnectToMasterRequestPB()
+        proxy.call(proxy.master.ConnectToMaster, request, timeout_ms=2_000)
+    else:
+        proxy.ping(timeout_ms=2_000)
+
+
+def test_three_secure_masters_elect_and_serve(tmp_path: Path) -> None:
+    """The masters' own Raft (the sys catalog) over mutual TLS, peers bound to their UUIDs."""
+    mini = MiniCluster(
+        1,
+        num_masters=3,
+        master_flags=fast_master_flags(),
+        tserver_flags=FAST_TSERVER_FLAGS,
+        secure=True,
+    )
+    with logs_on_failure(mini) as started:
+        assert started.security is not None
+        with nyala.connect(started.master_addrs, credentials=started.security.admin_dir) as c:
+            t = c.create_table("m3", SCHEMA, replicas=1)
+            assert t.insert({"id": [1, 2], "v": ["a", None]}).ok
+            assert len(c.list_masters()) == 3
+
+
+# --- table privileges (authz tokens) ----------------------------------------------------------
+
+#: Authz tokens live this long on the privileges cluster (REVOKE takes effect within it).
+TOKEN_VALIDITY_MS = 3_000
+
+
+@pytest.fixture(scope="module")
+def authz_cluster() -> Iterator[MiniCluster]:
+    yield from _secure_cluster(1, "--authz-token-validity-ms", str(TOKEN_VALIDITY_MS))
+
+
+def test_privileges_decide_who_reads_and_writes(authz_cluster: MiniCluster) -> None:
+    security = authz_cluster.security
+    assert security is not None
+    masters = authz_cluster.master_addrs
+    alice, bob = security.credentials("alice"), security.credentials("bob")
+    with nyala.connect(masters, credentials=alice) as owner:
+        owned = owner.create_table("owned", SCHEMA, replicas=1)
+        assert owned.insert({"id": [1, 2], "v": ["a", "b"]}).ok  # the owner has ALL
+        with nyala.connect(masters, credentials=bob) as other:
+            with pytest.raises(errors.NotAuthorizedError, match="SELECT"):
+                other.table("owned").scan().to_arrow()
+            with pytest.raises(errors.NotAuthorizedError, match="INSERT"):
+                other.table("owned").insert({"id": [3]})
+            with pytest.raises(errors.NotAuthorizedError, match="lacks"):
+                other.delete_table("owned")
+            with pytest.raises(errors.NotAuthorizedError, match="owner"):
+                other.grant("owned", "bob", "all")
+
+            assert owner.grant("owned", "bob", "select,insert") == "SELECT,INSERT"
+            time.sleep(TOKEN_VALIDITY_MS / 2 / 1000)  # bob's cached locations (and token) end
+            assert other.table("owned").scan().to_arrow().num_rows == 2
+            assert other.table("owned").insert({"id": [3]}).ok
+            with pytest.raises(errors.NotAuthorizedError, match="UPDATE"):
+                other.table("owned").upsert({"id": [1]})  # an upsert needs UPDATE too
+            with pytest.raises(errors.NotAuthorizedError, match="DELETE"):
+                other.table("owned").delete({"id": [1]})
+
+            assert owner.revoke("owned", "bob", "select") == "INSERT"
+            time.sleep(TOKEN_VALIDITY_MS / 1000)  # within one token lifetime
+            with pytest.raises(errors.NotAuthorizedError, match="SELECT"):
+                other.table("owned").scan().to_arrow()
+            assert owner.table("owned").scan().to_arrow().num_rows == 3
+
+
+def test_forged_foreign_or_wrong_table_tokens_are_refused(
+    authz_cluster: MiniCluster, tmp_path: Path
+) -> None:
+    security = authz_cluster.security
+    assert security is not None
+    masters = authz_cluster.master_addrs
+    with nyala.connect(masters, credentials=security.admin_dir) as admin:
+        admin.create_table("tokens_a", SCHEMA, replicas=1)
+        admin.create_table("tokens_b", SCHEMA, replicas=1)
+        admin.grant("tokens_a", "dave", "all")
+        tablet_b = admin.table("tokens_b").tablets()[0].tablet_id
+    dave = security.credentials("dave")
+    with nyala.connect(masters, credentials=dave) as client:
+        token_a = client._cache.locations(client._cache.table("tokens_a")).authz_token
+    assert token_a
+    other = ClusterSecurity(tmp_path / "other")
+    table_a = json.loads(base64.urlsafe_b64decode(token_a.split(b".")[0] + b"=="))["table_id"]
+    forged = sign_token(
+        other.ca.private_key,
+        AuthzToken("dave", table_a, Privilege.ALL, int(time.time() * 1000) + 60_000),
+    )
+    ts = authz_cluster.tservers[0]
+    settings = RpcSettings(tls=files.load_client_tls(dave))
+    with BlockingServerProxy(ts.rpc_addr, settings) as proxy:
+        cases = [
+            (b"", "no authorization token"),
+            (forged, "not signed"),
+            (token_a, "another table"),
+            (token_a[:-3], "malformed|not signed"),
+        ]
+        for token, reason in cases:
+            scan = tserver_pb2.ScanRequestPB(
+                dest_uuid=ts.uuid or "",
+                new_scan=tserver_pb2.NewScanRequestPB(tablet_id=tablet_b, authz_token=token),
+            )
+            with pytest.raises(errors.NotAuthorizedError, match=reason):
+                _scan(proxy, scan)
+
+
+def _scan(proxy: BlockingServerProxy, request: tserver_pb2.ScanRequestPB) -> None:
+    for answer in proxy.tablet.Scan(request, timeout=5):
+        raise_for_response(answer)
+
+
+def test_a_long_running_writer_outlives_its_tokens(authz_cluster: MiniCluster) -> None:
+    """Tokens expire every TOKEN_VALIDITY_MS; the client renews them with the locations, so a
+    writer that runs for several lifetimes never sees a refusal."""
+    security = authz_cluster.security
+    assert security is not None
+    erin = security.credentials("erin")
+    with nyala.connect(authz_cluster.master_addrs, credentials=erin) as client:
+        table = client.create_table("long_writer", SCHEMA, replicas=1)
+        deadline = time.monotonic() + 3 * TOKEN_VALIDITY_MS / 1000
+        written = 0
+        while time.monotonic() < deadline:
+            assert table.upsert({"id": [written], "v": ["x"]}).ok
+            written += 1
+            time.sleep(0.02)
+        assert table.scan().to_arrow().num_rows == written
+
+
+def test_grant_and_revoke_on_the_command_line(authz_cluster: MiniCluster) -> None:
+    security = authz_cluster.security
+    assert security is not None
+    env = {
+        "NYALA_MASTERS": ",".join(authz_cluster.master_addrs),
+        "NYALA_CREDENTIALS": str(security.admin_dir),
+    }
+    runner = CliRunner(env=env)
+    created = runner.invoke(
+        main, ["table", "create", "cli_t", "--schema", "id:int64", "--key", "id", "--replicas", "1"]
+    )
+    assert created.exit_code == 0, created.stderr
+    granted = runner.invoke(
+        main, ["table", "grant", "cli_t", "frank", "select,update", "--format", "json"]
+    )
+    assert json.loads(granted.stdout)["privileges"] == "SELECT,UPDATE"
+    revoked = runner.invoke(
+        main, ["table", "revoke", "cli_t", "frank", "update", "--format", "json"]
+    )
+    assert json.loads(revoked.stdout)["privileges"] == "SELECT"
+    bad = runner.invoke(main, ["table", "grant", "cli_t", "frank", "read"])
+    assert bad.exit_code == 1
+    assert "unknown privilege 'read'" in bad.stderr
