@@ -68,7 +68,10 @@ def test_oldest_days_dropped_while_writers_write_and_the_leader_master_changes(
     cluster: MiniCluster, days: int, buckets: int, dropped: int
 ) -> None:
     schema = nyala.Schema.parse("day:date, id:int64, v:int64", key=["day", "id"])
-    with nyala.connect(cluster.master_addrs, timeout_ms=60_000) as client:
+    # Creating days × buckets × 3 replicas (360 at the size) is timed by
+    # benches/many_tablets_bench.py; here it may take longer than the default admin deadline
+    # on a loaded machine without that being what this test is about.
+    with nyala.connect(cluster.master_addrs, timeout_ms=60_000, admin_timeout_ms=180_000) as client:
         table = client.create_table(
             "metrics",
             schema,
