@@ -4,7 +4,12 @@ from __future__ import annotations
 
 from nyala._proto import master_pb2, master_pb2_grpc
 from nyala.consensus.types import Role
-from nyala.errors import InvalidArgumentError, NotAuthorizedError, NotSupportedError
+from nyala.errors import (
+    InvalidArgumentError,
+    NotAuthorizedError,
+    NotFoundError,
+    NotSupportedError,
+)
 from nyala.master import membership, privileges
 from nyala.master.catalog_manager import CatalogManager, role_pb
 from nyala.master.ddl import TableDdl
@@ -175,8 +180,14 @@ class MasterService(ServiceBase, master_pb2_grpc.MasterServiceServicer):
         return master_pb2.SetTablePrivilegesResponsePB(privileges=int(now))
 
     def _require(self, ident: master_pb2.TableIdentifierPB, needed: Privilege) -> None:
-        """``NotAuthorizedError`` unless the caller holds ``needed`` on the table."""
-        table = self._m.require_leader().table(ident).pb
+        """``NotAuthorizedError`` unless the caller holds ``needed`` on the table. A name that
+        no live table has is left to the DDL layer: the retry of a request that renamed or
+        deleted the table gets its first answer there (and takes no new effect), anything
+        else ``NotFoundError``."""
+        try:
+            table = self._m.require_leader().table(ident).pb
+        except NotFoundError:
+            return
         privileges.require(table, current_caller(), needed)
 
     @unary(master_pb2.GetTableStatisticsResponsePB)
