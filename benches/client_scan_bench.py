@@ -5,7 +5,10 @@
   each tablet) and through followers (``replica="follower"``, no ReadIndex);
 * point lookups (``where id = k``, one row): latency through the leader with partition pruning
   (one tablet), the same lookup written as ``id >= k and id <= k`` which cannot be pruned (the
-  baseline: every tablet is asked), and the pruned lookup served by a follower.
+  baseline: every tablet is asked), and the pruned lookup served by a follower;
+* snapshot scans (issue 34): a quarter of the rows is then updated twice (so they have three
+  versions), and full scans at the latest state (baseline) and at a snapshot timestamp taken
+  between the two updates run alternately: ``snapshot_vs_latest_ratio`` (target >= 0.8).
 
 Medians of the runs. The last line is one JSON object with the figures and the baselines.
 """
@@ -20,6 +23,7 @@ from collections.abc import Callable
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 import nyala
 from nyala.testing import MiniCluster
@@ -63,6 +67,31 @@ def lookup_ms(table: nyala.Table, rows: int, lookups: int, pruned: bool, replica
     return statistics.median(times)
 
 
+def snapshot_vs_latest(table: nyala.Table, rows: int, runs: int) -> tuple[float, float]:
+    """(latest, snapshot) full-scan rows/s, run alternately, over rows of which a quarter
+    has three versions; the snapshot is taken between the two updates."""
+    full = data(rows)
+    changed = full.filter(pc.equal(pc.bit_wise_and(full["id"], 3), 0))
+    first = changed.set_column(1, "a", pa.array(np.zeros(changed.num_rows, dtype=np.int64)))
+    assert table.update(first).ok
+    between = table.scan(columns=["id"], read_mode="snapshot")
+    assert between.count() == rows
+    snapshot_ts = between.snapshot_ts
+    second = changed.set_column(1, "a", pa.array(np.ones(changed.num_rows, dtype=np.int64)))
+    assert table.update(second).ok
+    latest, snapshot = [], []
+    for _ in range(runs):
+        latest.append(rows_per_s(lambda: table.scan().to_arrow(), rows, 1))
+        snapshot.append(
+            rows_per_s(
+                lambda: table.scan(read_mode="snapshot", snapshot_ts=snapshot_ts).to_arrow(),
+                rows,
+                1,
+            )
+        )
+    return statistics.median(latest), statistics.median(snapshot)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="200k rows, 3 runs (< 2 minutes)")
@@ -89,11 +118,14 @@ def main() -> None:
         unpruned_ms = lookup_ms(table, rows, lookups, pruned=False, replica="leader")
         pruned_ms = lookup_ms(table, rows, lookups, pruned=True, replica="leader")
         follower_ms = lookup_ms(table, rows, lookups, pruned=True, replica="follower")
+        latest_rps, snapshot_rps = snapshot_vs_latest(table, rows, runs)
     print(f"full scan, leader (baseline): {leader_rps:12,.0f} rows/s")
     print(f"full scan, follower:          {follower_rps:12,.0f} rows/s")
     print(f"point lookup, unpruned (baseline, 4 tablets): {unpruned_ms:7.2f} ms")
     print(f"point lookup, pruned, leader:                 {pruned_ms:7.2f} ms")
     print(f"point lookup, pruned, follower:               {follower_ms:7.2f} ms")
+    print(f"full scan, latest, 3 versions of 1/4 (baseline): {latest_rps:12,.0f} rows/s")
+    print(f"full scan, at a snapshot:                        {snapshot_rps:12,.0f} rows/s")
     result = {
         "rows": rows,
         "scan_rows_per_s_leader": round(leader_rps),
@@ -101,6 +133,9 @@ def main() -> None:
         "lookup_ms_unpruned_baseline": round(unpruned_ms, 3),
         "lookup_ms_pruned_leader": round(pruned_ms, 3),
         "lookup_ms_pruned_follower": round(follower_ms, 3),
+        "latest_scan_rows_per_s": round(latest_rps),
+        "snapshot_scan_rows_per_s": round(snapshot_rps),
+        "snapshot_vs_latest_ratio": round(snapshot_rps / latest_rps, 3),
         "baseline": {
             "scan_rows_per_s_leader": round(leader_rps),
             "lookup_ms_unpruned": round(unpruned_ms, 3),

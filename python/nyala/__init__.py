@@ -24,6 +24,7 @@ if TYPE_CHECKING:
         WriteResult,
         connect,
     )
+    from nyala.common.clock import timestamp_from_datetime, timestamp_to_datetime
     from nyala.local_cluster import LocalCluster
     from nyala.partition import HashPartitioning, RangePartitioning
     from nyala.rowops import OpType
@@ -46,6 +47,8 @@ _HOMES = {
     "WriteResult": "nyala.client",
     "__version__": "nyala._native",
     "connect": "nyala.client",
+    "timestamp_from_datetime": "nyala.common.clock",
+    "timestamp_to_datetime": "nyala.common.clock",
 }
 
 
@@ -81,4 +84,6 @@ __all__ = [
     "__version__",
     "connect",
     "errors",
+    "timestamp_from_datetime",
+    "timestamp_to_datetime",
 ]

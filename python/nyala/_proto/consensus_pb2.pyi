@@ -212,6 +212,8 @@ class ConsensusRequestPB(_message.Message):
     LAST_ENTRY_ID_FIELD_NUMBER: _builtins.int
     ENTRIES_ALIGNMENT_FIELD_NUMBER: _builtins.int
     QUIESCE_FIELD_NUMBER: _builtins.int
+    LEADER_TIMESTAMP_FIELD_NUMBER: _builtins.int
+    SAFE_TIMESTAMP_FIELD_NUMBER: _builtins.int
     dest_uuid: _builtins.str
     tablet_id: _builtins.str
     caller_uuid: _builtins.str
@@ -239,6 +241,14 @@ class ConsensusRequestPB(_message.Message):
     """The leader's last heartbeat before it quiesces (docs/consensus.md, "Quiescence"): a
     follower that has everything up to committed_index stops its election timer.
     """
+    leader_timestamp: _builtins.int
+    """Hybrid time (docs/consistency.md): the leader's clock when it sent this (a follower's
+    clock moves past it, so it never stamps a write below its leader's), and its safe time:
+    every write stamped at or before it is at or below `committed_index`. 0: none (not yet
+    committed in its term). A follower serves a snapshot at T once it has applied the
+    committed index of a safe time >= T.
+    """
+    safe_timestamp: _builtins.int
     @_builtins.property
     def preceding_id(self) -> _common_pb2.OpIdPB:
         """The op id just before the first entry (must match the follower's log)."""
@@ -264,10 +274,12 @@ class ConsensusRequestPB(_message.Message):
         last_entry_id: _common_pb2.OpIdPB | None = ...,
         entries_alignment: _builtins.bytes = ...,
         quiesce: _builtins.bool = ...,
+        leader_timestamp: _builtins.int = ...,
+        safe_timestamp: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["first_entry_id", b"first_entry_id", "last_entry_id", b"last_entry_id", "preceding_id", b"preceding_id"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["all_replicated_index", b"all_replicated_index", "caller_term", b"caller_term", "caller_uuid", b"caller_uuid", "committed_index", b"committed_index", "dest_uuid", b"dest_uuid", "entries", b"entries", "entries_alignment", b"entries_alignment", "entry_count", b"entry_count", "first_entry_id", b"first_entry_id", "last_entry_id", b"last_entry_id", "last_idx_appended_to_leader", b"last_idx_appended_to_leader", "preceding_id", b"preceding_id", "quiesce", b"quiesce", "tablet_id", b"tablet_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["all_replicated_index", b"all_replicated_index", "caller_term", b"caller_term", "caller_uuid", b"caller_uuid", "committed_index", b"committed_index", "dest_uuid", b"dest_uuid", "entries", b"entries", "entries_alignment", b"entries_alignment", "entry_count", b"entry_count", "first_entry_id", b"first_entry_id", "last_entry_id", b"last_entry_id", "last_idx_appended_to_leader", b"last_idx_appended_to_leader", "leader_timestamp", b"leader_timestamp", "preceding_id", b"preceding_id", "quiesce", b"quiesce", "safe_timestamp", b"safe_timestamp", "tablet_id", b"tablet_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -25,45 +25,45 @@ _sym_db = _symbol_database.Default()
 from nyala._proto import common_pb2 as nyala_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13nyala/tserver.proto\x12\x05nyala\x1a\x12nyala/common.proto\"\x98\x01\n\x0eWriteRequestPB\x12\x11\n\tdest_uuid\x18\x01 \x01(\t\x12\x11\n\ttablet_id\x18\x02 \x01(\t\x12&\n\nrequest_id\x18\x03 \x01(\x0b\x32\x12.nyala.RequestIdPB\x12\x16\n\x0eschema_version\x18\x04 \x01(\r\x12\x0b\n\x03ops\x18\x05 \x01(\x0c\x12\x13\n\x0b\x61uthz_token\x18\x06 \x01(\x0c\"P\n\nRowErrorPB\x12\x11\n\trow_index\x18\x01 \x01(\r\x12\x1e\n\x04\x63ode\x18\x02 \x01(\x0e\x32\x10.nyala.ErrorCode\x12\x0f\n\x07message\x18\x03 \x01(\t\"\x88\x01\n\x0fWriteResponsePB\x12)\n\x0eper_row_errors\x18\x01 \x03(\x0b\x32\x11.nyala.RowErrorPB\x12\x1c\n\x05op_id\x18\x02 \x01(\x0b\x32\r.nyala.OpIdPB\x12\"\n\x05\x65rror\x18\x0f \x01(\x0b\x32\x0e.nyala.ErrorPBH\x00\x88\x01\x01\x42\x08\n\x06_error\"Q\n\x13WriteMultiRequestPB\x12\x11\n\tdest_uuid\x18\x01 \x01(\t\x12\'\n\x08requests\x18\x02 \x03(\x0b\x32\x15.nyala.WriteRequestPB\"o\n\x14WriteMultiResponsePB\x12)\n\tresponses\x18\x01 \x03(\x0b\x32\x16.nyala.WriteResponsePB\x12\"\n\x05\x65rror\x18\x0f \x01(\x0b\x32\x0e.nyala.ErrorPBH\x00\x88\x01\x01\x42\x08\n\x06_error\"\xd9\x01\n\x11\x43olumnPredicatePB\x12\x0e\n\x06\x63olumn\x18\x01 \x01(\t\x12\'\n\x02op\x18\x02 \x01(\x0e\x32\x1b.nyala.ColumnPredicatePB.Op\x12\x1f\n\x06values\x18\x03 \x03(\x0b\x32\x0f.nyala.ScalarPB\"j\n\x02Op\x12\x0e\n\nOP_UNKNOWN\x10\x00\x12\x06\n\x02\x45Q\x10\x01\x12\x06\n\x02LT\x10\x02\x12\x06\n\x02LE\x10\x03\x12\x06\n\x02GT\x10\x04\x12\x06\n\x02GE\x10\x05\x12\x06\n\x02IN\x10\x06\x12\x0b\n\x07IS_NULL\x10\x07\x12\x0f\n\x0bIS_NOT_NULL\x10\x08\x12\x06\n\x02NE\x10\t\"\x86\x01\n\x08ScalarPB\x12\x13\n\tint_value\x18\x01 \x01(\x03H\x00\x12\x16\n\x0c\x64ouble_value\x18\x02 \x01(\x01H\x00\x12\x14\n\nbool_value\x18\x03 \x01(\x08H\x00\x12\x16\n\x0cstring_value\x18\x04 \x01(\tH\x00\x12\x16\n\x0c\x62inary_value\x18\x05 \x01(\x0cH\x00\x42\x07\n\x05value\"\x98\x02\n\x10NewScanRequestPB\x12\x11\n\ttablet_id\x18\x01 \x01(\t\x12\x12\n\nprojection\x18\x02 \x03(\t\x12,\n\npredicates\x18\x03 \x03(\x0b\x32\x18.nyala.ColumnPredicatePB\x12\x17\n\x0flower_bound_key\x18\x04 \x01(\x0c\x12\x17\n\x0fupper_bound_key\x18\x05 \x01(\x0c\x12\x12\n\nlimit_rows\x18\x06 \x01(\x04\x12\"\n\tread_mode\x18\x07 \x01(\x0e\x32\x0f.nyala.ReadMode\x12\x18\n\x10max_staleness_ms\x18\x08 \x01(\r\x12\x16\n\x0eschema_version\x18\t \x01(\r\x12\x13\n\x0b\x61uthz_token\x18\n \x01(\x0c\"\xb3\x01\n\rScanRequestPB\x12\x11\n\tdest_uuid\x18\x01 \x01(\t\x12+\n\x08new_scan\x18\x02 \x01(\x0b\x32\x17.nyala.NewScanRequestPBH\x00\x12\x14\n\nscanner_id\x18\x03 \x01(\tH\x00\x12\x18\n\x10\x62\x61tch_size_bytes\x18\x04 \x01(\x04\x12\x13\n\x0b\x62\x61tches_max\x18\x05 \x01(\r\x12\x15\n\rclose_scanner\x18\x06 \x01(\x08\x42\x06\n\x04scan\"\xa6\x01\n\x0eScanResponsePB\x12\x12\n\nscanner_id\x18\x01 \x01(\t\x12\r\n\x05\x62\x61tch\x18\x02 \x01(\x0c\x12\x11\n\trow_count\x18\x03 \x01(\x04\x12\x18\n\x10has_more_results\x18\x04 \x01(\x08\x12\x16\n\x0esnapshot_index\x18\x05 \x01(\x03\x12\"\n\x05\x65rror\x18\x0f \x01(\x0b\x32\x0e.nyala.ErrorPBH\x00\x88\x01\x01\x42\x08\n\x06_error\"B\n\x19ScannerKeepAliveRequestPB\x12\x11\n\tdest_uuid\x18\x01 \x01(\t\x12\x12\n\nscanner_id\x18\x02 \x01(\t\"J\n\x1aScannerKeepAliveResponsePB\x12\"\n\x05\x65rror\x18\x0f \x01(\x0b\x32\x0e.nyala.ErrorPBH\x00\x88\x01\x01\x42\x08\n\x06_error\"\"\n\rPingRequestPB\x12\x11\n\tdest_uuid\x18\x01 \x01(\t\"e\n\x0ePingResponsePB\x12\x13\n\x0bserver_uuid\x18\x01 \x01(\t\x12\x10\n\x08uptime_s\x18\x02 \x01(\x01\x12\"\n\x05\x65rror\x18\x0f \x01(\x0b\x32\x0e.nyala.ErrorPBH\x00\x88\x01\x01\x42\x08\n\x06_error*E\n\x08ReadMode\x12\x15\n\x11READ_MODE_UNKNOWN\x10\x00\x12\x0f\n\x0bREAD_LATEST\x10\x01\x12\x11\n\rREAD_FOLLOWER\x10\x02\x32\xd3\x02\n\rTabletService\x12\x36\n\x05Write\x12\x15.nyala.WriteRequestPB\x1a\x16.nyala.WriteResponsePB\x12\x45\n\nWriteMulti\x12\x1a.nyala.WriteMultiRequestPB\x1a\x1b.nyala.WriteMultiResponsePB\x12\x35\n\x04Scan\x12\x14.nyala.ScanRequestPB\x1a\x15.nyala.ScanResponsePB0\x01\x12W\n\x10ScannerKeepAlive\x12 .nyala.ScannerKeepAliveRequestPB\x1a!.nyala.ScannerKeepAliveResponsePB\x12\x33\n\x04Ping\x12\x14.nyala.PingRequestPB\x1a\x15.nyala.PingResponsePBb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13nyala/tserver.proto\x12\x05nyala\x1a\x12nyala/common.proto\"\xb6\x01\n\x0eWriteRequestPB\x12\x11\n\tdest_uuid\x18\x01 \x01(\t\x12\x11\n\ttablet_id\x18\x02 \x01(\t\x12&\n\nrequest_id\x18\x03 \x01(\x0b\x32\x12.nyala.RequestIdPB\x12\x16\n\x0eschema_version\x18\x04 \x01(\r\x12\x0b\n\x03ops\x18\x05 \x01(\x0c\x12\x13\n\x0b\x61uthz_token\x18\x06 \x01(\x0c\x12\x1c\n\x14propagated_timestamp\x18\x07 \x01(\x06\"P\n\nRowErrorPB\x12\x11\n\trow_index\x18\x01 \x01(\r\x12\x1e\n\x04\x63ode\x18\x02 \x01(\x0e\x32\x10.nyala.ErrorCode\x12\x0f\n\x07message\x18\x03 \x01(\t\"\x9b\x01\n\x0fWriteResponsePB\x12)\n\x0eper_row_errors\x18\x01 \x03(\x0b\x32\x11.nyala.RowErrorPB\x12\x1c\n\x05op_id\x18\x02 \x01(\x0b\x32\r.nyala.OpIdPB\x12\x11\n\ttimestamp\x18\x03 \x01(\x06\x12\"\n\x05\x65rror\x18\x0f \x01(\x0b\x32\x0e.nyala.ErrorPBH\x00\x88\x01\x01\x42\x08\n\x06_error\"Q\n\x13WriteMultiRequestPB\x12\x11\n\tdest_uuid\x18\x01 \x01(\t\x12\'\n\x08requests\x18\x02 \x03(\x0b\x32\x15.nyala.WriteRequestPB\"o\n\x14WriteMultiResponsePB\x12)\n\tresponses\x18\x01 \x03(\x0b\x32\x16.nyala.WriteResponsePB\x12\"\n\x05\x65rror\x18\x0f \x01(\x0b\x32\x0e.nyala.ErrorPBH\x00\x88\x01\x01\x42\x08\n\x06_error\"\xd9\x01\n\x11\x43olumnPredicatePB\x12\x0e\n\x06\x63olumn\x18\x01 \x01(\t\x12\'\n\x02op\x18\x02 \x01(\x0e\x32\x1b.nyala.ColumnPredicatePB.Op\x12\x1f\n\x06values\x18\x03 \x03(\x0b\x32\x0f.nyala.ScalarPB\"j\n\x02Op\x12\x0e\n\nOP_UNKNOWN\x10\x00\x12\x06\n\x02\x45Q\x10\x01\x12\x06\n\x02LT\x10\x02\x12\x06\n\x02LE\x10\x03\x12\x06\n\x02GT\x10\x04\x12\x06\n\x02GE\x10\x05\x12\x06\n\x02IN\x10\x06\x12\x0b\n\x07IS_NULL\x10\x07\x12\x0f\n\x0bIS_NOT_NULL\x10\x08\x12\x06\n\x02NE\x10\t\"\x86\x01\n\x08ScalarPB\x12\x13\n\tint_value\x18\x01 \x01(\x03H\x00\x12\x16\n\x0c\x64ouble_value\x18\x02 \x01(\x01H\x00\x12\x14\n\nbool_value\x18\x03 \x01(\x08H\x00\x12\x16\n\x0cstring_value\x18\x04 \x01(\tH\x00\x12\x16\n\x0c\x62inary_value\x18\x05 \x01(\x0cH\x00\x42\x07\n\x05value\"\xf0\x02\n\x10NewScanRequestPB\x12\x11\n\ttablet_id\x18\x01 \x01(\t\x12\x12\n\nprojection\x18\x02 \x03(\t\x12,\n\npredicates\x18\x03 \x03(\x0b\x32\x18.nyala.ColumnPredicatePB\x12\x17\n\x0flower_bound_key\x18\x04 \x01(\x0c\x12\x17\n\x0fupper_bound_key\x18\x05 \x01(\x0c\x12\x12\n\nlimit_rows\x18\x06 \x01(\x04\x12\"\n\tread_mode\x18\x07 \x01(\x0e\x32\x0f.nyala.ReadMode\x12\x18\n\x10max_staleness_ms\x18\x08 \x01(\r\x12\x16\n\x0eschema_version\x18\t \x01(\r\x12\x13\n\x0b\x61uthz_token\x18\n \x01(\x0c\x12\x1a\n\x12snapshot_timestamp\x18\x0b \x01(\x06\x12\x1c\n\x14propagated_timestamp\x18\x0c \x01(\x06\x12\x1c\n\x14\x64iff_start_timestamp\x18\r \x01(\x06\"\xb3\x01\n\rScanRequestPB\x12\x11\n\tdest_uuid\x18\x01 \x01(\t\x12+\n\x08new_scan\x18\x02 \x01(\x0b\x32\x17.nyala.NewScanRequestPBH\x00\x12\x14\n\nscanner_id\x18\x03 \x01(\tH\x00\x12\x18\n\x10\x62\x61tch_size_bytes\x18\x04 \x01(\x04\x12\x13\n\x0b\x62\x61tches_max\x18\x05 \x01(\r\x12\x15\n\rclose_scanner\x18\x06 \x01(\x08\x42\x06\n\x04scan\"\xe0\x01\n\x0eScanResponsePB\x12\x12\n\nscanner_id\x18\x01 \x01(\t\x12\r\n\x05\x62\x61tch\x18\x02 \x01(\x0c\x12\x11\n\trow_count\x18\x03 \x01(\x04\x12\x18\n\x10has_more_results\x18\x04 \x01(\x08\x12\x16\n\x0esnapshot_index\x18\x05 \x01(\x03\x12\x1a\n\x12snapshot_timestamp\x18\x06 \x01(\x06\x12\x1c\n\x14propagated_timestamp\x18\x07 \x01(\x06\x12\"\n\x05\x65rror\x18\x0f \x01(\x0b\x32\x0e.nyala.ErrorPBH\x00\x88\x01\x01\x42\x08\n\x06_error\"B\n\x19ScannerKeepAliveRequestPB\x12\x11\n\tdest_uuid\x18\x01 \x01(\t\x12\x12\n\nscanner_id\x18\x02 \x01(\t\"J\n\x1aScannerKeepAliveResponsePB\x12\"\n\x05\x65rror\x18\x0f \x01(\x0b\x32\x0e.nyala.ErrorPBH\x00\x88\x01\x01\x42\x08\n\x06_error\"\"\n\rPingRequestPB\x12\x11\n\tdest_uuid\x18\x01 \x01(\t\"e\n\x0ePingResponsePB\x12\x13\n\x0bserver_uuid\x18\x01 \x01(\t\x12\x10\n\x08uptime_s\x18\x02 \x01(\x01\x12\"\n\x05\x65rror\x18\x0f \x01(\x0b\x32\x0e.nyala.ErrorPBH\x00\x88\x01\x01\x42\x08\n\x06_error*q\n\x08ReadMode\x12\x15\n\x11READ_MODE_UNKNOWN\x10\x00\x12\x0f\n\x0bREAD_LATEST\x10\x01\x12\x11\n\rREAD_FOLLOWER\x10\x02\x12\x14\n\x10READ_AT_SNAPSHOT\x10\x03\x12\x14\n\x10READ_YOUR_WRITES\x10\x04\x32\xd3\x02\n\rTabletService\x12\x36\n\x05Write\x12\x15.nyala.WriteRequestPB\x1a\x16.nyala.WriteResponsePB\x12\x45\n\nWriteMulti\x12\x1a.nyala.WriteMultiRequestPB\x1a\x1b.nyala.WriteMultiResponsePB\x12\x35\n\x04Scan\x12\x14.nyala.ScanRequestPB\x1a\x15.nyala.ScanResponsePB0\x01\x12W\n\x10ScannerKeepAlive\x12 .nyala.ScannerKeepAliveRequestPB\x1a!.nyala.ScannerKeepAliveResponsePB\x12\x33\n\x04Ping\x12\x14.nyala.PingRequestPB\x1a\x15.nyala.PingResponsePBb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'nyala.tserver_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_READMODE']._serialized_start=1896
-  _globals['_READMODE']._serialized_end=1965
+  _globals['_READMODE']._serialized_start=2091
+  _globals['_READMODE']._serialized_end=2204
   _globals['_WRITEREQUESTPB']._serialized_start=51
-  _globals['_WRITEREQUESTPB']._serialized_end=203
-  _globals['_ROWERRORPB']._serialized_start=205
-  _globals['_ROWERRORPB']._serialized_end=285
-  _globals['_WRITERESPONSEPB']._serialized_start=288
-  _globals['_WRITERESPONSEPB']._serialized_end=424
-  _globals['_WRITEMULTIREQUESTPB']._serialized_start=426
-  _globals['_WRITEMULTIREQUESTPB']._serialized_end=507
-  _globals['_WRITEMULTIRESPONSEPB']._serialized_start=509
-  _globals['_WRITEMULTIRESPONSEPB']._serialized_end=620
-  _globals['_COLUMNPREDICATEPB']._serialized_start=623
-  _globals['_COLUMNPREDICATEPB']._serialized_end=840
-  _globals['_COLUMNPREDICATEPB_OP']._serialized_start=734
-  _globals['_COLUMNPREDICATEPB_OP']._serialized_end=840
-  _globals['_SCALARPB']._serialized_start=843
-  _globals['_SCALARPB']._serialized_end=977
-  _globals['_NEWSCANREQUESTPB']._serialized_start=980
-  _globals['_NEWSCANREQUESTPB']._serialized_end=1260
-  _globals['_SCANREQUESTPB']._serialized_start=1263
-  _globals['_SCANREQUESTPB']._serialized_end=1442
-  _globals['_SCANRESPONSEPB']._serialized_start=1445
-  _globals['_SCANRESPONSEPB']._serialized_end=1611
-  _globals['_SCANNERKEEPALIVEREQUESTPB']._serialized_start=1613
-  _globals['_SCANNERKEEPALIVEREQUESTPB']._serialized_end=1679
-  _globals['_SCANNERKEEPALIVERESPONSEPB']._serialized_start=1681
-  _globals['_SCANNERKEEPALIVERESPONSEPB']._serialized_end=1755
-  _globals['_PINGREQUESTPB']._serialized_start=1757
-  _globals['_PINGREQUESTPB']._serialized_end=1791
-  _globals['_PINGRESPONSEPB']._serialized_start=1793
-  _globals['_PINGRESPONSEPB']._serialized_end=1894
-  _globals['_TABLETSERVICE']._serialized_start=1968
-  _globals['_TABLETSERVICE']._serialized_end=2307
+  _globals['_WRITEREQUESTPB']._serialized_end=233
+  _globals['_ROWERRORPB']._serialized_start=235
+  _globals['_ROWERRORPB']._serialized_end=315
+  _globals['_WRITERESPONSEPB']._serialized_start=318
+  _globals['_WRITERESPONSEPB']._serialized_end=473
+  _globals['_WRITEMULTIREQUESTPB']._serialized_start=475
+  _globals['_WRITEMULTIREQUESTPB']._serialized_end=556
+  _globals['_WRITEMULTIRESPONSEPB']._serialized_start=558
+  _globals['_WRITEMULTIRESPONSEPB']._serialized_end=669
+  _globals['_COLUMNPREDICATEPB']._serialized_start=672
+  _globals['_COLUMNPREDICATEPB']._serialized_end=889
+  _globals['_COLUMNPREDICATEPB_OP']._serialized_start=783
+  _globals['_COLUMNPREDICATEPB_OP']._serialized_end=889
+  _globals['_SCALARPB']._serialized_start=892
+  _globals['_SCALARPB']._serialized_end=1026
+  _globals['_NEWSCANREQUESTPB']._serialized_start=1029
+  _globals['_NEWSCANREQUESTPB']._serialized_end=1397
+  _globals['_SCANREQUESTPB']._serialized_start=1400
+  _globals['_SCANREQUESTPB']._serialized_end=1579
+  _globals['_SCANRESPONSEPB']._serialized_start=1582
+  _globals['_SCANRESPONSEPB']._serialized_end=1806
+  _globals['_SCANNERKEEPALIVEREQUESTPB']._serialized_start=1808
+  _globals['_SCANNERKEEPALIVEREQUESTPB']._serialized_end=1874
+  _globals['_SCANNERKEEPALIVERESPONSEPB']._serialized_start=1876
+  _globals['_SCANNERKEEPALIVERESPONSEPB']._serialized_end=1950
+  _globals['_PINGREQUESTPB']._serialized_start=1952
+  _globals['_PINGREQUESTPB']._serialized_end=1986
+  _globals['_PINGRESPONSEPB']._serialized_start=1988
+  _globals['_PINGRESPONSEPB']._serialized_end=2089
+  _globals['_TABLETSERVICE']._serialized_start=2207
+  _globals['_TABLETSERVICE']._serialized_end=2546
 # @@protoc_insertion_point(module_scope)

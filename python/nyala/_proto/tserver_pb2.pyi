@@ -40,6 +40,15 @@ class _ReadModeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ReadMode.Val
     (StaleReplicaError) and the client reads elsewhere. Such a read may miss writes
     acknowledged within the bound. At the leader it is READ_LATEST.
     """
+    READ_AT_SNAPSHOT: _ReadMode.ValueType  # 3
+    """At a hybrid timestamp (`snapshot_timestamp`, or one the server picks and returns when
+    0): every write with a timestamp <= it and nothing later. Served by the leader, or by a
+    follower once its safe time has passed it; repeatable (docs/consistency.md).
+    """
+    READ_YOUR_WRITES: _ReadMode.ValueType  # 4
+    """A snapshot the server picks at or after `propagated_timestamp`: sees the client's own
+    writes (and everything it has read) without ReadIndex's leadership round.
+    """
 
 class ReadMode(_ReadMode, metaclass=_ReadModeEnumTypeWrapper): ...
 
@@ -52,6 +61,15 @@ ReadIndex, if no more than `max_staleness_ms` ago it held everything its leader 
 current term had committed; otherwise it refuses with SERVICE_UNAVAILABLE
 (StaleReplicaError) and the client reads elsewhere. Such a read may miss writes
 acknowledged within the bound. At the leader it is READ_LATEST.
+"""
+READ_AT_SNAPSHOT: ReadMode.ValueType  # 3
+"""At a hybrid timestamp (`snapshot_timestamp`, or one the server picks and returns when
+0): every write with a timestamp <= it and nothing later. Served by the leader, or by a
+follower once its safe time has passed it; repeatable (docs/consistency.md).
+"""
+READ_YOUR_WRITES: ReadMode.ValueType  # 4
+"""A snapshot the server picks at or after `propagated_timestamp`: sees the client's own
+writes (and everything it has read) without ReadIndex's leadership round.
 """
 Global___ReadMode: _TypeAlias = ReadMode  # noqa: Y015
 
@@ -67,6 +85,7 @@ class WriteRequestPB(_message.Message):
     SCHEMA_VERSION_FIELD_NUMBER: _builtins.int
     OPS_FIELD_NUMBER: _builtins.int
     AUTHZ_TOKEN_FIELD_NUMBER: _builtins.int
+    PROPAGATED_TIMESTAMP_FIELD_NUMBER: _builtins.int
     dest_uuid: _builtins.str
     tablet_id: _builtins.str
     schema_version: _builtins.int
@@ -75,6 +94,10 @@ class WriteRequestPB(_message.Message):
     """An Arrow IPC stream holding one record batch: the table's columns plus the op-type column."""
     authz_token: _builtins.bytes
     """Secure clusters: the master's authz token for the table (GetTableLocationsResponsePB)."""
+    propagated_timestamp: _builtins.int
+    """The latest hybrid timestamp the client has observed (0: none); the server's clock moves
+    past it first, so the write's timestamp is later than anything the client has seen.
+    """
     @_builtins.property
     def request_id(self) -> _common_pb2.RequestIdPB:
         """Exactly-once: a retry of the same id returns the first attempt's result (DESIGN.md §4)."""
@@ -88,10 +111,11 @@ class WriteRequestPB(_message.Message):
         schema_version: _builtins.int = ...,
         ops: _builtins.bytes = ...,
         authz_token: _builtins.bytes = ...,
+        propagated_timestamp: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["request_id", b"request_id"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["authz_token", b"authz_token", "dest_uuid", b"dest_uuid", "ops", b"ops", "request_id", b"request_id", "schema_version", b"schema_version", "tablet_id", b"tablet_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["authz_token", b"authz_token", "dest_uuid", b"dest_uuid", "ops", b"ops", "propagated_timestamp", b"propagated_timestamp", "request_id", b"request_id", "schema_version", b"schema_version", "tablet_id", b"tablet_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -132,7 +156,12 @@ class WriteResponsePB(_message.Message):
 
     PER_ROW_ERRORS_FIELD_NUMBER: _builtins.int
     OP_ID_FIELD_NUMBER: _builtins.int
+    TIMESTAMP_FIELD_NUMBER: _builtins.int
     ERROR_FIELD_NUMBER: _builtins.int
+    timestamp: _builtins.int
+    """The write's hybrid timestamp: a snapshot read at it or later sees the write
+    (docs/consistency.md). A retried request's is at least its first attempt's.
+    """
     @_builtins.property
     def per_row_errors(self) -> _containers.RepeatedCompositeFieldContainer[Global___RowErrorPB]:
         """Rows that failed; rows not listed were applied."""
@@ -148,11 +177,12 @@ class WriteResponsePB(_message.Message):
         *,
         per_row_errors: _abc.Iterable[Global___RowErrorPB] | None = ...,
         op_id: _common_pb2.OpIdPB | None = ...,
+        timestamp: _builtins.int = ...,
         error: _common_pb2.ErrorPB | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_error", b"_error", "error", b"error", "op_id", b"op_id"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_error", b"_error", "error", b"error", "op_id", b"op_id", "per_row_errors", b"per_row_errors"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_error", b"_error", "error", b"error", "op_id", b"op_id", "per_row_errors", b"per_row_errors", "timestamp", b"timestamp"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__error: _TypeAlias = _typing.Literal["error"]  # noqa: Y015
     _WhichOneofArgType__error: _TypeAlias = _typing.Literal["_error", b"_error"]  # noqa: Y015
@@ -329,6 +359,9 @@ class NewScanRequestPB(_message.Message):
     MAX_STALENESS_MS_FIELD_NUMBER: _builtins.int
     SCHEMA_VERSION_FIELD_NUMBER: _builtins.int
     AUTHZ_TOKEN_FIELD_NUMBER: _builtins.int
+    SNAPSHOT_TIMESTAMP_FIELD_NUMBER: _builtins.int
+    PROPAGATED_TIMESTAMP_FIELD_NUMBER: _builtins.int
+    DIFF_START_TIMESTAMP_FIELD_NUMBER: _builtins.int
     tablet_id: _builtins.str
     lower_bound_key: _builtins.bytes
     """Primary-key range [lower, upper) applied in storage, each an Arrow IPC stream of one row
@@ -345,6 +378,14 @@ class NewScanRequestPB(_message.Message):
     """The schema version the client expects; MISMATCHED_SCHEMA if the tablet's is different."""
     authz_token: _builtins.bytes
     """Secure clusters: the master's authz token for the table (GetTableLocationsResponsePB)."""
+    snapshot_timestamp: _builtins.int
+    """READ_AT_SNAPSHOT: the hybrid timestamp to read at (0: the server picks now)."""
+    propagated_timestamp: _builtins.int
+    """The latest hybrid timestamp the client has observed (0: none)."""
+    diff_start_timestamp: _builtins.int
+    """With READ_AT_SNAPSHOT and a snapshot_timestamp: a diff scan, the rows whose state
+    differs between this timestamp and the snapshot, with a virtual `is_deleted` column.
+    """
     @_builtins.property
     def projection(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Column names to return, in order; empty means every column."""
@@ -364,10 +405,13 @@ class NewScanRequestPB(_message.Message):
         max_staleness_ms: _builtins.int = ...,
         schema_version: _builtins.int = ...,
         authz_token: _builtins.bytes = ...,
+        snapshot_timestamp: _builtins.int = ...,
+        propagated_timestamp: _builtins.int = ...,
+        diff_start_timestamp: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["authz_token", b"authz_token", "limit_rows", b"limit_rows", "lower_bound_key", b"lower_bound_key", "max_staleness_ms", b"max_staleness_ms", "predicates", b"predicates", "projection", b"projection", "read_mode", b"read_mode", "schema_version", b"schema_version", "tablet_id", b"tablet_id", "upper_bound_key", b"upper_bound_key"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["authz_token", b"authz_token", "diff_start_timestamp", b"diff_start_timestamp", "limit_rows", b"limit_rows", "lower_bound_key", b"lower_bound_key", "max_staleness_ms", b"max_staleness_ms", "predicates", b"predicates", "projection", b"projection", "propagated_timestamp", b"propagated_timestamp", "read_mode", b"read_mode", "schema_version", b"schema_version", "snapshot_timestamp", b"snapshot_timestamp", "tablet_id", b"tablet_id", "upper_bound_key", b"upper_bound_key"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -429,6 +473,8 @@ class ScanResponsePB(_message.Message):
     ROW_COUNT_FIELD_NUMBER: _builtins.int
     HAS_MORE_RESULTS_FIELD_NUMBER: _builtins.int
     SNAPSHOT_INDEX_FIELD_NUMBER: _builtins.int
+    SNAPSHOT_TIMESTAMP_FIELD_NUMBER: _builtins.int
+    PROPAGATED_TIMESTAMP_FIELD_NUMBER: _builtins.int
     ERROR_FIELD_NUMBER: _builtins.int
     scanner_id: _builtins.str
     batch: _builtins.bytes
@@ -438,6 +484,10 @@ class ScanResponsePB(_message.Message):
     """False on the last message of a scan (the scanner is closed server-side)."""
     snapshot_index: _builtins.int
     """The commit index the scan reads at (same on every message of one scanner)."""
+    snapshot_timestamp: _builtins.int
+    """READ_AT_SNAPSHOT / READ_YOUR_WRITES: the hybrid timestamp the scan reads at."""
+    propagated_timestamp: _builtins.int
+    """This server's clock when the scanner opened: the client keeps the latest it observes."""
     @_builtins.property
     def error(self) -> _common_pb2.ErrorPB:
         """Set on the last message of a failed stream."""
@@ -450,11 +500,13 @@ class ScanResponsePB(_message.Message):
         row_count: _builtins.int = ...,
         has_more_results: _builtins.bool = ...,
         snapshot_index: _builtins.int = ...,
+        snapshot_timestamp: _builtins.int = ...,
+        propagated_timestamp: _builtins.int = ...,
         error: _common_pb2.ErrorPB | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_error", b"_error", "error", b"error"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_error", b"_error", "batch", b"batch", "error", b"error", "has_more_results", b"has_more_results", "row_count", b"row_count", "scanner_id", b"scanner_id", "snapshot_index", b"snapshot_index"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_error", b"_error", "batch", b"batch", "error", b"error", "has_more_results", b"has_more_results", "propagated_timestamp", b"propagated_timestamp", "row_count", b"row_count", "scanner_id", b"scanner_id", "snapshot_index", b"snapshot_index", "snapshot_timestamp", b"snapshot_timestamp"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__error: _TypeAlias = _typing.Literal["error"]  # noqa: Y015
     _WhichOneofArgType__error: _TypeAlias = _typing.Literal["_error", b"_error"]  # noqa: Y015

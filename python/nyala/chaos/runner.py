@@ -25,7 +25,13 @@ from nyala.chaos.history import EventType, History, Operation, counts
 from nyala.chaos.linearizability import check_registers
 from nyala.chaos.nemesis import ALL_KINDS, Nemesis
 from nyala.chaos.set_checker import check_set
-from nyala.chaos.workloads import SET_BASE, TabletClient, Workload, schema
+from nyala.chaos.workloads import (
+    SET_BASE,
+    TabletClient,
+    Workload,
+    check_snapshot_reads,
+    schema,
+)
 
 log = logging.getLogger(__name__)
 
@@ -61,13 +67,15 @@ class RunSummary:
     register_keys_checked: int = 0
     set_acknowledged: int = 0
     set_recovered: int = 0
+    snapshot_reads: int = 0
 
     def line(self) -> str:
         """The one-line summary."""
         faults = ",".join(f"{k}={n}" for k, n in sorted(self.faults.items())) or "none"
         return (
             f"chaos seed={self.seed} duration_s={self.duration_s:.0f} ops ok={self.ops['ok']}"
-            f" failed={self.ops['fail']} indeterminate={self.ops['info']} faults {faults}"
+            f" failed={self.ops['fail']} indeterminate={self.ops['info']}"
+            f" snapshot_reads={self.snapshot_reads} faults {faults}"
             f" anomalies={len(self.anomalies)}"
         )
 
@@ -204,6 +212,8 @@ def _check(
         summary.anomalies.append("final read: duplicate keys")
     for element in workload.stats.double_applied:
         summary.anomalies.append(f"set: insert of {element} applied twice")
+    summary.snapshot_reads = len(workload.stats.snapshot_reads)
+    summary.anomalies.extend(check_snapshot_reads(workload.stats))
     summary.anomalies.extend(nemesis.anomalies)
     if nemesis.error is not None:
         summary.anomalies.append(f"nemesis crashed: {nemesis.error!r}")

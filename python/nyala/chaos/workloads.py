@@ -5,6 +5,9 @@ One tablet (key ``id: int64``, value ``v: int64``) carries two workloads at once
 * **registers**: keys ``0 .. register_keys-1`` are registers; a write is an UPSERT of a unique
   value, a read is part of a linearizable leader scan (one scan reads every register);
 * **set**: keys from ``SET_BASE`` up are unique INSERTs; every scan is also a set read.
+  Some reads are **snapshot reads** (docs/consistency.md) at the timestamp of an acknowledged
+  add: at the end of the run, each must hold exactly the acknowledged adds stamped at or
+  before its timestamp (``check_snapshot_reads``).
 
 Each write carries a request id (client id, sequence number) and is retried with the *same*
 id on whichever server leads, so a retry after an unknown outcome cannot apply twice: an
@@ -59,12 +62,36 @@ class Outcome(Exception):
         self.definite = definite
 
 
+#: Snapshot reads whose results are kept for the end-of-run check.
+SNAPSHOT_READS_KEPT = 200
+
+
 @dataclass
 class WorkloadStats:
     """Counters shared by the workers."""
 
     double_applied: list[int] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    #: Acknowledged set adds: element -> the write's timestamp.
+    add_stamps: dict[int, int] = field(default_factory=dict)
+    #: Snapshot reads: (timestamp, elements returned).
+    snapshot_reads: list[tuple[int, frozenset[int]]] = field(default_factory=list)
+
+
+def check_snapshot_reads(stats: WorkloadStats) -> list[str]:
+    """Anomalies of the snapshot reads: an acknowledged add stamped at or before a read's
+    timestamp that the read lacks, or one stamped after it that the read holds. (Adds whose
+    outcome is unknown have no known stamp and may be in or out.)"""
+    anomalies = []
+    stamps = stats.add_stamps
+    for ts, seen in stats.snapshot_reads:
+        missing = [e for e, t in stamps.items() if t <= ts and e not in seen]
+        early = [e for e in seen if stamps.get(e, 0) > ts]
+        if missing:
+            anomalies.append(f"snapshot {ts}: lacks {len(missing)} adds at or before it")
+        if early:
+            anomalies.append(f"snapshot {ts}: holds {len(early)} adds stamped after it")
+    return anomalies
 
 
 class TabletClient:
@@ -112,13 +139,15 @@ class TabletClient:
             time.sleep(0.05)
         raise Outcome(not uncertain, last)
 
-    def scan(self) -> list[tuple[int, int]]:
-        """A linearizable scan at the leader: every (id, v) row."""
+    def scan(self, snapshot_ts: int = 0) -> list[tuple[int, int]]:
+        """A linearizable scan at the leader, or a snapshot scan at ``snapshot_ts``: every
+        (id, v) row."""
         leader = self._find_leader(time.monotonic() + OP_DEADLINE_S)
+        mode = tserver_pb2.READ_AT_SNAPSHOT if snapshot_ts else tserver_pb2.READ_LATEST
         request = tserver_pb2.ScanRequestPB(
             dest_uuid=leader.uuid or "",
             new_scan=tserver_pb2.NewScanRequestPB(
-                tablet_id=self.cluster.tablet_id, read_mode=tserver_pb2.READ_LATEST
+                tablet_id=self.cluster.tablet_id, read_mode=mode, snapshot_timestamp=snapshot_ts
             ),
             batch_size_bytes=4 << 20,
         )
@@ -197,6 +226,8 @@ class Workload:
                 ok = self._register_write(client, process, rng.randrange(self.register_keys))
             elif roll < 0.75:
                 ok = self._set_add(client, process)
+            elif roll < 0.85:
+                ok = self._snapshot_read(client, rng)
             else:
                 ok = self._read(client, process)
             if not ok:
@@ -223,7 +254,26 @@ class Workload:
             # The only insert of a fresh key: ALREADY_PRESENT means it was applied twice.
             with self.stats.lock:
                 self.stats.double_applied.append(element)
+        else:
+            with self.stats.lock:
+                self.stats.add_stamps[element] = response.timestamp
         self.set.ok(process)
+        return True
+
+    def _snapshot_read(self, client: TabletClient, rng: random.Random) -> bool:
+        """A snapshot read at the timestamp of a random acknowledged add (not recorded in
+        the histories: it is checked against the stamps at the end of the run)."""
+        with self.stats.lock:
+            if not self.stats.add_stamps or len(self.stats.snapshot_reads) >= SNAPSHOT_READS_KEPT:
+                return True
+            ts = rng.choice(list(self.stats.add_stamps.values()))
+        try:
+            rows = client.scan(snapshot_ts=ts)
+        except errors.NyalaError:
+            return True  # a read changes nothing
+        seen = frozenset(i for i, _ in rows if i >= SET_BASE)
+        with self.stats.lock:
+            self.stats.snapshot_reads.append((ts, seen))
         return True
 
     def _read(self, client: TabletClient, process: int) -> bool:

@@ -3,6 +3,7 @@ scan, count, load and copy tables, and their statistics."""
 
 from __future__ import annotations
 
+import datetime as dt
 import re
 import time
 from pathlib import Path
@@ -12,6 +13,7 @@ import click
 
 from nyala.cli.cluster_client import client_for, masters_option, one_line
 from nyala.cli.output import emit, emit_one, format_option, replica_label
+from nyala.common.clock import timestamp_from_datetime, timestamp_to_datetime
 from nyala.errors import InvalidArgumentError
 
 #: Rows per write when loading a file (one op batch each, split per tablet).
@@ -501,6 +503,27 @@ class _CopyProgress:
     default=0,
     help="Staleness bound of follower reads (default: the client's, 5000).",
 )
+@click.option(
+    "--read-mode",
+    type=click.Choice(["latest", "snapshot", "read_your_writes"]),
+    default=None,
+    help="latest (default): each tablet as reached; snapshot: every tablet at one "
+    "timestamp (docs/consistency.md).",
+)
+@click.option(
+    "--snapshot",
+    "snapshot",
+    default=None,
+    metavar="TS",
+    help="Read the table as of TS: a hybrid timestamp (integer) or an ISO date-time "
+    "(UTC unless it names a zone). Implies --read-mode snapshot.",
+)
+@click.option(
+    "--diff-from",
+    default=None,
+    metavar="TS",
+    help="With --snapshot: only the rows that changed after TS, with is_deleted.",
+)
 @masters_option
 @format_option
 @one_line
@@ -511,31 +534,68 @@ def scan(
     limit: int,
     replica: str,
     max_staleness_ms: int,
+    read_mode: str | None,
+    snapshot: str | None,
+    diff_from: str | None,
     masters: str,
     fmt: str,
 ) -> None:
     """Print the rows of table NAME: at most --limit (1000) rows in any format; when rows
-    were left out, a notice on stderr says so."""
+    were left out, a notice on stderr says so. A snapshot read says on stderr which
+    timestamp it read at (pass it to --snapshot to read the same rows again)."""
+    snapshot_ts = None if snapshot is None else parse_timestamp(snapshot, "--snapshot")
+    if snapshot_ts is not None:
+        if read_mode not in (None, "snapshot"):
+            raise click.UsageError("--snapshot needs --read-mode snapshot")
+        read_mode = "snapshot"
+    if diff_from is not None and snapshot_ts is None:
+        raise click.UsageError("--diff-from needs --snapshot (the end of the window)")
     with client_for(masters) as client:
         table = client.table(name)
         names = [c.strip() for c in columns.split(",")] if columns else None
         where = [parse_where(table.schema, w) for w in wheres]
-        scanner = table.scan(
-            columns=names,
-            where=where,
-            limit=limit + 1 if limit else None,  # one more row tells whether any were cut
-            replica=replica,
-            max_staleness_ms=max_staleness_ms,
-        )
+        cut = limit + 1 if limit else None  # one more row tells whether any were cut
+        if diff_from is not None:
+            assert snapshot_ts is not None
+            start = parse_timestamp(diff_from, "--diff-from")
+            scanner = table.diff_scan(start, snapshot_ts, columns=names, where=where)
+            shown = [*(names or table.schema.names), "is_deleted"]
+        else:
+            scanner = table.scan(
+                columns=names,
+                where=where,
+                limit=cut,
+                replica=replica,
+                max_staleness_ms=max_staleness_ms,
+                read_mode=read_mode or "latest",
+                snapshot_ts=snapshot_ts,
+            )
+            shown = names or table.schema.names
         rows = scanner.to_arrow().to_pylist()
     truncated = bool(limit) and len(rows) > limit
-    emit(rows[:limit] if limit else rows, fmt, columns=names or table.schema.names)
+    emit(rows[:limit] if limit else rows, fmt, columns=shown)
+    if scanner.snapshot_ts is not None:
+        when = timestamp_to_datetime(scanner.snapshot_ts).isoformat()
+        click.echo(f"nyala: read at snapshot {scanner.snapshot_ts} ({when})", err=True)
     if truncated:
         click.echo(
             f"nyala: showing the first {limit:,} rows; more match (--limit N for more, "
             "--limit 0 for all)",
             err=True,
         )
+
+
+def parse_timestamp(text: str, option: str) -> int:
+    """A hybrid timestamp from the command line: an integer, or an ISO date-time."""
+    text = text.strip()
+    if text.isdigit():
+        return int(text)
+    try:
+        return timestamp_from_datetime(dt.datetime.fromisoformat(text))
+    except ValueError:
+        raise click.BadParameter(
+            f"{text!r} is neither a hybrid timestamp nor an ISO date-time", param_hint=option
+        ) from None
 
 
 @group.command(name="count")

@@ -20,7 +20,7 @@ from nyala._proto import consensus_pb2, master_pb2, metadata_pb2
 from nyala.client.admin import ReplicaAdminMixin
 from nyala.client.masters import MasterConnection, parse_masters
 from nyala.client.meta_cache import MetaCache, TableInfo, TabletLocation
-from nyala.client.rpc import ChannelPool, StubMethod
+from nyala.client.rpc import ChannelPool, ObservedTimestamp, StubMethod
 from nyala.client.session import Session
 from nyala.client.table import Table
 from nyala.client.write import Writer, WriteResult
@@ -106,7 +106,10 @@ class Client:
         )
         self._cache = MetaCache(self._masters)
         self._executor = ThreadPoolExecutor(WRITE_THREADS, thread_name_prefix="nyala-write")
-        self._writer = Writer(self._cache, self._pool, self._executor, timeout_ms=timeout_ms)
+        self._observed = ObservedTimestamp()
+        self._writer = Writer(
+            self._cache, self._pool, self._executor, timeout_ms=timeout_ms, observed=self._observed
+        )
         self.admin = Admin(self)
 
     def __enter__(self) -> Client:
@@ -124,6 +127,12 @@ class Client:
     def client_id(self) -> str:
         """The id every write of this client carries (exactly-once)."""
         return self._writer.requests.client_id
+
+    def latest_observed_timestamp(self) -> int:
+        """The latest hybrid timestamp this client has seen in a write or scan response (0
+        before any): a snapshot scan at it sees every write this client made before. Convert
+        with ``nyala.timestamp_to_datetime``."""
+        return self._observed.latest
 
     # --- DDL ----------------------------------------------------------------------------------
 

@@ -125,4 +125,26 @@ class Backoff:
         time.sleep(max(0.0, min(pause_s, self.deadline - time.monotonic())))
 
 
-__all__ = ["Backoff", "ChannelPool", "StubMethod", "Stubs"]
+class ObservedTimestamp:
+    """The latest hybrid timestamp a client has observed in any write or scan response
+    (Kudu's timestamp propagation, docs/consistency.md). Sent with every request, it moves
+    the server's clock past it, so a later write is stamped later and a read-your-writes
+    scan sees everything this client wrote or read before. Thread-safe."""
+
+    def __init__(self) -> None:
+        self._latest = 0
+        self._lock = threading.Lock()
+
+    @property
+    def latest(self) -> int:
+        """The latest timestamp observed (0 before the first response)."""
+        return self._latest
+
+    def observe(self, timestamp: int) -> None:
+        """Keeps ``timestamp`` if it is later than the latest one observed."""
+        if timestamp > self._latest:
+            with self._lock:
+                self._latest = max(self._latest, timestamp)
+
+
+__all__ = ["Backoff", "ChannelPool", "ObservedTimestamp", "StubMethod", "Stubs"]

@@ -17,6 +17,15 @@ within ``max_staleness_ms``, it held everything its leader had committed; else i
 Kudu's READ_LATEST on a follower: no ReadIndex, so it may miss writes acknowledged in the last
 ``max_staleness_ms`` (even the caller's own), and two tablets (or a resumed tablet) may be read
 at different points in time; it never returns an uncommitted row.
+
+Read modes (docs/consistency.md): ``read_mode="latest"`` is the above. ``"snapshot"`` reads
+every tablet at one hybrid timestamp: ``snapshot_ts`` if given, else the one the first tablet's
+server picks (its clock's now), reused for every other tablet, for a resumed tablet, and for
+every later iteration of the same scanner; so the scan is repeatable and consistent across
+tablets. ``"read_your_writes"`` is a snapshot the first tablet's server picks at or after the
+latest timestamp this client has observed, so it sees the client's own writes; each iteration
+picks anew. Snapshot scans may be served by followers whose safe time has passed the snapshot
+(``replica=``). ``Table.diff_scan`` reads the rows that changed between two timestamps.
 """
 
 from __future__ import annotations
@@ -36,7 +45,7 @@ import pyarrow as pa
 from nyala import errors
 from nyala._proto import tserver_pb2
 from nyala.client.meta_cache import MetaCache, Replica, TableInfo, TabletLocation
-from nyala.client.rpc import Backoff, ChannelPool
+from nyala.client.rpc import Backoff, ChannelPool, ObservedTimestamp
 from nyala.client.write import pick_replica
 from nyala.common.extras import require
 from nyala.partition import range_key_interval, range_may_hold
@@ -55,6 +64,10 @@ SCAN_ATTEMPT_TIMEOUT_MS = 30_000
 FOLLOWER_STALENESS_MS_DEFAULT = 5_000
 #: ``replica=`` choices: the leader, or a READ_FOLLOWER scan tried on replicas in this order.
 REPLICA_SELECTIONS = ("leader", "closest", "any", "follower")
+#: ``read_mode=`` choices (docs/consistency.md).
+READ_MODES = ("latest", "snapshot", "read_your_writes")
+#: The virtual column of a diff scan: True for a row deleted by the end of the window.
+IS_DELETED_COLUMN = "is_deleted"
 #: Partition pruning routes at most this many combinations of ``=``/``in`` values.
 PRUNE_POINTS_MAX = 4096
 
@@ -158,7 +171,22 @@ class Scanner:
         attempt_timeout_ms: int = SCAN_ATTEMPT_TIMEOUT_MS,
         batch_size_bytes: int = SCAN_BATCH_BYTES,
         page_batches: int = SCAN_PAGE_BATCHES,
+        read_mode: str = "latest",
+        snapshot_ts: int | None = None,
+        diff_start_ts: int | None = None,
+        observed: ObservedTimestamp | None = None,
     ) -> None:
+        if read_mode not in READ_MODES:
+            raise errors.InvalidArgumentError(
+                f"read_mode must be one of {', '.join(READ_MODES)}; got {read_mode!r}"
+            )
+        if snapshot_ts is not None and (read_mode != "snapshot" or snapshot_ts <= 0):
+            raise errors.InvalidArgumentError(
+                "snapshot_ts needs read_mode='snapshot' and is a positive hybrid timestamp "
+                "(nyala.timestamp_from_datetime)"
+            )
+        if diff_start_ts is not None and (snapshot_ts is None or diff_start_ts > snapshot_ts):
+            raise errors.InvalidArgumentError("a diff scan needs start_ts <= end_ts")
         if replica not in REPLICA_SELECTIONS:
             raise errors.InvalidArgumentError(
                 f"replica must be one of {', '.join(REPLICA_SELECTIONS)}; got {replica!r}"
@@ -191,10 +219,22 @@ class Scanner:
         # Fetched columns: the projection plus any key column it lacks (for resuming).
         self._fetch = self.columns + [k for k in schema.key if k not in self.columns]
         self.output_schema = pa.schema([schema.to_arrow().field(c) for c in self.columns])
+        self.read_mode = read_mode
+        #: The hybrid timestamp a snapshot scan reads at: the one asked for, else the one
+        #: the first tablet's server picked (None until then, and for latest reads).
+        self.snapshot_ts = snapshot_ts
+        self.diff_start_ts = diff_start_ts
+        self._observed = observed or ObservedTimestamp()
+        if diff_start_ts is not None:
+            self.output_schema = self.output_schema.append(
+                pa.field(IS_DELETED_COLUMN, pa.bool_(), nullable=False)
+            )
 
     def __iter__(self) -> Iterator[pa.RecordBatch]:
         remaining = self.limit
         self.served_by = {}
+        if self.read_mode == "read_your_writes":
+            self.snapshot_ts = None  # each run reads at or after what the client has seen
         for tablet in self.tablets():
             if remaining == 0:
                 return
@@ -205,10 +245,11 @@ class Scanner:
                 if batch.num_rows:
                     # One schema for every batch, whichever replica or schema version sent it.
                     # Timestamps gain their UTC label here (a relabelling, no copy).
+                    names = self.output_schema.names
                     columns = [
                         c if c.type == f.type else c.cast(f.type)
                         for c, f in zip(
-                            batch.select(self.columns).columns, self.output_schema, strict=True
+                            batch.select(names).columns, self.output_schema, strict=True
                         )
                     ]
                     yield pa.RecordBatch.from_arrays(columns, schema=self.output_schema)
@@ -288,6 +329,11 @@ class Scanner:
                     for response in stubs.tablet.Scan(request, timeout=timeout_s):
                         if response.HasField("error"):
                             raise error_from_pb(response.error)
+                        self._observed.observe(response.propagated_timestamp)
+                        if self.read_mode != "latest" and self.snapshot_ts is None:
+                            # The first tablet's server picked the snapshot: every other
+                            # tablet, and a resumed one, reads at the same timestamp.
+                            self.snapshot_ts = response.snapshot_timestamp or None
                         scanner_id, more = response.scanner_id, response.has_more_results
                         if not response.batch:
                             continue
@@ -423,10 +469,13 @@ class Scanner:
             projection=self._fetch,
             predicates=self.predicates,
             limit_rows=0 if limit is None else limit,
-            read_mode=tserver_pb2.READ_FOLLOWER if follower else tserver_pb2.READ_LATEST,
+            read_mode=self._read_mode_pb(follower),
             max_staleness_ms=self.max_staleness_ms if follower else 0,
             schema_version=self.info.schema.version,
             authz_token=authz_token,
+            snapshot_timestamp=self.snapshot_ts or 0,
+            propagated_timestamp=self._observed.latest,
+            diff_start_timestamp=self.diff_start_ts or 0,
         )
         if last_key is not None:
             scan.lower_bound_key = _ipc(last_key)
@@ -436,6 +485,13 @@ class Scanner:
             batch_size_bytes=self.batch_size_bytes,
             batches_max=self.page_batches,
         )
+
+    def _read_mode_pb(self, follower: bool) -> tserver_pb2.ReadMode.ValueType:
+        if self.read_mode == "latest":
+            return tserver_pb2.READ_FOLLOWER if follower else tserver_pb2.READ_LATEST
+        if self.read_mode == "read_your_writes" and self.snapshot_ts is None:
+            return tserver_pb2.READ_YOUR_WRITES
+        return tserver_pb2.READ_AT_SNAPSHOT
 
     def _last_key(self, batch: pa.RecordBatch) -> pa.RecordBatch:
         return batch.select(self.info.schema.key).slice(batch.num_rows - 1, 1)

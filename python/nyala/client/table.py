@@ -156,9 +156,18 @@ class Table:
         attempt_timeout_ms: int = SCAN_ATTEMPT_TIMEOUT_MS,
         batch_size_bytes: int = SCAN_BATCH_BYTES,
         page_batches: int = SCAN_PAGE_BATCHES,
+        read_mode: str = "latest",
+        snapshot_ts: int | None = None,
     ) -> Scanner:
         """A scan: iterate it for ``pyarrow.RecordBatch``es, or ``.to_arrow()`` /
         ``.to_pandas()``. ``where`` holds predicates like ``("id", ">=", 10)``.
+
+        ``read_mode`` (docs/consistency.md): "latest" (default) reads each tablet as it is
+        reached. "snapshot" reads every tablet at one hybrid timestamp, ``snapshot_ts`` or
+        one the first tablet picks (``scanner.snapshot_ts`` says which), and gives the same
+        answer each time it is run. "read_your_writes" reads a snapshot that includes every
+        write this client has made or seen. Timestamps convert with
+        ``nyala.timestamp_from_datetime`` / ``timestamp_to_datetime``.
 
         ``replica="leader"`` (default) is linearizable: every write acknowledged before the
         scan is seen. ``"closest"``, ``"any"`` or ``"follower"`` read from a follower no more
@@ -179,6 +188,39 @@ class Table:
             attempt_timeout_ms=attempt_timeout_ms,
             batch_size_bytes=batch_size_bytes,
             page_batches=page_batches,
+            read_mode=read_mode,
+            snapshot_ts=snapshot_ts,
+            observed=self._client._observed,
+        )
+
+    def diff_scan(
+        self,
+        start_ts: int,
+        end_ts: int,
+        columns: Sequence[str] | None = None,
+        where: Sequence[Predicate] = (),
+        *,
+        replica: str = "leader",
+        timeout_ms: int | None = None,
+    ) -> Scanner:
+        """The rows whose state differs between the snapshots at ``start_ts`` and ``end_ts``
+        (Kudu's incremental scan): each changed row as it is at ``end_ts`` with
+        ``is_deleted`` False, or, for a row that existed at ``start_ts`` and not at
+        ``end_ts``, its key with ``is_deleted`` True. A row inserted and deleted in between
+        is not returned. Both timestamps must be within the history kept
+        (``tablet_history_max_age_s``)."""
+        return Scanner(
+            self._client._cache,
+            self._client._pool,
+            self._info,
+            columns=columns,
+            where=where,
+            replica=replica,
+            timeout_ms=timeout_ms or self._client.timeout_ms,
+            read_mode="snapshot",
+            snapshot_ts=end_ts,
+            diff_start_ts=start_ts,
+            observed=self._client._observed,
         )
 
     def count(self, where: Sequence[Predicate] = ()) -> int:

@@ -51,7 +51,7 @@ import pyarrow as pa
 from nyala import errors
 from nyala._proto import common_pb2, tserver_pb2
 from nyala.client.meta_cache import MetaCache, Replica, TableInfo, TabletLocation
-from nyala.client.rpc import Backoff, ChannelPool
+from nyala.client.rpc import Backoff, ChannelPool, ObservedTimestamp
 from nyala.client.write_pipe import WritePipe
 from nyala.rowops import OP_COLUMN, OpType, PreparedRows
 from nyala.rpc.errors import error_to_pb
@@ -196,6 +196,8 @@ class _Outcomes:
         #: The first error that ended a whole request, and whether any row was refused alone.
         self.request_error: BaseException | None = None
         self.row_failures = False
+        #: The latest timestamp of the requests answered (0: none was).
+        self.timestamp = 0
 
     def set(self, rows: Iterable[int], outcome: RowOutcome, code: str, message: str) -> None:
         for row in rows:
@@ -207,6 +209,7 @@ class _Outcomes:
         out.state = self.state.copy()
         out.reasons = dict(self.reasons)
         out.row_failures = self.row_failures
+        out.timestamp = self.timestamp
         return out
 
 
@@ -235,6 +238,9 @@ class WriteResult:
         self._key = key
         self._retry_with = retry_with
         self.rows = len(outcomes.state)
+        #: The write's hybrid timestamp (the latest of its tablets' if it spanned several; 0
+        #: if no tablet answered): a snapshot scan at it or later sees every applied row.
+        self.timestamp = outcomes.timestamp
         failed = _positions(outcomes.state, RowOutcome.FAILED)
         unknown = _positions(outcomes.state, RowOutcome.UNKNOWN)
         self.row_errors = self._errors(failed)
@@ -288,6 +294,7 @@ class WriteResult:
         merged._key = parts[0]._key if parts else []
         merged._retry_with = None
         merged.rows = offset
+        merged.timestamp = outcomes.timestamp = max((p.timestamp for p in parts), default=0)
         merged.row_errors = row_errors
         merged.unknown = unknown
         merged.failed_rows = _concat_tables([p.failed_rows for p in parts])
@@ -445,11 +452,13 @@ class Writer:
         executor: ThreadPoolExecutor,
         *,
         timeout_ms: int,
+        observed: ObservedTimestamp | None = None,
     ) -> None:
         self.cache = cache
         self.pool = pool
         self.executor = executor
         self.timeout_ms = timeout_ms
+        self.observed = observed or ObservedTimestamp()
         self.requests = RequestTracker()
         self._pipes: dict[str, WritePipe] = {}
         self._pipes_lock = threading.Lock()
@@ -580,6 +589,7 @@ class Writer:
     def _record(self, settled: _Settled, outcomes: _Outcomes) -> None:
         request = settled.request
         if settled.response is not None:
+            outcomes.timestamp = max(outcomes.timestamp, settled.response.timestamp)
             for e in settled.response.per_row_errors:
                 code = common_pb2.ErrorCode.Name(e.code)
                 row = int(request.positions[e.row_index])
@@ -634,10 +644,13 @@ class Writer:
                 ),
                 schema_version=request.schema_version,
                 authz_token=request.authz_token,
+                propagated_timestamp=self.observed.latest,
             )
             attempt += 1
             try:
-                return self.pipe(replica.addr).write(pb, request.ops, backoff.remaining_ms())
+                response = self.pipe(replica.addr).write(pb, request.ops, backoff.remaining_ms())
+                self.observed.observe(response.timestamp)
+                return response
             except errors.SchemaMismatchError:
                 if not self._adopt_schema(info, request):
                     raise

@@ -16,7 +16,7 @@ import time
 from typing import ClassVar
 
 from nyala import _native
-from nyala.common.clock import RealClock
+from nyala.common.clock import HybridClock, RealClock
 from nyala.common.metrics import MetricsRegistry
 from nyala.common.process import resident_bytes
 from nyala.consensus.options import RaftOptions
@@ -132,7 +132,12 @@ class ServerBase:
             min_segments_to_retain=s.wal_min_segments_to_retain,
         )
         manager = self.tablets = TabletManager(
-            dirs, options, flush_threshold_bytes=s.flush_threshold_mb * MIB, quarantine=quarantine
+            dirs,
+            options,
+            flush_threshold_bytes=s.flush_threshold_mb * MIB,
+            quarantine=quarantine,
+            hybrid_clock=HybridClock(s.max_clock_error_us),
+            history_max_age_s=s.tablet_history_max_age_s,
         )
         manager.open_all()
         return manager
@@ -243,11 +248,24 @@ class ServerBase:
         assert self.tablets is not None
         while not self._stopping:
             await asyncio.sleep(self.server_settings.flush_interval_ms / 1000)
+            compact_at = self.server_settings.compaction_rowsets_min
             for replica in self.tablets.replicas():
                 storage = replica.storage
-                if storage is None or self._stopping or not storage.stats()["mem_rows"]:
+                if storage is None or self._stopping:
                     continue
-                await self._flush(replica.tablet_id, storage)
+                if storage.stats()["mem_rows"]:
+                    await self._flush(replica.tablet_id, storage)
+                if compact_at and storage.stats()["rowsets"] >= compact_at:
+                    await self._compact(replica.tablet_id, storage, replica.ancient_history_mark())
+
+    async def _compact(self, tablet_id: str, storage: StorageEngine, history_mark: int) -> None:
+        """Merges one replica's rowsets off the event loop, dropping row versions older than
+        the ancient history mark (all but the newest at or before it, docs/consistency.md).
+        A failure is logged: the rowsets stay as they were."""
+        try:
+            await asyncio.to_thread(storage.compact, history_mark)
+        except NyalaError as exc:
+            log.warning("compaction of tablet %s failed: %s", tablet_id, exc)
 
     async def _flush(self, tablet_id: str, storage: StorageEngine) -> None:
         """Flushes one replica's MemRowSet off the event loop. A failure is logged: the rows

@@ -68,6 +68,16 @@ class ServerSettings:
     # Each replica's MemRowSet is flushed at least this often, bounding WAL replay at restart
     # and letting WAL GC move on (size-triggered flushes happen in the storage engine).
     flush_interval_ms: int = 60_000
+    # After the periodic flush, a replica with at least this many rowsets has them merged
+    # into one, which also drops row history older than tablet_history_max_age_s. 0: never.
+    compaction_rowsets_min: int = 8
+
+    # Hybrid time and row history (docs/consistency.md): row versions are kept this long
+    # for snapshot reads (Kudu's --tablet_history_max_age_sec); a timestamp from a client or
+    # a snapshot read further ahead of this server's clock than max_clock_error_us is refused
+    # (Kudu's --max_clock_sync_error_usec).
+    tablet_history_max_age_s: int = 15 * 60
+    max_clock_error_us: int = 10_000_000
 
     # Tombstoned and deleted replicas: their WAL, superblock and cmeta are kept under
     # <fs_root>/quarantine for this long (seed 000, "Tablet deletion"), or until the fs root's
@@ -107,6 +117,8 @@ class ServerSettings:
         "follower_unavailable_considered_failed_sec",
         "flush_threshold_mb",
         "flush_interval_ms",
+        "tablet_history_max_age_s",
+        "max_clock_error_us",
         "wal_gc_interval_ms",
         "quarantine_retention_s",
         "tablet_copy_chunk_bytes",
@@ -124,8 +136,10 @@ class ServerSettings:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         if not 0 <= self.election_timeout_jitter_pct < 100:
             raise ValueError("election_timeout_jitter_pct must be in [0, 100)")
-        if self.raft_quiesce_after_idle_heartbeats < 0:
-            raise ValueError("raft_quiesce_after_idle_heartbeats must be >= 0")
+        if self.raft_quiesce_after_idle_heartbeats < 0 or self.compaction_rowsets_min < 0:
+            raise ValueError(
+                "raft_quiesce_after_idle_heartbeats and compaction_rowsets_min must be >= 0"
+            )
         if self.shutdown_grace_ms < 0 or self.wal_min_segments_to_retain < 0:
             raise ValueError("shutdown_grace_ms and wal_min_segments_to_retain must be >= 0")
         if self.tablet_copy_rate_bytes_per_s < 0 or self.quarantine_disk_free_bytes_min < 0:

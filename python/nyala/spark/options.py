@@ -54,6 +54,8 @@ _READ_KEYS = {
     "columns",
     "replicaselection",
     "maxstalenessms",
+    "readmode",
+    "snapshottimestamp",
     "timeoutms",
     "credentials",
 }
@@ -123,6 +125,12 @@ class ReadOptions:
     timeout_ms: int | None
     #: As in ``WriteOptions``.
     credentials: str | None = None
+    #: "snapshot" (the default, as Kudu's Spark reads): every partition, and every retry of
+    #: a task, reads at one timestamp picked when the read is planned; "latest": each tablet
+    #: as its task reaches it.
+    read_mode: str = "snapshot"
+    #: ``nyala.snapshotTimestamp``: the hybrid timestamp to read at (None: picked at plan).
+    snapshot_timestamp: int | None = None
 
 
 def _lowered(options: Mapping[str, str]) -> dict[str, str]:
@@ -278,6 +286,14 @@ def parse_read_options(raw: Mapping[str, str]) -> ReadOptions:
         raise InvalidArgumentError(
             f"option {PREFIX}maxStalenessMs applies only to replicaSelection=closest_replica"
         )
+    read_mode = options.get(PREFIX + "readmode", "snapshot").strip().lower()
+    if read_mode not in ("snapshot", "latest"):
+        raise InvalidArgumentError(
+            f"option {PREFIX}readMode must be snapshot or latest, not {read_mode!r}"
+        )
+    snapshot = parse_int(options, "snapshotTimestamp", None, low=1, high=2**63 - 1)
+    if snapshot is not None and read_mode != "snapshot":
+        raise InvalidArgumentError(f"option {PREFIX}snapshotTimestamp needs readMode=snapshot")
     columns_text = options.get(PREFIX + "columns", "").strip()
     return ReadOptions(
         masters=_required(options, "masters", "NYALA_MASTERS"),
@@ -287,6 +303,8 @@ def parse_read_options(raw: Mapping[str, str]) -> ReadOptions:
         max_staleness_ms=staleness,
         timeout_ms=parse_int(options, "timeoutMs", None, low=1, high=3_600_000),
         credentials=options.get(PREFIX + "credentials", "").strip() or None,
+        read_mode=read_mode,
+        snapshot_timestamp=snapshot,
     )
 
 

@@ -45,6 +45,7 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
+from nyala.common.clock import timestamp_to_datetime
 from nyala.errors import NotFoundError
 from nyala.rowops import OpType
 from nyala.schema import Schema
@@ -87,7 +88,12 @@ class NyalaDataSource(DataSource):
         """The table's columns (or ``nyala.columns`` of them) as Spark DDL."""
         options = parse_read_options(self.options)
         with _connect(options) as client:
-            table_schema: Schema = client.table(options.table).schema
+            table = client.table(options.table)
+            table_schema: Schema = table.schema
+            if options.read_mode == "snapshot" and options.snapshot_timestamp is None:
+                # Picked when the DataFrame is made (``load()``): Spark keeps this object
+                # with the plan, so every action on the DataFrame reads the same snapshot.
+                self._snapshot_ts = pick_snapshot(table)
         columns = options.columns or table_schema.names
         schema_map.check_projection(table_schema, columns)
         return schema_map.spark_ddl(table_schema, columns)
@@ -99,7 +105,9 @@ class NyalaDataSource(DataSource):
             table_schema: Schema = client.table(options.table).schema
         columns = [field.name for field in schema.fields]
         schema_map.check_projection(table_schema, columns)
-        return NyalaReader(options, table_schema, columns)
+        reader = NyalaReader(options, table_schema, columns)
+        reader.snapshot_ts = getattr(self, "_snapshot_ts", None)
+        return reader
 
     def writer(self, schema: StructType, overwrite: bool) -> NyalaWriter:
         """Checks the DataFrame against the table (creating or truncating it first as the
@@ -249,12 +257,16 @@ def _task_id() -> int:
 
 
 class TabletPartition(InputPartition):
-    """One tablet to read: its id and its replicas' hosts (leader first)."""
+    """One tablet to read: its id, its replicas' hosts (leader first), and the snapshot
+    timestamp every partition of the read uses (None for a latest read)."""
 
-    def __init__(self, tablet_id: str, hosts: Sequence[str]) -> None:
+    def __init__(
+        self, tablet_id: str, hosts: Sequence[str], snapshot_ts: int | None = None
+    ) -> None:
         super().__init__(tablet_id)
         self.tablet_id = tablet_id
         self.hosts = tuple(hosts)
+        self.snapshot_ts = snapshot_ts
 
 
 class NyalaReader(DataSourceReader):
@@ -265,6 +277,8 @@ class NyalaReader(DataSourceReader):
         self.table_schema = schema
         self.columns = list(columns)
         self.predicates: tuple[spark_filters.Predicate, ...] = ()
+        #: The timestamp this read's partitions scan at (set by ``partitions``).
+        self.snapshot_ts: int | None = None
 
     def pushFilters(self, filters: list[Filter]) -> Iterator[Filter]:
         """Keeps the filters nyala can evaluate; yields the ones Spark must still apply."""
@@ -279,7 +293,17 @@ class NyalaReader(DataSourceReader):
         with _connect(options) as client:
             table = client.table(options.table)
             tablets = table.scan(where=list(self.predicates)).tablets()
-        return [TabletPartition(t.tablet_id, _hosts(t)) for t in tablets]
+            if options.read_mode == "snapshot":
+                self.snapshot_ts = (
+                    options.snapshot_timestamp or self.snapshot_ts or pick_snapshot(table)
+                )
+                log.info(
+                    "reading table %r at snapshot %d (%s)",
+                    options.table,
+                    self.snapshot_ts,
+                    timestamp_to_datetime(self.snapshot_ts).isoformat(),
+                )
+        return [TabletPartition(t.tablet_id, _hosts(t), self.snapshot_ts) for t in tablets]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         """Runs in a task: scans one tablet and yields Arrow batches in Spark's types."""
@@ -291,6 +315,16 @@ class NyalaReader(DataSourceReader):
             for batch in scan_tablet(table, partition, self.columns, self.predicates, options):
                 if batch.num_rows:
                     yield schema_map.to_read_batch(batch, target)
+
+
+def pick_snapshot(table: Table) -> int:
+    """A snapshot timestamp for a whole read: the one a tablet server picks for a one-row
+    snapshot scan (its clock's now, once the writes before it are applied there). Every
+    partition then reads at it, on whichever replica, as often as Spark retries."""
+    scanner = table.scan(columns=table.schema.key, limit=1, read_mode="snapshot")
+    scanner.to_arrow()
+    assert scanner.snapshot_ts is not None, "a snapshot scan reports its timestamp"
+    return scanner.snapshot_ts
 
 
 def scan_tablet(
@@ -308,6 +342,8 @@ def scan_tablet(
         where=list(predicates),
         replica="follower" if follower else "leader",
         max_staleness_ms=options.max_staleness_ms or 0,
+        read_mode="latest" if partition.snapshot_ts is None else "snapshot",
+        snapshot_ts=partition.snapshot_ts,
     )
     tablet = next((t for t in table.tablets() if t.tablet_id == partition.tablet_id), None)
     if tablet is None:

@@ -49,6 +49,9 @@ class WriteOutcome:
     op_index: int
     result: ApplyResult | None
     error: str | None = None
+    #: The write's hybrid timestamp where this replica knows it (it assigned it as leader);
+    #: 0 otherwise (the service then answers with its clock's, which is later).
+    timestamp: int = 0
 
 
 class Applier:

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from nyala.common import metafile
+from nyala.common.clock import HybridClock
 from nyala.consensus.runtime.wal_log import WalLogOptions
 from nyala.consensus.types import MIN_OP_ID, OpId, RaftConfig
 from nyala.errors import (
@@ -50,7 +51,12 @@ from nyala.errors import (
 from nyala.schema import Schema
 from nyala.storage import FLUSH_THRESHOLD_BYTES
 from nyala.tablet.quarantine import CMETA_FILE, DATA_DIR, SUPERBLOCK_FILE, WAL_DIR, Quarantine
-from nyala.tablet.replica import ReplicaPaths, TabletReplica, TabletState
+from nyala.tablet.replica import (
+    HISTORY_MAX_AGE_S_DEFAULT,
+    ReplicaPaths,
+    TabletReplica,
+    TabletState,
+)
 from nyala.tablet.superblock import (
     DataState,
     Partition,
@@ -126,8 +132,13 @@ class TabletManager:
         *,
         flush_threshold_bytes: int = FLUSH_THRESHOLD_BYTES,
         quarantine: Quarantine | None = None,
+        hybrid_clock: HybridClock | None = None,
+        history_max_age_s: float = HISTORY_MAX_AGE_S_DEFAULT,
     ) -> None:
         self.dirs = dirs
+        #: The server's hybrid clock, shared by its replicas (docs/consistency.md).
+        self.clock = hybrid_clock or HybridClock()
+        self.history_max_age_s = history_max_age_s
         if quarantine is None and dirs.quarantine is not None:
             quarantine = Quarantine(dirs.quarantine)
         self.quarantine = quarantine
@@ -137,6 +148,16 @@ class TabletManager:
         self._replicas: dict[str, TabletReplica] = {}
         self._unreadable: dict[str, _Failed] = {}
         self._creating: set[str] = set()  # tablets whose files create_tablet is making
+
+    def _new_replica(self, sb: Superblock, paths: ReplicaPaths) -> TabletReplica:
+        return TabletReplica(
+            sb,
+            paths,
+            self._wal_options,
+            self._flush_threshold_bytes,
+            hybrid_clock=self.clock,
+            history_max_age_s=self.history_max_age_s,
+        )
 
     # --- startup and shutdown ---------------------------------------------------------------
 
@@ -164,7 +185,7 @@ class TabletManager:
             log.error("tablet %s: superblock unreadable: %s", tablet_id, exc)
             self._unreadable[tablet_id] = _Failed(tablet_id, f"{type(exc).__name__}: {exc}")
             return None
-        replica = TabletReplica(sb, paths, self._wal_options, self._flush_threshold_bytes)
+        replica = self._new_replica(sb, paths)
         try:
             if sb.data_state is DataState.DELETED:
                 self._finish_delete(replica)
@@ -231,9 +252,7 @@ class TabletManager:
         # it, and a creation's fsyncs held it long enough to stall the event loop of a server
         # creating hundreds of tablets (issue "Thousands of tablet replicas per server").
         try:
-            replica = TabletReplica(
-                sb, self.dirs.paths(tablet_id), self._wal_options, self._flush_threshold_bytes
-            )
+            replica = self._new_replica(sb, self.dirs.paths(tablet_id))
             self._clear_leftovers(replica.paths)
             replica.create_files()
             write_superblock(replica.paths.superblock, sb)
@@ -444,7 +463,7 @@ class TabletManager:
             write_superblock(paths.superblock, sb)
             paths.data_dir.mkdir(parents=True, exist_ok=True)
             paths.wal_dir.mkdir(parents=True, exist_ok=True)
-            replica = TabletReplica(sb, paths, self._wal_options, self._flush_threshold_bytes)
+            replica = self._new_replica(sb, paths)
             replica.state_reason = reason
             self._replicas[tablet_id] = replica
             return replica

@@ -15,6 +15,7 @@ log for consensus to commit or truncate.
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
 import enum
 import json
@@ -28,23 +29,25 @@ from typing import Any
 
 import pyarrow as pa
 
-from nyala.common.clock import Clock
+from nyala.common.clock import Clock, HybridClock, hybrid_time, physical_us
 from nyala.consensus.core import LeaderContact, bootstrap_cmeta
 from nyala.consensus.effects import Apply
 from nyala.consensus.metadata import ConsensusMetadata
 from nyala.consensus.options import RaftOptions
 from nyala.consensus.runtime import RaftRuntime, RuntimeOptions
 from nyala.consensus.runtime.cmeta_store import FileCmetaStore
-from nyala.consensus.runtime.transport import Transport
+from nyala.consensus.runtime.transport import GrpcTransport, Transport
 from nyala.consensus.runtime.wal_log import WalLog, WalLogOptions
 from nyala.consensus.types import MIN_OP_ID, OpId, Role
 from nyala.errors import (
     AbortedError,
     IllegalStateError,
+    InvalidArgumentError,
     NotLeaderError,
     SchemaMismatchError,
     StaleReplicaError,
     TabletNotRunningError,
+    TimedOutError,
 )
 from nyala.schema import Schema
 from nyala.storage import FLUSH_THRESHOLD_BYTES, Predicate, ScanCursor, StorageEngine
@@ -63,6 +66,17 @@ log = logging.getLogger(__name__)
 OPENED_REASON = "storage, WAL and cmeta open; consensus not started yet"
 #: How long a replica's counted bytes on disk are reused before they are counted again.
 DISK_USAGE_REFRESH_S = 30.0
+#: How long row history is kept for snapshot reads (Kudu's ``tablet_history_max_age_sec``).
+HISTORY_MAX_AGE_S_DEFAULT = 15 * 60
+#: Longest wait of a snapshot read for the writes at or before its timestamp to apply.
+SNAPSHOT_WAIT_S = 30.0
+#: How long a follower waits for its leader's safe time to pass a snapshot before it refuses
+#: (the client then reads another replica, finally the leader).
+FOLLOWER_SNAPSHOT_WAIT_S = 2.0
+#: (safe time, commit index) pairs a follower keeps from its leader's requests.
+SAFE_TIMES_KEPT = 256
+#: Read modes of ``TabletReplica.open_scan``.
+READ_MODES = ("latest", "follower", "snapshot", "read_your_writes")
 
 
 class TabletState(enum.Enum):
@@ -95,8 +109,25 @@ class TabletReplica:
         paths: ReplicaPaths,
         wal_options: WalLogOptions,
         flush_threshold_bytes: int = FLUSH_THRESHOLD_BYTES,
+        hybrid_clock: HybridClock | None = None,
+        history_max_age_s: float = HISTORY_MAX_AGE_S_DEFAULT,
     ):
         self.superblock = superblock
+        # The server's hybrid clock (shared by its replicas): timestamps of writes (assigned
+        # as leader, in op order) and of snapshot reads (docs/consistency.md).
+        self.clock = hybrid_clock or HybridClock()
+        self.history_max_age_s = history_max_age_s
+        # Timestamps this leader assigned to writes not yet applied (or failed), oldest first:
+        # a snapshot read at T waits until none <= T is left.
+        self._inflight_ts: dict[int, None] = {}
+        # As a follower: (safe time, commit index) pairs its leader sent, oldest first: every
+        # write stamped at or before the safe time is at or below the commit index.
+        self._safe_times: collections.deque[tuple[int, int]] = collections.deque(
+            maxlen=SAFE_TIMES_KEPT
+        )
+        # The term in which this leader has committed an entry (then its safe time is valid).
+        self._safe_term = -1
+        self._safe_term_seen = -1
         self.paths = paths
         self._wal_options = wal_options
         self._flush_threshold_bytes = flush_threshold_bytes
@@ -259,6 +290,9 @@ class TabletReplica:
                 None if on_consensus_change is None else lambda _: on_consensus_change()
             ),
         )
+        if isinstance(transport, GrpcTransport):
+            transport.timestamps = self._leader_timestamps
+            transport.on_timestamps = self._on_leader_timestamps
         runtime.start(task_group)
         self.runtime = runtime
         self.transport = transport
@@ -349,7 +383,12 @@ class TabletReplica:
             sort_keys=True,
         ).encode()
         with applier.collecting():
-            op_id = await runtime.propose(encode_alter_schema_entry(schema.version, doc))
+            stamp = self._assign_timestamp()
+            try:
+                entry = encode_alter_schema_entry(schema.version, doc, timestamp=stamp)
+                op_id = await runtime.propose(entry)
+            finally:
+                self._inflight_ts.pop(stamp, None)
             applier.take_outcome(op_id.index)
         if self.state is TabletState.FAILED:
             raise IllegalStateError(f"tablet {self.tablet_id} failed: {self.state_reason}")
@@ -392,9 +431,14 @@ class TabletReplica:
         earlier = self._known_outcome(applier, request_id, schema_version)
         if earlier is not None:
             return earlier
-        with applier.collecting():
-            op_id = await runtime.propose(encode_write_entry(request_id, schema_version, ops))
-            return self._collect(applier, op_id)
+        timestamp = self._assign_timestamp()
+        try:
+            with applier.collecting():
+                payload = encode_write_entry(request_id, schema_version, ops, timestamp=timestamp)
+                op_id = await runtime.propose(payload)
+                return dataclasses.replace(self._collect(applier, op_id), timestamp=timestamp)
+        finally:
+            self._inflight_ts.pop(timestamp, None)
 
     async def write_many(
         self, requests: Sequence[tuple[RequestId | None, int, bytes]]
@@ -407,31 +451,41 @@ class TabletReplica:
         results: list[WriteOutcome | Exception | None] = []  # None: proposed below
         payloads: list[bytes] = []
         slots: list[int] = []
+        stamps: list[int] = []
         for request_id, schema_version, ops in requests:
             result: WriteOutcome | Exception | None
             try:
                 result = self._known_outcome(applier, request_id, schema_version)
                 if result is None:
-                    payloads.append(encode_write_entry(request_id, schema_version, ops))
+                    stamp = self._assign_timestamp()
+                    stamps.append(stamp)
+                    payloads.append(
+                        encode_write_entry(request_id, schema_version, ops, timestamp=stamp)
+                    )
                     slots.append(len(results))
             except Exception as exc:  # refused before proposing: this request only
                 result = exc
             results.append(result)
         if payloads:
-            with applier.collecting():
-                futures = runtime.propose_many(payloads)
-                await asyncio.wait(futures)
-                for slot, future in zip(slots, futures, strict=True):
-                    error = future.exception()
-                    if error is None:
-                        try:
-                            results[slot] = self._collect(applier, future.result())
-                        except IllegalStateError as exc:
-                            results[slot] = exc
-                    elif isinstance(error, Exception):
-                        results[slot] = error
-                    else:
-                        results[slot] = AbortedError(f"write {slot} abandoned: {error!r}")
+            try:
+                with applier.collecting():
+                    futures = runtime.propose_many(payloads)
+                    await asyncio.wait(futures)
+                    for slot, stamp, future in zip(slots, stamps, futures, strict=True):
+                        error = future.exception()
+                        if error is None:
+                            try:
+                                outcome = self._collect(applier, future.result())
+                                results[slot] = dataclasses.replace(outcome, timestamp=stamp)
+                            except IllegalStateError as exc:
+                                results[slot] = exc
+                        elif isinstance(error, Exception):
+                            results[slot] = error
+                        else:
+                            results[slot] = AbortedError(f"write {slot} abandoned: {error!r}")
+            finally:
+                for stamp in stamps:
+                    self._inflight_ts.pop(stamp, None)
         answered = [r for r in results if r is not None]
         assert len(answered) == len(results), "every proposed write was resolved"
         return answered
@@ -491,16 +545,192 @@ class TabletReplica:
         where: Sequence[Predicate] = (),
         *,
         limit: int | None = None,
+        read_mode: str = "latest",
+        snapshot_ts: int = 0,
+        diff_start_ts: int = 0,
+        propagated_ts: int = 0,
         **bounds: Any,
-    ) -> tuple[int, ScanCursor]:
-        """Opens a cursor at the leader (``max_staleness_ms`` None: linearizable, after
-        ReadIndex) or, with a staleness bound, as a follower read (see ``_read_point``).
-        Returns (read index, cursor); the cursor sees every op up to the read index, and
-        possibly later committed ones. It is opened off the event loop (the in-memory rows
-        are copied then)."""
-        index, storage = await self._read_point(max_staleness_ms)
-        cursor = await asyncio.to_thread(storage.open_scan, columns, where, limit=limit, **bounds)
-        return index, cursor
+    ) -> tuple[int, ScanCursor, int]:
+        """Opens a cursor; returns (read index, cursor, snapshot timestamp or 0).
+
+        ``read_mode`` "latest" reads at the leader, linearizably (after ReadIndex), or with
+        ``max_staleness_ms`` as a follower read (see ``_read_point``): the cursor sees every
+        op up to the read index, and possibly later committed ones. "snapshot" reads the
+        versions at ``snapshot_ts`` (0: this replica picks its clock's now) once every write
+        at or before it is applied here (``_snapshot_point``); "read_your_writes" is a
+        snapshot this replica picks at or after the timestamps the client has seen (the
+        caller moved the clock past them). With ``diff_start_ts`` a snapshot read returns the
+        rows that differ between ``diff_start_ts`` and the snapshot, with ``is_deleted``. The
+        cursor is opened off the event loop (the in-memory rows are copied then)."""
+        if read_mode not in READ_MODES:
+            raise InvalidArgumentError(f"read mode must be one of {READ_MODES}; got {read_mode}")
+        if read_mode in ("latest", "follower"):
+            index, storage = await self._read_point(max_staleness_ms)
+            cursor = await asyncio.to_thread(
+                storage.open_scan, columns, where, limit=limit, **bounds
+            )
+            return index, cursor, 0
+        index, storage, snapshot_ts = await self._snapshot_point(
+            snapshot_ts if read_mode == "snapshot" else 0, propagated_ts
+        )
+        if diff_start_ts:
+            self._check_history(diff_start_ts, storage)
+            if diff_start_ts > snapshot_ts:
+                raise InvalidArgumentError(
+                    f"a diff scan's start {diff_start_ts} is after its end {snapshot_ts}"
+                )
+            cursor = await asyncio.to_thread(
+                storage.open_diff_scan,
+                diff_start_ts,
+                snapshot_ts,
+                columns,
+                where,
+                limit=limit,
+                **bounds,
+            )
+        else:
+            cursor = await asyncio.to_thread(
+                storage.open_scan, columns, where, limit=limit, snapshot_ts=snapshot_ts, **bounds
+            )
+        return index, cursor, snapshot_ts
+
+    # --- hybrid time (docs/consistency.md) ---------------------------------------------------
+
+    def _assign_timestamp(self) -> int:
+        """The timestamp of a write this leader is about to propose. Called right before the
+        proposal is queued, with no await in between, so timestamps rise in op order."""
+        stamp = self.clock.now()
+        self._inflight_ts[stamp] = None
+        return stamp
+
+    def ancient_history_mark(self) -> int:
+        """Timestamps before this may have lost their history (Kudu's AHM): the clock less
+        ``history_max_age_s``."""
+        physical = physical_us(self.clock.peek()) - int(self.history_max_age_s * 1_000_000)
+        return hybrid_time(max(0, physical))
+
+    def _check_history(self, timestamp: int, storage: StorageEngine) -> None:
+        mark = max(self.ancient_history_mark(), storage.history_gc_mark)
+        if timestamp < mark:
+            raise InvalidArgumentError(
+                f"tablet {self.tablet_id}: snapshot timestamp {timestamp} is older than the "
+                f"ancient history mark {mark}: history older than tablet_history_max_age_s "
+                f"({self.history_max_age_s:g} s) is not kept"
+            )
+
+    async def _snapshot_point(
+        self, snapshot_ts: int, propagated_ts: int = 0
+    ) -> tuple[int, StorageEngine, int]:
+        """Waits until this replica holds every write with a timestamp <= the snapshot's and
+        returns (read index, storage, snapshot timestamp).
+
+        At the leader: ReadIndex confirms leadership and applies everything committed before
+        the read (with it, every entry of earlier leaders); then the writes this leader itself
+        has stamped at or before the snapshot are waited for. Writes stamped later are above
+        the snapshot: the clock has passed it (a timestamp ahead of the clock, within the
+        clock error, is first waited for). Without a timestamp the leader picks its clock's
+        now. A follower serves it once a safe time its leader sent has passed the snapshot
+        and the commit index sent with it is applied here (``_follower_snapshot_point``)."""
+        runtime, storage, applier = self._running()
+        if runtime.role is not Role.LEADER:
+            if snapshot_ts:
+                self._check_history(snapshot_ts, storage)
+            return await self._follower_snapshot_point(
+                runtime, storage, applier, snapshot_ts, propagated_ts
+            )
+        if snapshot_ts:
+            self._check_history(snapshot_ts, storage)
+            try:
+                self.clock.check_not_ahead(snapshot_ts)
+            except ValueError as exc:
+                raise InvalidArgumentError(f"tablet {self.tablet_id}: {exc}") from None
+            ahead_us = self.clock.ahead_us(snapshot_ts)
+            if ahead_us > 0:
+                await asyncio.sleep(ahead_us / 1_000_000)
+            self.clock.update(snapshot_ts)
+        else:
+            snapshot_ts = self.clock.now()
+        index = await runtime.read_index()
+        deadline = time.monotonic() + SNAPSHOT_WAIT_S
+        while self._inflight_ts and next(iter(self._inflight_ts)) <= snapshot_ts:
+            if time.monotonic() > deadline:
+                raise TimedOutError(
+                    f"tablet {self.tablet_id}: writes at or before {snapshot_ts} did not "
+                    f"apply within {SNAPSHOT_WAIT_S:g} s"
+                )
+            await asyncio.sleep(0.001)
+        self._require_leader(runtime)
+        return index, storage, snapshot_ts
+
+    async def _follower_snapshot_point(
+        self,
+        runtime: RaftRuntime,
+        storage: StorageEngine,
+        applier: Applier,
+        snapshot_ts: int,
+        propagated_ts: int,
+    ) -> tuple[int, StorageEngine, int]:
+        """A snapshot read at this follower: at ``snapshot_ts``, or (0) at the latest safe time
+        its leader sent, or the client's ``propagated_ts`` if that is later. Waits up to
+        ``FOLLOWER_SNAPSHOT_WAIT_S`` for a safe time past it and for the commit index sent
+        with that safe time to be applied; ``StaleReplicaError`` otherwise (an idle,
+        quiesced tablet sends no safe times: the client then reads at the leader)."""
+        if not snapshot_ts:
+            latest = self._safe_times[-1][0] if self._safe_times else 0
+            snapshot_ts = max(latest, propagated_ts)
+            if not snapshot_ts:
+                raise StaleReplicaError(
+                    f"tablet {self.tablet_id}: no safe time from a leader yet for a snapshot"
+                )
+        deadline = time.monotonic() + FOLLOWER_SNAPSHOT_WAIT_S
+        while True:
+            needed = next((c for s, c in self._safe_times if s >= snapshot_ts), None)
+            if needed is not None and applier.applied_index >= needed:
+                return applier.applied_index, storage, snapshot_ts
+            if time.monotonic() > deadline or runtime.role is Role.LEADER:
+                raise StaleReplicaError(
+                    f"tablet {self.tablet_id}: this follower's safe time has not reached "
+                    f"snapshot {snapshot_ts} (its leader's last: "
+                    f"{self._safe_times[-1][0] if self._safe_times else 0})"
+                )
+            await asyncio.sleep(0.002)
+
+    def _leader_timestamps(self) -> tuple[int, int]:
+        """(clock, safe time) for an AppendEntries this leader sends. The safe time is 0
+        until the leader has committed an entry of its own term (until then entries of an
+        earlier leader may lie above the commit index it sends); then every write below its
+        oldest unapplied stamp is applied, so at or below the commit index."""
+        now = self.clock.now()
+        runtime, wal = self.runtime, self.wal
+        if runtime is None or wal is None:
+            return now, 0
+        core = runtime.core
+        if self._safe_term != core.term:
+            if wal.term_at(core.commit_index) != core.term:
+                return now, 0
+            self._safe_term = core.term
+        safe = next(iter(self._inflight_ts)) - 1 if self._inflight_ts else now
+        return now, safe
+
+    def _on_leader_timestamps(
+        self, term: int, leader_ts: int, safe_ts: int, commit_index: int
+    ) -> None:
+        """A follower got its leader's clock and safe time: its clock moves past the
+        leader's (so as a later leader it stamps above every write it holds), and the safe
+        time is kept for snapshot reads here."""
+        runtime = self.runtime
+        if runtime is None or term < runtime.core.term:
+            return  # a deposed leader's: not the current leader's promise
+        try:
+            self.clock.update(leader_ts)
+        except ValueError as exc:
+            log.warning("tablet %s: leader's clock refused: %s", self.tablet_id, exc)
+            return
+        if term > self._safe_term_seen:
+            self._safe_times.clear()  # a new leader's promises replace the old one's
+            self._safe_term_seen = term
+        if safe_ts and (not self._safe_times or safe_ts > self._safe_times[-1][0]):
+            self._safe_times.append((safe_ts, commit_index))
 
     async def _read_point(self, max_staleness_ms: int | None) -> tuple[int, StorageEngine]:
         """The index a read is served at. Without a staleness bound: at the leader, after

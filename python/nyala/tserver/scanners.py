@@ -36,6 +36,8 @@ class Scanner:
     #: ``scan_batch_bytes_max``; fixed for the scanner's life).
     batch_bytes_max: int
     last_access_s: float = field(default_factory=time.monotonic)
+    #: The hybrid timestamp a snapshot scan reads at (0 for a latest read).
+    snapshot_timestamp: int = 0
 
 
 class ScannerRegistry:
@@ -47,7 +49,12 @@ class ScannerRegistry:
         self._scanners: dict[str, Scanner] = {}
 
     def open(
-        self, tablet_id: str, snapshot_index: int, cursor: ScanCursor, batch_bytes_max: int
+        self,
+        tablet_id: str,
+        snapshot_index: int,
+        cursor: ScanCursor,
+        batch_bytes_max: int,
+        snapshot_timestamp: int = 0,
     ) -> Scanner:
         """Registers a new scanner over ``cursor``; ``ThrottledError`` (and the cursor closed)
         if ``SCANNERS_MAX`` are open."""
@@ -55,7 +62,14 @@ class ScannerRegistry:
         if len(self._scanners) >= SCANNERS_MAX:
             cursor.close()
             raise ThrottledError(f"{len(self._scanners)} scanners are open; try again later")
-        scanner = Scanner(uuid.uuid4().hex, tablet_id, snapshot_index, cursor, batch_bytes_max)
+        scanner = Scanner(
+            uuid.uuid4().hex,
+            tablet_id,
+            snapshot_index,
+            cursor,
+            batch_bytes_max,
+            snapshot_timestamp=snapshot_timestamp,
+        )
         scanner.last_access_s = self._clock()
         self._scanners[scanner.scanner_id] = scanner
         return scanner

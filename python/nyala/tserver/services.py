@@ -27,6 +27,7 @@ from nyala._proto import (
     tserver_pb2_grpc,
 )
 from nyala._proto.metadata_pb2 import TabletDataState
+from nyala.common.clock import HybridClock
 from nyala.errors import InvalidArgumentError, NyalaError
 from nyala.rpc import Context, RpcMetrics, ServiceBase, server_stream, unary
 from nyala.rpc.errors import error_to_pb
@@ -128,11 +129,13 @@ def _request_id(request: tserver_pb2.WriteRequestPB) -> RequestId | None:
     return None
 
 
-def _write_response(outcome: WriteOutcome) -> tserver_pb2.WriteResponsePB:
-    """The ``WriteResponsePB`` of an applied write; a batch refused whole is an error."""
+def _write_response(outcome: WriteOutcome, clock: HybridClock) -> tserver_pb2.WriteResponsePB:
+    """The ``WriteResponsePB`` of an applied write; a batch refused whole is an error. A
+    retried request answered from the outcome cache may not know its timestamp (another
+    leader stamped it): the clock's now is later, which is what a snapshot read needs."""
     if outcome.result is None:
         raise InvalidArgumentError(f"op batch refused: {outcome.error}")
-    response = tserver_pb2.WriteResponsePB()
+    response = tserver_pb2.WriteResponsePB(timestamp=outcome.timestamp or clock.now())
     response.op_id.index = outcome.op_index
     if not outcome.result.ok:
         for row, status in outcome.result.errors():
@@ -140,6 +143,21 @@ def _write_response(outcome: WriteOutcome) -> tserver_pb2.WriteResponsePB:
                 row_index=row, code=_ROW_STATUS_CODES[status], message=_ROW_STATUS_MESSAGES[status]
             )
     return response
+
+
+def _observe(clock: HybridClock, timestamp: int) -> None:
+    """Moves the server's clock past a timestamp a client has seen (Kudu's timestamp
+    propagation); one too far ahead is the client's error, not a reason to jump."""
+    try:
+        clock.update(timestamp)
+    except ValueError as exc:
+        raise InvalidArgumentError(f"propagated timestamp refused: {exc}") from None
+
+
+_SNAPSHOT_MODES = {
+    tserver_pb2.READ_AT_SNAPSHOT: "snapshot",
+    tserver_pb2.READ_YOUR_WRITES: "read_your_writes",
+}
 
 
 class TabletService(ServiceBase, tserver_pb2_grpc.TabletServiceServicer):
@@ -194,11 +212,13 @@ class TabletService(ServiceBase, tserver_pb2_grpc.TabletServiceServicer):
         subs = list(request.requests)
         results: list[WriteOutcome | Exception | None] = [None] * len(subs)
         by_tablet: dict[str, list[int]] = {}
+        clock = self._tablets.clock
         for i, sub in enumerate(subs):
             try:  # the decorator checked the call's dest_uuid; each write names its own
                 check_dest_uuid(sub.dest_uuid, self.server_uuid)
                 if self._authz is not None:
                     self._authz.check_write(sub)
+                _observe(clock, sub.propagated_timestamp)
             except NyalaError as exc:
                 results[i] = exc
                 continue
@@ -227,7 +247,7 @@ class TabletService(ServiceBase, tserver_pb2_grpc.TabletServiceServicer):
                 continue
             assert outcome is not None, "every write has an outcome or an error"
             try:
-                response.responses.append(_write_response(outcome))
+                response.responses.append(_write_response(outcome, clock))
             except NyalaError as exc:
                 response.responses.add().error.CopyFrom(error_to_pb(exc))
         return response
@@ -246,10 +266,11 @@ class TabletService(ServiceBase, tserver_pb2_grpc.TabletServiceServicer):
         if self._authz is not None:
             self._authz.check_write(request)
         replica = self._tablets.replica(request.tablet_id)
+        _observe(replica.clock, request.propagated_timestamp)
         if self._admit_write is not None:
             self._admit_write(len(request.ops))
         outcome = await replica.write(_request_id(request), request.schema_version, request.ops)
-        return _write_response(outcome)
+        return _write_response(outcome, replica.clock)
 
     @server_stream(tserver_pb2.ScanResponsePB)
     async def Scan(
@@ -265,9 +286,7 @@ class TabletService(ServiceBase, tserver_pb2_grpc.TabletServiceServicer):
             raise InvalidArgumentError("a scan request needs new_scan or scanner_id")
         if request.close_scanner:
             self._scanners.close(scanner.scanner_id)
-            yield tserver_pb2.ScanResponsePB(
-                scanner_id=scanner.scanner_id, snapshot_index=scanner.snapshot_index
-            )
+            yield self._scan_response(scanner)
             return
         sent = 0
         while not request.batches_max or sent < request.batches_max:
@@ -277,24 +296,26 @@ class TabletService(ServiceBase, tserver_pb2_grpc.TabletServiceServicer):
             self._scanners.touch(scanner)
             if page is None:
                 self._scanners.close(scanner.scanner_id)
-                yield tserver_pb2.ScanResponsePB(
-                    scanner_id=scanner.scanner_id,
-                    has_more_results=False,
-                    snapshot_index=scanner.snapshot_index,
-                )
+                yield self._scan_response(scanner)
                 return
             sent += 1
             replica = self._tablets.lookup(scanner.tablet_id)
             if replica is not None:
                 replica.rows_scanned += page[1]
                 replica.bytes_scanned += len(page[0])
-            yield tserver_pb2.ScanResponsePB(
-                scanner_id=scanner.scanner_id,
-                batch=page[0],
-                row_count=page[1],
-                has_more_results=True,
-                snapshot_index=scanner.snapshot_index,
-            )
+            response = self._scan_response(scanner)
+            response.batch, response.row_count, response.has_more_results = page[0], page[1], True
+            yield response
+
+    def _scan_response(self, scanner: Scanner) -> tserver_pb2.ScanResponsePB:
+        """A scan message without rows: the scanner, its read point and this server's clock
+        (the client keeps the latest timestamp it observes)."""
+        return tserver_pb2.ScanResponsePB(
+            scanner_id=scanner.scanner_id,
+            snapshot_index=scanner.snapshot_index,
+            snapshot_timestamp=scanner.snapshot_timestamp,
+            propagated_timestamp=self._tablets.clock.now(),
+        )
 
     async def _open_scanner(
         self, scan: tserver_pb2.NewScanRequestPB, batch_size_bytes: int
@@ -311,16 +332,26 @@ class TabletService(ServiceBase, tserver_pb2_grpc.TabletServiceServicer):
             "lower_bound": _key_bound(scan.lower_bound_key, "lower"),
             "upper_bound": _key_bound(scan.upper_bound_key, "upper"),
         }
+        _observe(replica.clock, scan.propagated_timestamp)
         follower = scan.read_mode == tserver_pb2.READ_FOLLOWER
-        index, cursor = await replica.open_scan(
+        mode = _SNAPSHOT_MODES.get(scan.read_mode, "follower" if follower else "latest")
+        if scan.diff_start_timestamp and not (
+            scan.read_mode == tserver_pb2.READ_AT_SNAPSHOT and scan.snapshot_timestamp
+        ):
+            raise InvalidArgumentError("a diff scan needs READ_AT_SNAPSHOT with a timestamp")
+        index, cursor, snapshot_ts = await replica.open_scan(
             scan.max_staleness_ms if follower else None,
             list(scan.projection) or None,
             _predicates(scan.predicates),
             limit=scan.limit_rows or None,
+            read_mode=mode,
+            snapshot_ts=scan.snapshot_timestamp,
+            diff_start_ts=scan.diff_start_timestamp,
+            propagated_ts=scan.propagated_timestamp,
             **bounds,
         )
         batch_bytes = min(batch_size_bytes or SCAN_BATCH_BYTES_DEFAULT, self._scan_batch_bytes_max)
-        return self._scanners.open(scan.tablet_id, index, cursor, batch_bytes)
+        return self._scanners.open(scan.tablet_id, index, cursor, batch_bytes, snapshot_ts)
 
     @unary(tserver_pb2.ScannerKeepAliveResponsePB)
     async def ScannerKeepAlive(

@@ -247,6 +247,11 @@ class GrpcTransport:
         # Told (uuid, reason) of a peer whose stream was refused with TABLET_FAILED (the
         # runtime's ``peer_failed``: its health report says FAILED_UNRECOVERABLE).
         self.on_tablet_failed: Callable[[str, str], None] | None = None
+        # Hybrid time riding on AppendEntries (docs/consistency.md), which the Raft core does
+        # not see: as a leader, the (clock, safe time) put on each request; as a follower,
+        # told (leader's term, its clock, its safe time, its commit index) of each request.
+        self.timestamps: Callable[[], tuple[int, int]] | None = None
+        self.on_timestamps: Callable[[int, int, int, int], None] | None = None
 
     # --- Transport ------------------------------------------------------------------------
 
@@ -292,7 +297,8 @@ class GrpcTransport:
         if address is None or streams is None:
             self.messages_dropped += 1
             return
-        data = wire.append_request_to_wire(request, self.tablet_id)
+        stamps = (0, 0) if self.timestamps is None else self.timestamps()
+        data = wire.append_request_to_wire(request, self.tablet_id, timestamps=stamps)
         answered = functools.partial(self._on_append_answer, request.dest, request.seq)
         streams.send(request.dest, address, data, answered)
 
@@ -372,7 +378,17 @@ class GrpcTransport:
     ) -> _PendingAppend:
         """Hands an AppendEntries to the core now (requests of one stream reach it in their
         order); ``settle_update`` gives its answer."""
-        return self._submit(wire.append_request_from_pb(pb, decode_batch))
+        request = wire.append_request_from_pb(pb, decode_batch)
+        if self.on_timestamps is not None:
+            header = wire.request_header(pb)
+            if header.leader_timestamp:
+                self.on_timestamps(
+                    header.caller_term,
+                    header.leader_timestamp,
+                    header.safe_timestamp,
+                    header.committed_index,
+                )
+        return self._submit(request)
 
     async def settle_update(self, pending: _PendingAppend) -> consensus_pb2.ConsensusResponsePB:
         """The ``ConsensusResponsePB`` of a submitted AppendEntries, once what it appended is

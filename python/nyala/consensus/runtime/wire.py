@@ -175,12 +175,18 @@ def append_request_to_pb(
 
 
 def append_request_to_wire(
-    request: AppendRequest, tablet_id: str, *, last_appended_index: int = 0
+    request: AppendRequest,
+    tablet_id: str,
+    *,
+    last_appended_index: int = 0,
+    timestamps: tuple[int, int] = (0, 0),
 ) -> bytes:
     """The serialized ``ConsensusRequestPB`` of an AppendEntries, what
     ``append_request_to_pb(...).SerializeToString()`` gives, but with the entries copied once
-    (protobuf parses a message followed by one more field as the message with that field)."""
+    (protobuf parses a message followed by one more field as the message with that field).
+    ``timestamps`` are the leader's (clock, safe time), which the Raft core does not see."""
     header = _append_request_header_pb(request, tablet_id, last_appended_index)
+    header.leader_timestamp, header.safe_timestamp = timestamps
     if request.entries is None:
         return header.SerializeToString()
     batch = cast(WireBatch, request.entries)  # the WAL log's batches; others cannot be sent
@@ -211,6 +217,11 @@ def _append_request_header_pb(
         pb.first_entry_id.CopyFrom(op_id_to_pb(batch.first_op_id))
         pb.last_entry_id.CopyFrom(op_id_to_pb(batch.last_op_id))
     return pb
+
+
+def request_header(pb: ReceivedRequest) -> consensus_pb2.ConsensusRequestPB:
+    """The header fields of a received AppendEntries (the entries may be absent)."""
+    return pb.header if isinstance(pb, ReceivedAppendRequest) else pb
 
 
 def append_request_from_pb(pb: ReceivedRequest, decode_batch: BatchDecoder) -> AppendRequest:
