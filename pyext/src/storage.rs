@@ -62,7 +62,8 @@ fn check_op_batch(
 }
 
 /// A WRITE entry payload's header (docs/tablet-write-entry.md) as
-/// `(kind, client id or None, seq no, first incomplete seq no, schema version, ops offset)`;
+/// `(kind, client id or None, seq no, first incomplete seq no, schema version, ops offset,
+/// timestamp)` (timestamp 0 for entries before format version 3);
 /// `CorruptionError` / `NotSupportedError` if it is damaged or newer than this build.
 #[pyfunction]
 fn decode_write_entry(payload: &[u8]) -> PyResult<WriteEntryTuple> {
@@ -82,11 +83,12 @@ fn decode_write_entry(payload: &[u8]) -> PyResult<WriteEntryTuple> {
         first,
         header.schema_version,
         header.ops_offset,
+        header.timestamp,
     ))
 }
 
 /// What `decode_write_entry` returns.
-type WriteEntryTuple = (u8, Option<String>, i64, i64, u32, usize);
+type WriteEntryTuple = (u8, Option<String>, i64, i64, u32, usize, u64);
 
 /// One applied WRITE entry as Python gets it: (op index, effect code (0 applied, 1 refused,
 /// 2 duplicate, 3 stale), row statuses or None, failed rows, refusal message or None,

@@ -399,6 +399,16 @@ impl Engine {
     /// Deterministic: the same batches in the same order give the same rows and statuses.
     /// Nothing is applied if an error is returned.
     pub fn apply(&self, batch: &OpBatch, op_index: OpIndex) -> Result<ApplyResult> {
+        self.apply_at(batch, op_index, 0)
+    }
+
+    /// `apply` with the op's commit timestamp (hybrid time).
+    pub fn apply_at(
+        &self,
+        batch: &OpBatch,
+        op_index: OpIndex,
+        _timestamp: u64,
+    ) -> Result<ApplyResult> {
         let mut st = self.shared.state.write();
         if batch.schema_version != st.schema.version() {
             return Err(StorageError::invalid(format!(
