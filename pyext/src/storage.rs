@@ -62,7 +62,8 @@ fn check_op_batch(
 }
 
 /// A WRITE entry payload's header (docs/tablet-write-entry.md) as
-/// `(kind, client id or None, seq no, first incomplete seq no, schema version, ops offset)`;
+/// `(kind, client id or None, seq no, first incomplete seq no, schema version, ops offset,
+/// timestamp)` (timestamp 0 for entries before format version 3);
 /// `CorruptionError` / `NotSupportedError` if it is damaged or newer than this build.
 #[pyfunction]
 fn decode_write_entry(payload: &[u8]) -> PyResult<WriteEntryTuple> {
@@ -82,11 +83,12 @@ fn decode_write_entry(payload: &[u8]) -> PyResult<WriteEntryTuple> {
         first,
         header.schema_version,
         header.ops_offset,
+        header.timestamp,
     ))
 }
 
 /// What `decode_write_entry` returns.
-type WriteEntryTuple = (u8, Option<String>, i64, i64, u32, usize);
+type WriteEntryTuple = (u8, Option<String>, i64, i64, u32, usize, u64);
 
 /// One applied WRITE entry as Python gets it: (op index, effect code (0 applied, 1 refused,
 /// 2 duplicate, 3 stale), row statuses or None, failed rows, refusal message or None,
@@ -305,19 +307,22 @@ impl StorageEngine {
         schema_to_py(py, &self.engine.schema())
     }
 
-    /// Applies Arrow IPC op-batch bytes as op `op_index`; returns one status byte per row.
+    /// Applies Arrow IPC op-batch bytes as op `op_index` committed at `timestamp`; returns
+    /// one status byte per row.
+    #[pyo3(signature = (data, op_index, timestamp = 0))]
     fn apply_ipc<'py>(
         &self,
         py: Python<'py>,
         data: PyBuffer<u8>,
         op_index: u64,
+        timestamp: u64,
     ) -> PyResult<Bound<'py, PyBytes>> {
         let bytes = data.to_vec(py)?;
         let engine = self.engine.clone();
         let statuses = py
             .detach(move || {
                 let batch = engine.decode(Buffer::from_vec(bytes))?;
-                engine.apply(&batch, op_index)
+                engine.apply_at(&batch, op_index, timestamp)
             })
             .map_err(to_py)?;
         Ok(status_bytes(py, &statuses.statuses))
@@ -351,18 +356,21 @@ impl StorageEngine {
         Ok((through, outcomes, alter))
     }
 
-    /// Applies a pyarrow RecordBatch of row operations as op `op_index`.
+    /// Applies a pyarrow RecordBatch of row operations as op `op_index` committed at
+    /// `timestamp`.
+    #[pyo3(signature = (batch, op_index, timestamp = 0))]
     fn apply_batch<'py>(
         &self,
         py: Python<'py>,
         batch: PyArrowType<RecordBatch>,
         op_index: u64,
+        timestamp: u64,
     ) -> PyResult<Bound<'py, PyBytes>> {
         let engine = self.engine.clone();
         let statuses = py
             .detach(move || {
                 let batch: OpBatch = engine.validate(&batch.0)?;
-                engine.apply(&batch, op_index)
+                engine.apply_at(&batch, op_index, timestamp)
             })
             .map_err(to_py)?;
         Ok(status_bytes(py, &statuses.statuses))
@@ -374,15 +382,44 @@ impl StorageEngine {
         py.detach(move || engine.flush()).map_err(to_py)
     }
 
-    /// Merges all rowsets; returns whether there was anything to do.
-    fn compact(&self, py: Python<'_>) -> PyResult<bool> {
+    /// Merges all rowsets, collecting history at `ancient_history_mark`; returns whether
+    /// there was anything to do.
+    #[pyo3(signature = (ancient_history_mark = 0))]
+    fn compact(&self, py: Python<'_>, ancient_history_mark: u64) -> PyResult<bool> {
         let engine = self.engine.clone();
-        py.detach(move || engine.compact()).map_err(to_py)
+        py.detach(move || engine.compact(ancient_history_mark))
+            .map_err(to_py)
+    }
+
+    /// The rows that differ between the snapshots at `start_ts` and `end_ts`, with an
+    /// `is_deleted` column, as a pyarrow Table (other arguments as for `scan`).
+    #[pyo3(signature = (start_ts, end_ts, columns = None, predicates = Vec::new(), lower_bound = None, upper_bound = None, limit = None))]
+    #[allow(clippy::too_many_arguments)]
+    fn diff_scan(
+        &self,
+        py: Python<'_>,
+        start_ts: u64,
+        end_ts: u64,
+        columns: Option<Vec<String>>,
+        predicates: Vec<PredicateTuple>,
+        lower_bound: Option<Vec<u8>>,
+        upper_bound: Option<Vec<u8>>,
+        limit: Option<usize>,
+    ) -> PyResult<PyArrowType<Table>> {
+        let spec = scan_spec(columns, predicates, lower_bound, upper_bound, limit, None)?;
+        let engine = self.engine.clone();
+        let result = py
+            .detach(move || engine.diff_scan(&spec, start_ts, end_ts))
+            .map_err(to_py)?;
+        let table = Table::try_new(result.batches, result.schema)
+            .map_err(|e| to_py(StorageError::arrow_internal("diff scan", e)))?;
+        Ok(PyArrowType(table))
     }
 
     /// Reads rows in key order as a pyarrow Table. `predicates` are (column, op, values)
     /// with values a pyarrow Array of the column's type (None for the null tests).
-    #[pyo3(signature = (columns = None, predicates = Vec::new(), lower_bound = None, upper_bound = None, limit = None))]
+    #[pyo3(signature = (columns = None, predicates = Vec::new(), lower_bound = None, upper_bound = None, limit = None, snapshot_ts = None))]
+    #[allow(clippy::too_many_arguments)]
     fn scan(
         &self,
         py: Python<'_>,
@@ -391,8 +428,16 @@ impl StorageEngine {
         lower_bound: Option<Vec<u8>>,
         upper_bound: Option<Vec<u8>>,
         limit: Option<usize>,
+        snapshot_ts: Option<u64>,
     ) -> PyResult<PyArrowType<Table>> {
-        let spec = scan_spec(columns, predicates, lower_bound, upper_bound, limit)?;
+        let spec = scan_spec(
+            columns,
+            predicates,
+            lower_bound,
+            upper_bound,
+            limit,
+            snapshot_ts,
+        )?;
         let engine = self.engine.clone();
         let result = py.detach(move || engine.scan(&spec)).map_err(to_py)?;
         let table = Table::try_new(result.batches, result.schema)
@@ -401,7 +446,8 @@ impl StorageEngine {
     }
 
     /// Opens a cursor over a consistent view of the tablet (arguments as for `scan`).
-    #[pyo3(signature = (columns = None, predicates = Vec::new(), lower_bound = None, upper_bound = None, limit = None))]
+    #[pyo3(signature = (columns = None, predicates = Vec::new(), lower_bound = None, upper_bound = None, limit = None, snapshot_ts = None))]
+    #[allow(clippy::too_many_arguments)]
     fn open_scan(
         &self,
         py: Python<'_>,
@@ -410,8 +456,16 @@ impl StorageEngine {
         lower_bound: Option<Vec<u8>>,
         upper_bound: Option<Vec<u8>>,
         limit: Option<usize>,
+        snapshot_ts: Option<u64>,
     ) -> PyResult<ScanCursor> {
-        let spec = scan_spec(columns, predicates, lower_bound, upper_bound, limit)?;
+        let spec = scan_spec(
+            columns,
+            predicates,
+            lower_bound,
+            upper_bound,
+            limit,
+            snapshot_ts,
+        )?;
         let engine = self.engine.clone();
         let cursor = py.detach(move || engine.open_scan(spec)).map_err(to_py)?;
         Ok(ScanCursor {
@@ -477,6 +531,19 @@ impl StorageEngine {
         self.engine.last_applied_index()
     }
 
+    /// The highest ancient history mark compaction collected at (snapshot reads below it
+    /// are refused).
+    #[getter]
+    fn history_gc_mark(&self) -> u64 {
+        self.engine.history_gc_mark()
+    }
+
+    /// The newest commit timestamp applied.
+    #[getter]
+    fn last_timestamp(&self) -> u64 {
+        self.engine.last_timestamp()
+    }
+
     /// The last background flush error, if any.
     fn background_error(&self) -> Option<String> {
         self.engine.background_error()
@@ -514,6 +581,7 @@ fn scan_spec(
     lower_bound: Option<Vec<u8>>,
     upper_bound: Option<Vec<u8>>,
     limit: Option<usize>,
+    snapshot_ts: Option<u64>,
 ) -> PyResult<ScanSpec> {
     let mut parsed = Vec::with_capacity(predicates.len());
     for (column, op, values) in predicates {
@@ -527,6 +595,7 @@ fn scan_spec(
         lower_bound,
         upper_bound,
         limit,
+        snapshot_ts,
     })
 }
 

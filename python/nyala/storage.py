@@ -4,6 +4,14 @@ The engine (Rust, ``rust/storage``) applies op batches in op-index order, flushe
 Parquet DiskRowSets, compacts them, and serves merge-on-read scans as pyarrow Tables (handed
 over zero-copy). This module converts Python values (schemas, predicate values, key bounds) and
 owns nothing else; the tablet layer drives it.
+
+Row versions (MVCC, docs/storage-format.md "Row versions"): every op batch is applied with a
+commit timestamp (hybrid time, an unsigned 64-bit integer that never decreases in op-index
+order), and every version of a row is kept with it through flush and compaction until
+compaction collects history older than an ancient history mark. ``scan(snapshot_ts=T)`` reads
+per key the newest version with a timestamp at or below T; ``diff_scan`` returns what changed
+between two snapshots. A snapshot below ``history_gc_mark`` is refused
+(``InvalidArgumentError``), never answered from incomplete history.
 """
 
 from __future__ import annotations
@@ -181,6 +189,17 @@ class StorageEngine:
         """The highest op index applied."""
         return self._native.last_applied_index
 
+    @property
+    def history_gc_mark(self) -> int:
+        """The highest ancient history mark compaction collected at (persisted with the
+        rowsets): a snapshot read below it is refused with ``InvalidArgumentError``."""
+        return self._native.history_gc_mark
+
+    @property
+    def last_timestamp(self) -> int:
+        """The newest commit timestamp applied (or held in the rowsets after a restart)."""
+        return self._native.last_timestamp
+
     def stats(self) -> dict[str, int]:
         """Counters: mem_rows, mem_bytes, frozen_rows, frozen_bytes (the MemRowSet being
         flushed), rowsets, disk_rows, indexes."""
@@ -192,14 +211,19 @@ class StorageEngine:
 
     # --- writes ----------------------------------------------------------------------------
 
-    def apply(self, ops: pa.RecordBatch | bytes | pa.Buffer, op_index: int) -> ApplyResult:
-        """Applies an op batch (record batch or its IPC bytes) as op ``op_index``."""
+    def apply(
+        self, ops: pa.RecordBatch | bytes | pa.Buffer, op_index: int, timestamp: int = 0
+    ) -> ApplyResult:
+        """Applies an op batch (record batch or its IPC bytes) as op ``op_index`` committed
+        at hybrid time ``timestamp`` (never below an earlier op's: ``IllegalStateError``).
+        Every row version it writes keeps that timestamp."""
         if isinstance(ops, pa.RecordBatch):
-            raw = self._native.apply_batch(ops, op_index)
+            raw = self._native.apply_batch(ops, op_index, timestamp)
         else:
             # pyarrow buffers export signed bytes ('b'); the binding takes unsigned ones.
             view = memoryview(ops)
-            raw = self._native.apply_ipc(view if view.format == "B" else view.cast("B"), op_index)
+            unsigned = view if view.format == "B" else view.cast("B")
+            raw = self._native.apply_ipc(unsigned, op_index, timestamp)
         return ApplyResult(np.frombuffer(raw, dtype=np.uint8))
 
     def apply_committed(
@@ -213,23 +237,30 @@ class StorageEngine:
         """Applies the committed WRITE entries after ``after`` up to ``last`` of ``log`` in
         one native call (the GIL released; row bytes never leave native memory, and the
         stored rows share the log's bytes where they are aligned, as WRITE entries lay them
-        out). ``requests`` decides which request ids are new and records them. Returns the
+        out). Each entry is applied at the timestamp in its header (0 for entries written
+        before format version 3). ``requests`` decides which request ids are new and records
+        them. Returns the
         last index handled, one outcome per WRITE entry, and the schema change that stopped
         it, if any, as (op index, schema version, document): the caller applies that (its
         index is the returned one plus one) and calls again."""
         return self._native.apply_committed(log.native, requests, after, last, read_bytes_max)
 
-    def write(self, data: Any, op: OpType | str, op_index: int) -> ApplyResult:
+    def write(
+        self, data: Any, op: OpType | str, op_index: int, timestamp: int = 0
+    ) -> ApplyResult:
         """Converts ``data`` (see ``nyala.rowops``) to an op batch and applies it."""
-        return self.apply(make_op_batch(data, op, self.schema), op_index)
+        return self.apply(make_op_batch(data, op, self.schema), op_index, timestamp)
 
     def flush(self) -> int | None:
         """Flushes memory to a new rowset; returns its id (None if nothing was written)."""
         return self._native.flush()
 
-    def compact(self) -> bool:
-        """Merges all rowsets into one; False if there was nothing to do."""
-        return self._native.compact()
+    def compact(self, ancient_history_mark: int = 0) -> bool:
+        """Merges all rowsets into one; False if there was nothing to do. Per key it keeps
+        every version newer than ``ancient_history_mark`` and the newest at or before it (a
+        tombstone there, with nothing older kept, goes). ``history_gc_mark`` becomes the
+        mark (it never moves back). Flush keeps every version."""
+        return self._native.compact(ancient_history_mark)
 
     def alter_schema(self, schema: Schema, op_index: int) -> None:
         """Moves to ``schema`` (the next version) as op ``op_index``."""
@@ -245,11 +276,17 @@ class StorageEngine:
         lower_bound: Mapping[str, Any] | None = None,
         upper_bound: Mapping[str, Any] | None = None,
         limit: int | None = None,
+        snapshot_ts: int | None = None,
     ) -> pa.Table:
         """Rows in key order. ``where`` holds ``(column, op, value)`` with op one of
         ``= < <= > >= in`` (value a list for ``in``) or ``is null`` / ``is not null`` (value
-        None). Bounds map key column names to values: lower inclusive, upper exclusive."""
-        return self._native.scan(*self._scan_args(columns, where, lower_bound, upper_bound, limit))
+        None). Bounds map key column names to values: lower inclusive, upper exclusive.
+        ``snapshot_ts`` None reads each key's newest version; T reads the newest version with
+        a timestamp <= T (a deletion at or before T hides the key). Predicates, projection,
+        bounds and ``limit`` apply to the visible version only. A T below
+        ``history_gc_mark`` is ``InvalidArgumentError``."""
+        args = self._scan_args(columns, where, lower_bound, upper_bound, limit)
+        return self._native.scan(*args, snapshot_ts)
 
     def open_scan(
         self,
@@ -259,10 +296,33 @@ class StorageEngine:
         lower_bound: Mapping[str, Any] | None = None,
         upper_bound: Mapping[str, Any] | None = None,
         limit: int | None = None,
+        snapshot_ts: int | None = None,
     ) -> ScanCursor:
         """``scan`` as a cursor over one consistent view, read a batch at a time."""
         args = self._scan_args(columns, where, lower_bound, upper_bound, limit)
-        return ScanCursor(self._native.open_scan(*args))
+        return ScanCursor(self._native.open_scan(*args, snapshot_ts))
+
+    def diff_scan(
+        self,
+        start_ts: int,
+        end_ts: int,
+        columns: Sequence[str] | None = None,
+        where: Sequence[Predicate] = (),
+        *,
+        lower_bound: Mapping[str, Any] | None = None,
+        upper_bound: Mapping[str, Any] | None = None,
+        limit: int | None = None,
+    ) -> pa.Table:
+        """Exactly the difference between the snapshots at ``start_ts`` and ``end_ts``, in key
+        order, as ``columns`` plus a bool column ``is_deleted``: per key whose visible row
+        differs, its row at ``end_ts`` (``is_deleted`` false), or, for a key present at
+        ``start_ts`` and absent at ``end_ts``, the key with every other column null
+        (``is_deleted`` true). A key inserted and deleted inside the window is not returned.
+        ``where`` filters a changed row by its values at ``end_ts`` and a deleted key by its
+        values at ``start_ts``; bounds restrict keys; ``limit`` counts output rows. Both
+        timestamps must be at or above ``history_gc_mark``, and ``start_ts <= end_ts``."""
+        args = self._scan_args(columns, where, lower_bound, upper_bound, limit)
+        return self._native.diff_scan(start_ts, end_ts, *args)
 
     def _scan_args(
         self,

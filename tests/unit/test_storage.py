@@ -171,3 +171,35 @@ def test_schema_change_and_snapshot(engine: StorageEngine) -> None:
         assert payload == on_disk
     with pytest.raises(InvalidArgumentError):
         engine.alter_schema(next_schema, 3)
+
+
+def test_write_entry_carries_its_timestamp_and_older_versions_read_as_zero() -> None:
+    """Format 3 puts the entry's hybrid time in the header; formats 1 and 2 (no timestamp)
+    still decode, as timestamp 0, and every version keeps the op batch where it was written."""
+    import struct
+
+    from nyala.errors import InvalidArgumentError
+    from nyala.tablet.write_entry import (
+        KIND_ALTER_SCHEMA,
+        RequestId,
+        decode_write_entry,
+        encode_alter_schema_entry,
+        encode_write_entry,
+    )
+
+    ops = b"x" * 16
+    for client in ("", "c", "client-7"):
+        rid = RequestId(client, 3, 1) if client else None
+        payload = encode_write_entry(rid, 4, ops, timestamp=(1 << 63) + 5)
+        assert (len(payload) - len(ops)) % 8 == 0
+        entry = decode_write_entry(payload)
+        assert (entry.request_id, entry.schema_version, entry.timestamp) == (rid, 4, (1 << 63) + 5)
+        assert bytes(entry.ops) == ops
+    alter = decode_write_entry(encode_alter_schema_entry(2, b"{}", timestamp=77))
+    assert (alter.kind, alter.timestamp, bytes(alter.ops)) == (KIND_ALTER_SCHEMA, 77, b"{}")
+    # A version 2 payload, as written before timestamps: header, client, padding, ops.
+    head = struct.pack("<4sBBHqqI", b"NYWR", 2, 0, 1, 9, 8, 4) + b"c"
+    old = decode_write_entry(head + bytes(-len(head) % 8) + ops)
+    assert (old.request_id, old.timestamp, bytes(old.ops)) == (RequestId("c", 9, 8), 0, ops)
+    with pytest.raises(InvalidArgumentError, match="timestamp"):
+        encode_write_entry(None, 1, ops, timestamp=-1)

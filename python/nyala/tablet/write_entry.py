@@ -4,18 +4,23 @@ Layout (little-endian; docs/tablet-write-entry.md)::
 
     offset  bytes  field
     0       4      magic b"NYWR"
-    4       1      format version (2; 1 is still read)
+    4       1      format version (3; 1 and 2 are still read)
     5       1      kind: 0 = row ops, 1 = schema change (the tail is the new schema, JSON)
     6       2      client id length in bytes (n, at most 1024)
     8       8      sequence number (signed; -1 = no request id)
     16      8      first incomplete sequence number (signed)
     24      4      schema version the ops were encoded for
-    28      n      client id (UTF-8)
-    28+n    p      zeros up to a multiple of 8 (version 2; version 1 has none)
-    28+n+p  ...    the op batch: one Arrow IPC stream (table columns + op-type column)
+    28      8      timestamp: the entry's hybrid time (version 3; versions 1 and 2 lack it)
+    36      n      client id (UTF-8)
+    36+n    p      zeros up to a multiple of 8 (versions 2 and 3; version 1 has none)
+    36+n+p  ...    the op batch: one Arrow IPC stream (table columns + op-type column)
 
-The op batch is the tail so that it can be handed to storage as a zero-copy slice; version 2
-starts it 8-byte aligned, so the columns storage keeps can be the log's own bytes rather than
+The timestamp is the commit time of every row of the batch (storage keeps it with each row
+version for snapshot reads); it never decreases in op-index order within a tablet. Entries
+of versions 1 and 2 read as timestamp 0, visible to every snapshot.
+
+The op batch is the tail so that it can be handed to storage as a zero-copy slice; versions 2
+and 3 start it 8-byte aligned, so the columns storage keeps can be the log's own bytes rather than
 a realigned copy (an IPC stream's length is a multiple of 8, so entries stay aligned too).
 The request id travels in the entry so that every replica, applying the same log, remembers
 the same outcomes per client (exactly-once, DESIGN.md §4).
@@ -30,12 +35,14 @@ from nyala import _native
 from nyala.errors import CorruptionError, InvalidArgumentError
 
 MAGIC = b"NYWR"
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 _OPS_ALIGNMENT = 8
-_HEADER = struct.Struct("<4sBBHqqI")
+_HEADER = struct.Struct("<4sBBHqqIQ")
 HEADER_BYTES = _HEADER.size
 CLIENT_ID_BYTES_MAX = 1024
 NO_SEQ_NO = -1
+#: Largest timestamp (hybrid time is an unsigned 64-bit integer).
+TIMESTAMP_MAX = 2**64 - 1
 #: ``WriteEntry.kind`` values: the tail is an op batch, or a schema change (AlterSchema).
 KIND_ROWS = 0
 KIND_ALTER_SCHEMA = 1
@@ -62,20 +69,33 @@ class WriteEntry:
     schema_version: int
     ops: memoryview
     kind: int = KIND_ROWS
+    #: The entry's hybrid time (0 for entries written before format version 3).
+    timestamp: int = 0
 
 
-def encode_alter_schema_entry(schema_version: int, schema_doc: bytes) -> bytes:
+def _check_timestamp(timestamp: int) -> None:
+    if not 0 <= timestamp <= TIMESTAMP_MAX:
+        raise InvalidArgumentError(f"timestamp {timestamp} is not an unsigned 64-bit integer")
+
+
+def encode_alter_schema_entry(schema_version: int, schema_doc: bytes, timestamp: int = 0) -> bytes:
     """The payload of a schema change to ``schema_version`` (``schema_doc``: the new schema
-    and table name as JSON, see ``TabletReplica.alter_schema``). It travels as a WRITE entry so
-    that it is ordered with the writes around it on every replica."""
+    and table name as JSON, see ``TabletReplica.alter_schema``) at hybrid time ``timestamp``.
+    It travels as a WRITE entry so that it is ordered with the writes around it on every
+    replica."""
+    _check_timestamp(timestamp)
     head = _HEADER.pack(
-        MAGIC, FORMAT_VERSION, KIND_ALTER_SCHEMA, 0, NO_SEQ_NO, NO_SEQ_NO, schema_version
+        MAGIC, FORMAT_VERSION, KIND_ALTER_SCHEMA, 0, NO_SEQ_NO, NO_SEQ_NO, schema_version, timestamp
     )
     return head + _PADDING[HEADER_BYTES % _OPS_ALIGNMENT] + schema_doc
 
 
-def encode_write_entry(request_id: RequestId | None, schema_version: int, ops: bytes) -> bytes:
-    """The payload of a WRITE entry for ``ops`` (Arrow IPC bytes)."""
+def encode_write_entry(
+    request_id: RequestId | None, schema_version: int, ops: bytes, timestamp: int = 0
+) -> bytes:
+    """The payload of a WRITE entry for ``ops`` (Arrow IPC bytes) committed at hybrid time
+    ``timestamp`` (assigned by the tablet leader; it must not decrease in op-index order)."""
+    _check_timestamp(timestamp)
     client = b"" if request_id is None else request_id.client_id.encode()
     if len(client) > CLIENT_ID_BYTES_MAX:
         raise InvalidArgumentError(f"client id is {len(client)} bytes, max {CLIENT_ID_BYTES_MAX}")
@@ -83,7 +103,9 @@ def encode_write_entry(request_id: RequestId | None, schema_version: int, ops: b
         raise InvalidArgumentError(f"sequence number {request_id.seq_no} is negative")
     seq = NO_SEQ_NO if request_id is None else request_id.seq_no
     first = NO_SEQ_NO if request_id is None else request_id.first_incomplete_seq_no
-    head = _HEADER.pack(MAGIC, FORMAT_VERSION, 0, len(client), seq, first, schema_version)
+    head = _HEADER.pack(
+        MAGIC, FORMAT_VERSION, KIND_ROWS, len(client), seq, first, schema_version, timestamp
+    )
     return b"".join((head, client, _PADDING[(HEADER_BYTES + len(client)) % _OPS_ALIGNMENT], ops))
 
 
@@ -94,8 +116,9 @@ def decode_write_entry(payload: bytes | memoryview) -> WriteEntry:
     view = memoryview(payload)
     # The header and client id (with its padding) are all the reader looks at.
     head = bytes(view[: HEADER_BYTES + CLIENT_ID_BYTES_MAX + _OPS_ALIGNMENT])
-    kind, client, seq, first, schema_version, ops_start = _native.decode_write_entry(head)
+    decoded = _native.decode_write_entry(head)
+    kind, client, seq, first, schema_version, ops_start, timestamp = decoded
     if ops_start > len(view):
         raise CorruptionError("WRITE payload's client id overruns the payload")
     request_id = None if client is None else RequestId(client, seq, first)
-    return WriteEntry(request_id, schema_version, view[ops_start:], kind)
+    return WriteEntry(request_id, schema_version, view[ops_start:], kind, timestamp)

@@ -3,7 +3,10 @@
 //!
 //! Files are named by rowset id (`rs-00000007.parquet`, `rs-00000007.bloom`). Columns are named
 //! as in the schema at write time and carry their column id in the Arrow field metadata; the
-//! hidden `__deleted` column marks tombstones. A rowset that compaction replaced deletes its
+//! hidden `__ts` column holds each row version's commit timestamp (files written before row
+//! versions lack it: their rows read as timestamp 0) and the hidden `__deleted` column marks
+//! tombstones. Rows are sorted by key, then by timestamp descending; a file whose footer says
+//! it holds one version per key is read by latest scans exactly as before versions existed. A rowset that compaction replaced deletes its
 //! files when the last reader, scan or tablet-copy snapshot holding it lets go.
 
 use std::fs::File;
@@ -12,7 +15,8 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 
-use arrow::array::{ArrayRef, AsArray, BooleanArray, RecordBatch};
+use arrow::array::{ArrayRef, AsArray, BooleanArray, RecordBatch, UInt64Array};
+use arrow::datatypes::UInt64Type;
 use arrow::datatypes::{DataType as ArrowType, Field, Schema as ArrowSchema, SchemaRef};
 use parquet::arrow::arrow_reader::statistics::StatisticsConverter;
 use parquet::arrow::arrow_reader::{
@@ -27,7 +31,7 @@ use parquet::schema::types::ColumnPath;
 
 use crate::error::{Result, StorageError};
 use crate::key::{encode_keys, EncodedKeys, KeyBloom};
-use crate::memrowset::{Presence, DELETED_COLUMN};
+use crate::memrowset::{Presence, DELETED_COLUMN, TS_COLUMN};
 use crate::predicate::{ColumnStats, Predicate};
 use crate::schema::{field_column_id, ColumnSchema, DataType, Schema};
 
@@ -102,21 +106,37 @@ enum Slot {
     Fill(ColumnSchema),
 }
 
+/// Where a read's `__ts` column comes from.
+enum TsSlot {
+    /// Column `.0` of the decoded file batch.
+    File(usize),
+    /// The file predates row versions: every row is timestamp 0.
+    Zero,
+}
+
 /// How decoded file batches become a read's output batches.
 struct ReadLayout {
     slots: Vec<Slot>,
+    ts: Option<TsSlot>,
     with_deleted: bool,
     schema: SchemaRef,
 }
 
 impl ReadLayout {
     fn apply(&self, batch: RecordBatch) -> Result<RecordBatch> {
-        let mut arrays: Vec<ArrayRef> = Vec::with_capacity(self.slots.len() + 1);
+        let mut arrays: Vec<ArrayRef> = Vec::with_capacity(self.slots.len() + 2);
         for slot in &self.slots {
             arrays.push(match slot {
                 Slot::File(i) => batch.column(*i).clone(),
                 Slot::Fill(column) => column.fill(batch.num_rows())?,
             });
+        }
+        match &self.ts {
+            Some(TsSlot::File(i)) => arrays.push(batch.column(*i).clone()),
+            Some(TsSlot::Zero) => {
+                arrays.push(Arc::new(UInt64Array::from(vec![0u64; batch.num_rows()])))
+            }
+            None => {}
         }
         if self.with_deleted {
             arrays.push(batch.column(batch.num_columns() - 1).clone());
@@ -170,6 +190,13 @@ pub struct DiskRowSet {
     bytes: u64,
     min_key: Vec<u8>,
     max_key: Vec<u8>,
+    /// File position of `__ts` (None: the file predates row versions, every row is ts 0).
+    ts_at: Option<usize>,
+    /// Some key has more than one version in the file.
+    multi_version: bool,
+    /// Smallest and largest commit timestamp in the file.
+    ts_min: u64,
+    ts_max: u64,
     metadata: ArrowReaderMetadata,
     bloom: KeyBloom,
     key_count: usize,
@@ -240,14 +267,27 @@ impl DiskRowSet {
             )));
         }
         let schema = metadata.schema();
-        if schema.fields().len() <= key_count
-            || schema.field(schema.fields().len() - 1).name() != DELETED_COLUMN
+        let fields = schema.fields().len();
+        let ts_at =
+            (fields >= 2 && schema.field(fields - 2).name() == TS_COLUMN).then_some(fields - 2);
+        if fields < key_count + 1 + usize::from(ts_at.is_some())
+            || schema.field(fields - 1).name() != DELETED_COLUMN
         {
             return Err(StorageError::corruption(format!(
                 "{}: unexpected columns",
                 path.display()
             )));
         }
+        // Footer keys of row versions; absent in files written before them.
+        let (multi_version, ts_min, ts_max) = if ts_at.is_some() {
+            (
+                number("nyala.multi_version")? != 0,
+                number("nyala.ts_min")?,
+                number("nyala.ts_max")?,
+            )
+        } else {
+            (false, 0, 0)
+        };
         Ok(DiskRowSet {
             id,
             path,
@@ -257,6 +297,10 @@ impl DiskRowSet {
             bytes: data_bytes + bloom_bytes,
             min_key,
             max_key,
+            ts_at,
+            multi_version,
+            ts_min,
+            ts_max,
             metadata,
             bloom,
             key_count,
@@ -291,6 +335,22 @@ impl DiskRowSet {
         (&self.min_key, &self.max_key)
     }
 
+    /// Whether some key has more than one version in this rowset.
+    pub fn multi_version(&self) -> bool {
+        self.multi_version
+    }
+
+    /// The smallest and largest commit timestamp of the rows in this rowset.
+    pub fn ts_range(&self) -> (u64, u64) {
+        (self.ts_min, self.ts_max)
+    }
+
+    /// Whether a read at `snapshot_ts` (None: latest) must pick versions
+    /// (`stream_visible`) rather than read rows as they are.
+    pub fn needs_versions(&self, snapshot_ts: Option<u64>) -> bool {
+        self.multi_version || snapshot_ts.is_some_and(|ts| ts < self.ts_max)
+    }
+
     /// The files making up this rowset.
     pub fn files(&self) -> [&Path; 2] {
         [&self.path, &self.bloom_file]
@@ -317,22 +377,24 @@ impl DiskRowSet {
                 self.key_index.get_or_init(|| loaded)
             }
         };
+        // The first row of a key is its newest version.
         let (mut low, mut high) = (0usize, index.keys.len());
         while low < high {
             let mid = (low + high) / 2;
-            match index.keys.get(mid).cmp(key) {
-                std::cmp::Ordering::Less => low = mid + 1,
-                std::cmp::Ordering::Greater => high = mid,
-                std::cmp::Ordering::Equal => {
-                    return Ok(if index.deleted[mid] {
-                        Presence::Deleted
-                    } else {
-                        Presence::Live
-                    })
-                }
+            if index.keys.get(mid) < key {
+                low = mid + 1;
+            } else {
+                high = mid;
             }
         }
-        Ok(Presence::Unknown)
+        if low == index.keys.len() || index.keys.get(low) != key {
+            return Ok(Presence::Unknown);
+        }
+        Ok(if index.deleted[low] {
+            Presence::Deleted
+        } else {
+            Presence::Live
+        })
     }
 
     fn load_key_index(&self) -> Result<KeyIndex> {
@@ -458,6 +520,7 @@ impl DiskRowSet {
         schema: &Schema,
         columns: &[usize],
         predicates: &[Predicate],
+        with_ts: bool,
         with_deleted: bool,
     ) -> Result<Option<ReadPlan>> {
         let file_schema = self.metadata.schema().clone();
@@ -503,8 +566,15 @@ impl DiskRowSet {
         if with_deleted {
             wanted.push(deleted_at);
         }
+        if let Some(ts_at) = self.ts_at.filter(|_| with_ts) {
+            wanted.push(ts_at);
+        }
         wanted.sort_unstable();
         wanted.dedup();
+        let ts = with_ts.then(|| match self.ts_at {
+            Some(at) => TsSlot::File(wanted.binary_search(&at).expect("projected")),
+            None => TsSlot::Zero,
+        });
         let slots = columns
             .iter()
             .map(|c| match file_index(*c) {
@@ -518,8 +588,13 @@ impl DiskRowSet {
             groups,
             layout: ReadLayout {
                 slots,
+                ts,
                 with_deleted,
-                schema: output_schema(schema, columns, with_deleted),
+                schema: if with_ts {
+                    versions_schema(schema, columns)
+                } else {
+                    output_schema(schema, columns, with_deleted)
+                },
             },
         }))
     }
@@ -536,7 +611,7 @@ impl DiskRowSet {
         with_deleted: bool,
         limit: Option<usize>,
     ) -> Result<Vec<RecordBatch>> {
-        let Some(plan) = self.plan_read(schema, columns, predicates, with_deleted)? else {
+        let Some(plan) = self.plan_read(schema, columns, predicates, false, with_deleted)? else {
             return Ok(Vec::new());
         };
         let raw = self.read_groups(&plan.wanted, &plan.filters, plan.groups, limit)?;
@@ -552,7 +627,7 @@ impl DiskRowSet {
         predicates: &[Predicate],
         limit: Option<usize>,
     ) -> Result<RowSetStream> {
-        let Some(plan) = self.plan_read(schema, columns, predicates, false)? else {
+        let Some(plan) = self.plan_read(schema, columns, predicates, false, false)? else {
             return Ok(RowSetStream {
                 rowset: self.clone(),
                 reader: None,
@@ -565,6 +640,57 @@ impl DiskRowSet {
             reader: Some(reader),
             layout: Some(plan.layout),
         })
+    }
+
+    /// Every row version of this rowset as the schema's columns at `columns`, then `__ts` and
+    /// `__deleted`, in (key ascending, timestamp descending) order, as one batch (what
+    /// compaction merges).
+    pub fn read_versions(&self, schema: &Schema, columns: &[usize]) -> Result<RecordBatch> {
+        let out = versions_schema(schema, columns);
+        let Some(plan) = self.plan_read(schema, columns, &[], true, true)? else {
+            return Ok(RecordBatch::new_empty(out));
+        };
+        let raw = self.read_groups(&plan.wanted, &plan.filters, plan.groups, None)?;
+        let batches: Vec<RecordBatch> = raw
+            .into_iter()
+            .map(|b| plan.layout.apply(b))
+            .collect::<Result<_>>()?;
+        arrow::compute::concat_batches(&out, &batches)
+            .map_err(|e| StorageError::arrow_internal(&self.path.display().to_string(), e))
+    }
+
+    /// Per key, the version visible at `snapshot_ts` (None: the newest), as the schema's
+    /// columns at `columns` (which must start with the key columns), plus `__deleted` when
+    /// `with_deleted` (tombstones are dropped otherwise), decoded a row group at a time as
+    /// the stream is pulled. No predicate is pushed into the reader: an older version must
+    /// not match where the visible one does not.
+    pub fn stream_visible(
+        self: &Arc<Self>,
+        schema: &Schema,
+        columns: &[usize],
+        snapshot_ts: Option<u64>,
+        with_deleted: bool,
+    ) -> Result<impl Iterator<Item = Result<RecordBatch>> + Send + 'static> {
+        let plan = self.plan_read(schema, columns, &[], true, true)?;
+        let (reader, layout) = match plan {
+            Some(plan) => (
+                Some(self.reader(&plan.wanted, &plan.filters, Some(plan.groups), None)?),
+                Some(plan.layout),
+            ),
+            None => (None, None),
+        };
+        let stream = RowSetStream {
+            rowset: self.clone(),
+            reader,
+            layout,
+        };
+        let mut visible = VisibleVersions {
+            key_count: schema.key_count(),
+            snapshot_ts,
+            last_key: None,
+            with_deleted,
+        };
+        Ok(stream.map(move |batch| visible.filter(batch?)))
     }
 
     fn column_stats(&self, file_schema: &SchemaRef, at: usize) -> Result<ColumnStats> {
@@ -600,6 +726,68 @@ pub fn output_schema(schema: &Schema, columns: &[usize], with_deleted: bool) -> 
     Arc::new(ArrowSchema::new(fields))
 }
 
+/// The Arrow schema of row versions: the chosen schema columns, `__ts`, `__deleted` (the
+/// layout of rowset files when `columns` is every column).
+pub fn versions_schema(schema: &Schema, columns: &[usize]) -> SchemaRef {
+    let storage = crate::ops::storage_arrow_schema(schema);
+    let mut fields: Vec<Field> = columns.iter().map(|c| storage.field(*c).clone()).collect();
+    fields.push(Field::new(TS_COLUMN, ArrowType::UInt64, false));
+    fields.push(Field::new(DELETED_COLUMN, ArrowType::Boolean, false));
+    Arc::new(ArrowSchema::new(fields))
+}
+
+/// Picks, from row versions in (key ascending, timestamp descending) order, each key's
+/// version visible at a snapshot: its first with a timestamp at or below it. Batches come in
+/// order, so a key's versions may straddle two of them: the last key taken is remembered.
+struct VisibleVersions {
+    key_count: usize,
+    snapshot_ts: Option<u64>,
+    last_key: Option<Vec<u8>>,
+    with_deleted: bool,
+}
+
+impl VisibleVersions {
+    /// `batch` (columns, `__ts`, `__deleted`) to its visible rows (columns and, if asked,
+    /// `__deleted`).
+    fn filter(&mut self, batch: RecordBatch) -> Result<RecordBatch> {
+        let n = batch.num_columns();
+        let keys = encode_keys(&batch.columns()[..self.key_count])?;
+        let ts = batch.column(n - 2).as_primitive::<UInt64Type>();
+        let deleted = batch.column(n - 1).as_boolean();
+        let limit = self.snapshot_ts.unwrap_or(u64::MAX);
+        let mut keep = Vec::with_capacity(batch.num_rows());
+        let mut visible_live = Vec::new();
+        for i in 0..batch.num_rows() {
+            let key = keys.get(i);
+            let take =
+                ts.value(i) <= limit && self.last_key.as_deref().is_none_or(|last| last != key);
+            if take {
+                self.last_key = Some(key.to_vec());
+            }
+            keep.push(take);
+            visible_live.push(take && !deleted.value(i));
+        }
+        let mask = if self.with_deleted {
+            keep
+        } else {
+            visible_live
+        };
+        let mut columns: Vec<ArrayRef> = batch.columns()[..n - 2].to_vec();
+        let mut fields: Vec<Field> = batch.schema().fields()[..n - 2]
+            .iter()
+            .map(|f| f.as_ref().clone())
+            .collect();
+        if self.with_deleted {
+            columns.push(batch.column(n - 1).clone());
+            fields.push(batch.schema().field(n - 1).clone());
+        }
+        let projected = RecordBatch::try_new(Arc::new(ArrowSchema::new(fields)), columns)
+            .map_err(|e| StorageError::arrow_internal("version filter", e))?;
+        arrow::compute::filter_record_batch(&projected, &BooleanArray::from(mask))
+            .map_err(|e| StorageError::arrow_internal("version filter", e))
+    }
+}
+
 /// Concatenates batches (all of one schema) into one.
 pub fn concat(batches: &[RecordBatch], path: &Path) -> Result<RecordBatch> {
     let schema = batches
@@ -621,11 +809,16 @@ pub struct RowSetWriter {
     tombstones: u64,
     min_key: Option<Vec<u8>>,
     max_key: Option<Vec<u8>>,
+    /// Timestamp of the last row written (versions of one key descend).
+    last_ts: u64,
+    multi_version: bool,
+    ts_min: u64,
+    ts_max: u64,
 }
 
 impl RowSetWriter {
-    /// Starts rowset `id` in `dir` for rows of `schema` (storage layout + `__deleted`);
-    /// `expected_rows` sizes the bloom filter.
+    /// Starts rowset `id` in `dir` for row versions of `schema` (storage layout, `__ts`,
+    /// `__deleted`); `expected_rows` sizes the bloom filter.
     pub fn create(
         dir: &Path,
         id: u64,
@@ -653,11 +846,7 @@ impl RowSetWriter {
         let props = props.build();
         let writer = ArrowWriter::try_new(
             file,
-            output_schema(
-                schema,
-                &(0..schema.columns().len()).collect::<Vec<_>>(),
-                true,
-            ),
+            versions_schema(schema, &(0..schema.columns().len()).collect::<Vec<_>>()),
             Some(props),
         )
         .map_err(|e| StorageError::parquet(&path, e))?;
@@ -671,27 +860,47 @@ impl RowSetWriter {
             tombstones: 0,
             min_key: None,
             max_key: None,
+            last_ts: 0,
+            multi_version: false,
+            ts_min: u64::MAX,
+            ts_max: 0,
         })
     }
 
-    /// Appends a batch whose keys are greater than every key written before.
+    /// Appends a batch of row versions (storage columns, `__ts`, `__deleted`) that follow
+    /// every row written before in (key ascending, timestamp descending) order.
     pub fn write(&mut self, batch: &RecordBatch) -> Result<()> {
         if batch.num_rows() == 0 {
             return Ok(());
         }
         let keys = encode_keys(&batch.columns()[..self.key_count])?;
+        let ts = batch
+            .column(batch.num_columns() - 2)
+            .as_primitive::<UInt64Type>();
         for i in 0..keys.len() {
             let key = keys.get(i);
             let previous = match i {
                 0 => self.max_key.as_deref(),
                 _ => Some(keys.get(i - 1)),
             };
+            let version_ts = ts.value(i);
             // Assert in pairs: sorted on the way in, checked again by readers' binary search.
-            assert!(
-                previous.is_none_or(|p| p < key),
-                "rowset rows must arrive in strictly increasing key order"
-            );
-            self.bloom.insert(key);
+            match previous.map(|p| p.cmp(key)) {
+                Some(std::cmp::Ordering::Equal) => {
+                    assert!(
+                        version_ts < self.last_ts,
+                        "versions of a key must arrive in strictly decreasing timestamp order"
+                    );
+                    self.multi_version = true;
+                }
+                Some(std::cmp::Ordering::Greater) => {
+                    panic!("rowset rows must arrive in increasing key order")
+                }
+                _ => self.bloom.insert(key),
+            }
+            self.last_ts = version_ts;
+            self.ts_min = self.ts_min.min(version_ts);
+            self.ts_max = self.ts_max.max(version_ts);
         }
         if self.min_key.is_none() {
             self.min_key = Some(keys.get(0).to_vec());
@@ -729,6 +938,12 @@ impl RowSetWriter {
             ("nyala.tombstones", self.tombstones.to_string()),
             ("nyala.min_key", hex(&self.min_key)),
             ("nyala.max_key", hex(&self.max_key)),
+            (
+                "nyala.multi_version",
+                u8::from(self.multi_version).to_string(),
+            ),
+            ("nyala.ts_min", self.ts_min.to_string()),
+            ("nyala.ts_max", self.ts_max.to_string()),
         ] {
             writer.append_key_value_metadata(KeyValue::new(key.to_string(), value));
         }

@@ -13,8 +13,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 
-use arrow::array::{AsArray, RecordBatch};
-use arrow::compute::filter_record_batch;
+use arrow::array::RecordBatch;
 use nyala_common::OpIndex;
 use parking_lot::{Condvar, Mutex, RwLock};
 
@@ -25,7 +24,7 @@ use crate::key::encode_keys;
 use crate::manifest::{self, Manifest, RowSetEntry};
 use crate::memrowset::{MemRowSet, Presence};
 use crate::ops::{OpBatch, RowStatus};
-use crate::scan::{merge_sorted, ScanCursor, ScanPlan, ScanResult, ScanSpec, Source};
+use crate::scan::{merge_versions, ScanCursor, ScanPlan, ScanResult, ScanSpec, Source};
 use crate::schema::Schema;
 
 /// A step of flush or compaction at which tests inject a crash or an I/O failure.
@@ -159,6 +158,11 @@ struct State {
     last_applied_index: OpIndex,
     last_flushed_index: OpIndex,
     next_rowset_id: u64,
+    /// The newest commit timestamp applied (or in the rowsets); apply refuses an older one.
+    last_timestamp: u64,
+    /// Compaction may have dropped versions older than this (the highest ancient history
+    /// mark it collected at): snapshot reads below it are refused. Persisted in the manifest.
+    history_gc_mark: u64,
 }
 
 impl State {
@@ -166,6 +170,7 @@ impl State {
         Manifest {
             last_flushed_index: self.last_flushed_index,
             next_rowset_id: self.next_rowset_id,
+            history_gc_mark: self.history_gc_mark,
             schema: (*self.schema).clone(),
             rowsets: self.disk.iter().map(|r| entry_of(r)).collect(),
         }
@@ -265,6 +270,7 @@ impl Engine {
         Manifest {
             last_flushed_index: 0,
             next_rowset_id: 1,
+            history_gc_mark: 0,
             schema,
             rowsets: Vec::new(),
         }
@@ -290,6 +296,7 @@ impl Engine {
             disk.push(Arc::new(rowset));
         }
         remove_orphans(dir, &manifest)?;
+        let last_timestamp = disk.iter().map(|r| r.ts_range().1).max().unwrap_or(0);
         let state = State {
             active: MemRowSet::new(manifest.schema.fixed_key_width()),
             schema: Arc::new(manifest.schema),
@@ -298,6 +305,8 @@ impl Engine {
             last_applied_index: manifest.last_flushed_index,
             last_flushed_index: manifest.last_flushed_index,
             next_rowset_id: manifest.next_rowset_id,
+            last_timestamp,
+            history_gc_mark: manifest.history_gc_mark,
         };
         let shared = Arc::new(Shared {
             dir: dir.to_path_buf(),
@@ -332,6 +341,17 @@ impl Engine {
     /// The highest op index applied.
     pub fn last_applied_index(&self) -> OpIndex {
         self.shared.state.read().last_applied_index
+    }
+
+    /// The highest ancient history mark compaction collected at: versions older than the
+    /// newest one at or before it may be gone, so snapshot reads below it are refused.
+    pub fn history_gc_mark(&self) -> u64 {
+        self.shared.state.read().history_gc_mark
+    }
+
+    /// The newest commit timestamp applied.
+    pub fn last_timestamp(&self) -> u64 {
+        self.shared.state.read().last_timestamp
     }
 
     /// Counters for monitoring and tests.
@@ -399,6 +419,17 @@ impl Engine {
     /// Deterministic: the same batches in the same order give the same rows and statuses.
     /// Nothing is applied if an error is returned.
     pub fn apply(&self, batch: &OpBatch, op_index: OpIndex) -> Result<ApplyResult> {
+        self.apply_at(batch, op_index, 0)
+    }
+
+    /// `apply` with the op's commit timestamp (hybrid time, never below an earlier op's): every
+    /// row version it writes keeps that timestamp for snapshot reads.
+    pub fn apply_at(
+        &self,
+        batch: &OpBatch,
+        op_index: OpIndex,
+        timestamp: u64,
+    ) -> Result<ApplyResult> {
         let mut st = self.shared.state.write();
         if batch.schema_version != st.schema.version() {
             return Err(StorageError::invalid(format!(
@@ -413,16 +444,24 @@ impl Engine {
                 st.last_applied_index
             )));
         }
+        if timestamp < st.last_timestamp {
+            return Err(StorageError::IllegalState(format!(
+                "op {op_index} has timestamp {timestamp}, below the last applied {} \
+                 (timestamps never decrease in op order)",
+                st.last_timestamp
+            )));
+        }
         let State {
             active,
             frozen,
             disk,
             ..
         } = &mut *st;
-        let statuses = active.apply(batch, op_index, |key| {
+        let statuses = active.apply(batch, op_index, timestamp, |key| {
             older_live(frozen.as_ref(), disk, key)
         })?;
         st.last_applied_index = op_index;
+        st.last_timestamp = timestamp;
         if self.shared.options.background_flush
             && st.frozen.is_none()
             && st.active.bytes() >= self.shared.options.flush_threshold_bytes
@@ -444,11 +483,14 @@ impl Engine {
         self.shared.flush_frozen_locked()
     }
 
-    /// Merges every DiskRowSet into one, dropping shadowed versions and tombstones. Writes and
-    /// scans continue meanwhile; replaced files go when no scan or snapshot holds them.
-    pub fn compact(&self) -> Result<bool> {
+    /// Merges every DiskRowSet into one, keeping per key every version newer than
+    /// `ancient_history_mark` and the newest one at or before it (dropped if it is a
+    /// tombstone), and versions with the same timestamp as a newer one never. Writes and scans
+    /// continue meanwhile; replaced files go when no scan or snapshot holds them. The mark
+    /// used (never below the previous one) becomes `history_gc_mark`.
+    pub fn compact(&self, ancient_history_mark: u64) -> Result<bool> {
         let _maintenance = self.shared.maintenance.lock();
-        self.shared.compact_locked()
+        self.shared.compact_locked(ancient_history_mark)
     }
 
     /// Reads rows in key order from a consistent view of the tablet.
@@ -462,6 +504,9 @@ impl Engine {
     /// decoded as the cursor is advanced.
     pub fn open_scan(&self, spec: ScanSpec) -> Result<ScanCursor> {
         let st = self.shared.state.read();
+        if let Some(ts) = spec.snapshot_ts {
+            check_snapshot(ts, st.history_gc_mark)?;
+        }
         let plan = ScanPlan::new(st.schema.clone(), spec)?;
         let mut sources = Vec::with_capacity(st.disk.len() + 2);
         if let Some((min, max)) = st.active.key_range() {
@@ -469,6 +514,7 @@ impl Engine {
                 &plan.work,
                 plan.spec.lower_bound.as_deref(),
                 plan.spec.upper_bound.as_deref(),
+                plan.spec.snapshot_ts,
             );
             sources.push(Source::Mem(rows, min, max));
         }
@@ -553,6 +599,18 @@ impl Engine {
             .map(drop)
             .ok_or_else(|| StorageError::NotFound(format!("no snapshot {id}")))
     }
+}
+
+/// Refuses a snapshot read at `ts` below the history GC mark: the versions it would need may be
+/// gone, and a wrong answer must never be given silently.
+fn check_snapshot(ts: u64, history_gc_mark: u64) -> Result<()> {
+    if ts < history_gc_mark {
+        return Err(StorageError::invalid(format!(
+            "snapshot timestamp {ts} is below the history GC mark {history_gc_mark}: \
+             history before it was garbage-collected"
+        )));
+    }
+    Ok(())
 }
 
 /// Asks for a background flush of the frozen MemRowSet, submitting the engine's flush job
@@ -702,41 +760,23 @@ impl Shared {
         }
         self.fault(FaultPoint::BeforeRowSetWrite)?;
         let columns: Vec<usize> = (0..schema.columns().len()).collect();
-        let batches = mem.sorted_batches(&columns, None, None, READ_BATCH_ROWS)?;
-        self.write_rowset(
-            id,
-            schema,
-            mem.len(),
-            batches.into_iter().map(Ok),
-            drop_tombstones,
-        )
+        let rows = mem.all_versions(&columns, drop_tombstones);
+        self.write_rowset(id, schema, mem.len(), rows.into_chunks(READ_BATCH_ROWS))
     }
 
+    /// Writes row versions (storage columns, `__ts`, `__deleted`; key ascending, timestamp
+    /// descending) as rowset `id` and opens it; `expected_keys` sizes the bloom filter.
     fn write_rowset(
         &self,
         id: u64,
         schema: &Schema,
-        expected_rows: usize,
+        expected_keys: usize,
         batches: impl Iterator<Item = Result<RecordBatch>>,
-        drop_tombstones: bool,
     ) -> Result<Option<RowSetRef>> {
         let outcome = (|| {
-            let mut writer = RowSetWriter::create(&self.dir, id, schema, expected_rows)?;
+            let mut writer = RowSetWriter::create(&self.dir, id, schema, expected_keys)?;
             for batch in batches {
-                let batch = batch?;
-                let batch = if drop_tombstones {
-                    let deleted = batch.column(batch.num_columns() - 1).as_boolean();
-                    if deleted.true_count() == 0 {
-                        batch
-                    } else {
-                        let live = arrow::compute::not(deleted).expect("boolean");
-                        filter_record_batch(&batch, &live)
-                            .map_err(|e| StorageError::arrow_internal("flush", e))?
-                    }
-                } else {
-                    batch
-                };
-                writer.write(&batch)?;
+                writer.write(&batch?)?;
             }
             writer.finish()
         })();
@@ -756,35 +796,33 @@ impl Shared {
         }
     }
 
-    /// Merges all DiskRowSets into one. Caller holds `maintenance`.
-    fn compact_locked(&self) -> Result<bool> {
+    /// Merges all DiskRowSets into one, collecting history at `ancient_history_mark` (raised
+    /// to the current `history_gc_mark` if below). Caller holds `maintenance`.
+    fn compact_locked(&self, ancient_history_mark: u64) -> Result<bool> {
         let started = std::time::Instant::now();
-        let (schema, inputs, id) = {
+        let (schema, inputs, id, mark) = {
             let mut st = self.state.write();
-            let worth = st.disk.len() > 1 || st.disk.iter().any(|r| r.tombstones() > 0);
+            let mark = ancient_history_mark.max(st.history_gc_mark);
+            let collects = mark > st.history_gc_mark && st.disk.iter().any(|r| r.multi_version());
+            let worth = st.disk.len() > 1 || st.disk.iter().any(|r| r.tombstones() > 0) || collects;
             if !worth {
                 return Ok(false);
             }
             let id = st.next_rowset_id;
             st.next_rowset_id += 1;
-            (st.schema.clone(), st.disk.clone(), id)
+            (st.schema.clone(), st.disk.clone(), id, mark)
         };
         self.fault(FaultPoint::BeforeRowSetWrite)?;
         let columns: Vec<usize> = (0..schema.columns().len()).collect();
         let mut loaded = Vec::with_capacity(inputs.len());
         for rowset in inputs.iter().rev() {
-            let batches = rowset.read(&schema, &columns, &[], true, None)?;
-            let out = diskrowset::output_schema(&schema, &columns, true);
-            loaded.push(
-                arrow::compute::concat_batches(&out, &batches)
-                    .map_err(|e| StorageError::arrow_internal("compaction", e))?,
-            );
+            loaded.push(rowset.read_versions(&schema, &columns)?);
         }
         let key_positions: Vec<usize> = (0..schema.key_count()).collect();
-        let merged = merge_sorted(&loaded, &key_positions, true, READ_BATCH_ROWS)?;
-        let expected: usize = merged.iter().map(|b| b.num_rows()).sum();
+        let merged = merge_versions(&loaded, &key_positions, mark, READ_BATCH_ROWS)?;
+        let expected: usize = inputs.iter().map(|r| r.rows() as usize).sum();
         drop(loaded);
-        let output = self.write_rowset(id, &schema, expected, merged.into_iter().map(Ok), false)?;
+        let output = self.write_rowset(id, &schema, expected, merged.into_iter().map(Ok))?;
         let manifest = {
             let st = self.state.read();
             assert_eq!(
@@ -794,12 +832,14 @@ impl Shared {
             );
             let mut manifest = st.manifest();
             manifest.rowsets = output.iter().map(|r| entry_of(r)).collect();
+            manifest.history_gc_mark = mark;
             manifest
         };
         manifest.write(&self.dir)?;
         {
             let mut st = self.state.write();
             st.disk = output.into_iter().collect();
+            st.history_gc_mark = mark;
             let c = &self.counters;
             MaintenanceCounters::record(&c.compactions, &c.compaction_duration_us, started);
         }

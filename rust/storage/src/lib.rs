@@ -7,6 +7,7 @@
 //! Background flushes of every engine in the process run on one shared pool (`flush_pool`).
 //! On-disk formats: docs/storage-format.md.
 
+pub mod diff;
 pub mod diskrowset;
 pub mod engine;
 pub mod error;
@@ -21,6 +22,7 @@ pub mod scan;
 pub mod schema;
 pub mod write_entry;
 
+pub use diff::IS_DELETED_COLUMN;
 pub use engine::{
     ApplyResult, Engine, EngineOptions, EngineStats, FaultInjector, FaultPoint, Snapshot,
 };

@@ -22,7 +22,9 @@ const CONTAINER_VERSION: u16 = 1;
 /// `MetaKind.ROWSET_MANIFEST` in metafile.py.
 const KIND_ROWSET_MANIFEST: u16 = 5;
 const HEADER_BYTES: usize = 24;
-const PAYLOAD_VERSION: u16 = 1;
+/// Version 2 adds `history_gc_mark`; version 1 (without it) is still read, as mark 0.
+const PAYLOAD_VERSION: u16 = 2;
+const PAYLOAD_VERSION_NO_GC_MARK: u16 = 1;
 /// Largest payload accepted, in bytes (metadata is small; a bigger length is damage).
 const PAYLOAD_BYTES_MAX: u64 = 64 * 1024 * 1024;
 
@@ -41,6 +43,8 @@ pub struct Manifest {
     pub last_flushed_index: OpIndex,
     /// Ids below this were used; a new rowset takes this one.
     pub next_rowset_id: u64,
+    /// The highest ancient history mark a compaction of these rowsets collected at.
+    pub history_gc_mark: u64,
     pub schema: Schema,
     /// Oldest first: a later rowset's version of a key shadows an earlier one's.
     pub rowsets: Vec<RowSetEntry>,
@@ -58,6 +62,7 @@ impl Manifest {
         put_u16(&mut out, PAYLOAD_VERSION);
         put_u64(&mut out, self.last_flushed_index);
         put_u64(&mut out, self.next_rowset_id);
+        put_u64(&mut out, self.history_gc_mark);
         encode_schema(&mut out, &self.schema);
         put_u32(&mut out, self.rowsets.len() as u32);
         for rowset in &self.rowsets {
@@ -75,13 +80,18 @@ impl Manifest {
             at: 0,
         };
         let version = r.u16()?;
-        if version != PAYLOAD_VERSION {
+        if version != PAYLOAD_VERSION && version != PAYLOAD_VERSION_NO_GC_MARK {
             return Err(StorageError::NotSupported(format!(
                 "rowset manifest payload version {version}"
             )));
         }
         let last_flushed_index = r.u64()?;
         let next_rowset_id = r.u64()?;
+        let history_gc_mark = if version == PAYLOAD_VERSION {
+            r.u64()?
+        } else {
+            0
+        };
         let schema = decode_schema(&mut r)?;
         let count = r.u32()? as usize;
         let mut rowsets = Vec::with_capacity(count.min(1 << 16));
@@ -106,6 +116,7 @@ impl Manifest {
         Ok(Manifest {
             last_flushed_index,
             next_rowset_id,
+            history_gc_mark,
             schema,
             rowsets,
         })
@@ -359,6 +370,7 @@ mod tests {
         let manifest = Manifest {
             last_flushed_index: 42,
             next_rowset_id: 9,
+            history_gc_mark: 1 << 50,
             schema,
             rowsets: vec![RowSetEntry {
                 id: 3,
@@ -369,6 +381,13 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         manifest.write(dir.path()).unwrap();
         assert_eq!(Manifest::read(dir.path()).unwrap(), manifest);
+        // A version 1 payload (before history GC) reads with mark 0.
+        let mut v1 = manifest.encode();
+        v1[0..2].copy_from_slice(&1u16.to_le_bytes());
+        v1.drain(18..26);
+        let old = Manifest::decode(&v1).unwrap();
+        assert_eq!(old.history_gc_mark, 0);
+        assert_eq!(old.rowsets, manifest.rowsets);
         let path = manifest_path(dir.path());
         let mut image = std::fs::read(&path).unwrap();
         let last = image.len() - 1;

@@ -5,6 +5,11 @@
 //! read one after the other in key order, with every predicate pushed into the reader. Only
 //! overlapping sources are merged, and there only key-column predicates are pushed down
 //! (a non-key predicate could hide a newer version and resurrect an older one).
+//!
+//! Snapshot reads (`ScanSpec::snapshot_ts`) first reduce every source to the version of each
+//! key visible at the snapshot (the newest with a timestamp at or below it); from there on the
+//! scan is the latest scan above. A DiskRowSet holding one version per key, all visible, is
+//! read exactly as by a latest scan.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -34,6 +39,8 @@ pub struct ScanSpec {
     pub upper_bound: Option<Vec<u8>>,
     /// Stop after this many rows.
     pub limit: Option<usize>,
+    /// Read each key's version visible at this hybrid time (None: the newest).
+    pub snapshot_ts: Option<u64>,
 }
 
 /// A scan's answer: batches in primary-key order.
@@ -328,6 +335,9 @@ impl ScanPlan {
         let Source::Disk(rowset) = source else {
             return self.read_single(source);
         };
+        if rowset.needs_versions(self.spec.snapshot_ts) {
+            return self.read_versions_single(&rowset);
+        }
         let (lower, upper) = self.bounds();
         let predicates = &self.spec.predicates;
         if lower.is_none() && upper.is_none() {
@@ -346,6 +356,23 @@ impl ScanPlan {
         Ok(Box::new(stream.map(move |batch| {
             let batch = clip(batch?, &key_positions, lower.as_deref(), upper.as_deref())?;
             project(&batch, &output, &schema)
+        })))
+    }
+
+    /// A DiskRowSet alone in its key range whose rows need version picking: its visible
+    /// versions are streamed, then bounds, predicates and projection apply to them.
+    fn read_versions_single(self: &Arc<Self>, rowset: &RowSetRef) -> Result<Batches> {
+        let stream =
+            rowset.stream_visible(&self.schema, &self.work, self.spec.snapshot_ts, false)?;
+        let plan = self.clone();
+        let key_positions = self.key_positions();
+        Ok(Box::new(stream.map(move |batch| {
+            let (lower, upper) = plan.bounds();
+            let batch = clip(batch?, &key_positions, lower, upper)?;
+            let masks = plan.predicate_masks(&batch, &plan.spec.predicates)?;
+            let kept = filter_record_batch(&batch, &and_all(masks, batch.num_rows()))
+                .map_err(|e| StorageError::arrow_internal("scan filter", e))?;
+            plan.project(&kept)
         })))
     }
 
@@ -370,7 +397,9 @@ impl ScanPlan {
         let (lower, upper) = self.bounds();
         let rows = match source {
             Source::Mem(rows, _, _) => rows,
-            Source::Frozen(mem, _, _) => mem.rows_in(&self.work, lower, upper),
+            Source::Frozen(mem, _, _) => {
+                mem.rows_in(&self.work, lower, upper, self.spec.snapshot_ts)
+            }
             Source::Disk(_) => unreachable!("a lone DiskRowSet is streamed by its reader"),
         };
         let plan = self.clone();
@@ -425,8 +454,19 @@ impl ScanPlan {
         let (lower, upper) = self.bounds();
         let batches = match source {
             Source::Mem(rows, _, _) => rows.into_chunks(READ_BATCH_ROWS).collect::<Result<_>>()?,
-            Source::Frozen(mem, _, _) => {
-                mem.sorted_batches(&self.work, lower, upper, READ_BATCH_ROWS)?
+            Source::Frozen(mem, _, _) => mem.sorted_batches(
+                &self.work,
+                lower,
+                upper,
+                READ_BATCH_ROWS,
+                self.spec.snapshot_ts,
+            )?,
+            Source::Disk(rowset) if rowset.needs_versions(self.spec.snapshot_ts) => {
+                // No predicate pushed: the merge filters after picking versions.
+                let raw = rowset
+                    .stream_visible(&self.schema, &self.work, self.spec.snapshot_ts, true)?
+                    .collect::<Result<Vec<_>>>()?;
+                return self.clip(raw);
             }
             Source::Disk(rowset) => {
                 // Pushed into the reader: a tombstone failing a predicate can only shadow rows
@@ -579,6 +619,87 @@ pub(crate) fn merge_sorted(
         out.push(
             RecordBatch::try_new(schema.clone(), arrays)
                 .map_err(|e| StorageError::arrow_internal("merge", e))?,
+        );
+    }
+    Ok(out)
+}
+
+/// Merges row versions for compaction. `sources` are newest first, each one batch (columns,
+/// `__ts`, `__deleted`) in (key ascending, timestamp descending) order; the output has the
+/// same layout and order, in batches of at most `chunk_rows` rows. Per key it keeps every
+/// version newer than `ancient_history_mark` and the newest at or before it; of versions with
+/// equal timestamps only the newest (no snapshot can see the others); and no tombstone as the
+/// key's oldest kept version (nothing older is left for it to shadow: every rowset is merged).
+pub(crate) fn merge_versions(
+    sources: &[RecordBatch],
+    key_positions: &[usize],
+    ancient_history_mark: u64,
+    chunk_rows: usize,
+) -> Result<Vec<RecordBatch>> {
+    let keys: Vec<EncodedKeys> = sources
+        .iter()
+        .map(|s| batch_keys(s, key_positions))
+        .collect::<Result<_>>()?;
+    let ts: Vec<&arrow::array::UInt64Array> = sources
+        .iter()
+        .map(|s| s.column(s.num_columns() - 2).as_primitive())
+        .collect();
+    let deleted: Vec<&BooleanArray> = sources.iter().map(deleted_of).collect();
+    let mut cursor = vec![0usize; sources.len()];
+    let mut picks: Vec<(usize, usize)> = Vec::new();
+    loop {
+        let mut best: Option<usize> = None;
+        for s in 0..sources.len() {
+            if cursor[s] < keys[s].len()
+                && best.is_none_or(|b| keys[s].get(cursor[s]) < keys[b].get(cursor[b]))
+            {
+                best = Some(s);
+            }
+        }
+        let Some(winner) = best else { break };
+        let key = keys[winner].get(cursor[winner]).to_vec();
+        let start = picks.len();
+        let mut last_ts: Option<u64> = None;
+        let mut below_mark = false;
+        // Newer sources first, each newest first: timestamps descend along the walk.
+        for s in 0..sources.len() {
+            while cursor[s] < keys[s].len() && keys[s].get(cursor[s]) == key.as_slice() {
+                let at = cursor[s];
+                cursor[s] += 1;
+                let version_ts = ts[s].value(at);
+                debug_assert!(last_ts.is_none_or(|t| version_ts <= t), "versions descend");
+                if below_mark || last_ts == Some(version_ts) {
+                    continue;
+                }
+                last_ts = Some(version_ts);
+                below_mark = version_ts <= ancient_history_mark;
+                picks.push((s, at));
+            }
+        }
+        while picks.len() > start && {
+            let (s, at) = picks[picks.len() - 1];
+            deleted[s].value(at)
+        } {
+            picks.pop();
+        }
+    }
+    let Some(first) = sources.first() else {
+        return Ok(Vec::new());
+    };
+    let schema = first.schema();
+    let mut out = Vec::new();
+    for chunk in picks.chunks(chunk_rows.max(1)) {
+        let mut arrays = Vec::with_capacity(schema.fields().len());
+        for c in 0..schema.fields().len() {
+            let columns: Vec<&dyn Array> = sources.iter().map(|s| s.column(c).as_ref()).collect();
+            arrays.push(
+                interleave(&columns, chunk)
+                    .map_err(|e| StorageError::arrow_internal("compaction merge", e))?,
+            );
+        }
+        out.push(
+            RecordBatch::try_new(schema.clone(), arrays)
+                .map_err(|e| StorageError::arrow_internal("compaction merge", e))?,
         );
     }
     Ok(out)

@@ -18,12 +18,18 @@ use crate::ops::RowStatus;
 
 /// First bytes of every WRITE payload.
 pub const WRITE_ENTRY_MAGIC: [u8; 4] = *b"NYWR";
-/// The format version written today: the op batch starts 8-byte aligned.
-pub const WRITE_ENTRY_FORMAT_VERSION: u8 = 2;
-/// The first version, without padding before the op batch; still read.
+/// The format version written today: the header carries the entry's hybrid timestamp and the
+/// op batch starts 8-byte aligned.
+pub const WRITE_ENTRY_FORMAT_VERSION: u8 = 3;
+/// Version 2: aligned, without a timestamp; still read (as timestamp 0).
+const UNTIMED_FORMAT_VERSION: u8 = 2;
+/// The first version, without padding before the op batch or a timestamp; still read.
 const UNPADDED_FORMAT_VERSION: u8 = 1;
-/// Fixed header in front of the client id.
-pub const WRITE_ENTRY_HEADER_BYTES: usize = 28;
+/// Fixed header in front of the client id (versions 1 and 2).
+const UNTIMED_HEADER_BYTES: usize = 28;
+/// Fixed header in front of the client id (version 3: the timestamp follows the version 2
+/// header).
+pub const WRITE_ENTRY_HEADER_BYTES: usize = UNTIMED_HEADER_BYTES + 8;
 /// Sequence number meaning "no request id".
 pub const NO_SEQ_NO: i64 = -1;
 const OPS_ALIGNMENT: usize = 8;
@@ -51,6 +57,9 @@ pub struct WriteEntryHeader {
     pub kind: WriteKind,
     pub request_id: Option<RequestId>,
     pub schema_version: u32,
+    /// Hybrid time the leader assigned the entry; never decreases in op-index order within
+    /// a tablet. 0 for entries of versions 1 and 2 (visible to every snapshot).
+    pub timestamp: u64,
     pub ops_offset: usize,
 }
 
@@ -66,11 +75,15 @@ fn le_i64(b: &[u8], at: usize) -> i64 {
     i64::from_le_bytes(b[at..at + 8].try_into().expect("eight bytes"))
 }
 
+fn le_u64(b: &[u8], at: usize) -> u64 {
+    u64::from_le_bytes(b[at..at + 8].try_into().expect("eight bytes"))
+}
+
 /// Parses a WRITE payload's header. The log's CRC covered the payload, so damage here is a
 /// bug or a foreign writer: `Corruption` (or `NotSupported` for a newer version or kind),
 /// never something to skip.
 pub fn decode_write_entry(payload: &[u8]) -> Result<WriteEntryHeader> {
-    if payload.len() < WRITE_ENTRY_HEADER_BYTES {
+    if payload.len() < UNTIMED_HEADER_BYTES {
         return Err(StorageError::corruption(format!(
             "WRITE payload is {} bytes, shorter than its header",
             payload.len()
@@ -84,12 +97,27 @@ pub fn decode_write_entry(payload: &[u8]) -> Result<WriteEntryHeader> {
         )));
     }
     let version = payload[4];
-    if version != WRITE_ENTRY_FORMAT_VERSION && version != UNPADDED_FORMAT_VERSION {
-        return Err(StorageError::NotSupported(format!(
-            "WRITE payload format {version} is not supported"
+    let header_bytes = match version {
+        WRITE_ENTRY_FORMAT_VERSION => WRITE_ENTRY_HEADER_BYTES,
+        UNTIMED_FORMAT_VERSION | UNPADDED_FORMAT_VERSION => UNTIMED_HEADER_BYTES,
+        _ => {
+            return Err(StorageError::NotSupported(format!(
+                "WRITE payload format {version} is not supported"
+            )))
+        }
+    };
+    if payload.len() < header_bytes {
+        return Err(StorageError::corruption(format!(
+            "WRITE payload is {} bytes, shorter than its version {version} header",
+            payload.len()
         )));
     }
-    let client_end = WRITE_ENTRY_HEADER_BYTES + usize::from(le_u16(payload, 6));
+    let timestamp = if version == WRITE_ENTRY_FORMAT_VERSION {
+        le_u64(payload, UNTIMED_HEADER_BYTES)
+    } else {
+        0
+    };
+    let client_end = header_bytes + usize::from(le_u16(payload, 6));
     let ops_offset = if version == UNPADDED_FORMAT_VERSION {
         client_end
     } else {
@@ -113,7 +141,7 @@ pub fn decode_write_entry(payload: &[u8]) -> Result<WriteEntryHeader> {
     let request_id = if seq_no == NO_SEQ_NO {
         None
     } else {
-        let client_id = std::str::from_utf8(&payload[WRITE_ENTRY_HEADER_BYTES..client_end])
+        let client_id = std::str::from_utf8(&payload[header_bytes..client_end])
             .map_err(|e| StorageError::corruption(format!("WRITE payload's client id: {e}")))?;
         Some(RequestId {
             client_id: client_id.to_owned(),
@@ -125,6 +153,7 @@ pub fn decode_write_entry(payload: &[u8]) -> Result<WriteEntryHeader> {
         kind,
         request_id,
         schema_version: le_u32(payload, 24),
+        timestamp,
         ops_offset,
     })
 }
@@ -268,7 +297,7 @@ pub fn apply_write_entry(
     let ops = payload.slice(header.ops_offset);
     let effect = match engine
         .decode(ops)
-        .and_then(|batch| engine.apply(&batch, index))
+        .and_then(|batch| engine.apply_at(&batch, index, header.timestamp))
     {
         Ok(result) => WriteEffect::Applied(result.statuses),
         Err(StorageError::InvalidArgument(message)) => WriteEffect::Refused(message),
@@ -312,6 +341,18 @@ mod tests {
     use super::*;
 
     fn encode(kind: u8, client: &str, seq: i64, first: i64, version: u8, tail: &[u8]) -> Vec<u8> {
+        encode_at(kind, client, seq, first, version, 0, tail)
+    }
+
+    fn encode_at(
+        kind: u8,
+        client: &str,
+        seq: i64,
+        first: i64,
+        version: u8,
+        timestamp: u64,
+        tail: &[u8],
+    ) -> Vec<u8> {
         let mut out = Vec::new();
         out.extend_from_slice(&WRITE_ENTRY_MAGIC);
         out.push(version);
@@ -320,8 +361,11 @@ mod tests {
         out.extend_from_slice(&seq.to_le_bytes());
         out.extend_from_slice(&first.to_le_bytes());
         out.extend_from_slice(&7u32.to_le_bytes());
-        out.extend_from_slice(client.as_bytes());
         if version == WRITE_ENTRY_FORMAT_VERSION {
+            out.extend_from_slice(&timestamp.to_le_bytes());
+        }
+        out.extend_from_slice(client.as_bytes());
+        if version != UNPADDED_FORMAT_VERSION {
             while out.len() % OPS_ALIGNMENT != 0 {
                 out.push(0);
             }
@@ -331,26 +375,32 @@ mod tests {
     }
 
     #[test]
-    fn header_round_trip_both_versions() {
-        for version in [1, 2] {
-            let payload = encode(0, "abc", 5, 3, version, b"ops!");
+    fn header_round_trip_every_version() {
+        for version in [1, 2, 3] {
+            let payload = encode_at(0, "abc", 5, 3, version, 99, b"ops!");
             let header = decode_write_entry(&payload).unwrap();
             assert_eq!(&payload[header.ops_offset..], b"ops!");
+            // Versions before 3 carry no timestamp: they read as 0, seen by every snapshot.
+            assert_eq!(header.timestamp, if version == 3 { 99 } else { 0 });
+            if version > 1 {
+                assert_eq!(header.ops_offset % OPS_ALIGNMENT, 0);
+            }
             assert_eq!(header.schema_version, 7);
             assert_eq!(header.kind, WriteKind::Rows);
             let request = header.request_id.unwrap();
             assert_eq!((request.client_id.as_str(), request.seq_no), ("abc", 5));
             assert_eq!(request.first_incomplete_seq_no, 3);
         }
-        let header = decode_write_entry(&encode(1, "", -1, -1, 2, b"{}")).unwrap();
+        let header = decode_write_entry(&encode_at(1, "", -1, -1, 3, 1 << 40, b"{}")).unwrap();
         assert_eq!(header.kind, WriteKind::AlterSchema);
+        assert_eq!(header.timestamp, 1 << 40);
         assert!(header.request_id.is_none());
         assert_eq!(header.ops_offset % OPS_ALIGNMENT, 0);
     }
 
     #[test]
     fn damaged_headers_are_refused() {
-        let good = encode(0, "abc", 5, 3, 2, b"ops!");
+        let good = encode(0, "abc", 5, 3, 3, b"ops!");
         let short = decode_write_entry(&good[..10]).unwrap_err();
         assert!(matches!(short, StorageError::Corruption(_)), "{short}");
         let mut magic = good.clone();
@@ -360,7 +410,7 @@ mod tests {
             Err(StorageError::Corruption(_))
         ));
         let mut version = good.clone();
-        version[4] = 3;
+        version[4] = 4;
         assert!(matches!(
             decode_write_entry(&version),
             Err(StorageError::NotSupported(_))
@@ -371,12 +421,15 @@ mod tests {
             decode_write_entry(&kind),
             Err(StorageError::NotSupported(_))
         ));
-        let mut overrun = good;
+        let mut overrun = good.clone();
         overrun[6] = 200;
         assert!(matches!(
             decode_write_entry(&overrun),
             Err(StorageError::Corruption(_))
         ));
+        // A version 3 header cut inside its timestamp.
+        let cut = decode_write_entry(&good[..30]).unwrap_err();
+        assert!(matches!(cut, StorageError::Corruption(_)), "{cut}");
     }
 
     #[test]

@@ -83,7 +83,7 @@ fn crash_during(compaction: bool, point: FaultPoint) {
     }
     armed.store(true, Ordering::SeqCst);
     let outcome = if compaction {
-        engine.compact().map(|_| ())
+        engine.compact(0).map(|_| ())
     } else {
         engine.flush().map(|_| ())
     };
@@ -106,7 +106,7 @@ fn crash_during(compaction: bool, point: FaultPoint) {
         "{point:?}: orphans removed on open"
     );
     engine.flush().unwrap();
-    engine.compact().unwrap();
+    engine.compact(0).unwrap();
     let rows = engine.scan(&ScanSpec::default()).unwrap().batches;
     assert_eq!(ids(&rows), expected());
 }

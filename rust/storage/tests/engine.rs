@@ -119,7 +119,7 @@ fn flush_compact_reopen_keep_newest_versions() {
     assert_eq!((stats.flushes, stats.compactions), (2, 0));
     assert!(stats.data_bytes > 0);
     check(&engine);
-    assert!(engine.compact().unwrap());
+    assert!(engine.compact(0).unwrap());
     let compacted = engine.stats();
     assert_eq!(compacted.rowsets, 1);
     assert_eq!((compacted.flushes, compacted.compactions), (2, 1));
@@ -282,7 +282,7 @@ fn snapshot_pins_files_against_compaction() {
     let snapshot = engine.snapshot().unwrap();
     assert_eq!(snapshot.last_flushed_index, 2);
     assert_eq!(snapshot.files.len(), 4);
-    engine.compact().unwrap();
+    engine.compact(0).unwrap();
     assert!(
         snapshot.files.iter().all(|f| f.exists()),
         "pinned files survive compaction"
@@ -387,7 +387,7 @@ fn scans_see_consistent_views_during_flush_and_compaction() {
         std::thread::spawn(move || {
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                 engine.flush().unwrap();
-                engine.compact().unwrap();
+                engine.compact(0).unwrap();
             }
         })
     };
@@ -759,7 +759,7 @@ fn cursor_pages_are_bounded_and_keep_their_view() {
         .apply(&ops(&engine.schema(), &[(Delete, 7, None, None)]), 5)
         .unwrap();
     engine.flush().unwrap();
-    engine.compact().unwrap();
+    engine.compact(0).unwrap();
     let mut got = ids(&[first]);
     while let Some(batch) = cursor.next_batch(1024 * 1024).unwrap() {
         got.extend(ids(&[batch]));

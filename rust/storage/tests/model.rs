@@ -244,7 +244,7 @@ impl Harness {
                 assert_eq!(self.engine().last_flushed_index(), self.next_index - 1);
             }
             Action::Compact => {
-                self.engine().compact().unwrap();
+                self.engine().compact(0).unwrap();
             }
             Action::Reopen => self.reopen(),
             Action::AddColumn if schema.columns().len() < 6 => {

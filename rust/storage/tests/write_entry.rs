@@ -11,8 +11,13 @@ use nyala_storage::{
     ScanSpec, WriteEffect,
 };
 
-/// A version 2 WRITE payload: `kind`, request id (`client`, `seq`, `first`), `tail`.
+/// A WRITE payload of today's version at timestamp 0: `kind`, request id (`client`, `seq`,
+/// `first`), `tail`.
 fn entry(kind: u8, client: &str, seq: i64, first: i64, tail: &[u8]) -> Buffer {
+    entry_at(kind, client, seq, first, 0, tail)
+}
+
+fn entry_at(kind: u8, client: &str, seq: i64, first: i64, ts: u64, tail: &[u8]) -> Buffer {
     let mut out = Vec::new();
     out.extend_from_slice(&WRITE_ENTRY_MAGIC);
     out.extend_from_slice(&[WRITE_ENTRY_FORMAT_VERSION, kind]);
@@ -20,6 +25,7 @@ fn entry(kind: u8, client: &str, seq: i64, first: i64, tail: &[u8]) -> Buffer {
     out.extend_from_slice(&seq.to_le_bytes());
     out.extend_from_slice(&first.to_le_bytes());
     out.extend_from_slice(&0u32.to_le_bytes());
+    out.extend_from_slice(&ts.to_le_bytes());
     out.extend_from_slice(client.as_bytes());
     out.resize(out.len().div_ceil(8) * 8, 0);
     out.extend_from_slice(tail);
@@ -29,6 +35,36 @@ fn entry(kind: u8, client: &str, seq: i64, first: i64, tail: &[u8]) -> Buffer {
 fn inserts(keys: &[i64]) -> Vec<u8> {
     let rows: Vec<_> = keys.iter().map(|&k| (Insert, k, Some(k), None)).collect();
     encode_ipc(&batch(&rows)).unwrap()
+}
+
+#[test]
+fn entries_are_applied_at_their_timestamps() {
+    let dir = tempfile::tempdir().unwrap();
+    let options = EngineOptions {
+        background_flush: false,
+        ..EngineOptions::default()
+    };
+    let engine = Engine::create(dir.path(), schema(), options).unwrap();
+    let mut requests = RequestIndex::new();
+    let entries = vec![
+        (1, entry_at(0, "", -1, -1, 10, &inserts(&[1, 2]))),
+        (2, entry_at(0, "", -1, -1, 20, &inserts(&[3]))),
+    ];
+    apply_write_entries(&engine, &mut requests, entries).unwrap();
+    let at = |ts| {
+        let spec = ScanSpec {
+            snapshot_ts: Some(ts),
+            ..ScanSpec::default()
+        };
+        ids(&engine.scan(&spec).unwrap().batches)
+    };
+    assert_eq!(at(9), Vec::<i64>::new());
+    assert_eq!(at(15), vec![1, 2]);
+    assert_eq!(at(20), vec![1, 2, 3]);
+    // An entry whose timestamp goes back stops the replica: the log is wrong.
+    let back = vec![(3, entry_at(0, "", -1, -1, 19, &inserts(&[4])))];
+    let err = apply_write_entries(&engine, &mut requests, back).unwrap_err();
+    assert!(err.to_string().contains("timestamp 19"), "{err}");
 }
 
 #[test]

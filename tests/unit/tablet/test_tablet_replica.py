@@ -66,14 +66,14 @@ def test_write_entry_ops_start_aligned_and_version_1_is_still_read(client_id: st
     rid = RequestId(client_id, 1, 0)
     payload = encode_write_entry(rid, 2, b"ops")
     assert payload.index(b"ops") % 8 == 0
-    assert payload[4] == 2
-    # Version 1 (before the padding) put the ops right after the client id.
-    header = bytearray(payload[: 28 + len(client_id)])
+    assert payload[4] == 3
+    # Version 1 (before the padding and the timestamp) put the ops right after the client id.
+    header = bytearray(payload[:28] + client_id.encode())
     header[4] = 1
     old = decode_write_entry(bytes(header) + b"old-ops")
     assert (old.request_id, bytes(old.ops)) == (rid, b"old-ops")
     with pytest.raises(errors.NotSupportedError):
-        decode_write_entry(payload[:4] + b"\x03" + payload[5:])
+        decode_write_entry(payload[:4] + b"\x04" + payload[5:])
 
 
 def _managers(root: Path) -> dict[str, TabletManager]:
