@@ -103,6 +103,7 @@ type OutcomeTuple<'py> = (
     i64,
     Option<i64>,
     usize,
+    u64,
 );
 
 /// A schema change met while applying: (op index, schema version, schema document).
@@ -241,6 +242,7 @@ fn outcome_to_py<'py>(py: Python<'py>, outcome: WriteOutcome) -> OutcomeTuple<'p
         seq,
         outcome.watermark,
         outcome.ops_bytes,
+        outcome.header.timestamp,
     )
 }
 

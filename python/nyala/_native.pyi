@@ -123,7 +123,7 @@ class StorageEngine:
         read_bytes_max: int = ...,
     ) -> tuple[
         int,
-        list[tuple[int, int, bytes | None, int, str | None, str | None, int, int | None, int]],
+        list[tuple[int, int, bytes | None, int, str | None, str | None, int, int | None, int, int]],
         tuple[int, int, bytes] | None,
     ]: ...
     def apply_batch(self, batch: object, op_index: int, timestamp: int = 0) -> bytes: ...

@@ -44,7 +44,7 @@ TSERVER_FLAGS = [
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[MiniCluster]:
     with logs_on_failure(
-        MiniCluster(3, master_flags=fast_master_flags(), tserver_flags=TSERVER_FLAGS)
+        MiniCluster(3, num_masters=1, master_flags=fast_master_flags(), tserver_flags=TSERVER_FLAGS)
     ) as mini:
         yield mini
 
@@ -121,6 +121,32 @@ class Writer(threading.Thread):
             self.ryw_checks += 1
 
 
+class Reader(threading.Thread):
+    """Snapshot scans while the writers run, each at the timestamp the first tablet's server
+    picks (alternately through leaders and followers); kept to be checked against the model
+    once every acknowledgement is in."""
+
+    def __init__(self, table: nyala.Table, stop: threading.Event) -> None:
+        super().__init__(daemon=True)
+        self.table, self.stop = table, stop
+        self.reads: list[tuple[int, pa.Table, str]] = []
+        self.errors = 0
+
+    def run(self) -> None:
+        replicas = ("leader", "follower")
+        while not self.stop.is_set():
+            replica = replicas[len(self.reads) % 2]
+            scanner = self.table.scan(read_mode="snapshot", replica=replica, timeout_ms=20_000)
+            try:
+                rows = scanner.to_arrow()
+            except errors.NyalaError:
+                self.errors += 1  # e.g. every replica of a tablet down for a moment
+                continue
+            assert scanner.snapshot_ts is not None
+            self.reads.append((scanner.snapshot_ts, rows, replica))
+            time.sleep(0.05)
+
+
 def _snapshot(
     table: nyala.Table, ts: int, replica: str = "leader"
 ) -> tuple[pa.Table, nyala.Scanner]:
@@ -128,7 +154,7 @@ def _snapshot(
     return scanner.to_arrow(), scanner
 
 
-def _check_snapshot(model: VersionModel, rows: pa.Table, ts: int) -> None:
+def _check_snapshot(model: VersionModel, rows: pa.Table, ts: int, what: str = "") -> None:
     got = model.comparable(_rows(rows), "id")
     want = model.state_at(ts)
     missing = want.keys() - got.keys()
@@ -136,7 +162,7 @@ def _check_snapshot(model: VersionModel, rows: pa.Table, ts: int) -> None:
     wrong = {k for k in want.keys() & got.keys() if want[k] != got[k]}
     problems = bool(missing or extra or wrong)
     assert not problems, (
-        f"snapshot {ts}: {len(missing)} rows missing (e.g. {sorted(missing)[:3]}), "
+        f"snapshot {ts} {what}: {len(missing)} rows missing (e.g. {sorted(missing)[:3]}), "
         f"{len(extra)} extra (e.g. {sorted(extra)[:3]}), {len(wrong)} with other values "
         f"(e.g. {[(k, got[k], want[k]) for k in sorted(wrong)[:3]]})"
     )
@@ -155,8 +181,10 @@ def _run_checker(cluster: MiniCluster, client: nyala.Client, name: str, seconds:
     model = VersionModel()
     stop = threading.Event()
     writers = [Writer(table, model, first, stop) for first in (0, 100_000)]
+    reader = Reader(table, stop)
     for w in writers:
         w.start()
+    reader.start()
     victim: ServerProcess | None = None
     try:
         time.sleep(seconds / 3)
@@ -174,11 +202,16 @@ def _run_checker(cluster: MiniCluster, client: nyala.Client, name: str, seconds:
         stop.set()
         for w in writers:
             w.join(timeout=60)
+        reader.join(timeout=60)
     failures = [f for w in writers for f in w.failures]
     assert not failures, failures[:5]
     assert sum(w.ryw_checks for w in writers) > 0
     stamps = model.timestamps
     assert len(stamps) > 50, f"only {len(stamps)} acknowledged writes"
+    # The scans taken during the writes: exactly the writes acknowledged at or before each.
+    assert len(reader.reads) > 5, f"only {len(reader.reads)} snapshot scans during the writes"
+    for ts, rows, replica in reader.reads:
+        _check_snapshot(model, rows, ts, f"read through {replica} during the writes")
 
     rng = random.Random(7)
     points = sorted({*rng.sample(stamps, 12), stamps[0] - 1, stamps[-1]})
@@ -198,6 +231,12 @@ def _run_checker(cluster: MiniCluster, client: nyala.Client, name: str, seconds:
             1 for tablet, uuid in scanner.served_by.items() if uuid != leaders.get(tablet)
         )
     assert followers_served > 0, "no follower served a snapshot scan"
+    print(
+        f"\n{len(stamps)} acknowledged writes, {sum(w.ryw_checks for w in writers)} "
+        f"read-your-writes checks, {len(reader.reads)} snapshot scans during the writes, "
+        f"{len(points)} snapshots checked after them, {followers_served} "
+        "tablet snapshots served by followers"
+    )
     # Diff scans are the difference of two snapshots.
     for start, end in zip(points[:-1:3], points[2::3], strict=False):
         diff = _rows(table.diff_scan(start, end).to_arrow())
@@ -243,7 +282,7 @@ def test_a_snapshot_scan_picks_one_timestamp_for_every_tablet(client: nyala.Clie
     assert picked >= first.timestamp
     # Writes after the pick do not show in the same scanner, run again, or at that timestamp.
     assert table.insert({"id": list(range(100, 200))}).ok
-    assert table.update({"id": list(range(50)), "v": [-1] * 50}).ok
+    assert table.update({"id": list(range(50)), "v": [-1] * 50, "w": ["u"] * 50}).ok
     assert scanner.to_arrow().equals(before)
     assert table.scan(read_mode="snapshot", snapshot_ts=picked).to_arrow().equals(before)
     # A read-your-writes scan sees them; a latest scan too.
@@ -265,13 +304,13 @@ def test_history_older_than_the_retention_is_refused(cluster: MiniCluster) -> No
     flags = [*TSERVER_FLAGS, "--tablet-history-max-age-s", "2"]
     with (
         logs_on_failure(
-            MiniCluster(1, master_flags=fast_master_flags(), tserver_flags=flags)
+            MiniCluster(1, num_masters=1, master_flags=fast_master_flags(), tserver_flags=flags)
         ) as mini,
         nyala.connect(mini.master_addrs, timeout_ms=30_000) as c,
     ):
         table = c.create_table("short_history", SCHEMA, replicas=1)
         old = table.insert({"id": [1], "v": [1]})
-        assert table.update({"id": [1], "v": [2]}).ok
+        assert table.update({"id": [1], "v": [2], "w": ["u"]}).ok
         assert (
             table.scan(read_mode="snapshot", snapshot_ts=old.timestamp)
             .to_arrow()

@@ -102,7 +102,8 @@ def test_rows_applied_from_a_log_batch_outlive_the_batch(
 
     ops = encode(make_op_batch(_rows(np.arange(500)), OpType.INSERT, SCHEMA)).to_pybytes()
     with WalLog(tmp_path / "wal", "t" * 32, WalLogOptions(sync="none")) as log:
-        log.append(1, EntryKind.WRITE, encode_write_entry(RequestId("client", 1, 0), 0, ops))
+        entry_bytes = encode_write_entry(RequestId("client", 1, 0), 0, ops, timestamp=77)
+        log.append(1, EntryKind.WRITE, entry_bytes)
         log.append(1, EntryKind.NO_OP, b"")
         batch = log.read_whole_batch(0, 1)
         assert batch is not None
@@ -114,8 +115,9 @@ def test_rows_applied_from_a_log_batch_outlive_the_batch(
         requests = _native.RequestIndex()
         through, outcomes, alter = engine.apply_committed(log, requests, 0, 2)
         assert (through, alter) == (2, None)
-        ((index, effect, statuses, failed, _msg, client, seq, watermark, size),) = outcomes
+        ((index, effect, statuses, failed, _msg, client, seq, watermark, size, stamp),) = outcomes
         assert (index, effect, failed, client, seq, watermark) == (1, 0, 0, "client", 1, 0)
+        assert stamp == 77  # the entry's timestamp, for the write's answer
         assert size == len(ops)
         assert statuses == bytes(500)
         assert requests.admit("client", 1) == 1  # applied: a retry is a duplicate

@@ -49,8 +49,8 @@ class WriteOutcome:
     op_index: int
     result: ApplyResult | None
     error: str | None = None
-    #: The write's hybrid timestamp where this replica knows it (it assigned it as leader);
-    #: 0 otherwise (the service then answers with its clock's, which is later).
+    #: The write's hybrid timestamp (from its WRITE entry; 0 for entries written before
+    #: format 3, whose writes every snapshot sees).
     timestamp: int = 0
 
 
@@ -129,11 +129,23 @@ class Applier:
             through, outcomes, alter = self._storage.apply_committed(
                 self._log, self._requests, after, last_index, APPLY_READ_BYTES_MAX
             )
-            for index, effect, statuses, failed, message, client, seq, watermark, size in outcomes:
+            for (
+                index,
+                effect,
+                statuses,
+                failed,
+                message,
+                client,
+                seq,
+                watermark,
+                size,
+                stamp,
+            ) in outcomes:
                 outcome: WriteOutcome
                 if effect == _APPLIED:
                     assert statuses is not None
-                    outcome = WriteOutcome(index, ApplyResult(np.frombuffer(statuses, np.uint8)))
+                    result = ApplyResult(np.frombuffer(statuses, np.uint8))
+                    outcome = WriteOutcome(index, result, timestamp=stamp)
                     self.rows_written += len(statuses) - failed
                     self.bytes_written += size
                     if failed:
@@ -141,7 +153,7 @@ class Applier:
                 elif effect == _REFUSED:
                     # A malformed batch is refused whole, the same way on every replica (the
                     # engine validates before it changes anything): the replicas stay alike.
-                    outcome = WriteOutcome(index, None, message)
+                    outcome = WriteOutcome(index, None, message, timestamp=stamp)
                 elif effect == _DUPLICATE:
                     assert client is not None
                     first = self._outcomes.get(client, {}).get(seq)

@@ -18,6 +18,7 @@ import asyncio
 import collections
 import dataclasses
 import enum
+import functools
 import json
 import logging
 import random
@@ -25,7 +26,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import pyarrow as pa
 
@@ -50,7 +51,7 @@ from nyala.errors import (
     TimedOutError,
 )
 from nyala.schema import Schema
-from nyala.storage import FLUSH_THRESHOLD_BYTES, Predicate, ScanCursor, StorageEngine
+from nyala.storage import FLUSH_THRESHOLD_BYTES, Predicate, StorageEngine
 from nyala.tablet.applier import Applier, WriteOutcome
 from nyala.tablet.superblock import (
     DataState,
@@ -77,6 +78,44 @@ FOLLOWER_SNAPSHOT_WAIT_S = 2.0
 SAFE_TIMES_KEPT = 256
 #: Read modes of ``TabletReplica.open_scan``.
 READ_MODES = ("latest", "follower", "snapshot", "read_your_writes")
+
+
+class PageCursor(Protocol):
+    """What a tablet server's scanner pages through: a storage cursor, or a result built
+    whole (``TableCursor``)."""
+
+    def next_ipc(self, bytes_max: int) -> tuple[bytes, int] | None: ...
+
+    def close(self) -> None: ...
+
+
+class TableCursor:
+    """A result computed whole (a diff scan: the difference of two snapshots is known only
+    once both are read), paged out like a storage cursor."""
+
+    def __init__(self, rows: pa.Table) -> None:
+        self._batches = rows.combine_chunks().to_batches()
+        self._next = 0  # index of the next batch
+        self._offset = 0  # rows of it already sent
+
+    def next_ipc(self, bytes_max: int) -> tuple[bytes, int] | None:
+        while self._next < len(self._batches):
+            batch = self._batches[self._next]
+            if self._offset >= batch.num_rows:
+                self._next, self._offset = self._next + 1, 0
+                continue
+            row_bytes = max(1, batch.nbytes // max(1, batch.num_rows))
+            take = max(1, min(batch.num_rows - self._offset, bytes_max // row_bytes))
+            page = batch.slice(self._offset, take)
+            self._offset += take
+            sink = pa.BufferOutputStream()
+            with pa.ipc.new_stream(sink, page.schema) as writer:
+                writer.write_batch(page)
+            return sink.getvalue().to_pybytes(), take
+        return None
+
+    def close(self) -> None:
+        self._batches, self._next = [], 0
 
 
 class TabletState(enum.Enum):
@@ -125,8 +164,12 @@ class TabletReplica:
         self._safe_times: collections.deque[tuple[int, int]] = collections.deque(
             maxlen=SAFE_TIMES_KEPT
         )
-        # The term in which this leader has committed an entry (then its safe time is valid).
-        self._safe_term = -1
+        # As a leader: (term, a commit index of an entry of that term), once there is one; and
+        # (applied index, safe time) after each apply, for requests built before an apply.
+        self._safe_term_start: tuple[int, int] | None = None
+        self._applied_safe: collections.deque[tuple[int, int]] = collections.deque(
+            maxlen=SAFE_TIMES_KEPT
+        )
         self._safe_term_seen = -1
         self.paths = paths
         self._wal_options = wal_options
@@ -334,6 +377,8 @@ class TabletReplica:
             self.fail(f"apply of {effect.first_index}..{effect.last_index} failed: {exc!r}")
             raise  # the runtime fails with it and tells ``_on_consensus_failure``
         runtime, wal = self.runtime, self.wal
+        if runtime is not None and runtime.role is Role.LEADER:
+            self._applied_safe.append((applier.applied_index, self._safe_now()))
         if runtime is not None and wal is not None:
             # Applied here and received by every peer: the log cache's copy has no reader
             # left (Kudu evicts through its all-replicated index the same way).
@@ -550,7 +595,7 @@ class TabletReplica:
         diff_start_ts: int = 0,
         propagated_ts: int = 0,
         **bounds: Any,
-    ) -> tuple[int, ScanCursor, int]:
+    ) -> tuple[int, PageCursor, int]:
         """Opens a cursor; returns (read index, cursor, snapshot timestamp or 0).
 
         ``read_mode`` "latest" reads at the leader, linearizably (after ReadIndex), or with
@@ -564,6 +609,7 @@ class TabletReplica:
         cursor is opened off the event loop (the in-memory rows are copied then)."""
         if read_mode not in READ_MODES:
             raise InvalidArgumentError(f"read mode must be one of {READ_MODES}; got {read_mode}")
+        cursor: PageCursor
         if read_mode in ("latest", "follower"):
             index, storage = await self._read_point(max_staleness_ms)
             cursor = await asyncio.to_thread(
@@ -579,18 +625,28 @@ class TabletReplica:
                 raise InvalidArgumentError(
                     f"a diff scan's start {diff_start_ts} is after its end {snapshot_ts}"
                 )
-            cursor = await asyncio.to_thread(
-                storage.open_diff_scan,
-                diff_start_ts,
-                snapshot_ts,
-                columns,
-                where,
-                limit=limit,
-                **bounds,
+            rows = await asyncio.to_thread(
+                functools.partial(
+                    storage.diff_scan,
+                    diff_start_ts,
+                    snapshot_ts,
+                    columns,
+                    where,
+                    limit=limit,
+                    **bounds,
+                )
             )
+            cursor = TableCursor(rows)
         else:
             cursor = await asyncio.to_thread(
-                storage.open_scan, columns, where, limit=limit, snapshot_ts=snapshot_ts, **bounds
+                functools.partial(
+                    storage.open_scan,
+                    columns,
+                    where,
+                    limit=limit,
+                    snapshot_ts=snapshot_ts,
+                    **bounds,
+                )
             )
         return index, cursor, snapshot_ts
 
@@ -695,22 +751,34 @@ class TabletReplica:
                 )
             await asyncio.sleep(0.002)
 
-    def _leader_timestamps(self) -> tuple[int, int]:
-        """(clock, safe time) for an AppendEntries this leader sends. The safe time is 0
-        until the leader has committed an entry of its own term (until then entries of an
-        earlier leader may lie above the commit index it sends); then every write below its
-        oldest unapplied stamp is applied, so at or below the commit index."""
+    def _safe_now(self) -> int:
+        """This leader's safe time now: below its oldest stamped write that is not applied
+        yet, else the clock. Every write stamped at or before it is applied here."""
+        return next(iter(self._inflight_ts)) - 1 if self._inflight_ts else self.clock.now()
+
+    def _leader_timestamps(self, commit_index: int) -> tuple[int, int]:
+        """(clock, safe time) for an AppendEntries this leader sends with ``commit_index``:
+        every write stamped at or before the safe time is at or below that index. 0 until
+        the leader has committed an entry of its own term (until then entries of an earlier
+        leader may lie above it). A request built before the latest applies (its commit
+        index below the applied index) gets the safe time recorded when that index was
+        applied, not today's, which may cover writes above it."""
         now = self.clock.now()
-        runtime, wal = self.runtime, self.wal
-        if runtime is None or wal is None:
+        runtime, wal, applier = self.runtime, self.wal, self.applier
+        if runtime is None or wal is None or applier is None:
             return now, 0
         core = runtime.core
-        if self._safe_term != core.term:
-            if wal.term_at(core.commit_index) != core.term:
+        term_start = self._safe_term_start
+        if term_start is None or term_start[0] != core.term or commit_index < term_start[1]:
+            if wal.term_at(commit_index) != core.term:
                 return now, 0
-            self._safe_term = core.term
-        safe = next(iter(self._inflight_ts)) - 1 if self._inflight_ts else now
-        return now, safe
+            self._safe_term_start = (core.term, commit_index)
+        if commit_index >= applier.applied_index:
+            return now, min(now, self._safe_now())
+        for index, safe in reversed(self._applied_safe):
+            if index <= commit_index:
+                return now, safe
+        return now, 0
 
     def _on_leader_timestamps(
         self, term: int, leader_ts: int, safe_ts: int, commit_index: int

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from nyala.errors import ScannerExpiredError, ThrottledError
-from nyala.storage import ScanCursor
+from nyala.tablet.replica import PageCursor
 
 #: Open scanners per server; more are refused (THROTTLED) rather than growing memory.
 SCANNERS_MAX = 1024
@@ -31,7 +31,7 @@ class Scanner:
     scanner_id: str
     tablet_id: str
     snapshot_index: int
-    cursor: ScanCursor
+    cursor: PageCursor
     #: Bytes of one page's batch at most (the request's size, capped by the server's
     #: ``scan_batch_bytes_max``; fixed for the scanner's life).
     batch_bytes_max: int
@@ -52,7 +52,7 @@ class ScannerRegistry:
         self,
         tablet_id: str,
         snapshot_index: int,
-        cursor: ScanCursor,
+        cursor: PageCursor,
         batch_bytes_max: int,
         snapshot_timestamp: int = 0,
     ) -> Scanner:

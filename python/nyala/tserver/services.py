@@ -130,9 +130,10 @@ def _request_id(request: tserver_pb2.WriteRequestPB) -> RequestId | None:
 
 
 def _write_response(outcome: WriteOutcome, clock: HybridClock) -> tserver_pb2.WriteResponsePB:
-    """The ``WriteResponsePB`` of an applied write; a batch refused whole is an error. A
-    retried request answered from the outcome cache may not know its timestamp (another
-    leader stamped it): the clock's now is later, which is what a snapshot read needs."""
+    """The ``WriteResponsePB`` of an applied write; a batch refused whole is an error. The
+    timestamp is the one in the write's log entry (also for a retry answered from the
+    outcome cache); an entry from before format 3 has none, and the clock's now, which is
+    later, is what a snapshot read then needs."""
     if outcome.result is None:
         raise InvalidArgumentError(f"op batch refused: {outcome.error}")
     response = tserver_pb2.WriteResponsePB(timestamp=outcome.timestamp or clock.now())

@@ -248,9 +248,10 @@ class GrpcTransport:
         # runtime's ``peer_failed``: its health report says FAILED_UNRECOVERABLE).
         self.on_tablet_failed: Callable[[str, str], None] | None = None
         # Hybrid time riding on AppendEntries (docs/consistency.md), which the Raft core does
-        # not see: as a leader, the (clock, safe time) put on each request; as a follower,
+        # not see: as a leader, the (clock, safe time) put on each request (told the request's
+        # commit index); as a follower,
         # told (leader's term, its clock, its safe time, its commit index) of each request.
-        self.timestamps: Callable[[], tuple[int, int]] | None = None
+        self.timestamps: Callable[[int], tuple[int, int]] | None = None
         self.on_timestamps: Callable[[int, int, int, int], None] | None = None
 
     # --- Transport ------------------------------------------------------------------------
@@ -297,7 +298,7 @@ class GrpcTransport:
         if address is None or streams is None:
             self.messages_dropped += 1
             return
-        stamps = (0, 0) if self.timestamps is None else self.timestamps()
+        stamps = (0, 0) if self.timestamps is None else self.timestamps(request.committed_index)
         data = wire.append_request_to_wire(request, self.tablet_id, timestamps=stamps)
         answered = functools.partial(self._on_append_answer, request.dest, request.seq)
         streams.send(request.dest, address, data, answered)
