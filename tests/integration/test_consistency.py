@@ -12,6 +12,7 @@ saw its own last write. The default suite runs it for a few seconds; ``-m slow``
 
 from __future__ import annotations
 
+import json
 import random
 import threading
 import time
@@ -20,9 +21,11 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
+from click.testing import CliRunner
 
 import nyala
 from nyala import errors
+from nyala.cli import main
 from nyala.client.write import RowOutcome
 from nyala.testing import MiniCluster, logs_on_failure
 from nyala.testing.mini_cluster import FAST_TSERVER_FLAGS, ServerProcess, fast_master_flags
@@ -321,3 +324,34 @@ def test_history_older_than_the_retention_is_refused(cluster: MiniCluster) -> No
         with pytest.raises(errors.InvalidArgumentError, match="tablet_history_max_age_s"):
             table.scan(read_mode="snapshot", snapshot_ts=old.timestamp).to_arrow()
         assert table.scan().to_arrow().to_pylist()[0]["v"] == 2
+
+
+def test_cli_scans_at_a_snapshot_and_diffs(cluster: MiniCluster, client: nyala.Client) -> None:
+    table = client.create_table("cli_snap", SCHEMA, replicas=3)
+    first = table.insert({"id": [1, 2, 3], "v": [10, 20, 30]})
+    assert table.delete({"id": [2]}).ok
+    assert table.update({"id": [3], "v": [33], "w": ["x"]}).ok
+    runner = CliRunner(env={"NYALA_MASTERS": ",".join(cluster.master_addrs)})
+
+    def run(*args: str) -> tuple[list[dict[str, Any]], str]:
+        result = runner.invoke(
+            main, ["table", "scan", "cli_snap", "--format", "json", *args], catch_exceptions=False
+        )
+        assert result.exit_code == 0, result.stderr
+        return json.loads(result.stdout), result.stderr
+
+    rows, notice = run("--snapshot", str(first.timestamp))
+    assert [(r["id"], r["v"]) for r in rows] == [(1, 10), (2, 20), (3, 30)]
+    assert f"read at snapshot {first.timestamp}" in notice
+    rows, notice = run("--read-mode", "snapshot")
+    assert [(r["id"], r["v"]) for r in rows] == [(1, 10), (3, 33)]
+    picked = int(notice.split("read at snapshot ")[1].split()[0])
+    # An ISO date-time reads as of that microsecond: the one after the insert's.
+    when = nyala.timestamp_to_datetime(first.timestamp + (1 << 12)).isoformat()
+    rows, _ = run("--snapshot", when)
+    assert [r["id"] for r in rows] == [1, 2, 3]
+    rows, _ = run("--snapshot", str(picked), "--diff-from", str(first.timestamp))
+    assert [(r["id"], r["is_deleted"]) for r in rows] == [(2, True), (3, False)]
+    result = runner.invoke(main, ["table", "scan", "cli_snap", "--diff-from", "5"])
+    assert result.exit_code == 2
+    assert "--diff-from needs --snapshot" in result.stderr
