@@ -88,12 +88,7 @@ class NyalaDataSource(DataSource):
         """The table's columns (or ``nyala.columns`` of them) as Spark DDL."""
         options = parse_read_options(self.options)
         with _connect(options) as client:
-            table = client.table(options.table)
-            table_schema: Schema = table.schema
-            if options.read_mode == "snapshot" and options.snapshot_timestamp is None:
-                # Picked when the DataFrame is made (``load()``): Spark keeps this object
-                # with the plan, so every action on the DataFrame reads the same snapshot.
-                self._snapshot_ts = pick_snapshot(table)
+            table_schema: Schema = client.table(options.table).schema
         columns = options.columns or table_schema.names
         schema_map.check_projection(table_schema, columns)
         return schema_map.spark_ddl(table_schema, columns)
@@ -105,9 +100,7 @@ class NyalaDataSource(DataSource):
             table_schema: Schema = client.table(options.table).schema
         columns = [field.name for field in schema.fields]
         schema_map.check_projection(table_schema, columns)
-        reader = NyalaReader(options, table_schema, columns)
-        reader.snapshot_ts = getattr(self, "_snapshot_ts", None)
-        return reader
+        return NyalaReader(options, table_schema, columns)
 
     def writer(self, schema: StructType, overwrite: bool) -> NyalaWriter:
         """Checks the DataFrame against the table (creating or truncating it first as the
@@ -294,9 +287,7 @@ class NyalaReader(DataSourceReader):
             table = client.table(options.table)
             tablets = table.scan(where=list(self.predicates)).tablets()
             if options.read_mode == "snapshot":
-                self.snapshot_ts = (
-                    options.snapshot_timestamp or self.snapshot_ts or pick_snapshot(table)
-                )
+                self.snapshot_ts = options.snapshot_timestamp or pick_snapshot(table)
                 log.info(
                     "reading table %r at snapshot %d (%s)",
                     options.table,
