@@ -2,9 +2,13 @@
 
 What is tracked: every replica's MemRowSets (the active one and one being flushed), every
 log cache, and the open scanners (each counted at its page bound, ``scan_batch_bytes_max``:
-the cursor holds about one decoded row group and one page). The server refreshes the figure
-every ``memory_pressure_check_interval_ms``; between refreshes each admitted write adds its
-size, so a burst cannot run far past the limit unseen.
+the cursor holds about one decoded row group and one page). The rest of the process's resident
+memory counts too, as ``untracked``: the interpreter and its libraries (about 100 MiB in an
+idle tablet server), gRPC and Python buffers of requests in flight, heap not yet given back.
+As in Kudu, the limit bounds the whole process, not only what a tracker sees: at a 1 GiB
+limit the untracked part was 25 % of the limit at the load's peak (docs/performance.md). The
+server refreshes the figure every ``memory_pressure_check_interval_ms``; between refreshes
+each admitted write adds its size, so a burst cannot run far past the limit unseen.
 
 Two thresholds below the limit, as in Kudu:
 
@@ -18,7 +22,7 @@ Two thresholds below the limit, as in Kudu:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from nyala.common.process import machine_memory_bytes
 from nyala.errors import ServiceUnavailableError
@@ -44,10 +48,21 @@ class MemoryUsage:
     memrowsets_bytes: int = 0
     log_caches_bytes: int = 0
     scanners_bytes: int = 0
+    #: The process's resident memory that no consumer above accounts for.
+    untracked_bytes: int = 0
+
+    @property
+    def tracked_bytes(self) -> int:
+        return self.memrowsets_bytes + self.log_caches_bytes + self.scanners_bytes
 
     @property
     def total_bytes(self) -> int:
-        return self.memrowsets_bytes + self.log_caches_bytes + self.scanners_bytes
+        return self.tracked_bytes + self.untracked_bytes
+
+    def with_resident(self, resident_bytes: int) -> MemoryUsage:
+        """This usage with the rest of the process's ``resident_bytes`` as untracked (none
+        where the tracked consumers already exceed it: not every tracked byte is resident)."""
+        return replace(self, untracked_bytes=max(0, resident_bytes - self.tracked_bytes))
 
 
 class MemoryTracker:
@@ -64,6 +79,11 @@ class MemoryTracker:
         self._admitted_bytes = 0
         #: Writes refused above the soft limit (a counter for /metrics).
         self.writes_refused = 0
+
+    @property
+    def over_pressure(self) -> bool:
+        """Whether the last measurement is above the pressure threshold."""
+        return self.usage.total_bytes > self.pressure_bytes
 
     def update(self, usage: MemoryUsage) -> None:
         """Records a fresh measurement (it includes every write admitted before it)."""
@@ -89,6 +109,6 @@ class MemoryTracker:
 
     def memrowsets_budget_bytes(self) -> int:
         """What the MemRowSets may hold before flushes start: the pressure threshold less the
-        other consumers."""
-        others = self.usage.log_caches_bytes + self.usage.scanners_bytes
+        other consumers and the untracked rest of the process."""
+        others = self.usage.total_bytes - self.usage.memrowsets_bytes
         return max(0, self.pressure_bytes - others)
