@@ -1,17 +1,17 @@
 """Memory-limit benchmark (issue 30): the same load into two clusters of 3 tservers (1 master,
-replication factor 3, 4 hash buckets, rows of 10 columns), one with the default memory limit
-(a fraction of the machine, in effect none) and one with ``--memory-limit-bytes``.
+replication factor 3, 4 hash buckets, rows of 10 columns), one with the default memory limit (a
+fraction of the machine, in effect none) and one with ``--memory-limit-bytes``.
 
 Reported: the highest RSS of any tserver during the limited load, sampled every 50 ms
 (``peak_rss_mib_max``, next to ``memory_limit_mib``; target ≤ 1.25 × the limit), the rows
-acknowledged but not found by a scan afterwards (``acknowledged_rows_lost``, target 0; a
-write refused above the soft limit is retried by the client, so every insert must end OK),
-and the limited load's rate over the unlimited one's (``load_ratio_vs_unlimited``, target
-≥ 0.7). Also: the largest tserver RSS before the load (``rss_before_load_mib_max``: what no tracker
-counts, an idle server's interpreter, pyarrow and gRPC), RSS after the load once the servers
-are idle, and writes refused. The full run
-loads 30M rows with a 1 GiB limit; ``--quick`` loads 3M rows with 256 MiB (the limit scales
-less than the rows: an idle tserver's own RSS is about 150 MiB). The last line is one JSON
+acknowledged but not found by a scan afterwards (``acknowledged_rows_lost``, target 0; a write
+refused above the soft limit is retried by the client, so every insert must end OK), and the
+limited load's rate over the unlimited one's (``load_ratio_vs_unlimited``, target ≥ 0.7). Also:
+the largest tserver RSS before the load (``rss_before_load_mib_max``: an idle server's
+interpreter, pyarrow and gRPC, which count against the limit as untracked memory), RSS after the
+load once the servers are idle, and writes refused. The full run loads 30M rows with a 1 GiB
+limit; ``--quick`` loads 3M rows with 256 MiB (the limit scales less than the rows: an idle
+tserver's own RSS is about 110 MiB, and it counts against the limit). The last line is one JSON
 object with the figures and the baseline.
 """
 
@@ -62,7 +62,7 @@ def load(rows: int, limit_bytes: int | None) -> dict[str, float]:
             "membench", scan_bench.SCHEMA, partitioning=nyala.HashPartitioning(["id"], 4)
         )
         pids = [ts.pid for ts in cluster.tservers if ts.pid is not None]
-        # What no tracker counts: an idle tserver (interpreter, pyarrow, gRPC, the replicas).
+        # An idle tserver (interpreter, pyarrow, gRPC, the replicas): untracked memory.
         before_mib = max(scan_bench.rss_kib(pid) for pid in pids) / 1024
         acknowledged = 0
         with scan_bench.RssSampler(pids) as sampler:

@@ -5,15 +5,16 @@ log cache, and the open scanners (each counted at its page bound, ``scan_batch_b
 the cursor holds about one decoded row group and one page). The rest of the process's resident
 memory counts too, as ``untracked``: the interpreter and its libraries (about 100 MiB in an
 idle tablet server), gRPC and Python buffers of requests in flight, heap not yet given back.
-As in Kudu, the limit bounds the whole process, not only what a tracker sees: at a 1 GiB
-limit the untracked part was 25 % of the limit at the load's peak (docs/performance.md). The
-server refreshes the figure every ``memory_pressure_check_interval_ms``; between refreshes
-each admitted write adds its size, so a burst cannot run far past the limit unseen.
+As in Kudu, the limit bounds the whole process, not only what a tracker sees: with only the
+tracked consumers counted, a 30M-row load at a 1 GiB limit peaked at 1,256 MiB of RSS
+(docs/performance.md). The server refreshes the figure every
+``memory_pressure_check_interval_ms``; between refreshes each admitted write adds its size, so
+a burst cannot run far past the limit unseen.
 
 Two thresholds below the limit, as in Kudu:
 
 * ``memory_pressure_percentage`` (60 %): MemRowSets are flushed, largest first, until the
-  tracked memory is below it again (the memory-pressure loop in ``nyala.tserver.server``);
+  process's memory is below it again (the memory-pressure loop in ``nyala.tserver.server``);
 * ``memory_limit_soft_percentage`` (80 %): the leader refuses new writes with the retriable
   ``ServiceUnavailableError`` (``SERVICE_UNAVAILABLE``); the client backs off and retries
   under the same request id, so nothing is lost and nothing is applied twice. Replication
