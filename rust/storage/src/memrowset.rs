@@ -250,7 +250,7 @@ impl MemRowSet {
         let refs: Vec<RowRef> = if empty || self.batches.is_empty() {
             Vec::new()
         } else {
-            self.index.range(lower, upper).collect()
+            self.index.collect_range(lower, upper)
         };
         let schema = self.batches.first().map(|first| {
             let schema = first.schema();
