@@ -69,6 +69,12 @@ def test_the_untracked_rest_of_the_process_counts_against_the_limit() -> None:
     tracker.admit_write(150)  # 800: the soft limit reached
     with pytest.raises(ServiceUnavailableError, match="soft limit"):
         tracker.admit_write(1)
+    # Over the soft limit with nothing to flush, a write is admitted (a refusal could not
+    # make room); the one after it waits for a measurement.
+    tracker.update(MemoryUsage().with_resident(900))
+    tracker.admit_write(10)
+    with pytest.raises(ServiceUnavailableError, match="soft limit"):
+        tracker.admit_write(10)
     # Tracked bytes that are not resident do not make the untracked part negative.
     assert MemoryUsage(memrowsets_bytes=700).with_resident(500).untracked_bytes == 0
 

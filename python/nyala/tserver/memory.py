@@ -16,8 +16,9 @@ Two thresholds below the limit, as in Kudu:
 * ``memory_pressure_percentage`` (60 %): MemRowSets are flushed, largest first, until the
   process's memory is below it again (the memory-pressure loop in ``nyala.tserver.server``);
 * ``memory_limit_soft_percentage`` (80 %): the leader refuses new writes with the retriable
-  ``ServiceUnavailableError`` (``SERVICE_UNAVAILABLE``); the client backs off and retries
-  under the same request id, so nothing is lost and nothing is applied twice. Replication
+  ``ServiceUnavailableError`` (``SERVICE_UNAVAILABLE``) while the MemRowSets hold something
+  to flush; the client backs off and retries under the same request id, so nothing is lost
+  and nothing is applied twice. Replication
   to followers is never refused (a follower that refused would stall its tablet).
 """
 
@@ -98,8 +99,12 @@ class MemoryTracker:
 
     def admit_write(self, size_bytes: int) -> None:
         """Counts a write of ``size_bytes`` in, or refuses it (retriable) above the soft
-        limit."""
-        if self.estimated_bytes >= self.soft_limit_bytes:
+        limit while the MemRowSets hold something a flush can free. With nothing to flush
+        (the untracked rest alone over the soft limit: a limit near an idle server's own
+        memory) a refusal could not make room, only stop the tablet for good; the write is
+        admitted and the next measurement decides again."""
+        flushable = self.usage.memrowsets_bytes + self._admitted_bytes > 0
+        if flushable and self.estimated_bytes >= self.soft_limit_bytes:
             self.writes_refused += 1
             raise ServiceUnavailableError(
                 f"tablet server memory {self.estimated_bytes >> 20} MiB is over its soft limit "
