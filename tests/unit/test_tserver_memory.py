@@ -58,5 +58,26 @@ def test_writes_are_refused_above_the_soft_limit_until_a_measurement_says_otherw
     assert tracker.memrowsets_budget_bytes() == 0
 
 
+def test_the_untracked_rest_of_the_process_counts_against_the_limit() -> None:
+    tracker = MemoryTracker(1000, pressure_percentage=60, soft_percentage=80)
+    usage = MemoryUsage(memrowsets_bytes=200, log_caches_bytes=50).with_resident(650)
+    assert (usage.tracked_bytes, usage.untracked_bytes, usage.total_bytes) == (250, 400, 650)
+    tracker.update(usage)
+    assert tracker.over_pressure
+    # The MemRowSets get what the log caches and the untracked rest leave of 600.
+    assert tracker.memrowsets_budget_bytes() == 150
+    tracker.admit_write(150)  # 800: the soft limit reached
+    with pytest.raises(ServiceUnavailableError, match="soft limit"):
+        tracker.admit_write(1)
+    # Over the soft limit with nothing to flush, a write is admitted (a refusal could not
+    # make room); the one after it waits for a measurement.
+    tracker.update(MemoryUsage().with_resident(900))
+    tracker.admit_write(10)
+    with pytest.raises(ServiceUnavailableError, match="soft limit"):
+        tracker.admit_write(10)
+    # Tracked bytes that are not resident do not make the untracked part negative.
+    assert MemoryUsage(memrowsets_bytes=700).with_resident(500).untracked_bytes == 0
+
+
 def test_trimming_the_heap_works_on_this_platform() -> None:
     assert trim_heap()

@@ -2,23 +2,29 @@
 
 What is tracked: every replica's MemRowSets (the active one and one being flushed), every
 log cache, and the open scanners (each counted at its page bound, ``scan_batch_bytes_max``:
-the cursor holds about one decoded row group and one page). The server refreshes the figure
-every ``memory_pressure_check_interval_ms``; between refreshes each admitted write adds its
-size, so a burst cannot run far past the limit unseen.
+the cursor holds about one decoded row group and one page). The rest of the process's resident
+memory counts too, as ``untracked``: the interpreter and its libraries (about 100 MiB in an
+idle tablet server), gRPC and Python buffers of requests in flight, heap not yet given back.
+As in Kudu, the limit bounds the whole process, not only what a tracker sees: with only the
+tracked consumers counted, a 30M-row load at a 1 GiB limit peaked at 1,256 MiB of RSS
+(docs/performance.md). The server refreshes the figure every
+``memory_pressure_check_interval_ms``; between refreshes each admitted write adds its size, so
+a burst cannot run far past the limit unseen.
 
 Two thresholds below the limit, as in Kudu:
 
 * ``memory_pressure_percentage`` (60 %): MemRowSets are flushed, largest first, until the
-  tracked memory is below it again (the memory-pressure loop in ``nyala.tserver.server``);
+  process's memory is below it again (the memory-pressure loop in ``nyala.tserver.server``);
 * ``memory_limit_soft_percentage`` (80 %): the leader refuses new writes with the retriable
-  ``ServiceUnavailableError`` (``SERVICE_UNAVAILABLE``); the client backs off and retries
-  under the same request id, so nothing is lost and nothing is applied twice. Replication
+  ``ServiceUnavailableError`` (``SERVICE_UNAVAILABLE``) while the MemRowSets hold something
+  to flush; the client backs off and retries under the same request id, so nothing is lost
+  and nothing is applied twice. Replication
   to followers is never refused (a follower that refused would stall its tablet).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from nyala.common.process import machine_memory_bytes
 from nyala.errors import ServiceUnavailableError
@@ -44,10 +50,21 @@ class MemoryUsage:
     memrowsets_bytes: int = 0
     log_caches_bytes: int = 0
     scanners_bytes: int = 0
+    #: The process's resident memory that no consumer above accounts for.
+    untracked_bytes: int = 0
+
+    @property
+    def tracked_bytes(self) -> int:
+        return self.memrowsets_bytes + self.log_caches_bytes + self.scanners_bytes
 
     @property
     def total_bytes(self) -> int:
-        return self.memrowsets_bytes + self.log_caches_bytes + self.scanners_bytes
+        return self.tracked_bytes + self.untracked_bytes
+
+    def with_resident(self, resident_bytes: int) -> MemoryUsage:
+        """This usage with the rest of the process's ``resident_bytes`` as untracked (none
+        where the tracked consumers already exceed it: not every tracked byte is resident)."""
+        return replace(self, untracked_bytes=max(0, resident_bytes - self.tracked_bytes))
 
 
 class MemoryTracker:
@@ -65,6 +82,11 @@ class MemoryTracker:
         #: Writes refused above the soft limit (a counter for /metrics).
         self.writes_refused = 0
 
+    @property
+    def over_pressure(self) -> bool:
+        """Whether the last measurement is above the pressure threshold."""
+        return self.usage.total_bytes > self.pressure_bytes
+
     def update(self, usage: MemoryUsage) -> None:
         """Records a fresh measurement (it includes every write admitted before it)."""
         self.usage = usage
@@ -77,8 +99,12 @@ class MemoryTracker:
 
     def admit_write(self, size_bytes: int) -> None:
         """Counts a write of ``size_bytes`` in, or refuses it (retriable) above the soft
-        limit."""
-        if self.estimated_bytes >= self.soft_limit_bytes:
+        limit while the MemRowSets hold something a flush can free. With nothing to flush
+        (the untracked rest alone over the soft limit: a limit near an idle server's own
+        memory) a refusal could not make room, only stop the tablet for good; the write is
+        admitted and the next measurement decides again."""
+        flushable = self.usage.memrowsets_bytes + self._admitted_bytes > 0
+        if flushable and self.estimated_bytes >= self.soft_limit_bytes:
             self.writes_refused += 1
             raise ServiceUnavailableError(
                 f"tablet server memory {self.estimated_bytes >> 20} MiB is over its soft limit "
@@ -89,6 +115,6 @@ class MemoryTracker:
 
     def memrowsets_budget_bytes(self) -> int:
         """What the MemRowSets may hold before flushes start: the pressure threshold less the
-        other consumers."""
-        others = self.usage.log_caches_bytes + self.usage.scanners_bytes
+        other consumers and the untracked rest of the process."""
+        others = self.usage.total_bytes - self.usage.memrowsets_bytes
         return max(0, self.pressure_bytes - others)

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 
 from nyala._proto import tserver_admin_pb2_grpc, tserver_pb2_grpc
-from nyala.common.process import trim_heap
+from nyala.common.process import resident_bytes, trim_heap
 from nyala.consensus.core import ReplicaStatus
 from nyala.consensus.types import Role
 from nyala.errors import ServiceUnavailableError
@@ -339,7 +339,8 @@ class TabletServer(ServerBase):
             if replica.wal is not None:
                 caches += replica.wal.cache_stats().bytes
         scanners = len(self.scanners) * self.settings.scan_batch_bytes_max
-        self.memory.update(MemoryUsage(sum(active.values()) + flushing, caches, scanners))
+        tracked = MemoryUsage(sum(active.values()) + flushing, caches, scanners)
+        self.memory.update(tracked.with_resident(resident_bytes()))
         return active, flushing
 
     async def _memory_pressure_loop(self) -> None:
@@ -363,8 +364,12 @@ class TabletServer(ServerBase):
                     continue
                 await self._flush(tablet_id, replica.storage)
                 self._measure_memory()
-            if chosen:
+            if chosen or self.memory.over_pressure:
+                # Still over with nothing left to flush: the untracked part may be heap that
+                # the allocator keeps (up to its trim threshold) after requests were freed.
                 await asyncio.to_thread(trim_heap)
+                if not chosen:
+                    self._measure_memory()
 
     def _on_consensus_change(self) -> None:
         # Kudu's incremental tablet report, sent at once: the masters name a new leader
@@ -456,6 +461,7 @@ class TabletServer(ServerBase):
             ({"kind": "MemRowSet"}, float(usage.memrowsets_bytes)),
             ({"kind": "log cache"}, float(usage.log_caches_bytes)),
             ({"kind": "scanners"}, float(usage.scanners_bytes)),
+            ({"kind": "untracked"}, float(usage.untracked_bytes)),
         ]
 
     def _register_memory_metrics(self) -> None:

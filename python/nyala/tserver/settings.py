@@ -20,7 +20,8 @@ class TabletServerSettings(ServerSettings):
     # memory pressure too). Checked every memory_pressure_check_interval_ms.
     memrowsets_memory_limit_mb: int = 1024
     memory_pressure_check_interval_ms: int = 500
-    # The server's memory limit (MemRowSets, log caches, scanners; nyala.tserver.memory):
+    # The server's memory limit (MemRowSets, log caches, scanners and the rest of the
+    # process's resident memory; nyala.tserver.memory):
     # 0 means 80 % of the machine's memory, as in Kudu. Above memory_pressure_percentage of
     # it MemRowSets are flushed, largest first; above memory_limit_soft_percentage writes
     # are refused with the retriable SERVICE_UNAVAILABLE until flushes make room.

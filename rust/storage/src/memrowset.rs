@@ -410,7 +410,7 @@ impl MemRowSet {
         } else {
             match snapshot_ts.filter(|ts| *ts < self.max_ts()) {
                 // Every version here is visible: the newest wins, as for a latest read.
-                None => self.index.range(lower, upper).collect(),
+                None => self.index.collect_range(lower, upper),
                 Some(ts) => self
                     .index
                     .range(lower, upper)
