@@ -245,9 +245,7 @@ class StorageEngine:
         index is the returned one plus one) and calls again."""
         return self._native.apply_committed(log.native, requests, after, last, read_bytes_max)
 
-    def write(
-        self, data: Any, op: OpType | str, op_index: int, timestamp: int = 0
-    ) -> ApplyResult:
+    def write(self, data: Any, op: OpType | str, op_index: int, timestamp: int = 0) -> ApplyResult:
         """Converts ``data`` (see ``nyala.rowops``) to an op batch and applies it."""
         return self.apply(make_op_batch(data, op, self.schema), op_index, timestamp)
 
