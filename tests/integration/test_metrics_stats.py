@@ -156,7 +156,6 @@ def test_size_triggered_flushes_are_counted() -> None:
         for first in range(0, 200_000, 50_000):
             ids = np.arange(first, first + 50_000, dtype=np.int64)
             assert table.insert({"id": ids, "s": pa.array(ids.astype(str))}).ok
-
         # A flush may finish between the two scrapes; wait for a quiet moment where every
         # rowset on disk is counted as a flush.
         def counted() -> bool:
