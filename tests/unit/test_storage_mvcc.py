@@ -231,7 +231,7 @@ def test_data_written_before_row_versions_opens_and_reads_as_timestamp_0(tmp_pat
     path = tmp_path / "tablet"
     shutil.copytree(Path(__file__).parent / "data" / "storage_pre_mvcc", path)
     engine = StorageEngine.open(path, background_flush=False)
-    old = [(i, v, s) for i, v, s in zip(range(10), range(10), (f"s{i}" for i in range(10)))]
+    old: list[tuple[int, int | None, str | None]] = [(i, i, f"s{i}") for i in range(10)]
     old[3:5] = [(3, 30, "u3"), (4, 40, "u4")]
     del old[5]
     assert engine.history_gc_mark == 0
