@@ -232,22 +232,26 @@ def typed_figures(root: Path, count: int, rounds: int = 5) -> dict[str, Any]:
     }
 
 
+def apply_all(engine: StorageEngine, payloads: list[pa.Buffer], op_index: int) -> int:
+    """Applies ``payloads`` as the ops after ``op_index``, each at its op index as timestamp;
+    returns the last op index."""
+    for payload in payloads:
+        op_index += 1
+        assert engine.apply(payload, op_index, op_index).ok
+    return op_index
+
+
 def mvcc_figures(root: Path, keys: int, repeats: int) -> dict[str, Any]:
     """Latest and snapshot scan rates over one multi-version rowset (see the module doc)."""
     engine = StorageEngine.create(root, SCHEMA, background_flush=False)
     ids = np.arange(keys, dtype=np.int64)
-    op_index = 0
-    for payload in batches(ids, 1):
-        op_index += 1
-        engine.apply(payload, op_index, op_index)
+    op_index = apply_all(engine, batches(ids, 1), 0)
     engine.flush()
     rng = np.random.default_rng(11)
     snapshot_ts = 0
     for round_ in range(3):
         updated = np.sort(rng.choice(ids, keys // 5, replace=False))
-        for payload in batches(updated, 20 + round_):
-            op_index += 1
-            engine.apply(payload, op_index, op_index)
+        op_index = apply_all(engine, batches(updated, 20 + round_), op_index)
         engine.flush()
         if round_ == 0:
             snapshot_ts = op_index
@@ -336,10 +340,7 @@ def main() -> None:
             root / "tablet", SCHEMA, flush_threshold_bytes=32 * 1024 * 1024
         )
         base = np.arange(BASE_ROWS, dtype=np.int64) * 2
-        op_index = 0
-        for payload in batches(base, 1):
-            op_index += 1
-            engine.apply(payload, op_index, op_index)
+        op_index = apply_all(engine, batches(base, 1), 0)
         engine.flush()
         # Upserts: half overwrite existing keys, half are new (odd) keys, in random order.
         rng = np.random.default_rng(7)
