@@ -15,8 +15,11 @@ fn engine(dir: &std::path::Path) -> Engine {
     Engine::create(dir, schema(), options).unwrap()
 }
 
+/// (id, v) of rows.
+type Rows = Vec<(i64, Option<i64>)>;
+
 /// (id, v) of every row visible at `ts` (None: latest).
-fn rows_at(engine: &Engine, ts: Option<u64>) -> Vec<(i64, Option<i64>)> {
+fn rows_at(engine: &Engine, ts: Option<u64>) -> Rows {
     let spec = ScanSpec {
         snapshot_ts: ts,
         ..ScanSpec::default()
@@ -25,7 +28,7 @@ fn rows_at(engine: &Engine, ts: Option<u64>) -> Vec<(i64, Option<i64>)> {
     result.batches.iter().flat_map(pairs).collect()
 }
 
-fn pairs(batch: &RecordBatch) -> Vec<(i64, Option<i64>)> {
+fn pairs(batch: &RecordBatch) -> Rows {
     let ids = batch.column(0).as_primitive::<Int64Type>();
     let v = batch.column(1).as_primitive::<Int64Type>();
     (0..batch.num_rows())
@@ -58,7 +61,7 @@ fn history(engine: &Engine, flush_between: bool) {
 }
 
 fn assert_history(engine: &Engine, from_ts: u64) {
-    let expected: [(u64, Vec<(i64, Option<i64>)>); 6] = [
+    let expected: [(u64, Rows); 6] = [
         (9, vec![]),
         (10, vec![(1, Some(1)), (2, Some(7))]),
         (25, vec![(1, Some(2)), (2, Some(7))]),
