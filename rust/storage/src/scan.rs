@@ -574,10 +574,7 @@ pub(crate) fn merge_sorted(
     drop_tombstones: bool,
     chunk_rows: usize,
 ) -> Result<Vec<RecordBatch>> {
-    let keys: Vec<EncodedKeys> = sources
-        .iter()
-        .map(|s| batch_keys(s, key_positions))
-        .collect::<Result<_>>()?;
+    let keys = sources_keys(sources, key_positions)?;
     let deleted: Vec<&BooleanArray> = sources.iter().map(deleted_of).collect();
     let mut cursor = vec![0usize; sources.len()];
     let mut picks: Vec<(usize, usize)> = Vec::new();
@@ -594,6 +591,14 @@ pub(crate) fn merge_sorted(
         cursor[winner] += 1;
     }
     gather_picks(sources, &picks, chunk_rows, "merge")
+}
+
+/// The encoded keys of each source.
+fn sources_keys(sources: &[RecordBatch], key_positions: &[usize]) -> Result<Vec<EncodedKeys>> {
+    sources
+        .iter()
+        .map(|s| batch_keys(s, key_positions))
+        .collect()
 }
 
 /// The source whose current key (at `cursor`) is the smallest, the newest of equals; None
@@ -651,10 +656,7 @@ pub(crate) fn merge_versions(
     ancient_history_mark: u64,
     chunk_rows: usize,
 ) -> Result<Vec<RecordBatch>> {
-    let keys: Vec<EncodedKeys> = sources
-        .iter()
-        .map(|s| batch_keys(s, key_positions))
-        .collect::<Result<_>>()?;
+    let keys = sources_keys(sources, key_positions)?;
     let ts: Vec<&arrow::array::UInt64Array> = sources
         .iter()
         .map(|s| s.column(s.num_columns() - 2).as_primitive())
