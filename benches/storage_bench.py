@@ -25,8 +25,18 @@ decimals' unscaled values and the dates' day numbers as the integers), alternati
 ``typed_apply_ratio`` and ``typed_scan_ratio`` are the typed table's median rate over the other
 one's (target >= 0.8 each).
 
-Usage: ``python benches/storage_bench.py [--quick] [--typed-only]``; the last line printed is
-one JSON object.
+Row versions (issue 34): every batch above is applied with a commit timestamp (its op index),
+as a tablet replica applies WRITE entries, and the compaction collects history at the newest
+timestamp (the steady state: older versions are past the history retention). Then, on one
+engine (1M keys, 500k with ``--quick``, inserted, then 20 % of the keys updated in each of 3
+later rounds, flushed after each round and compacted with mark 0 so every version is kept in
+one file): ``latest_scan_rows_per_s`` (a full scan of 2 columns, newest versions) and
+``snapshot_scan_rows_per_s`` (the same scan at the timestamp after the first update round), in
+the same run, and ``snapshot_vs_latest_ratio`` = snapshot rows/s / latest rows/s (target
+>= 0.8).
+
+Usage: ``python benches/storage_bench.py [--quick] [--typed-only] [--mvcc-only]``; the last line
+printed is one JSON object.
 """
 
 from __future__ import annotations
@@ -122,7 +132,7 @@ def spark_apply(root: Path, rows: int) -> dict[str, Any]:
         start, cpu_start = time.perf_counter(), time.process_time()
         for payload in payloads:
             op_index += 1
-            assert engine.apply(payload, op_index).ok
+            assert engine.apply(payload, op_index, op_index).ok
         engine.flush()
         wall_s = time.perf_counter() - start
         cpu_s = time.process_time() - cpu_start
@@ -191,7 +201,7 @@ def typed_round(
     engine = StorageEngine.create(root, schema, background_flush=False)
     start = time.perf_counter()
     for index, payload in enumerate(payloads, 1):
-        assert engine.apply(payload, index).ok
+        assert engine.apply(payload, index, index).ok
     apply_rate = count / (time.perf_counter() - start)
     engine.flush()
     scan_s, table = timed(lambda: engine.scan(columns=["a", "b", "s"]), 3)
@@ -222,6 +232,60 @@ def typed_figures(root: Path, count: int, rounds: int = 5) -> dict[str, Any]:
     }
 
 
+def apply_all(engine: StorageEngine, payloads: list[pa.Buffer], op_index: int) -> int:
+    """Applies ``payloads`` as the ops after ``op_index``, each at its op index as timestamp;
+    returns the last op index."""
+    for payload in payloads:
+        op_index += 1
+        assert engine.apply(payload, op_index, op_index).ok
+    return op_index
+
+
+def mvcc_figures(root: Path, keys: int, repeats: int) -> dict[str, Any]:
+    """Latest and snapshot scan rates over one multi-version rowset (see the module doc)."""
+    engine = StorageEngine.create(root, SCHEMA, background_flush=False)
+    ids = np.arange(keys, dtype=np.int64)
+    op_index = apply_all(engine, batches(ids, 1), 0)
+    engine.flush()
+    rng = np.random.default_rng(11)
+    snapshot_ts = 0
+    for round_ in range(3):
+        updated = np.sort(rng.choice(ids, keys // 5, replace=False))
+        op_index = apply_all(engine, batches(updated, 20 + round_), op_index)
+        engine.flush()
+        if round_ == 0:
+            snapshot_ts = op_index
+    engine.compact(ancient_history_mark=0)
+    # Alternating, so that both see the same machine.
+    latest_times, snapshot_times = [], []
+    for _ in range(repeats):
+        seconds, latest = timed(lambda: engine.scan(columns=["a", "e"]), 1)
+        latest_times.append(seconds)
+        seconds, snapshot = timed(
+            lambda: engine.scan(columns=["a", "e"], snapshot_ts=snapshot_ts), 1
+        )
+        snapshot_times.append(seconds)
+    latest_s = statistics.median(latest_times)
+    snapshot_s = statistics.median(snapshot_times)
+    assert latest.num_rows == snapshot.num_rows == keys
+    assert not latest.equals(snapshot)  # the later rounds changed rows
+    return {
+        "latest_scan_rows_per_s": round(keys / latest_s),
+        "snapshot_scan_rows_per_s": round(keys / snapshot_s),
+        "snapshot_vs_latest_ratio": round(latest_s / snapshot_s, 3),
+        "mvcc_keys": keys,
+        "mvcc_versions": keys + 3 * (keys // 5),
+    }
+
+
+def print_mvcc(mvcc: dict[str, Any]) -> None:
+    print(
+        f"mvcc    latest {mvcc['latest_scan_rows_per_s'] / 1e6:6.2f} M rows/s, snapshot "
+        f"{mvcc['snapshot_scan_rows_per_s'] / 1e6:6.2f} M rows/s "
+        f"(ratio {mvcc['snapshot_vs_latest_ratio']})"
+    )
+
+
 def timed(fn: Callable[[], Any], repeats: int) -> tuple[float, Any]:
     """Median seconds of ``repeats`` calls, and the last result."""
     times = []
@@ -242,8 +306,18 @@ def main() -> None:
     parser.add_argument(
         "--typed-only", action="store_true", help="only the typed-column figures (issue 33)"
     )
+    parser.add_argument(
+        "--mvcc-only", action="store_true", help="only the row-version figures (issue 34)"
+    )
     args = parser.parse_args()
     typed_rows = 250_000 if args.quick else 500_000
+    mvcc_keys = 500_000 if args.quick else 1_000_000
+    if args.mvcc_only:
+        with tempfile.TemporaryDirectory() as tmp:
+            mvcc = mvcc_figures(Path(tmp), mvcc_keys, 5)
+        print_mvcc(mvcc)
+        print(json.dumps(mvcc))
+        return
     if args.typed_only:
         with tempfile.TemporaryDirectory() as tmp:
             typed = typed_figures(Path(tmp), typed_rows)
@@ -260,15 +334,13 @@ def main() -> None:
         root = Path(tmp)
         spark_figures = spark_apply(root, 500_000 if args.quick else 1_000_000)
         typed = typed_figures(root / "typed", typed_rows)
+        mvcc = mvcc_figures(root / "mvcc", mvcc_keys, 5)
         # 1M rows already in the engine, flushed to disk.
         engine = StorageEngine.create(
             root / "tablet", SCHEMA, flush_threshold_bytes=32 * 1024 * 1024
         )
         base = np.arange(BASE_ROWS, dtype=np.int64) * 2
-        op_index = 0
-        for payload in batches(base, 1):
-            op_index += 1
-            engine.apply(payload, op_index)
+        op_index = apply_all(engine, batches(base, 1), 0)
         engine.flush()
         # Upserts: half overwrite existing keys, half are new (odd) keys, in random order.
         rng = np.random.default_rng(7)
@@ -281,7 +353,7 @@ def main() -> None:
         cpu_start = time.thread_time()
         for payload in payloads:
             op_index += 1
-            result = engine.apply(payload, op_index)
+            result = engine.apply(payload, op_index, op_index)
             assert result.ok
         apply_s = time.perf_counter() - start
         # CPU time of the applying thread alone: the figure without the machine's other load
@@ -301,14 +373,14 @@ def main() -> None:
         start = time.perf_counter()
         for batch in ffi_batches:
             op_index += 1
-            engine.apply(batch, op_index)
+            engine.apply(batch, op_index, op_index)
         apply_ffi_rows_per_s = 200_000 / (time.perf_counter() - start)
         engine.flush()
 
         total_rows = BASE_ROWS + upsert_rows // 2
         merge_s, merged = timed(lambda: engine.scan(columns=["id", "e"]), 1)
         assert merged.num_rows == total_rows
-        compact_s, _ = timed(engine.compact, 1)
+        compact_s, _ = timed(lambda: engine.compact(ancient_history_mark=op_index), 1)
 
         full_s, table = timed(lambda: engine.scan(columns=["a", "e"]), repeats)
         assert table.num_rows == total_rows
@@ -351,6 +423,7 @@ def main() -> None:
         "batch_rows": BATCH_ROWS,
         **spark_figures,
         **typed,
+        **mvcc,
     }
     print(f"apply   {apply_rows_per_s / 1e6:6.2f} M rows/s (IPC path, {flushes} flush(es))")
     print(
@@ -363,6 +436,7 @@ def main() -> None:
             f" (sort baseline {spark_figures['spark_sort_baseline_cpu_rows_per_s'] / 1e6:.2f})"
         )
     print_typed(typed)
+    print_mvcc(mvcc)
     print(json.dumps(figures))
 
 

@@ -738,11 +738,13 @@ pub fn versions_schema(schema: &Schema, columns: &[usize]) -> SchemaRef {
 
 /// Picks, from row versions in (key ascending, timestamp descending) order, each key's
 /// version visible at a snapshot: its first with a timestamp at or below it. Batches come in
-/// order, so a key's versions may straddle two of them: the last key taken is remembered.
+/// order, so a key's versions may straddle two of them: the previous batch's last key is
+/// remembered.
 struct VisibleVersions {
     key_count: usize,
     snapshot_ts: Option<u64>,
-    last_key: Option<Vec<u8>>,
+    /// The last key of the previous batch, and whether a version of it was taken.
+    last_key: Option<(Vec<u8>, bool)>,
     with_deleted: bool,
 }
 
@@ -755,17 +757,30 @@ impl VisibleVersions {
         let ts = batch.column(n - 2).as_primitive::<UInt64Type>();
         let deleted = batch.column(n - 1).as_boolean();
         let limit = self.snapshot_ts.unwrap_or(u64::MAX);
-        let mut keep = Vec::with_capacity(batch.num_rows());
-        let mut visible_live = Vec::new();
-        for i in 0..batch.num_rows() {
+        let rows = batch.num_rows();
+        let mut keep = Vec::with_capacity(rows);
+        let mut visible_live = Vec::with_capacity(rows);
+        // Whether a version of the current key was taken; the first row continues the
+        // previous batch's last key if it is the same.
+        let mut taken = false;
+        for i in 0..rows {
             let key = keys.get(i);
-            let take =
-                ts.value(i) <= limit && self.last_key.as_deref().is_none_or(|last| last != key);
-            if take {
-                self.last_key = Some(key.to_vec());
+            let same_key = match i {
+                0 => self.last_key.as_ref().is_some_and(|(last, _)| last == key),
+                _ => keys.get(i - 1) == key,
+            };
+            if !same_key {
+                taken = false;
+            } else if i == 0 {
+                taken = self.last_key.as_ref().is_some_and(|(_, t)| *t);
             }
+            let take = !taken && ts.value(i) <= limit;
+            taken |= take;
             keep.push(take);
             visible_live.push(take && !deleted.value(i));
+        }
+        if rows > 0 {
+            self.last_key = Some((keys.get(rows - 1).to_vec(), taken));
         }
         let mask = if self.with_deleted {
             keep

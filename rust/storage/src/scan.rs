@@ -574,23 +574,11 @@ pub(crate) fn merge_sorted(
     drop_tombstones: bool,
     chunk_rows: usize,
 ) -> Result<Vec<RecordBatch>> {
-    let keys: Vec<EncodedKeys> = sources
-        .iter()
-        .map(|s| batch_keys(s, key_positions))
-        .collect::<Result<_>>()?;
+    let keys = sources_keys(sources, key_positions)?;
     let deleted: Vec<&BooleanArray> = sources.iter().map(deleted_of).collect();
     let mut cursor = vec![0usize; sources.len()];
     let mut picks: Vec<(usize, usize)> = Vec::new();
-    loop {
-        let mut best: Option<usize> = None;
-        for s in 0..sources.len() {
-            if cursor[s] < keys[s].len()
-                && best.is_none_or(|b| keys[s].get(cursor[s]) < keys[b].get(cursor[b]))
-            {
-                best = Some(s);
-            }
-        }
-        let Some(winner) = best else { break };
+    while let Some(winner) = smallest(&keys, &cursor) {
         let key = keys[winner].get(cursor[winner]);
         if !(drop_tombstones && deleted[winner].value(cursor[winner])) {
             picks.push((winner, cursor[winner]));
@@ -602,6 +590,39 @@ pub(crate) fn merge_sorted(
         }
         cursor[winner] += 1;
     }
+    gather_picks(sources, &picks, chunk_rows, "merge")
+}
+
+/// The encoded keys of each source.
+fn sources_keys(sources: &[RecordBatch], key_positions: &[usize]) -> Result<Vec<EncodedKeys>> {
+    sources
+        .iter()
+        .map(|s| batch_keys(s, key_positions))
+        .collect()
+}
+
+/// The source whose current key (at `cursor`) is the smallest, the newest of equals; None
+/// once every source is used up.
+fn smallest(keys: &[EncodedKeys], cursor: &[usize]) -> Option<usize> {
+    let mut best: Option<usize> = None;
+    for s in 0..keys.len() {
+        if cursor[s] < keys[s].len()
+            && best.is_none_or(|b| keys[s].get(cursor[s]) < keys[b].get(cursor[b]))
+        {
+            best = Some(s);
+        }
+    }
+    best
+}
+
+/// The rows `picks` ((source, row)) of `sources` (all of one schema), in that order, as
+/// batches of at most `chunk_rows` rows.
+fn gather_picks(
+    sources: &[RecordBatch],
+    picks: &[(usize, usize)],
+    chunk_rows: usize,
+    what: &str,
+) -> Result<Vec<RecordBatch>> {
     let Some(first) = sources.first() else {
         return Ok(Vec::new());
     };
@@ -612,13 +633,12 @@ pub(crate) fn merge_sorted(
         for c in 0..schema.fields().len() {
             let columns: Vec<&dyn Array> = sources.iter().map(|s| s.column(c).as_ref()).collect();
             arrays.push(
-                interleave(&columns, chunk)
-                    .map_err(|e| StorageError::arrow_internal("merge", e))?,
+                interleave(&columns, chunk).map_err(|e| StorageError::arrow_internal(what, e))?,
             );
         }
         out.push(
             RecordBatch::try_new(schema.clone(), arrays)
-                .map_err(|e| StorageError::arrow_internal("merge", e))?,
+                .map_err(|e| StorageError::arrow_internal(what, e))?,
         );
     }
     Ok(out)
@@ -636,10 +656,7 @@ pub(crate) fn merge_versions(
     ancient_history_mark: u64,
     chunk_rows: usize,
 ) -> Result<Vec<RecordBatch>> {
-    let keys: Vec<EncodedKeys> = sources
-        .iter()
-        .map(|s| batch_keys(s, key_positions))
-        .collect::<Result<_>>()?;
+    let keys = sources_keys(sources, key_positions)?;
     let ts: Vec<&arrow::array::UInt64Array> = sources
         .iter()
         .map(|s| s.column(s.num_columns() - 2).as_primitive())
@@ -647,16 +664,7 @@ pub(crate) fn merge_versions(
     let deleted: Vec<&BooleanArray> = sources.iter().map(deleted_of).collect();
     let mut cursor = vec![0usize; sources.len()];
     let mut picks: Vec<(usize, usize)> = Vec::new();
-    loop {
-        let mut best: Option<usize> = None;
-        for s in 0..sources.len() {
-            if cursor[s] < keys[s].len()
-                && best.is_none_or(|b| keys[s].get(cursor[s]) < keys[b].get(cursor[b]))
-            {
-                best = Some(s);
-            }
-        }
-        let Some(winner) = best else { break };
+    while let Some(winner) = smallest(&keys, &cursor) {
         let key = keys[winner].get(cursor[winner]).to_vec();
         let start = picks.len();
         let mut last_ts: Option<u64> = None;
@@ -683,24 +691,5 @@ pub(crate) fn merge_versions(
             picks.pop();
         }
     }
-    let Some(first) = sources.first() else {
-        return Ok(Vec::new());
-    };
-    let schema = first.schema();
-    let mut out = Vec::new();
-    for chunk in picks.chunks(chunk_rows.max(1)) {
-        let mut arrays = Vec::with_capacity(schema.fields().len());
-        for c in 0..schema.fields().len() {
-            let columns: Vec<&dyn Array> = sources.iter().map(|s| s.column(c).as_ref()).collect();
-            arrays.push(
-                interleave(&columns, chunk)
-                    .map_err(|e| StorageError::arrow_internal("compaction merge", e))?,
-            );
-        }
-        out.push(
-            RecordBatch::try_new(schema.clone(), arrays)
-                .map_err(|e| StorageError::arrow_internal("compaction merge", e))?,
-        );
-    }
-    Ok(out)
+    gather_picks(sources, &picks, chunk_rows, "compaction merge")
 }

@@ -32,6 +32,14 @@ fn entry_at(kind: u8, client: &str, seq: i64, first: i64, ts: u64, tail: &[u8]) 
     Buffer::from_vec(out)
 }
 
+fn engine(dir: &std::path::Path) -> Engine {
+    let options = EngineOptions {
+        background_flush: false,
+        ..EngineOptions::default()
+    };
+    Engine::create(dir, schema(), options).unwrap()
+}
+
 fn inserts(keys: &[i64]) -> Vec<u8> {
     let rows: Vec<_> = keys.iter().map(|&k| (Insert, k, Some(k), None)).collect();
     encode_ipc(&batch(&rows)).unwrap()
@@ -40,11 +48,7 @@ fn inserts(keys: &[i64]) -> Vec<u8> {
 #[test]
 fn entries_are_applied_at_their_timestamps() {
     let dir = tempfile::tempdir().unwrap();
-    let options = EngineOptions {
-        background_flush: false,
-        ..EngineOptions::default()
-    };
-    let engine = Engine::create(dir.path(), schema(), options).unwrap();
+    let engine = engine(dir.path());
     let mut requests = RequestIndex::new();
     let entries = vec![
         (1, entry_at(0, "", -1, -1, 10, &inserts(&[1, 2]))),
@@ -70,11 +74,7 @@ fn entries_are_applied_at_their_timestamps() {
 #[test]
 fn entries_are_applied_once_in_order_until_a_schema_change() {
     let dir = tempfile::tempdir().unwrap();
-    let options = EngineOptions {
-        background_flush: false,
-        ..EngineOptions::default()
-    };
-    let engine = Engine::create(dir.path(), schema(), options).unwrap();
+    let engine = engine(dir.path());
     let mut requests = RequestIndex::new();
     let entries = vec![
         (1, entry(0, "c", 1, 1, &inserts(&[1, 2]))),

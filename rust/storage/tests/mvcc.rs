@@ -1,0 +1,149 @@
+//! Row versions: what each layer keeps, what a snapshot sees, and what history GC drops.
+
+mod common;
+
+use arrow::array::{Array, AsArray, RecordBatch};
+use arrow::datatypes::Int64Type;
+use common::{ops, schema};
+use nyala_storage::{Engine, EngineOptions, OpType::*, ScanSpec, StorageError};
+
+fn engine(dir: &std::path::Path) -> Engine {
+    let options = EngineOptions {
+        background_flush: false,
+        ..EngineOptions::default()
+    };
+    Engine::create(dir, schema(), options).unwrap()
+}
+
+/// (id, v) of rows.
+type Rows = Vec<(i64, Option<i64>)>;
+
+/// (id, v) of every row visible at `ts` (None: latest).
+fn rows_at(engine: &Engine, ts: Option<u64>) -> Rows {
+    let spec = ScanSpec {
+        snapshot_ts: ts,
+        ..ScanSpec::default()
+    };
+    let result = engine.scan(&spec).unwrap();
+    result.batches.iter().flat_map(pairs).collect()
+}
+
+fn pairs(batch: &RecordBatch) -> Rows {
+    let ids = batch.column(0).as_primitive::<Int64Type>();
+    let v = batch.column(1).as_primitive::<Int64Type>();
+    (0..batch.num_rows())
+        .map(|i| (ids.value(i), (!v.is_null(i)).then(|| v.value(i))))
+        .collect()
+}
+
+/// Key 1: v=1 at ts 10, v=2 at 20, deleted at 30, v=4 at 40; key 2: v=7 at 10 only.
+fn history(engine: &Engine, flush_between: bool) {
+    let s = schema();
+    let steps = [
+        (
+            10,
+            ops(
+                &s,
+                &[(Insert, 1, Some(1), None), (Insert, 2, Some(7), None)],
+            ),
+        ),
+        (20, ops(&s, &[(Update, 1, Some(2), None)])),
+        (30, ops(&s, &[(Delete, 1, None, None)])),
+        (40, ops(&s, &[(Insert, 1, Some(4), None)])),
+    ];
+    for (i, (ts, batch)) in steps.iter().enumerate() {
+        let result = engine.apply_at(batch, i as u64 + 1, *ts).unwrap();
+        assert!(result.errors().next().is_none());
+        if flush_between {
+            engine.flush().unwrap();
+        }
+    }
+}
+
+fn assert_history(engine: &Engine, from_ts: u64) {
+    let expected: [(u64, Rows); 6] = [
+        (9, vec![]),
+        (10, vec![(1, Some(1)), (2, Some(7))]),
+        (25, vec![(1, Some(2)), (2, Some(7))]),
+        (30, vec![(2, Some(7))]),
+        (39, vec![(2, Some(7))]),
+        (40, vec![(1, Some(4)), (2, Some(7))]),
+    ];
+    for (ts, rows) in expected.iter().filter(|(ts, _)| *ts >= from_ts) {
+        assert_eq!(rows_at(engine, Some(*ts)), *rows, "at {ts}");
+    }
+    assert_eq!(rows_at(engine, None), vec![(1, Some(4)), (2, Some(7))]);
+}
+
+#[test]
+fn versions_in_memory_after_flush_and_after_compaction() {
+    for flush_between in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        let engine = engine(dir.path());
+        history(&engine, flush_between);
+        assert_history(&engine, 0);
+        engine.flush().unwrap();
+        assert_history(&engine, 0);
+        engine.compact(0).unwrap();
+        assert_eq!(engine.stats().rowsets, 1);
+        assert_history(&engine, 0);
+    }
+}
+
+#[test]
+fn history_gc_keeps_the_newest_version_at_or_before_the_mark() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = engine(dir.path());
+    history(&engine, true);
+    // Key 1's versions at 10 and 20 are older than the newest at or before 25 (none at 25:
+    // the update at 20 is it): only the one at 10 goes.
+    assert!(engine.compact(25).unwrap());
+    assert_eq!(engine.history_gc_mark(), 25);
+    assert_history(&engine, 25);
+    let disk_rows = engine.stats().disk_rows;
+    assert_eq!(disk_rows, 4, "key 1 at 20, 30 (tombstone), 40; key 2 at 10");
+    // At 35 the newest version of key 1 at or before the mark is the tombstone: with nothing
+    // older kept, it goes too.
+    assert!(engine.compact(35).unwrap());
+    assert_eq!(engine.stats().disk_rows, 2);
+    assert_history(&engine, 35);
+    // A lower mark never moves the mark back; a read below the mark is refused.
+    engine.compact(5).unwrap();
+    assert_eq!(engine.history_gc_mark(), 35);
+    let spec = ScanSpec {
+        snapshot_ts: Some(34),
+        ..ScanSpec::default()
+    };
+    let err = engine.scan(&spec).unwrap_err();
+    assert!(
+        matches!(&err, StorageError::InvalidArgument(m) if m.contains("mark 35")),
+        "{err}"
+    );
+    // The mark survives a restart.
+    drop(engine);
+    let engine = Engine::open(dir.path(), EngineOptions::default()).unwrap();
+    assert_eq!(engine.history_gc_mark(), 35);
+    assert_history(&engine, 35);
+}
+
+#[test]
+fn equal_timestamps_keep_one_version_and_older_ones_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = engine(dir.path());
+    let s = schema();
+    engine
+        .apply_at(&ops(&s, &[(Upsert, 1, Some(1), None)]), 1, 10)
+        .unwrap();
+    engine
+        .apply_at(&ops(&s, &[(Upsert, 1, Some(2), None)]), 2, 10)
+        .unwrap();
+    engine.flush().unwrap();
+    // No snapshot can tell the two apart: one version is kept, a single-version rowset.
+    assert_eq!(engine.stats().disk_rows, 1);
+    assert_eq!(rows_at(&engine, Some(10)), vec![(1, Some(2))]);
+    let err = engine
+        .apply_at(&ops(&s, &[(Upsert, 1, Some(3), None)]), 3, 9)
+        .unwrap_err();
+    assert!(matches!(err, StorageError::IllegalState(_)), "{err}");
+    assert_eq!(engine.last_applied_index(), 2);
+}
