@@ -175,22 +175,18 @@ class Table:
         recent writes; a follower that cannot promise that refuses and the next replica, and
         finally the leader, serves (see ``nyala.client.scanner``). ``attempt_timeout_ms``
         bounds the wait for one page from one server before the scan moves on."""
-        return Scanner(
-            self._client._cache,
-            self._client._pool,
-            self._info,
+        return self._scanner(
+            timeout_ms,
             columns=columns,
             where=where,
             limit=limit,
             replica=replica,
             max_staleness_ms=max_staleness_ms,
-            timeout_ms=timeout_ms or self._client.timeout_ms,
             attempt_timeout_ms=attempt_timeout_ms,
             batch_size_bytes=batch_size_bytes,
             page_batches=page_batches,
             read_mode=read_mode,
             snapshot_ts=snapshot_ts,
-            observed=self._client._observed,
         )
 
     def diff_scan(
@@ -209,18 +205,25 @@ class Table:
         ``end_ts``, its key with ``is_deleted`` True. A row inserted and deleted in between
         is not returned. Both timestamps must be within the history kept
         (``tablet_history_max_age_s``)."""
+        return self._scanner(
+            timeout_ms,
+            columns=columns,
+            where=where,
+            replica=replica,
+            read_mode="snapshot",
+            snapshot_ts=end_ts,
+            diff_start_ts=start_ts,
+        )
+
+    def _scanner(self, timeout_ms: int | None, **options: Any) -> Scanner:
+        """A scanner of this table through the client's caches, channels and timestamps."""
         return Scanner(
             self._client._cache,
             self._client._pool,
             self._info,
-            columns=columns,
-            where=where,
-            replica=replica,
             timeout_ms=timeout_ms or self._client.timeout_ms,
-            read_mode="snapshot",
-            snapshot_ts=end_ts,
-            diff_start_ts=start_ts,
             observed=self._client._observed,
+            **options,
         )
 
     def count(self, where: Sequence[Predicate] = ()) -> int:
