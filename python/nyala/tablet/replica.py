@@ -481,7 +481,10 @@ class TabletReplica:
             with applier.collecting():
                 payload = encode_write_entry(request_id, schema_version, ops, timestamp=timestamp)
                 op_id = await runtime.propose(payload)
-                return dataclasses.replace(self._collect(applier, op_id), timestamp=timestamp)
+                # The collected outcome carries the timestamp of the entry that applied the
+                # request: a duplicate entry (a retry racing a leader change) answers with the
+                # first one's, the time its rows were really written.
+                return self._collect(applier, op_id)
         finally:
             self._inflight_ts.pop(timestamp, None)
 
@@ -516,12 +519,11 @@ class TabletReplica:
                 with applier.collecting():
                     futures = runtime.propose_many(payloads)
                     await asyncio.wait(futures)
-                    for slot, stamp, future in zip(slots, stamps, futures, strict=True):
+                    for slot, future in zip(slots, futures, strict=True):
                         error = future.exception()
                         if error is None:
                             try:
-                                outcome = self._collect(applier, future.result())
-                                results[slot] = dataclasses.replace(outcome, timestamp=stamp)
+                                results[slot] = self._collect(applier, future.result())
                             except IllegalStateError as exc:
                                 results[slot] = exc
                         elif isinstance(error, Exception):

@@ -24,6 +24,8 @@ TABLET_ID = "0" * 32
 class TestWalLog(RaftLogConformance):
     """The conformance suite over real WALs (fdatasync on) in a temporary directory."""
 
+    syncs_in_background = True  # the group-commit thread syncs whatever was appended
+
     @pytest.fixture(autouse=True)
     def _directory(self, tmp_path: Path) -> Iterator[None]:
         self._tmp = tmp_path

@@ -244,6 +244,29 @@ async def _a_retried_request_is_applied_once(tmp_path: Path) -> None:
             await leader.write(rid, 0, _ops([14], "upsert"))
 
 
+def test_a_retry_racing_its_first_entry_answers_with_the_first_timestamp(tmp_path: Path) -> None:
+    asyncio.run(_a_retry_racing_its_first_entry(tmp_path))
+
+
+async def _a_retry_racing_its_first_entry(tmp_path: Path) -> None:
+    """The retry is proposed before the first entry applied (as after a leader change): its
+    entry applies as a duplicate, and its answer is the first one's, timestamp included, so
+    a snapshot read at the acknowledged time is the first to see the row."""
+    async with _running(tmp_path, create=True) as replicas:
+        leader = await _leader(replicas)
+        rid = RequestId("racer", 3, 3)
+        first, again = await asyncio.gather(
+            leader.write(rid, 0, _ops([20], "upsert")), leader.write(rid, 0, _ops([21], "upsert"))
+        )
+        assert again == first
+        await _converged(replicas, [20])
+        assert leader.storage is not None and leader.applier is not None
+        assert leader.applier.applied_index >= first.op_index + 1, "both entries applied"
+        seen = leader.storage.scan(["id"], snapshot_ts=again.timestamp).column("id")
+        before = leader.storage.scan(["id"], snapshot_ts=again.timestamp - 1).column("id")
+        assert (seen.to_pylist(), before.to_pylist()) == ([20], [])
+
+
 def test_restart_replays_committed_entries_above_last_flushed_index(tmp_path: Path) -> None:
     asyncio.run(_restart_replays_committed_entries_above_last_flushed_index(tmp_path))
 
