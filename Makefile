@@ -106,7 +106,14 @@ py-test: build
 py-test-slow: build
 	$(PY) -m pytest $(PYTEST_SLOW) -q --durations=15
 
-test: setup lint rust-test wheel py-test
+# Each step in turn, its time printed at the end (also when one fails): CI has 30 minutes.
+TEST_STEPS := setup lint rust-test wheel py-test
+test:
+	@times=""; for step in $(TEST_STEPS); do start=$$(date +%s); \
+		if ! $(MAKE) --no-print-directory $$step; then \
+			echo "make test: $$step failed after $$(( $$(date +%s) - start )) s;$$times"; exit 1; \
+		fi; times="$$times $$step $$(( $$(date +%s) - start )) s,"; \
+	done; echo "make test: passed;$$times"
 
 bench: setup
 	@set -e; for b in benches/*.py; do echo "== $$b"; $(PY) $$b --quick; done
