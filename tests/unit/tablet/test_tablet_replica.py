@@ -260,7 +260,8 @@ async def _a_retry_racing_its_first_entry(tmp_path: Path) -> None:
         )
         assert again == first
         await _converged(replicas, [20])
-        assert leader.storage is not None and leader.applier is not None
+        assert leader.storage is not None
+        assert leader.applier is not None
         assert leader.applier.applied_index >= first.op_index + 1, "both entries applied"
         seen = leader.storage.scan(["id"], snapshot_ts=again.timestamp).column("id")
         before = leader.storage.scan(["id"], snapshot_ts=again.timestamp - 1).column("id")
