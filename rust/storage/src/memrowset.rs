@@ -7,11 +7,11 @@
 //! writes it out while a fresh one takes new writes.
 //!
 //! Row versions (MVCC): every batch has one commit timestamp. The index points at each key's
-//! newest version; the versions it replaced (with an older timestamp) stay in `history`,
-//! keyed by the newest version's place, so latest reads never look at them and snapshot reads
-//! and flush look only for keys flagged `has_history`.
+//! newest version; the versions it replaced (with an older timestamp) stay in `history`, an
+//! append-only arena where each version links to the next older one (as Kudu's MemRowSet
+//! chains a row's mutations), so latest reads never look at them, snapshot reads and flush
+//! follow only the chains of keys that have one, and keeping a version costs one push.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use arrow::array::{Array, ArrayRef, BooleanArray, RecordBatch, UInt64Array};
@@ -38,15 +38,23 @@ pub struct RowRef {
     row: u32,
     /// A tombstone: the key was deleted (shadows older rowsets).
     deleted: bool,
-    /// Older versions of the key are kept in `MemRowSet::history` under this version's place
-    /// (meaningful on the newest version only).
-    has_history: bool,
+    /// Where the next older kept version of the key is in `MemRowSet::history` (`NO_HISTORY`:
+    /// none). Chains only point at older entries, and entries are never changed once pushed.
+    older: u32,
 }
+
+/// `RowRef::older` of a version with no older version kept.
+const NO_HISTORY: u32 = u32::MAX;
 
 impl RowRef {
     /// True if this version is a deletion.
     pub fn is_deleted(&self) -> bool {
         self.deleted
+    }
+
+    /// True if older versions of the key are kept behind this one.
+    fn has_history(&self) -> bool {
+        self.older != NO_HISTORY
     }
 }
 
@@ -69,9 +77,10 @@ pub struct MemRowSet {
     /// Commit timestamp of each batch; never decreases (one batch = one WRITE entry).
     batch_ts: Vec<u64>,
     index: KeyIndex,
-    /// Per key with `has_history`, keyed by its newest version's (batch, row): the versions
-    /// it replaced, oldest first, each with a strictly older timestamp than the next.
-    history: HashMap<(u32, u32), Vec<RowRef>>,
+    /// Kept older versions, each linking (`RowRef::older`) to the next older one of its key,
+    /// which has a strictly older timestamp. Append-only (an apply that fails truncates what
+    /// it pushed); fewer than `NO_HISTORY` entries.
+    history: Vec<RowRef>,
     /// Approximate bytes held (batches + keys + index nodes), for the flush threshold.
     bytes: usize,
     /// Highest op index applied into this MemRowSet (0 if none).
@@ -91,7 +100,7 @@ impl MemRowSet {
             batches: Vec::new(),
             batch_ts: Vec::new(),
             index: KeyIndex::new(fixed_key_width),
-            history: HashMap::new(),
+            history: Vec::new(),
             bytes: 0,
             last_op_index: 0,
         }
@@ -132,41 +141,16 @@ impl MemRowSet {
         if self.batch_ts[r.batch as usize] <= ts {
             return Some(r);
         }
-        if !r.has_history {
-            return None;
-        }
-        self.history[&(r.batch, r.row)]
-            .iter()
-            .rev()
+        self.older_versions(r)
             .find(|v| self.batch_ts[v.batch as usize] <= ts)
-            .copied()
     }
 
-    /// Moves the key's older versions from `old`'s place to (`number`, `row`), after `old`
-    /// itself when it becomes history (`keep_old`); returns the bytes added.
-    fn move_history(&mut self, old: RowRef, number: u32, row: u32, keep_old: bool) -> usize {
-        if !old.has_history && !keep_old {
-            return 0;
-        }
-        let mut older = if old.has_history {
-            self.history
-                .remove(&(old.batch, old.row))
-                .expect("has_history has an entry")
-        } else {
-            Vec::new()
-        };
-        if keep_old {
-            older.push(RowRef {
-                has_history: false,
-                ..old
-            });
-        }
-        self.history.insert((number, row), older);
-        if keep_old {
-            HISTORY_ENTRY_BYTES
-        } else {
-            0
-        }
+    /// The versions kept behind `r`, newest first.
+    fn older_versions(&self, r: RowRef) -> impl Iterator<Item = RowRef> + '_ {
+        std::iter::successors(
+            r.has_history().then(|| self.history[r.older as usize]),
+            |v| v.has_history().then(|| self.history[v.older as usize]),
+        )
     }
 
     /// The newest version of `key` in this MemRowSet.
@@ -202,11 +186,19 @@ impl MemRowSet {
     ) -> Result<Vec<RowStatus>> {
         let number = u32::try_from(self.batches.len())
             .map_err(|_| StorageError::IllegalState("MemRowSet holds too many batches".into()))?;
+        let history_before = self.history.len();
+        if history_before + batch.len() >= NO_HISTORY as usize {
+            return Err(StorageError::IllegalState(
+                "MemRowSet holds too many row versions".into(),
+            ));
+        }
         debug_assert!(op_index > self.last_op_index);
         assert!(timestamp >= self.max_ts(), "timestamps never decrease");
         let mut added_bytes = 0;
+        let batch_ts = &self.batch_ts;
+        let history = &mut self.history;
         // Only an op that asks the older layers can fail. Without one nothing needs undoing
-        // and nothing needs deciding: a plain insert-or-replace per row.
+        // and nothing needs deciding: a plain insert-or-replace per row, one index lookup.
         let refused = batch.refused.as_deref();
         let is_refused = |row: usize| refused.is_some_and(|r| r[row] != RowStatus::Ok);
         if batch.ops.iter().all(|op| *op == OpType::Upsert) {
@@ -215,29 +207,21 @@ impl MemRowSet {
                     continue;
                 }
                 let key = batch.keys.get(row);
-                let entry = RowRef {
-                    batch: number,
-                    row: row as u32,
-                    deleted: false,
-                    has_history: false,
-                };
-                match self.index.replace(key, entry) {
-                    None => added_bytes += key.len() + INDEX_ENTRY_BYTES,
-                    Some(old) => {
-                        let keep_old = self.keeps(old, number, timestamp);
-                        if old.has_history || keep_old {
-                            added_bytes += self.move_history(old, number, row as u32, keep_old);
-                            self.index.replace(
-                                key,
-                                RowRef {
-                                    has_history: true,
-                                    ..entry
-                                },
-                            );
-                        }
-                    }
+                let slot = self.index.update(key, |current| {
+                    Ok::<_, std::convert::Infallible>(Some(RowRef {
+                        batch: number,
+                        row: row as u32,
+                        deleted: false,
+                        older: current.map_or(NO_HISTORY, |old| {
+                            link_older(history, batch_ts, old, number, timestamp)
+                        }),
+                    }))
+                });
+                if let Ok(Slot::Inserted) = slot {
+                    added_bytes += key.len() + INDEX_ENTRY_BYTES;
                 }
             }
+            added_bytes += (self.history.len() - history_before) * HISTORY_ENTRY_BYTES;
             self.finish_apply(batch, op_index, timestamp, added_bytes);
             return Ok(refused.map_or_else(|| vec![RowStatus::Ok; batch.len()], <[_]>::to_vec));
         }
@@ -250,7 +234,6 @@ impl MemRowSet {
             }
             let key = batch.keys.get(row);
             let mut status = RowStatus::Ok;
-            let batch_ts = &self.batch_ts;
             let slot = self.index.update(key, |current| {
                 let live = match current {
                     Some(found) => !found.deleted,
@@ -259,43 +242,30 @@ impl MemRowSet {
                 };
                 let (decided, write) = decide(*op, live);
                 status = decided;
-                let has_history = current.is_some_and(|c| {
-                    c.has_history || (c.batch != number && batch_ts[c.batch as usize] != timestamp)
-                });
-                Ok(write.then_some(RowRef {
+                Ok(write.then(|| RowRef {
                     batch: number,
                     row: row as u32,
                     deleted: op.is_delete(),
-                    has_history,
+                    older: current.map_or(NO_HISTORY, |old| {
+                        link_older(history, batch_ts, old, number, timestamp)
+                    }),
                 }))
             });
             match slot {
                 Ok(Slot::Inserted) => added_bytes += key.len() + INDEX_ENTRY_BYTES,
-                Ok(Slot::Replaced(old)) => {
-                    // The first write of this batch over an older version: remember it for undo.
-                    if old.batch != number {
-                        undo.push((row, old));
-                    }
-                    let keep_old = self.keeps(old, number, timestamp);
-                    added_bytes += self.move_history(old, number, row as u32, keep_old);
-                }
-                Ok(Slot::Unchanged) => {}
+                // The first write of this batch over an older version: remember it for undo.
+                Ok(Slot::Replaced(old)) if old.batch != number => undo.push((row, old)),
+                Ok(Slot::Replaced(_) | Slot::Unchanged) => {}
                 Err(e) => {
-                    self.roll_back(batch, row, number, timestamp, undo);
+                    self.roll_back(batch, row, number, history_before, undo);
                     return Err(e);
                 }
             }
             statuses.push(status);
         }
+        added_bytes += (self.history.len() - history_before) * HISTORY_ENTRY_BYTES;
         self.finish_apply(batch, op_index, timestamp, added_bytes);
         Ok(statuses)
-    }
-
-    /// Whether `old`, replaced by a row of batch `number` committed at `timestamp`, stays as
-    /// history: only a version of an earlier batch with an older timestamp can be seen by a
-    /// snapshot that does not see its replacement.
-    fn keeps(&self, old: RowRef, number: u32, timestamp: u64) -> bool {
-        old.batch != number && self.batch_ts[old.batch as usize] != timestamp
     }
 
     /// Keeps the applied batch's rows (the index now points into them).
@@ -312,46 +282,32 @@ impl MemRowSet {
         self.last_op_index = op_index;
     }
 
-    /// Undoes the first `applied` rows of `batch` (number `number`, committed at
-    /// `timestamp`): every key now written by the batch goes, then the versions it replaced
-    /// come back with their history.
+    /// Undoes the first `applied` rows of `batch` (number `number`): every key now written by
+    /// the batch goes, then the versions it replaced come back (their chains of older versions
+    /// were never changed), and the versions the batch pushed to `history` (at
+    /// `history_before` and after) are dropped.
     fn roll_back(
         &mut self,
         batch: &OpBatch,
         applied: usize,
         number: u32,
-        timestamp: u64,
+        history_before: usize,
         undo: Vec<(usize, RowRef)>,
     ) {
-        let mut taken: HashMap<Vec<u8>, Vec<RowRef>> = HashMap::new();
         for row in 0..applied {
             let key = batch.keys.get(row);
-            let Some(current) = self.index.get(key).copied() else {
-                continue;
-            };
-            if current.batch != number {
-                continue;
+            if self
+                .index
+                .get(key)
+                .is_some_and(|current| current.batch == number)
+            {
+                self.index.remove(key);
             }
-            if current.has_history {
-                let older = self
-                    .history
-                    .remove(&(current.batch, current.row))
-                    .expect("has_history has an entry");
-                taken.insert(key.to_vec(), older);
-            }
-            self.index.remove(key);
         }
         for (row, old) in undo {
-            let key = batch.keys.get(row);
-            let mut older = taken.remove(key).unwrap_or_default();
-            if self.keeps(old, number, timestamp) {
-                older.pop();
-            }
-            if !older.is_empty() {
-                self.history.insert((old.batch, old.row), older);
-            }
-            self.index.insert(key, old);
+            self.index.insert(batch.keys.get(row), old);
         }
+        self.history.truncate(history_before);
     }
 
     /// The rows whose keys fall in `[lower, upper)`, in key order, as batches of at most
@@ -380,9 +336,7 @@ impl MemRowSet {
         for r in self.index.range(None, None) {
             let start = refs.len();
             refs.push(r);
-            if r.has_history {
-                refs.extend(self.history[&(r.batch, r.row)].iter().rev().copied());
-            }
+            refs.extend(self.older_versions(r));
             while drop_oldest_tombstones && refs.len() > start && refs[refs.len() - 1].deleted {
                 refs.pop();
             }
@@ -517,6 +471,25 @@ impl MemRows {
     }
 }
 
+/// The `older` link of the version that replaces `old` in batch `number`, committed at
+/// `timestamp`: `old` itself, pushed to `history`, if a snapshot can see it without its
+/// replacement (it is of an earlier batch with an older timestamp); otherwise `old`'s own link
+/// (a version replaced within its batch or at its timestamp is invisible to every snapshot).
+fn link_older(
+    history: &mut Vec<RowRef>,
+    batch_ts: &[u64],
+    old: RowRef,
+    number: u32,
+    timestamp: u64,
+) -> u32 {
+    if old.batch != number && batch_ts[old.batch as usize] != timestamp {
+        history.push(old);
+        (history.len() - 1) as u32
+    } else {
+        old.older
+    }
+}
+
 /// What an op does given whether its key is live: (status, whether to write the row).
 fn decide(op: OpType, live: bool) -> (RowStatus, bool) {
     match (op, live) {
@@ -529,5 +502,165 @@ fn decide(op: OpType, live: bool) -> (RowStatus, bool) {
         (OpType::Update | OpType::UpdateIgnore | OpType::Delete | OpType::DeleteIgnore, true) => {
             (RowStatus::Ok, true)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use arrow::array::{AsArray, Int64Array, UInt8Array};
+    use arrow::datatypes::{DataType as ArrowType, Int64Type, UInt64Type};
+
+    use super::*;
+    use crate::ops::OP_COLUMN;
+    use crate::schema::{DataType, Schema};
+
+    /// (id, v, commit timestamp, deleted) of one version.
+    type Version = (i64, Option<i64>, u64, bool);
+
+    fn schema() -> Schema {
+        let columns = vec![
+            ("id".into(), DataType::Int64, false),
+            ("v".into(), DataType::Int64, true),
+        ];
+        Schema::build(columns, &["id"]).unwrap()
+    }
+
+    fn ops(rows: &[(OpType, i64, Option<i64>)]) -> OpBatch {
+        let fields = vec![
+            Field::new("id", ArrowType::Int64, false),
+            Field::new("v", ArrowType::Int64, true),
+            Field::new(OP_COLUMN, ArrowType::UInt8, false),
+        ];
+        let columns: Vec<ArrayRef> = vec![
+            Arc::new(Int64Array::from_iter_values(rows.iter().map(|r| r.1))),
+            Arc::new(Int64Array::from_iter(rows.iter().map(|r| r.2))),
+            Arc::new(UInt8Array::from_iter_values(rows.iter().map(|r| r.0 as u8))),
+        ];
+        let batch = RecordBatch::try_new(Arc::new(ArrowSchema::new(fields)), columns).unwrap();
+        OpBatch::from_record_batch(&batch, &schema()).unwrap()
+    }
+
+    fn apply(m: &mut MemRowSet, op: OpIndex, ts: u64, rows: &[(OpType, i64, Option<i64>)]) {
+        m.apply(&ops(rows), op, ts, |_| Ok(false)).unwrap();
+    }
+
+    /// Every kept version, as flush sees them.
+    fn versions(m: &MemRowSet) -> Vec<Version> {
+        let mut out = Vec::new();
+        for chunk in m.all_versions(&[0, 1], false).into_chunks(100) {
+            let chunk = chunk.unwrap();
+            let ids = chunk.column(0).as_primitive::<Int64Type>();
+            let v = chunk.column(1).as_primitive::<Int64Type>();
+            let ts = chunk.column(2).as_primitive::<UInt64Type>();
+            let deleted = chunk.column(3).as_boolean();
+            for i in 0..chunk.num_rows() {
+                let value = (!v.is_null(i)).then(|| v.value(i));
+                out.push((ids.value(i), value, ts.value(i), deleted.value(i)));
+            }
+        }
+        out
+    }
+
+    /// (id, v) of the rows visible at `ts`.
+    fn rows_at(m: &MemRowSet, ts: u64) -> Vec<(i64, i64)> {
+        let rows = m.rows_in(&[0, 1], None, None, Some(ts));
+        let mut out = Vec::new();
+        for chunk in rows.into_chunks(100) {
+            let chunk = chunk.unwrap();
+            let ids = chunk.column(0).as_primitive::<Int64Type>();
+            let v = chunk.column(1).as_primitive::<Int64Type>();
+            let deleted = chunk.column(2).as_boolean();
+            out.extend(
+                (0..chunk.num_rows())
+                    .filter(|i| !deleted.value(*i))
+                    .map(|i| (ids.value(i), v.value(i))),
+            );
+        }
+        out
+    }
+
+    /// Key 1: v=1 at 10, v=2 at 20 (replaced by v=3 at 20, in a later batch), deleted at 30;
+    /// key 2: v=7 at 10, then v=8 and v=9 within one batch at 30.
+    fn history(m: &mut MemRowSet) {
+        apply(
+            m,
+            1,
+            10,
+            &[(OpType::Upsert, 1, Some(1)), (OpType::Insert, 2, Some(7))],
+        );
+        apply(m, 2, 20, &[(OpType::Upsert, 1, Some(2))]);
+        apply(m, 3, 20, &[(OpType::Update, 1, Some(3))]);
+        let both = [(OpType::Upsert, 2, Some(8)), (OpType::Upsert, 2, Some(9))];
+        apply(m, 4, 30, &[(OpType::Delete, 1, None), both[0], both[1]]);
+    }
+
+    const HISTORY: [Version; 5] = [
+        (1, None, 30, true),
+        (1, Some(3), 20, false),
+        (1, Some(1), 10, false),
+        (2, Some(9), 30, false),
+        (2, Some(7), 10, false),
+    ];
+
+    #[test]
+    fn versions_chain_newest_first_and_replacements_at_one_timestamp_go() {
+        for upserts_only in [false, true] {
+            let mut m = MemRowSet::new(Some(8));
+            if upserts_only {
+                // The upsert-only path: the same versions without deciding ops.
+                let u = OpType::Upsert;
+                apply(&mut m, 1, 10, &[(u, 1, Some(1)), (u, 2, Some(7))]);
+                apply(&mut m, 2, 20, &[(u, 1, Some(2))]);
+                apply(&mut m, 3, 20, &[(u, 1, Some(3))]);
+                apply(&mut m, 4, 30, &[(u, 2, Some(8)), (u, 2, Some(9))]);
+                let expected: Vec<Version> = [(1, Some(3), 20, false), (1, Some(1), 10, false)]
+                    .into_iter()
+                    .chain(HISTORY[3..].iter().copied())
+                    .collect();
+                assert_eq!(versions(&m), expected);
+                assert_eq!(m.history.len(), 2);
+            } else {
+                history(&mut m);
+                assert_eq!(versions(&m), HISTORY);
+                assert_eq!(m.history.len(), 3);
+            }
+            assert_eq!(rows_at(&m, 9), vec![]);
+            assert_eq!(rows_at(&m, 10), vec![(1, 1), (2, 7)]);
+            assert_eq!(rows_at(&m, 25), vec![(1, 3), (2, 7)]);
+        }
+    }
+
+    #[test]
+    fn a_failed_apply_leaves_every_version_as_it_was() {
+        let mut m = MemRowSet::new(Some(8));
+        history(&mut m);
+        let (bytes, kept) = (m.bytes(), m.history.len());
+        // Key 1 gets a version over its tombstone (keeping it as history), key 2 is replaced
+        // twice, then key 3's insert asks the older layers, which fail.
+        let batch = ops(&[
+            (OpType::Upsert, 1, Some(5)),
+            (OpType::Upsert, 2, Some(10)),
+            (OpType::Update, 2, Some(11)),
+            (OpType::Insert, 3, Some(12)),
+        ]);
+        let failed = m.apply(&batch, 5, 40, |_| {
+            Err(StorageError::IllegalState("disk".into()))
+        });
+        assert!(failed.is_err());
+        assert_eq!(versions(&m), HISTORY);
+        assert_eq!((m.bytes(), m.history.len()), (bytes, kept));
+        // The next apply chains onto the restored versions.
+        apply(
+            &mut m,
+            5,
+            40,
+            &[(OpType::Upsert, 1, Some(5)), (OpType::Upsert, 2, Some(10))],
+        );
+        let mut expected = vec![(1, Some(5), 40, false)];
+        expected.extend_from_slice(&HISTORY[..3]);
+        expected.push((2, Some(10), 40, false));
+        expected.extend_from_slice(&HISTORY[3..]);
+        assert_eq!(versions(&m), expected);
+        assert_eq!(rows_at(&m, 35), vec![(2, 9)]);
     }
 }

@@ -491,22 +491,6 @@ impl KeyIndex {
         }
     }
 
-    /// Inserts or replaces; returns the version replaced, if any.
-    #[inline]
-    pub(super) fn replace(&mut self, key: &[u8], entry: RowRef) -> Option<RowRef> {
-        match self {
-            KeyIndex::Short { width, map } => {
-                match map.update(Self::short(*width, key), |_| {
-                    Ok::<_, std::convert::Infallible>(Some(entry))
-                }) {
-                    Ok(Slot::Replaced(old)) => Some(old),
-                    _ => None,
-                }
-            }
-            KeyIndex::Long(map) => map.insert(key.into(), entry),
-        }
-    }
-
     /// Finds `key` once and stores what `choose` makes of its current version (`None`: not
     /// here); `choose` returning `None` leaves the slot as it was.
     #[inline]
@@ -623,7 +607,7 @@ mod tests {
             batch: n,
             row: n,
             deleted: n.is_multiple_of(3),
-            has_history: false,
+            older: crate::memrowset::NO_HISTORY,
         }
     }
 
