@@ -60,6 +60,7 @@ def test_a_retry_after_flush_and_restart_gets_the_first_answer(make_cluster: Any
     last_index = max(r.op_id.index for r in first.values())
     # Every replica flushes the writes; then all servers die together.
     deadline = time.monotonic() + FLUSH_WAIT_S
+    time.sleep(1.0)  # five flush intervals
     while True:
         for ts in cluster.tservers:
             ts.kill()
