@@ -83,10 +83,7 @@ impl Manifest {
 
     /// Parses a payload; anything malformed is `Corruption`.
     pub fn decode(payload: &[u8]) -> Result<Manifest> {
-        let mut r = Reader {
-            data: payload,
-            at: 0,
-        };
+        let mut r = Reader::new(payload, "rowset manifest");
         let version = r.u16()?;
         if !(PAYLOAD_VERSION_NO_GC_MARK..=PAYLOAD_VERSION).contains(&version) {
             return Err(StorageError::NotSupported(format!(
@@ -201,6 +198,7 @@ fn open_container(image: &[u8]) -> std::result::Result<&[u8], String> {
     let mut r = Reader {
         data: &image[..HEADER_BYTES],
         at: 4,
+        what: "rowset manifest header",
     };
     if &image[..4] != MAGIC {
         return Err("bad magic".into());
@@ -336,35 +334,46 @@ fn put_bytes(out: &mut Vec<u8>, v: &[u8]) {
     out.extend_from_slice(v);
 }
 
-struct Reader<'a> {
-    data: &'a [u8],
-    at: usize,
+/// Reads the little-endian fields of a metadata payload; running past its end is
+/// `Corruption` naming `what`.
+pub(crate) struct Reader<'a> {
+    pub(crate) data: &'a [u8],
+    pub(crate) at: usize,
+    pub(crate) what: &'static str,
 }
 
 impl<'a> Reader<'a> {
-    fn take(&mut self, n: usize) -> Result<&'a [u8]> {
+    pub(crate) fn new(data: &'a [u8], what: &'static str) -> Self {
+        Reader { data, at: 0, what }
+    }
+
+    pub(crate) fn remaining(&self) -> usize {
+        self.data.len() - self.at
+    }
+
+    pub(crate) fn take(&mut self, n: usize) -> Result<&'a [u8]> {
         let end = self
             .at
             .checked_add(n)
             .filter(|end| *end <= self.data.len())
-            .ok_or_else(|| StorageError::corruption("rowset manifest is truncated"))?;
+            .ok_or_else(|| StorageError::corruption(format!("{} is truncated", self.what)))?;
         let slice = &self.data[self.at..end];
         self.at = end;
         Ok(slice)
     }
-    fn u8(&mut self) -> Result<u8> {
+    pub(crate) fn u8(&mut self) -> Result<u8> {
         Ok(self.take(1)?[0])
     }
-    fn u16(&mut self) -> Result<u16> {
+    pub(crate) fn u16(&mut self) -> Result<u16> {
         Ok(u16::from_le_bytes(self.take(2)?.try_into().expect("2")))
     }
-    fn u32(&mut self) -> Result<u32> {
+    pub(crate) fn u32(&mut self) -> Result<u32> {
         Ok(u32::from_le_bytes(self.take(4)?.try_into().expect("4")))
     }
-    fn u64(&mut self) -> Result<u64> {
+    pub(crate) fn u64(&mut self) -> Result<u64> {
         Ok(u64::from_le_bytes(self.take(8)?.try_into().expect("8")))
     }
-    fn bytes(&mut self) -> Result<&'a [u8]> {
+    pub(crate) fn bytes(&mut self) -> Result<&'a [u8]> {
         let n = self.u32()? as usize;
         self.take(n)
     }

@@ -18,6 +18,7 @@ use std::collections::{BTreeMap, HashMap};
 use nyala_common::OpIndex;
 
 use crate::error::{Result, StorageError};
+use crate::manifest::Reader;
 use crate::ops::RowStatus;
 use crate::write_entry::RequestId;
 
@@ -235,7 +236,7 @@ impl RequestIndex {
         if image.is_empty() {
             return Ok(index);
         }
-        let mut r = Reader { data: image, at: 0 };
+        let mut r = Reader::new(image, "request outcomes");
         let version = r.u16()?;
         if version != REQUESTS_FORMAT_VERSION {
             return Err(StorageError::NotSupported(format!(
@@ -252,7 +253,7 @@ impl RequestIndex {
             let id = std::str::from_utf8(r.take(id_len)?)
                 .map_err(|e| corrupt(&format!("client id: {e}")))?
                 .to_owned();
-            let watermark = r.i64()?;
+            let watermark = r.u64()? as i64;
             let last_timestamp = r.u64()?;
             let count = r.u32()?;
             let mut applied = BTreeMap::new();
@@ -304,7 +305,7 @@ fn encode_outcome(out: &mut Vec<u8>, seq_no: i64, outcome: &RequestOutcome) {
 }
 
 fn decode_outcome(r: &mut Reader<'_>) -> Result<(i64, RequestOutcome)> {
-    let seq_no = r.i64()?;
+    let seq_no = r.u64()? as i64;
     let index = r.u64()?;
     let timestamp = r.u64()?;
     let result = match r.u8()? {
@@ -342,46 +343,6 @@ fn decode_outcome(r: &mut Reader<'_>) -> Result<(i64, RequestOutcome)> {
 
 fn corrupt(what: &str) -> StorageError {
     StorageError::corruption(format!("request outcomes: {what}"))
-}
-
-struct Reader<'a> {
-    data: &'a [u8],
-    at: usize,
-}
-
-impl<'a> Reader<'a> {
-    fn take(&mut self, n: usize) -> Result<&'a [u8]> {
-        if self.remaining() < n {
-            return Err(corrupt("truncated"));
-        }
-        let out = &self.data[self.at..self.at + n];
-        self.at += n;
-        Ok(out)
-    }
-
-    fn remaining(&self) -> usize {
-        self.data.len() - self.at
-    }
-
-    fn u8(&mut self) -> Result<u8> {
-        Ok(self.take(1)?[0])
-    }
-
-    fn u16(&mut self) -> Result<u16> {
-        Ok(u16::from_le_bytes(self.take(2)?.try_into().expect("2")))
-    }
-
-    fn u32(&mut self) -> Result<u32> {
-        Ok(u32::from_le_bytes(self.take(4)?.try_into().expect("4")))
-    }
-
-    fn u64(&mut self) -> Result<u64> {
-        Ok(u64::from_le_bytes(self.take(8)?.try_into().expect("8")))
-    }
-
-    fn i64(&mut self) -> Result<i64> {
-        Ok(i64::from_le_bytes(self.take(8)?.try_into().expect("8")))
-    }
 }
 
 #[cfg(test)]

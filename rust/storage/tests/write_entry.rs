@@ -113,6 +113,19 @@ fn entries_are_applied_once_in_order_until_a_schema_change() {
     assert_eq!(ids(&rows), [1, 2, 4, 5]);
 }
 
+/// Applies one WRITE entry inserting `keys` as op `index` at `ts` under request id
+/// (client, seq no, first incomplete seq no).
+fn apply_one(
+    engine: &Engine,
+    index: u64,
+    (client, seq, first): (&str, i64, i64),
+    ts: u64,
+    keys: &[i64],
+) {
+    let payload = entry_at(0, client, seq, first, ts, &inserts(keys));
+    apply_write_entries(engine, vec![(index, payload)]).unwrap();
+}
+
 fn reopen(dir: &std::path::Path, options: EngineOptions) -> Engine {
     Engine::open(dir, options).unwrap()
 }
@@ -158,11 +171,7 @@ fn request_outcomes_survive_a_flush_and_a_reopen() {
     assert_eq!(effects[0], &WriteEffect::Applied(vec![RowStatus::Ok]));
     assert_eq!(effects[1], &WriteEffect::Duplicate);
     // A later watermark forgets seq 1 and 2 across a flush and reopen: a retry is stale.
-    apply_write_entries(
-        &engine,
-        vec![(5, entry_at(0, "c", 4, 4, 50, &inserts(&[5])))],
-    )
-    .unwrap();
+    apply_one(&engine, 5, ("c", 4, 4), 50, &[5]);
     engine.flush().unwrap();
     drop(engine);
     let engine = reopen(dir.path(), options);
@@ -213,11 +222,7 @@ fn a_damaged_request_outcomes_image_fails_the_open() {
     use nyala_storage::manifest::Manifest;
     let dir = tempfile::tempdir().unwrap();
     let engine = engine(dir.path());
-    apply_write_entries(
-        &engine,
-        vec![(1, entry_at(0, "c", 1, 1, 10, &inserts(&[1])))],
-    )
-    .unwrap();
+    apply_one(&engine, 1, ("c", 1, 1), 10, &[1]);
     engine.flush().unwrap();
     drop(engine);
     let mut manifest = Manifest::read(dir.path()).unwrap();
