@@ -37,6 +37,8 @@ APPLY_READ_BYTES_MAX = 4 * 1024 * 1024
 #: Outcomes kept for proposers to collect; followers' are never collected, so the oldest go.
 UNCOLLECTED_OUTCOMES_MAX = 65_536
 
+# Answers of ``Applier.admit`` (``StorageEngine.admit``).
+ADMIT_NEW, ADMIT_DUPLICATE, ADMIT_STALE = 0, 1, 2
 # Effect codes of ``StorageEngine.apply_committed``'s outcomes.
 _APPLIED, _REFUSED, _DUPLICATE, _STALE = 0, 1, 2, 3
 
@@ -92,10 +94,16 @@ class Applier:
             return None
         return WriteOutcome(first.op_index, first.result, first.error, first.timestamp)
 
+    def admit(self, request_id: RequestId) -> int:
+        """``ADMIT_NEW`` for a request not applied yet, ``ADMIT_DUPLICATE`` for one applied
+        (``outcome_of`` has its first outcome), ``ADMIT_STALE`` for one the client declared
+        complete (below its first incomplete seq no) whose outcome is forgotten: it must not
+        be applied again. One native call: the check every write with a request id makes."""
+        return self._storage.admit(request_id.client_id, request_id.seq_no)
+
     def is_stale(self, request_id: RequestId) -> bool:
-        """True for a request the client declared complete (below its first incomplete seq
-        no) whose outcome is already forgotten: it must not be applied again."""
-        return self._storage.admit(request_id.client_id, request_id.seq_no) == 2
+        """``admit`` is ``ADMIT_STALE``."""
+        return self.admit(request_id) == ADMIT_STALE
 
     @contextlib.contextmanager
     def collecting(self) -> Iterator[None]:
