@@ -320,10 +320,11 @@ impl StorageEngine {
 
     /// 0 if the request may be applied, 1 if it was applied already, 2 if it is a stale
     /// retry (below the client's first incomplete seq no and forgotten). Waits for an
-    /// apply in progress (it holds the index).
-    fn admit(&self, py: Python<'_>, client_id: &str, seq_no: i64) -> u8 {
-        let engine: &Engine = &self.engine;
-        match py.detach(|| engine.requests().admit_seq(client_id, seq_no)) {
+    /// apply in progress (it holds the index) without releasing the GIL: every write asks,
+    /// and handing the GIL to another thread and back cost more than the lookup (an apply
+    /// holds the index with the GIL released, so it never waits for this).
+    fn admit(&self, client_id: &str, seq_no: i64) -> u8 {
+        match self.engine.requests().admit_seq(client_id, seq_no) {
             Admission::New => 0,
             Admission::Duplicate => 1,
             Admission::Stale => 2,
@@ -337,8 +338,7 @@ impl StorageEngine {
         client_id: &str,
         seq_no: i64,
     ) -> Option<RequestOutcomeTuple<'py>> {
-        let engine: &Engine = &self.engine;
-        let outcome = py.detach(|| engine.requests().outcome(client_id, seq_no).cloned())?;
+        let outcome = self.engine.requests().outcome(client_id, seq_no).cloned()?;
         let (code, statuses, message) = match &outcome.result {
             RequestResult::Rows { .. } => {
                 let statuses = outcome.result.statuses().unwrap_or_default();
@@ -350,9 +350,8 @@ impl StorageEngine {
     }
 
     /// Number of remembered request ids (all clients).
-    fn request_count(&self, py: Python<'_>) -> usize {
-        let engine: &Engine = &self.engine;
-        py.detach(|| engine.requests().len())
+    fn request_count(&self) -> usize {
+        self.engine.requests().len()
     }
 
     /// Applies a pyarrow RecordBatch of row operations as op `op_index` committed at
