@@ -15,7 +15,7 @@ use arrow::pyarrow::{PyArrowType, Table};
 use nyala_consensus::ReplicatedLog;
 use nyala_storage::{
     apply_write_entries, encode_ipc, Admission, ColumnSchema, DataType, Engine, EngineOptions,
-    OpBatch, Predicate, PredicateOp, RequestIndex, ScanSpec, Schema, StorageError, Value,
+    OpBatch, Predicate, PredicateOp, RequestResult, ScanSpec, Schema, StorageError, Value,
     WriteEffect, WriteOutcome,
 };
 use nyala_wal::EntryType;
@@ -34,7 +34,6 @@ type SchemaTuple = (Vec<ColumnTuple>, usize, u32, u32);
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<StorageEngine>()?;
     m.add_class::<ScanCursor>()?;
-    m.add_class::<PyRequestIndex>()?;
     m.add_function(wrap_pyfunction!(check_op_batch, m)?)?;
     m.add_function(wrap_pyfunction!(decode_write_entry, m)?)?;
     m.add("CELL_BYTES_MAX", nyala_storage::ops::CELL_BYTES_MAX)?;
@@ -109,44 +108,9 @@ type OutcomeTuple<'py> = (
 /// A schema change met while applying: (op index, schema version, schema document).
 type AlterTuple<'py> = (u64, u32, Bound<'py, PyBytes>);
 
-/// The request ids a replica has applied (`nyala_storage::RequestIndex`), consulted and
-/// updated by `StorageEngine.apply_committed`.
-#[pyclass(frozen, name = "RequestIndex", module = "nyala._native")]
-pub struct PyRequestIndex {
-    inner: Mutex<RequestIndex>,
-}
-
-impl PyRequestIndex {
-    fn lock(&self) -> PyResult<std::sync::MutexGuard<'_, RequestIndex>> {
-        self.inner
-            .lock()
-            .map_err(|_| to_py(StorageError::IllegalState("an apply panicked".into())))
-    }
-}
-
-#[pymethods]
-impl PyRequestIndex {
-    #[new]
-    fn new() -> Self {
-        PyRequestIndex {
-            inner: Mutex::new(RequestIndex::new()),
-        }
-    }
-
-    /// 0 if the request may be applied, 1 if it was applied already, 2 if it is a stale
-    /// retry (below the client's first incomplete seq no and forgotten).
-    fn admit(&self, client_id: &str, seq_no: i64) -> PyResult<u8> {
-        Ok(match self.lock()?.admit_seq(client_id, seq_no) {
-            Admission::New => 0,
-            Admission::Duplicate => 1,
-            Admission::Stale => 2,
-        })
-    }
-
-    fn __len__(&self) -> PyResult<usize> {
-        Ok(self.lock()?.len())
-    }
-}
+/// A remembered request's first outcome as Python gets it: (op index, effect code (0 applied,
+/// 1 refused), row statuses or None, refusal message or None, timestamp).
+type RequestOutcomeTuple<'py> = (u64, u8, Option<Bound<'py, PyBytes>>, Option<String>, u64);
 
 /// What `apply_range` did: the last index handled, the WRITE outcomes, and the schema change
 /// (op index, version, document) that stopped it.
@@ -158,7 +122,6 @@ type AppliedRange = (u64, Vec<WriteOutcome>, Option<(u64, u32, Buffer)>);
 fn apply_range(
     engine: &Engine,
     log: &ReplicatedLog,
-    requests: &mut RequestIndex,
     mut after: u64,
     last: u64,
     read_bytes_max: usize,
@@ -204,7 +167,7 @@ fn apply_range(
                 let start = payload.as_ptr() as usize - base;
                 (meta.index, whole.slice_with_length(start, payload.len()))
             });
-        let applied = apply_write_entries(engine, requests, writes).map_err(to_py)?;
+        let applied = apply_write_entries(engine, writes).map_err(to_py)?;
         outcomes.extend(applied.outcomes);
         if let Some((index, version, doc)) = applied.schema_change {
             return Ok((index - 1, outcomes, Some((index, version, doc))));
@@ -335,27 +298,60 @@ impl StorageEngine {
     /// a schema change that stopped it or None). Row bytes stay in native memory: the
     /// stored columns share the log's bytes wherever they are aligned, as WRITE entries lay
     /// them out. Entries up to the returned index are done; after a schema change (its
-    /// index is the returned one plus one) the caller applies it and calls again.
-    #[pyo3(signature = (log, requests, after, last, read_bytes_max = 4 * 1024 * 1024))]
+    /// index is the returned one plus one) the caller applies it and calls again. The
+    /// engine's request index decides which requests are new and records their outcomes.
+    #[pyo3(signature = (log, after, last, read_bytes_max = 4 * 1024 * 1024))]
     fn apply_committed<'py>(
         &self,
         py: Python<'py>,
         log: PyRef<'py, PyReplicatedLog>,
-        requests: PyRef<'py, PyRequestIndex>,
         after: u64,
         last: u64,
         read_bytes_max: usize,
     ) -> PyResult<(u64, Vec<OutcomeTuple<'py>>, Option<AlterTuple<'py>>)> {
         let engine: &Engine = &self.engine;
         let log: &ReplicatedLog = &log.log;
-        let requests: &PyRequestIndex = &requests;
-        let (through, outcomes, alter) = py.detach(|| {
-            let mut requests = requests.lock()?;
-            apply_range(engine, log, &mut requests, after, last, read_bytes_max)
-        })?;
+        let (through, outcomes, alter) =
+            py.detach(|| apply_range(engine, log, after, last, read_bytes_max))?;
         let outcomes = outcomes.into_iter().map(|o| outcome_to_py(py, o)).collect();
         let alter = alter.map(|(index, version, doc)| (index, version, PyBytes::new(py, &doc)));
         Ok((through, outcomes, alter))
+    }
+
+    /// 0 if the request may be applied, 1 if it was applied already, 2 if it is a stale
+    /// retry (below the client's first incomplete seq no and forgotten). Waits for an
+    /// apply in progress (it holds the index) without releasing the GIL: every write asks,
+    /// and handing the GIL to another thread and back cost more than the lookup (an apply
+    /// holds the index with the GIL released, so it never waits for this).
+    fn admit(&self, client_id: &str, seq_no: i64) -> u8 {
+        match self.engine.requests().admit_seq(client_id, seq_no) {
+            Admission::New => 0,
+            Admission::Duplicate => 1,
+            Admission::Stale => 2,
+        }
+    }
+
+    /// The first outcome of an applied request, if it is remembered.
+    fn request_outcome<'py>(
+        &self,
+        py: Python<'py>,
+        client_id: &str,
+        seq_no: i64,
+    ) -> Option<RequestOutcomeTuple<'py>> {
+        let outcome = self.engine.requests().outcome(client_id, seq_no).cloned()?;
+        let (code, statuses, message) = match &outcome.result {
+            RequestResult::Rows { .. } => {
+                let statuses = outcome.result.statuses().unwrap_or_default();
+                (0, Some(status_bytes(py, &statuses)), None)
+            }
+            RequestResult::Refused(message) => (1, None, Some(message.clone())),
+        };
+        Some((outcome.index, code, statuses, message, outcome.timestamp))
+    }
+
+    /// Number of remembered request ids (all clients).
+    fn request_count(&self) -> usize {
+        self.engine.requests().len()
     }
 
     /// Applies a pyarrow RecordBatch of row operations as op `op_index` committed at

@@ -81,6 +81,12 @@ class ApplyResult:
 
     statuses: np.ndarray[Any, np.dtype[np.uint8]]
 
+    def __eq__(self, other: object) -> bool:
+        # By value: a retry's answer is rebuilt from the request index, not the same array.
+        if not isinstance(other, ApplyResult):
+            return NotImplemented
+        return bool(np.array_equal(self.statuses, other.statuses))
+
     @property
     def ok(self) -> bool:
         """True if every row ended OK."""
@@ -90,6 +96,18 @@ class ApplyResult:
         """(row position, status) of each row that did not end OK."""
         positions = np.flatnonzero(self.statuses)
         return [(int(i), RowStatus(int(self.statuses[i]))) for i in positions]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RequestOutcome:
+    """The first outcome of an applied client request: its op index, per-row statuses (or
+    the refusal, ``error``, of a malformed batch; then ``result`` is None) and the hybrid
+    timestamp it was applied at."""
+
+    op_index: int
+    result: ApplyResult | None
+    error: str | None
+    timestamp: int
 
 
 @dataclasses.dataclass(frozen=True)
@@ -229,7 +247,6 @@ class StorageEngine:
     def apply_committed(
         self,
         log: NativeLog,
-        requests: _native.RequestIndex,
         after: int,
         last: int,
         read_bytes_max: int = 4 * 1024 * 1024,
@@ -238,12 +255,36 @@ class StorageEngine:
         one native call (the GIL released; row bytes never leave native memory, and the
         stored rows share the log's bytes where they are aligned, as WRITE entries lay them
         out). Each entry is applied at the timestamp in its header (0 for entries written
-        before format version 3). ``requests`` decides which request ids are new and records
-        them. Returns the
-        last index handled, one outcome per WRITE entry, and the schema change that stopped
-        it, if any, as (op index, schema version, document): the caller applies that (its
-        index is the returned one plus one) and calls again."""
-        return self._native.apply_committed(log.native, requests, after, last, read_bytes_max)
+        before format version 3). The engine's request index decides which request ids are
+        new and records them with their outcomes (``request_outcome``), persisted with every
+        flush. Returns the last index handled, one outcome per WRITE entry, and the schema
+        change that stopped it, if any, as (op index, schema version, document): the caller
+        applies that (its index is the returned one plus one) and calls again."""
+        return self._native.apply_committed(log.native, after, last, read_bytes_max)
+
+    def admit(self, client_id: str, seq_no: int) -> int:
+        """Whether request ``seq_no`` of ``client_id`` may be applied: 0 new, 1 applied
+        already (``request_outcome`` has its first outcome), 2 a stale retry (the client
+        declared it complete and its outcome is forgotten)."""
+        return self._native.admit(client_id, seq_no)
+
+    def request_outcome(self, client_id: str, seq_no: int) -> RequestOutcome | None:
+        """The first outcome of an applied request, if it is remembered (also after a
+        restart: the engine persists its request index with every flush)."""
+        first = self._native.request_outcome(client_id, seq_no)
+        if first is None:
+            return None
+        op_index, code, statuses, message, timestamp = first
+        if code == 0:
+            assert statuses is not None
+            result = ApplyResult(np.frombuffer(statuses, dtype=np.uint8))
+            return RequestOutcome(op_index, result, None, timestamp)
+        return RequestOutcome(op_index, None, message, timestamp)
+
+    @property
+    def request_count(self) -> int:
+        """Number of remembered requests (all clients)."""
+        return self._native.request_count()
 
     def write(self, data: Any, op: OpType | str, op_index: int, timestamp: int = 0) -> ApplyResult:
         """Converts ``data`` (see ``nyala.rowops``) to an op batch and applies it."""

@@ -95,7 +95,6 @@ def test_rows_applied_from_a_log_batch_outlive_the_batch(
     after every Python reference to the batch and the log's cache copy are gone."""
     import gc
 
-    from nyala import _native
     from nyala.consensus.runtime.wal_log import WalLog, WalLogOptions
     from nyala.consensus.types import EntryKind
     from nyala.tablet.write_entry import RequestId, decode_write_entry, encode_write_entry
@@ -112,15 +111,19 @@ def test_rows_applied_from_a_log_batch_outlive_the_batch(
         entry = decode_write_entry(wire[payload_start:])
         assert (len(wire) - len(entry.ops)) % 8 == 0  # aligned: Arrow keeps the bytes
         del wire, entry, batch
-        requests = _native.RequestIndex()
-        through, outcomes, alter = engine.apply_committed(log, requests, 0, 2)
+        through, outcomes, alter = engine.apply_committed(log, 0, 2)
         assert (through, alter) == (2, None)
         ((index, effect, statuses, failed, _msg, client, seq, watermark, size, stamp),) = outcomes
         assert (index, effect, failed, client, seq, watermark) == (1, 0, 0, "client", 1, 0)
         assert stamp == 77  # the entry's timestamp, for the write's answer
         assert size == len(ops)
         assert statuses == bytes(500)
-        assert requests.admit("client", 1) == 1  # applied: a retry is a duplicate
+        assert engine.admit("client", 1) == 1  # applied: a retry is a duplicate
+        first = engine.request_outcome("client", 1)
+        assert first is not None
+        assert (first.op_index, first.timestamp, first.error) == (1, 77, None)
+        assert first.result is not None
+        assert first.result.ok
         log.wait_durable()
         log.evict_through(2)
     gc.collect()
@@ -129,6 +132,10 @@ def test_rows_applied_from_a_log_batch_outlive_the_batch(
     assert table.column("name").to_pylist()[-1] == "n499"
     engine.flush()
     assert engine.scan().num_rows == 500
+    # The request's outcome was persisted with the flush.
+    reopened = StorageEngine.open(tmp_path / "tablet", background_flush=False)
+    assert reopened.request_outcome("client", 1) == first
+    assert reopened.request_count == 1
 
 
 def test_flush_compact_reopen(tmp_path: Path) -> None:
@@ -205,3 +212,28 @@ def test_write_entry_carries_its_timestamp_and_older_versions_read_as_zero() -> 
     assert (old.request_id, old.timestamp, bytes(old.ops)) == (RequestId("c", 9, 8), 0, ops)
     with pytest.raises(InvalidArgumentError, match="timestamp"):
         encode_write_entry(None, 1, ops, timestamp=-1)
+
+
+def test_damaged_request_outcomes_are_corruption_not_an_empty_index(tmp_path: Path) -> None:
+    """The manifest's request outcomes are checked on open: an image cut short (its
+    container checksum recomputed, as a buggy writer would leave it) is refused."""
+    import struct
+
+    from nyala.common import metafile
+    from nyala.errors import CorruptionError
+
+    path = tmp_path / "tablet"
+    engine = StorageEngine.create(path, SCHEMA, background_flush=False)
+    engine.write(_rows(np.arange(3)), OpType.INSERT, 1)
+    engine.flush()
+    del engine
+    manifest = path / "rowset-manifest"
+    payload = metafile.read(manifest, metafile.MetaKind.ROWSET_MANIFEST)
+    # The payload ends with the image: u32 length + bytes (docs/storage-format.md).
+    image_len = 2 + 8 + 4  # version, expiry search timestamp, no clients
+    (length,) = struct.unpack_from("<I", payload, len(payload) - image_len - 4)
+    assert length == image_len
+    cut = payload[: -image_len - 4] + struct.pack("<I", image_len - 1) + payload[-image_len:-1]
+    metafile.write_atomic(manifest, metafile.MetaKind.ROWSET_MANIFEST, cut)
+    with pytest.raises(CorruptionError, match="request outcomes"):
+        StorageEngine.open(path, background_flush=False)

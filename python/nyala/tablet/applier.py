@@ -4,10 +4,12 @@ The Raft runtime reports committed ranges (``Apply``); one native call
 (``StorageEngine.apply_committed``) reads those entries from the log cache (or the WAL),
 applies each WRITE's op batch to storage as its op index and returns one outcome per WRITE,
 with the GIL released: row bytes never enter Python (DESIGN.md §4,
-docs/tablet-write-entry.md). Rust also decides, from its index of applied request ids
-(``_native.RequestIndex``), that a retried request (or a duplicate entry from a retry racing
-a leader change) is not applied twice; this module keeps the outcome per client request so
-that such a retry is answered with the first outcome. NO_OP and CONFIG_CHANGE entries have no
+docs/tablet-write-entry.md). Rust also decides, from the engine's index of applied requests
+and their first outcomes, that a retried request (or a duplicate entry from a retry racing
+a leader change) is not applied twice, and answers such a retry with the first outcome
+(``outcome_of``). The engine persists that index with every flush, consistent with the
+flushed op index, so a retry after a restart still gets its first outcome
+(docs/tablet-lifecycle.md). NO_OP and CONFIG_CHANGE entries have no
 effect on storage; a schema change stops the native call and is applied here, through the
 tablet's callback. A WRITE whose op batch the engine refuses as malformed is recorded as a
 failed outcome, not a replica failure.
@@ -20,13 +22,11 @@ it re-learns the commit index (bootstrap, issue 7 item 4).
 from __future__ import annotations
 
 import contextlib
-import heapq
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
 
-from nyala import _native
 from nyala.consensus.runtime.wal_log import WalLog
 from nyala.errors import CorruptionError
 from nyala.storage import ApplyResult, RowStatus, StorageEngine
@@ -37,6 +37,8 @@ APPLY_READ_BYTES_MAX = 4 * 1024 * 1024
 #: Outcomes kept for proposers to collect; followers' are never collected, so the oldest go.
 UNCOLLECTED_OUTCOMES_MAX = 65_536
 
+# Answers of ``Applier.admit`` (``StorageEngine.admit``).
+ADMIT_NEW, ADMIT_DUPLICATE, ADMIT_STALE = 0, 1, 2
 # Effect codes of ``StorageEngine.apply_committed``'s outcomes.
 _APPLIED, _REFUSED, _DUPLICATE, _STALE = 0, 1, 2, 3
 
@@ -69,13 +71,6 @@ class Applier:
         self._on_alter_schema = on_alter_schema
         # Invariant: every committed index <= applied_index is reflected in storage.
         self.applied_index = storage.last_applied_index
-        # client id -> seq no -> outcome; trimmed below the client's first incomplete seq no.
-        self._outcomes: dict[str, dict[int, WriteOutcome]] = {}
-        # client id -> min-heap of the seq nos in ``_outcomes[client]`` (for trimming).
-        self._kept_seqs: dict[str, list[int]] = {}
-        # The applied request ids (native; the same keys as ``_outcomes``, trimmed by the same
-        # watermarks, which it reports).
-        self._requests = _native.RequestIndex()
         # op index -> outcome, for the proposer of that op to collect.
         self._by_index: dict[int, WriteOutcome] = {}
         # Proposals whose outcome someone will collect (``collecting``). With none, outcomes
@@ -90,13 +85,25 @@ class Applier:
         self.bytes_written = 0
 
     def outcome_of(self, request_id: RequestId) -> WriteOutcome | None:
-        """The outcome of an already applied request, if it is remembered."""
-        return self._outcomes.get(request_id.client_id, {}).get(request_id.seq_no)
+        """The first outcome of an already applied request, if it is remembered."""
+        return self._first_outcome(request_id.client_id, request_id.seq_no)
+
+    def _first_outcome(self, client_id: str, seq_no: int) -> WriteOutcome | None:
+        first = self._storage.request_outcome(client_id, seq_no)
+        if first is None:
+            return None
+        return WriteOutcome(first.op_index, first.result, first.error, first.timestamp)
+
+    def admit(self, request_id: RequestId) -> int:
+        """``ADMIT_NEW`` for a request not applied yet, ``ADMIT_DUPLICATE`` for one applied
+        (``outcome_of`` has its first outcome), ``ADMIT_STALE`` for one the client declared
+        complete (below its first incomplete seq no) whose outcome is forgotten: it must not
+        be applied again. One native call: the check every write with a request id makes."""
+        return self._storage.admit(request_id.client_id, request_id.seq_no)
 
     def is_stale(self, request_id: RequestId) -> bool:
-        """True for a request the client declared complete (below its first incomplete seq
-        no) whose outcome is already forgotten: it must not be applied again."""
-        return self._requests.admit(request_id.client_id, request_id.seq_no) == 2
+        """``admit`` is ``ADMIT_STALE``."""
+        return self.admit(request_id) == ADMIT_STALE
 
     @contextlib.contextmanager
     def collecting(self) -> Iterator[None]:
@@ -127,7 +134,7 @@ class Applier:
         after = max(first_index - 1, self.applied_index)
         while after < last_index:
             through, outcomes, alter = self._storage.apply_committed(
-                self._log, self._requests, after, last_index, APPLY_READ_BYTES_MAX
+                self._log, after, last_index, APPLY_READ_BYTES_MAX
             )
             for (
                 index,
@@ -137,7 +144,7 @@ class Applier:
                 message,
                 client,
                 seq,
-                watermark,
+                _watermark,
                 size,
                 stamp,
             ) in outcomes:
@@ -156,16 +163,14 @@ class Applier:
                     outcome = WriteOutcome(index, None, message, timestamp=stamp)
                 elif effect == _DUPLICATE:
                     assert client is not None
-                    first = self._outcomes.get(client, {}).get(seq)
-                    if first is not None:  # always, as the cache and the index agree
+                    first = self._first_outcome(client, seq)
+                    if first is not None:  # unless a later entry's watermark forgot it
                         self._keep(first, index)  # a duplicate: answer with the first
                         continue
                     outcome = WriteOutcome(index, None, "stale retry of a completed request")
                 else:
                     outcome = WriteOutcome(index, None, "stale retry of a completed request")
                 self._keep(outcome)
-                if client is not None and watermark is not None:
-                    self._remember(client, seq, watermark, outcome)
             self.applied_index = after = through
             if alter is not None:
                 index, version, doc = alter
@@ -183,17 +188,3 @@ class Applier:
         self._by_index[outcome.op_index if index is None else index] = outcome
         if len(self._by_index) > UNCOLLECTED_OUTCOMES_MAX:
             del self._by_index[next(iter(self._by_index))]
-
-    def _remember(self, client: str, seq_no: int, watermark: int, outcome: WriteOutcome) -> None:
-        per_client = self._outcomes.get(client)
-        if per_client is None:
-            per_client = self._outcomes[client] = {}
-            self._kept_seqs[client] = []
-        per_client[seq_no] = outcome
-        kept = self._kept_seqs[client]
-        heapq.heappush(kept, seq_no)
-        # Trimmed from the lowest kept seq no up, below the watermark the request index
-        # reported (it forgot the same ids): a scan of every kept outcome per write was
-        # quadratic while one old request of a busy client stayed incomplete.
-        while kept and kept[0] < watermark:
-            per_client.pop(heapq.heappop(kept), None)

@@ -52,7 +52,7 @@ from nyala.errors import (
 )
 from nyala.schema import Schema
 from nyala.storage import FLUSH_THRESHOLD_BYTES, Predicate, StorageEngine
-from nyala.tablet.applier import Applier, WriteOutcome
+from nyala.tablet.applier import ADMIT_DUPLICATE, ADMIT_STALE, Applier, WriteOutcome
 from nyala.tablet.superblock import (
     DataState,
     Superblock,
@@ -546,10 +546,12 @@ class TabletReplica:
         applied before a schema change is answered as applied, not refused as mismatched
         (the client would take a refusal as "not applied")."""
         if request_id is not None:
-            earlier = applier.outcome_of(request_id)
-            if earlier is not None:
-                return earlier
-            if applier.is_stale(request_id):
+            admission = applier.admit(request_id)
+            if admission == ADMIT_DUPLICATE:
+                earlier = applier.outcome_of(request_id)
+                if earlier is not None:  # unless a later request's watermark just forgot it
+                    return earlier
+            elif admission == ADMIT_STALE:
                 raise AbortedError(
                     f"request {request_id.seq_no} of client {request_id.client_id} was declared "
                     "complete by the client; its outcome is no longer kept"

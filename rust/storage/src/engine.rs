@@ -15,7 +15,7 @@ use std::sync::{Arc, Weak};
 
 use arrow::array::RecordBatch;
 use nyala_common::OpIndex;
-use parking_lot::{Condvar, Mutex, RwLock};
+use parking_lot::{Condvar, Mutex, MutexGuard, RwLock};
 
 use crate::diskrowset::{self, DiskRowSet, RowSetRef, RowSetWriter, READ_BATCH_ROWS};
 use crate::error::{Result, StorageError};
@@ -24,6 +24,7 @@ use crate::key::encode_keys;
 use crate::manifest::{self, Manifest, RowSetEntry};
 use crate::memrowset::{MemRowSet, Presence};
 use crate::ops::{OpBatch, RowStatus};
+use crate::requests::RequestIndex;
 use crate::scan::{merge_versions, ScanCursor, ScanPlan, ScanResult, ScanSpec, Source};
 use crate::schema::Schema;
 
@@ -146,6 +147,8 @@ struct Frozen {
     mem: Arc<MemRowSet>,
     /// Every op with index <= this is in `mem` or older rowsets.
     flush_index: OpIndex,
+    /// The request index's image at `flush_index` (taken when frozen, with the index locked).
+    request_outcomes: Arc<[u8]>,
 }
 
 struct State {
@@ -163,6 +166,8 @@ struct State {
     /// Compaction may have dropped versions older than this (the highest ancient history
     /// mark it collected at): snapshot reads below it are refused. Persisted in the manifest.
     history_gc_mark: u64,
+    /// The request index's image at `last_flushed_index`, as the manifest holds it.
+    flushed_request_outcomes: Arc<[u8]>,
 }
 
 impl State {
@@ -173,6 +178,7 @@ impl State {
             history_gc_mark: self.history_gc_mark,
             schema: (*self.schema).clone(),
             rowsets: self.disk.iter().map(|r| entry_of(r)).collect(),
+            request_outcomes: self.flushed_request_outcomes.clone(),
         }
     }
 }
@@ -221,6 +227,10 @@ struct Shared {
     dir: PathBuf,
     options: EngineOptions,
     state: RwLock<State>,
+    /// The applied requests and their outcomes (exactly once). Lock order: `maintenance`,
+    /// then `requests`, then `state`. Invariant: whoever holds it sees every WRITE applied
+    /// to `state` recorded here (`apply_write_entries` applies and records under it).
+    requests: Mutex<RequestIndex>,
     maintenance: Mutex<()>,
     worker: Mutex<Worker>,
     /// Signalled when the flush job stops flushing.
@@ -273,15 +283,24 @@ impl Engine {
             history_gc_mark: 0,
             schema,
             rowsets: Vec::new(),
+            request_outcomes: Arc::from(RequestIndex::new().encode()),
         }
         .write(dir)?;
         Engine::open(dir, options)
     }
 
     /// Opens the engine in `dir` from its manifest, deleting files no manifest names
-    /// (leftovers of a crash during flush or compaction).
+    /// (leftovers of a crash during flush or compaction). The request index is the one
+    /// persisted with `last_flushed_index`.
     pub fn open(dir: &Path, options: EngineOptions) -> Result<Engine> {
         let manifest = Manifest::read(dir)?;
+        let requests = RequestIndex::decode(&manifest.request_outcomes).map_err(|e| match e {
+            StorageError::Corruption(why) => StorageError::corruption(format!(
+                "{}: {why}",
+                manifest::manifest_path(dir).display()
+            )),
+            other => other,
+        })?;
         let key_count = manifest.schema.key_count();
         let mut disk = Vec::with_capacity(manifest.rowsets.len());
         for entry in &manifest.rowsets {
@@ -307,11 +326,13 @@ impl Engine {
             next_rowset_id: manifest.next_rowset_id,
             last_timestamp,
             history_gc_mark: manifest.history_gc_mark,
+            flushed_request_outcomes: manifest.request_outcomes,
         };
         let shared = Arc::new(Shared {
             dir: dir.to_path_buf(),
             options,
             state: RwLock::new(state),
+            requests: Mutex::new(requests),
             maintenance: Mutex::new(()),
             worker: Mutex::new(Worker::default()),
             worker_idle: Condvar::new(),
@@ -336,6 +357,12 @@ impl Engine {
     /// Every op with index <= this is durable in rowsets; WAL replay starts after it.
     pub fn last_flushed_index(&self) -> OpIndex {
         self.shared.state.read().last_flushed_index
+    }
+
+    /// The applied requests and their first outcomes, locked: while the guard lives no
+    /// WRITE entry is applied (`apply_write_entries` holds it) and no flush freezes.
+    pub fn requests(&self) -> MutexGuard<'_, RequestIndex> {
+        self.shared.requests.lock()
     }
 
     /// The highest op index applied.
@@ -430,6 +457,19 @@ impl Engine {
         op_index: OpIndex,
         timestamp: u64,
     ) -> Result<ApplyResult> {
+        let result = self.apply_unfrozen(batch, op_index, timestamp)?;
+        self.freeze_if_full(&self.requests());
+        Ok(result)
+    }
+
+    /// `apply_at` without freezing a full MemRowSet: the caller (holding the request index,
+    /// `requests`) records the op's request first and then calls `freeze_if_full`.
+    pub(crate) fn apply_unfrozen(
+        &self,
+        batch: &OpBatch,
+        op_index: OpIndex,
+        timestamp: u64,
+    ) -> Result<ApplyResult> {
         let mut st = self.shared.state.write();
         if batch.schema_version != st.schema.version() {
             return Err(StorageError::invalid(format!(
@@ -462,15 +502,22 @@ impl Engine {
         })?;
         st.last_applied_index = op_index;
         st.last_timestamp = timestamp;
-        if self.shared.options.background_flush
-            && st.frozen.is_none()
-            && st.active.bytes() >= self.shared.options.flush_threshold_bytes
-        {
-            freeze(&mut st);
+        Ok(ApplyResult { statuses })
+    }
+
+    /// Freezes the MemRowSet for a background flush once it holds `flush_threshold_bytes`;
+    /// `requests` is the engine's request index, locked by the caller (`requests`), whose
+    /// image the flush persists with the frozen ops.
+    pub(crate) fn freeze_if_full(&self, requests: &RequestIndex) {
+        if !self.shared.options.background_flush {
+            return;
+        }
+        let mut st = self.shared.state.write();
+        if st.frozen.is_none() && st.active.bytes() >= self.shared.options.flush_threshold_bytes {
+            freeze(&mut st, requests);
             drop(st);
             request_background_flush(&self.shared);
         }
-        Ok(ApplyResult { statuses })
     }
 
     /// Flushes everything applied so far into a new DiskRowSet and persists the new rowset set
@@ -479,7 +526,10 @@ impl Engine {
     pub fn flush(&self) -> Result<Option<u64>> {
         let _maintenance = self.shared.maintenance.lock();
         self.shared.flush_frozen_locked()?;
-        freeze(&mut self.shared.state.write());
+        {
+            let requests = self.requests();
+            freeze(&mut self.shared.state.write(), &requests);
+        }
         self.shared.flush_frozen_locked()
     }
 
@@ -535,6 +585,7 @@ impl Engine {
     pub fn alter_schema(&self, next: Schema, op_index: OpIndex) -> Result<()> {
         let _maintenance = self.shared.maintenance.lock();
         self.shared.flush_frozen_locked()?;
+        let requests = self.requests();
         let mut st = self.shared.state.write();
         st.schema.check_successor(&next)?;
         if op_index <= st.last_applied_index {
@@ -543,7 +594,7 @@ impl Engine {
                 st.last_applied_index
             )));
         }
-        freeze(&mut st);
+        freeze(&mut st, &requests);
         if let Some(frozen) = st.frozen.take() {
             let id = st.next_rowset_id;
             st.next_rowset_id += 1;
@@ -559,13 +610,16 @@ impl Engine {
                 }
             }
         }
+        let outcomes: Arc<[u8]> = Arc::from(requests.encode());
         let mut manifest = st.manifest();
         manifest.schema = next.clone();
         manifest.last_flushed_index = op_index;
+        manifest.request_outcomes = outcomes.clone();
         manifest.write(&self.shared.dir)?;
         st.schema = Arc::new(next);
         st.last_applied_index = op_index;
         st.last_flushed_index = op_index;
+        st.flushed_request_outcomes = outcomes;
         Ok(())
     }
 
@@ -659,8 +713,9 @@ impl Drop for FlushRunning<'_> {
 
 /// Moves the active MemRowSet behind an `Arc` for flushing (a no-op while another is frozen).
 /// An empty one is frozen too when ops were applied since the last flush, so the flush can
-/// advance `last_flushed_index`.
-fn freeze(st: &mut State) {
+/// advance `last_flushed_index`. `requests` is the engine's request index, locked by the
+/// caller: its image now describes exactly the ops frozen.
+fn freeze(st: &mut State, requests: &RequestIndex) {
     if st.frozen.is_some() {
         return;
     }
@@ -673,6 +728,7 @@ fn freeze(st: &mut State) {
     st.frozen = Some(Frozen {
         mem: Arc::new(mem),
         flush_index,
+        request_outcomes: Arc::from(requests.encode()),
     });
 }
 
@@ -707,7 +763,7 @@ impl Shared {
     /// Writes the frozen MemRowSet (if any) and installs it. Caller holds `maintenance`.
     fn flush_frozen_locked(&self) -> Result<Option<u64>> {
         let started = std::time::Instant::now();
-        let (mem, flush_index, schema, no_older, id) = {
+        let (mem, flush_index, outcomes, schema, no_older, id) = {
             let mut st = self.state.write();
             let Some(frozen) = &st.frozen else {
                 return Ok(None);
@@ -715,6 +771,7 @@ impl Shared {
             let taken = (
                 frozen.mem.clone(),
                 frozen.flush_index,
+                frozen.request_outcomes.clone(),
                 st.schema.clone(),
                 st.disk.is_empty(),
                 st.next_rowset_id,
@@ -728,6 +785,7 @@ impl Shared {
             let mut manifest = st.manifest();
             manifest.rowsets.extend(rowset.iter().map(|r| entry_of(r)));
             manifest.last_flushed_index = flush_index;
+            manifest.request_outcomes = outcomes.clone();
             manifest
         };
         manifest.write(&self.dir)?;
@@ -736,6 +794,7 @@ impl Shared {
         st.disk.extend(rowset);
         st.frozen = None;
         st.last_flushed_index = flush_index;
+        st.flushed_request_outcomes = outcomes;
         if new_id.is_some() {
             // Under the state lock: `stats` sees the rowset and its count together.
             let c = &self.counters;

@@ -18,6 +18,7 @@ pub mod memrowset;
 pub mod ops;
 pub mod partition;
 pub mod predicate;
+pub mod requests;
 pub mod scan;
 pub mod schema;
 pub mod write_entry;
@@ -36,9 +37,10 @@ pub use ops::{
     CELL_BYTES_MAX, OP_COLUMN, ROW_BYTES_MAX,
 };
 pub use predicate::{Predicate, PredicateOp};
+pub use requests::{Admission, RequestIndex, RequestOutcome, RequestResult};
 pub use scan::{ScanCursor, ScanResult, ScanSpec};
 pub use schema::{ColumnSchema, DataType, Schema, Value};
 pub use write_entry::{
-    apply_write_entries, apply_write_entry, decode_write_entry, Admission, AppliedEntries,
-    RequestId, RequestIndex, WriteEffect, WriteEntryHeader, WriteKind, WriteOutcome,
+    apply_write_entries, decode_write_entry, AppliedEntries, RequestId, WriteEffect,
+    WriteEntryHeader, WriteKind, WriteOutcome,
 };

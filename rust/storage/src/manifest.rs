@@ -9,6 +9,7 @@
 use std::fs::File;
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use nyala_common::OpIndex;
 
@@ -22,11 +23,13 @@ const CONTAINER_VERSION: u16 = 1;
 /// `MetaKind.ROWSET_MANIFEST` in metafile.py.
 const KIND_ROWSET_MANIFEST: u16 = 5;
 const HEADER_BYTES: usize = 24;
-/// Version 2 adds `history_gc_mark`; version 1 (without it) is still read, as mark 0.
-const PAYLOAD_VERSION: u16 = 2;
+/// Version 3 adds `request_outcomes`; version 2 (without them, read as none) adds
+/// `history_gc_mark`; version 1 (without it) is still read, as mark 0.
+const PAYLOAD_VERSION: u16 = 3;
+const PAYLOAD_VERSION_NO_OUTCOMES: u16 = 2;
 const PAYLOAD_VERSION_NO_GC_MARK: u16 = 1;
 /// Largest payload accepted, in bytes (metadata is small; a bigger length is damage).
-const PAYLOAD_BYTES_MAX: u64 = 64 * 1024 * 1024;
+pub const PAYLOAD_BYTES_MAX: u64 = 64 * 1024 * 1024;
 
 /// One live rowset as the manifest records it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -48,6 +51,10 @@ pub struct Manifest {
     pub schema: Schema,
     /// Oldest first: a later rowset's version of a key shadows an earlier one's.
     pub rowsets: Vec<RowSetEntry>,
+    /// The image (`RequestIndex::encode`) of the request index as it was when every op
+    /// <= `last_flushed_index` had been applied, and no later one: exactly-once across
+    /// restarts. Empty for none.
+    pub request_outcomes: Arc<[u8]>,
 }
 
 /// The manifest path in `dir`.
@@ -70,24 +77,22 @@ impl Manifest {
             put_u64(&mut out, rowset.rows);
             put_u64(&mut out, rowset.tombstones);
         }
+        put_bytes(&mut out, &self.request_outcomes);
         out
     }
 
     /// Parses a payload; anything malformed is `Corruption`.
     pub fn decode(payload: &[u8]) -> Result<Manifest> {
-        let mut r = Reader {
-            data: payload,
-            at: 0,
-        };
+        let mut r = Reader::new(payload, "rowset manifest");
         let version = r.u16()?;
-        if version != PAYLOAD_VERSION && version != PAYLOAD_VERSION_NO_GC_MARK {
+        if !(PAYLOAD_VERSION_NO_GC_MARK..=PAYLOAD_VERSION).contains(&version) {
             return Err(StorageError::NotSupported(format!(
                 "rowset manifest payload version {version}"
             )));
         }
         let last_flushed_index = r.u64()?;
         let next_rowset_id = r.u64()?;
-        let history_gc_mark = if version == PAYLOAD_VERSION {
+        let history_gc_mark = if version >= PAYLOAD_VERSION_NO_OUTCOMES {
             r.u64()?
         } else {
             0
@@ -108,6 +113,11 @@ impl Manifest {
             }
             rowsets.push(entry);
         }
+        let request_outcomes: Arc<[u8]> = if version == PAYLOAD_VERSION {
+            Arc::from(r.bytes()?)
+        } else {
+            Arc::from(&[][..])
+        };
         if r.at != payload.len() {
             return Err(StorageError::corruption(
                 "trailing bytes in rowset manifest",
@@ -119,14 +129,26 @@ impl Manifest {
             history_gc_mark,
             schema,
             rowsets,
+            request_outcomes,
         })
     }
 
-    /// Replaces the manifest in `dir` atomically.
+    /// Replaces the manifest in `dir` atomically. A payload over `PAYLOAD_BYTES_MAX` is
+    /// refused here (`IllegalState`), as the reader would refuse it.
     pub fn write(&self, dir: &Path) -> Result<()> {
         let path = manifest_path(dir);
         let temp = dir.join(format!(".{MANIFEST_FILE}.tmp"));
-        let image = container(&self.encode());
+        let payload = self.encode();
+        if payload.len() as u64 > PAYLOAD_BYTES_MAX {
+            return Err(StorageError::IllegalState(format!(
+                "{}: rowset manifest of {} bytes is over {PAYLOAD_BYTES_MAX} bytes \
+                 ({} bytes of request outcomes)",
+                path.display(),
+                payload.len(),
+                self.request_outcomes.len()
+            )));
+        }
+        let image = container(&payload);
         let mut file = File::create(&temp).map_err(|e| StorageError::io(&temp, e))?;
         file.write_all(&image)
             .map_err(|e| StorageError::io(&temp, e))?;
@@ -176,6 +198,7 @@ fn open_container(image: &[u8]) -> std::result::Result<&[u8], String> {
     let mut r = Reader {
         data: &image[..HEADER_BYTES],
         at: 4,
+        what: "rowset manifest header",
     };
     if &image[..4] != MAGIC {
         return Err("bad magic".into());
@@ -311,35 +334,46 @@ fn put_bytes(out: &mut Vec<u8>, v: &[u8]) {
     out.extend_from_slice(v);
 }
 
-struct Reader<'a> {
-    data: &'a [u8],
-    at: usize,
+/// Reads the little-endian fields of a metadata payload; running past its end is
+/// `Corruption` naming `what`.
+pub(crate) struct Reader<'a> {
+    pub(crate) data: &'a [u8],
+    pub(crate) at: usize,
+    pub(crate) what: &'static str,
 }
 
 impl<'a> Reader<'a> {
-    fn take(&mut self, n: usize) -> Result<&'a [u8]> {
+    pub(crate) fn new(data: &'a [u8], what: &'static str) -> Self {
+        Reader { data, at: 0, what }
+    }
+
+    pub(crate) fn remaining(&self) -> usize {
+        self.data.len() - self.at
+    }
+
+    pub(crate) fn take(&mut self, n: usize) -> Result<&'a [u8]> {
         let end = self
             .at
             .checked_add(n)
             .filter(|end| *end <= self.data.len())
-            .ok_or_else(|| StorageError::corruption("rowset manifest is truncated"))?;
+            .ok_or_else(|| StorageError::corruption(format!("{} is truncated", self.what)))?;
         let slice = &self.data[self.at..end];
         self.at = end;
         Ok(slice)
     }
-    fn u8(&mut self) -> Result<u8> {
+    pub(crate) fn u8(&mut self) -> Result<u8> {
         Ok(self.take(1)?[0])
     }
-    fn u16(&mut self) -> Result<u16> {
+    pub(crate) fn u16(&mut self) -> Result<u16> {
         Ok(u16::from_le_bytes(self.take(2)?.try_into().expect("2")))
     }
-    fn u32(&mut self) -> Result<u32> {
+    pub(crate) fn u32(&mut self) -> Result<u32> {
         Ok(u32::from_le_bytes(self.take(4)?.try_into().expect("4")))
     }
-    fn u64(&mut self) -> Result<u64> {
+    pub(crate) fn u64(&mut self) -> Result<u64> {
         Ok(u64::from_le_bytes(self.take(8)?.try_into().expect("8")))
     }
-    fn bytes(&mut self) -> Result<&'a [u8]> {
+    pub(crate) fn bytes(&mut self) -> Result<&'a [u8]> {
         let n = self.u32()? as usize;
         self.take(n)
     }
@@ -377,6 +411,7 @@ mod tests {
                 rows: 10,
                 tombstones: 1,
             }],
+            request_outcomes: Arc::from(&b"outcomes"[..]),
         };
         let dir = tempfile::tempdir().unwrap();
         manifest.write(dir.path()).unwrap();
@@ -385,9 +420,26 @@ mod tests {
         let mut v1 = manifest.encode();
         v1[0..2].copy_from_slice(&1u16.to_le_bytes());
         v1.drain(18..26);
+        v1.truncate(v1.len() - 4 - manifest.request_outcomes.len());
         let old = Manifest::decode(&v1).unwrap();
         assert_eq!(old.history_gc_mark, 0);
         assert_eq!(old.rowsets, manifest.rowsets);
+        assert!(old.request_outcomes.is_empty());
+        // A version 2 payload (before request outcomes) reads with none.
+        let mut v2 = manifest.encode();
+        v2[0..2].copy_from_slice(&2u16.to_le_bytes());
+        v2.truncate(v2.len() - 4 - manifest.request_outcomes.len());
+        let old = Manifest::decode(&v2).unwrap();
+        assert_eq!(old.history_gc_mark, manifest.history_gc_mark);
+        assert!(old.request_outcomes.is_empty());
+        // Request outcomes longer than the rest of the payload are damage.
+        let mut overrun = manifest.encode();
+        let at = overrun.len() - 4 - manifest.request_outcomes.len();
+        overrun[at..at + 4].copy_from_slice(&1000u32.to_le_bytes());
+        assert!(matches!(
+            Manifest::decode(&overrun),
+            Err(StorageError::Corruption(_))
+        ));
         let path = manifest_path(dir.path());
         let mut image = std::fs::read(&path).unwrap();
         let last = image.len() - 1;

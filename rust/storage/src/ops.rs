@@ -95,6 +95,21 @@ pub enum RowStatus {
     OutOfRange = 5,
 }
 
+impl RowStatus {
+    /// The status whose code (`as u8`) is `code`, if there is one.
+    pub fn from_code(code: u8) -> Option<RowStatus> {
+        Some(match code {
+            0 => RowStatus::Ok,
+            1 => RowStatus::AlreadyPresent,
+            2 => RowStatus::NotFound,
+            3 => RowStatus::NullInNotNull,
+            4 => RowStatus::TooLarge,
+            5 => RowStatus::OutOfRange,
+            _ => return None,
+        })
+    }
+}
+
 /// A row of an op batch that breaks a rule of the schema (`check_rows`): it is refused on its
 /// own with `status`, and every other row of the batch is applied.
 #[derive(Clone, Debug, PartialEq, Eq)]

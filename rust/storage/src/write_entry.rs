@@ -1,13 +1,11 @@
 //! Applying committed WRITE log entries (docs/tablet-write-entry.md): the payload format's
-//! reader, the replica's index of applied request ids, and the step that turns one entry
-//! into storage changes and per-row statuses.
+//! reader and the step that turns one entry into storage changes and per-row statuses,
+//! consulting and updating the engine's index of applied requests (`crate::requests`).
 //!
 //! The log side (which entries are committed, where their bytes are) is the caller's; this
 //! module sees one WRITE payload at a time as an Arrow buffer, so the op batch the MemRowSet
 //! keeps can be the log's own bytes. The encoder is `nyala.tablet.write_entry` (the leader
 //! builds entries in Python; every replica reads them here).
-
-use std::collections::{BTreeSet, HashMap};
 
 use arrow::buffer::Buffer;
 use nyala_common::OpIndex;
@@ -15,6 +13,7 @@ use nyala_common::OpIndex;
 use crate::engine::Engine;
 use crate::error::{Result, StorageError};
 use crate::ops::RowStatus;
+use crate::requests::{Admission, RequestIndex, RequestOutcome, RequestResult};
 
 /// First bytes of every WRITE payload.
 pub const WRITE_ENTRY_MAGIC: [u8; 4] = *b"NYWR";
@@ -158,83 +157,6 @@ pub fn decode_write_entry(payload: &[u8]) -> Result<WriteEntryHeader> {
     })
 }
 
-/// Whether a request may be applied (`RequestIndex::admit`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Admission {
-    /// Not applied before: apply it.
-    New,
-    /// Already applied: its first outcome is the answer.
-    Duplicate,
-    /// Below the client's first incomplete sequence number and no longer remembered: the
-    /// client declared it complete, so it must not be applied again.
-    Stale,
-}
-
-#[derive(Default)]
-struct ClientRequests {
-    /// The highest first-incomplete sequence number the client sent.
-    watermark: i64,
-    /// Applied sequence numbers at or above `watermark`.
-    applied: BTreeSet<i64>,
-}
-
-/// The request ids a replica has applied, per client, from each client's first incomplete
-/// sequence number up (what exactly-once needs, DESIGN.md §4). Every replica builds the same
-/// index from the same log. The outcomes themselves are the caller's (the tablet's applier
-/// keeps them with the same trimming, driven by `watermark`).
-#[derive(Default)]
-pub struct RequestIndex {
-    clients: HashMap<String, ClientRequests>,
-}
-
-impl RequestIndex {
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    /// Whether `request` may be applied.
-    pub fn admit(&self, request: &RequestId) -> Admission {
-        self.admit_seq(&request.client_id, request.seq_no)
-    }
-
-    /// `admit` by client id and sequence number.
-    pub fn admit_seq(&self, client_id: &str, seq_no: i64) -> Admission {
-        match self.clients.get(client_id) {
-            None => Admission::New,
-            Some(c) if c.applied.contains(&seq_no) => Admission::Duplicate,
-            Some(c) if seq_no < c.watermark => Admission::Stale,
-            Some(_) => Admission::New,
-        }
-    }
-
-    /// Records `request` as applied and forgets the client's requests below its first
-    /// incomplete sequence number; returns that watermark.
-    pub fn record(&mut self, request: &RequestId) -> i64 {
-        let client = self
-            .clients
-            .entry(request.client_id.clone())
-            .or_insert_with(|| ClientRequests {
-                watermark: i64::MIN,
-                applied: BTreeSet::new(),
-            });
-        client.applied.insert(request.seq_no);
-        if request.first_incomplete_seq_no > client.watermark {
-            client.watermark = request.first_incomplete_seq_no;
-            client.applied = client.applied.split_off(&client.watermark);
-        }
-        client.watermark
-    }
-
-    /// Number of remembered request ids (all clients).
-    pub fn len(&self) -> usize {
-        self.clients.values().map(|c| c.applied.len()).sum()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-}
-
 /// What applying one WRITE entry did.
 #[derive(Debug, PartialEq, Eq)]
 pub enum WriteEffect {
@@ -266,10 +188,12 @@ pub struct WriteOutcome {
 
 /// Applies the WRITE entry whose payload is `payload` as op `index`: parses it, skips a
 /// duplicate or stale request, decodes the op batch in place (the MemRowSet keeps
-/// `payload`'s bytes where they are aligned) and applies it. A schema change is returned
-/// unapplied (`WriteEffect::AlterSchema`). Errors other than a malformed op batch (which is
-/// a `Refused` outcome) stop the replica: they mean damage or a broken invariant.
-pub fn apply_write_entry(
+/// `payload`'s bytes where they are aligned) and applies it, recording its request id and
+/// outcome in `requests` (the engine's own index, locked by the caller: see
+/// `apply_write_entries`). A schema change is returned unapplied (`WriteEffect::AlterSchema`).
+/// Errors other than a malformed op batch (which is a `Refused` outcome) stop the replica:
+/// they mean damage or a broken invariant.
+fn apply_write_entry(
     engine: &Engine,
     requests: &mut RequestIndex,
     index: OpIndex,
@@ -297,13 +221,28 @@ pub fn apply_write_entry(
     let ops = payload.slice(header.ops_offset);
     let effect = match engine
         .decode(ops)
-        .and_then(|batch| engine.apply_at(&batch, index, header.timestamp))
+        .and_then(|batch| engine.apply_unfrozen(&batch, index, header.timestamp))
     {
         Ok(result) => WriteEffect::Applied(result.statuses),
         Err(StorageError::InvalidArgument(message)) => WriteEffect::Refused(message),
         Err(other) => return Err(other),
     };
-    let watermark = header.request_id.as_ref().map(|r| requests.record(r));
+    let watermark = header.request_id.as_ref().map(|r| {
+        let result = match &effect {
+            WriteEffect::Applied(statuses) => RequestResult::from_statuses(statuses),
+            WriteEffect::Refused(message) => RequestResult::Refused(message.clone()),
+            _ => unreachable!("only applied and refused batches get here"),
+        };
+        let first = RequestOutcome {
+            index,
+            timestamp: header.timestamp,
+            result,
+        };
+        requests.record(r, first)
+    });
+    // Frozen (if the MemRowSet is full) only now that the request is recorded: the image of
+    // the request index a flush persists describes exactly the ops it flushes.
+    engine.freeze_if_full(requests);
     Ok(outcome(effect, watermark))
 }
 
@@ -315,17 +254,20 @@ pub struct AppliedEntries {
     pub schema_change: Option<(OpIndex, u32, Buffer)>,
 }
 
-/// Applies WRITE entries `(op index, payload)` in order (`apply_write_entry`) until the first
-/// schema change, which is returned unapplied with the entries after it left alone: the
-/// caller applies it (storage and tablet metadata) and goes on after its index.
+/// Applies WRITE entries `(op index, payload)` in order until the first schema change, which
+/// is returned unapplied with the entries after it left alone: the caller applies it
+/// (storage and tablet metadata) and goes on after its index. The engine's request index
+/// (`Engine::requests`) decides which requests are new and records them with their
+/// outcomes; it stays locked meanwhile, so a flush never sees an op applied and its request
+/// not yet recorded.
 pub fn apply_write_entries(
     engine: &Engine,
-    requests: &mut RequestIndex,
     entries: impl IntoIterator<Item = (OpIndex, Buffer)>,
 ) -> Result<AppliedEntries> {
     let mut applied = AppliedEntries::default();
+    let mut requests = engine.requests();
     for (index, payload) in entries {
-        let outcome = apply_write_entry(engine, requests, index, payload.clone())?;
+        let outcome = apply_write_entry(engine, &mut requests, index, payload.clone())?;
         if outcome.effect == WriteEffect::AlterSchema {
             let doc = payload.slice(outcome.header.ops_offset);
             applied.schema_change = Some((index, outcome.header.schema_version, doc));
@@ -430,25 +372,5 @@ mod tests {
         // A version 3 header cut inside its timestamp.
         let cut = decode_write_entry(&good[..30]).unwrap_err();
         assert!(matches!(cut, StorageError::Corruption(_)), "{cut}");
-    }
-
-    #[test]
-    fn request_index_dedupes_and_trims_below_the_watermark() {
-        let mut index = RequestIndex::new();
-        let req = |seq, first| RequestId {
-            client_id: "c".into(),
-            seq_no: seq,
-            first_incomplete_seq_no: first,
-        };
-        assert_eq!(index.admit(&req(0, 0)), Admission::New);
-        assert_eq!(index.record(&req(0, 0)), 0);
-        assert_eq!(index.record(&req(1, 0)), 0);
-        assert_eq!(index.admit(&req(0, 0)), Admission::Duplicate);
-        assert_eq!(index.record(&req(2, 1)), 1);
-        // Seq 0 is below the watermark and forgotten: a retry of it is stale.
-        assert_eq!(index.admit(&req(0, 0)), Admission::Stale);
-        assert_eq!(index.admit(&req(1, 0)), Admission::Duplicate);
-        assert_eq!(index.len(), 2);
-        assert_eq!(index.admit_seq("other", 0), Admission::New);
     }
 }

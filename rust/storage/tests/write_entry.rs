@@ -7,8 +7,8 @@ use arrow::buffer::Buffer;
 use common::{batch, ids, schema};
 use nyala_storage::write_entry::{WRITE_ENTRY_FORMAT_VERSION, WRITE_ENTRY_MAGIC};
 use nyala_storage::{
-    apply_write_entries, encode_ipc, Engine, EngineOptions, OpType::*, RequestIndex, RowStatus,
-    ScanSpec, WriteEffect,
+    apply_write_entries, encode_ipc, Engine, EngineOptions, OpType::*, RowStatus, ScanSpec,
+    WriteEffect,
 };
 
 /// A WRITE payload of today's version at timestamp 0: `kind`, request id (`client`, `seq`,
@@ -49,12 +49,11 @@ fn inserts(keys: &[i64]) -> Vec<u8> {
 fn entries_are_applied_at_their_timestamps() {
     let dir = tempfile::tempdir().unwrap();
     let engine = engine(dir.path());
-    let mut requests = RequestIndex::new();
     let entries = vec![
         (1, entry_at(0, "", -1, -1, 10, &inserts(&[1, 2]))),
         (2, entry_at(0, "", -1, -1, 20, &inserts(&[3]))),
     ];
-    apply_write_entries(&engine, &mut requests, entries).unwrap();
+    apply_write_entries(&engine, entries).unwrap();
     let at = |ts| {
         let spec = ScanSpec {
             snapshot_ts: Some(ts),
@@ -67,7 +66,7 @@ fn entries_are_applied_at_their_timestamps() {
     assert_eq!(at(20), vec![1, 2, 3]);
     // An entry whose timestamp goes back stops the replica: the log is wrong.
     let back = vec![(3, entry_at(0, "", -1, -1, 19, &inserts(&[4])))];
-    let err = apply_write_entries(&engine, &mut requests, back).unwrap_err();
+    let err = apply_write_entries(&engine, back).unwrap_err();
     assert!(err.to_string().contains("timestamp 19"), "{err}");
 }
 
@@ -75,7 +74,6 @@ fn entries_are_applied_at_their_timestamps() {
 fn entries_are_applied_once_in_order_until_a_schema_change() {
     let dir = tempfile::tempdir().unwrap();
     let engine = engine(dir.path());
-    let mut requests = RequestIndex::new();
     let entries = vec![
         (1, entry(0, "c", 1, 1, &inserts(&[1, 2]))),
         (2, entry(0, "c", 1, 1, &inserts(&[3]))), // the same request again
@@ -86,7 +84,7 @@ fn entries_are_applied_once_in_order_until_a_schema_change() {
         (7, entry(1, "", -1, -1, b"{\"schema\": 1}")),
         (8, entry(0, "c", 4, 3, &inserts(&[8]))), // after the schema change: not yet
     ];
-    let applied = apply_write_entries(&engine, &mut requests, entries).unwrap();
+    let applied = apply_write_entries(&engine, entries).unwrap();
     let effects: Vec<_> = applied
         .outcomes
         .iter()
@@ -113,4 +111,129 @@ fn entries_are_applied_once_in_order_until_a_schema_change() {
     assert_eq!(engine.last_applied_index(), 5);
     let rows = engine.scan(&ScanSpec::default()).unwrap().batches;
     assert_eq!(ids(&rows), [1, 2, 4, 5]);
+}
+
+/// Applies one WRITE entry inserting `keys` as op `index` at `ts` under request id
+/// (client, seq no, first incomplete seq no).
+fn apply_one(
+    engine: &Engine,
+    index: u64,
+    (client, seq, first): (&str, i64, i64),
+    ts: u64,
+    keys: &[i64],
+) {
+    let payload = entry_at(0, client, seq, first, ts, &inserts(keys));
+    apply_write_entries(engine, vec![(index, payload)]).unwrap();
+}
+
+fn reopen(dir: &std::path::Path, options: EngineOptions) -> Engine {
+    Engine::open(dir, options).unwrap()
+}
+
+#[test]
+fn request_outcomes_survive_a_flush_and_a_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let options = EngineOptions {
+        background_flush: false,
+        ..EngineOptions::default()
+    };
+    let engine = engine(dir.path());
+    let entries = vec![
+        (1, entry_at(0, "c", 1, 1, 10, &inserts(&[1, 2]))),
+        (2, entry_at(0, "c", 2, 1, 20, &inserts(&[2, 3]))),
+    ];
+    apply_write_entries(&engine, entries).unwrap();
+    engine.flush().unwrap();
+    // Applied after the flush: only the WAL holds it, and replay records it again.
+    apply_write_entries(
+        &engine,
+        vec![(3, entry_at(0, "c", 3, 1, 30, &inserts(&[4])))],
+    )
+    .unwrap();
+    drop(engine);
+    let engine = reopen(dir.path(), options.clone());
+    assert_eq!(engine.last_flushed_index(), 2);
+    {
+        let requests = engine.requests();
+        assert_eq!(requests.len(), 2, "seq 3 was applied after the flush");
+        let second = requests.outcome("c", 2).unwrap();
+        assert_eq!((second.index, second.timestamp), (2, 20));
+        let statuses = second.result.statuses().unwrap();
+        assert_eq!(statuses, [RowStatus::AlreadyPresent, RowStatus::Ok]);
+    }
+    // A retry of seq 1 after the restart is a duplicate, not a second insert.
+    let retry = vec![
+        (3, entry_at(0, "c", 3, 1, 30, &inserts(&[4]))),
+        (4, entry_at(0, "c", 1, 1, 40, &inserts(&[1, 2]))),
+    ];
+    let applied = apply_write_entries(&engine, retry).unwrap();
+    let effects: Vec<_> = applied.outcomes.iter().map(|o| &o.effect).collect();
+    assert_eq!(effects[0], &WriteEffect::Applied(vec![RowStatus::Ok]));
+    assert_eq!(effects[1], &WriteEffect::Duplicate);
+    // A later watermark forgets seq 1 and 2 across a flush and reopen: a retry is stale.
+    apply_one(&engine, 5, ("c", 4, 4), 50, &[5]);
+    engine.flush().unwrap();
+    drop(engine);
+    let engine = reopen(dir.path(), options);
+    assert_eq!(
+        engine.requests().admit_seq("c", 1),
+        nyala_storage::Admission::Stale
+    );
+    assert_eq!(engine.requests().len(), 1);
+}
+
+#[test]
+fn a_background_flush_persists_the_requests_of_exactly_the_ops_it_flushes() {
+    let dir = tempfile::tempdir().unwrap();
+    let options = EngineOptions {
+        flush_threshold_bytes: 1,
+        background_flush: true,
+        ..EngineOptions::default()
+    };
+    let engine = Engine::create(dir.path(), schema(), options.clone()).unwrap();
+    for seq in 1..=20i64 {
+        let index = seq as u64;
+        let payload = entry_at(0, "c", seq, 1, index, &inserts(&[seq]));
+        apply_write_entries(&engine, vec![(index, payload)]).unwrap();
+    }
+    // Wait for the last background flush to finish.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while engine.stats().frozen_rows > 0 && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    drop(engine);
+    let engine = reopen(dir.path(), options);
+    let flushed = engine.last_flushed_index();
+    assert!(flushed >= 1, "a flush ran");
+    let requests = engine.requests();
+    assert_eq!(
+        requests.len() as u64,
+        flushed,
+        "one request per flushed op, no more"
+    );
+    for seq in 1..=flushed as i64 {
+        assert_eq!(requests.outcome("c", seq).unwrap().index, seq as u64);
+    }
+    assert!(requests.outcome("c", flushed as i64 + 1).is_none());
+}
+
+#[test]
+fn a_damaged_request_outcomes_image_fails_the_open() {
+    use nyala_storage::manifest::Manifest;
+    let dir = tempfile::tempdir().unwrap();
+    let engine = engine(dir.path());
+    apply_one(&engine, 1, ("c", 1, 1), 10, &[1]);
+    engine.flush().unwrap();
+    drop(engine);
+    let mut manifest = Manifest::read(dir.path()).unwrap();
+    let mut image = manifest.request_outcomes.to_vec();
+    image.truncate(image.len() - 1);
+    manifest.request_outcomes = image.into();
+    manifest.write(dir.path()).unwrap();
+    let err = Engine::open(dir.path(), EngineOptions::default()).unwrap_err();
+    assert!(
+        matches!(err, nyala_storage::StorageError::Corruption(_)),
+        "{err}"
+    );
+    assert!(err.to_string().contains("request outcomes"), "{err}");
 }

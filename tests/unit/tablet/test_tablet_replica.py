@@ -351,3 +351,55 @@ async def _write_many_answers_each_request_on_its_own(tmp_path: Path) -> None:
         follower = next(r for r in replicas.values() if r is not leader)
         with pytest.raises(errors.NotLeaderError):
             await follower.write_many([(RequestId("m", 9, 1), 0, _ops([9]))])
+
+
+def test_a_retry_after_a_flush_and_restart_gets_its_first_outcome(tmp_path: Path) -> None:
+    asyncio.run(_a_retry_after_a_flush_and_restart(tmp_path))
+
+
+async def _a_retry_after_a_flush_and_restart(tmp_path: Path) -> None:
+    """The request outcomes are persisted with the flush: after every replica flushed and
+    restarted (nothing left to replay from the WAL), retries answer with their first
+    outcomes and are not applied again; a stale retry is still refused."""
+    requests = {
+        "stale": (RequestId("c", 0, 0), _ops([0])),
+        "insert": (RequestId("c", 1, 1), _ops([1])),
+        "upsert": (RequestId("c", 2, 1), _ops([2], "upsert")),
+        "mixed": (RequestId("c", 3, 1), _ops([1, 3])),  # key 1 is taken: ALREADY_PRESENT
+    }
+    async with _running(tmp_path, create=True) as replicas:
+        leader = await _leader(replicas)
+        first = {name: await leader.write(rid, 0, ops) for name, (rid, ops) in requests.items()}
+        assert first["insert"].result is not None
+        assert first["insert"].result.ok
+        assert first["mixed"].result is not None
+        assert first["mixed"].result.errors() == [(0, RowStatus.ALREADY_PRESENT)]
+        await _converged(replicas, [0, 1, 2, 3])
+        for replica in replicas.values():
+            assert replica.storage is not None
+            replica.storage.flush()
+            assert replica.storage.last_flushed_index >= first["mixed"].op_index
+    async with _running(tmp_path, create=False) as replicas:
+        for replica in replicas.values():  # every replica knows them, whichever leads
+            assert replica.applier is not None
+            for name in ("insert", "upsert", "mixed"):
+                assert replica.applier.outcome_of(requests[name][0]) == first[name]
+        leader = await _leader(replicas)
+        for name in ("insert", "upsert", "mixed"):
+            rid, ops = requests[name]
+            again = await leader.write(rid, 0, ops)
+            # Op index, statuses (the insert APPLIED, not ALREADY_PRESENT) and timestamp.
+            assert again == first[name], name
+        # Answered by its request id alone: rows a retry would add (key 4) stay out.
+        upsert_id = requests["upsert"][0]
+        assert await leader.write(upsert_id, 0, _ops([2, 4], "upsert")) == first["upsert"]
+        with pytest.raises(errors.AbortedError, match="declared complete"):
+            await leader.write(requests["stale"][0], 0, requests["stale"][1])
+        # The upsert's version is still the first one's.
+        assert leader.storage is not None
+        stamp = first["upsert"].timestamp
+        before = leader.storage.scan(["id"], snapshot_ts=stamp - 1).column("id").to_pylist()
+        assert 2 not in before
+        assert 2 in leader.storage.scan(["id"], snapshot_ts=stamp).column("id").to_pylist()
+        await leader.write(RequestId("c", 4, 4), 0, _ops([5]))  # a new request still applies
+        await _converged(replicas, [0, 1, 2, 3, 5])
