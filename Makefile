@@ -1,8 +1,10 @@
 # One command set for developers and CI (STYLE.md 17). `make help` lists the targets.
 #
 #   make setup   fresh machine -> .venv with dev tools and nyala built (release) in it
-#   make test    setup + every check CI runs (formatting, lints, types, Rust and Python tests)
-#   make py-test-slow  the slow and stress tests (crash proofs, sizes where things break)
+#   make test    every check CI runs (formatting, lints, types, Rust and Python tests), from a
+#                fresh machine; the Python tests run against the wheel it builds
+#   make py-test-slow  the slow and stress tests only (crash proofs; make test runs them too)
+#   make py-test-scale the scale tests (millions of rows, 500 tablets per server; not in make test)
 #   make demo    setup + the main job: a 3-tserver cluster, 1M rows, a leader SIGKILLed
 #   make bench   setup + every benchmark in benches/ with --quick
 #   make wheel   the abi3 manylinux_2_28 wheel and the sdist in dist/, audited (wheel tools only)
@@ -24,20 +26,31 @@ export PATH := $(VENV)/bin:$(PATH)
 export PYSPARK_PYTHON := $(PY)
 export SPARK_LOCAL_IP := 127.0.0.1
 
-PYTEST_DEFAULT := -m "not sim and not chaos and not stress and not slow"
+PYTEST_DEFAULT := -m "not sim and not chaos and not stress and not slow and not scale"
+# Two test processes (pytest-xdist), a test file each at a time (module fixtures stay shared):
+# the suite waits on real clusters about half of its time, so two of them share the two cores
+# (18 min -> 10 min on this machine). Each worker takes ports from its own range
+# (tests/conftest.py). PYTEST_WORKERS=0 runs them in this process.
+PYTEST_WORKERS ?= 2
+PYTEST_PAR := $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadfile)
 # tests/packaging installs the abi3 wheel into a fresh venv of .venv's CPython and of each one
 # named here: by default the newest CPython >= 3.12 that pyenv has on this machine (free-threaded
 # builds, which abi3 does not serve, left out), or none.
 PYENV_VERSIONS := $(or $(PYENV_ROOT),$(HOME)/.pyenv)/versions
 export NYALA_WHEEL_PYTHONS ?= $(lastword $(sort $(filter-out %t/bin/python3,\
 	$(wildcard $(PYENV_VERSIONS)/3.1[2-9]*/bin/python3))))
-# The crash proofs (copies killed midway, unsafe recovery, moves across a master failover, DDL
-# under forced master elections, the 5M-row scan, 500 quiesced tablets): kept out of `make test`
-# until their time in CI is measured; run them with `make py-test-slow`.
+# The crash proofs (copies killed midway, unsafe recovery, moves across a master failover,
+# coalesced writes through a leader kill, DDL under forced master elections): `slow` and
+# `stress`, run by `make test` with the rest; `make py-test-slow` runs only them.
 PYTEST_SLOW := -m "slow or stress"
+PYTEST_CI := -m "not sim and not chaos and not scale"
+# The sizes where things break (the 5M-row scan next to heartbeats, 10M rows streamed in, 500
+# quiesced tablets per server, a 1M-row load's metrics, a minute of the consistency checker):
+# each wants the machine to itself, so one at a time and not in `make test` (~10 min).
+PYTEST_SCALE := -m scale
 
-.PHONY: help setup build browser test lint rust-test py-test py-test-slow proto proto-check bench wheel \
-	demo clean
+.PHONY: help setup deps build browser test lint rust-test py-test py-test-wheel install-wheel \
+	py-test-slow py-test-scale proto proto-check bench wheel demo clean
 
 help:
 	@sed -n 's/^#   //p' Makefile
@@ -55,7 +68,9 @@ $(STAMPS)/deps: requirements-dev.txt $(STAMPS)/wheel-deps
 	$(PY) -m pip install -q -r requirements-dev.txt
 	@mkdir -p $(STAMPS) && touch $@
 
-setup: $(STAMPS)/deps build browser
+setup: deps build
+
+deps: $(STAMPS)/deps browser
 
 # The web UI's browser tests drive Debian's chromium (tests/integration/test_web_ui.py): installed
 # here when missing and running as root; otherwise those tests skip and say why.
@@ -101,13 +116,25 @@ rust-test:
 	cargo test --workspace --exclude nyala-pyext --quiet
 
 py-test: build
-	$(PY) -m pytest $(PYTEST_DEFAULT) -q --durations=15
+	$(PY) -m pytest $(PYTEST_PAR) $(PYTEST_DEFAULT) -q --durations=15
+
+# `make test` runs the Python tests against the wheel it built (the package users get), installed
+# into .venv in place of the editable build: one optimised compile of the Rust core per run
+# instead of two. `make build` (or `make setup`) puts the editable build back.
+install-wheel: $(STAMPS)/deps
+	$(PY) -m pip install -q --no-deps --force-reinstall dist/nyala-*.whl
+
+py-test-wheel:
+	$(PY) -m pytest $(PYTEST_PAR) $(PYTEST_CI) -q --durations=15
 
 py-test-slow: build
-	$(PY) -m pytest $(PYTEST_SLOW) -q --durations=15
+	$(PY) -m pytest $(PYTEST_PAR) $(PYTEST_SLOW) -q --durations=15
+
+py-test-scale: build
+	$(PY) -m pytest $(PYTEST_SCALE) -q --durations=15
 
 # Each step in turn, its time printed at the end (also when one fails): CI has 30 minutes.
-TEST_STEPS := setup lint rust-test wheel py-test
+TEST_STEPS := deps wheel install-wheel lint rust-test py-test-wheel
 test:
 	@times=""; for step in $(TEST_STEPS); do start=$$(date +%s); \
 		if ! $(MAKE) --no-print-directory $$step; then \

@@ -1,7 +1,7 @@
 """Arrow streams in and out (issue 30, item 4), on a real cluster: pyarrow, DuckDB and polars
 read a ``Scanner`` streaming; writes take polars DataFrames, DuckDB relations, objects that
 export only ``__arrow_c_array__``, and RecordBatchReaders, which they stream in chunks (per-row
-outcomes by stream position; 10M rows in bounded client memory with ``-m slow``)."""
+outcomes by stream position; 10M rows in bounded client memory with ``-m scale``)."""
 
 from __future__ import annotations
 
@@ -112,7 +112,7 @@ def test_a_streamed_write_reports_rows_by_stream_position(table: nyala.Table) ->
     assert table.count(where=[("id", ">=", start)]) == rows
 
 
-@pytest.mark.slow
+@pytest.mark.scale
 def test_ten_million_rows_stream_in_bounded_client_memory(table: nyala.Table) -> None:
     import resource
 

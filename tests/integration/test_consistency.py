@@ -7,7 +7,7 @@ Every acknowledged write is recorded with its timestamp in a ``VersionModel``. T
 scans at many timestamps, on leaders and on followers, must return exactly the model's rows
 at that timestamp; the same scans repeated later return identical tables; diff scans equal
 the difference of two snapshots; and each writer's read-your-writes scans, during the run,
-saw its own last write. The default suite runs it for a few seconds; ``-m slow`` longer.
+saw its own last write. The default suite runs it for a few seconds; ``-m scale`` longer.
 """
 
 from __future__ import annotations
@@ -275,7 +275,7 @@ def test_snapshot_reads_under_writes_flushes_and_failures(
     _run_checker(cluster, client, "checker", seconds=9.0)
 
 
-@pytest.mark.slow
+@pytest.mark.scale
 def test_snapshot_reads_under_writes_flushes_and_failures_long(
     cluster: MiniCluster, client: nyala.Client
 ) -> None:

@@ -3,7 +3,7 @@ election timeouts, no acknowledged write is lost, and its restart causes no elec
 
 Real processes: one master, three tablet servers, replication factor 3, default Raft timing
 (500 ms heartbeats, 1.5 s election timeout) so that quiescence and its server heartbeats run as
-in production. The default suite runs 60 tablets; ``-m slow`` runs 500 (issue "Thousands of
+in production. The default suite runs 60 tablets; ``-m scale`` runs 500 (issue "Thousands of
 tablet replicas per server").
 """
 
@@ -150,7 +150,7 @@ def test_sixty_quiesced_tablets_fail_over_and_restart_quietly() -> None:
     _run(60, slack_s=1.0)
 
 
-@pytest.mark.slow
+@pytest.mark.scale
 def test_five_hundred_quiesced_tablets_fail_over_and_restart_quietly() -> None:
     # Part of CI (`make test`), on a machine shared with other work: the bound checks that
     # failover does not degrade with the number of quiesced tablets; the target itself is a

@@ -72,7 +72,7 @@ def _until(check: Callable[[], bool], timeout_s: float) -> float:
 
 @pytest.mark.parametrize(
     "rows",
-    [pytest.param(100_000, id="100k"), pytest.param(1_000_000, id="1M", marks=pytest.mark.slow)],
+    [pytest.param(100_000, id="100k"), pytest.param(1_000_000, id="1M", marks=pytest.mark.scale)],
 )
 def test_metrics_and_statistics_reflect_a_load(rows: int) -> None:
     with LocalCluster(1, 3, master_flags=fast_master_flags(), tserver_flags=TSERVER_FLAGS) as lc:

@@ -5,7 +5,7 @@ complete in well under 100 ms.
 
 Heartbeats every 100 ms with a leader declared dead after 5 missed ones: a leader whose event
 loop stalls for half a second while it builds a scan result loses its followers. The default
-suite scans 1M rows; ``-m slow`` scans the 5M rows of the issue.
+suite scans 1M rows; ``-m scale`` scans the 5M rows of the issue.
 """
 
 from __future__ import annotations
@@ -122,6 +122,6 @@ def test_full_scan_keeps_heartbeats_and_writes_going() -> None:
     _scan_while_writing(1_000_000)
 
 
-@pytest.mark.slow
+@pytest.mark.scale
 def test_five_million_row_scan_keeps_heartbeats_and_writes_going() -> None:
     _scan_while_writing(5_000_000)
