@@ -227,8 +227,9 @@ class _Fetcher:
     ) -> int:
         attempts = self._options.chunk_attempts_max
         for attempt in range(1, attempts + 1):
-            chunk = await self._source.fetch(self._session_id, kind, file.name, offset, length)
             try:
+                # A malformed answer is a CorruptionError too: fetched again like a bad CRC.
+                chunk = await self._source.fetch(self._session_id, kind, file.name, offset, length)
                 return await self._io.run(_check_and_write, fd, chunk, file, offset)
             except CorruptionError as exc:
                 if attempt == attempts:
