@@ -15,9 +15,9 @@ Tablet Copy protocol"), then runs the copy as a task of the server's task group:
 * more than ``concurrency_max`` copies running: ``ThrottledError``.
 
 The job: a ``READY`` replica is tombstoned first; a session is opened on the source; the
-superblock is written ``COPYING`` (fsync); cmeta is merged (``copy_cmeta``); rowset files, then
-the rowset manifest, then WAL segments are downloaded in checked chunks (``copy_client``);
-the superblock is written ``READY`` (fsync) and the replica started. Any failure, and a
+superblock is written ``COPYING`` (fsync); cmeta is merged (``copy_cmeta``); rowset files and
+WAL segments are downloaded in checked chunks in one pass (``copy_client``), then the rowset
+manifest is written; the superblock is written ``READY`` (fsync) and the replica started. Any failure, and a
 cancellation, leaves the replica ``TOMBSTONED`` with its last-logged OpId, able to vote.
 
 A successful job ends its source session only once the new replica has caught up with its
