@@ -110,35 +110,39 @@ impl PyCopyFile {
         len: usize,
     ) -> Result<u32, CopyFileError> {
         let (file, path) = self.file();
-        let mut done = 0;
-        while done < len {
-            let at = offset + done as u64;
-            // SAFETY: `dest + done .. dest + len` is within what the caller vouches for.
-            let n = unsafe {
-                libc::pread(
-                    file.as_raw_fd(),
-                    dest.add(done).cast(),
-                    len - done,
-                    at as libc::off_t,
-                )
-            };
-            if n < 0 {
-                let e = std::io::Error::last_os_error();
-                if e.kind() == std::io::ErrorKind::Interrupted {
-                    continue;
-                }
-                return Err(io_error("read", path, &e));
-            }
-            if n == 0 {
-                let e = std::io::Error::from(std::io::ErrorKind::UnexpectedEof);
-                return Err(io_error("read", path, &e));
-            }
-            done += n as usize;
-        }
+        let fd = file.as_raw_fd();
+        // SAFETY: each read writes within `dest .. dest + len`, which the caller vouches for.
+        all_bytes(len, |done| unsafe {
+            let at = (offset + done as u64) as libc::off_t;
+            libc::pread(fd, dest.add(done).cast(), len - done, at)
+        })
+        .map_err(|e| io_error("read", path, &e))?;
         // SAFETY: the reads above wrote all `len` bytes.
         let data = unsafe { std::slice::from_raw_parts(dest, len) };
         Ok(crc32c::crc32c(data))
     }
+}
+
+/// Calls `op(done)` — one `pread` or `pwrite` of the bytes from `done` on, answering what it
+/// moved — until all `len` bytes are done, again after an interrupted call; a call that moves
+/// nothing is an `UnexpectedEof`.
+fn all_bytes(len: usize, mut op: impl FnMut(usize) -> isize) -> std::io::Result<()> {
+    let mut done = 0;
+    while done < len {
+        let n = op(done);
+        if n < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        if n == 0 {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
+        done += n as usize;
+    }
+    Ok(())
 }
 
 fn io_error(what: &str, path: &Path, e: &std::io::Error) -> CopyFileError {
@@ -295,27 +299,12 @@ pub fn write_at(py: Python<'_>, fd: i32, data: &Bound<'_, PyAny>, offset: u64) -
         // SAFETY: `ptr` is `len` readable bytes kept alive by `buffer` (or `copy`) until the
         // end of this function.
         let bytes = unsafe { std::slice::from_raw_parts(ptr as *const u8, len) };
-        let mut done = 0;
-        while done < len {
-            let at = offset + done as u64;
-            // SAFETY: `bytes[done..]` is valid for reads.
-            let n = unsafe {
-                libc::pwrite(
-                    fd,
-                    bytes[done..].as_ptr().cast(),
-                    len - done,
-                    at as libc::off_t,
-                )
-            };
-            if n < 0 {
-                let e = std::io::Error::last_os_error();
-                if e.kind() == std::io::ErrorKind::Interrupted {
-                    continue;
-                }
-                return Err(io_error("write to", Path::new(&format!("fd {fd}")), &e));
-            }
-            done += n as usize;
-        }
+        // SAFETY: each write reads within `bytes`.
+        all_bytes(len, |done| unsafe {
+            let at = (offset + done as u64) as libc::off_t;
+            libc::pwrite(fd, bytes[done..].as_ptr().cast(), len - done, at)
+        })
+        .map_err(|e| io_error("write to", Path::new(&format!("fd {fd}")), &e))?;
         // A hint: its errors (none that fsync would not report) are left to the fsync.
         // SAFETY: plain system call on a descriptor the caller owns.
         unsafe {
@@ -326,7 +315,7 @@ pub fn write_at(py: Python<'_>, fd: i32, data: &Bound<'_, PyAny>, offset: u64) -
                 libc::SYNC_FILE_RANGE_WRITE,
             );
         }
-        Ok(())
+        Ok::<(), CopyFileError>(())
     })
     .map_err(to_py)
 }
