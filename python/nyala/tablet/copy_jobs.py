@@ -17,8 +17,9 @@ Tablet Copy protocol"), then runs the copy as a task of the server's task group:
 The job: a ``READY`` replica is tombstoned first; a session is opened on the source; the
 superblock is written ``COPYING`` (fsync); cmeta is merged (``copy_cmeta``); rowset files and
 WAL segments are downloaded in checked chunks in one pass (``copy_client``), then the rowset
-manifest is written; the superblock is written ``READY`` (fsync) and the replica started. Any failure, and a
-cancellation, leaves the replica ``TOMBSTONED`` with its last-logged OpId, able to vote.
+manifest is written; the superblock is written ``READY`` (fsync) and the replica started. Any
+failure, and a cancellation, leaves the replica ``TOMBSTONED`` with its last-logged OpId, able to
+vote.
 
 A successful job ends its source session only once the new replica has caught up with its
 leader (``leader_contact``), or after ``CATCH_UP_WAIT_S``: the session's WAL anchor keeps the
