@@ -5,14 +5,20 @@
 //! `read_message` builds a whole serialized FetchData answer in one `bytes`: the message
 //! without its data (serialized by Python's protobuf, which stays the format's only home),
 //! then the data field's tag and length, then the data, `pread` into place with the GIL
-//! released and checksummed there. No other copy of the chunk is made on this side.
+//! released and checksummed there. No other copy of the chunk is made on this side, and the
+//! `bytes` is not zeroed first (the `pread` writes every byte of it).
+//!
+//! `write_at` is the target's write: all of a received chunk at its offset, with the GIL
+//! released, then its writeback started at once, so the disk writes while later chunks
+//! arrive and the file's `fsync` at the end has little left to wait for.
 
 use std::fs::File;
-use std::os::unix::fs::FileExt;
-use std::path::PathBuf;
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
 
 use nyala_common::{Classify, ErrorKind};
 use nyala_wal::SegmentImage;
+use pyo3::buffer::PyBuffer;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
@@ -21,6 +27,7 @@ use crate::errors::to_py;
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyCopyFile>()?;
+    m.add_function(wrap_pyfunction!(write_at, m)?)?;
     Ok(())
 }
 
@@ -84,32 +91,86 @@ impl PyCopyFile {
         Ok(length_max.min(self.length - offset) as usize)
     }
 
-    /// Fills `buf` from `offset` (within the length); the GIL must be released by the caller.
-    fn read_into(&self, offset: u64, buf: &mut [u8]) -> Result<(), PyErrState> {
+    fn file(&self) -> (&File, &Path) {
         match &self.source {
-            Source::File { file, path } => file.read_exact_at(buf, offset).map_err(|e| {
-                PyErrState::File(CopyFileError {
-                    kind: ErrorKind::of_io(&e),
-                    message: format!("read {}: {e}", path.display()),
-                })
-            }),
-            Source::Segment(image) => image.read_at(offset, buf).map_err(PyErrState::Wal),
+            Source::File { file, path } => (file, path),
+            Source::Segment(image) => image.file(),
         }
+    }
+
+    /// Reads `len` bytes at `offset` (within the length) to `dest`, checksummed; the caller
+    /// releases the GIL.
+    ///
+    /// # Safety
+    /// `dest` must be valid for writes of `len` bytes, and nothing else may use them meanwhile.
+    unsafe fn read_raw(
+        &self,
+        offset: u64,
+        dest: *mut u8,
+        len: usize,
+    ) -> Result<u32, CopyFileError> {
+        let (file, path) = self.file();
+        let fd = file.as_raw_fd();
+        // SAFETY: each read writes within `dest .. dest + len`, which the caller vouches for.
+        all_bytes(len, |done| unsafe {
+            let at = (offset + done as u64) as libc::off_t;
+            libc::pread(fd, dest.add(done).cast(), len - done, at)
+        })
+        .map_err(|e| io_error("read", path, &e))?;
+        // SAFETY: the reads above wrote all `len` bytes.
+        let data = unsafe { std::slice::from_raw_parts(dest, len) };
+        Ok(crc32c::crc32c(data))
     }
 }
 
-/// An error raised without the GIL, turned into a Python exception once it is held again.
-enum PyErrState {
-    File(CopyFileError),
-    Wal(nyala_wal::WalError),
+/// Calls `op(done)` — one `pread` or `pwrite` of the bytes from `done` on, answering what it
+/// moved — until all `len` bytes are done, again after an interrupted call; a call that moves
+/// nothing is an `UnexpectedEof`.
+fn all_bytes(len: usize, mut op: impl FnMut(usize) -> isize) -> std::io::Result<()> {
+    let mut done = 0;
+    while done < len {
+        let n = op(done);
+        if n < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        if n == 0 {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
+        done += n as usize;
+    }
+    Ok(())
 }
 
-impl PyErrState {
-    fn into_py(self) -> PyErr {
-        match self {
-            PyErrState::File(e) => to_py(e),
-            PyErrState::Wal(e) => to_py(e),
-        }
+fn io_error(what: &str, path: &Path, e: &std::io::Error) -> CopyFileError {
+    CopyFileError {
+        kind: ErrorKind::of_io(e),
+        message: format!("{what} {}: {e}", path.display()),
+    }
+}
+
+/// A new `bytes` of `len` bytes, not zeroed: `fill` gets its buffer and must write every byte
+/// (or fail, and the object is dropped unseen).
+fn bytes_filled<'py>(
+    py: Python<'py>,
+    len: usize,
+    fill: impl FnOnce(*mut u8) -> PyResult<()>,
+) -> PyResult<Bound<'py, PyBytes>> {
+    let size = pyo3::ffi::Py_ssize_t::try_from(len)
+        .map_err(|_| invalid(format!("a chunk of {len} bytes is too large")))?;
+    // SAFETY: a NULL source asks CPython for an uninitialised object of `size` bytes, which
+    // we own; its buffer is valid for `len` bytes and no one else sees the object until
+    // `fill` has written them.
+    unsafe {
+        let obj = Bound::from_owned_ptr_or_err(
+            py,
+            pyo3::ffi::PyBytes_FromStringAndSize(std::ptr::null(), size),
+        )?;
+        fill(pyo3::ffi::PyBytes_AsString(obj.as_ptr()).cast::<u8>())?;
+        Ok(obj.cast_into_unchecked())
     }
 }
 
@@ -166,13 +227,12 @@ impl PyCopyFile {
     ) -> PyResult<(Bound<'py, PyBytes>, u32)> {
         let len = self.chunk_len(offset, length_max)?;
         let mut crc = 0;
-        let bytes = PyBytes::new_with(py, len, |buf| {
+        let bytes = bytes_filled(py, len, |dest| {
+            let dest = dest as usize; // a pointer is not Send; the address is
+                                      // SAFETY: `dest` holds `len` bytes that only this read touches.
             crc = py
-                .detach(|| {
-                    self.read_into(offset, buf)?;
-                    Ok(crc32c::crc32c(buf))
-                })
-                .map_err(PyErrState::into_py)?;
+                .detach(|| unsafe { self.read_raw(offset, dest as *mut u8, len) })
+                .map_err(to_py)?;
             Ok(())
         })?;
         Ok((bytes, crc))
@@ -198,14 +258,12 @@ impl PyCopyFile {
         put_varint(&mut head, (u64::from(field_number) << 3) | 2);
         put_varint(&mut head, len as u64);
         let data_at = head.len();
-        PyBytes::new_with(py, data_at + len, |out| {
-            let (front, data) = out.split_at_mut(data_at);
+        bytes_filled(py, data_at + len, |out| {
+            let data = out as usize + data_at;
+            // SAFETY: `out + data_at` holds the `len` bytes after the head, only ours.
             let crc = py
-                .detach(|| {
-                    self.read_into(offset, data)?;
-                    Ok(crc32c::crc32c(data))
-                })
-                .map_err(PyErrState::into_py)?;
+                .detach(|| unsafe { self.read_raw(offset, data as *mut u8, len) })
+                .map_err(to_py)?;
             let real: Vec<u8> = prefix.call1((crc, len))?.extract()?;
             if real.len() != sized.len() {
                 return Err(invalid(format!(
@@ -215,8 +273,49 @@ impl PyCopyFile {
                 )));
             }
             head[..real.len()].copy_from_slice(&real);
-            front.copy_from_slice(&head);
+            // SAFETY: `out` holds `data_at` bytes before the data; `head` is that long.
+            unsafe { std::ptr::copy_nonoverlapping(head.as_ptr(), out, data_at) };
             Ok(())
         })
     }
+}
+
+/// Writes all of `data` at `offset` of the open file `fd`, then starts its writeback
+/// (`sync_file_range(SYNC_FILE_RANGE_WRITE)`), with the GIL released. The writeback is only
+/// a head start: the file is durable once the caller has `fsync`ed it.
+#[pyfunction]
+pub fn write_at(py: Python<'_>, fd: i32, data: &Bound<'_, PyAny>, offset: u64) -> PyResult<()> {
+    let buffer = PyBuffer::<u8>::get(data)?;
+    // A read-only contiguous buffer (bytes, a read-only memoryview of them) can be borrowed
+    // while the GIL is released; anything mutable is copied first.
+    let copy;
+    let (ptr, len) = if buffer.readonly() && buffer.is_c_contiguous() {
+        (buffer.buf_ptr() as usize, buffer.len_bytes())
+    } else {
+        copy = buffer.to_vec(py)?;
+        (copy.as_ptr() as usize, copy.len())
+    };
+    py.detach(|| {
+        // SAFETY: `ptr` is `len` readable bytes kept alive by `buffer` (or `copy`) until the
+        // end of this function.
+        let bytes = unsafe { std::slice::from_raw_parts(ptr as *const u8, len) };
+        // SAFETY: each write reads within `bytes`.
+        all_bytes(len, |done| unsafe {
+            let at = (offset + done as u64) as libc::off_t;
+            libc::pwrite(fd, bytes[done..].as_ptr().cast(), len - done, at)
+        })
+        .map_err(|e| io_error("write to", Path::new(&format!("fd {fd}")), &e))?;
+        // A hint: its errors (none that fsync would not report) are left to the fsync.
+        // SAFETY: plain system call on a descriptor the caller owns.
+        unsafe {
+            libc::sync_file_range(
+                fd,
+                offset as libc::off_t,
+                len as libc::off_t,
+                libc::SYNC_FILE_RANGE_WRITE,
+            );
+        }
+        Ok::<(), CopyFileError>(())
+    })
+    .map_err(to_py)
 }

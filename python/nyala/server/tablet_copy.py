@@ -145,10 +145,10 @@ def fetch_data_answer(file: _native.CopyFile, offset: int, length: int) -> bytes
 def chunk_from_answer(answer: bytes) -> DataChunk:
     """The chunk of a serialized ``FetchDataResponsePB``, its data a view into ``answer``;
     raises the answer's error if it has one."""
-    head, data_range = _native.split_proto_field(answer, _DATA_FIELD)
     try:
+        head, data_range = _native.split_proto_field(answer, _DATA_FIELD)
         pb = tablet_copy_pb2.FetchDataResponsePB.FromString(head)
-    except Exception as exc:  # protobuf's DecodeError: a malformed answer
+    except Exception as exc:  # a field running past the end, protobuf's DecodeError
         raise CorruptionError(f"malformed FetchData answer: {exc}") from None
     raise_for_response(pb)
     start, end = data_range if data_range is not None else (0, 0)

@@ -9,8 +9,9 @@ written — its offset is the one asked for, the file's length is the one the se
 (sessions serve fixed lengths), its CRC32C matches, it is not empty before the end and does
 not run past the file's length — and a chunk that fails the check is fetched again up to
 ``chunk_attempts_max`` times before the copy fails with ``CorruptionError``. Checks, writes
-and syncs run on the copy I/O pool (``CopyIoPool``), never on the event loop. Each file is
-fsynced, then its directory. A ``RateLimiter`` caps the bytes per second of one copy.
+and syncs run on the copy I/O pool (``CopyIoPool``), never on the event loop. Each chunk's
+writeback starts as soon as it is written; each file is fsynced, then its directory. A
+``RateLimiter`` caps the bytes per second of one copy.
 
 Owns: the files it writes under the directories it is given, nothing else.
 """
@@ -226,8 +227,9 @@ class _Fetcher:
     ) -> int:
         attempts = self._options.chunk_attempts_max
         for attempt in range(1, attempts + 1):
-            chunk = await self._source.fetch(self._session_id, kind, file.name, offset, length)
             try:
+                # A malformed answer is a CorruptionError too: fetched again like a bad CRC.
+                chunk = await self._source.fetch(self._session_id, kind, file.name, offset, length)
                 return await self._io.run(_check_and_write, fd, chunk, file, offset)
             except CorruptionError as exc:
                 if attempt == attempts:
@@ -237,11 +239,9 @@ class _Fetcher:
 
 
 def _check_and_write(fd: int, chunk: DataChunk, file: DataFile, offset: int) -> int:
-    """Checks ``chunk`` (``check_chunk``) and writes it at its offset; returns its length."""
+    """Checks ``chunk`` (``check_chunk``) and writes it at its offset, starting its writeback
+    at once (``_native.write_at``: the disk writes while later chunks arrive, and the file's
+    fsync has little left to do); returns its length."""
     check_chunk(chunk, file.name, offset, file.size_bytes)
-    view = memoryview(chunk.data)
-    at = offset
-    while view:
-        written = os.pwrite(fd, view, at)
-        view, at = view[written:], at + written
+    _native.write_at(fd, chunk.data, offset)  # and its writeback started
     return len(chunk.data)

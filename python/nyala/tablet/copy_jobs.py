@@ -15,10 +15,11 @@ Tablet Copy protocol"), then runs the copy as a task of the server's task group:
 * more than ``concurrency_max`` copies running: ``ThrottledError``.
 
 The job: a ``READY`` replica is tombstoned first; a session is opened on the source; the
-superblock is written ``COPYING`` (fsync); cmeta is merged (``copy_cmeta``); rowset files, then
-the rowset manifest, then WAL segments are downloaded in checked chunks (``copy_client``);
-the superblock is written ``READY`` (fsync) and the replica started. Any failure, and a
-cancellation, leaves the replica ``TOMBSTONED`` with its last-logged OpId, able to vote.
+superblock is written ``COPYING`` (fsync); cmeta is merged (``copy_cmeta``); rowset files and
+WAL segments are downloaded in checked chunks in one pass (``copy_client``), then the rowset
+manifest is written; the superblock is written ``READY`` (fsync) and the replica started. Any
+failure, and a cancellation, leaves the replica ``TOMBSTONED`` with its last-logged OpId, able to
+vote.
 
 A successful job ends its source session only once the new replica has caught up with its
 leader (``leader_contact``), or after ``CATCH_UP_WAIT_S``: the session's WAL anchor keeps the
@@ -355,17 +356,16 @@ class TabletCopyJobs:
     ) -> None:
         data_dir, wal_dir = replica.paths.data_dir, replica.paths.wal_dir
         rowsets = [(DataKind.ROWSET_FILE, f, data_dir / f.name) for f in session.rowset_files]
+        segments = [(DataKind.WAL_SEGMENT, f, wal_dir / f.name) for f in session.wal_segments]
+        # One pass over every file, so the chunks in flight never drain between kinds; the
+        # replica stays COPYING (nothing trusts these files) until the READY superblock.
         await download_files(
-            source, session.session_id, rowsets, self.options, job.progress, self._io
+            source, session.session_id, [*rowsets, *segments], self.options, job.progress, self._io
         )
         # The manifest names the rowsets: it goes in once they are all durable.
         manifest = data_dir / ROWSET_MANIFEST_FILE
         await self._io.run(_write_durably, manifest, session.rowset_manifest)
         job.progress.bytes_done += len(session.rowset_manifest)
-        segments = [(DataKind.WAL_SEGMENT, f, wal_dir / f.name) for f in session.wal_segments]
-        await download_files(
-            source, session.session_id, segments, self.options, job.progress, self._io
-        )
 
     async def _clean_up(self, job: CopyJob, replica: TabletReplica | None) -> None:
         if replica is None:

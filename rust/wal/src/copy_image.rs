@@ -37,6 +37,12 @@ impl SegmentImage {
         self.length
     }
 
+    /// The segment's open file and path, for readers that do their own reads within
+    /// `length` (bytes past it are not part of the image).
+    pub fn file(&self) -> (&std::fs::File, &std::path::Path) {
+        (&self.segment.file, &self.segment.path)
+    }
+
     /// Fills `buf` from `offset`; the range must lie within the image.
     pub fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
         let end = offset.checked_add(buf.len() as u64);

@@ -27,9 +27,16 @@ from nyala.tablet.copy_source import CopySessionInfo, DataChunk, DataFile, DataK
 class FileSource:
     """Serves files of a directory in chunks, like a source session, corrupting on demand."""
 
-    def __init__(self, root: Path, corrupt_first: int = 0, chunk_bytes_max: int = 1 << 30) -> None:
+    def __init__(
+        self,
+        root: Path,
+        corrupt_first: int = 0,
+        chunk_bytes_max: int = 1 << 30,
+        malformed_first: int = 0,
+    ) -> None:
         self.root = root
         self.corrupt_left = corrupt_first
+        self.malformed_left = malformed_first  # answers that do not parse
         self.chunk_bytes_max = chunk_bytes_max
         self.fetches = 0
         self.in_flight = 0
@@ -46,6 +53,9 @@ class FileSource:
         self.in_flight_max = max(self.in_flight, self.in_flight_max)
         await asyncio.sleep(0.001)  # an RPC: the other fetches go out meanwhile
         self.in_flight -= 1
+        if self.malformed_left:
+            self.malformed_left -= 1
+            raise CorruptionError("malformed FetchData answer")  # as chunk_from_answer says
         data = (self.root / name).read_bytes()
         piece = data[offset : offset + min(max_length_bytes, self.chunk_bytes_max)]
         chunk = DataChunk(offset, piece, len(data), _native.crc32c(piece))
@@ -126,6 +136,19 @@ def test_a_corrupted_chunk_is_detected_and_fetched_again(dirs: tuple[Path, Path]
     _download(source, files, options, Progress())
     assert files[0][2].read_bytes() == (src / "f0").read_bytes()
     assert source.fetches == 3 + 2  # three chunks, the first one twice more
+
+
+def test_a_malformed_answer_is_fetched_again(dirs: tuple[Path, Path]) -> None:
+    src, dst = dirs
+    files = _files(src, dst, [20_000])
+    source = FileSource(src, malformed_first=2)
+    options = DownloadOptions(chunk_bytes=8192, chunks_in_flight_max=1, chunk_attempts_max=3)
+    _download(source, files, options, Progress())
+    assert files[0][2].read_bytes() == (src / "f0").read_bytes()
+    assert source.fetches == 3 + 2
+    source = FileSource(src, malformed_first=3)
+    with pytest.raises(CorruptionError, match="malformed"):
+        _download(source, files, options, Progress())
 
 
 def test_a_chunk_corrupted_every_time_fails_the_copy(dirs: tuple[Path, Path]) -> None:
