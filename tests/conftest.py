@@ -30,19 +30,3 @@ def pytest_configure(config: pytest.Config) -> None:
     share = (hi - lo) // workers
     os.environ[PORT_RANGE_ENV] = f"{lo + index * share}-{lo + (index + 1) * share}"
 
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Test files holding `slow` or `stress` tests first, each file's tests in their order.
-
-    pytest-xdist hands whole files to its workers in this order (``--dist loadfile``): the
-    longest files start first and the short ones fill in at the end, instead of one worker
-    running a two-minute crash proof alone while the other has finished.
-    """
-    del config
-    heavy = {
-        item.path
-        for item in items
-        if item.get_closest_marker("slow") is not None
-        or item.get_closest_marker("stress") is not None
-    }
-    items.sort(key=lambda item: item.path not in heavy)
