@@ -29,4 +29,3 @@ def pytest_configure(config: pytest.Config) -> None:
     lo, hi = TEST_PORTS
     share = (hi - lo) // workers
     os.environ[PORT_RANGE_ENV] = f"{lo + index * share}-{lo + (index + 1) * share}"
-
