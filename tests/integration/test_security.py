@@ -9,9 +9,11 @@ import base64
 import datetime
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
+import grpc
 import pytest
 from click.testing import CliRunner
 
@@ -24,7 +26,7 @@ from nyala.rpc.errors import raise_for_response
 from nyala.rpc.settings import RpcSettings
 from nyala.security import files, pki
 from nyala.security.identity import Identity, Kind
-from nyala.security.tokens import AuthzToken, Privilege, sign_token
+from nyala.security.tokens import AuthzToken, Privilege, new_signing_key, sign_token
 from nyala.testing import MiniCluster, logs_on_failure
 from nyala.testing.mini_cluster import FAST_TSERVER_FLAGS, fast_master_flags
 from nyala.testing.security import ClusterSecurity
@@ -248,11 +250,19 @@ def test_three_secure_masters_elect_and_serve(tmp_path: Path) -> None:
 
 #: Authz tokens live this long on the privileges cluster (REVOKE takes effect within it).
 TOKEN_VALIDITY_MS = 3_000
+#: And each token-signing key signs this long before the next takes over.
+TSK_ROTATION_MS = 2_000
 
 
 @pytest.fixture(scope="module")
 def authz_cluster() -> Iterator[MiniCluster]:
-    yield from _secure_cluster(1, "--authz-token-validity-ms", str(TOKEN_VALIDITY_MS))
+    yield from _secure_cluster(
+        1,
+        "--authz-token-validity-ms",
+        str(TOKEN_VALIDITY_MS),
+        "--tsk-rotation-ms",
+        str(TSK_ROTATION_MS),
+    )
 
 
 def test_privileges_decide_who_reads_and_writes(authz_cluster: MiniCluster) -> None:
@@ -304,28 +314,40 @@ def test_forged_foreign_or_wrong_table_tokens_are_refused(
     with nyala.connect(masters, credentials=dave) as client:
         token_a = client._cache.locations(client._cache.table("tokens_a")).authz_token
     assert token_a
-    other = ClusterSecurity(tmp_path / "other")
-    table_a = json.loads(base64.urlsafe_b64decode(token_a.split(b".")[0] + b"=="))["table_id"]
-    forged = sign_token(
-        other.ca.private_key,
-        AuthzToken("dave", table_a, Privilege.ALL, int(time.time() * 1000) + 60_000),
-    )
+    payload = _token_payload(token_a)
+    table_a, kid = payload["table_id"], payload["kid"]
+    expires_ms = int(time.time() * 1000) + 60_000
+    grant_all = AuthzToken("dave", table_a, Privilege.ALL, expires_ms)
+    # Signed by a key of the right number that is not this cluster's (another cluster's, or
+    # an attacker's); by a key this cluster no longer keeps (0 was never made: numbers start
+    # at 1); by a key far newer than any published (retriable: a server may not have heard
+    # of a new key yet).
+    forged = sign_token(new_signing_key(kid, 0, expires_ms), grant_all)
+    dropped = sign_token(new_signing_key(0, 0, expires_ms), grant_all)
+    future = sign_token(new_signing_key(kid + 1000, 0, expires_ms), grant_all)
     ts = authz_cluster.tservers[0]
     settings = RpcSettings(tls=files.load_client_tls(dave))
     with BlockingServerProxy(ts.rpc_addr, settings) as proxy:
-        cases = [
-            (b"", "no authorization token"),
-            (forged, "not signed"),
-            (token_a, "another table"),
-            (token_a[:-3], "malformed|not signed"),
+        cases: list[tuple[bytes, type[Exception], str]] = [
+            (b"", errors.NotAuthorizedError, "no authorization token"),
+            (forged, errors.NotAuthorizedError, "not signed"),
+            (dropped, errors.NotAuthorizedError, "no longer keeps"),
+            (future, errors.ServiceUnavailableError, "not yet heard"),
+            (token_a, errors.NotAuthorizedError, "another table"),
+            (token_a[:-3], errors.NotAuthorizedError, "malformed|not signed"),
         ]
-        for token, reason in cases:
+        for token, error, reason in cases:
             scan = tserver_pb2.ScanRequestPB(
                 dest_uuid=ts.uuid or "",
                 new_scan=tserver_pb2.NewScanRequestPB(tablet_id=tablet_b, authz_token=token),
             )
-            with pytest.raises(errors.NotAuthorizedError, match=reason):
+            with pytest.raises(error, match=reason):
                 _scan(proxy, scan)
+
+
+def _token_payload(token: bytes) -> dict[str, Any]:
+    payload: dict[str, Any] = json.loads(base64.urlsafe_b64decode(token.split(b".")[0] + b"=="))
+    return payload
 
 
 def _scan(proxy: BlockingServerProxy, request: tserver_pb2.ScanRequestPB) -> None:
@@ -333,21 +355,28 @@ def _scan(proxy: BlockingServerProxy, request: tserver_pb2.ScanRequestPB) -> Non
         raise_for_response(answer)
 
 
-def test_a_long_running_writer_outlives_its_tokens(authz_cluster: MiniCluster) -> None:
-    """Tokens expire every TOKEN_VALIDITY_MS; the client renews them with the locations, so a
-    writer that runs for several lifetimes never sees a refusal."""
+def test_a_long_running_writer_outlives_its_tokens_and_signing_keys(
+    authz_cluster: MiniCluster,
+) -> None:
+    """Tokens expire every TOKEN_VALIDITY_MS and the signing key changes every
+    TSK_ROTATION_MS; the client renews its token with the locations and the tablet server
+    keeps each key until its tokens expired, so a writer that runs through several of both
+    never sees a refusal."""
     security = authz_cluster.security
     assert security is not None
     erin = security.credentials("erin")
     with nyala.connect(authz_cluster.master_addrs, credentials=erin) as client:
         table = client.create_table("long_writer", SCHEMA, replicas=1)
-        deadline = time.monotonic() + 3 * TOKEN_VALIDITY_MS / 1000
+        deadline = time.monotonic() + 4 * TOKEN_VALIDITY_MS / 1000
         written = 0
+        kids = set()
         while time.monotonic() < deadline:
             assert table.upsert({"id": [written], "v": ["x"]}).ok
+            kids.add(_token_payload(client._cache.locations(table._info).authz_token)["kid"])
             written += 1
             time.sleep(0.02)
         assert table.scan().to_arrow().num_rows == written
+    assert len(kids) >= 4, f"signing keys seen: {sorted(kids)}"
 
 
 def test_grant_and_revoke_on_the_command_line(authz_cluster: MiniCluster) -> None:
@@ -373,3 +402,112 @@ def test_grant_and_revoke_on_the_command_line(authz_cluster: MiniCluster) -> Non
     bad = runner.invoke(main, ["table", "grant", "cli_t", "frank", "read"])
     assert bad.exit_code == 1
     assert "unknown privilege 'read'" in bad.stderr
+
+
+# --- users (nyala user add/remove/list) -------------------------------------------------------
+
+
+def _refused_within(action: Callable[[], object], seconds: float) -> str:
+    """Calls ``action`` until it is refused as unauthenticated (the reason is returned), at
+    most ``seconds``. (A raw streaming call raises gRPC's error, not nyala's.)"""
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            action()
+        except errors.NotAuthenticatedError as exc:
+            return str(exc)
+        except grpc.RpcError as exc:
+            if exc.code() is grpc.StatusCode.UNAUTHENTICATED:
+                return str(exc.details())
+            raise
+        except errors.NyalaError as exc:  # e.g. its token expired meanwhile: not a revocation
+            raise AssertionError(f"served until {exc!r} after the user was removed") from None
+        assert time.monotonic() < deadline, "still served after the user was removed"
+        time.sleep(0.05)
+
+
+def test_a_removed_user_is_refused_everywhere_and_can_be_added_again(
+    authz_cluster: MiniCluster, tmp_path: Path
+) -> None:
+    """``nyala user add`` issues working credentials; ``remove`` revokes them on the master at
+    once and on the tablet servers within a heartbeat, also on connections already open, and
+    also certificates made offline by ``nyala cert issue``; a user added again gets new
+    credentials that work while the old ones stay refused."""
+    security = authz_cluster.security
+    assert security is not None
+    masters = authz_cluster.master_addrs
+    env = {"NYALA_MASTERS": ",".join(masters), "NYALA_CREDENTIALS": str(security.admin_dir)}
+    runner = CliRunner(env=env)
+    gina_dir = tmp_path / "gina"
+    added = runner.invoke(main, ["user", "add", "gina", "--out", str(gina_dir), "--days", "2"])
+    assert added.exit_code == 0, added.stderr
+    assert (gina_dir / files.CLIENT_KEY).stat().st_mode & 0o077 == 0
+    again = runner.invoke(main, ["user", "add", "gina", "--out", str(tmp_path / "gina2")])
+    assert again.exit_code == 1
+    assert "exists" in again.stderr
+    offline = security.credentials("hank")  # `nyala cert issue` on a master's host
+
+    gina = nyala.connect(masters, credentials=gina_dir)
+    hank = nyala.connect(masters, credentials=offline)
+    try:
+        table = gina.create_table("ginas", SCHEMA, replicas=1)
+        assert table.insert({"id": [1], "v": ["a"]}).ok
+        with nyala.connect(masters, credentials=security.admin_dir) as admin:
+            admin.grant("ginas", "hank", "select")
+        assert hank.table("ginas").scan().to_arrow().num_rows == 1
+
+        ts = authz_cluster.tservers[0]
+        tablet_id = table.tablets()[0].tablet_id
+        token = gina._cache.locations(table._info).authz_token
+        proxy = BlockingServerProxy(ts.rpc_addr, RpcSettings(tls=files.load_client_tls(gina_dir)))
+        scan = tserver_pb2.ScanRequestPB(
+            dest_uuid=ts.uuid or "",
+            new_scan=tserver_pb2.NewScanRequestPB(tablet_id=tablet_id, authz_token=token),
+        )
+        with proxy:
+            _scan(proxy, scan)  # gina's open connection to the tablet server works
+            for name in ("gina", "hank"):
+                removed = runner.invoke(main, ["user", "remove", name])
+                assert removed.exit_code == 0, removed.stderr
+            # The master refuses at once; the tablet server within a heartbeat (200 ms), on
+            # the connection gina opened before.
+            with pytest.raises(errors.NotAuthenticatedError, match="revoked"):
+                gina.list_tables()
+            with pytest.raises(errors.NotAuthenticatedError, match="revoked"):
+                hank.list_tables()
+            assert "revoked" in _refused_within(lambda: _scan(proxy, scan), 1.0)
+    finally:
+        gina.close()
+        hank.close()
+
+    listed = runner.invoke(main, ["user", "list", "--format", "json"])
+    states = {u["name"]: u["state"] for u in json.loads(listed.stdout)}
+    assert states == {"gina": "REMOVED", "hank": "REMOVED"}
+
+    new_dir = tmp_path / "gina-new"
+    readded = runner.invoke(main, ["user", "add", "gina", "--out", str(new_dir)])
+    assert readded.exit_code == 0, readded.stderr
+    with nyala.connect(masters, credentials=new_dir) as client:
+        # Her table and privileges belong to her name, as in Kudu.
+        assert client.table("ginas").scan().to_arrow().num_rows == 1
+    with (
+        pytest.raises(errors.NotAuthenticatedError, match="revoked"),
+        nyala.connect(masters, credentials=gina_dir) as old,
+    ):
+        old.list_tables()
+    with nyala.connect(masters, credentials=security.admin_dir) as admin:
+        states = {u["name"]: u["removed"] for u in admin.list_users()}
+    assert states == {"gina": False, "hank": True}
+
+
+def test_only_admins_manage_users(authz_cluster: MiniCluster, tmp_path: Path) -> None:
+    security = authz_cluster.security
+    assert security is not None
+    with nyala.connect(authz_cluster.master_addrs, credentials=security.credentials("ivy")) as c:
+        with pytest.raises(errors.NotAuthorizedError, match="ADMIN"):
+            c.add_user("mallory", tmp_path / "m", admin=True)
+        with pytest.raises(errors.NotAuthorizedError, match="ADMIN"):
+            c.remove_user("ivy")
+        with pytest.raises(errors.NotAuthorizedError, match="ADMIN"):
+            c.list_users()
+    assert not (tmp_path / "m").exists()

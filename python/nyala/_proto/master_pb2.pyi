@@ -415,6 +415,82 @@ class SysTServerEntryPB(_message.Message):
 Global___SysTServerEntryPB: _TypeAlias = SysTServerEntryPB  # noqa: Y015
 
 @_typing.final
+class SysTskEntryPB(_message.Message):
+    """A token-signing key (Kudu's TSK; entry type 4, entry id its sequence number): the leader
+    master signs authz tokens with the newest key whose activation time has come, and tablet
+    servers verify them with the public halves they get in heartbeats. A key is published
+    before it signs (half a rotation period) and kept until every token it signed expired.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    KEY_SEQ_FIELD_NUMBER: _builtins.int
+    PRIVATE_KEY_DER_FIELD_NUMBER: _builtins.int
+    ACTIVATE_UNIX_MS_FIELD_NUMBER: _builtins.int
+    EXPIRES_UNIX_MS_FIELD_NUMBER: _builtins.int
+    key_seq: _builtins.int
+    private_key_der: _builtins.bytes
+    """PKCS#8 DER of an ECDSA P-256 private key."""
+    activate_unix_ms: _builtins.int
+    expires_unix_ms: _builtins.int
+    def __init__(
+        self,
+        *,
+        key_seq: _builtins.int = ...,
+        private_key_der: _builtins.bytes = ...,
+        activate_unix_ms: _builtins.int = ...,
+        expires_unix_ms: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["activate_unix_ms", b"activate_unix_ms", "expires_unix_ms", b"expires_unix_ms", "key_seq", b"key_seq", "private_key_der", b"private_key_der"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SysTskEntryPB: _TypeAlias = SysTskEntryPB  # noqa: Y015
+
+@_typing.final
+class SysUserEntryPB(_message.Message):
+    """A user of a secure cluster (entry type 5, entry id the user name): added with
+    `nyala user add` (AddUser, which signs the user's certificate), removed with
+    `nyala user remove` (RemoveUser). Removal revokes every certificate of that name valid from
+    before `revoked_before_unix_ms`, wherever it was issued; a user added again gets a
+    certificate valid from after it.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    ADMIN_FIELD_NUMBER: _builtins.int
+    REMOVED_FIELD_NUMBER: _builtins.int
+    ADDED_UNIX_MS_FIELD_NUMBER: _builtins.int
+    REMOVED_UNIX_MS_FIELD_NUMBER: _builtins.int
+    REVOKED_BEFORE_UNIX_MS_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    admin: _builtins.bool
+    removed: _builtins.bool
+    added_unix_ms: _builtins.int
+    removed_unix_ms: _builtins.int
+    revoked_before_unix_ms: _builtins.int
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        admin: _builtins.bool = ...,
+        removed: _builtins.bool = ...,
+        added_unix_ms: _builtins.int = ...,
+        removed_unix_ms: _builtins.int = ...,
+        revoked_before_unix_ms: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["added_unix_ms", b"added_unix_ms", "admin", b"admin", "name", b"name", "removed", b"removed", "removed_unix_ms", b"removed_unix_ms", "revoked_before_unix_ms", b"revoked_before_unix_ms"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SysUserEntryPB: _TypeAlias = SysUserEntryPB  # noqa: Y015
+
+@_typing.final
 class TSRegistrationPB(_message.Message):
     """------------------------------------------------------------------------------------------
     Tablet server heartbeats (every tserver -> every master)
@@ -647,6 +723,26 @@ Global___TSHeartbeatRequestPB: _TypeAlias = TSHeartbeatRequestPB  # noqa: Y015
 class TSHeartbeatResponsePB(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
+    @_typing.final
+    class RevokedUsersEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.int
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     MASTER_UUID_FIELD_NUMBER: _builtins.int
     LEADER_MASTER_FIELD_NUMBER: _builtins.int
     LEADER_TERM_FIELD_NUMBER: _builtins.int
@@ -654,6 +750,8 @@ class TSHeartbeatResponsePB(_message.Message):
     MASTERS_FIELD_NUMBER: _builtins.int
     NEEDS_FULL_TABLET_REPORT_FIELD_NUMBER: _builtins.int
     TABLET_REPORT_PROCESSED_FIELD_NUMBER: _builtins.int
+    TSK_PUBLIC_KEYS_FIELD_NUMBER: _builtins.int
+    REVOKED_USERS_FIELD_NUMBER: _builtins.int
     ERROR_FIELD_NUMBER: _builtins.int
     master_uuid: _builtins.str
     leader_master: _builtins.bool
@@ -674,6 +772,15 @@ class TSHeartbeatResponsePB(_message.Message):
         """Every master of the sys catalog's config."""
 
     @_builtins.property
+    def tsk_public_keys(self) -> _containers.RepeatedCompositeFieldContainer[Global___TokenSigningPublicKeyPB]:
+        """Secure clusters, from the leader only: the public token-signing keys that verify authz
+        tokens now or soon, and the revoked user names (a certificate of one of them valid from
+        before the time given, in Unix ms, is refused).
+        """
+
+    @_builtins.property
+    def revoked_users(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]: ...
+    @_builtins.property
     def error(self) -> _common_pb2.ErrorPB: ...
     def __init__(
         self,
@@ -685,17 +792,45 @@ class TSHeartbeatResponsePB(_message.Message):
         masters: _abc.Iterable[Global___MasterEntryPB] | None = ...,
         needs_full_tablet_report: _builtins.bool = ...,
         tablet_report_processed: _builtins.bool = ...,
+        tsk_public_keys: _abc.Iterable[Global___TokenSigningPublicKeyPB] | None = ...,
+        revoked_users: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
         error: _common_pb2.ErrorPB | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_error", b"_error", "error", b"error"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_error", b"_error", "error", b"error", "leader_master", b"leader_master", "leader_term", b"leader_term", "leader_uuid", b"leader_uuid", "master_uuid", b"master_uuid", "masters", b"masters", "needs_full_tablet_report", b"needs_full_tablet_report", "tablet_report_processed", b"tablet_report_processed"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_error", b"_error", "error", b"error", "leader_master", b"leader_master", "leader_term", b"leader_term", "leader_uuid", b"leader_uuid", "master_uuid", b"master_uuid", "masters", b"masters", "needs_full_tablet_report", b"needs_full_tablet_report", "revoked_users", b"revoked_users", "tablet_report_processed", b"tablet_report_processed", "tsk_public_keys", b"tsk_public_keys"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__error: _TypeAlias = _typing.Literal["error"]  # noqa: Y015
     _WhichOneofArgType__error: _TypeAlias = _typing.Literal["_error", b"_error"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType__error) -> _WhichOneofReturnType__error | None: ...
 
 Global___TSHeartbeatResponsePB: _TypeAlias = TSHeartbeatResponsePB  # noqa: Y015
+
+@_typing.final
+class TokenSigningPublicKeyPB(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    KEY_SEQ_FIELD_NUMBER: _builtins.int
+    PUBLIC_KEY_DER_FIELD_NUMBER: _builtins.int
+    EXPIRES_UNIX_MS_FIELD_NUMBER: _builtins.int
+    key_seq: _builtins.int
+    public_key_der: _builtins.bytes
+    """SubjectPublicKeyInfo DER of the key's ECDSA P-256 public key."""
+    expires_unix_ms: _builtins.int
+    def __init__(
+        self,
+        *,
+        key_seq: _builtins.int = ...,
+        public_key_der: _builtins.bytes = ...,
+        expires_unix_ms: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["expires_unix_ms", b"expires_unix_ms", "key_seq", b"key_seq", "public_key_der", b"public_key_der"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TokenSigningPublicKeyPB: _TypeAlias = TokenSigningPublicKeyPB  # noqa: Y015
 
 @_typing.final
 class ConnectToMasterRequestPB(_message.Message):
@@ -2254,3 +2389,155 @@ class SetTablePrivilegesResponsePB(_message.Message):
     def WhichOneof(self, oneof_group: _WhichOneofArgType__error) -> _WhichOneofReturnType__error | None: ...
 
 Global___SetTablePrivilegesResponsePB: _TypeAlias = SetTablePrivilegesResponsePB  # noqa: Y015
+
+@_typing.final
+class AddUserRequestPB(_message.Message):
+    """Users of a secure cluster (`nyala user add/remove/list`; admins only)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DEST_UUID_FIELD_NUMBER: _builtins.int
+    NAME_FIELD_NUMBER: _builtins.int
+    ADMIN_FIELD_NUMBER: _builtins.int
+    CSR_PEM_FIELD_NUMBER: _builtins.int
+    VALIDITY_DAYS_FIELD_NUMBER: _builtins.int
+    dest_uuid: _builtins.str
+    name: _builtins.str
+    admin: _builtins.bool
+    csr_pem: _builtins.bytes
+    """The user's certificate request (its key never leaves the caller)."""
+    validity_days: _builtins.int
+    """0: the default (30 days)."""
+    def __init__(
+        self,
+        *,
+        dest_uuid: _builtins.str = ...,
+        name: _builtins.str = ...,
+        admin: _builtins.bool = ...,
+        csr_pem: _builtins.bytes = ...,
+        validity_days: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["admin", b"admin", "csr_pem", b"csr_pem", "dest_uuid", b"dest_uuid", "name", b"name", "validity_days", b"validity_days"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AddUserRequestPB: _TypeAlias = AddUserRequestPB  # noqa: Y015
+
+@_typing.final
+class AddUserResponsePB(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CERT_PEM_FIELD_NUMBER: _builtins.int
+    CA_CERT_PEM_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    cert_pem: _builtins.bytes
+    ca_cert_pem: _builtins.bytes
+    @_builtins.property
+    def error(self) -> _common_pb2.ErrorPB: ...
+    def __init__(
+        self,
+        *,
+        cert_pem: _builtins.bytes = ...,
+        ca_cert_pem: _builtins.bytes = ...,
+        error: _common_pb2.ErrorPB | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_error", b"_error", "error", b"error"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_error", b"_error", "ca_cert_pem", b"ca_cert_pem", "cert_pem", b"cert_pem", "error", b"error"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__error: _TypeAlias = _typing.Literal["error"]  # noqa: Y015
+    _WhichOneofArgType__error: _TypeAlias = _typing.Literal["_error", b"_error"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__error) -> _WhichOneofReturnType__error | None: ...
+
+Global___AddUserResponsePB: _TypeAlias = AddUserResponsePB  # noqa: Y015
+
+@_typing.final
+class RemoveUserRequestPB(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DEST_UUID_FIELD_NUMBER: _builtins.int
+    NAME_FIELD_NUMBER: _builtins.int
+    dest_uuid: _builtins.str
+    name: _builtins.str
+    def __init__(
+        self,
+        *,
+        dest_uuid: _builtins.str = ...,
+        name: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dest_uuid", b"dest_uuid", "name", b"name"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RemoveUserRequestPB: _TypeAlias = RemoveUserRequestPB  # noqa: Y015
+
+@_typing.final
+class RemoveUserResponsePB(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ERROR_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def error(self) -> _common_pb2.ErrorPB: ...
+    def __init__(
+        self,
+        *,
+        error: _common_pb2.ErrorPB | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_error", b"_error", "error", b"error"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_error", b"_error", "error", b"error"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__error: _TypeAlias = _typing.Literal["error"]  # noqa: Y015
+    _WhichOneofArgType__error: _TypeAlias = _typing.Literal["_error", b"_error"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__error) -> _WhichOneofReturnType__error | None: ...
+
+Global___RemoveUserResponsePB: _TypeAlias = RemoveUserResponsePB  # noqa: Y015
+
+@_typing.final
+class ListUsersRequestPB(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DEST_UUID_FIELD_NUMBER: _builtins.int
+    dest_uuid: _builtins.str
+    def __init__(
+        self,
+        *,
+        dest_uuid: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dest_uuid", b"dest_uuid"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListUsersRequestPB: _TypeAlias = ListUsersRequestPB  # noqa: Y015
+
+@_typing.final
+class ListUsersResponsePB(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    USERS_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def users(self) -> _containers.RepeatedCompositeFieldContainer[Global___SysUserEntryPB]: ...
+    @_builtins.property
+    def error(self) -> _common_pb2.ErrorPB: ...
+    def __init__(
+        self,
+        *,
+        users: _abc.Iterable[Global___SysUserEntryPB] | None = ...,
+        error: _common_pb2.ErrorPB | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_error", b"_error", "error", b"error"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_error", b"_error", "error", b"error", "users", b"users"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__error: _TypeAlias = _typing.Literal["error"]  # noqa: Y015
+    _WhichOneofArgType__error: _TypeAlias = _typing.Literal["_error", b"_error"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__error) -> _WhichOneofReturnType__error | None: ...
+
+Global___ListUsersResponsePB: _TypeAlias = ListUsersResponsePB  # noqa: Y015

@@ -104,6 +104,21 @@ class MasterServiceStub:
                 request_serializer=nyala_dot_master__pb2.SetTablePrivilegesRequestPB.SerializeToString,
                 response_deserializer=nyala_dot_master__pb2.SetTablePrivilegesResponsePB.FromString,
                 _registered_method=True)
+        self.AddUser = channel.unary_unary(
+                '/nyala.MasterService/AddUser',
+                request_serializer=nyala_dot_master__pb2.AddUserRequestPB.SerializeToString,
+                response_deserializer=nyala_dot_master__pb2.AddUserResponsePB.FromString,
+                _registered_method=True)
+        self.RemoveUser = channel.unary_unary(
+                '/nyala.MasterService/RemoveUser',
+                request_serializer=nyala_dot_master__pb2.RemoveUserRequestPB.SerializeToString,
+                response_deserializer=nyala_dot_master__pb2.RemoveUserResponsePB.FromString,
+                _registered_method=True)
+        self.ListUsers = channel.unary_unary(
+                '/nyala.MasterService/ListUsers',
+                request_serializer=nyala_dot_master__pb2.ListUsersRequestPB.SerializeToString,
+                response_deserializer=nyala_dot_master__pb2.ListUsersResponsePB.FromString,
+                _registered_method=True)
         self.ListMasters = channel.unary_unary(
                 '/nyala.MasterService/ListMasters',
                 request_serializer=nyala_dot_master__pb2.ListMastersRequestPB.SerializeToString,
@@ -243,6 +258,24 @@ class MasterServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AddUser(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RemoveUser(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListUsers(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ListMasters(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -375,6 +408,21 @@ def add_MasterServiceServicer_to_server(servicer, server):
                     servicer.SetTablePrivileges,
                     request_deserializer=nyala_dot_master__pb2.SetTablePrivilegesRequestPB.FromString,
                     response_serializer=nyala_dot_master__pb2.SetTablePrivilegesResponsePB.SerializeToString,
+            ),
+            'AddUser': grpc.unary_unary_rpc_method_handler(
+                    servicer.AddUser,
+                    request_deserializer=nyala_dot_master__pb2.AddUserRequestPB.FromString,
+                    response_serializer=nyala_dot_master__pb2.AddUserResponsePB.SerializeToString,
+            ),
+            'RemoveUser': grpc.unary_unary_rpc_method_handler(
+                    servicer.RemoveUser,
+                    request_deserializer=nyala_dot_master__pb2.RemoveUserRequestPB.FromString,
+                    response_serializer=nyala_dot_master__pb2.RemoveUserResponsePB.SerializeToString,
+            ),
+            'ListUsers': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListUsers,
+                    request_deserializer=nyala_dot_master__pb2.ListUsersRequestPB.FromString,
+                    response_serializer=nyala_dot_master__pb2.ListUsersResponsePB.SerializeToString,
             ),
             'ListMasters': grpc.unary_unary_rpc_method_handler(
                     servicer.ListMasters,
@@ -805,6 +853,87 @@ class MasterService:
             '/nyala.MasterService/SetTablePrivileges',
             nyala_dot_master__pb2.SetTablePrivilegesRequestPB.SerializeToString,
             nyala_dot_master__pb2.SetTablePrivilegesResponsePB.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AddUser(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/nyala.MasterService/AddUser',
+            nyala_dot_master__pb2.AddUserRequestPB.SerializeToString,
+            nyala_dot_master__pb2.AddUserResponsePB.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RemoveUser(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/nyala.MasterService/RemoveUser',
+            nyala_dot_master__pb2.RemoveUserRequestPB.SerializeToString,
+            nyala_dot_master__pb2.RemoveUserResponsePB.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListUsers(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/nyala.MasterService/ListUsers',
+            nyala_dot_master__pb2.ListUsersRequestPB.SerializeToString,
+            nyala_dot_master__pb2.ListUsersResponsePB.FromString,
             options,
             channel_credentials,
             insecure,

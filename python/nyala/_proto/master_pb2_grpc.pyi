@@ -56,6 +56,9 @@ class MasterServiceStub:
     ListTables: _grpc.UnaryUnaryMultiCallable[_master_pb2.ListTablesRequestPB, _master_pb2.ListTablesResponsePB]
     ListTabletServers: _grpc.UnaryUnaryMultiCallable[_master_pb2.ListTabletServersRequestPB, _master_pb2.ListTabletServersResponsePB]
     SetTablePrivileges: _grpc.UnaryUnaryMultiCallable[_master_pb2.SetTablePrivilegesRequestPB, _master_pb2.SetTablePrivilegesResponsePB]
+    AddUser: _grpc.UnaryUnaryMultiCallable[_master_pb2.AddUserRequestPB, _master_pb2.AddUserResponsePB]
+    RemoveUser: _grpc.UnaryUnaryMultiCallable[_master_pb2.RemoveUserRequestPB, _master_pb2.RemoveUserResponsePB]
+    ListUsers: _grpc.UnaryUnaryMultiCallable[_master_pb2.ListUsersRequestPB, _master_pb2.ListUsersResponsePB]
     ListMasters: _grpc.UnaryUnaryMultiCallable[_master_pb2.ListMastersRequestPB, _master_pb2.ListMastersResponsePB]
     AddMaster: _grpc.UnaryUnaryMultiCallable[_master_pb2.AddMasterRequestPB, _master_pb2.AddMasterResponsePB]
     RemoveMaster: _grpc.UnaryUnaryMultiCallable[_master_pb2.RemoveMasterRequestPB, _master_pb2.RemoveMasterResponsePB]
@@ -84,6 +87,9 @@ class MasterServiceAsyncStub(MasterServiceStub):
     ListTables: _aio.UnaryUnaryMultiCallable[_master_pb2.ListTablesRequestPB, _master_pb2.ListTablesResponsePB]  # type: ignore[assignment]
     ListTabletServers: _aio.UnaryUnaryMultiCallable[_master_pb2.ListTabletServersRequestPB, _master_pb2.ListTabletServersResponsePB]  # type: ignore[assignment]
     SetTablePrivileges: _aio.UnaryUnaryMultiCallable[_master_pb2.SetTablePrivilegesRequestPB, _master_pb2.SetTablePrivilegesResponsePB]  # type: ignore[assignment]
+    AddUser: _aio.UnaryUnaryMultiCallable[_master_pb2.AddUserRequestPB, _master_pb2.AddUserResponsePB]  # type: ignore[assignment]
+    RemoveUser: _aio.UnaryUnaryMultiCallable[_master_pb2.RemoveUserRequestPB, _master_pb2.RemoveUserResponsePB]  # type: ignore[assignment]
+    ListUsers: _aio.UnaryUnaryMultiCallable[_master_pb2.ListUsersRequestPB, _master_pb2.ListUsersResponsePB]  # type: ignore[assignment]
     ListMasters: _aio.UnaryUnaryMultiCallable[_master_pb2.ListMastersRequestPB, _master_pb2.ListMastersResponsePB]  # type: ignore[assignment]
     AddMaster: _aio.UnaryUnaryMultiCallable[_master_pb2.AddMasterRequestPB, _master_pb2.AddMasterResponsePB]  # type: ignore[assignment]
     RemoveMaster: _aio.UnaryUnaryMultiCallable[_master_pb2.RemoveMasterRequestPB, _master_pb2.RemoveMasterResponsePB]  # type: ignore[assignment]
@@ -193,6 +199,27 @@ class MasterServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _master_pb2.SetTablePrivilegesRequestPB,
         context: _ServicerContext,
     ) -> _typing.Union[_master_pb2.SetTablePrivilegesResponsePB, _abc.Awaitable[_master_pb2.SetTablePrivilegesResponsePB]]: ...
+
+    @_abc_1.abstractmethod
+    def AddUser(
+        self,
+        request: _master_pb2.AddUserRequestPB,
+        context: _ServicerContext,
+    ) -> _typing.Union[_master_pb2.AddUserResponsePB, _abc.Awaitable[_master_pb2.AddUserResponsePB]]: ...
+
+    @_abc_1.abstractmethod
+    def RemoveUser(
+        self,
+        request: _master_pb2.RemoveUserRequestPB,
+        context: _ServicerContext,
+    ) -> _typing.Union[_master_pb2.RemoveUserResponsePB, _abc.Awaitable[_master_pb2.RemoveUserResponsePB]]: ...
+
+    @_abc_1.abstractmethod
+    def ListUsers(
+        self,
+        request: _master_pb2.ListUsersRequestPB,
+        context: _ServicerContext,
+    ) -> _typing.Union[_master_pb2.ListUsersResponsePB, _abc.Awaitable[_master_pb2.ListUsersResponsePB]]: ...
 
     @_abc_1.abstractmethod
     def ListMasters(

@@ -27,6 +27,7 @@ COMMAND_MODULES: dict[str, str] = {
     "local-cluster": "nyala.cli.local_cluster",
     "remote-replica": "nyala.cli.remote_replica",
     "perf": "nyala.cli.perf",
+    "user": "nyala.cli.user",
 }
 
 _SHORT_HELP: dict[str, str] = {
@@ -42,6 +43,7 @@ _SHORT_HELP: dict[str, str] = {
     "local-cluster": "Run a cluster on this machine in the background.",
     "remote-replica": "Operate on a replica of a live tablet server (unsafe-change-config).",
     "perf": "Load generators: measure write throughput (loadgen).",
+    "user": "Add, remove and list the users of a secure cluster.",
 }
 
 

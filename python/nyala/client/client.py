@@ -258,6 +258,52 @@ class Client:
         response = self._master_call(lambda s: s.master.SetTablePrivileges, request, admin=True)
         return Privilege(response.privileges).describe()
 
+    def add_user(
+        self, name: str, out: str | os.PathLike[str], *, admin: bool = False, days: int = 0
+    ) -> Path:
+        """Adds a user (or an admin) to a secure cluster (as an admin) and writes its
+        credentials directory ``out`` (``ca.pem``, ``client.pem``, ``client.key`` 0600) for
+        ``nyala.connect(credentials=out)``: a key made here, its certificate signed by the
+        masters' CA for ``days`` (0: 30). ``AlreadyPresentError`` if the user exists."""
+        from nyala.security import files, pki
+        from nyala.security.identity import Identity, Kind
+
+        identity = Identity(Kind.ADMIN if admin else Kind.USER, name)
+        key = pki.new_key()
+        request = master_pb2.AddUserRequestPB(
+            name=name, admin=admin, csr_pem=pki.make_identity_csr(key, identity), validity_days=days
+        )
+        response = self._master_call(lambda s: s.master.AddUser, request, admin=True)
+        directory = Path(out)
+        files.write_private(directory / files.CLIENT_KEY, pki.key_pem(key))
+        files.write_public(directory / files.CLIENT_CERT, response.cert_pem)
+        files.write_public(directory / files.CA_CERT, response.ca_cert_pem)
+        return directory
+
+    def remove_user(self, name: str) -> None:
+        """Removes a user of a secure cluster (as an admin): every certificate of that name
+        valid from before now is refused, by the masters at once and by the tablet servers
+        from their next heartbeat. Also for names whose certificates came from
+        ``nyala cert issue``."""
+        request = master_pb2.RemoveUserRequestPB(name=name)
+        self._master_call(lambda s: s.master.RemoveUser, request, admin=True)
+
+    def list_users(self) -> list[dict[str, Any]]:
+        """Users added or removed, by name: name, admin, removed, added and removed times."""
+        response = self._master_call(
+            lambda s: s.master.ListUsers, master_pb2.ListUsersRequestPB(), admin=True
+        )
+        return [
+            {
+                "name": u.name,
+                "admin": u.admin,
+                "removed": u.removed,
+                "added_unix_ms": u.added_unix_ms,
+                "removed_unix_ms": u.removed_unix_ms,
+            }
+            for u in response.users
+        ]
+
     def list_tables(self, name_filter: str = "") -> list[dict[str, Any]]:
         """Live tables, sorted by name: id, name, tablets, replicas, state, schema version."""
         request = master_pb2.ListTablesRequestPB(name_filter=name_filter)

@@ -136,6 +136,8 @@ class MasterConnection:
         for stubs, future in calls:
             try:
                 response = stubs.finish(future)
+            except errors.NotAuthenticatedError:
+                raise  # a master refused these credentials (revoked): no retry helps
             except errors.NyalaError as exc:
                 unreachable += isinstance(exc, errors.NetworkError)
                 problems.append(f"{stubs.addr}: {type(exc).__name__}: {_cause(exc)}")

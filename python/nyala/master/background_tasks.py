@@ -35,6 +35,7 @@ from nyala.master.catalog import TableInfo, TabletInfo
 from nyala.master.catalog_manager import CatalogManager
 from nyala.master.ddl import TableDdl
 from nyala.master.rereplication import Action, PlannedChange, Rereplicator
+from nyala.master.sys_catalog import CatalogRecord
 from nyala.rpc import ServerProxy
 from nyala.rpc.settings import RpcSettings
 
@@ -98,6 +99,8 @@ class BackgroundTasks:
 
     async def run_once(self) -> None:
         """One pass over the catalog."""
+        if self._m.secure:
+            await self._rotate_token_keys()
         catalog = self._m.catalog
         now_us = time.time_ns() // 1000
         timeout_us = self._settings.tablet_creation_timeout_ms * 1000
@@ -122,6 +125,21 @@ class BackgroundTasks:
         calls.extend(self._config_calls())
         for key, call in calls:
             self._start(key, call)
+
+    async def _rotate_token_keys(self) -> None:
+        """Makes the next token-signing key when it is due (``nyala.master.token_keys``)."""
+        record = self._m.token_keys.due(int(time.time() * 1000))
+        if record is None:
+            return
+        async with self._m.lock:
+            self._m.require_leader()
+            await self._m.replicate([CatalogRecord.tsk(record)])
+            self._m.token_keys.commit(record)
+        log.info(
+            "token-signing key %d made; it signs from Unix ms %d",
+            record.key_seq,
+            record.activate_unix_ms,
+        )
 
     def _electing(self, tablet: TabletInfo) -> bool:
         """A majority of the tablet's replicas report a running replica from a live server:

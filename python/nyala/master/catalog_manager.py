@@ -39,8 +39,10 @@ from nyala.errors import (
 from nyala.master.catalog import Catalog
 from nyala.master.settings import MasterSettings
 from nyala.master.sys_catalog import CatalogRecord, SysCatalog
+from nyala.master.token_keys import TokenKeys
 from nyala.master.ts_manager import TSManager
 from nyala.rpc import split_host_port
+from nyala.rpc.auth import Revocations
 
 log = logging.getLogger(__name__)
 
@@ -71,11 +73,14 @@ class CatalogManager:
         ts_manager: TSManager,
         settings: MasterSettings,
         rng: random.Random | None = None,
+        *,
+        secure: bool = False,
     ) -> None:
         self.uuid = uuid
         self.sys_catalog = sys_catalog
         self.ts_manager = ts_manager
         self.settings = settings
+        self.secure = secure  # a cluster CA: tokens, users and revocations (docs/security.md)
         self.rng = rng or random.Random()  # placement's draws (seeded in tests)
         # Held by every operation that reads records to replace them (copy-on-write), from the
         # read to the in-memory commit, so two operations never replace the same record.
@@ -92,6 +97,12 @@ class CatalogManager:
         # Tablet servers retired (RetireTabletServer): placement keeps new replicas off them.
         # Each is a sys-catalog record (loaded with the catalog), so a new leader honours it.
         self.retired_tservers: set[str] = set()
+        # Secure clusters (docs/security.md): the token-signing keys and the users, both
+        # sys-catalog records loaded with the catalog. ``revocations`` is the RPC server's
+        # list of revoked user names, kept equal to the users' records on the leader.
+        self.token_keys = TokenKeys(settings.tsk_rotation_ms, settings.authz_token_validity_ms)
+        self.users: dict[str, master_pb2.SysUserEntryPB] = {}
+        self.revocations = Revocations()
 
     # --- leadership -------------------------------------------------------------------------
 
@@ -150,6 +161,13 @@ class CatalogManager:
                 return
             self.catalog = Catalog.from_records(contents.tables, contents.tablets)
             self.retired_tservers = {pb.ts_uuid for pb in contents.tservers if pb.retired}
+            try:
+                self.token_keys.load(contents.tsks)
+            except NyalaError as exc:
+                log.error("catalog load in term %d: %s", term, exc)
+                return
+            self.users = {pb.name: pb for pb in contents.users}
+            self.revocations.set(self.revoked_users())
             self.reports.clear()
             self.pending_deletes.clear()
             self._loaded_term = term
@@ -161,6 +179,14 @@ class CatalogManager:
             len(contents.tablets),
         )
         self.wake.set()
+
+    def revoked_users(self) -> dict[str, int]:
+        """User name -> Unix ms before which its certificates are refused."""
+        return {
+            name: pb.revoked_before_unix_ms
+            for name, pb in self.users.items()
+            if pb.revoked_before_unix_ms
+        }
 
     async def replicate(self, records: list[CatalogRecord]) -> None:
         """Writes ``records`` as one batch; on failure drops the catalog (module docstring)."""

@@ -16,8 +16,8 @@ from nyala.errors import NotAuthorizedError
 from nyala.master.catalog import copy_record
 from nyala.master.catalog_manager import CatalogManager
 from nyala.master.sys_catalog import CatalogRecord
+from nyala.master.token_keys import TokenKeys
 from nyala.security.identity import Identity, Kind, Role
-from nyala.security.pki import ClusterCa
 from nyala.security.tokens import AuthzToken, Privilege, sign_token
 
 
@@ -43,21 +43,22 @@ def owner_of_new_table(caller: Identity | None) -> str:
 
 
 def authz_token(
-    ca: ClusterCa,
+    keys: TokenKeys,
     table: master_pb2.SysTableEntryPB,
     caller: Identity | None,
-    validity_ms: int,
 ) -> bytes:
-    """The signed token of ``caller``'s privileges on ``table`` (empty without a caller)."""
+    """The token of ``caller``'s privileges on ``table``, signed with the current
+    token-signing key (empty without a caller)."""
     if caller is None:
         return b""
+    now_ms = int(time.time() * 1000)
     token = AuthzToken(
         user=caller.name,
         table_id=table.table_id,
         privileges=effective(table, caller),
-        expires_unix_ms=int(time.time() * 1000) + validity_ms,
+        expires_unix_ms=now_ms + keys.token_validity_ms,
     )
-    return sign_token(ca.private_key, token)
+    return sign_token(keys.signing_key(now_ms), token)
 
 
 async def set_privileges(

@@ -72,6 +72,7 @@ class MasterServer(ServerBase):
                 sys_catalog,
                 TSManager(self.settings.tserver_unresponsive_timeout_ms),
                 self.settings,
+                secure=self._ca is not None,
             )
             self._register_metrics()
             self.copy = TabletCopy(
@@ -158,7 +159,9 @@ class MasterServer(ServerBase):
         # Imported here: the service module imports membership, which imports the rpc proxies.
         from nyala.master.service import MasterService
 
-        server = RpcServer(self.settings.rpc_bind, self.settings.rpc_settings())
+        server = RpcServer(
+            self.settings.rpc_bind, self.settings.rpc_settings(), self.manager.revocations
+        )
         server.add_service(
             master_pb2_grpc.add_MasterServiceServicer_to_server,
             MasterService(self.uuid, self._rpc_metrics, self.manager, self._ca),

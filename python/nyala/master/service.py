@@ -10,7 +10,7 @@ from nyala.errors import (
     NotFoundError,
     NotSupportedError,
 )
-from nyala.master import membership, privileges
+from nyala.master import membership, privileges, users
 from nyala.master.catalog_manager import CatalogManager, role_pb
 from nyala.master.ddl import TableDdl
 from nyala.master.locations import Locations
@@ -159,12 +159,11 @@ class MasterService(ServiceBase, master_pb2_grpc.MasterServiceServicer):
     ) -> master_pb2.GetTableLocationsResponsePB:
         response = self._locations.table_locations(request)
         if self._ca is not None:
-            validity_ms = self._m.settings.authz_token_validity_ms
             table = self._m.require_leader().table(request.table).pb
             response.authz_token = privileges.authz_token(
-                self._ca, table, current_caller(), validity_ms
+                self._m.token_keys, table, current_caller()
             )
-            response.ttl_ms = min(response.ttl_ms, validity_ms // 2)
+            response.ttl_ms = min(response.ttl_ms, self._m.token_keys.token_validity_ms // 2)
         return response
 
     @unary(master_pb2.SetTablePrivilegesResponsePB)
@@ -178,6 +177,43 @@ class MasterService(ServiceBase, master_pb2_grpc.MasterServiceServicer):
         """GRANT and REVOKE (``nyala table grant/revoke``)."""
         now = await privileges.set_privileges(self._m, request, current_caller())
         return master_pb2.SetTablePrivilegesResponsePB(privileges=int(now))
+
+    @unary(master_pb2.AddUserResponsePB)
+    async def AddUser(
+        self,
+        request: master_pb2.AddUserRequestPB,
+        context: Context[master_pb2.AddUserRequestPB, master_pb2.AddUserResponsePB],
+    ) -> master_pb2.AddUserResponsePB:
+        """``nyala user add``: records the user and signs its certificate request."""
+        ca = self._require_ca()
+        cert = await users.add_user(self._m, ca, request)
+        return master_pb2.AddUserResponsePB(cert_pem=cert, ca_cert_pem=ca.cert_pem)
+
+    @unary(master_pb2.RemoveUserResponsePB)
+    async def RemoveUser(
+        self,
+        request: master_pb2.RemoveUserRequestPB,
+        context: Context[master_pb2.RemoveUserRequestPB, master_pb2.RemoveUserResponsePB],
+    ) -> master_pb2.RemoveUserResponsePB:
+        """``nyala user remove``: revokes the user's certificates."""
+        self._require_ca()
+        await users.remove_user(self._m, request.name)
+        return master_pb2.RemoveUserResponsePB()
+
+    @unary(master_pb2.ListUsersResponsePB)
+    async def ListUsers(
+        self,
+        request: master_pb2.ListUsersRequestPB,
+        context: Context[master_pb2.ListUsersRequestPB, master_pb2.ListUsersResponsePB],
+    ) -> master_pb2.ListUsersResponsePB:
+        """``nyala user list``."""
+        self._require_ca()
+        return master_pb2.ListUsersResponsePB(users=users.list_users(self._m))
+
+    def _require_ca(self) -> ClusterCa:
+        if self._ca is None:
+            raise NotSupportedError("this master is not secure: it has no cluster CA")
+        return self._ca
 
     def _require(self, ident: master_pb2.TableIdentifierPB, needed: Privilege) -> None:
         """``NotAuthorizedError`` unless the caller holds ``needed`` on the table. A name that

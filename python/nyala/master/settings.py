@@ -46,6 +46,10 @@ class MasterSettings(ServerSettings):
     # tablet servers) is valid: a REVOKE takes effect within this long. Locations are then
     # cached for at most half of it, so a client renews its token with them.
     authz_token_validity_ms: int = 300_000
+    # Secure clusters: how long one token-signing key signs authz tokens before the next one
+    # takes over (Kudu's tsk_rotation_seconds: 1 day). The next key is published half of this
+    # ahead; a key is kept one token lifetime after its turn, until its tokens expired.
+    tsk_rotation_ms: int = 86_400_000
     # How long a new master waits for its peers to answer before forming the sys catalog.
     master_discovery_timeout_ms: int = 120_000
 
@@ -59,6 +63,7 @@ class MasterSettings(ServerSettings):
         "catalog_write_timeout_ms",
         "table_locations_ttl_ms",
         "authz_token_validity_ms",
+        "tsk_rotation_ms",
         "master_discovery_timeout_ms",
     )
 

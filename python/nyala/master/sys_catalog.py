@@ -2,7 +2,8 @@
 tablet, WAL, storage and consensus code as any tserver tablet.
 
 Each row is one record: ``(entry_type, entry_id) -> metadata``, where metadata is a serialized
-``SysTableEntryPB``, ``SysTabletEntryPB`` or ``SysTServerEntryPB`` (a retired tablet server)
+``SysTableEntryPB``, ``SysTabletEntryPB``, ``SysTServerEntryPB`` (a retired tablet server),
+``SysTskEntryPB`` (a token-signing key) or ``SysUserEntryPB`` (a user of a secure cluster)
 (master.proto). ``write`` replicates any number of
 records as ONE op batch, so a logical operation (a table and all its tablets) commits or fails
 as a whole (seed 002, "Ensure each logical operation is replicated as one batch"). ``load``
@@ -49,13 +50,19 @@ SYS_CATALOG_SCHEMA = Schema(
 
 #: The message of a sys-catalog row.
 SysRecord: TypeAlias = (
-    master_pb2.SysTableEntryPB | master_pb2.SysTabletEntryPB | master_pb2.SysTServerEntryPB
+    master_pb2.SysTableEntryPB
+    | master_pb2.SysTabletEntryPB
+    | master_pb2.SysTServerEntryPB
+    | master_pb2.SysTskEntryPB
+    | master_pb2.SysUserEntryPB
 )
 _SysRecordT = TypeVar(
     "_SysRecordT",
     master_pb2.SysTableEntryPB,
     master_pb2.SysTabletEntryPB,
     master_pb2.SysTServerEntryPB,
+    master_pb2.SysTskEntryPB,
+    master_pb2.SysUserEntryPB,
 )
 
 
@@ -65,6 +72,8 @@ class RecordType(enum.IntEnum):
     TABLE = 1
     TABLET = 2
     TSERVER = 3
+    TSK = 4
+    USER = 5
 
 
 @dataclass(frozen=True)
@@ -90,6 +99,16 @@ class CatalogRecord:
         """The row of a tablet-server record."""
         return CatalogRecord(RecordType.TSERVER, str(pb.ts_uuid), pb)
 
+    @staticmethod
+    def tsk(pb: master_pb2.SysTskEntryPB) -> CatalogRecord:
+        """The row of a token-signing key (zero-padded: rows sort by sequence number)."""
+        return CatalogRecord(RecordType.TSK, f"{pb.key_seq:020d}", pb)
+
+    @staticmethod
+    def user(pb: master_pb2.SysUserEntryPB) -> CatalogRecord:
+        """The row of a user."""
+        return CatalogRecord(RecordType.USER, str(pb.name), pb)
+
 
 @dataclass(frozen=True)
 class CatalogContents:
@@ -98,6 +117,8 @@ class CatalogContents:
     tables: list[master_pb2.SysTableEntryPB]
     tablets: list[master_pb2.SysTabletEntryPB]
     tservers: list[master_pb2.SysTServerEntryPB] = field(default_factory=list)
+    tsks: list[master_pb2.SysTskEntryPB] = field(default_factory=list)
+    users: list[master_pb2.SysUserEntryPB] = field(default_factory=list)
 
 
 def encode_records(records: Sequence[CatalogRecord]) -> bytes:
@@ -116,7 +137,7 @@ def encode_records(records: Sequence[CatalogRecord]) -> bytes:
 
 def decode_contents(table: pa.Table) -> CatalogContents:
     """The records of a scan of the whole sys catalog; ``CorruptionError`` if one is bad."""
-    contents = CatalogContents([], [], [])
+    contents = CatalogContents([], [], [], [], [])
     columns = table.to_pydict()
     for kind, entry_id, raw in zip(
         columns["entry_type"], columns["entry_id"], columns["metadata"], strict=True
@@ -127,6 +148,10 @@ def decode_contents(table: pa.Table) -> CatalogContents:
             contents.tablets.append(_parse(master_pb2.SysTabletEntryPB, entry_id, raw))
         elif kind == RecordType.TSERVER:
             contents.tservers.append(_parse(master_pb2.SysTServerEntryPB, entry_id, raw))
+        elif kind == RecordType.TSK:
+            contents.tsks.append(_parse(master_pb2.SysTskEntryPB, entry_id, raw))
+        elif kind == RecordType.USER:
+            contents.users.append(_parse(master_pb2.SysUserEntryPB, entry_id, raw))
         else:
             raise CorruptionError(f"sys catalog row {entry_id!r} has unknown entry type {kind}")
     return contents

@@ -12,6 +12,7 @@ leader change.
 from __future__ import annotations
 
 import logging
+import time
 
 from nyala._proto import master_pb2, metadata_pb2
 from nyala.master.catalog import Catalog, config_opid_index, copy_record
@@ -50,6 +51,10 @@ class TabletReports:
         if not self._m.is_ready_leader():
             return response
         response.leader_master = True
+        if self._m.secure:
+            now_ms = int(time.time() * 1000)
+            response.tsk_public_keys.extend(self._m.token_keys.public_keys(now_ms))
+            response.revoked_users.update(self._m.revoked_users())
         seen_key = (int(request.ts_instance_seqno), status.term)
         if not request.HasField("tablet_report"):
             response.needs_full_tablet_report = ts.full_report_seen != seen_key

@@ -6,6 +6,10 @@ The TLS handshake already proved that the caller holds a certificate of the clus
 (``METHOD_ROLES``): ``UNAUTHENTICATED`` without an identity, ``PERMISSION_DENIED`` for too low a
 role. A handler reads the caller with ``current_caller()`` (None on an insecure server).
 
+A secure server also refuses the certificates of removed users (``Revocations``: the names
+``nyala user remove`` revoked, each with the time before which a certificate of that name is no
+longer good); tablet servers learn them from the leader master's heartbeat answers.
+
 Kudu's split: server-to-server RPCs (Raft, heartbeats, tablet copy, tablet creation) need a
 server's certificate; replica administration and unsafe recovery need an admin; reads, writes
 and DDL need a user; a join credential may only ask for a server certificate.
@@ -15,13 +19,15 @@ from __future__ import annotations
 
 import contextvars
 import logging
+import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from typing import Any, TypeAlias, cast
 
 import grpc
+from cryptography import x509
 
 from nyala.errors import InvalidArgumentError
-from nyala.security.identity import Identity, Role
+from nyala.security.identity import Identity, Kind, Role
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +51,9 @@ METHOD_ROLES: dict[str, Role] = {
     "MasterService.ListTabletServers": Role.USER,
     "MasterService.ListMasters": Role.USER,
     "MasterService.SetTablePrivileges": Role.USER,  # the table's owner or an admin
+    "MasterService.AddUser": Role.ADMIN,
+    "MasterService.RemoveUser": Role.ADMIN,
+    "MasterService.ListUsers": Role.ADMIN,
     "MasterService.AddMaster": Role.ADMIN,
     "MasterService.RemoveMaster": Role.ADMIN,
     "MasterService.AddReplica": Role.ADMIN,
@@ -111,15 +120,81 @@ def caller_of(auth_context: Mapping[str, Iterable[bytes]]) -> Identity | None:
     return None
 
 
-async def _check(context: grpc.aio.ServicerContext[Any, Any], role: Role, method: str) -> None:
+#: Certificates whose start time ``Revocations`` remembers (by their PEM bytes).
+_NOT_BEFORE_CACHE_MAX = 1024
+
+
+class Revocations:
+    """The users (and admins) whose certificates valid from before a time are refused: removed
+    with ``nyala user remove``. Set from the sys catalog on the leader master and from its
+    heartbeat answers on tablet servers; looked up on every call of a person's certificate
+    (one dict lookup unless the name was revoked)."""
+
+    def __init__(self) -> None:
+        self._before_ms: dict[str, int] = {}
+        self._not_before_ms: dict[bytes, int] = {}
+        self._lock = threading.Lock()
+
+    def set(self, revoked_before_ms: Mapping[str, int]) -> None:
+        """Replaces the revoked names (name -> Unix ms before which a certificate is refused)."""
+        with self._lock:
+            self._before_ms = dict(revoked_before_ms)
+
+    def snapshot(self) -> dict[str, int]:
+        """The revoked names now."""
+        with self._lock:
+            return dict(self._before_ms)
+
+    def reason(self, caller: Identity, auth_context: Mapping[str, Iterable[bytes]]) -> str | None:
+        """Why ``caller``'s certificate is refused (None: it is not)."""
+        if caller.kind not in (Kind.USER, Kind.ADMIN):
+            return None
+        before_ms = self._before_ms.get(caller.name)
+        if before_ms is None:
+            return None
+        pem = b"".join(auth_context.get("x509_pem_cert", ()))
+        not_before_ms = self._cert_not_before_ms(pem)
+        if not_before_ms is None or not_before_ms < before_ms:
+            return f"the certificates of {caller.name!r} were revoked (nyala user remove)"
+        return None
+
+    def _cert_not_before_ms(self, pem: bytes) -> int | None:
+        with self._lock:
+            known = self._not_before_ms.get(pem)
+        if known is not None:
+            return known
+        try:
+            cert = x509.load_pem_x509_certificate(pem)
+        except ValueError:
+            return None
+        not_before_ms = int(cert.not_valid_before_utc.timestamp() * 1000)
+        with self._lock:
+            if len(self._not_before_ms) >= _NOT_BEFORE_CACHE_MAX:
+                self._not_before_ms.clear()
+            self._not_before_ms[pem] = not_before_ms
+        return not_before_ms
+
+
+async def _check(
+    context: grpc.aio.ServicerContext[Any, Any],
+    role: Role,
+    method: str,
+    revocations: Revocations | None,
+) -> None:
     """Aborts the call unless its caller may call ``method``; sets ``current_caller``."""
-    caller = caller_of(context.auth_context())
+    auth_context = context.auth_context()
+    caller = caller_of(auth_context)
     if caller is None:
         await context.abort(
             grpc.StatusCode.UNAUTHENTICATED,
             f"{method} needs a certificate of this cluster naming a nyala identity",
         )
     assert caller is not None
+    if revocations is not None:
+        revoked = revocations.reason(caller, auth_context)
+        if revoked is not None:
+            log.warning("refused %s from %s: revoked", method, caller)
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, revoked)
     if caller.role < role:
         log.warning("refused %s from %s: needs the %s role", method, caller, role.name)
         await context.abort(
@@ -129,32 +204,36 @@ async def _check(context: grpc.aio.ServicerContext[Any, Any], role: Role, method
     _caller.set(caller)
 
 
-def _guard(handler: _Handler, role: Role, method: str) -> _Handler:
+def _guard(handler: _Handler, role: Role, method: str, revocations: Revocations | None) -> _Handler:
     """``handler`` with ``_check`` run before its behaviour."""
     replace = cast(Any, handler)._replace
     if handler.unary_unary is not None:
         unary = cast(Callable[..., Awaitable[Any]], handler.unary_unary)
 
         async def unary_unary(request: Any, context: Any) -> Any:
-            await _check(context, role, method)
+            await _check(context, role, method, revocations)
             return await unary(request, context)
 
         return cast(_Handler, replace(unary_unary=unary_unary))
     for field in ("unary_stream", "stream_stream"):  # a request (or a stream of them) in
         behaviour = getattr(handler, field)
         if behaviour is not None:
-            return cast(_Handler, replace(**{field: _guard_stream(behaviour, role, method)}))
+            guarded = _guard_stream(behaviour, role, method, revocations)
+            return cast(_Handler, replace(**{field: guarded}))
     # nyala has no client-streaming RPC: refuse rather than serve one unchecked.
     raise AssertionError(f"{method}: client-streaming methods are not guarded")
 
 
 def _guard_stream(
-    behaviour: Callable[..., AsyncIterator[Any]], role: Role, method: str
+    behaviour: Callable[..., AsyncIterator[Any]],
+    role: Role,
+    method: str,
+    revocations: Revocations | None,
 ) -> Callable[..., AsyncIterator[Any]]:
     """A streaming behaviour (server or bidirectional) with ``_check`` run first."""
 
     async def guarded(request_or_requests: Any, context: Any) -> AsyncIterator[Any]:
-        await _check(context, role, method)
+        await _check(context, role, method, revocations)
         async for response in behaviour(request_or_requests, context):
             yield response
 
@@ -162,11 +241,12 @@ def _guard_stream(
 
 
 class AuthInterceptor(grpc.aio.ServerInterceptor):
-    """Checks every call's caller against ``METHOD_ROLES`` (wrapped handlers are cached per
-    method: the check is all a call pays)."""
+    """Checks every call's caller against ``METHOD_ROLES`` and ``revocations`` (wrapped
+    handlers are cached per method: the check is all a call pays)."""
 
-    def __init__(self) -> None:
+    def __init__(self, revocations: Revocations | None = None) -> None:
         self._guarded: dict[str, _Handler] = {}
+        self._revocations = revocations
 
     async def intercept_service(
         self,
@@ -180,5 +260,6 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
         handler = await continuation(handler_call_details)
         if handler is None:
             return None
-        guarded = self._guarded[method] = _guard(handler, required_role(method), method)
+        role = required_role(method)
+        guarded = self._guarded[method] = _guard(handler, role, method, self._revocations)
         return guarded

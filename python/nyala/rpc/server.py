@@ -9,7 +9,7 @@ from typing import Any, Protocol, TypeAlias, TypeVar, cast
 import grpc
 
 from nyala.errors import NetworkError
-from nyala.rpc.auth import AuthInterceptor
+from nyala.rpc.auth import AuthInterceptor, Revocations
 from nyala.rpc.credentials import server_credentials
 from nyala.rpc.errors import join_host_port, split_host_port
 from nyala.rpc.settings import RpcSettings
@@ -28,10 +28,12 @@ class RpcServer:
     ``settings.tls`` every connection is mutual TLS and every call is checked against the role
     its method requires (``nyala.rpc.auth``)."""
 
-    def __init__(self, bind: str, settings: RpcSettings) -> None:
+    def __init__(
+        self, bind: str, settings: RpcSettings, revocations: Revocations | None = None
+    ) -> None:
         self._host, self._port = split_host_port(bind)
         self._settings = settings
-        interceptors = [AuthInterceptor()] if settings.tls is not None else []
+        interceptors = [AuthInterceptor(revocations)] if settings.tls is not None else []
         self._server = grpc.aio.server(options=settings.grpc_options(), interceptors=interceptors)
         self.port = 0  # the bound port, known after start (differs from bind's port if that is 0)
 

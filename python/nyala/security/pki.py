@@ -81,7 +81,11 @@ def _host_names(hosts: Sequence[str]) -> list[x509.GeneralName]:
 
 def make_csr(key: ec.EllipticCurvePrivateKey, server_uuid: str) -> bytes:
     """A server's certificate signing request (PEM) for its UUID."""
-    identity = Identity(Kind.SERVER, server_uuid)
+    return make_identity_csr(key, Identity(Kind.SERVER, server_uuid))
+
+
+def make_identity_csr(key: ec.EllipticCurvePrivateKey, identity: Identity) -> bytes:
+    """A certificate signing request (PEM) for ``identity`` (``nyala user add`` sends one)."""
     csr = (
         x509.CertificateSigningRequestBuilder()
         .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, str(identity))]))
@@ -210,28 +214,25 @@ class ClusterCa:
     def sign_server_csr(self, csr_pem: bytes, server_uuid: str, hosts: Sequence[str]) -> bytes:
         """Signs a tablet server's CSR for ``server_uuid`` (PEM); ``InvalidArgumentError`` for
         a malformed, oversized or badly signed CSR, or one for another UUID."""
-        if len(csr_pem) > CSR_BYTES_MAX:
-            raise InvalidArgumentError(f"CSR of {len(csr_pem)} bytes is over {CSR_BYTES_MAX}")
-        try:
-            csr = x509.load_pem_x509_csr(csr_pem)
-        except ValueError:
-            raise InvalidArgumentError("the CSR is not a PEM certificate signing request") from None
-        if not csr.is_signature_valid:
-            raise InvalidArgumentError("the CSR's signature does not verify")
-        public_key = csr.public_key()
-        if not isinstance(public_key, ec.EllipticCurvePublicKey):
-            raise InvalidArgumentError("the CSR's key is not an EC key")
-        cn = csr.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
-        expected = str(Identity(Kind.SERVER, server_uuid))
-        if len(cn) != 1 or cn[0].value != expected:
-            raise InvalidArgumentError(f"the CSR does not name {expected}")
-        cert = self.issue(
-            Identity(Kind.SERVER, server_uuid),
-            public_key,
-            validity_s=SERVER_CERT_VALIDITY_S,
-            hosts=hosts,
-        )
+        identity = Identity(Kind.SERVER, server_uuid)
+        public_key = _csr_key(csr_pem, identity)
+        cert = self.issue(identity, public_key, validity_s=SERVER_CERT_VALIDITY_S, hosts=hosts)
         return cert_pem(cert)
+
+    def sign_identity_csr(
+        self,
+        csr_pem: bytes,
+        identity: Identity,
+        *,
+        validity_s: int,
+        not_before: datetime.datetime | None = None,
+    ) -> bytes:
+        """Signs a user's or admin's CSR for ``identity`` (PEM); ``InvalidArgumentError`` as
+        ``sign_server_csr``."""
+        public_key = _csr_key(csr_pem, identity)
+        return cert_pem(
+            self.issue(identity, public_key, validity_s=validity_s, not_before=not_before)
+        )
 
     def issue_credentials(
         self,
@@ -269,6 +270,26 @@ class ClusterCa:
         if not cert.not_valid_before_utc <= now <= cert.not_valid_after_utc:
             raise NotAuthorizedError("the certificate has expired or is not valid yet")
         return identity_of(cert)
+
+
+def _csr_key(csr_pem: bytes, identity: Identity) -> ec.EllipticCurvePublicKey:
+    """The key of a CSR that names ``identity``; ``InvalidArgumentError`` for a malformed,
+    oversized or badly signed CSR, or one for another identity."""
+    if len(csr_pem) > CSR_BYTES_MAX:
+        raise InvalidArgumentError(f"CSR of {len(csr_pem)} bytes is over {CSR_BYTES_MAX}")
+    try:
+        csr = x509.load_pem_x509_csr(csr_pem)
+    except ValueError:
+        raise InvalidArgumentError("the CSR is not a PEM certificate signing request") from None
+    if not csr.is_signature_valid:
+        raise InvalidArgumentError("the CSR's signature does not verify")
+    public_key = csr.public_key()
+    if not isinstance(public_key, ec.EllipticCurvePublicKey):
+        raise InvalidArgumentError("the CSR's key is not an EC key")
+    cn = csr.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
+    if len(cn) != 1 or cn[0].value != str(identity):
+        raise InvalidArgumentError(f"the CSR does not name {identity}")
+    return public_key
 
 
 def identity_of(cert: x509.Certificate) -> Identity:

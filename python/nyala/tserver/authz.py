@@ -1,7 +1,8 @@
 """A tablet server's check of table privileges on writes and scans (Kudu's fine-grained
 authorization, docs/security.md): the request carries the master's authz token for the
-table, which must verify under the cluster CA, name the caller's user and the tablet's table,
-and grant what the request does.
+table, which must verify under one of the token-signing keys the leader master published,
+name the caller's user and the tablet's table, and grant what the request does.
+``SecurityUpdates`` takes those keys, and the revoked user names, from heartbeat answers.
 
 Writes need INSERT, UPDATE or DELETE according to their row operations (an upsert needs both
 INSERT and UPDATE); the operations are read from the batch only when the token does not grant
@@ -10,16 +11,20 @@ all three. Scans need SELECT. Admins and servers need no token.
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 import pyarrow as pa
 
-from nyala._proto import tserver_pb2
+from nyala._proto import master_pb2, tserver_pb2
 from nyala.errors import NotAuthorizedError
 from nyala.rowops import OP_COLUMN, OpType
-from nyala.rpc.auth import current_caller
+from nyala.rpc.auth import Revocations, current_caller
 from nyala.security.identity import Role
-from nyala.security.tokens import Privilege, TokenVerifier
+from nyala.security.tokens import Privilege, TokenVerifier, VerifyingKey
 from nyala.tablet import TabletManager
+
+log = logging.getLogger(__name__)
 
 _WRITES = Privilege.INSERT | Privilege.UPDATE | Privilege.DELETE
 _NEEDED_BY_OP = {
@@ -31,6 +36,28 @@ _NEEDED_BY_OP = {
     OpType.DELETE: Privilege.DELETE,
     OpType.DELETE_IGNORE: Privilege.DELETE,
 }
+
+
+class SecurityUpdates:
+    """Applies what the leader master's heartbeat answers carry for a secure tablet server:
+    the token-signing keys (to ``verifier``) and the revoked users (to ``revocations``)."""
+
+    def __init__(self, verifier: TokenVerifier, revocations: Revocations) -> None:
+        self.verifier = verifier
+        self.revocations = revocations
+
+    def update(self, response: master_pb2.TSHeartbeatResponsePB) -> None:
+        """Takes the leader's keys and revocations (replacing the earlier ones)."""
+        keys = []
+        for pb in response.tsk_public_keys:
+            try:
+                keys.append(
+                    VerifyingKey.from_der(pb.key_seq, pb.public_key_der, pb.expires_unix_ms)
+                )
+            except ValueError as exc:  # the tokens it signed are refused: safe, and logged
+                log.error("the leader master sent a malformed token-signing key: %s", exc)
+        self.verifier.set_keys(keys)
+        self.revocations.set(dict(response.revoked_users))
 
 
 class TabletAuthorizer:

@@ -53,6 +53,7 @@ from nyala.rpc.settings import RpcSettings
 from nyala.server.convert import config_to_pb
 from nyala.tablet import TabletManager, TabletStatus
 from nyala.tablet.replica import DISK_USAGE_REFRESH_S, TabletReplica
+from nyala.tserver.authz import SecurityUpdates
 from nyala.tserver.tablet_meta import peer_health
 
 log = logging.getLogger(__name__)
@@ -110,9 +111,11 @@ class Heartbeater:
         rpc_settings: RpcSettings,
         *,
         peer_failed_after_ms: int = PEER_FAILED_AFTER_MS_DEFAULT,
+        security: SecurityUpdates | None = None,
     ) -> None:
         self._uuid = server_uuid
         self._peer_failed_after_ms = peer_failed_after_ms
+        self._security = security  # takes the leader's token-signing keys and revocations
         self._registration = master_pb2.TSRegistrationPB(
             rpc_addr=_host_port(rpc_addr), http_addr=_host_port(http_addr)
         )
@@ -286,6 +289,8 @@ class Heartbeater:
             master.needs_full_report = True
         master.is_leader = response.leader_master
         master.leader_term = response.leader_term
+        if response.leader_master and self._security is not None:
+            self._security.update(response)
         return master.is_leader and master.needs_full_report
 
     def _fill_report(

@@ -21,6 +21,7 @@ from nyala.consensus.core import ReplicaStatus
 from nyala.consensus.types import Role
 from nyala.errors import ServiceUnavailableError
 from nyala.rpc import HttpResponse, HttpServer, RpcServer
+from nyala.rpc.auth import Revocations
 from nyala.rpc.http import HttpRequest, Route
 from nyala.rpc.settings import MIB
 from nyala.security.tokens import TokenVerifier
@@ -30,7 +31,7 @@ from nyala.server.security import enroll_tserver
 from nyala.server.tablet_copy import TabletCopy, add_tablet_copy_service
 from nyala.server.web_ui import Cell, Markup, wants_json
 from nyala.tablet.replica import TabletReplica
-from nyala.tserver.authz import TabletAuthorizer
+from nyala.tserver.authz import SecurityUpdates, TabletAuthorizer
 from nyala.tserver.heartbeater import Heartbeater
 from nyala.tserver.memory import MemoryTracker, MemoryUsage
 from nyala.tserver.scanners import ScannerRegistry
@@ -178,6 +179,7 @@ class TabletServer(ServerBase):
         self._flush_task: asyncio.Task[None] | None = None
         self._heartbeat_task: asyncio.Task[None] | None = None
         self._heartbeater: Heartbeater | None = None
+        self._security: SecurityUpdates | None = None  # a secure server's keys and revocations
         self._quarantine_task: asyncio.Task[None] | None = None
         self._copy_tasks: list[asyncio.Task[None]] = []
         self.scanners = ScannerRegistry(settings.scanner_ttl_ms)
@@ -271,15 +273,18 @@ class TabletServer(ServerBase):
 
     def _authorizer(self) -> TabletAuthorizer | None:
         """The table-privilege check of a secure server (None: insecure)."""
-        tls = self.settings.rpc_settings().tls
-        if tls is None:
+        if self._security is None:
             return None
         assert self.tablets is not None
-        return TabletAuthorizer(TokenVerifier(tls.ca_pem), self.tablets)
+        return TabletAuthorizer(self._security.verifier, self.tablets)
 
     def _build_rpc_server(self) -> RpcServer:
         assert self.tablets is not None, "tablets are opened before the RPC server is built"
-        server = RpcServer(self.settings.rpc_bind, self.settings.rpc_settings())
+        if self.settings.rpc_settings().tls is not None:
+            # Token-signing keys and revoked users, from the leader master's heartbeats.
+            self._security = SecurityUpdates(TokenVerifier(), Revocations())
+        revocations = None if self._security is None else self._security.revocations
+        server = RpcServer(self.settings.rpc_bind, self.settings.rpc_settings(), revocations)
         server.add_service(
             tserver_pb2_grpc.add_TabletServiceServicer_to_server,
             TabletService(
@@ -392,6 +397,7 @@ class TabletServer(ServerBase):
             self.tablets,
             self.settings.rpc_settings(),
             peer_failed_after_ms=self.settings.follower_unavailable_considered_failed_sec * 1000,
+            security=self._security,
         )
         await heartbeater.run()
 

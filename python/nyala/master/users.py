@@ -1,0 +1,94 @@
+"""Users of a secure cluster (`nyala user add/remove/list`, docs/security.md "Users"): kept in
+the sys catalog, so every future leader master knows them.
+
+Adding a user signs the certificate request it sent (its key never leaves the caller) with the
+cluster CA. Removing one revokes every certificate of that name valid from before the removal,
+wherever it was issued (also by `nyala cert issue` on a master's host): the masters refuse it
+at once, the tablet servers from their next heartbeat answer (``revoked_users``). A user added
+again gets a certificate valid from after its removal, so only the new one works. Removal does
+not touch the user's table privileges or ownership: a user added again under the same name
+has them again, as in Kudu, where privileges belong to names.
+"""
+
+from __future__ import annotations
+
+import datetime
+import time
+
+from nyala._proto import master_pb2
+from nyala.errors import AlreadyPresentError, InvalidArgumentError
+from nyala.master.catalog import copy_record
+from nyala.master.catalog_manager import CatalogManager
+from nyala.master.sys_catalog import CatalogRecord
+from nyala.security.identity import Identity, Kind
+from nyala.security.pki import USER_CERT_VALIDITY_S, ClusterCa
+
+#: The longest certificate ``AddUser`` signs.
+USER_CERT_VALIDITY_DAYS_MAX = 3650
+
+
+async def add_user(
+    manager: CatalogManager, ca: ClusterCa, request: master_pb2.AddUserRequestPB
+) -> bytes:
+    """Records the user and returns its certificate (PEM) for the request's CSR;
+    ``AlreadyPresentError`` if a user of that name exists and was not removed."""
+    identity = Identity(Kind.ADMIN if request.admin else Kind.USER, request.name)
+    if request.validity_days > USER_CERT_VALIDITY_DAYS_MAX:
+        raise InvalidArgumentError(
+            f"validity_days {request.validity_days} is over {USER_CERT_VALIDITY_DAYS_MAX}"
+        )
+    validity_s = request.validity_days * 86_400 or USER_CERT_VALIDITY_S
+    async with manager.lock:
+        manager.require_leader()
+        known = manager.users.get(request.name)
+        if known is not None and not known.removed:
+            raise AlreadyPresentError(f"user {request.name!r} exists")
+        now_ms = int(time.time() * 1000)
+        record = master_pb2.SysUserEntryPB(name=request.name, admin=request.admin)
+        record.added_unix_ms = now_ms
+        not_before = None
+        if known is not None:
+            # Certificates valid from before the removal stay revoked; this one is valid from
+            # the removal's second on (a whole second, as certificates count time).
+            record.revoked_before_unix_ms = known.revoked_before_unix_ms
+            record.removed_unix_ms = known.removed_unix_ms
+            not_before = datetime.datetime.fromtimestamp(
+                known.revoked_before_unix_ms // 1000, datetime.UTC
+            )
+        cert = ca.sign_identity_csr(
+            request.csr_pem, identity, validity_s=validity_s, not_before=not_before
+        )
+        await manager.replicate([CatalogRecord.user(record)])
+        manager.users[record.name] = record
+        manager.revocations.set(manager.revoked_users())
+    return cert
+
+
+async def remove_user(manager: CatalogManager, name: str) -> None:
+    """Marks the user removed and revokes every certificate of that name valid from before now.
+    A name never added (its certificates came from `nyala cert issue`) is recorded as removed
+    too, and removing a removed user again revokes what was issued to it since."""
+    Identity(Kind.USER, name)  # a well-formed name, else InvalidArgumentError
+    async with manager.lock:
+        manager.require_leader()
+        known = manager.users.get(name)
+        record = master_pb2.SysUserEntryPB(name=name) if known is None else copy_record(known)
+        now_ms = int(time.time() * 1000)
+        record.removed = True
+        record.removed_unix_ms = now_ms
+        # Whole seconds (certificates' times are): every certificate valid from before this
+        # second is refused. Certificates made by `nyala cert issue` start 5 minutes before
+        # they were made, so one made just now is refused too; one from an earlier AddUser
+        # starts at the earlier removal's second, so a second removal moves a second on.
+        record.revoked_before_unix_ms = max(
+            now_ms // 1000 * 1000, record.revoked_before_unix_ms + 1000
+        )
+        await manager.replicate([CatalogRecord.user(record)])
+        manager.users[name] = record
+        manager.revocations.set(manager.revoked_users())
+
+
+def list_users(manager: CatalogManager) -> list[master_pb2.SysUserEntryPB]:
+    """Every user added or removed, by name."""
+    manager.require_leader()
+    return [manager.users[name] for name in sorted(manager.users)]
