@@ -7,8 +7,12 @@ from __future__ import annotations
 
 import base64
 import datetime
+import http.client
 import json
+import ssl
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -511,3 +515,68 @@ def test_only_admins_manage_users(authz_cluster: MiniCluster, tmp_path: Path) ->
         with pytest.raises(errors.NotAuthorizedError, match="ADMIN"):
             c.list_users()
     assert not (tmp_path / "m").exists()
+
+
+# --- the HTTP pages -----------------------------------------------------------------------
+
+
+def _https_get(
+    addr: str, path: str, security: ClusterSecurity, credentials: Path | None
+) -> tuple[int, bytes]:
+    """GET over TLS, checking the server against the cluster CA, with a client certificate
+    when ``credentials`` is given."""
+    context = ssl.create_default_context(cadata=security.ca.cert_pem.decode())
+    if credentials is not None:
+        context.load_cert_chain(credentials / files.CLIENT_CERT, credentials / files.CLIENT_KEY)
+    try:
+        with urllib.request.urlopen(f"https://{addr}{path}", context=context, timeout=10) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+def test_http_pages_are_tls_and_need_a_certificate_except_healthz(
+    cluster: MiniCluster, security: ClusterSecurity, tmp_path: Path
+) -> None:
+    user = security.credentials("olga")
+    join = security.credentials("j1", kind=Kind.JOIN)
+    for server in (cluster.masters[0], cluster.tservers[0]):
+        addr = server.http_addr
+        assert _https_get(addr, "/healthz", security, None)[0] == 200
+        status, body = _https_get(addr, "/metrics", security, None)
+        assert status == 401
+        assert b"client certificate" in body
+        status, body = _https_get(addr, "/metrics", security, user)
+        assert status == 200
+        assert b"# TYPE" in body
+        assert _https_get(addr, "/", security, security.admin_dir)[0] == 200
+        assert _https_get(addr, "/varz", security, join)[0] == 403
+        # Plain HTTP gets no page.
+        with pytest.raises((urllib.error.URLError, ConnectionError, http.client.HTTPException)):
+            urllib.request.urlopen(f"http://{addr}/healthz", timeout=10).read()
+        # Another cluster's certificate fails the handshake.
+        other = ClusterSecurity(tmp_path / "other")
+        with pytest.raises((urllib.error.URLError, ssl.SSLError, ConnectionError)):
+            _https_get(addr, "/metrics", security, other.credentials("olga"))
+
+
+def test_http_actions_need_an_admin(cluster: MiniCluster, security: ClusterSecurity) -> None:
+    """POST (the web UI's actions, such as cancelling a tablet copy) needs the admin role."""
+    context = ssl.create_default_context(cadata=security.ca.cert_pem.decode())
+    user = security.credentials("pia")
+    context.load_cert_chain(user / files.CLIENT_CERT, user / files.CLIENT_KEY)
+    request = urllib.request.Request(
+        f"https://{cluster.tservers[0].http_addr}/tablet-copies/cancel",
+        data=b"id=no-such-job",
+        method="POST",
+    )
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(request, context=context, timeout=10)
+    assert refused.value.code == 403
+    admin = ssl.create_default_context(cadata=security.ca.cert_pem.decode())
+    admin.load_cert_chain(
+        security.admin_dir / files.CLIENT_CERT, security.admin_dir / files.CLIENT_KEY
+    )
+    with pytest.raises(urllib.error.HTTPError) as unknown:
+        urllib.request.urlopen(request, context=admin, timeout=10)
+    assert unknown.value.code == 404  # allowed, and there is no such copy job

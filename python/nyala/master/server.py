@@ -35,7 +35,7 @@ from nyala.rpc.http import HttpRequest, Route
 from nyala.security.pki import ClusterCa
 from nyala.server.base import ServerBase
 from nyala.server.consensus_service import ConsensusService, add_consensus_service
-from nyala.server.security import prepare_master
+from nyala.server.security import http_authorizer, http_tls, prepare_master
 from nyala.server.tablet_copy import TabletCopy, add_tablet_copy_service
 from nyala.server.web_ui import Markup, wants_json
 from nyala.tablet.replica import TabletReplica, TabletState
@@ -102,7 +102,11 @@ class MasterServer(ServerBase):
         rpc = self._build_rpc_server()
         assert self.copy is not None
         http = HttpServer(
-            self.settings.http_bind, self._http_routes(), self.copy.http_post_routes(self.frame)
+            self.settings.http_bind,
+            self._http_routes(),
+            self.copy.http_post_routes(self.frame),
+            tls=http_tls(self.settings),
+            authorize=None if self._ca is None else http_authorizer(self.manager.revocations),
         )
         await self._start_listening(rpc, http)
         log.info("master %s ready: rpc %s, http %s", self.uuid, rpc.address, http.address)

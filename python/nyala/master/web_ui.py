@@ -44,6 +44,8 @@ class MasterPages:
 
     def __init__(self, manager: CatalogManager) -> None:
         self._m = manager
+        # A secure cluster's tablet servers serve their pages over TLS.
+        self._scheme = "https" if manager.secure else "http"
 
     def home_sections(self) -> list[Markup]:
         """What the master adds to its home page: its place among the masters."""
@@ -164,14 +166,14 @@ class MasterPages:
         ts = self._m.ts_manager.get(leader) if leader else None
         if ts is None:
             return code(tablet_id)
-        return link(f"http://{ts.http_addr}/tablet", code(tablet_id), id=tablet_id)
+        return link(f"{self._scheme}://{ts.http_addr}/tablet", code(tablet_id), id=tablet_id)
 
     def _server_cell(self, uuid: str) -> Markup:
         """A tablet server by address, linked to its web UI, with its liveness."""
         ts = self._m.ts_manager.get(uuid)
         if ts is None:
             return Markup(code(uuid).html + " " + state("UNKNOWN").html)
-        name = link(f"http://{ts.http_addr}/", ts.rpc_addr)
+        name = link(f"{self._scheme}://{ts.http_addr}/", ts.rpc_addr)
         return Markup(f"{name.html} {state(self._m.ts_manager.state(ts)).html}")
 
     def _replicas_cell(self, config: metadata_pb2.RaftConfigPB, leader: str) -> Markup:
@@ -216,7 +218,7 @@ class MasterPages:
         rows: list[tuple[Cell, ...]] = [
             (
                 code(ts.uuid),
-                link(f"http://{ts.http_addr}/", ts.http_addr),
+                link(f"{self._scheme}://{ts.http_addr}/", ts.http_addr),
                 code(ts.rpc_addr),
                 state(ts_manager.state(ts)),
                 round(ts.millis_since_heartbeat() / 1000, 1),

@@ -153,7 +153,16 @@ class Revocations:
         if before_ms is None:
             return None
         pem = b"".join(auth_context.get("x509_pem_cert", ()))
-        not_before_ms = self._cert_not_before_ms(pem)
+        return self.refused(caller, self._cert_not_before_ms(pem))
+
+    def refused(self, caller: Identity, not_before_ms: int | None) -> str | None:
+        """Why a certificate of ``caller`` valid from ``not_before_ms`` is refused (None: it
+        is not; an unknown start counts as revoked when the name is)."""
+        if caller.kind not in (Kind.USER, Kind.ADMIN):
+            return None
+        before_ms = self._before_ms.get(caller.name)
+        if before_ms is None:
+            return None
         if not_before_ms is None or not_before_ms < before_ms:
             return f"the certificates of {caller.name!r} were revoked (nyala user remove)"
         return None

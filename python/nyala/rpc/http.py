@@ -1,5 +1,7 @@
 """A minimal HTTP/1.1 server on asyncio streams for the status pages (/healthz, /metrics, the
-web UI).
+web UI). A secure server serves them over TLS (``tls``: an ``ssl.SSLContext`` that asks for a
+client certificate without requiring one) and passes every request with the client's
+certificate, if any, to ``authorize``, which may refuse it (docs/security.md).
 
 GET and HEAD, and POST with a small form body (the web UI's few actions, such as cancelling a
 tablet copy); one request per connection, bounded head and body size and read time: these
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,6 +32,8 @@ _REASONS = {
     200: "OK",
     303: "See Other",
     400: "Bad Request",
+    401: "Unauthorized",
+    403: "Forbidden",
     404: "Not Found",
     405: "Method Not Allowed",
     409: "Conflict",
@@ -66,6 +71,9 @@ class HttpRequest:
 
 
 Route = Callable[[HttpRequest], Awaitable[HttpResponse]]
+#: A secure server's check of a request: the request and the client certificate (DER) it
+#: presented, if any; returns the refusal, or None to serve it.
+Authorize = Callable[[HttpRequest, bytes | None], HttpResponse | None]
 
 
 class HttpServer:
@@ -73,11 +81,19 @@ class HttpServer:
     ``post_routes`` are the paths that accept POST (a form body)."""
 
     def __init__(
-        self, bind: str, routes: dict[str, Route], post_routes: dict[str, Route] | None = None
+        self,
+        bind: str,
+        routes: dict[str, Route],
+        post_routes: dict[str, Route] | None = None,
+        *,
+        tls: ssl.SSLContext | None = None,
+        authorize: Authorize | None = None,
     ) -> None:
         self._host, self._port = split_host_port(bind)
         self._routes = routes
         self._post_routes = post_routes or {}
+        self._tls = tls
+        self._authorize = authorize
         self._server: asyncio.Server | None = None
         self._closed = asyncio.Event()
         self.port = 0
@@ -90,13 +106,24 @@ class HttpServer:
     async def start(self) -> None:
         """Binds and starts accepting; ``NetworkError`` if the bind fails."""
         try:
-            self._server = await asyncio.start_server(self._serve, self._host, self._port)
+            self._server = await asyncio.start_server(
+                self._serve,
+                self._host,
+                self._port,
+                ssl=self._tls,
+                ssl_handshake_timeout=None if self._tls is None else request_read_timeout_ms / 1000,
+            )
         except OSError as exc:
             target = join_host_port(self._host, self._port)
             raise NetworkError(f"cannot bind HTTP address {target}: {exc.strerror}") from None
         sockets: Any = self._server.sockets
         self.port = int(sockets[0].getsockname()[1])
-        log.info("http server listening on %s", self.address)
+        log.info("http%s server listening on %s", "s" if self._tls else "", self.address)
+
+    @property
+    def scheme(self) -> str:
+        """``https`` for a secure server, else ``http``."""
+        return "https" if self._tls is not None else "http"
 
     async def stop(self) -> None:
         """Stops accepting; connections in progress finish on their own (they are short)."""
@@ -118,7 +145,11 @@ class HttpServer:
             if isinstance(request, HttpResponse):
                 response, head_only = request, False
             else:
-                response, head_only = await self._respond(request)
+                refusal = self._refusal(request, writer)
+                if refusal is not None:
+                    response, head_only = refusal, False
+                else:
+                    response, head_only = await self._respond(request)
         except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError):
             response, head_only = HttpResponse(400, b"bad request\n"), False
         except Exception:  # a broken page must not take the server down
@@ -131,6 +162,13 @@ class HttpServer:
             pass
         finally:
             writer.close()
+
+    def _refusal(self, request: HttpRequest, writer: asyncio.StreamWriter) -> HttpResponse | None:
+        if self._authorize is None:
+            return None
+        ssl_object = writer.get_extra_info("ssl_object")
+        der = None if ssl_object is None else ssl_object.getpeercert(binary_form=True)
+        return self._authorize(request, der)
 
     async def _respond(self, request: HttpRequest) -> tuple[HttpResponse, bool]:
         routes = self._post_routes if request.method == "POST" else self._routes

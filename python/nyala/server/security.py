@@ -5,6 +5,10 @@ creates it at its first start) and signs its own certificate for its UUID. A tab
 without a certificate sends a CSR to a master, over a connection made with the join credential
 the operator gave it once, and keeps the signed certificate; from then on it is a server of
 the cluster. Both run before the RPC server binds, so every connection is TLS from the start.
+
+The HTTP pages of a secure server are served over TLS with the same certificate
+(``http_tls``), and need a client certificate of the cluster except ``/healthz``
+(``http_authorizer``).
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+import ssl
 import time
 from pathlib import Path
 
@@ -20,9 +25,11 @@ from cryptography import x509
 from nyala._proto import master_pb2
 from nyala.errors import IllegalStateError, InvalidArgumentError, NyalaError, RetriableError
 from nyala.rpc import ServerProxy
+from nyala.rpc.auth import Revocations
 from nyala.rpc.errors import split_host_port
+from nyala.rpc.http import Authorize, HttpRequest, HttpResponse
 from nyala.security import files, pki
-from nyala.security.identity import Identity, Kind
+from nyala.security.identity import Identity, Kind, Role
 from nyala.server.settings import ServerSettings
 
 log = logging.getLogger(__name__)
@@ -134,3 +141,54 @@ async def _ask_masters(
         if not isinstance(last, RetriableError) or time.monotonic() > deadline:
             raise last
         await asyncio.sleep(0.5)
+
+
+# --- the HTTP pages of a secure server ------------------------------------------------------
+
+_NEEDS_CERT = (
+    b"this page needs a client certificate of this cluster "
+    b"(curl --cacert ca.pem --cert client.pem --key client.key https://...)\n"
+)
+
+
+def http_tls(settings: ServerSettings) -> ssl.SSLContext | None:
+    """The TLS context of a secure server's HTTP pages (None: insecure): this server's
+    certificate, TLS 1.2 or newer, and a client certificate of the cluster CA asked for but
+    not required (``/healthz`` serves without one; ``http_authorizer`` decides the rest)."""
+    if not settings.security_dir:
+        return None
+    directory = Path(settings.security_dir)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.load_cert_chain(directory / files.SERVER_CERT, directory / files.SERVER_KEY)
+    context.load_verify_locations(cadata=files.read_file(directory / files.CA_CERT).decode())
+    context.verify_mode = ssl.CERT_OPTIONAL
+    return context
+
+
+def http_authorizer(revocations: Revocations | None) -> Authorize:
+    """Who may see a secure server's pages: ``/healthz`` anyone (load balancers, probes); the
+    other pages a user, admin or server of the cluster; the actions (POST) an admin. A revoked
+    user's certificate is refused as on the RPC port."""
+
+    def authorize(request: HttpRequest, der: bytes | None) -> HttpResponse | None:
+        if request.path == "/healthz":
+            return None
+        if der is None:
+            return HttpResponse(401, _NEEDS_CERT)
+        cert = x509.load_der_x509_certificate(der)  # the TLS handshake verified it
+        try:
+            caller = pki.identity_of(cert)
+        except NyalaError:
+            return HttpResponse(403, b"the client certificate names no nyala identity\n")
+        needed = Role.ADMIN if request.method == "POST" else Role.USER
+        if caller.role < needed:
+            return HttpResponse(403, f"this needs the {needed.name} role\n".encode())
+        if revocations is not None:
+            not_before_ms = int(cert.not_valid_before_utc.timestamp() * 1000)
+            revoked = revocations.refused(caller, not_before_ms)
+            if revoked is not None:
+                return HttpResponse(401, f"{revoked}\n".encode())
+        return None
+
+    return authorize

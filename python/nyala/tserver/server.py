@@ -27,7 +27,7 @@ from nyala.rpc.settings import MIB
 from nyala.security.tokens import TokenVerifier
 from nyala.server.base import ServerBase
 from nyala.server.consensus_service import ConsensusService, add_consensus_service
-from nyala.server.security import enroll_tserver
+from nyala.server.security import enroll_tserver, http_authorizer, http_tls
 from nyala.server.tablet_copy import TabletCopy, add_tablet_copy_service
 from nyala.server.web_ui import Cell, Markup, wants_json
 from nyala.tablet.replica import TabletReplica
@@ -204,8 +204,13 @@ class TabletServer(ServerBase):
             stop_replica=self.stop_replica,
         )
         self.rpc = self._build_rpc_server()
+        security = self._security  # set by _build_rpc_server on a secure server
         self.http = HttpServer(
-            self.settings.http_bind, self._http_routes(), self.copy.http_post_routes(self.frame)
+            self.settings.http_bind,
+            self._http_routes(),
+            self.copy.http_post_routes(self.frame),
+            tls=http_tls(self.settings),
+            authorize=None if security is None else http_authorizer(security.revocations),
         )
         try:
             await self._serve()
