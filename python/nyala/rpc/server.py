@@ -9,7 +9,7 @@ from typing import Any, Protocol, TypeAlias, TypeVar, cast
 import grpc
 
 from nyala.errors import NetworkError
-from nyala.rpc.auth import AuthInterceptor, Revocations
+from nyala.rpc.auth import GuardedRegistration, Revocations
 from nyala.rpc.credentials import server_credentials
 from nyala.rpc.errors import join_host_port, split_host_port
 from nyala.rpc.settings import RpcSettings
@@ -33,15 +33,21 @@ class RpcServer:
     ) -> None:
         self._host, self._port = split_host_port(bind)
         self._settings = settings
-        interceptors = [AuthInterceptor(revocations)] if settings.tls is not None else []
-        self._server = grpc.aio.server(options=settings.grpc_options(), interceptors=interceptors)
+        self._revocations = revocations
+        self._server = grpc.aio.server(options=settings.grpc_options())
         self.port = 0  # the bound port, known after start (differs from bind's port if that is 0)
 
     def add_service(
         self, add_to_server: Callable[[_Servicer, grpc.aio.Server], None], servicer: _Servicer
     ) -> None:
-        """Registers a servicer with its generated ``add_<Service>Servicer_to_server``."""
-        add_to_server(servicer, self._server)
+        """Registers a servicer with its generated ``add_<Service>Servicer_to_server``; on a
+        secure server every method is guarded by the caller's role (``nyala.rpc.auth``)."""
+        if self._settings.tls is None:
+            add_to_server(servicer, self._server)
+        else:
+            add_to_server(
+                servicer, GuardedRegistration(self._server, self._revocations).as_server()
+            )
 
     @property
     def address(self) -> str:
