@@ -580,3 +580,49 @@ def test_http_actions_need_an_admin(cluster: MiniCluster, security: ClusterSecur
     with pytest.raises(urllib.error.HTTPError) as unknown:
         urllib.request.urlopen(request, context=admin, timeout=10)
     assert unknown.value.code == 404  # allowed, and there is no such copy job
+
+
+# --- session credentials ---------------------------------------------------------------------
+
+
+def test_session_credentials_work_expire_and_cannot_renew_themselves(
+    authz_cluster: MiniCluster, tmp_path: Path
+) -> None:
+    security = authz_cluster.security
+    assert security is not None
+    masters = authz_cluster.master_addrs
+    quinn = security.credentials("quinn")
+    with nyala.connect(masters, credentials=quinn) as client:
+        table = client.create_table("quinns", SCHEMA, replicas=1)
+        assert table.insert({"id": [1], "v": ["a"]}).ok
+        issued = client.issue_session_credentials(tmp_path / "s", validity_s=3600)
+        short = client.issue_session_credentials(tmp_path / "short", validity_s=2)
+        with pytest.raises(errors.InvalidArgumentError, match="7 days"):
+            client.issue_session_credentials(tmp_path / "long", validity_s=8 * 24 * 3600)
+    now_ms = time.time() * 1000
+    assert now_ms + 3_500_000 < issued["expires_unix_ms"] < now_ms + 3_700_000
+    assert (tmp_path / "s" / files.CLIENT_KEY).stat().st_mode & 0o077 == 0
+
+    # The session credentials are quinn's: her table, her privileges.
+    with nyala.connect(masters, credentials=tmp_path / "s") as session:
+        assert session.table("quinns").scan().to_arrow().num_rows == 1
+        assert session.table("quinns").insert({"id": [2], "v": ["b"]}).ok
+        with pytest.raises(errors.NotAuthorizedError, match="renewed"):
+            session.issue_session_credentials(tmp_path / "again")
+    # Never past the certificate they came from.
+    brief = security.credentials("quinn", validity_s=400)  # starts 5 minutes ago: ~100 s left
+    with nyala.connect(masters, credentials=brief) as client:
+        capped = client.issue_session_credentials(tmp_path / "capped", validity_s=3600)
+    assert capped["expires_unix_ms"] < time.time() * 1000 + 101_000
+    # Expired: refused at the handshake.
+    time.sleep(max(0.0, (short["expires_unix_ms"] - time.time() * 1000) / 1000) + 1.5)
+    with pytest.raises(errors.NotAuthenticatedError):
+        nyala.connect(masters, credentials=tmp_path / "short").list_tables()
+    # Removing the user revokes them.
+    with nyala.connect(masters, credentials=security.admin_dir) as admin:
+        admin.remove_user("quinn")
+    with (
+        pytest.raises(errors.NotAuthenticatedError, match="revoked"),
+        nyala.connect(masters, credentials=tmp_path / "s") as session,
+    ):
+        session.list_tables()

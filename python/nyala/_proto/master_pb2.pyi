@@ -2498,6 +2498,68 @@ class RemoveUserResponsePB(_message.Message):
 Global___RemoveUserResponsePB: _TypeAlias = RemoveUserResponsePB  # noqa: Y015
 
 @_typing.final
+class IssueSessionCredentialsRequestPB(_message.Message):
+    """A short-lived certificate for the caller's own identity (Kudu's authentication token, as a
+    certificate: docs/security.md "Session credentials"). Refused to a caller that holds session
+    credentials itself: they cannot be renewed with themselves.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DEST_UUID_FIELD_NUMBER: _builtins.int
+    CSR_PEM_FIELD_NUMBER: _builtins.int
+    VALIDITY_S_FIELD_NUMBER: _builtins.int
+    dest_uuid: _builtins.str
+    csr_pem: _builtins.bytes
+    validity_s: _builtins.int
+    """0: the default (24 hours); at most 7 days, and never past the caller's certificate."""
+    def __init__(
+        self,
+        *,
+        dest_uuid: _builtins.str = ...,
+        csr_pem: _builtins.bytes = ...,
+        validity_s: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["csr_pem", b"csr_pem", "dest_uuid", b"dest_uuid", "validity_s", b"validity_s"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___IssueSessionCredentialsRequestPB: _TypeAlias = IssueSessionCredentialsRequestPB  # noqa: Y015
+
+@_typing.final
+class IssueSessionCredentialsResponsePB(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CERT_PEM_FIELD_NUMBER: _builtins.int
+    CA_CERT_PEM_FIELD_NUMBER: _builtins.int
+    EXPIRES_UNIX_MS_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    cert_pem: _builtins.bytes
+    ca_cert_pem: _builtins.bytes
+    expires_unix_ms: _builtins.int
+    @_builtins.property
+    def error(self) -> _common_pb2.ErrorPB: ...
+    def __init__(
+        self,
+        *,
+        cert_pem: _builtins.bytes = ...,
+        ca_cert_pem: _builtins.bytes = ...,
+        expires_unix_ms: _builtins.int = ...,
+        error: _common_pb2.ErrorPB | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_error", b"_error", "error", b"error"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_error", b"_error", "ca_cert_pem", b"ca_cert_pem", "cert_pem", b"cert_pem", "error", b"error", "expires_unix_ms", b"expires_unix_ms"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__error: _TypeAlias = _typing.Literal["error"]  # noqa: Y015
+    _WhichOneofArgType__error: _TypeAlias = _typing.Literal["_error", b"_error"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__error) -> _WhichOneofReturnType__error | None: ...
+
+Global___IssueSessionCredentialsResponsePB: _TypeAlias = IssueSessionCredentialsResponsePB  # noqa: Y015
+
+@_typing.final
 class ListUsersRequestPB(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

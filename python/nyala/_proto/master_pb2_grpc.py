@@ -119,6 +119,11 @@ class MasterServiceStub:
                 request_serializer=nyala_dot_master__pb2.ListUsersRequestPB.SerializeToString,
                 response_deserializer=nyala_dot_master__pb2.ListUsersResponsePB.FromString,
                 _registered_method=True)
+        self.IssueSessionCredentials = channel.unary_unary(
+                '/nyala.MasterService/IssueSessionCredentials',
+                request_serializer=nyala_dot_master__pb2.IssueSessionCredentialsRequestPB.SerializeToString,
+                response_deserializer=nyala_dot_master__pb2.IssueSessionCredentialsResponsePB.FromString,
+                _registered_method=True)
         self.ListMasters = channel.unary_unary(
                 '/nyala.MasterService/ListMasters',
                 request_serializer=nyala_dot_master__pb2.ListMastersRequestPB.SerializeToString,
@@ -276,6 +281,12 @@ class MasterServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def IssueSessionCredentials(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ListMasters(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -423,6 +434,11 @@ def add_MasterServiceServicer_to_server(servicer, server):
                     servicer.ListUsers,
                     request_deserializer=nyala_dot_master__pb2.ListUsersRequestPB.FromString,
                     response_serializer=nyala_dot_master__pb2.ListUsersResponsePB.SerializeToString,
+            ),
+            'IssueSessionCredentials': grpc.unary_unary_rpc_method_handler(
+                    servicer.IssueSessionCredentials,
+                    request_deserializer=nyala_dot_master__pb2.IssueSessionCredentialsRequestPB.FromString,
+                    response_serializer=nyala_dot_master__pb2.IssueSessionCredentialsResponsePB.SerializeToString,
             ),
             'ListMasters': grpc.unary_unary_rpc_method_handler(
                     servicer.ListMasters,
@@ -934,6 +950,33 @@ class MasterService:
             '/nyala.MasterService/ListUsers',
             nyala_dot_master__pb2.ListUsersRequestPB.SerializeToString,
             nyala_dot_master__pb2.ListUsersResponsePB.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def IssueSessionCredentials(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/nyala.MasterService/IssueSessionCredentials',
+            nyala_dot_master__pb2.IssueSessionCredentialsRequestPB.SerializeToString,
+            nyala_dot_master__pb2.IssueSessionCredentialsResponsePB.FromString,
             options,
             channel_credentials,
             insecure,

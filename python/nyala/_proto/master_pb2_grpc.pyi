@@ -59,6 +59,7 @@ class MasterServiceStub:
     AddUser: _grpc.UnaryUnaryMultiCallable[_master_pb2.AddUserRequestPB, _master_pb2.AddUserResponsePB]
     RemoveUser: _grpc.UnaryUnaryMultiCallable[_master_pb2.RemoveUserRequestPB, _master_pb2.RemoveUserResponsePB]
     ListUsers: _grpc.UnaryUnaryMultiCallable[_master_pb2.ListUsersRequestPB, _master_pb2.ListUsersResponsePB]
+    IssueSessionCredentials: _grpc.UnaryUnaryMultiCallable[_master_pb2.IssueSessionCredentialsRequestPB, _master_pb2.IssueSessionCredentialsResponsePB]
     ListMasters: _grpc.UnaryUnaryMultiCallable[_master_pb2.ListMastersRequestPB, _master_pb2.ListMastersResponsePB]
     AddMaster: _grpc.UnaryUnaryMultiCallable[_master_pb2.AddMasterRequestPB, _master_pb2.AddMasterResponsePB]
     RemoveMaster: _grpc.UnaryUnaryMultiCallable[_master_pb2.RemoveMasterRequestPB, _master_pb2.RemoveMasterResponsePB]
@@ -90,6 +91,7 @@ class MasterServiceAsyncStub(MasterServiceStub):
     AddUser: _aio.UnaryUnaryMultiCallable[_master_pb2.AddUserRequestPB, _master_pb2.AddUserResponsePB]  # type: ignore[assignment]
     RemoveUser: _aio.UnaryUnaryMultiCallable[_master_pb2.RemoveUserRequestPB, _master_pb2.RemoveUserResponsePB]  # type: ignore[assignment]
     ListUsers: _aio.UnaryUnaryMultiCallable[_master_pb2.ListUsersRequestPB, _master_pb2.ListUsersResponsePB]  # type: ignore[assignment]
+    IssueSessionCredentials: _aio.UnaryUnaryMultiCallable[_master_pb2.IssueSessionCredentialsRequestPB, _master_pb2.IssueSessionCredentialsResponsePB]  # type: ignore[assignment]
     ListMasters: _aio.UnaryUnaryMultiCallable[_master_pb2.ListMastersRequestPB, _master_pb2.ListMastersResponsePB]  # type: ignore[assignment]
     AddMaster: _aio.UnaryUnaryMultiCallable[_master_pb2.AddMasterRequestPB, _master_pb2.AddMasterResponsePB]  # type: ignore[assignment]
     RemoveMaster: _aio.UnaryUnaryMultiCallable[_master_pb2.RemoveMasterRequestPB, _master_pb2.RemoveMasterResponsePB]  # type: ignore[assignment]
@@ -220,6 +222,13 @@ class MasterServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _master_pb2.ListUsersRequestPB,
         context: _ServicerContext,
     ) -> _typing.Union[_master_pb2.ListUsersResponsePB, _abc.Awaitable[_master_pb2.ListUsersResponsePB]]: ...
+
+    @_abc_1.abstractmethod
+    def IssueSessionCredentials(
+        self,
+        request: _master_pb2.IssueSessionCredentialsRequestPB,
+        context: _ServicerContext,
+    ) -> _typing.Union[_master_pb2.IssueSessionCredentialsResponsePB, _abc.Awaitable[_master_pb2.IssueSessionCredentialsResponsePB]]: ...
 
     @_abc_1.abstractmethod
     def ListMasters(

@@ -1,7 +1,8 @@
 """``nyala user ...``: the users of a secure cluster (docs/security.md, "Users"), run by an
 admin against the masters: ``add`` makes a user's credentials directory (its key is made here,
 its certificate signed by the masters), ``remove`` revokes every certificate of a name, and
-``list`` shows who was added or removed.
+``list`` shows who was added or removed, and ``session`` (any user) writes short-lived
+credentials for oneself.
 """
 
 from __future__ import annotations
@@ -74,3 +75,24 @@ def list_users(masters: str, fmt: str) -> None:
         for u in users
     ]
     emit(rows, fmt, ["name", "admin", "state", "added", "removed"])
+
+
+@group.command(name="session")
+@click.option("--out", type=click.Path(path_type=Path), required=True, help="Credentials dir.")
+@click.option(
+    "--hours",
+    default=24,
+    show_default=True,
+    help="Validity (at most 168, and never past the certificate they are issued to).",
+)
+@masters_option
+@format_option
+@one_line
+def session(out: Path, hours: int, masters: str, fmt: str) -> None:
+    """Write short-lived credentials for your own user to OUT (for Spark executors or a batch
+    job that should not hold your long-lived key); they cannot be renewed with themselves."""
+    with client_for(masters) as client:
+        issued = client.issue_session_credentials(out, validity_s=hours * 3600)
+    emit_one(
+        {"credentials": issued["credentials"], "expires": _time(issued["expires_unix_ms"])}, fmt
+    )

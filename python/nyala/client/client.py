@@ -37,6 +37,7 @@ from nyala.rpc.schema_pb import column_to_pb, schema_to_pb
 from nyala.rpc.settings import RpcSettings
 from nyala.schema import Column, Schema, default_to_json
 from nyala.security.files import credentials_from_env, load_client_tls
+from nyala.security.identity import Identity, Kind
 from nyala.security.tokens import Privilege
 
 #: Client RPC deadline and admin (DDL) deadline, in milliseconds (DESIGN.md §8).
@@ -266,7 +267,6 @@ class Client:
         ``nyala.connect(credentials=out)``: a key made here, its certificate signed by the
         masters' CA for ``days`` (0: 30). ``AlreadyPresentError`` if the user exists."""
         from nyala.security import files, pki
-        from nyala.security.identity import Identity, Kind
 
         identity = Identity(Kind.ADMIN if admin else Kind.USER, name)
         key = pki.new_key()
@@ -279,6 +279,42 @@ class Client:
         files.write_public(directory / files.CLIENT_CERT, response.cert_pem)
         files.write_public(directory / files.CA_CERT, response.ca_cert_pem)
         return directory
+
+    def issue_session_credentials(
+        self, out: str | os.PathLike[str], *, validity_s: int = 0
+    ) -> dict[str, Any]:
+        """Short-lived credentials for this client's own user (Kudu's authentication token, as
+        a certificate: docs/security.md "Session credentials"), written to ``out`` as a
+        credentials directory: give them to a process that should not hold the long-lived key
+        (Spark executors, a batch job). ``validity_s`` 0: 24 hours; at most 7 days, never past
+        this client's own certificate. ``nyala user remove`` revokes them too. Returns the
+        directory and the end (``expires_unix_ms``)."""
+        from nyala.security import files, pki
+
+        key = pki.new_key()
+        identity = self._own_identity()
+        request = master_pb2.IssueSessionCredentialsRequestPB(
+            csr_pem=pki.make_identity_csr(key, identity), validity_s=validity_s
+        )
+        response = self._master_call(
+            lambda s: s.master.IssueSessionCredentials, request, admin=True
+        )
+        directory = Path(out)
+        files.write_private(directory / files.CLIENT_KEY, pki.key_pem(key))
+        files.write_public(directory / files.CLIENT_CERT, response.cert_pem)
+        files.write_public(directory / files.CA_CERT, response.ca_cert_pem)
+        return {"credentials": str(directory), "expires_unix_ms": response.expires_unix_ms}
+
+    def _own_identity(self) -> Identity:
+        """The identity this client's certificate names (``NotAuthenticatedError`` without)."""
+        from cryptography import x509
+
+        from nyala.security import pki
+
+        tls = self._pool.settings.tls
+        if tls is None or not tls.cert_pem:
+            raise errors.NotAuthenticatedError("this client has no credentials")
+        return pki.identity_of(x509.load_pem_x509_certificate(tls.cert_pem))
 
     def remove_user(self, name: str) -> None:
         """Removes a user of a secure cluster (as an admin): every certificate of that name

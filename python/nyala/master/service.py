@@ -210,6 +210,24 @@ class MasterService(ServiceBase, master_pb2_grpc.MasterServiceServicer):
         self._require_ca()
         return master_pb2.ListUsersResponsePB(users=users.list_users(self._m))
 
+    @unary(master_pb2.IssueSessionCredentialsResponsePB)
+    async def IssueSessionCredentials(
+        self,
+        request: master_pb2.IssueSessionCredentialsRequestPB,
+        context: Context[
+            master_pb2.IssueSessionCredentialsRequestPB,
+            master_pb2.IssueSessionCredentialsResponsePB,
+        ],
+    ) -> master_pb2.IssueSessionCredentialsResponsePB:
+        """``nyala user session``: short-lived credentials for the caller itself."""
+        ca = self._require_ca()
+        cert, expires_ms = users.issue_session_credentials(
+            self._m, ca, current_caller(), context.auth_context(), request
+        )
+        return master_pb2.IssueSessionCredentialsResponsePB(
+            cert_pem=cert, ca_cert_pem=ca.cert_pem, expires_unix_ms=expires_ms
+        )
+
     def _require_ca(self) -> ClusterCa:
         if self._ca is None:
             raise NotSupportedError("this master is not secure: it has no cluster CA")

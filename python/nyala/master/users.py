@@ -1,5 +1,6 @@
 """Users of a secure cluster (`nyala user add/remove/list`, docs/security.md "Users"): kept in
-the sys catalog, so every future leader master knows them.
+the sys catalog, so every future leader master knows them; and the session credentials a user
+gets for itself (`nyala user session`).
 
 Adding a user signs the certificate request it sent (its key never leaves the caller) with the
 cluster CA. Removing one revokes every certificate of that name valid from before the removal,
@@ -14,13 +15,17 @@ from __future__ import annotations
 
 import datetime
 import time
+from collections.abc import Iterable, Mapping
+
+from cryptography import x509
 
 from nyala._proto import master_pb2
-from nyala.errors import AlreadyPresentError, InvalidArgumentError
+from nyala.errors import AlreadyPresentError, InvalidArgumentError, NotAuthorizedError
 from nyala.master.catalog import copy_record
 from nyala.master.catalog_manager import CatalogManager
 from nyala.master.sys_catalog import CatalogRecord
-from nyala.security.identity import Identity, Kind
+from nyala.security import pki
+from nyala.security.identity import SESSION_URI, Identity, Kind
 from nyala.security.pki import USER_CERT_VALIDITY_S, ClusterCa
 
 #: The longest certificate ``AddUser`` signs.
@@ -92,3 +97,47 @@ def list_users(manager: CatalogManager) -> list[master_pb2.SysUserEntryPB]:
     """Every user added or removed, by name."""
     manager.require_leader()
     return [manager.users[name] for name in sorted(manager.users)]
+
+
+#: Session credentials last this long unless asked otherwise, and at most ``..._MAX``.
+SESSION_VALIDITY_S_DEFAULT = 24 * 3600
+SESSION_VALIDITY_S_MAX = 7 * 24 * 3600
+#: Certificates start this long before they are signed (clocks differ between machines).
+_CLOCK_SLACK_S = 300
+
+
+def issue_session_credentials(
+    manager: CatalogManager,
+    ca: ClusterCa,
+    caller: Identity | None,
+    auth_context: Mapping[str, Iterable[bytes]],
+    request: master_pb2.IssueSessionCredentialsRequestPB,
+) -> tuple[bytes, int]:
+    """A short-lived certificate for the caller's own identity (PEM) and its end (Unix ms):
+    Kudu's authentication token as a certificate, for processes that should not hold the
+    user's long-lived key (Spark executors, batch jobs). Never longer than the caller's own
+    certificate, and never issued to session credentials (they cannot renew themselves)."""
+    manager.require_leader()  # it knows the removed users (the caller passed that check)
+    if caller is None or caller.kind not in (Kind.USER, Kind.ADMIN):
+        raise NotAuthorizedError("session credentials are for users and admins")
+    if SESSION_URI in (uri.decode(errors="replace") for uri in auth_context.get("peer_uri", ())):
+        raise NotAuthorizedError(
+            "session credentials cannot be renewed with session credentials: use the "
+            "credentials they came from"
+        )
+    if request.validity_s > SESSION_VALIDITY_S_MAX:
+        raise InvalidArgumentError(
+            f"validity_s {request.validity_s} is over {SESSION_VALIDITY_S_MAX} (7 days)"
+        )
+    own = x509.load_pem_x509_certificate(b"".join(auth_context.get("x509_pem_cert", ())))
+    now = pki.now_utc()
+    start = now - datetime.timedelta(seconds=_CLOCK_SLACK_S)
+    end = min(
+        now + datetime.timedelta(seconds=request.validity_s or SESSION_VALIDITY_S_DEFAULT),
+        own.not_valid_after_utc,
+    )
+    validity_s = int((end - start).total_seconds())
+    cert = ca.sign_identity_csr(
+        request.csr_pem, caller, validity_s=validity_s, not_before=start, session=True
+    )
+    return cert, int((start.timestamp() + validity_s) * 1000)

@@ -19,6 +19,9 @@ URI_SCHEME = "nyala://"
 #: The DNS name a server's certificate carries for its UUID: a peer that knows the UUID it
 #: wants (``dest_uuid``) checks the certificate against it (``grpc.ssl_target_name_override``).
 SERVER_DNS_SUFFIX = ".server.nyala"
+#: A second URI subject alternative name that marks session credentials (short-lived, issued by
+#: a master to a user for itself: they may not be used to get more of them).
+SESSION_URI = "nyala://session"
 _NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.@-]{0,127}$")
 
 

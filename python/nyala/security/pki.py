@@ -23,7 +23,7 @@ from cryptography.x509.oid import NameOID
 
 from nyala.errors import InvalidArgumentError, NotAuthorizedError
 from nyala.security import files
-from nyala.security.identity import Identity, Kind, server_dns_name
+from nyala.security.identity import SESSION_URI, Identity, Kind, server_dns_name
 
 #: Validity of the CA certificate; rotate before it ends (docs/security.md).
 CA_VALIDITY_S = 10 * 365 * 24 * 3600
@@ -190,10 +190,14 @@ class ClusterCa:
         validity_s: int,
         hosts: Sequence[str] = (),
         not_before: datetime.datetime | None = None,
+        session: bool = False,
     ) -> x509.Certificate:
         """A certificate for ``identity``'s key; a server's also names its UUID's DNS name and
-        ``hosts`` (IP addresses or DNS names it is reached at)."""
+        ``hosts`` (IP addresses or DNS names it is reached at); session credentials carry
+        ``SESSION_URI`` after the identity."""
         names: list[x509.GeneralName] = [x509.UniformResourceIdentifier(identity.uri)]
+        if session:
+            names.append(x509.UniformResourceIdentifier(SESSION_URI))
         if identity.kind is Kind.SERVER:
             names.append(x509.DNSName(server_dns_name(identity.name)))
             names.extend(_host_names(hosts))
@@ -226,13 +230,15 @@ class ClusterCa:
         *,
         validity_s: int,
         not_before: datetime.datetime | None = None,
+        session: bool = False,
     ) -> bytes:
         """Signs a user's or admin's CSR for ``identity`` (PEM); ``InvalidArgumentError`` as
         ``sign_server_csr``."""
         public_key = _csr_key(csr_pem, identity)
-        return cert_pem(
-            self.issue(identity, public_key, validity_s=validity_s, not_before=not_before)
+        cert = self.issue(
+            identity, public_key, validity_s=validity_s, not_before=not_before, session=session
         )
+        return cert_pem(cert)
 
     def issue_credentials(
         self,
