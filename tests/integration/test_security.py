@@ -446,6 +446,9 @@ def test_a_removed_user_is_refused_everywhere_and_can_be_added_again(
     added = runner.invoke(main, ["user", "add", "gina", "--out", str(gina_dir), "--days", "2"])
     assert added.exit_code == 0, added.stderr
     assert (gina_dir / files.CLIENT_KEY).stat().st_mode & 0o077 == 0
+    clobber = runner.invoke(main, ["user", "add", "zed", "--out", str(security.admin_dir)])
+    assert clobber.exit_code == 1
+    assert "already holds credentials" in clobber.stderr
     again = runner.invoke(main, ["user", "add", "gina", "--out", str(tmp_path / "gina2")])
     assert again.exit_code == 1
     assert "exists" in again.stderr
@@ -599,6 +602,8 @@ def test_session_credentials_work_expire_and_cannot_renew_themselves(
         short = client.issue_session_credentials(tmp_path / "short", validity_s=2)
         with pytest.raises(errors.InvalidArgumentError, match="7 days"):
             client.issue_session_credentials(tmp_path / "long", validity_s=8 * 24 * 3600)
+        with pytest.raises(errors.AlreadyPresentError, match="already holds credentials"):
+            client.issue_session_credentials(quinn)  # would overwrite quinn's own key
     now_ms = time.time() * 1000
     assert now_ms + 3_500_000 < issued["expires_unix_ms"] < now_ms + 3_700_000
     assert (tmp_path / "s" / files.CLIENT_KEY).stat().st_mode & 0o077 == 0

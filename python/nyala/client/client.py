@@ -269,6 +269,7 @@ class Client:
         from nyala.security import files, pki
 
         identity = Identity(Kind.ADMIN if admin else Kind.USER, name)
+        _refuse_to_overwrite(Path(out))
         key = pki.new_key()
         request = master_pb2.AddUserRequestPB(
             name=name, admin=admin, csr_pem=pki.make_identity_csr(key, identity), validity_days=days
@@ -291,6 +292,7 @@ class Client:
         directory and the end (``expires_unix_ms``)."""
         from nyala.security import files, pki
 
+        _refuse_to_overwrite(Path(out))
         key = pki.new_key()
         identity = self._own_identity()
         request = master_pb2.IssueSessionCredentialsRequestPB(
@@ -613,3 +615,13 @@ def tablet_summary(
 
 
 __all__ = ["ADMIN_TIMEOUT_MS", "CLIENT_TIMEOUT_MS", "Admin", "Client", "connect"]
+
+
+def _refuse_to_overwrite(directory: Path) -> None:
+    """``AlreadyPresentError`` if ``directory`` holds credentials (someone's key would be lost)."""
+    from nyala.security import files
+
+    if (directory / files.CLIENT_KEY).exists() or (directory / files.CLIENT_CERT).exists():
+        raise errors.AlreadyPresentError(
+            f"{directory} already holds credentials: choose another directory"
+        )
