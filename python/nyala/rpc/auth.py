@@ -142,17 +142,10 @@ class Revocations:
         with self._lock:
             self._before_ms = dict(revoked_before_ms)
 
-    def snapshot(self) -> dict[str, int]:
-        """The revoked names now."""
-        with self._lock:
-            return dict(self._before_ms)
-
     def reason(self, caller: Identity, auth_context: Mapping[str, Iterable[bytes]]) -> str | None:
-        """Why ``caller``'s certificate is refused (None: it is not)."""
-        if caller.kind not in (Kind.USER, Kind.ADMIN):
-            return None
-        before_ms = self._before_ms.get(caller.name)
-        if before_ms is None:
+        """Why ``caller``'s certificate (in the connection's ``auth_context``) is refused
+        (None: it is not). The certificate is read only when the name was revoked."""
+        if caller.name not in self._before_ms:
             return None
         pem = b"".join(auth_context.get("x509_pem_cert", ()))
         return self.refused(caller, self._cert_not_before_ms(pem))

@@ -182,11 +182,6 @@ class TokenVerifier:
         with self._lock:
             self._keys = {key.seq: key for key in keys}
 
-    def key_seqs(self) -> list[int]:
-        """The sequence numbers of the keys known (for metrics and tests)."""
-        with self._lock:
-            return sorted(self._keys)
-
     def verify(self, data: bytes, now_unix_ms: int | None = None) -> AuthzToken:
         """The token ``data`` carries; ``NotAuthorizedError`` if it is missing, malformed,
         forged (or another cluster's), signed by a key no longer kept or expired;
