@@ -15,6 +15,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
+from cryptography.hazmat.primitives.asymmetric import ec
+
 from nyala import errors
 from nyala._proto import consensus_pb2, master_pb2, metadata_pb2
 from nyala.client.admin import ReplicaAdminMixin
@@ -266,7 +268,7 @@ class Client:
         credentials directory ``out`` (``ca.pem``, ``client.pem``, ``client.key`` 0600) for
         ``nyala.connect(credentials=out)``: a key made here, its certificate signed by the
         masters' CA for ``days`` (0: 30). ``AlreadyPresentError`` if the user exists."""
-        from nyala.security import files, pki
+        from nyala.security import pki
 
         identity = Identity(Kind.ADMIN if admin else Kind.USER, name)
         _refuse_to_overwrite(Path(out))
@@ -275,11 +277,7 @@ class Client:
             name=name, admin=admin, csr_pem=pki.make_identity_csr(key, identity), validity_days=days
         )
         response = self._master_call(lambda s: s.master.AddUser, request, admin=True)
-        directory = Path(out)
-        files.write_private(directory / files.CLIENT_KEY, pki.key_pem(key))
-        files.write_public(directory / files.CLIENT_CERT, response.cert_pem)
-        files.write_public(directory / files.CA_CERT, response.ca_cert_pem)
-        return directory
+        return _write_credentials(Path(out), key, response.cert_pem, response.ca_cert_pem)
 
     def issue_session_credentials(
         self, out: str | os.PathLike[str], *, validity_s: int = 0
@@ -290,7 +288,7 @@ class Client:
         (Spark executors, a batch job). ``validity_s`` 0: 24 hours; at most 7 days, never past
         this client's own certificate. ``nyala user remove`` revokes them too. Returns the
         directory and the end (``expires_unix_ms``)."""
-        from nyala.security import files, pki
+        from nyala.security import pki
 
         _refuse_to_overwrite(Path(out))
         key = pki.new_key()
@@ -301,10 +299,7 @@ class Client:
         response = self._master_call(
             lambda s: s.master.IssueSessionCredentials, request, admin=True
         )
-        directory = Path(out)
-        files.write_private(directory / files.CLIENT_KEY, pki.key_pem(key))
-        files.write_public(directory / files.CLIENT_CERT, response.cert_pem)
-        files.write_public(directory / files.CA_CERT, response.ca_cert_pem)
+        directory = _write_credentials(Path(out), key, response.cert_pem, response.ca_cert_pem)
         return {"credentials": str(directory), "expires_unix_ms": response.expires_unix_ms}
 
     def _own_identity(self) -> Identity:
@@ -625,3 +620,15 @@ def _refuse_to_overwrite(directory: Path) -> None:
         raise errors.AlreadyPresentError(
             f"{directory} already holds credentials: choose another directory"
         )
+
+
+def _write_credentials(
+    directory: Path, key: ec.EllipticCurvePrivateKey, cert_pem: bytes, ca_pem: bytes
+) -> Path:
+    """A credentials directory: ``client.key`` (0600), ``client.pem``, ``ca.pem``."""
+    from nyala.security import files, pki
+
+    files.write_private(directory / files.CLIENT_KEY, pki.key_pem(key))
+    files.write_public(directory / files.CLIENT_CERT, cert_pem)
+    files.write_public(directory / files.CA_CERT, ca_pem)
+    return directory
