@@ -32,6 +32,7 @@ from nyala.security import files, pki
 from nyala.security.identity import Identity, Kind
 from nyala.security.tokens import AuthzToken, Privilege, new_signing_key, sign_token
 from nyala.testing import MiniCluster, logs_on_failure
+from nyala.testing.master_ops import wait_until
 from nyala.testing.mini_cluster import FAST_TSERVER_FLAGS, fast_master_flags
 from nyala.testing.security import ClusterSecurity
 
@@ -631,3 +632,56 @@ def test_session_credentials_work_expire_and_cannot_renew_themselves(
         nyala.connect(masters, credentials=tmp_path / "s") as session,
     ):
         session.list_tables()
+
+
+# --- the CA in the sys catalog ---------------------------------------------------------------
+
+
+def test_a_master_that_lost_its_ca_key_takes_it_back_from_the_sys_catalog(
+    tmp_path: Path,
+) -> None:
+    """The leader stores the CA in the sys catalog, its key encrypted under the operator's key
+    file; a master restarted without its ca.key serves with its certificate and, once it
+    leads, takes the key back (0600, still encrypted) and signs again."""
+    passphrase_file = tmp_path / "ca.pass"
+    passphrase_file.write_bytes(b"correct horse battery\n")
+    passphrase_file.chmod(0o600)
+    mini = MiniCluster(
+        1,
+        num_masters=1,
+        base_dir=tmp_path / "cluster",
+        master_flags=fast_master_flags("--ca-key-passphrase-file", str(passphrase_file)),
+        tserver_flags=FAST_TSERVER_FLAGS,
+        secure=True,
+    )
+    security = mini.security
+    assert security is not None
+    master_dir = security.directory / "master-0"
+    security.ca.save(master_dir, b"correct horse battery")  # the master's copy, encrypted
+    with logs_on_failure(mini) as cluster:
+        master = cluster.masters[0]
+        wait_until(
+            lambda: (
+                "stored the cluster CA in the sys catalog (with its key encrypted)"
+                in master.log_path.read_text()
+            ),
+            timeout_s=30,
+            what="the CA stored in the sys catalog",
+        )
+        with nyala.connect(cluster.master_addrs, credentials=security.admin_dir) as admin:
+            table = admin.create_table("ca_kept", SCHEMA, replicas=1)
+            assert table.insert({"id": [1], "v": ["a"]}).ok
+        master.stop()
+        (master_dir / files.CA_KEY).unlink()
+        master.restart()
+        with nyala.connect(cluster.master_addrs, credentials=security.admin_dir) as admin:
+            admin.add_user("sam", tmp_path / "sam")  # the master signs again
+            assert admin.table("ca_kept").scan().to_arrow().num_rows == 1
+        key_file = master_dir / files.CA_KEY
+        assert key_file.stat().st_mode & 0o077 == 0
+        with pytest.raises(errors.InvalidArgumentError, match="cannot read the CA key"):
+            pki.ClusterCa.load(master_dir)  # encrypted at rest: not readable without the file
+        restored = pki.ClusterCa.load(master_dir, b"correct horse battery")
+        assert pki.fingerprint(restored.cert_pem) == pki.fingerprint(security.ca.cert_pem)
+        with nyala.connect(cluster.master_addrs, credentials=tmp_path / "sam") as sam:
+            assert sam.list_tables() is not None

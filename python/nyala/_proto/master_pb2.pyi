@@ -450,6 +450,34 @@ class SysTskEntryPB(_message.Message):
 Global___SysTskEntryPB: _TypeAlias = SysTskEntryPB  # noqa: Y015
 
 @_typing.final
+class SysCaEntryPB(_message.Message):
+    """The cluster CA (entry type 6, entry id "ca"): its certificate, and its private key when the
+    masters were given a key file (`--ca-key-passphrase-file`: PKCS#8 encrypted under it; without
+    one the key is kept only in each master's ca.key, 0600). The leader stores it once; a master
+    that lost its ca.key takes the key from here when it leads.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CERT_PEM_FIELD_NUMBER: _builtins.int
+    ENCRYPTED_KEY_PEM_FIELD_NUMBER: _builtins.int
+    cert_pem: _builtins.bytes
+    encrypted_key_pem: _builtins.bytes
+    def __init__(
+        self,
+        *,
+        cert_pem: _builtins.bytes = ...,
+        encrypted_key_pem: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cert_pem", b"cert_pem", "encrypted_key_pem", b"encrypted_key_pem"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SysCaEntryPB: _TypeAlias = SysCaEntryPB  # noqa: Y015
+
+@_typing.final
 class SysUserEntryPB(_message.Message):
     """A user of a secure cluster (entry type 5, entry id the user name): added with
     `nyala user add` (AddUser, which signs the user's certificate), removed with

@@ -101,6 +101,7 @@ class BackgroundTasks:
         """One pass over the catalog."""
         if self._m.secure:
             await self._rotate_token_keys()
+            await self._store_ca()
         catalog = self._m.catalog
         now_us = time.time_ns() // 1000
         timeout_us = self._settings.tablet_creation_timeout_ms * 1000
@@ -139,6 +140,20 @@ class BackgroundTasks:
             "token-signing key %d made; it signs from Unix ms %d",
             record.key_seq,
             record.activate_unix_ms,
+        )
+
+    async def _store_ca(self) -> None:
+        """Stores the cluster CA in the sys catalog once (``SysCaEntryPB``)."""
+        record = self._m.ca_record_due()
+        if record is None:
+            return
+        async with self._m.lock:
+            self._m.require_leader()
+            await self._m.replicate([CatalogRecord.ca(record)])
+            self._m.ca_record = record
+        log.info(
+            "stored the cluster CA in the sys catalog (%s)",
+            "with its key encrypted" if record.encrypted_key_pem else "certificate only",
         )
 
     def _electing(self, tablet: TabletInfo) -> bool:

@@ -26,12 +26,14 @@ import asyncio
 import contextlib
 import logging
 import random
+from pathlib import Path
 
 from nyala._proto import master_pb2, metadata_pb2
 from nyala.consensus.core import ReplicaStatus
 from nyala.consensus.types import Role
 from nyala.errors import (
     IllegalStateError,
+    InvalidArgumentError,
     NotLeaderError,
     NyalaError,
     ServiceUnavailableError,
@@ -43,6 +45,8 @@ from nyala.master.token_keys import TokenKeys
 from nyala.master.ts_manager import TSManager
 from nyala.rpc import split_host_port
 from nyala.rpc.auth import Revocations
+from nyala.security import pki
+from nyala.security.pki import ClusterCa
 
 log = logging.getLogger(__name__)
 
@@ -75,12 +79,22 @@ class CatalogManager:
         rng: random.Random | None = None,
         *,
         secure: bool = False,
+        ca: ClusterCa | None = None,
+        security_dir: Path | None = None,
+        ca_passphrase: bytes | None = None,
     ) -> None:
         self.uuid = uuid
         self.sys_catalog = sys_catalog
         self.ts_manager = ts_manager
         self.settings = settings
         self.secure = secure  # a cluster CA: tokens, users and revocations (docs/security.md)
+        # The cluster CA this master can sign with (None: insecure, or its ca.key is missing
+        # and it has not yet taken the key from the sys catalog's record), where its files
+        # live, and the operator's key file's content that encrypts the key at rest.
+        self.ca = ca
+        self.security_dir = security_dir
+        self.ca_passphrase = ca_passphrase
+        self.ca_record: master_pb2.SysCaEntryPB | None = None
         self.rng = rng or random.Random()  # placement's draws (seeded in tests)
         # Held by every operation that reads records to replace them (copy-on-write), from the
         # read to the in-memory commit, so two operations never replace the same record.
@@ -168,6 +182,8 @@ class CatalogManager:
                 return
             self.users = {pb.name: pb for pb in contents.users}
             self.revocations.set(self.revoked_users())
+            self.ca_record = contents.cas[0] if contents.cas else None
+            self._adopt_ca()
             self.reports.clear()
             self.pending_deletes.clear()
             self._loaded_term = term
@@ -179,6 +195,49 @@ class CatalogManager:
             len(contents.tablets),
         )
         self.wake.set()
+
+    def _adopt_ca(self) -> None:
+        """Checks this master's CA against the sys catalog's, or takes the CA's key from the
+        record when this master has none (it lost its ca.key)."""
+        record = self.ca_record
+        if record is None or not self.secure:
+            return
+        if self.ca is not None:
+            if pki.fingerprint(record.cert_pem) != pki.fingerprint(self.ca.cert_pem):
+                log.error(
+                    "this master's cluster CA (%s) is not the one in the sys catalog (%s): "
+                    "certificates it signs are not trusted by the rest of the cluster",
+                    pki.fingerprint(self.ca.cert_pem),
+                    pki.fingerprint(record.cert_pem),
+                )
+            return
+        if not record.encrypted_key_pem:
+            log.error(
+                "this master has no ca.key and the sys catalog holds no copy (the masters have "
+                "no --ca-key-passphrase-file): copy ca.key from another master"
+            )
+            return
+        try:
+            ca = ClusterCa.from_pem(
+                record.cert_pem,
+                record.encrypted_key_pem,
+                self.ca_passphrase,
+                where="the sys catalog",
+            )
+        except InvalidArgumentError as exc:
+            log.error("cannot take the CA's key from the sys catalog: %s", exc)
+            return
+        if self.security_dir is not None:
+            ca.save(self.security_dir, self.ca_passphrase)
+        self.ca = ca
+        log.info("took the cluster CA's key from the sys catalog into %s", self.security_dir)
+
+    def ca_record_due(self) -> master_pb2.SysCaEntryPB | None:
+        """The CA record to store (None: stored already, or nothing to store)."""
+        if not self.secure or self.ca is None or self.ca_record is not None:
+            return None
+        encrypted = self.ca.key_pem(self.ca_passphrase) if self.ca_passphrase else b""
+        return master_pb2.SysCaEntryPB(cert_pem=self.ca.cert_pem, encrypted_key_pem=encrypted)
 
     def revoked_users(self) -> dict[str, int]:
         """User name -> Unix ms before which its certificates are refused."""

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from pathlib import Path
 
 from nyala._proto import master_pb2, master_pb2_grpc
 from nyala.errors import IllegalStateError
@@ -32,10 +33,9 @@ from nyala.master.ts_manager import TSManager
 from nyala.master.web_ui import MASTER_NAV, MasterPages
 from nyala.rpc import HttpResponse, HttpServer, RpcServer
 from nyala.rpc.http import HttpRequest, Route
-from nyala.security.pki import ClusterCa
 from nyala.server.base import ServerBase
 from nyala.server.consensus_service import ConsensusService, add_consensus_service
-from nyala.server.security import http_authorizer, http_tls, prepare_master
+from nyala.server.security import ca_passphrase, http_authorizer, http_tls, prepare_master
 from nyala.server.tablet_copy import TabletCopy, add_tablet_copy_service
 from nyala.server.web_ui import Markup, wants_json
 from nyala.tablet.replica import TabletReplica, TabletState
@@ -56,7 +56,6 @@ class MasterServer(ServerBase):
         self._own_addr = ""
         self._tasks: asyncio.TaskGroup | None = None
         self._workers: list[asyncio.Task[None]] = []
-        self._ca: ClusterCa | None = None  # the cluster CA (None: an insecure master)
 
     async def run(self) -> None:
         """Opens the fs root, serves until stopped, shuts down gracefully."""
@@ -64,7 +63,8 @@ class MasterServer(ServerBase):
         self._own_addr = own_address(self.settings.rpc_bind, masters)
         tablets = self._open_fs_and_tablets()
         try:
-            self._ca = prepare_master(self.settings, self.uuid)
+            ca = prepare_master(self.settings, self.uuid)
+            security_dir = Path(self.settings.security_dir) if self.settings.security_dir else None
             sys_catalog = SysCatalog(tablets, self.settings.catalog_write_timeout_ms)
             self._check_existing(sys_catalog)
             self.manager = CatalogManager(
@@ -72,7 +72,10 @@ class MasterServer(ServerBase):
                 sys_catalog,
                 TSManager(self.settings.tserver_unresponsive_timeout_ms),
                 self.settings,
-                secure=self._ca is not None,
+                secure=bool(self.settings.security_dir),
+                ca=ca,
+                security_dir=security_dir,
+                ca_passphrase=ca_passphrase(self.settings),
             )
             self._register_metrics()
             self.copy = TabletCopy(
@@ -106,7 +109,7 @@ class MasterServer(ServerBase):
             self._http_routes(),
             self.copy.http_post_routes(self.frame),
             tls=http_tls(self.settings),
-            authorize=None if self._ca is None else http_authorizer(self.manager.revocations),
+            authorize=http_authorizer(self.manager.revocations) if self.manager.secure else None,
         )
         await self._start_listening(rpc, http)
         log.info("master %s ready: rpc %s, http %s", self.uuid, rpc.address, http.address)
@@ -168,7 +171,7 @@ class MasterServer(ServerBase):
         )
         server.add_service(
             master_pb2_grpc.add_MasterServiceServicer_to_server,
-            MasterService(self.uuid, self._rpc_metrics, self.manager, self._ca),
+            MasterService(self.uuid, self._rpc_metrics, self.manager),
         )
         server.add_service(
             add_consensus_service,

@@ -5,6 +5,7 @@ from __future__ import annotations
 from nyala._proto import master_pb2, master_pb2_grpc
 from nyala.consensus.types import Role
 from nyala.errors import (
+    IllegalStateError,
     InvalidArgumentError,
     NotAuthorizedError,
     NotFoundError,
@@ -31,11 +32,9 @@ class MasterService(ServiceBase, master_pb2_grpc.MasterServiceServicer):
         server_uuid: str,
         metrics: RpcMetrics,
         manager: CatalogManager,
-        ca: ClusterCa | None = None,
     ) -> None:
         super().__init__(server_uuid, metrics)
         self._m = manager
-        self._ca = ca
         self._ddl = TableDdl(manager)
         self._locations = Locations(manager)
         self._reports = TabletReports(manager)
@@ -61,8 +60,7 @@ class MasterService(ServiceBase, master_pb2_grpc.MasterServiceServicer):
     ) -> master_pb2.SignServerCertificateResponsePB:
         """Signs a tablet server's CSR (Kudu's IPKI): the caller holds a join credential, or is
         that same server renewing its certificate."""
-        if self._ca is None:
-            raise NotSupportedError("this master is not secure: it has no cluster CA")
+        ca = self._require_ca()
         caller = current_caller()
         renewing = caller == Identity(Kind.SERVER, request.server_uuid)
         if caller is None or (caller.kind is not Kind.JOIN and not renewing):
@@ -70,10 +68,8 @@ class MasterService(ServiceBase, master_pb2_grpc.MasterServiceServicer):
                 f"{caller} may not enroll a server: it needs a join credential of this cluster"
             )
         Identity(Kind.SERVER, request.server_uuid)  # a well-formed UUID, else InvalidArgument
-        cert = self._ca.sign_server_csr(request.csr_pem, request.server_uuid, request.hosts)
-        return master_pb2.SignServerCertificateResponsePB(
-            cert_pem=cert, ca_cert_pem=self._ca.cert_pem
-        )
+        cert = ca.sign_server_csr(request.csr_pem, request.server_uuid, request.hosts)
+        return master_pb2.SignServerCertificateResponsePB(cert_pem=cert, ca_cert_pem=ca.cert_pem)
 
     @unary(master_pb2.ConnectToMasterResponsePB, allow_empty_dest=True)
     async def ConnectToMaster(
@@ -158,7 +154,7 @@ class MasterService(ServiceBase, master_pb2_grpc.MasterServiceServicer):
         ],
     ) -> master_pb2.GetTableLocationsResponsePB:
         response = self._locations.table_locations(request)
-        if self._ca is not None:
+        if self._m.secure:
             table = self._m.require_leader().table(request.table).pb
             response.authz_token = privileges.authz_token(
                 self._m.token_keys, table, current_caller()
@@ -229,9 +225,15 @@ class MasterService(ServiceBase, master_pb2_grpc.MasterServiceServicer):
         )
 
     def _require_ca(self) -> ClusterCa:
-        if self._ca is None:
+        if not self._m.secure:
             raise NotSupportedError("this master is not secure: it has no cluster CA")
-        return self._ca
+        if self._m.ca is None:
+            raise IllegalStateError(
+                f"master {self.server_uuid} has no ca.key: it takes the key from the sys "
+                "catalog when it leads (with --ca-key-passphrase-file), or copy ca.key from "
+                "another master"
+            )
+        return self._m.ca
 
     def _require(self, ident: master_pb2.TableIdentifierPB, needed: Privilege) -> None:
         """``NotAuthorizedError`` unless the caller holds ``needed`` on the table. A name that

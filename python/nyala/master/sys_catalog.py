@@ -3,8 +3,8 @@ tablet, WAL, storage and consensus code as any tserver tablet.
 
 Each row is one record: ``(entry_type, entry_id) -> metadata``, where metadata is a serialized
 ``SysTableEntryPB``, ``SysTabletEntryPB``, ``SysTServerEntryPB`` (a retired tablet server),
-``SysTskEntryPB`` (a token-signing key) or ``SysUserEntryPB`` (a user of a secure cluster)
-(master.proto). ``write`` replicates any number of
+``SysTskEntryPB`` (a token-signing key), ``SysUserEntryPB`` (a user of a secure cluster) or
+``SysCaEntryPB`` (the cluster CA) (master.proto). ``write`` replicates any number of
 records as ONE op batch, so a logical operation (a table and all its tablets) commits or fails
 as a whole (seed 002, "Ensure each logical operation is replicated as one batch"). ``load``
 reads every record back; the caller must have confirmed leadership first (``read_index``), so
@@ -55,6 +55,7 @@ SysRecord: TypeAlias = (
     | master_pb2.SysTServerEntryPB
     | master_pb2.SysTskEntryPB
     | master_pb2.SysUserEntryPB
+    | master_pb2.SysCaEntryPB
 )
 _SysRecordT = TypeVar(
     "_SysRecordT",
@@ -63,6 +64,7 @@ _SysRecordT = TypeVar(
     master_pb2.SysTServerEntryPB,
     master_pb2.SysTskEntryPB,
     master_pb2.SysUserEntryPB,
+    master_pb2.SysCaEntryPB,
 )
 
 
@@ -74,6 +76,7 @@ class RecordType(enum.IntEnum):
     TSERVER = 3
     TSK = 4
     USER = 5
+    CA = 6
 
 
 @dataclass(frozen=True)
@@ -109,6 +112,11 @@ class CatalogRecord:
         """The row of a user."""
         return CatalogRecord(RecordType.USER, str(pb.name), pb)
 
+    @staticmethod
+    def ca(pb: master_pb2.SysCaEntryPB) -> CatalogRecord:
+        """The row of the cluster CA (there is one)."""
+        return CatalogRecord(RecordType.CA, "ca", pb)
+
 
 @dataclass(frozen=True)
 class CatalogContents:
@@ -119,6 +127,7 @@ class CatalogContents:
     tservers: list[master_pb2.SysTServerEntryPB] = field(default_factory=list)
     tsks: list[master_pb2.SysTskEntryPB] = field(default_factory=list)
     users: list[master_pb2.SysUserEntryPB] = field(default_factory=list)
+    cas: list[master_pb2.SysCaEntryPB] = field(default_factory=list)
 
 
 def encode_records(records: Sequence[CatalogRecord]) -> bytes:
@@ -137,7 +146,7 @@ def encode_records(records: Sequence[CatalogRecord]) -> bytes:
 
 def decode_contents(table: pa.Table) -> CatalogContents:
     """The records of a scan of the whole sys catalog; ``CorruptionError`` if one is bad."""
-    contents = CatalogContents([], [], [], [], [])
+    contents = CatalogContents([], [], [], [], [], [])
     columns = table.to_pydict()
     for kind, entry_id, raw in zip(
         columns["entry_type"], columns["entry_id"], columns["metadata"], strict=True
@@ -152,6 +161,8 @@ def decode_contents(table: pa.Table) -> CatalogContents:
             contents.tsks.append(_parse(master_pb2.SysTskEntryPB, entry_id, raw))
         elif kind == RecordType.USER:
             contents.users.append(_parse(master_pb2.SysUserEntryPB, entry_id, raw))
+        elif kind == RecordType.CA:
+            contents.cas.append(_parse(master_pb2.SysCaEntryPB, entry_id, raw))
         else:
             raise CorruptionError(f"sys catalog row {entry_id!r} has unknown entry type {kind}")
     return contents

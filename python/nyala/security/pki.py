@@ -163,20 +163,29 @@ class ClusterCa:
     def load(cls, directory: Path, passphrase: bytes | None = None) -> ClusterCa:
         """Reads ``ca.pem`` and ``ca.key``; a wrong or missing passphrase is an
         ``InvalidArgumentError`` that names no secret."""
-        cert = x509.load_pem_x509_certificate(
-            files.load_tls(directory, files.CA_CERT, files.CA_KEY).cert_pem
-        )
+        tls = files.load_tls(directory, files.CA_CERT, files.CA_KEY)
+        return cls.from_pem(tls.cert_pem, tls.key_pem, passphrase, where=str(directory))
+
+    @classmethod
+    def from_pem(
+        cls, cert_pem_data: bytes, key_pem_data: bytes, passphrase: bytes | None, *, where: str
+    ) -> ClusterCa:
+        """The CA of a certificate and a (possibly encrypted) key; ``InvalidArgumentError``
+        naming ``where`` (never a secret) if the key cannot be read."""
+        cert = x509.load_pem_x509_certificate(cert_pem_data)
         try:
-            key = serialization.load_pem_private_key(
-                files.read_file(directory / files.CA_KEY), password=passphrase or None
-            )
+            key = serialization.load_pem_private_key(key_pem_data, password=passphrase or None)
         except (TypeError, ValueError):
             raise InvalidArgumentError(
-                f"cannot read the CA key in {directory}: wrong or missing key file"
+                f"cannot read the CA key in {where}: wrong or missing key file"
             ) from None
         if not isinstance(key, ec.EllipticCurvePrivateKey):
-            raise InvalidArgumentError(f"the CA key in {directory} is not an EC key")
+            raise InvalidArgumentError(f"the CA key in {where} is not an EC key")
         return cls(cert, key)
+
+    def key_pem(self, passphrase: bytes) -> bytes:
+        """The CA's key as PKCS#8 PEM encrypted under ``passphrase`` (for the sys catalog)."""
+        return key_pem(self._key, passphrase)
 
     @classmethod
     def exists(cls, directory: Path) -> bool:

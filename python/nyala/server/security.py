@@ -38,7 +38,7 @@ log = logging.getLogger(__name__)
 RENEW_BEFORE_S = 30 * 24 * 3600
 
 
-def _passphrase(settings: ServerSettings) -> bytes | None:
+def ca_passphrase(settings: ServerSettings) -> bytes | None:
     if not settings.ca_key_passphrase_file:
         return None
     return Path(settings.ca_key_passphrase_file).read_bytes().strip()
@@ -71,8 +71,13 @@ def prepare_master(settings: ServerSettings, server_uuid: str) -> pki.ClusterCa 
     if not settings.security_dir:
         return None
     directory = Path(settings.security_dir)
-    passphrase = _passphrase(settings)
+    passphrase = ca_passphrase(settings)
     if not pki.ClusterCa.exists(directory):
+        if (directory / files.CA_CERT).exists() and _has_own_certificate(directory, server_uuid):
+            # It lost its ca.key: it serves (its certificate is good) and takes the key from
+            # the sys catalog when it leads, if the masters keep an encrypted copy there.
+            log.warning("%s has no ca.key: this master cannot sign until it gets one", directory)
+            return None
         if len(settings.masters) > 1:
             raise IllegalStateError(
                 f"{directory} holds no cluster CA: with several masters, create it once "
