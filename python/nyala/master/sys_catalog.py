@@ -19,7 +19,7 @@ import asyncio
 import enum
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TypeAlias, TypeVar
+from typing import TypeAlias
 
 import pyarrow as pa
 
@@ -56,15 +56,6 @@ SysRecord: TypeAlias = (
     | master_pb2.SysTskEntryPB
     | master_pb2.SysUserEntryPB
     | master_pb2.SysCaEntryPB
-)
-_SysRecordT = TypeVar(
-    "_SysRecordT",
-    master_pb2.SysTableEntryPB,
-    master_pb2.SysTabletEntryPB,
-    master_pb2.SysTServerEntryPB,
-    master_pb2.SysTskEntryPB,
-    master_pb2.SysUserEntryPB,
-    master_pb2.SysCaEntryPB,
 )
 
 
@@ -144,6 +135,17 @@ def encode_records(records: Sequence[CatalogRecord]) -> bytes:
     return bytes(sink.getvalue().to_pybytes())
 
 
+#: Where each entry type goes in ``CatalogContents``, and the message it holds.
+_CONTENTS_FIELD: dict[int, tuple[str, type[SysRecord]]] = {
+    RecordType.TABLE: ("tables", master_pb2.SysTableEntryPB),
+    RecordType.TABLET: ("tablets", master_pb2.SysTabletEntryPB),
+    RecordType.TSERVER: ("tservers", master_pb2.SysTServerEntryPB),
+    RecordType.TSK: ("tsks", master_pb2.SysTskEntryPB),
+    RecordType.USER: ("users", master_pb2.SysUserEntryPB),
+    RecordType.CA: ("cas", master_pb2.SysCaEntryPB),
+}
+
+
 def decode_contents(table: pa.Table) -> CatalogContents:
     """The records of a scan of the whole sys catalog; ``CorruptionError`` if one is bad."""
     contents = CatalogContents([], [], [], [], [], [])
@@ -151,24 +153,15 @@ def decode_contents(table: pa.Table) -> CatalogContents:
     for kind, entry_id, raw in zip(
         columns["entry_type"], columns["entry_id"], columns["metadata"], strict=True
     ):
-        if kind == RecordType.TABLE:
-            contents.tables.append(_parse(master_pb2.SysTableEntryPB, entry_id, raw))
-        elif kind == RecordType.TABLET:
-            contents.tablets.append(_parse(master_pb2.SysTabletEntryPB, entry_id, raw))
-        elif kind == RecordType.TSERVER:
-            contents.tservers.append(_parse(master_pb2.SysTServerEntryPB, entry_id, raw))
-        elif kind == RecordType.TSK:
-            contents.tsks.append(_parse(master_pb2.SysTskEntryPB, entry_id, raw))
-        elif kind == RecordType.USER:
-            contents.users.append(_parse(master_pb2.SysUserEntryPB, entry_id, raw))
-        elif kind == RecordType.CA:
-            contents.cas.append(_parse(master_pb2.SysCaEntryPB, entry_id, raw))
-        else:
+        known = _CONTENTS_FIELD.get(kind)
+        if known is None:
             raise CorruptionError(f"sys catalog row {entry_id!r} has unknown entry type {kind}")
+        name, cls = known
+        getattr(contents, name).append(_parse(cls, entry_id, raw))
     return contents
 
 
-def _parse(cls: type[_SysRecordT], entry_id: str, raw: bytes) -> _SysRecordT:
+def _parse(cls: type[SysRecord], entry_id: str, raw: bytes) -> SysRecord:
     """The record of one row; ``CorruptionError`` if it does not parse."""
     pb = cls()
     try:
