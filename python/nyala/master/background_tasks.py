@@ -26,8 +26,8 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable
-from typing import TypeAlias
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeAlias
 
 from nyala._proto import master_pb2, metadata_pb2, tserver_admin_pb2
 from nyala.errors import CasFailedError, NetworkError, NyalaError, TabletNotFoundError
@@ -130,31 +130,30 @@ class BackgroundTasks:
     async def _rotate_token_keys(self) -> None:
         """Makes the next token-signing key when it is due (``nyala.master.token_keys``)."""
         record = self._m.token_keys.due(int(time.time() * 1000))
-        if record is None:
-            return
-        async with self._m.lock:
-            self._m.require_leader()
-            await self._m.replicate([CatalogRecord.tsk(record)])
-            self._m.token_keys.commit(record)
-        log.info(
-            "token-signing key %d made; it signs from Unix ms %d",
-            record.key_seq,
-            record.activate_unix_ms,
-        )
+        if record is not None:
+            await self._replicate_one(CatalogRecord.tsk(record), self._m.token_keys.commit)
+            log.info(
+                "token-signing key %d made; it signs from Unix ms %d",
+                record.key_seq,
+                record.activate_unix_ms,
+            )
 
     async def _store_ca(self) -> None:
         """Stores the cluster CA in the sys catalog once (``SysCaEntryPB``)."""
         record = self._m.ca_record_due()
-        if record is None:
-            return
+        if record is not None:
+            await self._replicate_one(CatalogRecord.ca(record), self._m.set_ca_record)
+            log.info(
+                "stored the cluster CA in the sys catalog (%s)",
+                "with its key encrypted" if record.encrypted_key_pem else "certificate only",
+            )
+
+    async def _replicate_one(self, record: CatalogRecord, commit: Callable[[Any], None]) -> None:
+        """Replicates one record as the leader, then ``commit``s its message in memory."""
         async with self._m.lock:
             self._m.require_leader()
-            await self._m.replicate([CatalogRecord.ca(record)])
-            self._m.ca_record = record
-        log.info(
-            "stored the cluster CA in the sys catalog (%s)",
-            "with its key encrypted" if record.encrypted_key_pem else "certificate only",
-        )
+            await self._m.replicate([record])
+            commit(record.metadata)
 
     def _electing(self, tablet: TabletInfo) -> bool:
         """A majority of the tablet's replicas report a running replica from a live server:

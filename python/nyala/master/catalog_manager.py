@@ -232,6 +232,10 @@ class CatalogManager:
         self.ca = ca
         log.info("took the cluster CA's key from the sys catalog into %s", self.security_dir)
 
+    def set_ca_record(self, record: master_pb2.SysCaEntryPB) -> None:
+        """The CA record, once the sys catalog committed it."""
+        self.ca_record = record
+
     def ca_record_due(self) -> master_pb2.SysCaEntryPB | None:
         """The CA record to store (None: stored already, or nothing to store)."""
         if not self.secure or self.ca is None or self.ca_record is not None:

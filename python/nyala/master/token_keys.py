@@ -25,6 +25,8 @@ class TokenKeys:
         self.rotation_ms = rotation_ms
         self.token_validity_ms = token_validity_ms
         self._keys: dict[int, SigningKey] = {}
+        # Each key's public half as heartbeats carry it, made once (they carry it every beat).
+        self._public: dict[int, master_pb2.TokenSigningPublicKeyPB] = {}
 
     def load(self, records: list[master_pb2.SysTskEntryPB]) -> None:
         """Replaces the keys with the sys catalog's; ``CorruptionError`` for a bad record."""
@@ -37,12 +39,15 @@ class TokenKeys:
             except ValueError as exc:
                 raise CorruptionError(f"token-signing key {pb.key_seq}: {exc}") from None
         self._keys = keys
+        self._public = {seq: _public_pb(key) for seq, key in keys.items()}
 
     def commit(self, pb: master_pb2.SysTskEntryPB) -> None:
         """Adds a key once the sys catalog committed its record."""
-        self._keys[pb.key_seq] = SigningKey.from_der(
+        key = SigningKey.from_der(
             pb.key_seq, pb.private_key_der, pb.activate_unix_ms, pb.expires_unix_ms
         )
+        self._keys[key.seq] = key
+        self._public[key.seq] = _public_pb(key)
 
     def due(self, now_ms: int) -> master_pb2.SysTskEntryPB | None:
         """The record of the key to make now (None: the keys are in order)."""
@@ -79,11 +84,15 @@ class TokenKeys:
     def public_keys(self, now_ms: int) -> list[master_pb2.TokenSigningPublicKeyPB]:
         """The unexpired keys' public halves, for the tablet servers."""
         return [
-            master_pb2.TokenSigningPublicKeyPB(
-                key_seq=key.seq,
-                public_key_der=key.verifying_key().public_der(),
-                expires_unix_ms=key.expires_unix_ms,
-            )
-            for key in sorted(self._keys.values(), key=lambda k: k.seq)
-            if key.expires_unix_ms > now_ms
+            self._public[seq]
+            for seq in sorted(self._public)
+            if self._public[seq].expires_unix_ms > now_ms
         ]
+
+
+def _public_pb(key: SigningKey) -> master_pb2.TokenSigningPublicKeyPB:
+    return master_pb2.TokenSigningPublicKeyPB(
+        key_seq=key.seq,
+        public_key_der=key.verifying_key().public_der(),
+        expires_unix_ms=key.expires_unix_ms,
+    )

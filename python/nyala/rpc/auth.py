@@ -2,7 +2,7 @@
 
 The TLS handshake already proved that the caller holds a certificate of the cluster CA
 (``nyala.rpc.credentials``); the guard every method handler of a secure server is wrapped in
-when it is registered (``GuardedRegistration``) reads the identity that certificate names
+when it is registered (``guarded_registration``) reads the identity that certificate names
 (``nyala.security.identity``) and refuses a call whose method needs a higher role
 (``METHOD_ROLES``): ``UNAUTHENTICATED`` without an identity, ``PERMISSION_DENIED`` for too low a
 role. A handler reads the caller with ``current_caller()`` (None on an insecure server).
@@ -28,6 +28,7 @@ import grpc
 from cryptography import x509
 
 from nyala.errors import InvalidArgumentError
+from nyala.rpc.registration import HandlerStandIn
 from nyala.security.identity import Identity, Kind, Role
 
 log = logging.getLogger(__name__)
@@ -244,50 +245,15 @@ def _guard_stream(
     return guarded
 
 
-class _GuardedGeneric(grpc.GenericRpcHandler):
-    """A generic handler whose method handlers are guarded (wrapped once per method)."""
+def guarded_registration(
+    server: grpc.aio.Server, revocations: Revocations | None
+) -> grpc.aio.Server:
+    """What a secure server's services register with: every method handler (the registered
+    ones gRPC serves, and the generic fallback) wrapped with the role and revocation check,
+    once. A call then pays only the check, where a gRPC server interceptor adds a coroutine
+    and a handler lookup to every call (docs/security.md, "Cost")."""
 
-    def __init__(self, inner: grpc.GenericRpcHandler, revocations: Revocations | None) -> None:
-        self._inner = inner
-        self._revocations = revocations
-        self._guarded: dict[str, _Handler] = {}
+    def guard(method: str, handler: _Handler) -> _Handler:
+        return _guard(handler, required_role(method), method, revocations)
 
-    def service(self, handler_call_details: grpc.HandlerCallDetails) -> _Handler | None:
-        method = handler_call_details.method
-        guarded = self._guarded.get(method)
-        if guarded is None:
-            handler = self._inner.service(handler_call_details)
-            if handler is None:
-                return None
-            role = required_role(method)
-            guarded = self._guarded[method] = _guard(handler, role, method, self._revocations)
-        return guarded
-
-
-class GuardedRegistration:
-    """Stands in for a secure server while a generated ``add_<Service>Servicer_to_server``
-    runs: every method handler it registers (the registered ones gRPC serves, and the generic
-    fallback) is wrapped with the role and revocation check, once. A call then pays only the
-    check, where a gRPC server interceptor adds a coroutine and a handler lookup to every call
-    (docs/security.md, "Cost")."""
-
-    def __init__(self, server: grpc.aio.Server, revocations: Revocations | None) -> None:
-        self._server = server
-        self._revocations = revocations
-
-    def as_server(self) -> grpc.aio.Server:
-        """This stand-in, typed as what ``add_<Service>Servicer_to_server`` takes."""
-        return cast(grpc.aio.Server, self)
-
-    def add_generic_rpc_handlers(self, handlers: Iterable[grpc.GenericRpcHandler]) -> None:
-        guarded = tuple(_GuardedGeneric(h, self._revocations) for h in handlers)
-        self._server.add_generic_rpc_handlers(guarded)
-
-    def add_registered_method_handlers(
-        self, service: str, handlers: Mapping[str, _Handler]
-    ) -> None:
-        guarded = {}
-        for name, handler in handlers.items():
-            method = f"/{service}/{name}"
-            guarded[name] = _guard(handler, required_role(method), method, self._revocations)
-        self._server.add_registered_method_handlers(service, guarded)
+    return HandlerStandIn(server, guard, generic=True).as_server()

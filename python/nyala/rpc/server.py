@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable
 from typing import Any, Protocol, TypeAlias, TypeVar, cast
 
 import grpc
 
 from nyala.errors import NetworkError
-from nyala.rpc.auth import GuardedRegistration, Revocations
+from nyala.rpc.auth import Revocations, guarded_registration
 from nyala.rpc.credentials import server_credentials
 from nyala.rpc.errors import join_host_port, split_host_port
+from nyala.rpc.registration import HandlerStandIn
 from nyala.rpc.settings import RpcSettings
 
 log = logging.getLogger(__name__)
@@ -45,9 +46,7 @@ class RpcServer:
         if self._settings.tls is None:
             add_to_server(servicer, self._server)
         else:
-            add_to_server(
-                servicer, GuardedRegistration(self._server, self._revocations).as_server()
-            )
+            add_to_server(servicer, guarded_registration(self._server, self._revocations))
 
     @property
     def address(self) -> str:
@@ -94,46 +93,25 @@ def _identity(data: bytes) -> bytes:
     return data
 
 
-class DeserializerOverride:
-    """Stands in for the server while a generated ``add_<Service>Servicer_to_server`` runs,
-    replacing the request deserializer of the methods named in ``deserializers``, and making
-    the methods named in ``serialized_responses`` answer with bytes their handler serialized
-    itself (``nyala.rpc.service.unary_serialized``).
+def override_serializers(
+    server: grpc.aio.Server,
+    deserializers: dict[str, Callable[[bytes], object]],
+    serialized_responses: frozenset[str] = frozenset(),
+) -> grpc.aio.Server:
+    """What a service registers with to replace the request deserializer of the methods named
+    in ``deserializers``, and to make the methods named in ``serialized_responses`` answer with
+    bytes their handler serialized itself (``nyala.rpc.service.unary_serialized``). Only the
+    registered handlers change: the generic fallback keeps the generated (de)serializers, which
+    handlers must also accept (``nyala.rpc.registration``)."""
 
-    gRPC serves a method through its registered handler when there is one, so replacing it
-    there is enough; the generic handler registered next to it keeps the generated
-    (de)serializers and is only a fallback, which handlers must also accept.
-    """
-
-    def __init__(
-        self,
-        server: grpc.aio.Server,
-        deserializers: dict[str, Callable[[bytes], object]],
-        serialized_responses: frozenset[str] = frozenset(),
-    ) -> None:
-        self._server = server
-        self._deserializers = deserializers
-        self._serialized_responses = serialized_responses
-
-    def as_server(self) -> grpc.aio.Server:
-        """This stand-in, typed as what ``add_<Service>Servicer_to_server`` takes: of a server,
-        that function calls only the two methods below."""
-        return cast(grpc.aio.Server, self)
-
-    def add_generic_rpc_handlers(self, handlers: Iterable[grpc.GenericRpcHandler]) -> None:
-        self._server.add_generic_rpc_handlers(handlers)
-
-    def add_registered_method_handlers(
-        self, service: str, handlers: Mapping[str, _Handler]
-    ) -> None:
-        replaced = {method: self._replace(method, handler) for method, handler in handlers.items()}
-        self._server.add_registered_method_handlers(service, replaced)
-
-    def _replace(self, method: str, handler: _Handler) -> _Handler:
-        if method in self._deserializers:
+    def replace(path: str, handler: _Handler) -> _Handler:
+        method = path.rpartition("/")[2]
+        if method in deserializers:
             handler = cast(_NamedTupleHandler, handler)._replace(
-                request_deserializer=self._deserializers[method]
+                request_deserializer=deserializers[method]
             )
-        if method in self._serialized_responses:
+        if method in serialized_responses:
             handler = cast(_NamedTupleHandler, handler)._replace(response_serializer=_identity)
         return handler
+
+    return HandlerStandIn(server, replace, generic=False).as_server()

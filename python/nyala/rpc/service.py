@@ -136,7 +136,7 @@ def unary_serialized(
     """Decorates a unary handler that returns its response already serialized (a large
     ``bytes`` field put in place without protobuf's copies, ``nyala.rpc.pb_fields``); a failure
     is answered with ``response_cls``'s error, serialized here. Register the method with its
-    response serializer replaced (``DeserializerOverride(serialized_responses=...)``)."""
+    response serializer replaced (``nyala.rpc.server.override_serializers``)."""
 
     def decorate(fn: _UnarySerialized[_S, _Req]) -> _UnarySerialized[_S, _Req]:
         method = fn.__name__

@@ -49,7 +49,7 @@ from nyala.rpc import Context, HttpResponse, RpcMetrics, ServiceBase, unary
 from nyala.rpc.channel import ServerProxy
 from nyala.rpc.errors import join_host_port, raise_for_response, split_host_port
 from nyala.rpc.http import HttpRequest, Route
-from nyala.rpc.server import DeserializerOverride
+from nyala.rpc.server import override_serializers
 from nyala.rpc.service import unary_serialized
 from nyala.rpc.settings import RpcSettings
 from nyala.server.convert import config_to_pb
@@ -438,8 +438,8 @@ class TabletCopy:
 def add_tablet_copy_service(servicer: TabletCopyService, server: grpc.aio.Server) -> None:
     """Registers the TabletCopyService, FetchData answering with the bytes its handler
     serialized (``fetch_data_answer``)."""
-    override = DeserializerOverride(server, {}, frozenset({"FetchData"}))
-    tablet_copy_pb2_grpc.add_TabletCopyServiceServicer_to_server(servicer, override.as_server())
+    override = override_serializers(server, {}, frozenset({"FetchData"}))
+    tablet_copy_pb2_grpc.add_TabletCopyServiceServicer_to_server(servicer, override)
 
 
 class TabletCopyService(ServiceBase, tablet_copy_pb2_grpc.TabletCopyServiceServicer):

@@ -45,9 +45,18 @@ class SecurityUpdates:
     def __init__(self, verifier: TokenVerifier, revocations: Revocations) -> None:
         self.verifier = verifier
         self.revocations = revocations
+        self._keys_seen: tuple[tuple[int, bytes, int], ...] | None = None
 
     def update(self, response: master_pb2.TSHeartbeatResponsePB) -> None:
-        """Takes the leader's keys and revocations (replacing the earlier ones)."""
+        """Takes the leader's keys and revocations (replacing the earlier ones; keys are parsed
+        only when they changed since the last answer)."""
+        self.revocations.set(dict(response.revoked_users))
+        seen = tuple(
+            (pb.key_seq, pb.public_key_der, pb.expires_unix_ms) for pb in response.tsk_public_keys
+        )
+        if seen == self._keys_seen:
+            return
+        self._keys_seen = seen
         keys = []
         for pb in response.tsk_public_keys:
             try:
@@ -57,7 +66,6 @@ class SecurityUpdates:
             except ValueError as exc:  # the tokens it signed are refused: safe, and logged
                 log.error("the leader master sent a malformed token-signing key: %s", exc)
         self.verifier.set_keys(keys)
-        self.revocations.set(dict(response.revoked_users))
 
 
 class TabletAuthorizer:
