@@ -206,6 +206,78 @@ def test_a_join_credential_may_only_enroll(
             proxy.call(proxy.master.SignServerCertificate, request)
 
 
+def test_a_revoked_join_credential_enrolls_nothing(
+    cluster: MiniCluster, security: ClusterSecurity, tmp_path: Path
+) -> None:
+    """``nyala cert revoke-join NAME`` refuses every join credential of that name made before,
+    at once; another join credential still enrolls, and ``nyala user list`` shows it."""
+    uuid = "c" * 32
+
+    def enroll_with(directory: Path) -> bytes:
+        tls = files.load_tls(directory, files.JOIN_CERT, files.JOIN_KEY)
+        request = master_pb2.SignServerCertificateRequestPB(
+            server_uuid=uuid, csr_pem=pki.make_csr(pki.new_key(), uuid)
+        )
+        with BlockingServerProxy(cluster.masters[0].rpc_addr, RpcSettings(tls=tls)) as proxy:
+            return proxy.call(proxy.master.SignServerCertificate, request).cert_pem
+
+    security.join_credential(tmp_path / "leaked")
+    security.join_credential(tmp_path / "fresh")
+    assert enroll_with(tmp_path / "leaked")
+    env = {
+        "NYALA_MASTERS": ",".join(cluster.master_addrs),
+        "NYALA_CREDENTIALS": str(security.admin_dir),
+    }
+    runner = CliRunner(env=env)
+    revoked = runner.invoke(main, ["cert", "revoke-join", "leaked"])
+    assert revoked.exit_code == 0, revoked.stderr
+    with pytest.raises(errors.NotAuthenticatedError, match="join credential 'leaked' was revoked"):
+        enroll_with(tmp_path / "leaked")
+    assert enroll_with(tmp_path / "fresh")
+    # A user of the same name is another name: revoking the join credential leaves it alone.
+    with nyala.connect(cluster.master_addrs, credentials=security.credentials("leaked")) as c:
+        c.list_tables()
+    listed = runner.invoke(main, ["user", "list", "--format", "json"])
+    assert listed.exit_code == 0, listed.stderr
+    rows = {(u["name"], u["kind"]): u["state"] for u in json.loads(listed.stdout)}
+    assert rows[("leaked", "join")] == "REMOVED"
+    assert ("leaked", "user") not in rows
+
+
+def test_a_retried_add_user_gets_its_certificate_again(
+    cluster: MiniCluster, security: ClusterSecurity
+) -> None:
+    """The same AddUser again (its first answer lost) is answered with a certificate for the
+    same key; another key or other rights for an existing name are refused."""
+    key = pki.new_key()
+    dest = cluster.masters[0].uuid or ""
+    request = master_pb2.AddUserRequestPB(
+        dest_uuid=dest,
+        name="retry",
+        csr_pem=pki.make_identity_csr(key, Identity(Kind.USER, "retry")),
+    )
+    with BlockingServerProxy(cluster.masters[0].rpc_addr, security.admin_settings) as proxy:
+        first = proxy.admin_call(proxy.master.AddUser, request)
+        second = proxy.admin_call(proxy.master.AddUser, request)
+        for pem in (first.cert_pem, second.cert_pem):
+            assert security.ca.verify(pem) == Identity(Kind.USER, "retry")
+        other = master_pb2.AddUserRequestPB(
+            dest_uuid=dest,
+            name="retry",
+            csr_pem=pki.make_identity_csr(pki.new_key(), Identity(Kind.USER, "retry")),
+        )
+        with pytest.raises(errors.AlreadyPresentError, match="exists"):
+            proxy.admin_call(proxy.master.AddUser, other)
+        as_admin = master_pb2.AddUserRequestPB(
+            dest_uuid=dest,
+            name="retry",
+            admin=True,
+            csr_pem=pki.make_identity_csr(key, Identity(Kind.ADMIN, "retry")),
+        )
+        with pytest.raises(errors.AlreadyPresentError, match="exists"):
+            proxy.admin_call(proxy.master.AddUser, as_admin)
+
+
 def test_server_certificates_are_bound_to_their_uuid(
     cluster: MiniCluster, security: ClusterSecurity
 ) -> None:
@@ -249,6 +321,17 @@ def test_three_secure_masters_elect_and_serve(tmp_path: Path) -> None:
             t = c.create_table("m3", SCHEMA, replicas=1)
             assert t.insert({"id": [1, 2], "v": ["a", None]}).ok
             assert len(c.list_masters()) == 3
+            c.add_user("fay", tmp_path / "fay")
+            fay = RpcSettings(tls=files.load_client_tls(tmp_path / "fay"))
+            for master in started.masters:
+                with BlockingServerProxy(master.rpc_addr, fay) as proxy:
+                    _hello(proxy, "master")
+            c.remove_user("fay")
+        # Follower masters refuse a removed user too, once they applied the removal (they
+        # read the user records they applied every second).
+        for master in started.masters:
+            with BlockingServerProxy(master.rpc_addr, fay) as proxy:
+                assert "revoked" in _refused_within(lambda p=proxy: _hello(p, "master"), 3.0)
 
 
 # --- table privileges (authz tokens) ----------------------------------------------------------
@@ -685,3 +768,63 @@ def test_a_master_that_lost_its_ca_key_takes_it_back_from_the_sys_catalog(
         assert pki.fingerprint(restored.cert_pem) == pki.fingerprint(security.ca.cert_pem)
         with nyala.connect(cluster.master_addrs, credentials=tmp_path / "sam") as sam:
             assert sam.list_tables() is not None
+
+
+def test_masters_added_later_enroll_with_a_join_credential_and_one_leads(
+    tmp_path: Path,
+) -> None:
+    """A master added to a running cluster needs no copy of the CA: given a join credential it
+    enrolls with the other masters, catches up, and once it leads takes the CA's key from the
+    sys catalog (encrypted under the operator's key file) and signs."""
+    passphrase_file = tmp_path / "ca.pass"
+    passphrase_file.write_bytes(b"a passphrase for the CA key\n")
+    passphrase_file.chmod(0o600)
+    mini = MiniCluster(
+        1,
+        num_masters=1,
+        base_dir=tmp_path / "cluster",
+        master_flags=fast_master_flags("--ca-key-passphrase-file", str(passphrase_file)),
+        tserver_flags=FAST_TSERVER_FLAGS,
+        secure=True,
+    )
+    security = mini.security
+    assert security is not None
+    security.ca.save(security.directory / "master-0", b"a passphrase for the CA key")
+    with logs_on_failure(mini) as cluster:
+        first = cluster.masters[0]
+        wait_until(
+            lambda: "stored the cluster CA in the sys catalog" in first.log_path.read_text(),
+            timeout_s=30,
+            what="the CA stored in the sys catalog",
+        )
+        with nyala.connect(cluster.master_addrs, credentials=security.admin_dir) as admin:
+            table = admin.create_table("before_new_masters", SCHEMA, replicas=1)
+            assert table.insert({"id": [1, 2], "v": ["a", "b"]}).ok
+        env = {"NYALA_CREDENTIALS": str(security.admin_dir)}
+        runner = CliRunner(env=env)
+        for _ in range(2):
+            new = cluster.add_master()
+            assert new.uuid is not None
+            directory = Path(new.flags[new.flags.index("--security-dir") + 1])
+            assert not (directory / files.CA_KEY).exists()
+            cert = (directory / files.SERVER_CERT).read_bytes()
+            assert security.ca.verify(cert) == Identity(Kind.SERVER, new.uuid)
+            running = ",".join(m.rpc_addr for m in cluster.masters if m is not new)
+            added = runner.invoke(main, ["master", "add", new.rpc_addr, "-m", running])
+            assert added.exit_code == 0, added.output
+        with nyala.connect(cluster.master_addrs, credentials=security.admin_dir) as admin:
+            wait_until(
+                lambda: [m["member_type"] for m in admin.list_masters()] == ["VOTER"] * 3,
+                timeout_s=30,
+                what="both new masters promoted to VOTER",
+            )
+        first.kill()
+        leader = cluster.leader_master(timeout_s=30)
+        assert leader is not first
+        with nyala.connect(cluster.master_addrs, credentials=security.admin_dir) as admin:
+            assert admin.table("before_new_masters").scan().to_arrow().num_rows == 2
+            admin.add_user("uma", tmp_path / "uma")  # the new leader signs
+        leader_dir = Path(leader.flags[leader.flags.index("--security-dir") + 1])
+        assert (leader_dir / files.CA_KEY).stat().st_mode & 0o077 == 0
+        with nyala.connect(cluster.master_addrs, credentials=tmp_path / "uma") as uma:
+            assert [t["name"] for t in uma.list_tables()] == ["before_new_masters"]

@@ -494,12 +494,20 @@ class SysUserEntryPB(_message.Message):
     ADDED_UNIX_MS_FIELD_NUMBER: _builtins.int
     REMOVED_UNIX_MS_FIELD_NUMBER: _builtins.int
     REVOKED_BEFORE_UNIX_MS_FIELD_NUMBER: _builtins.int
+    JOIN_FIELD_NUMBER: _builtins.int
+    PUBLIC_KEY_SHA256_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     admin: _builtins.bool
     removed: _builtins.bool
     added_unix_ms: _builtins.int
     removed_unix_ms: _builtins.int
     revoked_before_unix_ms: _builtins.int
+    join: _builtins.bool
+    """A join credential's revocation (`nyala cert revoke-join`): ``name`` is the credential's."""
+    public_key_sha256: _builtins.bytes
+    """SHA-256 of the public key the user's certificate was last signed for: a retried AddUser
+    (the same request, its first answer lost) gets the certificate again.
+    """
     def __init__(
         self,
         *,
@@ -509,10 +517,12 @@ class SysUserEntryPB(_message.Message):
         added_unix_ms: _builtins.int = ...,
         removed_unix_ms: _builtins.int = ...,
         revoked_before_unix_ms: _builtins.int = ...,
+        join: _builtins.bool = ...,
+        public_key_sha256: _builtins.bytes = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["added_unix_ms", b"added_unix_ms", "admin", b"admin", "name", b"name", "removed", b"removed", "removed_unix_ms", b"removed_unix_ms", "revoked_before_unix_ms", b"revoked_before_unix_ms"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["added_unix_ms", b"added_unix_ms", "admin", b"admin", "join", b"join", "name", b"name", "public_key_sha256", b"public_key_sha256", "removed", b"removed", "removed_unix_ms", b"removed_unix_ms", "revoked_before_unix_ms", b"revoked_before_unix_ms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -2487,17 +2497,21 @@ class RemoveUserRequestPB(_message.Message):
 
     DEST_UUID_FIELD_NUMBER: _builtins.int
     NAME_FIELD_NUMBER: _builtins.int
+    JOIN_FIELD_NUMBER: _builtins.int
     dest_uuid: _builtins.str
     name: _builtins.str
+    join: _builtins.bool
+    """Revoke the join credential called ``name`` (`nyala cert revoke-join`), not a user."""
     def __init__(
         self,
         *,
         dest_uuid: _builtins.str = ...,
         name: _builtins.str = ...,
+        join: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["dest_uuid", b"dest_uuid", "name", b"name"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dest_uuid", b"dest_uuid", "join", b"join", "name", b"name"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -3,8 +3,9 @@
 These commands work on files, on a host that holds the CA (a master's ``--security-dir``):
 ``init-ca`` creates the CA, ``export-ca`` prints its certificate and fingerprint (what clients
 and servers trust), ``issue`` makes a user's or admin's credentials directory,
-``join-credential`` makes the one-time credential a new tablet server enrolls with, ``list``
-shows what a directory holds, and ``rotate-server`` renews a master's own certificate.
+``join-credential`` makes the one-time credential a new tablet server or master enrolls with,
+``list`` shows what a directory holds, and ``rotate-server`` renews a master's own certificate.
+``revoke-join`` is the one that asks the masters (as an admin): it revokes a join credential.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import click
 
+from nyala.cli.cluster_client import client_for, masters_option, one_line
 from nyala.cli.options import one_line_errors
 from nyala.cli.output import emit, emit_one, format_option
 
@@ -105,20 +107,40 @@ def issue(
 @_ca_options
 @click.option("--out", type=click.Path(path_type=Path), required=True, help="The tserver's dir.")
 @click.option("--hours", default=24, show_default=True, help="Validity in hours.")
+@click.option("--name", default=None, help="Its name (nyala cert revoke-join); OUT's name.")
 @format_option
 @one_line_errors
 def join_credential(
-    ca_dir: Path, ca_key_passphrase_file: Path | None, out: Path, hours: int, fmt: str
+    ca_dir: Path,
+    ca_key_passphrase_file: Path | None,
+    out: Path,
+    hours: int,
+    name: str | None,
+    fmt: str,
 ) -> None:
-    """Write OUT/{ca.pem,join.pem,join.key}: give OUT to a new tablet server as its
+    """Write OUT/{ca.pem,join.pem,join.key}: give OUT to a new tablet server or master as its
     --security-dir; at its first start it sends a CSR and keeps the signed certificate."""
     from nyala.security import files, pki
     from nyala.security.identity import Identity, Kind
 
     ca = pki.ClusterCa.load(ca_dir, _passphrase(ca_key_passphrase_file))
-    identity = Identity(Kind.JOIN, out.resolve().name or "join")
+    identity = Identity(Kind.JOIN, name or out.resolve().name or "join")
     ca.issue_credentials(identity, out, files.JOIN_CERT, files.JOIN_KEY, validity_s=hours * 3600)
     emit_one({"identity": str(identity), "security_dir": str(out)}, fmt)
+
+
+@group.command(name="revoke-join")
+@click.argument("name")
+@masters_option
+@format_option
+@one_line
+def revoke_join(name: str, masters: str, fmt: str) -> None:
+    """Revoke the join credentials called NAME (as an admin, against the masters): every one
+    made before now is refused from now on, so no server enrolls with it. Servers already
+    enrolled with it keep their certificates."""
+    with client_for(masters) as client:
+        client.revoke_join_credential(name)
+    emit_one({"revoked_join_credential": name}, fmt)
 
 
 @group.command(name="list")

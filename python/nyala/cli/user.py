@@ -61,12 +61,13 @@ def _time(unix_ms: int) -> str:
 @format_option
 @one_line
 def list_users(masters: str, fmt: str) -> None:
-    """Users added or removed, by name."""
+    """Users added or removed, and join credentials revoked, by name."""
     with client_for(masters) as client:
         users = client.list_users()
     rows = [
         {
             "name": u["name"],
+            "kind": u["kind"],
             "admin": u["admin"],
             "state": "REMOVED" if u["removed"] else "ACTIVE",
             "added": _time(u["added_unix_ms"]),
@@ -74,7 +75,7 @@ def list_users(masters: str, fmt: str) -> None:
         }
         for u in users
     ]
-    emit(rows, fmt, ["name", "admin", "state", "added", "removed"])
+    emit(rows, fmt, ["name", "kind", "admin", "state", "added", "removed"])
 
 
 @group.command(name="session")

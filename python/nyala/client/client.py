@@ -321,14 +321,24 @@ class Client:
         request = master_pb2.RemoveUserRequestPB(name=name)
         self._master_call(lambda s: s.master.RemoveUser, request, admin=True)
 
+    def revoke_join_credential(self, name: str) -> None:
+        """Revokes the join credentials called ``name`` (as an admin; ``nyala cert
+        join-credential`` names one after its directory): every one valid from before now is
+        refused from now on, so no new server enrolls with it. Servers that enrolled with it
+        keep their certificates."""
+        request = master_pb2.RemoveUserRequestPB(name=name, join=True)
+        self._master_call(lambda s: s.master.RemoveUser, request, admin=True)
+
     def list_users(self) -> list[dict[str, Any]]:
-        """Users added or removed, by name: name, admin, removed, added and removed times."""
+        """Users added or removed, and join credentials revoked, by name: name, kind
+        (``user``, ``admin`` or ``join``), admin, removed, added and removed times."""
         response = self._master_call(
             lambda s: s.master.ListUsers, master_pb2.ListUsersRequestPB(), admin=True
         )
         return [
             {
                 "name": u.name,
+                "kind": "join" if u.join else "admin" if u.admin else "user",
                 "admin": u.admin,
                 "removed": u.removed,
                 "added_unix_ms": u.added_unix_ms,

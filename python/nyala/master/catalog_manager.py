@@ -26,6 +26,8 @@ import asyncio
 import contextlib
 import logging
 import random
+import time
+from collections.abc import Iterable
 from pathlib import Path
 
 from nyala._proto import master_pb2, metadata_pb2
@@ -40,7 +42,7 @@ from nyala.errors import (
 )
 from nyala.master.catalog import Catalog
 from nyala.master.settings import MasterSettings
-from nyala.master.sys_catalog import CatalogRecord, SysCatalog
+from nyala.master.sys_catalog import CatalogRecord, SysCatalog, user_key
 from nyala.master.token_keys import TokenKeys
 from nyala.master.ts_manager import TSManager
 from nyala.rpc import split_host_port
@@ -53,6 +55,8 @@ log = logging.getLogger(__name__)
 NOT_INITIALIZED = "CATALOG_MANAGER_NOT_INITIALIZED"
 #: How often waiting operations look at leadership and registrations again, in seconds.
 LEADER_POLL_S = 0.05
+#: How often a follower master reads the revoked users again (when it applied something new).
+FOLLOWER_REVOCATIONS_S = 1.0
 _ROLES = {
     Role.LEADER: master_pb2.ROLE_LEADER,
     Role.FOLLOWER: master_pb2.ROLE_FOLLOWER,
@@ -112,11 +116,15 @@ class CatalogManager:
         # Each is a sys-catalog record (loaded with the catalog), so a new leader honours it.
         self.retired_tservers: set[str] = set()
         # Secure clusters (docs/security.md): the token-signing keys and the users, both
-        # sys-catalog records loaded with the catalog. ``revocations`` is the RPC server's
-        # list of revoked user names, kept equal to the users' records on the leader.
+        # sys-catalog records loaded with the catalog. ``users`` is keyed by ``user_key`` (a
+        # join credential's record by ``join/<name>``). ``revocations`` is the RPC server's
+        # list of revoked names: kept equal to the users' records on the leader, and read from
+        # the applied records every ``FOLLOWER_REVOCATIONS_S`` on a follower.
         self.token_keys = TokenKeys(settings.tsk_rotation_ms, settings.authz_token_validity_ms)
         self.users: dict[str, master_pb2.SysUserEntryPB] = {}
         self.revocations = Revocations()
+        self._follower_read_index: int | None = None
+        self._follower_read_at = 0.0
 
     # --- leadership -------------------------------------------------------------------------
 
@@ -161,7 +169,31 @@ class CatalogManager:
                 and status.term != self._loaded_term
             ):
                 await self._load(status.term)
+            elif status is not None and status.role is not Role.LEADER and self.secure:
+                self._follow_revocations()
             await asyncio.sleep(LEADER_POLL_S)
+
+    def _follow_revocations(self) -> None:
+        """On a follower: the revoked names from the user records this replica applied, read
+        again when it applied something new and ``FOLLOWER_REVOCATIONS_S`` passed. A follower
+        answers only ``ConnectToMaster``, ``ListMasters`` and the like, but a removed user is
+        refused there too, within a second of the removal committing."""
+        now = time.monotonic()
+        if now - self._follower_read_at < FOLLOWER_REVOCATIONS_S:
+            return
+        self._follower_read_at = now
+        replica = self.sys_catalog.replica
+        applier = None if replica is None else replica.applier
+        if applier is None or applier.applied_index == self._follower_read_index:
+            return
+        index = applier.applied_index
+        try:
+            users = self.sys_catalog.local_users()
+        except NyalaError as exc:
+            log.warning("reading the revoked users on a follower: %s", exc)
+            return
+        self.revocations.set(_revoked(users))
+        self._follower_read_index = index
 
     async def _load(self, term: int) -> None:
         async with self.lock:
@@ -180,7 +212,7 @@ class CatalogManager:
             except NyalaError as exc:
                 log.error("catalog load in term %d: %s", term, exc)
                 return
-            self.users = {pb.name: pb for pb in contents.users}
+            self.users = {user_key(pb): pb for pb in contents.users}
             self.revocations.set(self.revoked_users())
             self.ca_record = contents.cas[0] if contents.cas else None
             self._adopt_ca()
@@ -244,12 +276,8 @@ class CatalogManager:
         return master_pb2.SysCaEntryPB(cert_pem=self.ca.cert_pem, encrypted_key_pem=encrypted)
 
     def revoked_users(self) -> dict[str, int]:
-        """User name -> Unix ms before which its certificates are refused."""
-        return {
-            name: pb.revoked_before_unix_ms
-            for name, pb in self.users.items()
-            if pb.revoked_before_unix_ms
-        }
+        """Revoked name (``user_key``) -> Unix ms before which its certificates are refused."""
+        return _revoked(self.users.values())
 
     async def replicate(self, records: list[CatalogRecord]) -> None:
         """Writes ``records`` as one batch; on failure drops the catalog (module docstring)."""
@@ -300,3 +328,7 @@ class CatalogManager:
         if status is None:
             raise IllegalStateError("the sys catalog stopped")
         return status
+
+
+def _revoked(users: Iterable[master_pb2.SysUserEntryPB]) -> dict[str, int]:
+    return {user_key(pb): pb.revoked_before_unix_ms for pb in users if pb.revoked_before_unix_ms}

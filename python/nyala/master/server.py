@@ -63,7 +63,7 @@ class MasterServer(ServerBase):
         self._own_addr = own_address(self.settings.rpc_bind, masters)
         tablets = self._open_fs_and_tablets()
         try:
-            ca = prepare_master(self.settings, self.uuid)
+            ca = await prepare_master(self.settings, self.uuid, self._own_addr)
             security_dir = Path(self.settings.security_dir) if self.settings.security_dir else None
             sys_catalog = SysCatalog(tablets, self.settings.catalog_write_timeout_ms)
             self._check_existing(sys_catalog)

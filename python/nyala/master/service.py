@@ -191,9 +191,10 @@ class MasterService(ServiceBase, master_pb2_grpc.MasterServiceServicer):
         request: master_pb2.RemoveUserRequestPB,
         context: Context[master_pb2.RemoveUserRequestPB, master_pb2.RemoveUserResponsePB],
     ) -> master_pb2.RemoveUserResponsePB:
-        """``nyala user remove``: revokes the user's certificates."""
+        """``nyala user remove``: revokes the user's certificates (``nyala cert revoke-join``:
+        a join credential's, with ``join``)."""
         self._require_ca()
-        await users.remove_user(self._m, request.name)
+        await users.remove_user(self._m, request.name, join=request.join)
         return master_pb2.RemoveUserResponsePB()
 
     @unary(master_pb2.ListUsersResponsePB)

@@ -19,7 +19,7 @@ import asyncio
 import enum
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TypeAlias
+from typing import TypeAlias, cast
 
 import pyarrow as pa
 
@@ -100,13 +100,19 @@ class CatalogRecord:
 
     @staticmethod
     def user(pb: master_pb2.SysUserEntryPB) -> CatalogRecord:
-        """The row of a user."""
-        return CatalogRecord(RecordType.USER, str(pb.name), pb)
+        """The row of a user (or of a revoked join credential)."""
+        return CatalogRecord(RecordType.USER, user_key(pb), pb)
 
     @staticmethod
     def ca(pb: master_pb2.SysCaEntryPB) -> CatalogRecord:
         """The row of the cluster CA (there is one)."""
         return CatalogRecord(RecordType.CA, "ca", pb)
+
+
+def user_key(pb: master_pb2.SysUserEntryPB) -> str:
+    """A user record's row id, and its name in the revoked list (``rpc.auth.revocation_key``):
+    the user's name, or ``join/<name>`` for a join credential."""
+    return f"join/{pb.name}" if pb.join else str(pb.name)
 
 
 @dataclass(frozen=True)
@@ -239,6 +245,24 @@ class SysCatalog:
             ) from None
         if outcome.result is None:
             raise CorruptionError(f"sys catalog refused its own batch: {outcome.error}")
+
+    def local_users(self) -> list[master_pb2.SysUserEntryPB]:
+        """The user records this replica has applied (a follower's view: possibly behind the
+        leader's, never ahead of what committed). Reads only their key range."""
+        replica = self.replica
+        storage = None if replica is None else replica.storage
+        if storage is None:
+            return []
+        rows = storage.scan(
+            ["entry_id", "metadata"],
+            lower_bound={"entry_type": int(RecordType.USER), "entry_id": ""},
+            upper_bound={"entry_type": int(RecordType.USER) + 1, "entry_id": ""},
+        )
+        ids, raws = rows.column("entry_id").to_pylist(), rows.column("metadata").to_pylist()
+        return [
+            cast(master_pb2.SysUserEntryPB, _parse(master_pb2.SysUserEntryPB, entry_id, raw))
+            for entry_id, raw in zip(ids, raws, strict=True)
+        ]
 
     async def load(self) -> CatalogContents:
         """Every record, as committed at a ReadIndex point confirmed by this leader."""

@@ -23,7 +23,8 @@ from nyala._proto import master_pb2
 from nyala.errors import AlreadyPresentError, InvalidArgumentError, NotAuthorizedError
 from nyala.master.catalog import copy_record
 from nyala.master.catalog_manager import CatalogManager
-from nyala.master.sys_catalog import CatalogRecord
+from nyala.master.sys_catalog import CatalogRecord, user_key
+from nyala.rpc.auth import revocation_key
 from nyala.security import pki
 from nyala.security.identity import SESSION_URI, Identity, Kind
 from nyala.security.pki import USER_CERT_VALIDITY_S, ClusterCa
@@ -36,20 +37,31 @@ async def add_user(
     manager: CatalogManager, ca: ClusterCa, request: master_pb2.AddUserRequestPB
 ) -> bytes:
     """Records the user and returns its certificate (PEM) for the request's CSR;
-    ``AlreadyPresentError`` if a user of that name exists and was not removed."""
+    ``AlreadyPresentError`` if a user of that name exists and was not removed, unless this is
+    the same request again (same key and rights: its first answer was lost), which gets a
+    certificate again."""
     identity = Identity(Kind.ADMIN if request.admin else Kind.USER, request.name)
     if request.validity_days > USER_CERT_VALIDITY_DAYS_MAX:
         raise InvalidArgumentError(
             f"validity_days {request.validity_days} is over {USER_CERT_VALIDITY_DAYS_MAX}"
         )
     validity_s = request.validity_days * 86_400 or USER_CERT_VALIDITY_S
+    key_sha256 = pki.csr_key_sha256(request.csr_pem, identity)
     async with manager.lock:
         manager.require_leader()
         known = manager.users.get(request.name)
         if known is not None and not known.removed:
-            raise AlreadyPresentError(f"user {request.name!r} exists")
+            if known.public_key_sha256 != key_sha256 or known.admin != request.admin:
+                raise AlreadyPresentError(f"user {request.name!r} exists")
+            # A retry: the record is there, only the answer was lost.
+            not_before = _not_before(known) if known.revoked_before_unix_ms else None
+            return ca.sign_identity_csr(
+                request.csr_pem, identity, validity_s=validity_s, not_before=not_before
+            )
         now_ms = int(time.time() * 1000)
-        record = master_pb2.SysUserEntryPB(name=request.name, admin=request.admin)
+        record = master_pb2.SysUserEntryPB(
+            name=request.name, admin=request.admin, public_key_sha256=key_sha256
+        )
         record.added_unix_ms = now_ms
         not_before = None
         if known is not None:
@@ -57,27 +69,38 @@ async def add_user(
             # the removal's second on (a whole second, as certificates count time).
             record.revoked_before_unix_ms = known.revoked_before_unix_ms
             record.removed_unix_ms = known.removed_unix_ms
-            not_before = datetime.datetime.fromtimestamp(
-                known.revoked_before_unix_ms // 1000, datetime.UTC
-            )
+            not_before = _not_before(known)
         cert = ca.sign_identity_csr(
             request.csr_pem, identity, validity_s=validity_s, not_before=not_before
         )
         await manager.replicate([CatalogRecord.user(record)])
-        manager.users[record.name] = record
+        manager.users[user_key(record)] = record
         manager.revocations.set(manager.revoked_users())
     return cert
 
 
-async def remove_user(manager: CatalogManager, name: str) -> None:
+def _not_before(known: master_pb2.SysUserEntryPB) -> datetime.datetime:
+    """The start of a certificate for a user removed before: the removal's second."""
+    return datetime.datetime.fromtimestamp(known.revoked_before_unix_ms // 1000, datetime.UTC)
+
+
+async def remove_user(manager: CatalogManager, name: str, *, join: bool = False) -> None:
     """Marks the user removed and revokes every certificate of that name valid from before now.
     A name never added (its certificates came from `nyala cert issue`) is recorded as removed
-    too, and removing a removed user again revokes what was issued to it since."""
-    Identity(Kind.USER, name)  # a well-formed name, else InvalidArgumentError
+    too, and removing a removed user again revokes what was issued to it since. With ``join``,
+    ``name`` is a join credential's (`nyala cert revoke-join`): the same, for the credentials
+    made by `nyala cert join-credential` under that name (servers enrolled with them keep their
+    certificates)."""
+    identity = Identity(Kind.JOIN if join else Kind.USER, name)  # else InvalidArgumentError
+    key = revocation_key(identity)
+    assert key is not None
     async with manager.lock:
         manager.require_leader()
-        known = manager.users.get(name)
-        record = master_pb2.SysUserEntryPB(name=name) if known is None else copy_record(known)
+        known = manager.users.get(key)
+        if known is None:
+            record = master_pb2.SysUserEntryPB(name=name, join=join)
+        else:
+            record = copy_record(known)
         now_ms = int(time.time() * 1000)
         record.removed = True
         record.removed_unix_ms = now_ms
@@ -89,14 +112,14 @@ async def remove_user(manager: CatalogManager, name: str) -> None:
             now_ms // 1000 * 1000, record.revoked_before_unix_ms + 1000
         )
         await manager.replicate([CatalogRecord.user(record)])
-        manager.users[name] = record
+        manager.users[key] = record
         manager.revocations.set(manager.revoked_users())
 
 
 def list_users(manager: CatalogManager) -> list[master_pb2.SysUserEntryPB]:
-    """Every user added or removed, by name."""
+    """Every user added or removed, and every join credential revoked, by name."""
     manager.require_leader()
-    return [manager.users[name] for name in sorted(manager.users)]
+    return [manager.users[key] for key in sorted(manager.users)]
 
 
 #: Session credentials last this long unless asked otherwise, and at most ``..._MAX``.

@@ -127,11 +127,24 @@ def caller_of(auth_context: Mapping[str, Iterable[bytes]]) -> Identity | None:
 _NOT_BEFORE_CACHE_MAX = 1024
 
 
+def revocation_key(identity: Identity) -> str | None:
+    """The name under which ``identity``'s certificates are revoked: a user's or admin's name
+    (they share names: an admin is a user with more rights), ``join/<name>`` for a join
+    credential (``/`` is not allowed in names, so the two never collide); None for a server,
+    whose certificates are not revoked by name."""
+    if identity.kind in (Kind.USER, Kind.ADMIN):
+        return identity.name
+    if identity.kind is Kind.JOIN:
+        return f"{Kind.JOIN.value}/{identity.name}"
+    return None
+
+
 class Revocations:
-    """The users (and admins) whose certificates valid from before a time are refused: removed
-    with ``nyala user remove``. Set from the sys catalog on the leader master and from its
-    heartbeat answers on tablet servers; looked up on every call of a person's certificate
-    (one dict lookup unless the name was revoked)."""
+    """The users, admins and join credentials whose certificates valid from before a time are
+    refused: removed with ``nyala user remove`` or ``nyala cert revoke-join``. Set from the sys
+    catalog on the masters (the leader as it changes them, followers as they apply them) and
+    from the leader's heartbeat answers on tablet servers; looked up on every call of a
+    person's certificate (one dict lookup unless the name was revoked)."""
 
     def __init__(self) -> None:
         self._before_ms: dict[str, int] = {}
@@ -139,14 +152,19 @@ class Revocations:
         self._lock = threading.Lock()
 
     def set(self, revoked_before_ms: Mapping[str, int]) -> None:
-        """Replaces the revoked names (name -> Unix ms before which a certificate is refused)."""
+        """Replaces the revoked names (``revocation_key`` -> Unix ms before which a certificate
+        is refused)."""
         with self._lock:
             self._before_ms = dict(revoked_before_ms)
+
+    def revoked(self) -> dict[str, int]:
+        """The revoked names now (``revocation_key`` -> Unix ms)."""
+        return dict(self._before_ms)
 
     def reason(self, caller: Identity, auth_context: Mapping[str, Iterable[bytes]]) -> str | None:
         """Why ``caller``'s certificate (in the connection's ``auth_context``) is refused
         (None: it is not). The certificate is read only when the name was revoked."""
-        if caller.name not in self._before_ms:
+        if revocation_key(caller) not in self._before_ms:
             return None
         pem = b"".join(auth_context.get("x509_pem_cert", ()))
         return self.refused(caller, self._cert_not_before_ms(pem))
@@ -154,12 +172,13 @@ class Revocations:
     def refused(self, caller: Identity, not_before_ms: int | None) -> str | None:
         """Why a certificate of ``caller`` valid from ``not_before_ms`` is refused (None: it
         is not; an unknown start counts as revoked when the name is)."""
-        if caller.kind not in (Kind.USER, Kind.ADMIN):
-            return None
-        before_ms = self._before_ms.get(caller.name)
+        key = revocation_key(caller)
+        before_ms = None if key is None else self._before_ms.get(key)
         if before_ms is None:
             return None
         if not_before_ms is None or not_before_ms < before_ms:
+            if caller.kind is Kind.JOIN:
+                return f"the join credential {caller.name!r} was revoked (nyala cert revoke-join)"
             return f"the certificates of {caller.name!r} were revoked (nyala user remove)"
         return None
 

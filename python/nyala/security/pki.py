@@ -287,6 +287,17 @@ class ClusterCa:
         return identity_of(cert)
 
 
+def csr_key_sha256(csr_pem: bytes, identity: Identity) -> bytes:
+    """SHA-256 of the DER public key of a CSR that names ``identity`` (what tells a retried
+    request from another one for the same name); ``InvalidArgumentError`` as ``_csr_key``."""
+    der = _csr_key(csr_pem, identity).public_bytes(
+        serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
+    digest = hashes.Hash(hashes.SHA256())
+    digest.update(der)
+    return digest.finalize()
+
+
 def _csr_key(csr_pem: bytes, identity: Identity) -> ec.EllipticCurvePublicKey:
     """The key of a CSR that names ``identity``; ``InvalidArgumentError`` for a malformed,
     oversized or badly signed CSR, or one for another identity."""

@@ -4,7 +4,9 @@ A master holds the cluster CA (``ca.pem``, ``ca.key`` in its security directory;
 creates it at its first start) and signs its own certificate for its UUID. A tablet server
 without a certificate sends a CSR to a master, over a connection made with the join credential
 the operator gave it once, and keeps the signed certificate; from then on it is a server of
-the cluster. Both run before the RPC server binds, so every connection is TLS from the start.
+the cluster. A master added later may enroll the same way, and takes the CA's key from the sys
+catalog when it leads. Both run before the RPC server binds, so every connection is TLS from
+the start.
 
 The HTTP pages of a secure server are served over TLS with the same certificate
 (``http_tls``), and need a client certificate of the cluster except ``/healthz``
@@ -65,23 +67,36 @@ def _has_own_certificate(directory: Path, server_uuid: str) -> bool:
     return remaining_s > RENEW_BEFORE_S
 
 
-def prepare_master(settings: ServerSettings, server_uuid: str) -> pki.ClusterCa | None:
+async def prepare_master(
+    settings: ServerSettings, server_uuid: str, own_addr: str
+) -> pki.ClusterCa | None:
     """The cluster CA of a secure master (created by a lone master at its first start), with
-    this master's certificate signed by it; None for an insecure master."""
+    this master's certificate signed by it; None for an insecure master, and for a master
+    without the CA's key: one that lost its ``ca.key``, or a new master given only a join
+    credential, which enrolls like a tablet server (``enroll``) with the other masters. Either
+    serves with its certificate and takes the key from the sys catalog when it leads (when the
+    masters keep an encrypted copy there: ``--ca-key-passphrase-file``)."""
     if not settings.security_dir:
         return None
     directory = Path(settings.security_dir)
     passphrase = ca_passphrase(settings)
     if not pki.ClusterCa.exists(directory):
+        others = tuple(addr for addr in settings.masters if addr != own_addr)
         if (directory / files.CA_CERT).exists() and _has_own_certificate(directory, server_uuid):
-            # It lost its ca.key: it serves (its certificate is good) and takes the key from
-            # the sys catalog when it leads, if the masters keep an encrypted copy there.
             log.warning("%s has no ca.key: this master cannot sign until it gets one", directory)
             return None
-        if len(settings.masters) > 1:
+        if others and (
+            (directory / files.JOIN_CERT).exists() or (directory / files.SERVER_CERT).exists()
+        ):
+            await enroll(settings, server_uuid, settings.enroll_timeout_ms, others)
+            log.warning("%s has no ca.key: this master cannot sign until it gets one", directory)
+            return None
+        if others:
             raise IllegalStateError(
-                f"{directory} holds no cluster CA: with several masters, create it once "
-                "(nyala cert init-ca) and give every master a copy"
+                f"{directory} holds no cluster CA and no join credential: with several "
+                "masters, create the CA once (nyala cert init-ca) and give the first masters "
+                "a copy; give a master added later a copy or a join credential "
+                "(nyala cert join-credential)"
             )
         log.info("creating the cluster CA in %s", directory)
         pki.ClusterCa.create().save(directory, passphrase)
@@ -99,9 +114,15 @@ def prepare_master(settings: ServerSettings, server_uuid: str) -> pki.ClusterCa 
     return ca
 
 
-async def enroll_tserver(settings: ServerSettings, server_uuid: str, timeout_ms: int) -> None:
-    """Makes sure a secure tablet server has its certificate, asking a master to sign a CSR
-    (with the join credential) if it has none; a no-op for an insecure server."""
+async def enroll(
+    settings: ServerSettings,
+    server_uuid: str,
+    timeout_ms: int,
+    masters: tuple[str, ...] | None = None,
+) -> None:
+    """Makes sure a secure server has its certificate, asking a master (of ``masters``, by
+    default ``--masters``) to sign a CSR, with the join credential, or with its current
+    certificate while that is valid; a no-op for an insecure server."""
     if not settings.security_dir:
         return
     directory = Path(settings.security_dir)
@@ -119,24 +140,27 @@ async def enroll_tserver(settings: ServerSettings, server_uuid: str, timeout_ms:
         csr_pem=pki.make_csr(key, server_uuid),
         hosts=advertised_hosts(settings),
     )
-    answer = await _ask_masters(settings, request, timeout_ms)
+    answer = await _ask_masters(settings, masters or settings.masters, request, timeout_ms)
     files.write_private(directory / files.SERVER_KEY, pki.key_pem(key))
     files.write_public(directory / files.SERVER_CERT, answer.cert_pem)
     log.info("enrolled: the cluster CA signed this server's certificate for %s", server_uuid)
 
 
 async def _ask_masters(
-    settings: ServerSettings, request: master_pb2.SignServerCertificateRequestPB, timeout_ms: int
+    settings: ServerSettings,
+    masters: tuple[str, ...],
+    request: master_pb2.SignServerCertificateRequestPB,
+    timeout_ms: int,
 ) -> master_pb2.SignServerCertificateResponsePB:
     """The first master's answer to ``request``; the last error if none answers within
     ``timeout_ms``."""
-    if not settings.masters:
-        raise InvalidArgumentError("a secure tablet server needs --masters to enroll")
+    if not masters:
+        raise InvalidArgumentError("a secure server needs --masters to enroll")
     rpc_settings = settings.rpc_settings()
     deadline = time.monotonic() + timeout_ms / 1000
     while True:
         last: NyalaError | None = None
-        for addr in settings.masters:
+        for addr in masters:
             async with ServerProxy(addr, rpc_settings) as proxy:
                 try:
                     return await proxy.admin_call(proxy.master.SignServerCertificate, request)

@@ -37,6 +37,9 @@ class ServerSettings:
     ca_key_passphrase_file: str = ""
     # Serve without TLS and authentication on a non-loopback address (never the default).
     insecure: bool = False
+    # How long a new server (a tablet server, or a master without the CA key) keeps asking
+    # unreachable masters to sign its certificate with its join credential before it gives up.
+    enroll_timeout_ms: int = 60_000
 
     # Raft (Kudu's defaults).
     heartbeat_interval_ms: int = 500
@@ -120,6 +123,7 @@ class ServerSettings:
         "tablet_history_max_age_s",
         "max_clock_error_us",
         "wal_gc_interval_ms",
+        "enroll_timeout_ms",
         "quarantine_retention_s",
         "tablet_copy_chunk_bytes",
         "tablet_copy_session_idle_timeout_ms",

@@ -437,11 +437,15 @@ class MiniCluster:
             shutil.rmtree(self.base_dir, ignore_errors=True)
 
     def _new_master(
-        self, flags: Sequence[str] = (), ports: tuple[int, int] | None = None
+        self,
+        flags: Sequence[str] = (),
+        ports: tuple[int, int] | None = None,
+        *,
+        join: bool = False,
     ) -> ServerProcess:
         rpc_port, http_port = ports or free_loopback_ports(2, LOOPBACK)
         name = f"master-{len(self.masters)}"
-        security = self._security_flags(name)
+        security = self._security_flags(name, join=join)
         master = ServerProcess(
             "master",
             len(self.masters),
@@ -454,10 +458,12 @@ class MiniCluster:
         self.masters.append(master)
         return master
 
-    def add_master(self, *, flags: Sequence[str] = ()) -> ServerProcess:
+    def add_master(self, *, flags: Sequence[str] = (), join: bool = True) -> ServerProcess:
         """Starts one more master whose ``--masters`` lists the current ones and itself (it
-        joins the cluster once the leader adds it: ``AddMaster``); waits until it answers."""
-        master = self._new_master(flags)
+        joins the cluster once the leader adds it: ``AddMaster``); waits until it answers. In
+        a secure cluster it gets a join credential (``join``; else a copy of the CA) and
+        enrolls with the other masters."""
+        master = self._new_master(flags, join=join)
         master.flags += ["--masters", ",".join(self.master_addrs)]
         master.start()
         master.wait_ready(self.start_timeout_s)
@@ -485,11 +491,13 @@ class MiniCluster:
             time.sleep(0.05)
         raise TimedOutError(f"no leader master within {timeout_s} s")
 
-    def _security_flags(self, name: str) -> list[str]:
-        """``--security-dir`` for a new server of a secure cluster (none otherwise)."""
+    def _security_flags(self, name: str, *, join: bool = False) -> list[str]:
+        """``--security-dir`` for a new server of a secure cluster (none otherwise); ``join``:
+        a join credential, also for a master."""
         if self.security is None:
             return []
-        return ["--security-dir", str(self.security.server_dir(name))]
+        directory = self.security.tserver_dir(name) if join else self.security.server_dir(name)
+        return ["--security-dir", str(directory)]
 
     def _new_tserver(self, flags: Sequence[str] = ()) -> ServerProcess:
         rpc_port, http_port = free_loopback_ports(2, LOOPBACK)

@@ -43,7 +43,8 @@ class ClusterSecurity:
 
     def tserver_dir(self, name: str) -> Path:
         """A tablet server's security directory: the CA's certificate and a join credential
-        (a new one, unless the server already has its certificate)."""
+        (a new one, unless the server already has its certificate). A master added to a
+        running cluster gets one too (``MiniCluster.add_master``): it enrolls the same way."""
         directory = self.directory / name
         if not (directory / files.SERVER_CERT).exists():
             self.join_credential(directory)

@@ -27,7 +27,7 @@ from nyala.rpc.settings import MIB
 from nyala.security.tokens import TokenVerifier
 from nyala.server.base import ServerBase
 from nyala.server.consensus_service import ConsensusService, add_consensus_service
-from nyala.server.security import enroll_tserver, http_authorizer, http_tls
+from nyala.server.security import enroll, http_authorizer, http_tls
 from nyala.server.tablet_copy import TabletCopy, add_tablet_copy_service
 from nyala.server.web_ui import Cell, Markup, wants_json
 from nyala.tablet.replica import TabletReplica
@@ -194,7 +194,7 @@ class TabletServer(ServerBase):
     async def run(self) -> None:
         """Opens the fs root, serves until stopped, shuts down gracefully."""
         tablets = self._open_fs_and_tablets()
-        await enroll_tserver(self.settings, self.uuid, self.settings.enroll_timeout_ms)
+        await enroll(self.settings, self.uuid, self.settings.enroll_timeout_ms)
         self._register_metrics()
         self.copy = TabletCopy(
             self.uuid,

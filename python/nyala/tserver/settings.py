@@ -31,9 +31,6 @@ class TabletServerSettings(ServerSettings):
 
     # Master heartbeats.
     master_heartbeat_interval_ms: int = 1_000
-    # Secure clusters: how long a new tablet server keeps asking unreachable masters to sign
-    # its certificate before it gives up (a refused join credential looks unreachable too).
-    enroll_timeout_ms: int = 60_000
 
     # Scanners: an idle scanner (and what its cursor pins) is dropped after scanner_ttl_ms; a
     # scan page's batch holds at most scan_batch_bytes_max bytes whatever the client asks for.
@@ -42,7 +39,6 @@ class TabletServerSettings(ServerSettings):
 
     POSITIVE_FIELDS: ClassVar[tuple[str, ...]] = (
         "master_heartbeat_interval_ms",
-        "enroll_timeout_ms",
         "scanner_ttl_ms",
         "scan_batch_bytes_max",
         "memrowsets_memory_limit_mb",
