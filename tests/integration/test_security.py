@@ -809,6 +809,9 @@ def test_masters_added_later_enroll_with_a_join_credential_and_one_leads(
             assert not (directory / files.CA_KEY).exists()
             cert = (directory / files.SERVER_CERT).read_bytes()
             assert security.ca.verify(cert) == Identity(Kind.SERVER, new.uuid)
+            # The signing master says which credential enrolled which server.
+            signed = f"signed the certificate of server {new.uuid} for join:{directory.name}"
+            assert signed in first.log_path.read_text()
             running = ",".join(m.rpc_addr for m in cluster.masters if m is not new)
             added = runner.invoke(main, ["master", "add", new.rpc_addr, "-m", running])
             assert added.exit_code == 0, added.output

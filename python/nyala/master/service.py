@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 from nyala._proto import master_pb2, master_pb2_grpc
 from nyala.consensus.types import Role
 from nyala.errors import (
@@ -22,6 +24,8 @@ from nyala.rpc.auth import current_caller
 from nyala.security.identity import Identity, Kind
 from nyala.security.pki import ClusterCa
 from nyala.security.tokens import Privilege
+
+log = logging.getLogger(__name__)
 
 
 class MasterService(ServiceBase, master_pb2_grpc.MasterServiceServicer):
@@ -58,8 +62,8 @@ class MasterService(ServiceBase, master_pb2_grpc.MasterServiceServicer):
             master_pb2.SignServerCertificateRequestPB, master_pb2.SignServerCertificateResponsePB
         ],
     ) -> master_pb2.SignServerCertificateResponsePB:
-        """Signs a tablet server's CSR (Kudu's IPKI): the caller holds a join credential, or is
-        that same server renewing its certificate."""
+        """Signs a server's CSR (Kudu's IPKI; a tablet server's, or a master's added later): the
+        caller holds a join credential, or is that same server renewing its certificate."""
         ca = self._require_ca()
         caller = current_caller()
         renewing = caller == Identity(Kind.SERVER, request.server_uuid)
@@ -69,6 +73,8 @@ class MasterService(ServiceBase, master_pb2_grpc.MasterServiceServicer):
             )
         Identity(Kind.SERVER, request.server_uuid)  # a well-formed UUID, else InvalidArgument
         cert = ca.sign_server_csr(request.csr_pem, request.server_uuid, request.hosts)
+        # Which credential enrolled which server: what to look for when one leaked.
+        log.info("signed the certificate of server %s for %s", request.server_uuid, caller)
         return master_pb2.SignServerCertificateResponsePB(cert_pem=cert, ca_cert_pem=ca.cert_pem)
 
     @unary(master_pb2.ConnectToMasterResponsePB, allow_empty_dest=True)
