@@ -26,8 +26,11 @@ BUCKETS_PER_TABLE = 100
 
 
 def _gauges(server: ServerProcess, name: str) -> dict[str, float]:
-    """One per-tablet gauge of a server's /metrics, by tablet id."""
-    body = urllib.request.urlopen(f"http://{server.http_addr}/metrics", timeout=30).read()
+    """One per-tablet gauge of a server's /metrics, by tablet id (only that family is asked
+    for: rendering every family of 500 replicas ten times a second took a third of a
+    survivor's event loop, which the failover then waited for)."""
+    url = f"http://{server.http_addr}/metrics?metrics={name}"
+    body = urllib.request.urlopen(url, timeout=30).read()
     out = {}
     for line in body.decode().splitlines():
         if line.startswith(name + "{"):
@@ -158,7 +161,7 @@ def test_sixty_quiesced_tablets_fail_over_and_restart_quietly() -> None:
 
 @pytest.mark.scale
 def test_five_hundred_quiesced_tablets_fail_over_and_restart_quietly() -> None:
-    # Part of CI (`make test`), on a machine shared with other work: the bound checks that
-    # failover does not degrade with the number of quiesced tablets; the target itself is a
-    # benchmark's (benches/many_tablets_bench.py, benches/failover_bench.py).
+    # Not in `make test` (`make py-test-scale`). With two seconds of slack the bound checks
+    # that failover does not degrade with the number of quiesced tablets; the target itself
+    # is a benchmark's (benches/many_tablets_bench.py, benches/failover_bench.py).
     _run(500, slack_s=2.0)

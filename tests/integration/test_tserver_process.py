@@ -166,6 +166,12 @@ def test_healthz_metrics_and_tablets_pages(cluster: MiniCluster) -> None:
     assert "# TYPE nyala_rpc_requests_total counter" in body
     assert 'nyala_rpc_requests_total{method="Ping",code="OK"}' in body
     assert "nyala_server_uptime_seconds " in body
+    # Kudu's filter: only the families asked for.
+    query = "/metrics?metrics=nyala_server_uptime_seconds,nyala_rpc_requests_total"
+    status, _, body = _http_get(ts.http_addr, query)
+    assert status == 200
+    families = {line.split()[2] for line in body.splitlines() if line.startswith("# TYPE")}
+    assert families == {"nyala_server_uptime_seconds", "nyala_rpc_requests_total"}
     status, content_type, body = _http_get(ts.http_addr, "/tablets")
     assert status == 200
     assert content_type == "application/json"

@@ -103,3 +103,18 @@ def test_concurrent_increments_are_not_lost() -> None:
     for t in threads:
         t.join()
     assert counter.value() == 40_000
+
+
+def test_render_only_the_named_families() -> None:
+    """``/metrics?metrics=a,b``: the named families only; a callback of another family is not
+    even called (that is what a scraper of one family saves on a server of many tablets)."""
+    registry = MetricsRegistry()
+    registry.counter("wanted_total", "w").inc()
+    calls = []
+    costly = registry.gauge("costly", "c", ("tablet",))
+    costly.set_callback(lambda: calls.append(1) or [({"tablet": "t1"}, 1.0)])
+    text = registry.render(["wanted_total", "no_such_metric"])
+    assert text == "# HELP wanted_total w\n# TYPE wanted_total counter\nwanted_total 1\n"
+    assert calls == []
+    assert 'costly{tablet="t1"} 1' in registry.render()
+    assert calls == [1]

@@ -279,10 +279,16 @@ class MetricsRegistry:
         """Registers and returns a new histogram (``buckets`` are inclusive upper bounds)."""
         return self._register(Histogram(name, help_text, label_names, buckets))
 
-    def render(self) -> str:
-        """Every metric in the Prometheus text format, sorted by name."""
+    def render(self, names: Iterable[str] | None = None) -> str:
+        """Every metric in the Prometheus text format, sorted by name; only those named in
+        ``names`` when given (a scraper that wants one family of a server with thousands of
+        tablets should not pay for every family's samples)."""
         with self._lock:
-            metrics = sorted(self._metrics.values(), key=lambda m: m.name)
+            if names is None:
+                chosen = list(self._metrics.values())
+            else:
+                chosen = [self._metrics[n] for n in set(names) if n in self._metrics]
+            metrics = sorted(chosen, key=lambda m: m.name)
         lines: list[str] = []
         for metric in metrics:
             lines.extend(metric.header())

@@ -196,7 +196,7 @@ class ServerBase:
             on_consensus_change=self._on_consensus_change,
         )
 
-    def _on_consensus_change(self) -> None:
+    def _on_consensus_change(self, tablet_id: str) -> None:
         """A replica's role, term, leader or committed config changed (on the event loop); a
         tablet server reports it to the masters at once."""
 
@@ -430,8 +430,10 @@ class ServerBase:
             return HttpResponse(503, b"stopping\n")
         return HttpResponse(200, b"ok\n")
 
-    async def _metrics_page(self, _request: HttpRequest) -> HttpResponse:
-        body = self.metrics.render().encode()
+    async def _metrics_page(self, request: HttpRequest) -> HttpResponse:
+        # ``?metrics=a,b`` (Kudu's /metrics filter; repeatable): only those families.
+        wanted = [n for v in request.query.get("metrics", ()) for n in v.split(",") if n]
+        body = self.metrics.render(wanted or None).encode()
         return HttpResponse(200, body, "text/plain; version=0.0.4; charset=utf-8")
 
 

@@ -545,6 +545,12 @@ class TabletManager:
             ]
         return sorted(out, key=lambda s: s.tablet_id)
 
+    def status_of(self, tablet_id: str) -> TabletStatus | None:
+        """One replica's status (without its size); None if this server has no such replica
+        (an unreadable one included: ``statuses`` lists those)."""
+        replica = self.lookup(tablet_id)
+        return None if replica is None else self._status(replica, False)
+
     @staticmethod
     def _status(replica: TabletReplica, sizes: bool) -> TabletStatus:
         sb = replica.superblock

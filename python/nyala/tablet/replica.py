@@ -21,6 +21,7 @@ import enum
 import functools
 import json
 import logging
+import os
 import random
 import time
 from collections.abc import Callable, Sequence
@@ -177,6 +178,7 @@ class TabletReplica:
         self.state = TabletState.NOT_STARTED
         # (when, bytes) of the last count of the files on disk (``on_disk_bytes``).
         self._disk_usage: tuple[float, int] | None = None
+        self._data_usage: tuple[float, int] | None = None  # (when, bytes) of data_bytes
         self.state_reason = ""
         self.cmeta: ConsensusMetadata | None = None
         self.storage: StorageEngine | None = None
@@ -292,6 +294,28 @@ class TabletReplica:
         self._disk_usage = (now, total)
         return total
 
+    def wal_bytes(self) -> int:
+        """Bytes of the replica's WAL segments now (one directory listing: segments only)."""
+        try:
+            entries = list(os.scandir(self.paths.wal_dir))
+        except FileNotFoundError:
+            return 0
+        return sum(e.stat().st_size for e in entries if e.is_file())
+
+    def data_bytes(self, *, max_age_s: float) -> int:
+        """Bytes of the replica's data files (rowsets, manifest), as counted at most
+        ``max_age_s`` ago (counting stats every file)."""
+        now = time.monotonic()
+        cached = self._data_usage
+        if cached is not None and now - cached[0] < max_age_s:
+            return cached[1]
+        root = self.paths.data_dir
+        total = 0
+        if root.is_dir():
+            total = sum(p.stat().st_size for p in root.rglob("*") if p.is_file())
+        self._data_usage = (now, total)
+        return total
+
     # --- consensus --------------------------------------------------------------------------
 
     def start_consensus(
@@ -304,17 +328,24 @@ class TabletReplica:
         raft_options: RaftOptions | None = None,
         runtime_options: RuntimeOptions | None = None,
         isolate_failure: bool = True,
-        on_consensus_change: Callable[[], None] | None = None,
+        on_consensus_change: Callable[[str], None] | None = None,
     ) -> RaftRuntime:
         """Runs Raft for this replica as a task of ``task_group``; the replica is RUNNING.
 
         If Raft or the WAL fails, the replica goes FAILED and the group goes on
         (``isolate_failure``), or the failure ends the whole group. ``on_consensus_change`` is
         called (on the event loop) when the replica's role, term, leader or committed config
-        changes: the tablet server then reports to the masters at once."""
+        changes, with this replica's tablet id: the tablet server then reports it to the masters
+        at once."""
         if self.wal is None or self.storage is None or self.applier is None:
             raise IllegalStateError(f"tablet {self.tablet_id} is not open ({self.state.value})")
         applier = self.applier
+        tablet_id = self.tablet_id
+
+        def changed() -> None:
+            assert on_consensus_change is not None
+            on_consensus_change(tablet_id)
+
         runtime = RaftRuntime(
             uuid,
             self.wal,
@@ -328,10 +359,8 @@ class TabletReplica:
             last_applied_index=applier.applied_index,
             on_apply=lambda effect: self._on_apply(applier, effect),
             on_failure=self._on_consensus_failure if isolate_failure else None,
-            on_role_change=None if on_consensus_change is None else lambda _: on_consensus_change(),
-            on_config_committed=(
-                None if on_consensus_change is None else lambda _: on_consensus_change()
-            ),
+            on_role_change=None if on_consensus_change is None else lambda _: changed(),
+            on_config_committed=None if on_consensus_change is None else lambda _: changed(),
         )
         if isinstance(transport, GrpcTransport):
             transport.timestamps = self._leader_timestamps

@@ -18,15 +18,18 @@ that arrive while a heartbeat is in flight are coalesced into the next one.
 
 A replica's reported state is compared as a signature (runtime and data state and reason,
 Raft term, leader, committed config, schema version, and for a leader its followers' health and
-its size), recomputed at each heartbeat, so no hook in the replica code is needed for a change
-to be reported; a replica's report message is built only when its signature changed (one
-costs about 36 us to build on the development machine: 70 ms of every heartbeat at 2,000
-replicas).
+its size). Every replica's signature is recomputed once per heartbeat interval (a sweep), so no
+hook in the replica code is needed for a change to be reported; a heartbeat sent sooner by
+``trigger`` recomputes only the signatures of the replicas that triggered it (a failover of
+hundreds of leaders triggers hundreds). A replica's report message is built only when its
+signature changed (one costs about 36 us to build on the development machine: 70 ms of every
+heartbeat at 2,000 replicas).
 
 A leader's report also carries its size (``stats``: rows in its MemRowSet and rowsets, bytes
-of its WAL and data files, counted at most one heartbeat interval ago while its rows change,
-else every 30 s), from which the master answers ``GetTableStatistics`` without a scan; a
-changed size is reported at the next heartbeat.
+of its WAL and data files), from which the master answers ``GetTableStatistics`` without a
+scan; a changed size is reported at the next heartbeat. The WAL's bytes are read again when the
+rows changed, the data files' (at most once a heartbeat interval) when a flush or compaction
+changed the rowsets, else every 30 s.
 
 A leader's report carries the health of each follower (Kudu's per-peer health report:
 HEALTHY, FAILED after ``follower_unavailable_considered_failed_sec`` without an answer,
@@ -39,6 +42,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -125,16 +129,25 @@ class Heartbeater:
         # A new number per process start: masters see a restart as a new instance.
         self._instance_seqno = time.time_ns() // 1000
         self._masters = [_MasterState(addr) for addr in masters]
-        self._rows_seen: dict[str, int] = {}  # tablet id -> rows at the last size report
+        # tablet id -> (rows, (rowsets, rows on disk), WAL bytes) at the last size report
+        self._files_seen: dict[str, tuple[int, tuple[int, int], int]] = {}
         self._built: _Snapshot = {}  # each replica's last signature and the report built for it
+        # Replicas whose consensus state changed since the last snapshot (``trigger``), and
+        # when every replica was last looked at: between two sweeps, a heartbeat looks only
+        # at the replicas that changed (docs/consensus.md, "Tablet reports").
+        self._dirty: set[str] = set()
+        self._swept_at = -math.inf
 
     @property
     def interval_ms(self) -> int:
         """Milliseconds between two heartbeats to a master (without triggers)."""
         return round(self._interval_s * 1000)
 
-    def trigger(self) -> None:
-        """Sends the next heartbeat to every master now (call on the event loop)."""
+    def trigger(self, tablet_id: str | None = None) -> None:
+        """Sends the next heartbeat to every master now (call on the event loop), with
+        ``tablet_id``'s report looked at again."""
+        if tablet_id is not None:
+            self._dirty.add(tablet_id)
         for master in self._masters:
             master.due.set()
 
@@ -174,39 +187,63 @@ class Heartbeater:
 
     def _snapshot(self) -> _Snapshot:
         """Every replica's report and signature, now (a report is built again only when its
-        replica's signature changed)."""
+        replica's signature changed).
+
+        Every replica is looked at once per heartbeat interval (a sweep: new, changed and
+        deleted replicas, leaders' follower health and sizes); a heartbeat sent sooner, because
+        replicas changed (``trigger``), looks only at those. During a failover hundreds of
+        elections each trigger one, and a sweep of every replica per election took a fifth
+        of the event loop of a server with 500."""
+        now = time.monotonic()
+        if now - self._swept_at < self._interval_s:
+            dirty, self._dirty = self._dirty, set()
+            built = self._built
+            for tablet_id in dirty:
+                status = self._tablets.status_of(tablet_id)
+                if status is None:
+                    built.pop(tablet_id, None)  # deleted (the next sweep would see it too)
+                else:
+                    self._entry(status)
+            return dict(built)
+        self._swept_at = now
+        self._dirty.clear()
         out: _Snapshot = {}
         built = self._built
         for status in self._tablets.statuses(sizes=False):
-            tablet_id = status.tablet_id
-            replica = self._tablets.lookup(tablet_id)
-            runtime = None if replica is None else replica.runtime
-            consensus: _Consensus | None = None
-            health: _Health = ()
-            stats: tuple[int, int] | None = None
-            if runtime is not None:
-                core = runtime.core  # read directly: cheaper than a full status()
-                consensus = (core.term, core.leader_uuid or "", core.committed_config)
-                if consensus[1] == self._uuid:
-                    health = self._peer_health(replica)
-                    stats = self._stats(replica)
-            signature = (
-                status.state,
-                status.data_state,
-                status.state_reason,
-                consensus,  # the committed config compared by value
-                0 if status.schema is None else status.schema.version,
-                health,
-                stats,
-            )
-            cached = built.get(tablet_id)
-            if cached is None or cached[0] != signature:
-                report = self._report(status, consensus, health, stats)
-                cached = built[tablet_id] = (signature, report)
-            out[tablet_id] = cached
+            out[status.tablet_id] = self._entry(status)
         for gone in built.keys() - out.keys():
             del built[gone]
+            self._files_seen.pop(gone, None)
         return out
+
+    def _entry(self, status: TabletStatus) -> tuple[Signature, master_pb2.ReportedTabletPB]:
+        """One replica's signature and report, built again only if the signature changed."""
+        tablet_id = status.tablet_id
+        replica = self._tablets.lookup(tablet_id)
+        runtime = None if replica is None else replica.runtime
+        consensus: _Consensus | None = None
+        health: _Health = ()
+        stats: tuple[int, int] | None = None
+        if runtime is not None:
+            core = runtime.core  # read directly: cheaper than a full status()
+            consensus = (core.term, core.leader_uuid or "", core.committed_config)
+            if consensus[1] == self._uuid:
+                health = self._peer_health(replica)
+                stats = self._stats(replica)
+        signature = (
+            status.state,
+            status.data_state,
+            status.state_reason,
+            consensus,  # the committed config compared by value
+            0 if status.schema is None else status.schema.version,
+            health,
+            stats,
+        )
+        cached = self._built.get(tablet_id)
+        if cached is None or cached[0] != signature:
+            report = self._report(status, consensus, health, stats)
+            cached = self._built[tablet_id] = (signature, report)
+        return cached
 
     @staticmethod
     def _report(
@@ -239,20 +276,27 @@ class Heartbeater:
         return pb
 
     def _stats(self, replica: TabletReplica | None) -> tuple[int, int] | None:
-        """A leader's rows and bytes on disk (bytes counted at most one heartbeat interval
-        ago while its rows change)."""
+        """A leader's rows and bytes on disk (WAL bytes read when its rows changed, data
+        bytes when its rowsets changed, at most 30 s ago otherwise)."""
         storage = None if replica is None else replica.storage
         if replica is None or storage is None:
             return None
         counts = storage.stats()
         rows = counts["mem_rows"] + counts["frozen_rows"] + counts["disk_rows"]
-        # Counting bytes walks the replica's files: only tablets whose rows changed are
-        # counted afresh at each heartbeat, idle ones (most of thousands) every 30 s.
-        changed = self._rows_seen.get(replica.tablet_id) != rows
-        self._rows_seen[replica.tablet_id] = rows
-        size = replica.on_disk_bytes(
-            max_age_s=self._interval_s if changed else DISK_USAGE_REFRESH_S
+        # The WAL's bytes (a listing of its few segments) are read again when the rows
+        # changed; the data files' (every rowset file stat'd) only when a flush or compaction
+        # changed the rowsets, else every 30 s. (Walking every file of every leader whose rows
+        # changed, at every heartbeat, took a tenth of the event loop of a server with
+        # hundreds of tablets being written.)
+        tablet_id = replica.tablet_id
+        seen = self._files_seen.get(tablet_id)
+        data = (counts["rowsets"], counts["disk_rows"])
+        wal = replica.wal_bytes() if seen is None or seen[0] != rows else seen[2]
+        data_changed = seen is None or seen[1] != data
+        size = wal + replica.data_bytes(
+            max_age_s=self._interval_s if data_changed else DISK_USAGE_REFRESH_S
         )
+        self._files_seen[tablet_id] = (rows, data, wal)
         return rows, size
 
     def _peer_health(self, replica: TabletReplica | None) -> _Health:

@@ -381,11 +381,11 @@ class TabletServer(ServerBase):
                 if not chosen:
                     self._measure_memory()
 
-    def _on_consensus_change(self) -> None:
+    def _on_consensus_change(self, tablet_id: str) -> None:
         # Kudu's incremental tablet report, sent at once: the masters name a new leader
         # within one round trip of its election.
         if self._heartbeater is not None:
-            self._heartbeater.trigger()
+            self._heartbeater.trigger(tablet_id)
 
     async def _heartbeat(self) -> None:
         """Heartbeats to every master (``nyala.tserver.heartbeater``) until cancelled."""
