@@ -1303,6 +1303,12 @@ class RaftCore:
 
     # --- helpers ----------------------------------------------------------------------------
 
+    def storage_failed(self, error: Exception) -> None:
+        """A cmeta write the runtime made for this core failed: memory is ahead of disk, so
+        the core refuses every input from now on (as when its own ``save`` raises)."""
+        if self._stopped is None:
+            self._stopped = error
+
     def _check_running(self) -> None:
         if self._stopped is not None:
             raise IllegalStateError(

@@ -30,7 +30,7 @@ from nyala.consensus import (
     Role,
     bootstrap_cmeta,
 )
-from nyala.consensus.messages import AppendRequest, Message, VoteRequest
+from nyala.consensus.messages import AppendRequest, Message, VoteRequest, VoteResponse
 from nyala.consensus.runtime import DurabilityNotifier, RaftRuntime, RuntimeOptions
 from nyala.consensus.runtime.cmeta_store import FileCmetaStore
 from nyala.consensus.runtime.peer_streams import PeerStreams
@@ -416,5 +416,113 @@ def test_a_follower_woken_by_its_leaders_silence_campaigns_even_after_a_stall(
             time.sleep(5 * SLOW_RAFT_OPTIONS.election_timeout_base_ms / 1000)  # noqa: ASYNC251
             await asyncio.sleep(0.05)
         assert [m.dest for m in heard if isinstance(m, VoteRequest)] == ["a", "c"]
+
+    asyncio.run(scenario())
+
+
+class _SlowFileStore(FileCmetaStore):
+    """A cmeta file on a slow disk: each write takes ``delay_s`` longer (so that a message sent
+    before its term or vote is durable would be seen by the checking transport below)."""
+
+    def __init__(self, path: Path, delay_s: float) -> None:
+        super().__init__(path)
+        self.delay_s = delay_s
+        self.writes = 0
+
+    def save(self, meta: Any) -> None:
+        time.sleep(self.delay_s)
+        super().save(meta)
+        self.writes += 1
+
+
+class _DurabilityCheckingTransport:
+    """Sends through the in-memory network, first checking the sender's cmeta file: no message
+    may carry a term the file does not hold yet, and no granted vote a vote it does not."""
+
+    def __init__(self, inner: Any, store: FileCmetaStore, violations: list[str]) -> None:
+        self._inner = inner
+        self._store = store
+        self._violations = violations
+        self.checked_terms: set[int] = set()
+
+    async def run(self, deliver: Any) -> None:
+        await self._inner.run(deliver)
+
+    def send(self, message: Message) -> None:
+        pre_vote = getattr(message, "pre_election", False)
+        if not pre_vote:  # a pre-vote changes nothing, so nothing of it must be durable
+            durable = self._store.load()
+            if message.term > durable.current_term:
+                on_disk = durable.current_term
+                self._violations.append(f"{message!r} sent with term {on_disk} on disk")
+            granted = isinstance(message, VoteResponse) and message.granted
+            if granted and durable.voted_for != message.dest:
+                self._violations.append(f"{message!r} sent with vote {durable.voted_for} on disk")
+            self.checked_terms.add(message.term)
+        self._inner.send(message)
+
+
+def test_nothing_leaves_before_the_term_and_vote_it_depends_on_are_durable(
+    tmp_path: Path,
+) -> None:
+    """Cmeta is written off the event loop; what the core produced meanwhile (vote requests,
+    votes, a new leader's AppendEntries) is held until the write is durable. Every message of
+    several elections is checked against the sender's file as it leaves."""
+
+    async def scenario() -> None:
+        network = InMemoryNetwork()
+        config = RaftConfig(tuple(RaftPeer(u, f"{u}:7050") for u in UUIDS))
+        violations: list[str] = []
+        runtimes: dict[str, RaftRuntime] = {}
+        stores: dict[str, _SlowFileStore] = {}
+        transports: dict[str, _DurabilityCheckingTransport] = {}
+        for uuid in UUIDS:
+            (tmp_path / uuid).mkdir()
+            store = stores[uuid] = _SlowFileStore(tmp_path / uuid / "cmeta", delay_s=0.01)
+            bootstrap_cmeta(store, config)
+            transport = transports[uuid] = _DurabilityCheckingTransport(
+                network.transport(uuid), store, violations
+            )
+            runtimes[uuid] = RaftRuntime(
+                uuid,
+                MemoryLog(sync_on_append=True),
+                store,
+                transport,
+                RealClock(),
+                raft_options=RAFT_OPTIONS,
+                options=RUNTIME_OPTIONS,
+                rng=random.Random(uuid),
+            )
+
+        async def leader(min_term: int) -> RaftRuntime:
+            async with asyncio.timeout(WAIT_S):
+                while True:
+                    leaders = [
+                        r
+                        for u, r in runtimes.items()
+                        if r.role is Role.LEADER
+                        and r.core.term >= min_term
+                        and u not in network._isolated
+                    ]
+                    if len(leaders) == 1:
+                        return leaders[0]
+                    await asyncio.sleep(0.005)
+
+        async with asyncio.TaskGroup() as group:
+            for runtime in runtimes.values():
+                runtime.start(group)
+            current = await leader(1)
+            await current.propose(b"first")
+            for _ in range(3):  # three more elections: the leader is cut off each time
+                network.isolate(current.uuid)
+                current = await leader(current.core.term + 1)
+                await current.propose(b"after an election")
+                network.heal()
+            for runtime in runtimes.values():
+                runtime.stop()
+        assert violations == []
+        # Not vacuous: terms rose, written slowly, and messages of those terms were checked.
+        assert len(set().union(*(t.checked_terms for t in transports.values()))) >= 4
+        assert all(s.writes >= 3 for s in stores.values())
 
     asyncio.run(scenario())

@@ -161,7 +161,11 @@ class PeerStreams:
         self._fail_waiting(peer, NetworkError(f"{peer.uuid} moved from {peer.address}"))
         peer.queue.clear()
 
-    def _proxy(self, address: str, peer_uuid: str) -> ServerProxy:
+    def proxy(self, address: str, peer_uuid: str) -> ServerProxy:
+        """The server's one channel to ``peer_uuid`` at ``address`` (closed when ``run`` ends):
+        every tablet's votes and leader-election nudges to that peer use it too, where a
+        channel per tablet and peer meant hundreds of channels (and TLS handshakes) made
+        during a failover."""
         proxy = self._proxies.get((address, peer_uuid))
         if proxy is None:
             proxy = ServerProxy(address, self._settings, server_uuid=peer_uuid)
@@ -173,7 +177,7 @@ class PeerStreams:
         delay_s = self._opts.reconnect_delay_ms / 1000
         while True:
             await peer.ready.wait()
-            proxy = self._proxy(peer.address, peer.uuid)
+            proxy = self.proxy(peer.address, peer.uuid)
             call: _StreamCall = proxy.consensus.ConsensusPeerStream(
                 timeout=self._opts.stream_lifetime_ms / 1000
             )

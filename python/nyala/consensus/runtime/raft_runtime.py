@@ -9,6 +9,15 @@ and turns ``Apply``/``LogTruncated``/``RoleChanged``/``ReadReady`` into the outc
 awaited proposals and reads. It runs as one task of a ``TaskGroup`` its owner gives it and
 ends by cancellation (STYLE.md 15).
 
+Consensus metadata (term, vote, committed config) is written off the event loop: the core's
+``save`` only records the state (``_DeferredCmetaStore``), a thread of a small shared pool
+makes it durable (write, fsync, rename, fsync of the directory), and every effect the core
+produced meanwhile is held until then. So nothing that depends on a term or vote (a vote, a
+vote request, a leader's first AppendEntries, an acknowledged config) leaves before it is
+durable, as the core requires, while the loop goes on serving every other replica: a
+failover of hundreds of tablets used to spend a seventh of each survivor's loop in these
+fsyncs, one election after another.
+
 Per-proposal work is kept to a future and a deque entry: the proposals of one event-loop turn
 go to the core in one ``propose_many`` call (so followers get one AppendEntries for all of
 them), the effects are drained and executed once (``_pump`` is scheduled at most once per
@@ -18,9 +27,11 @@ turn), and proposals resolve in index order from one pass over ``Apply`` ranges.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import itertools
 import logging
 import random
+import threading
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -43,7 +54,7 @@ from nyala.consensus.effects import (
 from nyala.consensus.log import RaftLog
 from nyala.consensus.membership import ConfigChange
 from nyala.consensus.messages import Message
-from nyala.consensus.metadata import CmetaStore
+from nyala.consensus.metadata import CmetaStore, ConsensusMetadata
 from nyala.consensus.options import RaftOptions
 from nyala.consensus.progress import PeerHealth
 from nyala.consensus.runtime.transport import Transport
@@ -87,6 +98,38 @@ class RuntimeOptions:
         assert self.timer_slack_ms > 0
 
 
+#: Threads that write consensus metadata, shared by every replica of the process: a failover
+#: of hundreds of tablets makes their fsyncs overlap without a thread per replica.
+CMETA_WRITE_THREADS = 8
+_cmeta_pool: concurrent.futures.ThreadPoolExecutor | None = None
+_cmeta_pool_lock = threading.Lock()
+
+
+def _cmeta_writer() -> concurrent.futures.ThreadPoolExecutor:
+    global _cmeta_pool
+    with _cmeta_pool_lock:
+        if _cmeta_pool is None:
+            _cmeta_pool = concurrent.futures.ThreadPoolExecutor(
+                CMETA_WRITE_THREADS, thread_name_prefix="cmeta-write"
+            )
+        return _cmeta_pool
+
+
+class _DeferredCmetaStore:
+    """The store the core sees: ``save`` records the state for the runtime to write (off the
+    event loop) before it executes anything the core produced since."""
+
+    def __init__(self, inner: CmetaStore) -> None:
+        self.inner = inner
+        self.pending: ConsensusMetadata | None = None
+
+    def load(self) -> ConsensusMetadata:
+        return self.inner.load()
+
+    def save(self, meta: ConsensusMetadata) -> None:
+        self.pending = meta
+
+
 ApplyCallback = Callable[[Apply], None]
 RoleCallback = Callable[[RoleChanged], None]
 ConfigCallback = Callable[[ConfigCommitted], None]
@@ -128,10 +171,15 @@ class RaftRuntime:
         on_failure: FailureCallback | None = None,
     ) -> None:
         self.uuid = uuid
+        self._store = _DeferredCmetaStore(store)
+        # Effects produced while a cmeta write was pending, executed once it is durable.
+        self._held: deque[Effect] = deque()
+        self._writing: concurrent.futures.Future[None] | None = None  # the write in flight
+        self._group: asyncio.TaskGroup | None = None
         self.core = RaftCore(
             uuid,
             log,
-            store,
+            self._store,
             clock,
             rng or random.Random(),
             raft_options,
@@ -199,6 +247,7 @@ class RaftRuntime:
         self._loop = loop
         try:
             async with asyncio.TaskGroup() as group:
+                self._group = group
                 group.create_task(self._transport.run(self.deliver))
                 group.create_task(self._tick_loop())
         except Exception as exc:  # an ExceptionGroup of the tasks above
@@ -210,6 +259,13 @@ class RaftRuntime:
             self._on_failure(failure)
         finally:
             self._loop = None
+            self._group = None
+            writing = self._writing
+            if writing is not None:
+                # Whoever stopped this replica may delete or replace its files next: the
+                # write in flight must not land after that (at most one fsync's wait).
+                concurrent.futures.wait([writing])
+            self._held.clear()  # never durable: as if the process had stopped before
             if fd is not None and not loop.is_closed():
                 loop.remove_reader(fd)
             self._fail_waiters(AbortedError(f"the runtime of replica {self.uuid} stopped"))
@@ -458,13 +514,69 @@ class RaftRuntime:
         if durable > self._reported_durable:
             self.core.on_log_durable(durable)
         self._reported_durable = durable  # a truncation may lower it
-        for effect in self.core.drain_effects():
-            self._execute_one(effect)
+        effects = self.core.drain_effects()
+        pending = self._store.pending
+        if pending is not None and self._writing is None and self._group is None:
+            self._store.pending = None  # not running (no writer to hand it to): write it here
+            self._store.inner.save(pending)
+            pending = None
+        if pending is not None or self._writing is not None:
+            self._held.extend(effects)  # after the cmeta write (module docstring)
+            if self._writing is None:
+                self._write_cmeta()
+        else:
+            for effect in effects:
+                self._execute_one(effect)
+        self._check_timer()
+
+    def _check_timer(self) -> None:
         deadline = self.core.next_timer_ms()
         target = self._timer_target
         moved_earlier = deadline is not None and (target is None or deadline < target)
         if moved_earlier and deadline != self._excused_deadline:
             self._timer_moved.set()  # the timer task sleeps past the new deadline
+
+    def _write_cmeta(self) -> None:
+        """Writes the pending cmeta on the writer pool; ``_cmeta_written`` follows on the loop."""
+        meta = self._store.pending
+        loop = self._loop
+        assert meta is not None
+        assert loop is not None
+        self._store.pending = None
+        writing = _cmeta_writer().submit(self._store.inner.save, meta)
+        self._writing = writing
+        writing.add_done_callback(lambda _: loop.call_soon_threadsafe(self._cmeta_written, writing))
+
+    def _cmeta_written(self, writing: concurrent.futures.Future[None]) -> None:
+        if writing is not self._writing:
+            return  # the runtime stopped meanwhile
+        self._writing = None
+        error = writing.exception()
+        if error is not None:
+            assert isinstance(error, Exception)  # a save raises OSError and the like
+            # Memory is ahead of disk: never act on it (the core's rule for a failed write).
+            self.core.storage_failed(error)
+            self._held.clear()
+            if self._failure is None:
+                self._failure = error
+                self._fail_waiters(error)
+            self._timer_moved.set()  # the tick loop raises it: the replica must restart
+            return
+        if self._loop is None or self._failure is not None:
+            self._held.clear()
+            return
+        if self._store.pending is not None:
+            self._write_cmeta()  # a newer state: what is held waits for it too
+            return
+        held, self._held = self._held, deque()
+        try:
+            for effect in held:
+                self._execute_one(effect)
+            self._check_timer()
+        except Exception as e:  # as in ``_pump``: the replica must restart
+            self._failure = e
+            self._fail_waiters(e)
+            self._timer_moved.set()
 
     def _execute_one(self, effect: Effect) -> None:
         match effect:

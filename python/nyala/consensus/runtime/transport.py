@@ -321,6 +321,8 @@ class GrpcTransport:
         self._inbound(wire.append_response_from_pb(answer, dest=self.uuid, seq=seq))
 
     def _proxy(self, address: str, peer_uuid: str) -> ServerProxy:
+        if self._shared_streams is not None:
+            return self._shared_streams.proxy(address, peer_uuid)  # the server's channel
         proxy = self._proxies.get((address, peer_uuid))
         if proxy is None:
             proxy = ServerProxy(address, self._settings, server_uuid=peer_uuid)
