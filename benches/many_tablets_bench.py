@@ -66,8 +66,9 @@ def status_field(pid: int, name: str) -> int:
 
 
 def terms(server: ServerProcess) -> dict[str, float]:
-    """Each tablet's Raft term on one server, from its /metrics."""
-    body = urllib.request.urlopen(f"http://{server.http_addr}/metrics", timeout=30).read()
+    """Each tablet's Raft term on one server, from its /metrics (that family only)."""
+    url = f"http://{server.http_addr}/metrics?metrics=nyala_tablet_raft_term"
+    body = urllib.request.urlopen(url, timeout=30).read()
     out = {}
     for line in body.decode().splitlines():
         if line.startswith("nyala_tablet_raft_term{"):
