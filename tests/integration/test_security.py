@@ -720,14 +720,14 @@ def test_session_credentials_work_expire_and_cannot_renew_themselves(
 # --- the CA in the sys catalog ---------------------------------------------------------------
 
 
-def test_a_master_that_lost_its_ca_key_takes_it_back_from_the_sys_catalog(
-    tmp_path: Path,
-) -> None:
-    """The leader stores the CA in the sys catalog, its key encrypted under the operator's key
-    file; a master restarted without its ca.key serves with its certificate and, once it
-    leads, takes the key back (0600, still encrypted) and signs again."""
+def _cluster_with_ca_key_file(
+    tmp_path: Path, passphrase: bytes
+) -> tuple[MiniCluster, ClusterSecurity]:
+    """A secure cluster (one master, one tablet server, not started) whose masters keep the CA
+    key encrypted under a key file (``--ca-key-passphrase-file``), the first master's copy
+    too."""
     passphrase_file = tmp_path / "ca.pass"
-    passphrase_file.write_bytes(b"correct horse battery\n")
+    passphrase_file.write_bytes(passphrase + b"\n")
     passphrase_file.chmod(0o600)
     mini = MiniCluster(
         1,
@@ -739,8 +739,18 @@ def test_a_master_that_lost_its_ca_key_takes_it_back_from_the_sys_catalog(
     )
     security = mini.security
     assert security is not None
+    security.ca.save(security.directory / "master-0", passphrase)  # the master's copy
+    return mini, security
+
+
+def test_a_master_that_lost_its_ca_key_takes_it_back_from_the_sys_catalog(
+    tmp_path: Path,
+) -> None:
+    """The leader stores the CA in the sys catalog, its key encrypted under the operator's key
+    file; a master restarted without its ca.key serves with its certificate and, once it
+    leads, takes the key back (0600, still encrypted) and signs again."""
+    mini, security = _cluster_with_ca_key_file(tmp_path, b"correct horse battery")
     master_dir = security.directory / "master-0"
-    security.ca.save(master_dir, b"correct horse battery")  # the master's copy, encrypted
     with logs_on_failure(mini) as cluster:
         master = cluster.masters[0]
         wait_until(
@@ -776,20 +786,7 @@ def test_masters_added_later_enroll_with_a_join_credential_and_one_leads(
     """A master added to a running cluster needs no copy of the CA: given a join credential it
     enrolls with the other masters, catches up, and once it leads takes the CA's key from the
     sys catalog (encrypted under the operator's key file) and signs."""
-    passphrase_file = tmp_path / "ca.pass"
-    passphrase_file.write_bytes(b"a passphrase for the CA key\n")
-    passphrase_file.chmod(0o600)
-    mini = MiniCluster(
-        1,
-        num_masters=1,
-        base_dir=tmp_path / "cluster",
-        master_flags=fast_master_flags("--ca-key-passphrase-file", str(passphrase_file)),
-        tserver_flags=FAST_TSERVER_FLAGS,
-        secure=True,
-    )
-    security = mini.security
-    assert security is not None
-    security.ca.save(security.directory / "master-0", b"a passphrase for the CA key")
+    mini, security = _cluster_with_ca_key_file(tmp_path, b"a passphrase for the CA key")
     with logs_on_failure(mini) as cluster:
         first = cluster.masters[0]
         wait_until(
