@@ -157,10 +157,6 @@ class Revocations:
         with self._lock:
             self._before_ms = dict(revoked_before_ms)
 
-    def revoked(self) -> dict[str, int]:
-        """The revoked names now (``revocation_key`` -> Unix ms)."""
-        return dict(self._before_ms)
-
     def reason(self, caller: Identity, auth_context: Mapping[str, Iterable[bytes]]) -> str | None:
         """Why ``caller``'s certificate (in the connection's ``auth_context``) is refused
         (None: it is not). The certificate is read only when the name was revoked."""

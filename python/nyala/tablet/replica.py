@@ -21,7 +21,6 @@ import enum
 import functools
 import json
 import logging
-import os
 import random
 import time
 from collections.abc import Callable, Sequence
@@ -287,20 +286,17 @@ class TabletReplica:
         cached = self._disk_usage
         if cached is not None and now - cached[0] < max_age_s:
             return cached[1]
-        total = 0
-        for root in (self.paths.wal_dir, self.paths.data_dir):
-            if root.is_dir():
-                total += sum(p.stat().st_size for p in root.rglob("*") if p.is_file())
+        total = _tree_bytes(self.paths.wal_dir) + _tree_bytes(self.paths.data_dir)
         self._disk_usage = (now, total)
         return total
 
-    def wal_bytes(self) -> int:
-        """Bytes of the replica's WAL segments now (one directory listing: segments only)."""
-        try:
-            entries = list(os.scandir(self.paths.wal_dir))
-        except FileNotFoundError:
-            return 0
-        return sum(e.stat().st_size for e in entries if e.is_file())
+    def wal_bytes(self) -> int | None:
+        """Bytes of the replica's WAL segments now (None while its WAL is not open): the
+        segments the log lists, one ``stat`` each."""
+        wal = self.wal
+        if wal is None:
+            return None
+        return sum(file_bytes(path) for path in wal.segment_paths())
 
     def data_bytes(self, *, max_age_s: float) -> int:
         """Bytes of the replica's data files (rowsets, manifest), as counted at most
@@ -309,10 +305,7 @@ class TabletReplica:
         cached = self._data_usage
         if cached is not None and now - cached[0] < max_age_s:
             return cached[1]
-        root = self.paths.data_dir
-        total = 0
-        if root.is_dir():
-            total = sum(p.stat().st_size for p in root.rglob("*") if p.is_file())
+        total = _tree_bytes(self.paths.data_dir)
         self._data_usage = (now, total)
         return total
 
@@ -876,3 +869,19 @@ def follower_read_refusal(
             f"{contact.commit_index}"
         )
     return None
+
+
+def file_bytes(path: Path) -> int:
+    """``path``'s size; 0 if it is gone (a WAL segment GC'd, a rowset compacted away, since
+    it was listed)."""
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+def _tree_bytes(root: Path) -> int:
+    """Bytes of every file under ``root`` (0 if there is no such directory)."""
+    if not root.is_dir():
+        return 0
+    return sum(file_bytes(p) for p in root.rglob("*") if p.is_file())

@@ -283,7 +283,7 @@ class Heartbeater:
             return None
         counts = storage.stats()
         rows = counts["mem_rows"] + counts["frozen_rows"] + counts["disk_rows"]
-        # The WAL's bytes (a listing of its few segments) are read again when the rows
+        # The WAL's bytes (a stat of each of its few segments) are read again when the rows
         # changed; the data files' (every rowset file stat'd) only when a flush or compaction
         # changed the rowsets, else every 30 s. (Walking every file of every leader whose rows
         # changed, at every heartbeat, took a tenth of the event loop of a server with
@@ -291,7 +291,7 @@ class Heartbeater:
         tablet_id = replica.tablet_id
         seen = self._files_seen.get(tablet_id)
         data = (counts["rowsets"], counts["disk_rows"])
-        wal = replica.wal_bytes() if seen is None or seen[0] != rows else seen[2]
+        wal = (replica.wal_bytes() or 0) if seen is None or seen[0] != rows else seen[2]
         data_changed = seen is None or seen[1] != data
         size = wal + replica.data_bytes(
             max_age_s=self._interval_s if data_changed else DISK_USAGE_REFRESH_S

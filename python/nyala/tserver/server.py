@@ -38,7 +38,7 @@ from nyala.tserver.scanners import ScannerRegistry
 from nyala.tserver.services import AdminService, TabletService
 from nyala.tserver.settings import TabletServerSettings
 from nyala.tserver.tablet_meta import TabletReport, peer_health
-from nyala.tserver.web_ui import TSERVER_NAV, TabletServerPages, file_bytes, tablet_link
+from nyala.tserver.web_ui import TSERVER_NAV, TabletServerPages, tablet_link
 
 log = logging.getLogger(__name__)
 
@@ -76,13 +76,11 @@ def _wal_stat(*, bytes_: bool) -> Callable[[TabletReplica], float | None]:
     """The replica's WAL segments on disk: their bytes, or how many there are."""
 
     def read(replica: TabletReplica) -> float | None:
+        if bytes_:
+            size = replica.wal_bytes()
+            return None if size is None else float(size)
         wal = replica.wal
-        if wal is None:
-            return None
-        paths = wal.segment_paths()
-        if not bytes_:
-            return float(len(paths))
-        return float(sum(file_bytes(p) for p in paths))
+        return None if wal is None else float(len(wal.segment_paths()))
 
     return read
 

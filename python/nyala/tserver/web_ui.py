@@ -7,8 +7,6 @@ that hold them; its storage). Pages only read the replicas' state.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from nyala.consensus.core import ReplicaStatus
 from nyala.consensus.types import RaftConfig
 from nyala.rpc.http import HttpRequest, HttpResponse
@@ -26,7 +24,7 @@ from nyala.server.web_ui import (
     table,
 )
 from nyala.tablet import TabletManager
-from nyala.tablet.replica import TabletReplica
+from nyala.tablet.replica import TabletReplica, file_bytes
 from nyala.tserver.tablet_meta import PeerHealthReport, peer_health
 
 #: The tablet server's pages, for the navigation bar.
@@ -218,11 +216,3 @@ def _storage_section(replica: TabletReplica) -> list[Markup]:
             ]
         ),
     ]
-
-
-def file_bytes(path: Path) -> int:
-    """``path``'s size; 0 if it is gone (a WAL segment GC'd since it was listed)."""
-    try:
-        return path.stat().st_size
-    except OSError:
-        return 0
