@@ -130,6 +130,28 @@ def test_leader_sigkill_loses_no_acknowledged_row_and_the_victim_catches_up(
         time.sleep(0.1)
 
 
+def test_a_follower_killed_with_a_batch_in_flight_catches_up_without_waiting_out_a_timeout(
+    make_cluster: Any,
+) -> None:
+    """A batch whose stream broke is sent again at the next heartbeat round, not after
+    ``consensus_rpc_timeout_ms`` (here two minutes): the transport reports the loss."""
+    cluster = make_cluster(3, tserver_flags=["--consensus-rpc-timeout-ms", "120000"])
+    cluster.create_tablet(TABLET, SCHEMA)
+    _write_anywhere(cluster, [0, 1, 2], 0)
+    leader = cluster.leader_of(TABLET)
+    victim = next(ts for ts in cluster.tservers if ts is not leader)
+    victim.kill()
+    for seq, start in enumerate(range(10, 60, 5), start=1):
+        _write_anywhere(cluster, list(range(start, start + 5)), seq)  # batches to the victim
+    assert cluster.leader_of(TABLET) is leader
+    victim.restart()
+    leader_index = _last_logged(leader)
+    deadline = time.monotonic() + 20.0
+    while _last_logged(victim) < leader_index:
+        assert time.monotonic() < deadline, "the leader waited for its lost batch to time out"
+        time.sleep(0.1)
+
+
 def _last_logged(ts: ServerProcess) -> int:
     request = consensus_pb2.GetConsensusStateRequestPB(dest_uuid=ts.uuid, tablet_ids=[TABLET])
     with ts.proxy() as proxy:

@@ -447,6 +447,20 @@ class RaftCore:
         self._wake_if_settled()
         self._flush_meta()
 
+    def append_lost(self, uuid: str, term: int, last_index: int) -> None:
+        """The runtime reports that an AppendEntries with entries up to ``last_index``, sent to
+        follower ``uuid`` in ``term``, will not be answered (its stream broke, the queue to the
+        peer was full, the peer refused it). If it was one of the batches in flight, the
+        follower is probed again from the oldest unanswered one: at once if a proposal comes,
+        else at the next heartbeat round (not here: an unreachable peer would be retried in a
+        tight loop). Leader only; else ignored."""
+        self._check_running()
+        progress = self._progress.get(uuid)
+        if self._role is not Role.LEADER or term != self._term or progress is None:
+            return
+        if progress.inflight and progress.inflight[0][0] <= last_index:
+            progress.lost()
+
     def peer_failed(self, uuid: str, reason: str) -> None:
         """The runtime reports that follower ``uuid`` cannot be caught up by waiting: it
         answered that its replica is FAILED, or it refused the tablet copy it needs. Its health
@@ -1109,7 +1123,10 @@ class RaftCore:
                 self._probe_copying(progress)
                 continue
             oldest = progress.oldest_inflight_ms()
-            if oldest is not None and now - oldest >= self._opts.heartbeat_interval_ms:
+            resend_after_ms = (
+                self._opts.unanswered_resend_after_ms or self._opts.heartbeat_interval_ms
+            )
+            if oldest is not None and now - oldest >= resend_after_ms:
                 progress.lost()
             if not self._replicate(progress):
                 self._send_heartbeat(progress)

@@ -25,6 +25,11 @@ class RaftOptions:
     # Quiescence: a leader whose followers have everything stops heartbeating after this many
     # idle heartbeat rounds (0: never; liveness then travels in server heartbeats).
     quiesce_after_idle_heartbeats: int = 0
+    # A batch still unanswered after this long counts as lost and is sent again (0: one
+    # heartbeat interval). A runtime whose transport reports lost requests (a broken stream, a
+    # refusal: ``RaftCore.append_lost``) sets more, so that a batch that is merely slow, on a
+    # busy follower or behind a stalled event loop, is not read and sent a second time.
+    unanswered_resend_after_ms: int = 0
 
     def __post_init__(self) -> None:
         assert self.heartbeat_interval_ms > 0
@@ -34,6 +39,7 @@ class RaftOptions:
         assert self.peer_inflight_bytes_max >= self.batch_bytes_max
         assert self.peer_inflight_batches_max >= 1
         assert self.quiesce_after_idle_heartbeats >= 0
+        assert self.unanswered_resend_after_ms >= 0
 
     @property
     def election_timeout_base_ms(self) -> int:

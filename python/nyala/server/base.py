@@ -195,6 +195,8 @@ class ServerBase:
             isolate_failure=not self.REPLICA_FAILURE_STOPS_SERVER,
             on_consensus_change=self._on_consensus_change,
         )
+        if replica.runtime is not None:
+            transport.on_append_lost = replica.runtime.append_lost
 
     def _on_consensus_change(self, tablet_id: str) -> None:
         """A replica's role, term, leader or committed config changed (on the event loop); a
@@ -210,6 +212,7 @@ class ServerBase:
             batch_bytes_max=s.consensus_batch_bytes_max,
             peer_inflight_bytes_max=max(4 * s.consensus_batch_bytes_max, 4 << 20),
             quiesce_after_idle_heartbeats=s.raft_quiesce_after_idle_heartbeats,
+            unanswered_resend_after_ms=s.consensus_rpc_timeout_ms,
         )
         if self.PEER_INFLIGHT_BATCHES_MAX is None:
             return options

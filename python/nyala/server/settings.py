@@ -47,6 +47,12 @@ class ServerSettings:
     election_timeout_jitter_pct: int = 25
     election_backoff_max_ms: int = 20_000
     consensus_batch_bytes_max: int = 1 * MIB
+    # An AppendEntries batch not answered for this long is taken as lost and sent again. Lost
+    # requests the transport sees (a broken stream, a refusal) are sent again without waiting
+    # this out, so it only bounds silent losses; shorter, it would resend batches that are
+    # merely slow behind a busy follower or a stalled event loop, adding the load that made
+    # them slow (Kudu's consensus_rpc_timeout_ms is 30 s).
+    consensus_rpc_timeout_ms: int = 5_000
     # A follower that has not answered its leader for this long is FAILED in the leader's
     # health report; on a master, a replica whose tserver has not heartbeated this long is
     # replaced (re-replication). One name on both, as in Kudu: give them the same value.
@@ -116,6 +122,7 @@ class ServerSettings:
         "heartbeat_interval_ms",
         "leader_failure_max_missed_heartbeat_periods",
         "consensus_batch_bytes_max",
+        "consensus_rpc_timeout_ms",
         "wal_segment_bytes",
         "follower_unavailable_considered_failed_sec",
         "flush_threshold_mb",

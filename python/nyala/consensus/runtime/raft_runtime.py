@@ -365,6 +365,20 @@ class RaftRuntime:
         self.core.peer_needs_copy(peer_uuid)
         self._schedule_pump()
 
+    def append_lost(self, peer_uuid: str, term: int, last_index: int) -> None:
+        """The transport will get no answer to an AppendEntries with entries up to
+        ``last_index`` sent to ``peer_uuid`` in ``term`` (``RaftCore.append_lost``). Told
+        on a later turn: a send can fail inside the core's own effects."""
+        loop = self._loop
+        if loop is not None:
+            loop.call_soon(self._append_lost_now, peer_uuid, term, last_index)
+
+    def _append_lost_now(self, peer_uuid: str, term: int, last_index: int) -> None:
+        if self._loop is None or self._failure is not None:
+            return
+        self.core.append_lost(peer_uuid, term, last_index)
+        self._schedule_pump()
+
     def peer_failed(self, peer_uuid: str, reason: str) -> None:
         """Follower ``peer_uuid`` cannot be caught up by waiting (its replica is FAILED, or it
         refused a tablet copy): its health becomes ``FAILED_UNRECOVERABLE``."""

@@ -247,6 +247,10 @@ class GrpcTransport:
         # Told (uuid, reason) of a peer whose stream was refused with TABLET_FAILED (the
         # runtime's ``peer_failed``: its health report says FAILED_UNRECOVERABLE).
         self.on_tablet_failed: Callable[[str, str], None] | None = None
+        # Told (uuid, term, last index) of an AppendEntries with entries that will not be
+        # answered: its stream broke, it could not be queued, or the peer answered an error
+        # (the runtime's ``append_lost``: the batch is sent again without waiting it out).
+        self.on_append_lost: Callable[[str, int, int], None] | None = None
         # Hybrid time riding on AppendEntries (docs/consistency.md), which the Raft core does
         # not see: as a leader, the (clock, safe time) put on each request (told the request's
         # commit index); as a follower,
@@ -300,15 +304,17 @@ class GrpcTransport:
             return
         stamps = (0, 0) if self.timestamps is None else self.timestamps(request.committed_index)
         data = wire.append_request_to_wire(request, self.tablet_id, timestamps=stamps)
-        answered = functools.partial(self._on_append_answer, request.dest, request.seq)
+        answered = functools.partial(self._on_append_answer, request)
         streams.send(request.dest, address, data, answered)
 
     def _on_append_answer(
-        self, peer_uuid: str, seq: int, answer: consensus_pb2.ConsensusResponsePB | BaseException
+        self, request: AppendRequest, answer: consensus_pb2.ConsensusResponsePB | BaseException
     ) -> None:
         """The peer's answer to one AppendEntries (or why there is none: it is lost)."""
+        peer_uuid = request.dest
         if isinstance(answer, BaseException):
             self.messages_dropped += 1
+            self._lost(request)
             return
         if answer.HasField("error"):
             code = answer.error.code
@@ -317,8 +323,14 @@ class GrpcTransport:
             if code == common_pb2.TABLET_FAILED and self.on_tablet_failed is not None:
                 self.on_tablet_failed(peer_uuid, answer.error.message)
             self.messages_dropped += 1
+            self._lost(request)
             return
+        seq = request.seq
         self._inbound(wire.append_response_from_pb(answer, dest=self.uuid, seq=seq))
+
+    def _lost(self, request: AppendRequest) -> None:
+        if request.entries is not None and self.on_append_lost is not None:
+            self.on_append_lost(request.dest, request.term, request.entries.last_op_id.index)
 
     def _proxy(self, address: str, peer_uuid: str) -> ServerProxy:
         if self._shared_streams is not None:
