@@ -104,15 +104,16 @@ def _scan_while_writing(rows: int) -> None:
         assert not failures, failures
         after = {ts.uuid: _terms(ts, tablet_id) for ts in cluster.tservers}
 
-        assert scanned and min(scanned) >= rows, scanned
+        assert scanned
+        assert min(scanned) >= rows, scanned
         assert len(latencies_ms) >= MIN_OVERLAPPING_WRITES, latencies_ms
         assert after == before, f"terms changed during the scan: {before} -> {after}"
         median_ms = statistics.median(latencies_ms)
         worst_ms = max(latencies_ms)
         slow = sorted(round(ms, 1) for ms in latencies_ms if ms >= WRITE_MS_MEDIAN_MAX)
         print(
-            f"{len(scanned)} scans, {len(latencies_ms)} writes, median {median_ms:.1f} ms, max {worst_ms:.1f} ms,"
-            f" {len(slow)} at {WRITE_MS_MEDIAN_MAX} ms or more: {slow}"
+            f"{len(scanned)} scans, {len(latencies_ms)} writes, median {median_ms:.1f} ms,"
+            f" max {worst_ms:.1f} ms, {len(slow)} at {WRITE_MS_MEDIAN_MAX} ms or more: {slow}"
         )
         assert median_ms < WRITE_MS_MEDIAN_MAX, (median_ms, latencies_ms)
         assert max(latencies_ms) < WRITE_MS_MAX, latencies_ms

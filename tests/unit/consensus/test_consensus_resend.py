@@ -16,9 +16,7 @@ HEARTBEAT_MS = 500
 
 
 def _batches_to(queue: list[Message], dest: str) -> list[AppendRequest]:
-    return [
-        m for m in queue if isinstance(m, AppendRequest) and m.dest == dest and m.entries
-    ]
+    return [m for m in queue if isinstance(m, AppendRequest) and m.dest == dest and m.entries]
 
 
 def _leader_with_a_batch_out_to_c(resend_after_ms: int) -> tuple[SimCluster, int]:
@@ -76,4 +74,5 @@ def test_a_batch_reported_lost_is_resent_at_the_next_round() -> None:
     assert resent[1].preceding == resent[0].preceding  # from the oldest unanswered entry
     cluster.deliver_all()
     progress = leader.peer_progress("c")
-    assert progress is not None and progress.match_index == index
+    assert progress is not None
+    assert progress.match_index == index
