@@ -22,7 +22,7 @@ from nyala.consensus.runtime.peer_streams import PeerStreams
 from nyala.consensus.runtime.transport import GrpcTransport
 from nyala.consensus.runtime.wal_log import WalEntryBatch
 from nyala.consensus.types import MemberType
-from nyala.errors import InvalidArgumentError, TabletNotRunningError, WrongServerUuidError
+from nyala.errors import InvalidArgumentError, TabletNotRunningError
 from nyala.rpc import Context, RpcMetrics, ServiceBase, unary
 from nyala.rpc.service import bidi_stream
 from nyala.server.convert import config_to_pb, peer_from_pb
@@ -109,7 +109,7 @@ class ConsensusService(ServiceBase, consensus_pb2_grpc.ConsensusServiceServicer)
         def route(tablet_id: str) -> GrpcTransport:
             return self._raft(tablet_id)[2]
 
-        async for answers in streams.serve(requests, route, _decode_batch, self._vote):
+        async for answers in streams.serve(requests, route, _decode_batch):
             yield answers
 
     @unary(consensus_pb2.VoteResponsePB)
@@ -118,14 +118,6 @@ class ConsensusService(ServiceBase, consensus_pb2_grpc.ConsensusServiceServicer)
         request: consensus_pb2.VoteRequestPB,
         context: Context[consensus_pb2.VoteRequestPB, consensus_pb2.VoteResponsePB],
     ) -> consensus_pb2.VoteResponsePB:
-        return await self._vote(request)
-
-    async def _vote(self, request: consensus_pb2.VoteRequestPB) -> consensus_pb2.VoteResponsePB:
-        """Answers a vote request, unary or on a peer's ConsensusPeerStream."""
-        if request.dest_uuid != self.server_uuid:
-            raise WrongServerUuidError(
-                f"vote request for server {request.dest_uuid!r} sent to {self.server_uuid}"
-            )
         replica = self._tablets.lookup(request.tablet_id)
         if replica is not None and replica.superblock.data_state in VOTING_DATA_STATES:
             # Tombstoned voting (seed 000): no Raft runs, cmeta and last-logged OpId answer.

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from nyala._proto import common_pb2, consensus_pb2, consensus_pb2_grpc
+from nyala._proto import consensus_pb2, consensus_pb2_grpc
 from nyala.common.clock import RealClock
 from nyala.consensus import (
     MemoryLog,
@@ -35,7 +35,7 @@ from nyala.consensus.runtime import DurabilityNotifier, RaftRuntime, RuntimeOpti
 from nyala.consensus.runtime.cmeta_store import FileCmetaStore
 from nyala.consensus.runtime.peer_streams import PeerStreams
 from nyala.consensus.runtime.transport import GrpcTransport, InMemoryNetwork
-from nyala.errors import AbortedError, NotLeaderError, TabletNotFoundError
+from nyala.errors import AbortedError, NotLeaderError
 from nyala.rpc import RpcServer, RpcSettings
 
 UUIDS = ("a", "b", "c")
@@ -261,9 +261,12 @@ class ConsensusServicer(consensus_pb2_grpc.ConsensusServiceServicer):  # type: i
         self, requests: AsyncIterator[Any], _context: Any
     ) -> AsyncIterator[Any]:
         async for answers in self.streams.serve(
-            requests, lambda _tablet: self.transport, self.decode_batch, self.transport.handle_vote
+            requests, lambda _tablet: self.transport, self.decode_batch
         ):
             yield answers
+
+    async def RequestVote(self, request: Any, _context: Any) -> Any:
+        return await self.transport.handle_vote(request)
 
     async def RunLeaderElection(self, _request: Any, _context: Any) -> Any:
         assert self.runtime is not None
@@ -335,64 +338,6 @@ def test_replicates_over_grpc_streams(tmp_path: Path) -> None:
                 log.close()
 
     asyncio.run(scenario())
-
-
-class _VoteOnlyServicer(consensus_pb2_grpc.ConsensusServiceServicer):  # type: ignore[misc]
-    """Serves peer streams whose tablets only vote: tablet "t" grants, any other is absent."""
-
-    def __init__(self, streams: PeerStreams) -> None:
-        self.streams = streams
-
-    async def ConsensusPeerStream(
-        self, requests: AsyncIterator[Any], _context: Any
-    ) -> AsyncIterator[Any]:
-        def route(tablet_id: str) -> Any:
-            raise TabletNotFoundError(f"tablet {tablet_id} is not here")
-
-        async def vote(request: Any) -> Any:
-            if request.tablet_id != "t":
-                raise TabletNotFoundError(f"tablet {request.tablet_id} is not here")
-            return consensus_pb2.VoteResponsePB(
-                responder_uuid="b", responder_term=request.candidate_term, vote_granted=True
-            )
-
-        async for answers in self.streams.serve(requests, route, None, vote):
-            yield answers
-
-
-def test_votes_travel_on_the_peer_stream_and_refusals_come_back_as_answers() -> None:
-    async def scenario() -> list[Any]:
-        server = RpcServer("127.0.0.1:0", RpcSettings())
-        served, sending = PeerStreams("b"), PeerStreams("a")
-        server.add_service(
-            consensus_pb2_grpc.add_ConsensusServiceServicer_to_server, _VoteOnlyServicer(served)
-        )
-        await server.start()
-        answers: list[Any] = []
-        try:
-            async with asyncio.TaskGroup() as group:
-                tasks = [group.create_task(s.run()) for s in (served, sending)]
-                await asyncio.sleep(0)
-                good = consensus_pb2.VoteRequestPB(
-                    dest_uuid="b", tablet_id="t", candidate_uuid="a", candidate_term=7
-                )
-                absent = consensus_pb2.VoteRequestPB(dest_uuid="b", tablet_id="x")
-                for data in (good.SerializeToString(), b"\x0a\xff\xff", absent.SerializeToString()):
-                    sending.send_vote("b", server.address, data, answers.append)
-                await eventually(lambda: len(answers) == 3)
-                for task in tasks:
-                    task.cancel()
-        finally:
-            await server.stop(0)
-        return answers
-
-    answers = asyncio.run(scenario())
-    granted = [a for a in answers if not a.HasField("error")]
-    assert len(granted) == 1
-    assert granted[0].vote_granted
-    assert granted[0].responder_term == 7
-    codes = sorted(common_pb2.ErrorCode.Name(a.error.code) for a in answers if a.HasField("error"))
-    assert codes == ["INVALID_ARGUMENT", "TABLET_NOT_FOUND"]
 
 
 @asynccontextmanager

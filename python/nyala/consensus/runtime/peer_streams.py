@@ -31,7 +31,7 @@ import contextlib
 import itertools
 import logging
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeAlias
 
@@ -48,10 +48,6 @@ log = logging.getLogger(__name__)
 
 Answer = consensus_pb2.ConsensusResponsePB | BaseException
 OnAnswer = Callable[[Answer], None]
-VoteAnswer = consensus_pb2.VoteResponsePB | BaseException
-OnVoteAnswer = Callable[[VoteAnswer], None]
-#: How a server answers a vote request of one of its tablets (refusals raised as NyalaError).
-VoteHandler = Callable[[consensus_pb2.VoteRequestPB], Awaitable[consensus_pb2.VoteResponsePB]]
 _StreamCall: TypeAlias = (
     "grpc.aio.StreamStreamCall[consensus_pb2.ConsensusBatchRequestPB, "
     "consensus_pb2.ConsensusBatchResponsePB]"
@@ -90,11 +86,8 @@ class _Peer:
     uuid: str
     address: str
     queue: deque[tuple[int, bytes]] = field(default_factory=deque)
-    # Vote requests: answered at once by the peer, so not held back by unanswered appends.
-    votes: deque[tuple[int, bytes]] = field(default_factory=deque)
     ready: asyncio.Event = field(default_factory=asyncio.Event)
     waiting: dict[int, OnAnswer] = field(default_factory=dict)  # call id -> callback
-    waiting_votes: dict[int, OnVoteAnswer] = field(default_factory=dict)
     task: asyncio.Task[None] | None = None
 
 
@@ -141,54 +134,32 @@ class PeerStreams:
     def send(self, dest_uuid: str, address: str, request: bytes, on_answer: OnAnswer) -> None:
         """Queues a serialized ``ConsensusRequestPB`` for ``dest_uuid`` at ``address``;
         ``on_answer`` gets its ``ConsensusResponsePB``, or the error that lost it."""
-        peer = self._peer(dest_uuid, address, on_answer)
-        if peer is None:
-            return
-        call_id = next(self._call_ids)
-        peer.waiting[call_id] = on_answer
-        peer.queue.append((call_id, request))
-        peer.ready.set()  # the writer wakes next turn: this turn's sends go out together
-
-    def send_vote(
-        self, dest_uuid: str, address: str, request: bytes, on_answer: OnVoteAnswer
-    ) -> None:
-        """Queues a serialized ``VoteRequestPB`` (a vote or a pre-vote) like ``send``;
-        ``on_answer`` gets its ``VoteResponsePB``, or the error that lost it."""
-        peer = self._peer(dest_uuid, address, on_answer)
-        if peer is None:
-            return
-        call_id = next(self._call_ids)
-        peer.waiting_votes[call_id] = on_answer
-        peer.votes.append((call_id, request))
-        peer.ready.set()
-
-    def _peer(
-        self, dest_uuid: str, address: str, on_answer: Callable[[BaseException], None]
-    ) -> _Peer | None:
-        """The peer to queue for (its stream started if new), or None after telling
-        ``on_answer`` why nothing can be queued."""
         group = self._group
         if group is None:
             self.requests_dropped += 1
             on_answer(ServiceUnavailableError("the consensus streams are not running"))
-            return None
+            return
         peer = self._peers.get(dest_uuid)
         if peer is None or peer.address != address:
             if peer is not None:
                 self._retire(peer)
             peer = self._peers[dest_uuid] = _Peer(dest_uuid, address)
             peer.task = group.create_task(self._stream_loop(peer), name=f"peer-{dest_uuid}")
-        if len(peer.queue) + len(peer.votes) >= self._opts.queue_requests_max:
+        if len(peer.queue) >= self._opts.queue_requests_max:
             self.requests_dropped += 1
             on_answer(ServiceUnavailableError(f"queue to {dest_uuid} is full"))
-            return None
-        return peer
+            return
+        call_id = next(self._call_ids)
+        peer.waiting[call_id] = on_answer
+        peer.queue.append((call_id, request))
+        peer.ready.set()  # the writer wakes next turn: this turn's sends go out together
 
     def _retire(self, peer: _Peer) -> None:
         """The peer moved to another address: its stream ends, what it owes is lost."""
         if peer.task is not None:
             peer.task.cancel()
         self._fail_waiting(peer, NetworkError(f"{peer.uuid} moved from {peer.address}"))
+        peer.queue.clear()
 
     def proxy(self, address: str, peer_uuid: str) -> ServerProxy:
         """The server's one channel to ``peer_uuid`` at ``address`` (closed when ``run`` ends):
@@ -226,8 +197,7 @@ class PeerStreams:
         bytes_max = self._opts.batch_bytes_max
         unanswered_max = self._opts.unanswered_requests_max
         while True:
-            appends = bool(peer.queue) and len(peer.waiting) - len(peer.queue) < unanswered_max
-            if not appends and not peer.votes:
+            if not peer.queue or len(peer.waiting) - len(peer.queue) >= unanswered_max:
                 peer.ready.clear()
                 await peer.ready.wait()
                 continue
@@ -235,20 +205,13 @@ class PeerStreams:
                 dest_uuid=peer.uuid, caller_uuid=self.uuid
             )
             size = 0
-            while peer.votes:
-                call_id, request = peer.votes.popleft()
-                batch.vote_requests.append(request)
-                batch.vote_call_ids.append(call_id)
-                size += len(request)
-            while (
-                appends and peer.queue and (size == 0 or size + len(peer.queue[0][1]) <= bytes_max)
-            ):
+            while peer.queue and (size == 0 or size + len(peer.queue[0][1]) <= bytes_max):
                 call_id, request = peer.queue.popleft()
                 batch.requests.append(request)
                 batch.call_ids.append(call_id)
                 size += len(request)
             self.batches_sent += 1
-            self.requests_sent += len(batch.call_ids) + len(batch.vote_call_ids)
+            self.requests_sent += len(batch.call_ids)
             await call.write(batch)
 
     async def _read(self, peer: _Peer, call: _StreamCall) -> None:
@@ -259,10 +222,6 @@ class PeerStreams:
                 on_answer = peer.waiting.pop(call_id, None)
                 if on_answer is not None:
                     on_answer(response)
-            for call_id, vote in zip(answer.vote_call_ids, answer.votes, strict=True):
-                on_vote = peer.waiting_votes.pop(call_id, None)
-                if on_vote is not None:
-                    on_vote(vote)
             if peer.queue:
                 peer.ready.set()  # answers free room for more unanswered requests
         raise NetworkError(f"the stream to {peer.uuid} ended")
@@ -274,28 +233,22 @@ class PeerStreams:
         batches: AsyncIterator[consensus_pb2.ConsensusBatchRequestPB],
         route: Callable[[str], UpdateTarget],
         decode_batch: wire.BatchDecoder,
-        vote: VoteHandler,
     ) -> AsyncIterator[consensus_pb2.ConsensusBatchResponsePB]:
         """Answers one peer's ConsensusPeerStream (whose batches' ``dest_uuid`` the RPC layer
         checked): ``route`` finds a tablet's transport, or raises the refusal that becomes that
-        request's answer; ``vote`` answers a vote request."""
+        request's answer."""
         group = self._group
         if group is None:
             raise ServiceUnavailableError(f"server {self.uuid} is not serving consensus")
-        stream = _ServedStream(group, route, decode_batch, vote, self._opts.unanswered_requests_max)
+        stream = _ServedStream(group, route, decode_batch, self._opts.unanswered_requests_max)
         reader = group.create_task(stream.read(batches))
         try:
             while True:
                 await stream.wake.wait()
                 stream.wake.clear()
-                if stream.ready or stream.ready_votes:
+                if stream.ready:
                     yield stream.take_answers()
-                if (
-                    reader.done()
-                    and not stream.settling
-                    and not stream.ready
-                    and not stream.ready_votes
-                ):
+                if reader.done() and not stream.settling and not stream.ready:
                     if stream.failure is not None:
                         raise stream.failure
                     return
@@ -307,14 +260,10 @@ class PeerStreams:
     def _fail_waiting(self, peer: _Peer, error: BaseException) -> None:
         """Everything written or queued to ``peer`` is lost: its callbacks learn why."""
         waiting, peer.waiting = peer.waiting, {}
-        votes, peer.waiting_votes = peer.waiting_votes, {}
         peer.queue.clear()
-        peer.votes.clear()
-        self.requests_dropped += len(waiting) + len(votes)
+        self.requests_dropped += len(waiting)
         for on_answer in waiting.values():
             on_answer(error)
-        for on_vote in votes.values():
-            on_vote(error)
 
 
 def _first_error(errors: tuple[BaseException, ...]) -> BaseException:
@@ -332,16 +281,13 @@ class _ServedStream:
         group: asyncio.TaskGroup,
         route: Callable[[str], UpdateTarget],
         decode_batch: wire.BatchDecoder,
-        vote: VoteHandler,
         unanswered_max: int,
     ) -> None:
         self._group = group
         self._route = route
         self._decode_batch = decode_batch
-        self._vote = vote
         self._unanswered_max = unanswered_max
         self.ready: deque[tuple[int, consensus_pb2.ConsensusResponsePB]] = deque()
-        self.ready_votes: deque[tuple[int, consensus_pb2.VoteResponsePB]] = deque()
         self.settling: set[asyncio.Task[None]] = set()
         self.wake = asyncio.Event()
         self._room = asyncio.Event()
@@ -352,8 +298,6 @@ class _ServedStream:
         flow control holds the sender back) while too many are unanswered."""
         try:
             async for batch in batches:
-                for call_id, data in zip(batch.vote_call_ids, batch.vote_requests, strict=True):
-                    self._submit_vote(call_id, data)
                 for call_id, data in zip(batch.call_ids, batch.requests, strict=True):
                     while len(self.settling) >= self._unanswered_max:
                         self._room.clear()
@@ -375,19 +319,6 @@ class _ServedStream:
         task = self._group.create_task(self._settle(call_id, target, pending))
         self.settling.add(task)
         task.add_done_callback(self._settled)
-
-    def _submit_vote(self, call_id: int, data: bytes) -> None:
-        task = self._group.create_task(self._settle_vote(call_id, data))
-        self.settling.add(task)
-        task.add_done_callback(self._settled)
-
-    async def _settle_vote(self, call_id: int, data: bytes) -> None:
-        try:
-            answer = await self._vote(wire.vote_request_from_wire(data))
-        except NyalaError as exc:
-            answer = consensus_pb2.VoteResponsePB(error=error_to_pb(exc))
-        self.ready_votes.append((call_id, answer))
-        self.wake.set()
 
     async def _settle(self, call_id: int, target: UpdateTarget, pending: Any) -> None:
         try:
@@ -412,8 +343,4 @@ class _ServedStream:
             call_id, answer = self.ready.popleft()
             batch.call_ids.append(call_id)
             batch.responses.append(answer)
-        while self.ready_votes:
-            call_id, vote = self.ready_votes.popleft()
-            batch.vote_call_ids.append(call_id)
-            batch.votes.append(vote)
         return batch

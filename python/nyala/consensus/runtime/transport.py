@@ -1,7 +1,7 @@
 """How replicas of one tablet reach each other: the ``Transport`` protocol the ``RaftRuntime``
 drives, an in-memory network (benchmarks and tests of the runtime), and the gRPC transport
-(``GrpcTransport``: AppendEntries and vote requests on the server's one stream per peer
-server, ``PeerStreams``; unary ``RunLeaderElection``; plus the reply routing the server's
+(``GrpcTransport``: AppendEntries on the server's one stream per peer server, ``PeerStreams``;
+unary ``RequestVote`` and ``RunLeaderElection``; plus the reply routing the server's
 ``ConsensusService`` handlers use). Delivery is best effort: Raft tolerates loss, duplication is
 not produced.
 
@@ -151,7 +151,7 @@ class InMemoryTransport:
 class GrpcTransportOptions:
     """Limits of the gRPC transport, with their units."""
 
-    vote_timeout_ms: int = 1_000  # RunLeaderElection deadline
+    vote_timeout_ms: int = 1_000  # RequestVote / RunLeaderElection deadline
     reply_timeout_ms: int = 5_000  # how long a server handler waits for the core's answer
 
 
@@ -202,9 +202,8 @@ class GrpcTransport:
     Client half (``send``): AppendEntries go to the peer's server on the one stream this
     server keeps to it (``PeerStreams``, shared by every tablet; a transport without a server
     runs a private one); each answer comes back to a callback that knows its request's
-    heartbeat ``seq`` (the wire does not carry it). Vote requests take the same stream;
-    leadership-transfer nudges are unary calls. Failed calls lose their messages; Raft
-    retries.
+    heartbeat ``seq`` (the wire does not carry it). Votes and leadership-transfer nudges are
+    unary calls. Failed calls lose their messages; Raft retries.
 
     Server half (``submit_update``/``settle_update``, ``handle_update``, ``handle_vote``): the
     server's ConsensusService hands a request in and awaits the core's answer to it. An
@@ -289,7 +288,7 @@ class GrpcTransport:
             case AppendRequest():
                 self._push(message)
             case VoteRequest():
-                self._request_vote(message)
+                group.create_task(self._request_vote(message))
             case TimeoutNow():
                 group.create_task(self._run_leader_election(message))
             case AppendResponse() | VoteResponse():
@@ -342,27 +341,23 @@ class GrpcTransport:
             self._proxies[(address, peer_uuid)] = proxy
         return proxy
 
-    def _request_vote(self, request: VoteRequest) -> None:
-        """A (pre-)vote request goes on the server's stream to the peer, like AppendEntries
-        (a unary call each cost a busy server's event loop a quarter of its time in an
-        election storm); a lost one is not retried: the candidate's election times out."""
+    async def _request_vote(self, request: VoteRequest) -> None:
         address = self._addresses(request.dest)
-        streams = self._streams
-        if address is None or streams is None:
+        if address is None:
             self.messages_dropped += 1
             return
-        data = wire.vote_request_to_pb(request, self.tablet_id).SerializeToString()
-        answered = functools.partial(self._on_vote_answer, request)
-        streams.send_vote(request.dest, address, data, answered)
-
-    def _on_vote_answer(
-        self, request: VoteRequest, answer: consensus_pb2.VoteResponsePB | BaseException
-    ) -> None:
-        if isinstance(answer, BaseException) or answer.HasField("error"):
-            log.debug("vote request to %s failed: %r", request.dest, answer)
+        proxy = self._proxy(address, request.dest)
+        try:
+            pb = await proxy.call(
+                proxy.consensus.RequestVote,
+                wire.vote_request_to_pb(request, self.tablet_id),
+                timeout_ms=self._opts.vote_timeout_ms,
+            )
+        except NyalaError as e:
+            log.debug("vote request to %s failed: %r", request.dest, e)
             self.messages_dropped += 1
             return
-        self._inbound(wire.vote_response_from_pb(answer, request))
+        self._inbound(wire.vote_response_from_pb(pb, request))
 
     async def _run_leader_election(self, message: TimeoutNow) -> None:
         address = self._addresses(message.dest)

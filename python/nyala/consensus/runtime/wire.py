@@ -337,14 +337,6 @@ def vote_request_to_pb(request: VoteRequest, tablet_id: str) -> consensus_pb2.Vo
     )
 
 
-def vote_request_from_wire(data: bytes) -> consensus_pb2.VoteRequestPB:
-    """Parses a serialized ``VoteRequestPB`` (``InvalidArgumentError`` if malformed)."""
-    try:
-        return consensus_pb2.VoteRequestPB.FromString(data)
-    except Exception as exc:  # protobuf's DecodeError: a malformed message
-        raise InvalidArgumentError(f"malformed VoteRequestPB: {exc}") from exc
-
-
 def vote_request_from_pb(pb: consensus_pb2.VoteRequestPB) -> VoteRequest:
     """The (pre-)vote request of a ``VoteRequestPB``."""
     return VoteRequest(
