@@ -325,8 +325,7 @@ class GrpcTransport:
             self.messages_dropped += 1
             self._lost(request)
             return
-        seq = request.seq
-        self._inbound(wire.append_response_from_pb(answer, dest=self.uuid, seq=seq))
+        self._inbound(wire.append_response_from_pb(answer, dest=self.uuid, seq=request.seq))
 
     def _lost(self, request: AppendRequest) -> None:
         if request.entries is not None and self.on_append_lost is not None:
