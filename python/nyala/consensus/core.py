@@ -1118,14 +1118,12 @@ class RaftCore:
             self._quiesced = True
             self._quiesced_since_ms = now
             return
+        resend_after_ms = self._opts.unanswered_resend_after_ms or self._opts.heartbeat_interval_ms
         for progress in self._progress.values():
             if progress.copy_needed:
                 self._probe_copying(progress)
                 continue
             oldest = progress.oldest_inflight_ms()
-            resend_after_ms = (
-                self._opts.unanswered_resend_after_ms or self._opts.heartbeat_interval_ms
-            )
             if oldest is not None and now - oldest >= resend_after_ms:
                 progress.lost()
             if not self._replicate(progress):

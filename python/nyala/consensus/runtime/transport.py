@@ -304,17 +304,27 @@ class GrpcTransport:
             return
         stamps = (0, 0) if self.timestamps is None else self.timestamps(request.committed_index)
         data = wire.append_request_to_wire(request, self.tablet_id, timestamps=stamps)
-        answered = functools.partial(self._on_append_answer, request)
+        # What the answer needs of the request, not the request: its entries are not kept
+        # alive until the answer comes.
+        last = None if request.entries is None else request.entries.last_op_id.index
+        answered = functools.partial(
+            self._on_append_answer, request.dest, request.seq, request.term, last
+        )
         streams.send(request.dest, address, data, answered)
 
     def _on_append_answer(
-        self, request: AppendRequest, answer: consensus_pb2.ConsensusResponsePB | BaseException
+        self,
+        peer_uuid: str,
+        seq: int,
+        term: int,
+        last_index: int | None,
+        answer: consensus_pb2.ConsensusResponsePB | BaseException,
     ) -> None:
-        """The peer's answer to one AppendEntries (or why there is none: it is lost)."""
-        peer_uuid = request.dest
+        """The peer's answer to one AppendEntries (or why there is none: it is lost; one that
+        carried entries up to ``last_index`` is then reported to ``on_append_lost``)."""
         if isinstance(answer, BaseException):
             self.messages_dropped += 1
-            self._lost(request)
+            self._lost(peer_uuid, term, last_index)
             return
         if answer.HasField("error"):
             code = answer.error.code
@@ -323,13 +333,13 @@ class GrpcTransport:
             if code == common_pb2.TABLET_FAILED and self.on_tablet_failed is not None:
                 self.on_tablet_failed(peer_uuid, answer.error.message)
             self.messages_dropped += 1
-            self._lost(request)
+            self._lost(peer_uuid, term, last_index)
             return
-        self._inbound(wire.append_response_from_pb(answer, dest=self.uuid, seq=request.seq))
+        self._inbound(wire.append_response_from_pb(answer, dest=self.uuid, seq=seq))
 
-    def _lost(self, request: AppendRequest) -> None:
-        if request.entries is not None and self.on_append_lost is not None:
-            self.on_append_lost(request.dest, request.term, request.entries.last_op_id.index)
+    def _lost(self, peer_uuid: str, term: int, last_index: int | None) -> None:
+        if last_index is not None and self.on_append_lost is not None:
+            self.on_append_lost(peer_uuid, term, last_index)
 
     def _proxy(self, address: str, peer_uuid: str) -> ServerProxy:
         if self._shared_streams is not None:
