@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import logging
 from collections import deque
@@ -71,11 +72,16 @@ class UpdateTarget(Protocol):
     """What ``serve`` needs of a tablet's transport (``GrpcTransport``)."""
 
     def submit_update(self, pb: wire.ReceivedRequest, decode_batch: wire.BatchDecoder) -> Any:
-        """Hands the request to the core now; returns what ``settle_update`` takes."""
+        """Hands the request to the core now; returns what ``answer_update`` takes."""
         ...
 
-    async def settle_update(self, pending: Any) -> consensus_pb2.ConsensusResponsePB:
-        """The answer, once what the request appended is durable."""
+    def answer_update(
+        self,
+        pending: Any,
+        reply: Callable[[consensus_pb2.ConsensusResponsePB | NyalaError], None],
+    ) -> None:
+        """Calls ``reply`` with the answer once what the request appended is durable, or with
+        the error that kept the tablet from answering."""
         ...
 
 
@@ -240,7 +246,7 @@ class PeerStreams:
         group = self._group
         if group is None:
             raise ServiceUnavailableError(f"server {self.uuid} is not serving consensus")
-        stream = _ServedStream(group, route, decode_batch, self._opts.unanswered_requests_max)
+        stream = _ServedStream(route, decode_batch, self._opts.unanswered_requests_max)
         reader = group.create_task(stream.read(batches))
         try:
             while True:
@@ -248,14 +254,13 @@ class PeerStreams:
                 stream.wake.clear()
                 if stream.ready:
                     yield stream.take_answers()
-                if reader.done() and not stream.settling and not stream.ready:
+                if reader.done() and not stream.unanswered and not stream.ready:
                     if stream.failure is not None:
                         raise stream.failure
                     return
         finally:
             reader.cancel()
-            for task in list(stream.settling):
-                task.cancel()
+            stream.closed = True  # answers still to come are dropped
 
     def _fail_waiting(self, peer: _Peer, error: BaseException) -> None:
         """Everything written or queued to ``peer`` is lost: its callbacks learn why."""
@@ -274,21 +279,22 @@ def _first_error(errors: tuple[BaseException, ...]) -> BaseException:
 
 
 class _ServedStream:
-    """The state of one served ConsensusPeerStream: answers ready to go, settles under way."""
+    """The state of one served ConsensusPeerStream: answers ready to go, and how many requests
+    are still unanswered. A request's answer arrives by callback (``answer_update``), not by
+    a task per request."""
 
     def __init__(
         self,
-        group: asyncio.TaskGroup,
         route: Callable[[str], UpdateTarget],
         decode_batch: wire.BatchDecoder,
         unanswered_max: int,
     ) -> None:
-        self._group = group
         self._route = route
         self._decode_batch = decode_batch
         self._unanswered_max = unanswered_max
         self.ready: deque[tuple[int, consensus_pb2.ConsensusResponsePB]] = deque()
-        self.settling: set[asyncio.Task[None]] = set()
+        self.unanswered = 0
+        self.closed = False
         self.wake = asyncio.Event()
         self._room = asyncio.Event()
         self.failure: BaseException | None = None
@@ -299,7 +305,7 @@ class _ServedStream:
         try:
             async for batch in batches:
                 for call_id, data in zip(batch.call_ids, batch.requests, strict=True):
-                    while len(self.settling) >= self._unanswered_max:
+                    while self.unanswered >= self._unanswered_max:
                         self._room.clear()
                         await self._room.wait()
                     self._submit(call_id, data)
@@ -316,23 +322,21 @@ class _ServedStream:
         except NyalaError as exc:
             self._answer(call_id, consensus_pb2.ConsensusResponsePB(error=error_to_pb(exc)))
             return
-        task = self._group.create_task(self._settle(call_id, target, pending))
-        self.settling.add(task)
-        task.add_done_callback(self._settled)
+        self.unanswered += 1
+        target.answer_update(pending, functools.partial(self._settled, call_id))
 
-    async def _settle(self, call_id: int, target: UpdateTarget, pending: Any) -> None:
-        try:
-            answer = await target.settle_update(pending)
-        except NyalaError as exc:
-            answer = consensus_pb2.ConsensusResponsePB(error=error_to_pb(exc))
+    def _settled(
+        self, call_id: int, answer: consensus_pb2.ConsensusResponsePB | NyalaError
+    ) -> None:
+        self.unanswered -= 1
+        self._room.set()
+        if isinstance(answer, NyalaError):
+            answer = consensus_pb2.ConsensusResponsePB(error=error_to_pb(answer))
         self._answer(call_id, answer)
 
-    def _settled(self, task: asyncio.Task[None]) -> None:
-        self.settling.discard(task)
-        self._room.set()
-        self.wake.set()
-
     def _answer(self, call_id: int, answer: consensus_pb2.ConsensusResponsePB) -> None:
+        if self.closed:
+            return
         self.ready.append((call_id, answer))
         self.wake.set()
 

@@ -196,6 +196,86 @@ class _DurableWatch:
         return future
 
 
+UpdateReply = Callable[[consensus_pb2.ConsensusResponsePB | NyalaError], None]
+"""Where ``GrpcTransport.answer_update`` hands an AppendEntries' answer, or the error."""
+
+
+class _UpdateAnswer:
+    """One received AppendEntries on its way to its answer (``GrpcTransport.answer_update``):
+    first the core's answer (within ``reply_timeout_ms``, or the error), then, for an OK
+    answer, the durability of what it appended (within another ``reply_timeout_ms``; then the
+    answer says what is durable)."""
+
+    __slots__ = ("_answer", "_durable", "_pending", "_reply", "_timer", "_transport")
+
+    def __init__(
+        self, transport: GrpcTransport, pending: _PendingAppend, reply: UpdateReply
+    ) -> None:
+        self._transport = transport
+        self._pending = pending
+        self._reply: UpdateReply | None = reply
+        self._answer: AppendResponse | None = None
+        self._durable: asyncio.Future[None] | None = None
+        timeout_s = transport._opts.reply_timeout_ms / 1000
+        self._timer = asyncio.get_running_loop().call_later(timeout_s, self._timed_out)
+        pending.answer.add_done_callback(self._answered)
+
+    def _finish(self, answer: consensus_pb2.ConsensusResponsePB | NyalaError) -> None:
+        reply, self._reply = self._reply, None
+        self._timer.cancel()
+        if reply is not None:
+            reply(answer)
+
+    def _answered(self, future: asyncio.Future[AppendResponse]) -> None:
+        transport = self._transport
+        transport._append_waiters.pop(self._pending.request.seq, None)
+        if self._reply is None:
+            return  # timed out already
+        if future.cancelled():
+            self._finish(ServiceUnavailableError(f"replica {transport.uuid} stopped"))
+            return
+        answer = future.result()
+        if answer.status is not AppendStatus.OK:
+            self._finish(wire.append_response_to_pb(answer))
+            return
+        watch = transport._durable_watch(answer.dest)
+        if watch.index >= answer.last_received.index:
+            self._finish_durable(answer, watch)
+            return
+        self._answer = answer
+        self._timer.cancel()
+        timeout_s = transport._opts.reply_timeout_ms / 1000
+        self._timer = asyncio.get_running_loop().call_later(timeout_s, self._timed_out)
+        self._durable = watch.reached(answer.last_received.index)
+        self._durable.add_done_callback(self._made_durable)
+
+    def _made_durable(self, _: asyncio.Future[None]) -> None:
+        answer = self._answer
+        if self._reply is not None and answer is not None:
+            self._finish_durable(answer, self._transport._durable_watch(answer.dest))
+
+    def _finish_durable(self, answer: AppendResponse, watch: _DurableWatch) -> None:
+        durable = min(watch.index, answer.last_received.index)
+        self._finish(wire.append_response_to_pb(dataclasses.replace(answer, durable_index=durable)))
+
+    def _timed_out(self) -> None:
+        if self._reply is None:
+            return
+        answer = self._answer
+        if answer is None:  # the core never answered
+            self._transport._append_waiters.pop(self._pending.request.seq, None)
+            self._pending.answer.cancel()
+            self._finish(
+                ServiceUnavailableError(
+                    f"replica {self._transport.uuid} did not answer AppendRequest in time"
+                )
+            )
+            return
+        if self._durable is not None:
+            self._durable.cancel()  # the watch forgets it
+        self._finish_durable(answer, self._transport._durable_watch(answer.dest))
+
+
 class GrpcTransport:
     """One replica's gRPC side for one tablet.
 
@@ -205,8 +285,9 @@ class GrpcTransport:
     heartbeat ``seq`` (the wire does not carry it). Votes and leadership-transfer nudges are
     unary calls. Failed calls lose their messages; Raft retries.
 
-    Server half (``submit_update``/``settle_update``, ``handle_update``, ``handle_vote``): the
-    server's ConsensusService hands a request in and awaits the core's answer to it. An
+    Server half (``submit_update`` then ``answer_update``, or ``handle_update``;
+    ``handle_vote``): the server's ConsensusService hands a request in and gets the core's
+    answer to it. An
     AppendEntries is answered once the entries it appended are durable (the wire has no slot
     for a later durability ack).
     """
@@ -417,7 +498,27 @@ class GrpcTransport:
     async def settle_update(self, pending: _PendingAppend) -> consensus_pb2.ConsensusResponsePB:
         """The ``ConsensusResponsePB`` of a submitted AppendEntries, once what it appended is
         durable (or ``reply_timeout_ms`` passed)."""
-        return wire.append_response_to_pb(await self._settle(pending))
+        future: asyncio.Future[consensus_pb2.ConsensusResponsePB | NyalaError] = (
+            asyncio.get_running_loop().create_future()
+        )
+
+        def reply(answer: consensus_pb2.ConsensusResponsePB | NyalaError) -> None:
+            if not future.done():
+                future.set_result(answer)
+
+        self.answer_update(pending, reply)
+        answer = await future
+        if isinstance(answer, NyalaError):
+            raise answer
+        return answer
+
+    def answer_update(self, pending: _PendingAppend, reply: UpdateReply) -> None:
+        """Calls ``reply`` with the ``ConsensusResponsePB`` of a submitted AppendEntries once
+        what it appended is durable (or ``reply_timeout_ms`` passed: then with what is
+        durable), or with the error that kept the core from answering. Callbacks and timer
+        handles only, no task: a server with thousands of replicas receives thousands of
+        AppendEntries a second, and a task per request was a third of its event loop."""
+        _UpdateAnswer(self, pending, reply)
 
     async def handle_vote(self, pb: consensus_pb2.VoteRequestPB) -> consensus_pb2.VoteResponsePB:
         """Steps a RequestVote and returns the ``VoteResponsePB``."""
@@ -445,26 +546,6 @@ class GrpcTransport:
         self._append_waiters[stamp] = future
         deliver(request)
         return _PendingAppend(request, future)
-
-    async def _settle(self, pending: _PendingAppend) -> AppendResponse:
-        """The core's answer to ``pending``, once what it appended is durable (or after
-        ``reply_timeout_ms``: then with what is durable; a later answer counts the rest)."""
-        try:
-            answer = await self._await_answer(pending.answer, pending.request)
-        finally:
-            self._append_waiters.pop(pending.request.seq, None)
-        if answer.status is not AppendStatus.OK:
-            return answer
-        watch = self._durable_watch(answer.dest)
-        if watch.index < answer.last_received.index:
-            try:
-                async with asyncio.timeout(self._opts.reply_timeout_ms / 1000):
-                    await watch.reached(answer.last_received.index)
-            except TimeoutError:
-                pass
-        return dataclasses.replace(
-            answer, durable_index=min(watch.index, answer.last_received.index)
-        )
 
     async def _await_answer(self, future: asyncio.Future[_T], request: Message) -> _T:
         try:
