@@ -115,3 +115,43 @@ def test_open_files_limit_is_raised_to_the_hard_limit() -> None:
         [sys.executable, "-c", script], capture_output=True, text=True, check=True
     ).stdout
     assert out.split() == ["True", "True"]
+
+
+# Keeps 30,000 objects alive (a server's long-lived state), then makes and drops a cycle;
+# prints the collections of each generation the allocations started, whether the cycle was
+# collected, and whether the start-up objects were frozen out of collection.
+_GC_SCRIPT = """
+import gc, sys, weakref
+from nyala.common.process import SERVER_GC_THRESHOLDS, gc_pauses, tune_gc
+if sys.argv[1] == "tuned":
+    tune_gc()
+    assert gc.get_threshold() == SERVER_GC_THRESHOLDS
+pauses = gc_pauses()
+kept = [[i] for i in range(30_000)]
+class Node:
+    pass
+a, b = Node(), Node()
+a.other, b.other = b, a
+dead = weakref.ref(a)
+del a, b
+young = list(pauses.collections)
+gc.collect()
+print(young[0], young[2], dead() is None, gc.get_freeze_count() > 0, pauses.collections[2] > 0)
+"""
+
+
+def test_tuned_gc_spares_long_lived_objects_but_still_collects_cycles() -> None:
+    def run(mode: str) -> list[str]:
+        done = subprocess.run(
+            [sys.executable, "-c", _GC_SCRIPT, mode], capture_output=True, text=True, check=True
+        )
+        return done.stdout.split()
+
+    # CPython's defaults: 30,000 new objects start dozens of young collections.
+    young, _, collected, frozen, timed = run("plain")
+    assert int(young) >= 30
+    assert (collected, frozen, timed) == ("True", "False", "True")
+    # Tuned: none of them; the cycle is still collected, and start-up objects are frozen.
+    young, old, collected, frozen, timed = run("tuned")
+    assert (int(young), int(old)) == (0, 0)
+    assert (collected, frozen, timed) == ("True", "True", "True")

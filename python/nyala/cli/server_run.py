@@ -21,7 +21,12 @@ import click
 
 from nyala.cli.options import given, one_line_errors, settings_options
 from nyala.common.config import from_mapping, read_flagfile
-from nyala.common.process import die_with_parent_if_asked, raise_open_files_limit, tune_allocator
+from nyala.common.process import (
+    die_with_parent_if_asked,
+    raise_open_files_limit,
+    tune_allocator,
+    tune_gc,
+)
 from nyala.server.settings import ServerSettings
 
 _SERVER_FIELDS = ("fs_root", "rpc_bind", "http_bind", "masters", "uuid")
@@ -89,6 +94,7 @@ def run_command(
             # A fatal signal (a crash in native code, an abort) leaves every thread's Python
             # stack in the log instead of a log that just stops.
             faulthandler.enable(all_threads=True)
+        tune_gc()  # last: what exists now is frozen out of collection
         asyncio.run(serve(settings))
 
     return run

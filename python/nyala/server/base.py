@@ -18,7 +18,7 @@ from typing import ClassVar
 from nyala import _native
 from nyala.common.clock import HybridClock, RealClock
 from nyala.common.metrics import MetricsRegistry
-from nyala.common.process import resident_bytes
+from nyala.common.process import gc_pauses, resident_bytes
 from nyala.consensus.options import RaftOptions
 from nyala.consensus.runtime.peer_streams import PeerStreams
 from nyala.consensus.runtime.transport import GrpcTransport
@@ -304,6 +304,25 @@ class ServerBase:
             "Memory the server accounts for: MemRowSets and log caches of its replicas",
             ("kind",),
         ).set_callback(self._tracked_memory)
+        pauses = gc_pauses()
+        generations = range(pauses.GENERATIONS)
+        self.metrics.observed_counter(
+            "nyala_gc_collections_total",
+            "Collections of Python's cyclic garbage collector, by generation",
+            ("generation",),
+            lambda: [({"generation": str(g)}, float(pauses.collections[g])) for g in generations],
+        )
+        self.metrics.observed_counter(
+            "nyala_gc_pause_seconds_total",
+            "Seconds Python's garbage collector held every thread of this process, by generation",
+            ("generation",),
+            lambda: [({"generation": str(g)}, pauses.pause_s[g]) for g in generations],
+        )
+        self.metrics.gauge(
+            "nyala_gc_pause_seconds_max",
+            "The longest collection of each generation since the process started",
+            ("generation",),
+        ).set_callback(lambda: [({"generation": str(g)}, pauses.longest_s[g]) for g in generations])
         self.metrics.observed_counter(
             "nyala_tablet_copy_bytes_total",
             "Tablet copy bytes: fetched (onto this server) and served (as a source)",
