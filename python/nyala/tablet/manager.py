@@ -529,21 +529,35 @@ class TabletManager:
         (for ListTablets and /tablets, not for every heartbeat)."""
         with self._lock:
             out = [self._status(r, sizes) for r in self._replicas.values()]
-            out += [
-                TabletStatus(
-                    f.tablet_id,
-                    "",
-                    "",
-                    "FAILED",
-                    "UNKNOWN",
-                    f.reason,
-                    0 if sizes else None,
-                    None,
-                    None,
-                )
-                for f in self._unreadable.values()
-            ]
+            out += self._unreadable_statuses(sizes)
         return sorted(out, key=lambda s: s.tablet_id)
+
+    def unreadable_statuses(self) -> list[TabletStatus]:
+        """The FAILED statuses of replicas whose superblock could not be read (``statuses``
+        lists them with the others; ``replicas`` cannot)."""
+        with self._lock:
+            return self._unreadable_statuses(False)
+
+    def _unreadable_statuses(self, sizes: bool) -> list[TabletStatus]:
+        return [
+            TabletStatus(
+                f.tablet_id,
+                "",
+                "",
+                "FAILED",
+                "UNKNOWN",
+                f.reason,
+                0 if sizes else None,
+                None,
+                None,
+            )
+            for f in self._unreadable.values()
+        ]
+
+    @staticmethod
+    def replica_status(replica: TabletReplica) -> TabletStatus:
+        """One replica's status, without its size (``status_of`` for a replica in hand)."""
+        return TabletManager._status(replica, False)
 
     def status_of(self, tablet_id: str) -> TabletStatus | None:
         """One replica's status (without its size); None if this server has no such replica
