@@ -7,7 +7,13 @@ import pytest
 
 from nyala.common.process import machine_memory_bytes, trim_heap
 from nyala.errors import ServiceUnavailableError
-from nyala.tserver.memory import MEMORY_LIMIT_FRACTION_DEFAULT, MemoryTracker, MemoryUsage
+from nyala.tserver.memory import (
+    MEMORY_LIMIT_FRACTION_DEFAULT,
+    MemoryTracker,
+    MemoryUsage,
+    ReplicaBytes,
+    ReplicaMemory,
+)
 from nyala.tserver.server import memrowsets_to_flush
 
 
@@ -81,3 +87,56 @@ def test_the_untracked_rest_of_the_process_counts_against_the_limit() -> None:
 
 def test_trimming_the_heap_works_on_this_platform() -> None:
     assert trim_heap()
+
+
+class _Replicas:
+    """What the replicas hold (set by the test) and which of them were measured."""
+
+    def __init__(self, held: dict[str, ReplicaBytes]) -> None:
+        self.held = held
+        self.measured: list[str] = []
+
+    def ids(self) -> list[str]:
+        return sorted(self.held)
+
+    def measure(self, tablet_id: str) -> ReplicaBytes | None:
+        self.measured.append(tablet_id)
+        return self.held.get(tablet_id)
+
+    def refresh(self, memory: ReplicaMemory, *, full: bool = False) -> list[str]:
+        self.measured = []
+        memory.refresh(self.ids, self.measure, full=full)
+        return sorted(self.measured)
+
+
+def test_only_replicas_that_can_have_changed_are_measured_and_the_totals_stay_exact() -> None:
+    replicas = _Replicas({t: (100, 0, 10) for t in "abcd"})
+    memory = ReplicaMemory()
+    assert replicas.refresh(memory, full=True) == ["a", "b", "c", "d"]
+    assert (memory.active_bytes, memory.flushing_bytes, memory.cache_bytes) == (400, 0, 40)
+    assert replicas.refresh(memory) == []  # all quiesced: nothing to measure
+    memory.liveness_changed("b", awake=True)  # a write wakes it
+    replicas.held["b"] = (500, 0, 60)
+    assert replicas.refresh(memory) == ["b"]
+    replicas.held["b"] = (700, 0, 80)
+    assert replicas.refresh(memory) == ["b"]  # measured while awake
+    assert (memory.active_bytes, memory.cache_bytes) == (1000, 110)
+    memory.liveness_changed("b", awake=False)  # quiesced: measured once more, then not
+    assert replicas.refresh(memory) == ["b"]
+    assert replicas.refresh(memory) == []
+    replicas.held["c"] = (0, 100, 10)  # a flush of c runs (its MemRowSet frozen)
+    memory.flushed("c")
+    assert replicas.refresh(memory) == ["c"]
+    replicas.held["c"] = (0, 0, 10)
+    assert replicas.refresh(memory) == ["c"]  # measured until the flush ended
+    assert replicas.refresh(memory) == []
+    assert (memory.active_bytes, memory.flushing_bytes) == (900, 0)
+    del replicas.held["d"]  # deleted
+    memory.liveness_changed("d", awake=False)
+    replicas.refresh(memory)
+    assert memory.active_bytes == 800
+    assert memory.active_by_tablet() == {"a": 100, "b": 700, "c": 0}
+    replicas.held["a"] = (300, 0, 10)  # changed unnoticed: the next full refresh sees it
+    assert replicas.refresh(memory) == []
+    replicas.refresh(memory, full=True)
+    assert (memory.active_bytes, memory.cache_bytes) == (1000, 100)

@@ -439,6 +439,27 @@ class RaftCore:
         self._flush_meta()
         return holds
 
+    def vouched_again(self, server: str) -> bool:
+        """``server``'s heartbeat says the same of this tablet as its last one, for which
+        ``vouched_by_leader`` or ``vouched_by_peer`` held, and nothing of this replica changed
+        since (its server checked both, ``ServerHeartbeats``): the leader (or follower) is
+        heard from again, with what those record. False, recording nothing, if this replica
+        is no longer quiesced (the caller then asks the full question)."""
+        if not self._quiesced:
+            return False
+        now = self._clock.now_ms()
+        if self._role is Role.LEADER:
+            progress = self._progress.get(server)
+            if progress is None:
+                return False
+            progress.last_ack_ms = progress.last_contact_ms = now
+        elif self._leader == server:
+            self._last_leader_contact_ms = now
+            self._caught_up = (self._term, server, self._commit_index, now)
+        else:
+            return False
+        return True
+
     def not_vouched(self) -> None:
         """A server heartbeat that should have named this quiesced replica's leader (or
         follower) did not: it wakes, unless it quiesced within the last heartbeat interval (the

@@ -65,20 +65,21 @@ def concerns(core: RaftCore, server: str) -> bool:
     return core.leader_uuid == server
 
 
-def receive(core: RaftCore, sender: str, named: QuiescedAs | None) -> None:
+def receive(core: RaftCore, sender: str, named: QuiescedAs | None) -> bool:
     """Applies what ``sender``'s server heartbeat says about this tablet (``named``; None if
-    it named nothing) to the local replica ``core``."""
+    it named nothing) to the local replica ``core``. True if ``sender`` concerns it and
+    vouched for it (it stays quiesced); False otherwise."""
     if not concerns(core, sender):
-        return
+        return False
     if core.role is Role.LEADER:
         if isinstance(named, Following) and named.leader == core.uuid:
-            core.vouched_by_peer(sender, named.term, named.commit_index)
-        else:
-            core.not_vouched()
+            return core.vouched_by_peer(sender, named.term, named.commit_index)
+        core.not_vouched()
     elif isinstance(named, Leading):
-        core.vouched_by_leader(sender, named.term, named.commit_index)
+        return core.vouched_by_leader(sender, named.term, named.commit_index)
     else:
         core.not_vouched()
+    return False
 
 
 def sender_silent(core: RaftCore, server: str) -> None:

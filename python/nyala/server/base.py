@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import logging
 import signal
 import time
@@ -197,6 +198,14 @@ class ServerBase:
         )
         if replica.runtime is not None:
             transport.on_append_lost = replica.runtime.append_lost
+            replica.runtime.on_liveness_change = functools.partial(
+                self._liveness_changed, replica.tablet_id
+            )
+
+    def _liveness_changed(self, tablet_id: str) -> None:
+        """A replica quiesced, woke or stopped: the server heartbeats' caches are stale."""
+        if self.server_heartbeats is not None:
+            self.server_heartbeats.note_change()
 
     def _on_consensus_change(self, tablet_id: str) -> None:
         """A replica's role, term, leader or committed config changed (on the event loop); a

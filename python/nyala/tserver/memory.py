@@ -24,6 +24,7 @@ Two thresholds below the limit, as in Kudu:
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 
 from nyala.common.process import machine_memory_bytes
@@ -118,3 +119,74 @@ class MemoryTracker:
         other consumers and the untracked rest of the process."""
         others = self.usage.total_bytes - self.usage.memrowsets_bytes
         return max(0, self.pressure_bytes - others)
+
+
+#: A replica's memory as measured: (active MemRowSet bytes, bytes of a MemRowSet being
+#: flushed, log cache bytes).
+ReplicaBytes = tuple[int, int, int]
+
+
+class ReplicaMemory:
+    """Every replica's last measured memory and the totals, kept current by measuring again
+    only the replicas that can have changed.
+
+    A replica's MemRowSet and log cache change only while it is awake (writes, replication)
+    and when it is flushed. So a replica is measured at every ``refresh`` while it is awake
+    (``awake``: told by ``liveness_changed``), once more after it quiesces, after each flush
+    (``flushed``), while a flush of it is still running, and every replica at a ``full``
+    refresh (a log cache also shrinks as followers catch up, and replicas without a running
+    Raft change only by being opened or closed). An idle server with 2,000 replicas spent a
+    fifth of its event loop measuring each of them twice a second."""
+
+    def __init__(self) -> None:
+        self._by_tablet: dict[str, ReplicaBytes] = {}
+        self.awake: set[str] = set()
+        self._stale: set[str] = set()
+        self.active_bytes = self.flushing_bytes = self.cache_bytes = 0
+
+    def liveness_changed(self, tablet_id: str, awake: bool) -> None:
+        """The replica woke (``awake``) or quiesced or stopped: measured at the next refresh,
+        and at every one while awake."""
+        self._stale.add(tablet_id)
+        if awake:
+            self.awake.add(tablet_id)
+        else:
+            self.awake.discard(tablet_id)
+
+    def flushed(self, tablet_id: str) -> None:
+        """A flush of the replica ended: measured again at the next refresh."""
+        self._stale.add(tablet_id)
+
+    def active_by_tablet(self) -> dict[str, int]:
+        """Each replica's active MemRowSet bytes, as last measured."""
+        return {tablet_id: m[0] for tablet_id, m in self._by_tablet.items()}
+
+    def refresh(
+        self,
+        everyone: Callable[[], Iterable[str]],
+        measure: Callable[[str], ReplicaBytes | None],
+        *,
+        full: bool,
+    ) -> None:
+        """Measures what may have changed (everyone's ids when ``full``); ``measure`` gives a
+        replica's bytes, None for a replica that is gone."""
+        if full:
+            self._by_tablet = {}
+            self.active_bytes = self.flushing_bytes = self.cache_bytes = 0
+            todo: Iterable[str] = everyone()
+            self._stale = set()
+        else:
+            todo, self._stale = self._stale | self.awake, set()
+        for tablet_id in todo:
+            old = self._by_tablet.pop(tablet_id, (0, 0, 0))
+            new = measure(tablet_id)
+            if new is None:
+                self.awake.discard(tablet_id)
+                new = (0, 0, 0)
+            else:
+                self._by_tablet[tablet_id] = new
+                if new[1]:
+                    self._stale.add(tablet_id)  # a flush runs: measured until it ended
+            self.active_bytes += new[0] - old[0]
+            self.flushing_bytes += new[1] - old[1]
+            self.cache_bytes += new[2] - old[2]

@@ -34,7 +34,7 @@ from nyala.storage import StorageEngine
 from nyala.tablet.replica import TabletReplica
 from nyala.tserver.authz import SecurityUpdates, TabletAuthorizer
 from nyala.tserver.heartbeater import Heartbeater
-from nyala.tserver.memory import MemoryTracker, MemoryUsage
+from nyala.tserver.memory import MemoryTracker, MemoryUsage, ReplicaBytes, ReplicaMemory
 from nyala.tserver.scanners import ScannerRegistry
 from nyala.tserver.services import AdminService, TabletService
 from nyala.tserver.settings import TabletServerSettings
@@ -161,8 +161,7 @@ _PER_TABLET_GAUGES: dict[str, tuple[str, Callable[[ReplicaStatus], float]]] = {
 #: How long one snapshot of the replicas' statuses serves the per-tablet gauges (seconds).
 _STATUS_SNAPSHOT_S = 0.2
 #: The memory-pressure check measures every replica at every this many checks (10 s at the
-#: default interval); in between only the replicas that applied or committed something, or
-#: were flushed, since their last measurement (``TabletServer._measure_memory``).
+#: default interval); in between only those that can have changed (``ReplicaMemory``).
 MEMORY_FULL_SWEEP_EVERY = 20
 
 
@@ -193,9 +192,7 @@ class TabletServer(ServerBase):
             settings.memory_pressure_percentage,
             settings.memory_limit_soft_percentage,
         )
-        # Each replica's last memory measurement: (commit and applied index then, MemRowSet
-        # bytes, bytes of a MemRowSet being flushed, log cache bytes).
-        self._replica_memory: dict[str, tuple[tuple[int, int], int, int, int]] = {}
+        self._replica_memory = ReplicaMemory()  # each replica's last measured memory
         self._memory_checks = 0
         # (when, statuses) of the last ``_statuses`` call.
         self._status_snapshot: tuple[float, list[tuple[str, ReplicaStatus]]] | None = None
@@ -344,54 +341,50 @@ class TabletServer(ServerBase):
             await asyncio.sleep(interval_s)
             self.scanners.expire()
 
-    def _measure_memory(self) -> tuple[dict[str, int], int]:
-        """Refreshes the tracked memory (``nyala.tserver.memory``); returns each replica's
-        active MemRowSet bytes and the bytes of those being flushed.
-
-        A replica's MemRowSet and log cache change when it commits or applies entries, and
-        when it is flushed; so a replica is measured again only when its commit or applied
-        index moved, a flush of it ended (``_flush``) or was still running at the last
-        measurement, and every replica at every ``MEMORY_FULL_SWEEP_EVERY``-th check (a log
-        cache also shrinks as followers catch up). An idle server with 2,000 replicas spent
-        a fifth of its event loop measuring every one of them twice a second."""
-        assert self.tablets is not None
+    def _measure_memory(self) -> tuple[int, int]:
+        """Refreshes the tracked memory (``nyala.tserver.memory``; only the replicas that can
+        have changed, ``ReplicaMemory``, and all of them at every
+        ``MEMORY_FULL_SWEEP_EVERY``-th check); returns the bytes of the active MemRowSets
+        and of those being flushed."""
+        tablets = self.tablets
+        assert tablets is not None
         self._memory_checks += 1
-        full = self._memory_checks % MEMORY_FULL_SWEEP_EVERY == 0
-        before, measured = self._replica_memory, {}
-        active: dict[str, int] = {}
-        flushing = caches = 0
-        for replica in self.tablets.replicas():
-            tablet_id = replica.tablet_id
-            runtime = replica.runtime
-            key = (
-                (0, 0)
-                if runtime is None
-                else (runtime.core.commit_index, runtime.core.last_applied)
-            )
-            last = before.get(tablet_id)
-            if full or last is None or last[0] != key or last[2]:
-                storage, wal = replica.storage, replica.wal
-                stats = None if storage is None else storage.stats()
-                last = (
-                    key,
-                    0 if stats is None else stats["mem_bytes"],
-                    0 if stats is None else stats["frozen_bytes"],
-                    0 if wal is None else wal.cache_stats().bytes,
-                )
-            measured[tablet_id] = last
-            if replica.storage is not None:
-                active[tablet_id] = last[1]
-            flushing += last[2]
-            caches += last[3]
-        self._replica_memory = measured
+        replicas = self._replica_memory
+        replicas.refresh(
+            lambda: [r.tablet_id for r in tablets.replicas()],
+            self._replica_bytes,
+            full=self._memory_checks % MEMORY_FULL_SWEEP_EVERY == 0,
+        )
         scanners = len(self.scanners) * self.settings.scan_batch_bytes_max
-        tracked = MemoryUsage(sum(active.values()) + flushing, caches, scanners)
+        tracked = MemoryUsage(
+            replicas.active_bytes + replicas.flushing_bytes, replicas.cache_bytes, scanners
+        )
         self.memory.update(tracked.with_resident(resident_bytes()))
-        return active, flushing
+        return replicas.active_bytes, replicas.flushing_bytes
+
+    def _replica_bytes(self, tablet_id: str) -> ReplicaBytes | None:
+        assert self.tablets is not None
+        replica = self.tablets.lookup(tablet_id)
+        if replica is None:
+            return None
+        storage, wal = replica.storage, replica.wal
+        stats = None if storage is None else storage.stats()
+        return (
+            0 if stats is None else stats["mem_bytes"],
+            0 if stats is None else stats["frozen_bytes"],
+            0 if wal is None else wal.cache_stats().bytes,
+        )
+
+    def _liveness_changed(self, tablet_id: str) -> None:
+        super()._liveness_changed(tablet_id)
+        replica = None if self.tablets is None else self.tablets.lookup(tablet_id)
+        runtime = None if replica is None else replica.runtime
+        awake = runtime is not None and runtime.running and runtime.liveness_signature() is None
+        self._replica_memory.liveness_changed(tablet_id, awake)
 
     async def _flush(self, tablet_id: str, storage: StorageEngine) -> None:
         await super()._flush(tablet_id, storage)
-        self._replica_memory.pop(tablet_id, None)  # measured again at the next check
+        self._replica_memory.flushed(tablet_id)
 
     async def _memory_pressure_loop(self) -> None:
         """Flushes the largest MemRowSets while all of them together exceed
@@ -405,7 +398,12 @@ class TabletServer(ServerBase):
             active, flushing = self._measure_memory()
             budget = min(limit_bytes, self.memory.memrowsets_budget_bytes())
             # A MemRowSet already being flushed frees its memory when that flush ends.
-            chosen = memrowsets_to_flush(active, max(0, budget - flushing))
+            room = max(0, budget - flushing)
+            chosen = (
+                memrowsets_to_flush(self._replica_memory.active_by_tablet(), room)
+                if active > room
+                else []
+            )
             for tablet_id in chosen:
                 replica = self.tablets.lookup(tablet_id)
                 if self._stopping:

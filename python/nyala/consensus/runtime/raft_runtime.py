@@ -194,6 +194,13 @@ class RaftRuntime:
         self._on_config_committed = on_config_committed
         # Auto-vivification: sends StartTabletCopy to a follower (must not block).
         self.on_start_copy = on_start_copy
+        # Called (on the event loop) when what a server heartbeat would say of this replica
+        # changes: it quiesced, woke, or its quiesced term, commit index or leader moved, or
+        # the runtime stopped (``liveness_signature``; the server's ``ServerHeartbeats``
+        # caches what it sends and what it last checked against).
+        self.on_liveness_change: Callable[[], None] | None = None
+        # What was last told (a first call always tells: a new replica is awake).
+        self._liveness_signature: tuple[int, int, str | None] | str | None = "never told"
         self._on_failure = on_failure
         # Proposals waiting for commit: (index, term, future), ascending index.
         self._commits: deque[tuple[int, int, asyncio.Future[OpId]]] = deque()
@@ -260,6 +267,7 @@ class RaftRuntime:
         finally:
             self._loop = None
             self._group = None
+            self._note_liveness()
             writing = self._writing
             if writing is not None:
                 # Whoever stopped this replica may delete or replace its files next: the
@@ -439,13 +447,15 @@ class RaftRuntime:
         """Whether the replica is quiesced (False while the runtime is not running)."""
         return self._loop is not None and self._failure is None and self.core.quiesced
 
-    def server_heartbeat(self, sender: str, named: liveness.QuiescedAs | None) -> None:
-        """What ``sender``'s server heartbeat said about this tablet (``liveness.receive``)."""
+    def server_heartbeat(self, sender: str, named: liveness.QuiescedAs | None) -> bool:
+        """What ``sender``'s server heartbeat said about this tablet (``liveness.receive``);
+        True if it concerned this replica and vouched for it."""
         if self._loop is None or self._failure is not None:
-            return
-        liveness.receive(self.core, sender, named)
+            return False
+        vouched = liveness.receive(self.core, sender, named)
         if not self.core.quiesced:  # it woke; vouching for a quiesced replica sends nothing
             self._execute()
+        return vouched
 
     def server_silent(self, server: str) -> None:
         """``server`` has sent no server heartbeat for too long (``liveness.sender_silent``)."""
@@ -542,6 +552,23 @@ class RaftRuntime:
             for effect in effects:
                 self._execute_one(effect)
         self._check_timer()
+        self._note_liveness()
+
+    def liveness_signature(self) -> tuple[int, int, str | None] | None:
+        """What a server heartbeat says of this replica: (term, commit index, leader) while
+        it is quiesced and running, else None. Fixed while it stays quiesced: anything that
+        would change it (an entry, an election, a config change) wakes the replica first."""
+        core = self.core
+        if not core.quiesced or self._loop is None or self._failure is not None:
+            return None
+        return (core.term, core.commit_index, core.leader_uuid)
+
+    def _note_liveness(self) -> None:
+        signature = self.liveness_signature()
+        if signature != self._liveness_signature:
+            self._liveness_signature = signature
+            if self.on_liveness_change is not None:
+                self.on_liveness_change()
 
     def _check_timer(self) -> None:
         deadline = self.core.next_timer_ms()
