@@ -439,15 +439,16 @@ class RaftCore:
         self._flush_meta()
         return holds
 
-    def vouched_again(self, server: str) -> bool:
+    def vouched_again(self, server: str, now_ms: int) -> bool:
         """``server``'s heartbeat says the same of this tablet as its last one, for which
         ``vouched_by_leader`` or ``vouched_by_peer`` held, and nothing of this replica changed
         since (its server checked both, ``ServerHeartbeats``): the leader (or follower) is
-        heard from again, with what those record. False, recording nothing, if this replica
-        is no longer quiesced (the caller then asks the full question)."""
+        heard from again at ``now_ms`` (read from this core's clock, once for the many
+        replicas a heartbeat names), with what those record. False, recording nothing, if
+        this replica is no longer quiesced (the caller then asks the full question)."""
         if not self._quiesced:
             return False
-        now = self._clock.now_ms()
+        now = now_ms
         if self._role is Role.LEADER:
             progress = self._progress.get(server)
             if progress is None:

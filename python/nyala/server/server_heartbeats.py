@@ -48,7 +48,7 @@ class _Peer:
 #: How many heartbeat intervals the heartbeats to send are reused without a change noted,
 #: and how many repeated heartbeats from a peer skip the walk over every local replica: a
 #: bound on what a change that was not noted (never expected) could hide.
-RECHECK_EVERY = 10
+RECHECK_EVERY = 20
 
 
 @dataclass(slots=True)
@@ -141,7 +141,8 @@ class ServerHeartbeats:
         ``RECHECK_EVERY``-th heartbeat walks them anyway."""
         sender = request.caller_uuid
         self.received += 1
-        self._silence.heard(sender, self._clock.now_ms())
+        now = self._clock.now_ms()
+        self._silence.heard(sender, now)
         last = self._received.get(sender)
         if (
             last is not None
@@ -151,7 +152,7 @@ class ServerHeartbeats:
         ):
             last.repeats_left -= 1
             for runtime, named_as in last.vouched:
-                if not runtime.core.vouched_again(sender):
+                if not runtime.core.vouched_again(sender, now):
                     # Changed unnoticed (never expected): the full question, and a full
                     # check of the next heartbeat.
                     runtime.server_heartbeat(sender, named_as)

@@ -148,6 +148,7 @@ class TabletManager:
         self._replicas: dict[str, TabletReplica] = {}
         self._unreadable: dict[str, _Failed] = {}
         self._creating: set[str] = set()  # tablets whose files create_tablet is making
+        self._version = 0  # moves whenever a replica is added, replaced or removed
 
     def _new_replica(self, sb: Superblock, paths: ReplicaPaths) -> TabletReplica:
         return TabletReplica(
@@ -184,6 +185,7 @@ class TabletManager:
         except NyalaError as exc:
             log.error("tablet %s: superblock unreadable: %s", tablet_id, exc)
             self._unreadable[tablet_id] = _Failed(tablet_id, f"{type(exc).__name__}: {exc}")
+            self._version += 1
             return None
         replica = self._new_replica(sb, paths)
         try:
@@ -202,8 +204,10 @@ class TabletManager:
         except NyalaError as exc:
             replica.fail(f"{type(exc).__name__}: {exc}")
             self._replicas[tablet_id] = replica
+            self._version += 1
             return None
         self._replicas[tablet_id] = replica
+        self._version += 1
         return replica if replica.superblock.data_state is DataState.READY else None
 
     def shutdown(self) -> None:
@@ -259,6 +263,7 @@ class TabletManager:
             replica.open()
             with self._lock:
                 self._replicas[tablet_id] = replica
+                self._version += 1
         finally:
             with self._lock:
                 self._creating.discard(tablet_id)
@@ -326,6 +331,7 @@ class TabletManager:
                 self._finish_quarantine(paths, None, qdir)
                 self._remove_all(paths)
                 del self._unreadable[tablet_id]
+                self._version += 1
                 return
             replica = self._replicas.get(tablet_id)
             if replica is None:
@@ -412,6 +418,7 @@ class TabletManager:
         self._finish_quarantine(replica.paths, replica.superblock)
         self._remove_all(replica.paths)
         self._replicas.pop(replica.tablet_id, None)
+        self._version += 1
         log.info("deleted tablet %s", replica.tablet_id)
 
     @staticmethod
@@ -466,6 +473,7 @@ class TabletManager:
             replica = self._new_replica(sb, paths)
             replica.state_reason = reason
             self._replicas[tablet_id] = replica
+            self._version += 1
             return replica
 
     def finish_copy(self, replica: TabletReplica) -> None:
@@ -496,6 +504,12 @@ class TabletManager:
                 for r in self._replicas.values()
                 if r.storage is not None and r.runtime is None and r.state is not TabletState.FAILED
             ]
+
+    @property
+    def version(self) -> int:
+        """A number that moves whenever a replica is added, replaced or removed (unreadable
+        ones included): equal numbers, the same replicas as ``replicas`` listed then."""
+        return self._version
 
     def replicas(self) -> list[TabletReplica]:
         """Every replica with a readable superblock."""

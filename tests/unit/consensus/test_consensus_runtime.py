@@ -526,3 +526,71 @@ def test_nothing_leaves_before_the_term_and_vote_it_depends_on_are_durable(
         assert all(s.writes >= 3 for s in stores.values())
 
     asyncio.run(scenario())
+
+
+@dataclass
+class _Hosted:
+    """What ``ServerHeartbeats`` reads of a hosted replica."""
+
+    tablet_id: str
+    runtime: RaftRuntime
+
+
+class _Hosting:
+    """The tablet manager of a server hosting the given replicas (``ServerHeartbeats`` only
+    lists them)."""
+
+    def __init__(self, *replicas: _Hosted) -> None:
+        self._replicas = list(replicas)
+
+    def replicas(self) -> list[_Hosted]:
+        return self._replicas
+
+
+def test_a_repeated_server_heartbeat_vouches_for_replicas_that_quiesced_since_and_restamps(
+    tmp_path: Path,
+) -> None:
+    # Server "b" hosts the follower; server "a" (the test) leads and sends the same server
+    # heartbeat again and again. The follower is awake at the first one, quiesces, and then
+    # must be vouched for by the repeats (its leader contact stays fresh), though they are
+    # identical to the one that found it awake: its quiescing is a local change that makes
+    # the next repeat a full check, and every repeat after that re-stamps it. Likewise what
+    # "b" sends "a" names the follower as soon as it quiesced.
+    from nyala.server.server_heartbeats import ServerHeartbeats
+
+    tablet = "t" * 32
+    gap_s = 0.4  # several heartbeat intervals of the follower
+
+    async def scenario() -> None:
+        async with lone_follower(tmp_path) as (follower, leader, _):
+            hosting = _Hosting(_Hosted(tablet, follower))
+            beats = ServerHeartbeats(
+                "b",
+                lambda: hosting,  # type: ignore[arg-type,return-value]
+                RealClock(),
+                interval_ms=100,
+                silent_after_ms=300,
+                rpc_settings=RpcSettings(),
+            )
+            follower.on_liveness_change = beats.note_change
+            await eventually(lambda: follower.running)
+            leader.send(AppendRequest("a", "b", 1, OpId(0, 0), None, 0, 1))
+            await eventually(lambda: follower.core.leader_uuid == "a")
+            request = consensus_pb2.ServerHeartbeatRequestPB(dest_uuid="b", caller_uuid="a")
+            request.leading.add(tablet_id=tablet, term=1, commit_index=0)
+            beats.handle(request)  # the follower is awake: nothing to vouch for
+            assert list(beats._peers()["a"].request.following) == []  # nor to tell "a"
+            leader.send(AppendRequest("a", "b", 1, OpId(0, 0), None, 0, 2, quiesce=True))
+            await eventually(lambda: follower.quiesced)
+            # What "b" tells "a" names it at once (not when the cached heartbeat expires).
+            told = beats._peers()["a"].request.following
+            assert [(f.tablet_id, f.leader_uuid, f.term) for f in told] == [(tablet, "a", 1)]
+            for _ in range(3):
+                await asyncio.sleep(gap_s)
+                beats.handle(request)
+                contact = follower.core.leader_contact()
+                assert contact is not None
+                assert contact.age_ms < gap_s * 1000 / 2, "the repeat did not vouch for it"
+                assert follower.quiesced
+
+    asyncio.run(scenario())
