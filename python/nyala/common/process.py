@@ -72,10 +72,11 @@ def tune_gc() -> None:
     is collected every 700 net allocations, so anything that lives a few hundred milliseconds
     (a timer handle, a pending answer, an entry in a log cache) reaches the oldest
     generation, and once those make a quarter of it a full collection walks every object
-    with the event loop stopped. Measured at 2,000 replicas per server: 80 full collections in
-    four minutes, each 0.5-1.5 s, and none found any garbage; a stall that long makes the
-    peer servers call this one silent and wake every quiesced follower of its leaders (issue
-    "Thousands of tablet replicas per server"). So: objects created before serving (imported
+    with the event loop stopped. Measured at 2,000 replicas per server on a busy machine:
+    250-350 full collections in 15 minutes, up to 2.4 s each, and none found any garbage; a
+    stall that long makes the peer servers call this one silent and wake every quiesced
+    follower of its leaders (issue "Thousands of tablet replicas per server"). So: objects
+    created before serving (imported
     modules, settings) are frozen out of collection, and the thresholds
     (``SERVER_GC_THRESHOLDS``) let young objects die by reference counting before they are
     promoted. Cycles are still collected, later. Servers only, like ``tune_allocator``."""
