@@ -76,10 +76,9 @@ def tune_gc() -> None:
     250-350 full collections in 15 minutes, up to 2.4 s each, and none found any garbage; a
     stall that long makes the peer servers call this one silent and wake every quiesced
     follower of its leaders (issue "Thousands of tablet replicas per server"). So: objects
-    created before serving (imported
-    modules, settings) are frozen out of collection, and the thresholds
-    (``SERVER_GC_THRESHOLDS``) let young objects die by reference counting before they are
-    promoted. Cycles are still collected, later. Servers only, like ``tune_allocator``."""
+    created before serving (imported modules, settings) are frozen out of collection, and the
+    thresholds (``SERVER_GC_THRESHOLDS``) let young objects die by reference counting before
+    they are promoted. Cycles are still collected, later. Servers only, like ``tune_allocator``."""
     gc.freeze()
     gc.set_threshold(*SERVER_GC_THRESHOLDS)
 
