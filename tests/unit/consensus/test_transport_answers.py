@@ -68,6 +68,15 @@ def ok(
     )
 
 
+def the_answer(replies: list[Reply], request: AppendRequest) -> AppendResponse:
+    """The one reply given so far, which must be an answer (not an error), decoded."""
+    assert len(replies) == 1
+    answer = replies[0]
+    assert isinstance(answer, consensus_pb2.ConsensusResponsePB)
+    assert not answer.HasField("error")
+    return wire.append_response_from_pb(answer, dest="a", seq=request.seq)
+
+
 async def turns(n: int = 3) -> None:
     for _ in range(n):
         await asyncio.sleep(0)
@@ -83,10 +92,7 @@ def test_an_answer_whose_entries_are_durable_goes_at_once() -> None:
             assert request.seq != 0
             transport.send(ok(request, last=5, durable=5))
             await turns()
-            assert len(replies) == 1
-            answer = replies[0]
-            assert isinstance(answer, consensus_pb2.ConsensusResponsePB)
-            assert not answer.HasField("error")
+            assert the_answer(replies, request).status is AppendStatus.OK
 
     asyncio.run(scenario())
 
@@ -101,11 +107,7 @@ def test_an_answer_waits_until_what_it_appended_is_durable() -> None:
             assert replies == []  # entries 4 and 5 are not durable yet
             transport.send(ok(request, last=5, durable=5, seq=0))  # the log synced
             await turns()
-            assert len(replies) == 1
-            answer = replies[0]
-            assert isinstance(answer, consensus_pb2.ConsensusResponsePB)
-            durable = wire.append_response_from_pb(answer, dest="a", seq=request.seq)
-            assert durable.durable_index == 5
+            assert the_answer(replies, request).durable_index == 5
 
     asyncio.run(scenario())
 
@@ -119,11 +121,7 @@ def test_an_answer_whose_entries_stay_unsynced_says_what_is_durable_after_the_ti
             await asyncio.sleep(REPLY_TIMEOUT_MS / 1000 / 2)
             assert replies == []
             await asyncio.sleep(REPLY_TIMEOUT_MS / 1000 + 0.2)
-            assert len(replies) == 1
-            answer = replies[0]
-            assert isinstance(answer, consensus_pb2.ConsensusResponsePB)
-            durable = wire.append_response_from_pb(answer, dest="a", seq=request.seq)
-            assert durable.durable_index == 3  # what is durable, never more
+            assert the_answer(replies, request).durable_index == 3  # what is durable, no more
             transport.send(ok(request, last=5, durable=5, seq=0))
             await turns()
             assert len(replies) == 1  # answered once
@@ -158,10 +156,6 @@ def test_a_failed_status_goes_at_once_without_waiting_for_durability() -> None:
             )
             transport.send(mismatch)
             await turns()
-            assert len(replies) == 1
-            answer = replies[0]
-            assert isinstance(answer, consensus_pb2.ConsensusResponsePB)
-            back = wire.append_response_from_pb(answer, dest="a", seq=request.seq)
-            assert back.status is AppendStatus.LOG_MISMATCH
+            assert the_answer(replies, request).status is AppendStatus.LOG_MISMATCH
 
     asyncio.run(scenario())

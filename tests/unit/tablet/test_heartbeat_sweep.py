@@ -8,7 +8,6 @@ would send)."""
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import pytest
 
@@ -26,15 +25,8 @@ SWEEP_MAX = 3
 
 
 @pytest.fixture
-def manager(tmp_path: Path) -> TabletManager:
-    dirs = TabletDirs(
-        tablet_meta=tmp_path / "tablet-meta",
-        consensus_meta=tmp_path / "consensus-meta",
-        wals=tmp_path / "wals",
-        data=tmp_path / "data",
-    )
-    for path in (dirs.tablet_meta, dirs.consensus_meta, dirs.wals, dirs.data):
-        path.mkdir()
+def manager(dirs: TabletDirs) -> TabletManager:
+    """A tablet manager with ``REPLICAS`` replicas (``dirs``: conftest.py)."""
     tablets = TabletManager(dirs)
     tablets.open_all()
     for i in range(REPLICAS):

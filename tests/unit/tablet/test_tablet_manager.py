@@ -33,19 +33,6 @@ T1, T2 = "1" * 32, "2" * 32
 WAL_OPTIONS = WalLogOptions(segment_size_bytes=1 << 20)
 
 
-@pytest.fixture
-def dirs(tmp_path: Path) -> TabletDirs:
-    d = TabletDirs(
-        tablet_meta=tmp_path / "tablet-meta",
-        consensus_meta=tmp_path / "consensus-meta",
-        wals=tmp_path / "wals",
-        data=tmp_path / "data",
-    )
-    for p in (d.tablet_meta, d.consensus_meta, d.wals, d.data):
-        p.mkdir()
-    return d
-
-
 def _manager(dirs: TabletDirs, *, open_all: bool = True) -> TabletManager:
     manager = TabletManager(dirs, WAL_OPTIONS)
     if open_all:
@@ -332,9 +319,9 @@ def _quarantined(dirs: TabletDirs, clock: _Clock, free: list[int]) -> TabletMana
 
 
 def test_tombstone_quarantines_wal_and_data_with_copies_of_superblock_and_cmeta(
-    tmp_path: Path,
+    quarantined_dirs: TabletDirs,
 ) -> None:
-    dirs = _dirs_with_quarantine(tmp_path)
+    dirs = quarantined_dirs
     clock = _Clock()
     manager = _quarantined(dirs, clock, [10**12])
     _create(manager)
@@ -370,9 +357,9 @@ def test_tombstone_quarantines_wal_and_data_with_copies_of_superblock_and_cmeta(
 
 
 def test_startup_finishes_moving_an_interrupted_tombstone_into_its_quarantine(
-    tmp_path: Path,
+    quarantined_dirs: TabletDirs,
 ) -> None:
-    dirs = _dirs_with_quarantine(tmp_path)
+    dirs = quarantined_dirs
     clock = _Clock()
     manager = _quarantined(dirs, clock, [10**12])
     _create(manager)
@@ -394,8 +381,8 @@ def test_startup_finishes_moving_an_interrupted_tombstone_into_its_quarantine(
     assert not paths.data_dir.exists()
 
 
-def test_delete_quarantines_then_removes_cmeta_and_superblock(tmp_path: Path) -> None:
-    dirs = _dirs_with_quarantine(tmp_path)
+def test_delete_quarantines_then_removes_cmeta_and_superblock(quarantined_dirs: TabletDirs) -> None:
+    dirs = quarantined_dirs
     manager = _quarantined(dirs, _Clock(), [10**12])
     _create(manager)
     manager.delete_tablet(T1, DataState.DELETED, reason="table dropped")
@@ -408,9 +395,9 @@ def test_delete_quarantines_then_removes_cmeta_and_superblock(tmp_path: Path) ->
 
 
 def test_quarantine_is_purged_after_its_retention_and_while_the_disk_is_short(
-    tmp_path: Path,
+    quarantined_dirs: TabletDirs,
 ) -> None:
-    dirs = _dirs_with_quarantine(tmp_path)
+    dirs = quarantined_dirs
     clock = _Clock()
     free = [10**12]
     manager = _quarantined(dirs, clock, free)
@@ -429,8 +416,8 @@ def test_quarantine_is_purged_after_its_retention_and_while_the_disk_is_short(
     assert quarantine.entries() == []
 
 
-def test_a_failed_copy_is_not_quarantined(tmp_path: Path) -> None:
-    dirs = _dirs_with_quarantine(tmp_path)
+def test_a_failed_copy_is_not_quarantined(quarantined_dirs: TabletDirs) -> None:
+    dirs = quarantined_dirs
     manager = _quarantined(dirs, _Clock(), [10**12])
     _create(manager)
     manager.shutdown()
@@ -443,16 +430,3 @@ def test_a_failed_copy_is_not_quarantined(tmp_path: Path) -> None:
     assert again.quarantine.entries() == []
     assert not paths.wal_dir.exists()
     assert not paths.data_dir.exists()
-
-
-def _dirs_with_quarantine(tmp_path: Path) -> TabletDirs:
-    d = TabletDirs(
-        tablet_meta=tmp_path / "tablet-meta",
-        consensus_meta=tmp_path / "consensus-meta",
-        wals=tmp_path / "wals",
-        data=tmp_path / "data",
-        quarantine=tmp_path / "quarantine",
-    )
-    for p in (d.tablet_meta, d.consensus_meta, d.wals, d.data):
-        p.mkdir()
-    return d
