@@ -353,7 +353,7 @@ class TabletServer(ServerBase):
         replicas.refresh(
             lambda: [r.tablet_id for r in tablets.replicas()],
             self._replica_bytes,
-            full=self._memory_checks % MEMORY_FULL_SWEEP_EVERY == 0,
+            full=self._memory_checks % MEMORY_FULL_SWEEP_EVERY == 1,  # the first one too
         )
         scanners = len(self.scanners) * self.settings.scan_batch_bytes_max
         tracked = MemoryUsage(

@@ -287,9 +287,8 @@ class GrpcTransport:
 
     Server half (``submit_update`` then ``answer_update``, or ``handle_update``;
     ``handle_vote``): the server's ConsensusService hands a request in and gets the core's
-    answer to it. An
-    AppendEntries is answered once the entries it appended are durable (the wire has no slot
-    for a later durability ack).
+    answer to it. An AppendEntries is answered once the entries it appended are durable (the
+    wire has no slot for a later durability ack).
     """
 
     def __init__(
