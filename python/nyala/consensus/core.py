@@ -408,8 +408,7 @@ class RaftCore:
             and self._commit_index == commit_index
         )
         if holds:
-            self._last_leader_contact_ms = now
-            self._caught_up = (term, leader, commit_index, now)
+            self._vouched(leader, now)
         else:
             self._wake_if_settled()
         self._flush_meta()
@@ -432,8 +431,7 @@ class RaftCore:
             and progress.match_index == commit_index
         )
         if holds:
-            assert progress is not None
-            progress.last_ack_ms = progress.last_contact_ms = self._clock.now_ms()
+            self._vouched(peer, self._clock.now_ms())
         else:
             self._wake_if_settled()
         self._flush_meta()
@@ -448,18 +446,24 @@ class RaftCore:
         this replica is no longer quiesced (the caller then asks the full question)."""
         if not self._quiesced:
             return False
-        now = now_ms
         if self._role is Role.LEADER:
-            progress = self._progress.get(server)
-            if progress is None:
+            if server not in self._progress:
                 return False
-            progress.last_ack_ms = progress.last_contact_ms = now
-        elif self._leader == server:
-            self._last_leader_contact_ms = now
-            self._caught_up = (self._term, server, self._commit_index, now)
-        else:
+        elif self._leader != server:
             return False
+        self._vouched(server, now_ms)
         return True
+
+    def _vouched(self, server: str, now_ms: int) -> None:
+        """What a vouch that holds records: a quiesced follower heard from its leader
+        (``server``) with everything it had committed; a quiesced leader heard from its
+        follower on ``server``."""
+        if self._role is Role.LEADER:
+            progress = self._progress[server]
+            progress.last_ack_ms = progress.last_contact_ms = now_ms
+        else:
+            self._last_leader_contact_ms = now_ms
+            self._caught_up = (self._term, server, self._commit_index, now_ms)
 
     def not_vouched(self) -> None:
         """A server heartbeat that should have named this quiesced replica's leader (or

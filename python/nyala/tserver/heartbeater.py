@@ -205,18 +205,10 @@ class Heartbeater:
         loop of a server with 500; a sweep of all 2,000 replicas every second took a quarter
         of an idle server's."""
         now = time.monotonic()
-        built = self._built
-        if now - self._swept_at < self._interval_s:
-            dirty, self._dirty = self._dirty, set()
-            for tablet_id in dirty:
-                status = self._tablets.status_of(tablet_id)
-                if status is None:
-                    built.pop(tablet_id, None)  # deleted (the next sweep would see it too)
-                else:
-                    self._entry(status)
-            return dict(built)
-        self._swept_at = now
         look, self._dirty = self._dirty, set()
+        if now - self._swept_at < self._interval_s:
+            return self._looked_at(look)
+        self._swept_at = now
         version = self._tablets.version
         replicas = self._tablets.replicas()
         if len(replicas) <= SWEEP_REPLICAS_MAX:
@@ -226,18 +218,11 @@ class Heartbeater:
             self._sweep_at = start + SWEEP_REPLICAS_MAX
             turn = replicas[start : start + SWEEP_REPLICAS_MAX]
             turn += replicas[: max(0, start + SWEEP_REPLICAS_MAX - len(replicas))]
-            if version == self._swept_version:  # the same replicas: only the turn's
-                for replica in turn:
-                    built[replica.tablet_id] = self._entry(self._tablets.replica_status(replica))
-                for tablet_id in look:
-                    status = self._tablets.status_of(tablet_id)
-                    if status is not None:
-                        self._entry(status)
-                for status in self._tablets.unreadable_statuses():
-                    self._entry(status)
-                return dict(built)
             look.update(r.tablet_id for r in turn)
+            if version == self._swept_version:  # the same replicas: only those looked at
+                return self._looked_at(look)
         self._swept_version = version
+        built = self._built
         out: _Snapshot = {}
         for replica in replicas:
             tablet_id = replica.tablet_id
@@ -251,6 +236,18 @@ class Heartbeater:
             del built[gone]
             self._files_seen.pop(gone, None)
         return out
+
+    def _looked_at(self, tablet_ids: set[str]) -> _Snapshot:
+        """The last snapshot with ``tablet_ids``' reports looked at again (the set of replicas
+        has not changed, save those deleted since, which are dropped)."""
+        built = self._built
+        for tablet_id in tablet_ids:
+            status = self._tablets.status_of(tablet_id)
+            if status is None:
+                built.pop(tablet_id, None)  # deleted (the next full walk would see it too)
+            else:
+                self._entry(status)
+        return dict(built)
 
     def _entry(self, status: TabletStatus) -> tuple[Signature, master_pb2.ReportedTabletPB]:
         """One replica's signature and report, built again only if the signature changed."""

@@ -10,8 +10,8 @@ task per request (``answer_update``), so these paths are not exercised by a coro
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 
 from nyala._proto import consensus_pb2
 from nyala.consensus import EntryBatch, OpId
@@ -30,27 +30,41 @@ def _no_batch(_data: bytes, _start: int, _end: int) -> EntryBatch:
     raise AssertionError("heartbeats carry no entries")
 
 
-@asynccontextmanager
-async def follower_transport() -> AsyncIterator[tuple[GrpcTransport, list[Message]]]:
-    """Replica "b"'s transport, running; yields it and what it delivered to the core."""
-    addresses: dict[str, str] = {}  # "b" sends nothing
-    transport = GrpcTransport(
-        "b", TABLET, addresses.get, options=GrpcTransportOptions(reply_timeout_ms=REPLY_TIMEOUT_MS)
-    )
-    delivered: list[Message] = []
-    async with asyncio.TaskGroup() as group:
-        task = group.create_task(transport.run(delivered.append))
-        await asyncio.sleep(0)  # ``run`` attaches the core's callback
-        yield transport, delivered
-        task.cancel()
+@dataclass
+class Received:
+    """Replica "b"'s running transport, what it delivered to the core, the heartbeat from
+    leader "a" handed to it (as the core got it) and the replies given so far."""
+
+    transport: GrpcTransport
+    delivered: list[Message]
+    request: AppendRequest
+    replies: list[Reply]
 
 
-def receive(transport: GrpcTransport, replies: list[Reply]) -> AppendRequest:
-    """Hands a heartbeat from leader "a" to the transport; returns what the core got."""
-    request = AppendRequest("a", "b", 1, OpId(1, 5), None, 5, 0)
-    pending = transport.submit_update(wire.append_request_to_pb(request, TABLET), _no_batch)
-    transport.answer_update(pending, replies.append)
-    return pending.request
+def with_a_received_heartbeat(scenario: Callable[[Received], Awaitable[None]]) -> None:
+    """Runs ``scenario`` once "b"'s transport runs and has a heartbeat from "a" to answer."""
+
+    async def main() -> None:
+        addresses: dict[str, str] = {}  # "b" sends nothing
+        transport = GrpcTransport(
+            "b",
+            TABLET,
+            addresses.get,
+            options=GrpcTransportOptions(reply_timeout_ms=REPLY_TIMEOUT_MS),
+        )
+        delivered: list[Message] = []
+        async with asyncio.TaskGroup() as group:
+            task = group.create_task(transport.run(delivered.append))
+            await asyncio.sleep(0)  # ``run`` attaches the core's callback
+            replies: list[Reply] = []
+            heartbeat = AppendRequest("a", "b", 1, OpId(1, 5), None, 5, 0)
+            pb = wire.append_request_to_pb(heartbeat, TABLET)
+            pending = transport.submit_update(pb, _no_batch)
+            transport.answer_update(pending, replies.append)
+            await scenario(Received(transport, delivered, pending.request, replies))
+            task.cancel()
+
+    asyncio.run(main())
 
 
 def ok(
@@ -68,13 +82,13 @@ def ok(
     )
 
 
-def the_answer(replies: list[Reply], request: AppendRequest) -> AppendResponse:
+def the_answer(r: Received) -> AppendResponse:
     """The one reply given so far, which must be an answer (not an error), decoded."""
-    assert len(replies) == 1
-    answer = replies[0]
+    assert len(r.replies) == 1
+    answer = r.replies[0]
     assert isinstance(answer, consensus_pb2.ConsensusResponsePB)
     assert not answer.HasField("error")
-    return wire.append_response_from_pb(answer, dest="a", seq=request.seq)
+    return wire.append_response_from_pb(answer, dest="a", seq=r.request.seq)
 
 
 async def turns(n: int = 3) -> None:
@@ -83,79 +97,64 @@ async def turns(n: int = 3) -> None:
 
 
 def test_an_answer_whose_entries_are_durable_goes_at_once() -> None:
-    async def scenario() -> None:
-        async with follower_transport() as (transport, delivered):
-            replies: list[Reply] = []
-            request = receive(transport, replies)
-            await turns()
-            assert delivered == [request]
-            assert request.seq != 0
-            transport.send(ok(request, last=5, durable=5))
-            await turns()
-            assert the_answer(replies, request).status is AppendStatus.OK
+    async def scenario(r: Received) -> None:
+        await turns()
+        assert r.delivered == [r.request]
+        assert r.request.seq != 0
+        r.transport.send(ok(r.request, last=5, durable=5))
+        await turns()
+        assert the_answer(r).status is AppendStatus.OK
 
-    asyncio.run(scenario())
+    with_a_received_heartbeat(scenario)
 
 
 def test_an_answer_waits_until_what_it_appended_is_durable() -> None:
-    async def scenario() -> None:
-        async with follower_transport() as (transport, _):
-            replies: list[Reply] = []
-            request = receive(transport, replies)
-            transport.send(ok(request, last=5, durable=3))
-            await turns()
-            assert replies == []  # entries 4 and 5 are not durable yet
-            transport.send(ok(request, last=5, durable=5, seq=0))  # the log synced
-            await turns()
-            assert the_answer(replies, request).durable_index == 5
+    async def scenario(r: Received) -> None:
+        r.transport.send(ok(r.request, last=5, durable=3))
+        await turns()
+        assert r.replies == []  # entries 4 and 5 are not durable yet
+        r.transport.send(ok(r.request, last=5, durable=5, seq=0))  # the log synced
+        await turns()
+        assert the_answer(r).durable_index == 5
 
-    asyncio.run(scenario())
+    with_a_received_heartbeat(scenario)
 
 
 def test_an_answer_whose_entries_stay_unsynced_says_what_is_durable_after_the_timeout() -> None:
-    async def scenario() -> None:
-        async with follower_transport() as (transport, _):
-            replies: list[Reply] = []
-            request = receive(transport, replies)
-            transport.send(ok(request, last=5, durable=3))
-            await asyncio.sleep(REPLY_TIMEOUT_MS / 1000 / 2)
-            assert replies == []
-            await asyncio.sleep(REPLY_TIMEOUT_MS / 1000 + 0.2)
-            assert the_answer(replies, request).durable_index == 3  # what is durable, no more
-            transport.send(ok(request, last=5, durable=5, seq=0))
-            await turns()
-            assert len(replies) == 1  # answered once
+    async def scenario(r: Received) -> None:
+        r.transport.send(ok(r.request, last=5, durable=3))
+        await asyncio.sleep(REPLY_TIMEOUT_MS / 1000 / 2)
+        assert r.replies == []
+        await asyncio.sleep(REPLY_TIMEOUT_MS / 1000 + 0.2)
+        assert the_answer(r).durable_index == 3  # what is durable, no more
+        r.transport.send(ok(r.request, last=5, durable=5, seq=0))
+        await turns()
+        assert len(r.replies) == 1  # answered once
 
-    asyncio.run(scenario())
+    with_a_received_heartbeat(scenario)
 
 
 def test_a_core_that_never_answers_gives_an_error_and_a_late_answer_is_dropped() -> None:
-    async def scenario() -> None:
-        async with follower_transport() as (transport, _):
-            replies: list[Reply] = []
-            request = receive(transport, replies)
-            await asyncio.sleep(REPLY_TIMEOUT_MS / 1000 + 0.2)
-            assert len(replies) == 1
-            assert isinstance(replies[0], ServiceUnavailableError)
-            dropped = transport.messages_dropped
-            transport.send(ok(request, last=5, durable=5))
-            await turns()
-            assert len(replies) == 1
-            assert transport.messages_dropped == dropped + 1
+    async def scenario(r: Received) -> None:
+        await asyncio.sleep(REPLY_TIMEOUT_MS / 1000 + 0.2)
+        assert len(r.replies) == 1
+        assert isinstance(r.replies[0], ServiceUnavailableError)
+        dropped = r.transport.messages_dropped
+        r.transport.send(ok(r.request, last=5, durable=5))
+        await turns()
+        assert len(r.replies) == 1
+        assert r.transport.messages_dropped == dropped + 1
 
-    asyncio.run(scenario())
+    with_a_received_heartbeat(scenario)
 
 
 def test_a_failed_status_goes_at_once_without_waiting_for_durability() -> None:
-    async def scenario() -> None:
-        async with follower_transport() as (transport, _):
-            replies: list[Reply] = []
-            request = receive(transport, replies)
-            mismatch = AppendResponse(
-                "b", "a", 1, AppendStatus.LOG_MISMATCH, OpId(1, 2), 0, hint_index=2, seq=request.seq
-            )
-            transport.send(mismatch)
-            await turns()
-            assert the_answer(replies, request).status is AppendStatus.LOG_MISMATCH
+    async def scenario(r: Received) -> None:
+        mismatch = AppendResponse(
+            "b", "a", 1, AppendStatus.LOG_MISMATCH, OpId(1, 2), 0, hint_index=2, seq=r.request.seq
+        )
+        r.transport.send(mismatch)
+        await turns()
+        assert the_answer(r).status is AppendStatus.LOG_MISMATCH
 
-    asyncio.run(scenario())
+    with_a_received_heartbeat(scenario)

@@ -216,9 +216,13 @@ class _UpdateAnswer:
         self._reply: UpdateReply | None = reply
         self._answer: AppendResponse | None = None
         self._durable: asyncio.Future[None] | None = None
-        timeout_s = transport._opts.reply_timeout_ms / 1000
-        self._timer = asyncio.get_running_loop().call_later(timeout_s, self._timed_out)
+        self._timer = self._arm()
         pending.answer.add_done_callback(self._answered)
+
+    def _arm(self) -> asyncio.TimerHandle:
+        """``_timed_out`` after ``reply_timeout_ms`` from now."""
+        timeout_s = self._transport._opts.reply_timeout_ms / 1000
+        return asyncio.get_running_loop().call_later(timeout_s, self._timed_out)
 
     def _finish(self, answer: consensus_pb2.ConsensusResponsePB | NyalaError) -> None:
         reply, self._reply = self._reply, None
@@ -244,8 +248,7 @@ class _UpdateAnswer:
             return
         self._answer = answer
         self._timer.cancel()
-        timeout_s = transport._opts.reply_timeout_ms / 1000
-        self._timer = asyncio.get_running_loop().call_later(timeout_s, self._timed_out)
+        self._timer = self._arm()  # the second wait: for durability
         self._durable = watch.reached(answer.last_received.index)
         self._durable.add_done_callback(self._made_durable)
 
