@@ -19,6 +19,7 @@ use pyo3::types::{PyBytes, PyDict};
 
 use crate::copy::PyCopyFile;
 use crate::errors::to_py;
+use crate::wal::PyWalNotifier;
 
 /// How long one blocking wait sleeps before checking for KeyboardInterrupt.
 const WAIT_SLICE_MS: u64 = 100;
@@ -202,6 +203,8 @@ impl PyReplicatedLog {
         sync = "group",
         queue_bytes_max = nyala_wal::QUEUE_BYTES_MAX_DEFAULT,
         min_segments_to_retain = 1,
+        notifier = None,
+        notifier_token = 0,
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -213,6 +216,8 @@ impl PyReplicatedLog {
         sync: &str,
         queue_bytes_max: usize,
         min_segments_to_retain: usize,
+        notifier: Option<PyRef<'_, PyWalNotifier>>,
+        notifier_token: u64,
     ) -> PyResult<Self> {
         let sync_policy = match sync {
             "group" => SyncPolicy::Group,
@@ -228,6 +233,7 @@ impl PyReplicatedLog {
             sync_policy,
             queue_bytes_max,
             min_segments_to_retain,
+            notifier: notifier.map(|n| (std::sync::Arc::clone(&n.inner), notifier_token)),
             ..LogOptions::default()
         };
         let options = ReplicatedLogOptions { cache_bytes_max };
@@ -365,6 +371,11 @@ impl PyReplicatedLog {
 
     fn drain_notifications(&self) {
         self.log.wal().drain_notifications();
+    }
+
+    /// Closes the segment files while the log is idle; whether it was (`Log::release_files`).
+    fn release_files(&self) -> bool {
+        self.log.wal().release_files()
     }
 
     /// The exception the WAL failed with, or `None`.

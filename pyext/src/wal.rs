@@ -30,7 +30,39 @@ const WAIT_SLICE_MS: u64 = 100;
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyLog>()?;
+    m.add_class::<PyWalNotifier>()?;
     Ok(())
+}
+
+/// One eventfd that many logs signal durability on, each under a token (`nyala_wal::Notifier`;
+/// see `nyala.consensus.runtime.wal_log.DurabilitySignals`).
+#[pyclass(frozen, name = "WalNotifier", module = "nyala._native")]
+pub struct PyWalNotifier {
+    pub(crate) inner: std::sync::Arc<nyala_wal::Notifier>,
+}
+
+#[pymethods]
+impl PyWalNotifier {
+    #[new]
+    fn new() -> PyResult<Self> {
+        let inner = nyala_wal::Notifier::new()
+            .map_err(|e| to_py(WalError::Io {
+                op: "eventfd",
+                path: PathBuf::new(),
+                source: e,
+            }))?;
+        Ok(PyWalNotifier { inner })
+    }
+
+    /// The descriptor to watch: readable once a log signalled.
+    fn fileno(&self) -> i32 {
+        self.inner.fd()
+    }
+
+    /// Clears the descriptor; the tokens of the logs that signalled since the last call.
+    fn take_ready(&self) -> Vec<u64> {
+        self.inner.take_ready()
+    }
 }
 
 /// An entry as returned to Python: `(term, index, type, payload)`.

@@ -9,6 +9,7 @@ tablet replicas per server").
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 import urllib.request
@@ -61,6 +62,38 @@ def _wait_quiesced(cluster: MiniCluster, tablets: int, timeout_s: float) -> None
         time.sleep(0.5)
 
 
+def _descriptors(server: ServerProcess) -> tuple[int, int]:
+    """(descriptors open on files under the server's data directory, eventfds) of a server."""
+    pid = server.pid
+    assert pid is not None
+    fs_root = str(server.fs_root.resolve())
+    files = eventfds = 0
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except FileNotFoundError:
+            continue  # closed meanwhile
+        files += target.startswith(fs_root + os.sep)
+        eventfds += target == "anon_inode:[eventfd]"
+    return files, eventfds
+
+
+def _wait_files_released(cluster: MiniCluster, tablets: int, timeout_s: float = 30) -> None:
+    """Quiesced replicas hold no descriptor: none on their WAL segments (closed while idle),
+    and one eventfd per server for all their durability signals instead of one each."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        found = [_descriptors(s) for s in cluster.tservers]
+        # A server's own files (its instance lock, logs) are a few; its replicas' WALs are
+        # one or more each until released.
+        if all(files < 8 and eventfds < 8 for files, eventfds in found):
+            return
+        assert time.monotonic() < deadline, (
+            f"(files, eventfds) per server with {tablets} quiesced replicas each: {found}"
+        )
+        time.sleep(0.5)
+
+
 class _Writer(threading.Thread):
     """Upserts batches of fresh keys over every table until stopped; keeps what was acked."""
 
@@ -102,6 +135,7 @@ def _run(tablets: int, slack_s: float) -> None:
             client.create_table(name, SCHEMA, partitioning=partitioning, replicas=3)
             tables.append(name)
         _wait_quiesced(cluster, tablets, timeout_s=120)
+        _wait_files_released(cluster, tablets)
 
         victim = max(cluster.tservers, key=lambda s: len(_led(s)))
         survivors = [s for s in cluster.tservers if s is not victim]
@@ -140,6 +174,7 @@ def _run(tablets: int, slack_s: float) -> None:
         terms_before = _terms(survivors)
         victim.restart()
         _wait_quiesced(cluster, tablets, timeout_s=180)
+        _wait_files_released(cluster, tablets)  # written to, and quiesced again
         terms_after = _terms(cluster.tservers)
         changes = sum(terms_after[t] - terms_before.get(t, 0.0) for t in terms_after)
         assert changes <= len(led), f"{changes} term changes after the restart ({len(led)} led)"

@@ -36,7 +36,7 @@ from pathlib import Path
 
 from nyala.common import metafile
 from nyala.common.clock import HybridClock
-from nyala.consensus.runtime.wal_log import WalLogOptions
+from nyala.consensus.runtime.wal_log import DurabilitySignals, WalLogOptions
 from nyala.consensus.types import MIN_OP_ID, OpId, RaftConfig
 from nyala.errors import (
     AlreadyPresentError,
@@ -143,6 +143,8 @@ class TabletManager:
             quarantine = Quarantine(dirs.quarantine)
         self.quarantine = quarantine
         self._wal_options = wal_options or WalLogOptions()
+        # One eventfd for every replica's WAL durability signals (no descriptor per replica).
+        self.durability_signals = DurabilitySignals()
         self._flush_threshold_bytes = flush_threshold_bytes
         self._lock = threading.Lock()
         self._replicas: dict[str, TabletReplica] = {}
@@ -156,6 +158,7 @@ class TabletManager:
             paths,
             self._wal_options,
             self._flush_threshold_bytes,
+            durability_signals=self.durability_signals,
             hybrid_clock=self.clock,
             history_max_age_s=self.history_max_age_s,
         )

@@ -38,7 +38,7 @@ from nyala.consensus.options import RaftOptions
 from nyala.consensus.runtime import RaftRuntime, RuntimeOptions
 from nyala.consensus.runtime.cmeta_store import FileCmetaStore
 from nyala.consensus.runtime.transport import GrpcTransport, Transport
-from nyala.consensus.runtime.wal_log import WalLog, WalLogOptions
+from nyala.consensus.runtime.wal_log import DurabilitySignals, WalLog, WalLogOptions
 from nyala.consensus.types import MIN_OP_ID, OpId, Role
 from nyala.errors import (
     AbortedError,
@@ -150,8 +150,10 @@ class TabletReplica:
         flush_threshold_bytes: int = FLUSH_THRESHOLD_BYTES,
         hybrid_clock: HybridClock | None = None,
         history_max_age_s: float = HISTORY_MAX_AGE_S_DEFAULT,
+        durability_signals: DurabilitySignals | None = None,
     ):
         self.superblock = superblock
+        self._durability_signals = durability_signals
         # The server's hybrid clock (shared by its replicas): timestamps of writes (assigned
         # as leader, in op order) and of snapshot reads (docs/consistency.md).
         self.clock = hybrid_clock or HybridClock()
@@ -224,7 +226,12 @@ class TabletReplica:
             self.storage = StorageEngine.open(
                 self.paths.data_dir, flush_threshold_bytes=self._flush_threshold_bytes
             )
-            self.wal = WalLog(self.paths.wal_dir, self.tablet_id, self._wal_options)
+            self.wal = WalLog(
+                self.paths.wal_dir,
+                self.tablet_id,
+                self._wal_options,
+                signals=self._durability_signals,
+            )
             self._roll_schema_forward(self.storage)
             self.applier = Applier(self.wal, self.storage, self._on_alter_schema)
             self._storage_anchor = self.wal.register_anchor(self.storage.last_flushed_index + 1)

@@ -194,6 +194,8 @@ class TabletServer(ServerBase):
         )
         self._replica_memory = ReplicaMemory()  # each replica's last measured memory
         self._memory_checks = 0
+        # Quiesced replicas whose WAL files may still be open (``_release_idle_files``).
+        self._files_to_release: set[str] = set()
         # (when, statuses) of the last ``_statuses`` call.
         self._status_snapshot: tuple[float, list[tuple[str, ReplicaStatus]]] | None = None
 
@@ -362,6 +364,33 @@ class TabletServer(ServerBase):
         self.memory.update(tracked.with_resident(resident_bytes()))
         return replicas.active_bytes, replicas.flushing_bytes
 
+    def _release_idle_files(self) -> None:
+        """Closes the WAL files of replicas that quiesced since the last check, once their
+        logs are idle (``WalLog.release_files``; a log still finishing work is tried again at
+        the next check). A quiesced replica then holds no file descriptor: 2,000 of them held
+        two each (issue "Thousands of tablet replicas per server"). Every quiesced replica is
+        tried again at each full memory sweep, for files a read opened meanwhile."""
+        tablets = self.tablets
+        assert tablets is not None
+        if self._memory_checks % MEMORY_FULL_SWEEP_EVERY == 1:
+            self._files_to_release.update(
+                r.tablet_id
+                for r in tablets.replicas()
+                if r.runtime is not None and r.runtime.liveness_signature() is not None
+            )
+        done = []
+        for tablet_id in self._files_to_release:
+            replica = tablets.lookup(tablet_id)
+            wal = None if replica is None else replica.wal
+            runtime = None if replica is None else replica.runtime
+            if wal is None or runtime is None or not runtime.running:
+                done.append(tablet_id)  # gone, or its log closed with it
+            elif runtime.liveness_signature() is None:
+                done.append(tablet_id)  # awake again
+            elif wal.release_files():
+                done.append(tablet_id)
+        self._files_to_release.difference_update(done)
+
     def _replica_bytes(self, tablet_id: str) -> ReplicaBytes | None:
         assert self.tablets is not None
         replica = self.tablets.lookup(tablet_id)
@@ -381,6 +410,10 @@ class TabletServer(ServerBase):
         runtime = None if replica is None else replica.runtime
         awake = runtime is not None and runtime.running and runtime.liveness_signature() is None
         self._replica_memory.liveness_changed(tablet_id, awake)
+        if awake:
+            self._files_to_release.discard(tablet_id)
+        else:
+            self._files_to_release.add(tablet_id)
 
     async def _flush(self, tablet_id: str, storage: StorageEngine) -> None:
         await super()._flush(tablet_id, storage)
@@ -396,6 +429,7 @@ class TabletServer(ServerBase):
         while not self._stopping:
             await asyncio.sleep(self.settings.memory_pressure_check_interval_ms / 1000)
             active, flushing = self._measure_memory()
+            self._release_idle_files()
             budget = min(limit_bytes, self.memory.memrowsets_budget_bytes())
             # A MemRowSet already being flushed frees its memory when that flush ends.
             room = max(0, budget - flushing)

@@ -39,9 +39,15 @@ pub(crate) struct ActiveSegment {
     allocated_bytes: u64,
     has_batches: bool,
     /// Further open file descriptions of the segment, one per committer beyond the first
-    /// (which syncs through `segment.file`). Opened when the segment becomes active, before
-    /// any data is written to it, so each sees every writeback error of that data.
+    /// (which syncs through the handle the group was written with). Opened when the segment
+    /// becomes active, before any data is written to it, so each sees every writeback error
+    /// of that data.
     sync_handles: Vec<Arc<File>>,
+    /// The handle the last group was written through, until `sync_target` hands it to the
+    /// committer that syncs that group: a sync through a description opened after a write
+    /// might not see the write's writeback error (the log may close idle files meanwhile,
+    /// `SegmentFile::release_handle`).
+    written_with: Option<Arc<File>>,
 }
 
 impl ActiveSegment {
@@ -74,6 +80,7 @@ impl ActiveSegment {
             allocated_bytes,
             has_batches: false,
             sync_handles: Vec::new(),
+            written_with: None,
         }
     }
 
@@ -98,14 +105,20 @@ impl ActiveSegment {
         Ok(())
     }
 
-    /// What committer `slot` syncs to make this segment's data durable.
-    pub(crate) fn sync_target(&self, slot: usize) -> SyncTarget {
-        SyncTarget {
+    /// What committer `slot` syncs to make the group just written durable.
+    pub(crate) fn sync_target(&mut self, slot: usize) -> Result<SyncTarget> {
+        let written_with = self.written_with.take();
+        let file = match slot.checked_sub(1) {
+            Some(i) => Arc::clone(&self.sync_handles[i]),
+            None => match written_with {
+                Some(file) => file,
+                None => self.segment.file()?,
+            },
+        };
+        Ok(SyncTarget {
             segment: Arc::clone(&self.segment),
-            handle: slot
-                .checked_sub(1)
-                .map(|i| Arc::clone(&self.sync_handles[i])),
-        }
+            file,
+        })
     }
 
     /// Offset just past the last batch.
@@ -148,7 +161,7 @@ impl ActiveSegment {
             .max(2 * self.allocated_bytes)
             .min(self.capacity_bytes);
         segment::preallocate(
-            &self.segment.file,
+            &*self.segment.file()?,
             &self.segment.path,
             wanted,
             faults,
@@ -161,10 +174,15 @@ impl ActiveSegment {
     /// Writes a group at the start of the tail's page: `buf` (the tail followed by the new
     /// frames, padded to whole pages) with each of `external`'s payloads in its place (see
     /// `Appender::external`). Durability comes later, from the committer's sync.
-    pub(crate) fn write_group(&self, buf: &[u8], external: &[(usize, PayloadBytes)]) -> Result<()> {
+    pub(crate) fn write_group(
+        &mut self,
+        buf: &[u8],
+        external: &[(usize, PayloadBytes)],
+    ) -> Result<()> {
         let segment = &self.segment;
+        let file = segment.file()?;
         let written = if external.is_empty() {
-            segment.file.write_all_at(buf, self.tail_start)
+            file.write_all_at(buf, self.tail_start)
         } else {
             let mut slices = Vec::with_capacity(2 * external.len() + 1);
             let mut from = 0;
@@ -174,8 +192,11 @@ impl ActiveSegment {
                 from = *at;
             }
             slices.push(IoSlice::new(&buf[from..]));
-            write_all_vectored_at(&segment.file, &mut slices, self.tail_start)
+            write_all_vectored_at(&file, &mut slices, self.tail_start)
         };
+        // Kept for the sync even when the write failed: the log fails then, and nothing
+        // more is written.
+        self.written_with = Some(file);
         written.map_err(|e| WalError::io("write", &segment.path, e))
     }
 
@@ -202,14 +223,12 @@ impl ActiveSegment {
     /// end of the group waits less. Best effort: the sync that follows is what makes the data
     /// durable, so an error here changes nothing and is ignored.
     pub(crate) fn start_writeback(&self) {
-        // SAFETY: plain syscall on a descriptor we own; (0, 0) means the whole file.
+        let Some(file) = &self.written_with else {
+            return;
+        };
+        // SAFETY: plain syscall on a descriptor we hold open; (0, 0) means the whole file.
         unsafe {
-            libc::sync_file_range(
-                self.segment.file.as_raw_fd(),
-                0,
-                0,
-                libc::SYNC_FILE_RANGE_WRITE,
-            );
+            libc::sync_file_range(file.as_raw_fd(), 0, 0, libc::SYNC_FILE_RANGE_WRITE);
         }
     }
 
@@ -223,13 +242,12 @@ impl ActiveSegment {
 /// One segment a group wrote to, and the description its committer syncs it through.
 pub(crate) struct SyncTarget {
     pub(crate) segment: Arc<SegmentFile>,
-    /// `None`: `segment.file`.
-    handle: Option<Arc<File>>,
+    file: Arc<File>,
 }
 
 impl SyncTarget {
     pub(crate) fn file(&self) -> &File {
-        self.handle.as_deref().unwrap_or(&self.segment.file)
+        &self.file
     }
 }
 

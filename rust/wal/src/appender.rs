@@ -182,14 +182,14 @@ impl Appender {
             if has_data && !self.fits(request.queued_bytes() as u64) {
                 if self.write_pending()? {
                     self.active.start_writeback();
-                    written.push(self.active.sync_target(slot));
+                    written.push(self.active.sync_target(slot)?);
                 }
                 self.roll()?;
             }
             self.add(request, arena);
         }
         if self.write_pending()? {
-            written.push(self.active.sync_target(slot));
+            written.push(self.active.sync_target(slot)?);
         }
         Ok(self.register_group(written))
     }

@@ -101,6 +101,11 @@ impl Background {
         self.work_through();
     }
 
+    /// Whether nothing is queued or running.
+    pub(crate) fn idle(&self) -> bool {
+        self.queue.lock().drainer == Drainer::Nobody
+    }
+
     /// Whether a background job panicked.
     pub(crate) fn panicked(&self) -> bool {
         self.queue.lock().panicked

@@ -7,6 +7,7 @@
 //! that position ever changes. Bytes after it may be a page being rewritten, zeros, or old
 //! data of a recycled file. This module owns the capture and the reads; it writes nothing.
 
+use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -15,9 +16,12 @@ use crate::error::{Result, WalError};
 use crate::segment::SegmentFile;
 use crate::shared::Shared;
 
-/// One segment of a copy image: its first `length` bytes, which never change.
+/// One segment of a copy image: its first `length` bytes, which never change. It holds the
+/// segment's file open (taken while the segment was in the log's table), so GC removing the
+/// segment meanwhile takes nothing from a copy that is reading it.
 pub struct SegmentImage {
     segment: Arc<SegmentFile>,
+    file: Arc<File>,
     length: u64,
 }
 
@@ -39,8 +43,8 @@ impl SegmentImage {
 
     /// The segment's open file and path, for readers that do their own reads within
     /// `length` (bytes past it are not part of the image).
-    pub fn file(&self) -> (&std::fs::File, &std::path::Path) {
-        (&self.segment.file, &self.segment.path)
+    pub fn file(&self) -> (&File, &std::path::Path) {
+        (&self.file, &self.segment.path)
     }
 
     /// Fills `buf` from `offset`; the range must lie within the image.
@@ -54,8 +58,7 @@ impl SegmentImage {
                 self.segment.path.display()
             )));
         }
-        self.segment
-            .file
+        self.file
             .read_exact_at(buf, offset)
             .map_err(|e| WalError::io("read", &self.segment.path, e))
     }
@@ -72,13 +75,12 @@ pub(crate) fn capture(shared: &Shared) -> Result<Vec<SegmentImage>> {
         if segment.sequence > durable.sequence {
             break; // nothing durable in it yet
         }
+        let file = segment.file()?;
         let length = if segment.sequence == durable.sequence {
             durable.offset
         } else if segment.closed.load(Ordering::Acquire) {
             // Footer written and the file cut after it: the whole file.
-            segment
-                .file
-                .metadata()
+            file.metadata()
                 .map_err(|e| WalError::io("stat", &segment.path, e))?
                 .len()
         } else {
@@ -88,6 +90,7 @@ pub(crate) fn capture(shared: &Shared) -> Result<Vec<SegmentImage>> {
         assert!(length > 0, "segment {} has no data end", segment.sequence);
         images.push(SegmentImage {
             segment: Arc::clone(segment),
+            file,
             length,
         });
     }

@@ -46,6 +46,7 @@ pub use faults::FaultInjection;
 pub use gc::GcReport;
 pub use log::{AnchorId, Log};
 pub use metrics::{MetricsSnapshot, HISTOGRAM_BUCKETS};
+pub use notify::Notifier;
 pub use options::{
     LogOptions, SyncPolicy, INITIAL_PREALLOCATION_BYTES_DEFAULT, QUEUE_BYTES_MAX_DEFAULT,
     SEGMENT_SIZE_BYTES_DEFAULT, SYNCS_IN_FLIGHT_LIMIT, SYNCS_IN_FLIGHT_MAX_DEFAULT,

@@ -34,7 +34,7 @@ use crate::format;
 use crate::gc::{self, GcReport};
 use crate::index::TermRuns;
 use crate::metrics::{Metrics, MetricsSnapshot};
-use crate::notify::EventFd;
+use crate::notify::LogNotify;
 use crate::options::{LogOptions, SYNCS_IN_FLIGHT_LIMIT};
 use crate::reader::{self, EntryIter};
 use crate::recovery;
@@ -67,7 +67,8 @@ impl Log {
         validate_options(tablet_id, &options)?;
         fs::create_dir_all(&dir).map_err(|e| WalError::io("create directory", &dir, e))?;
         let recovered = recovery::recover(&dir, tablet_id)?;
-        let notify = EventFd::new().map_err(|e| WalError::io("eventfd", &dir, e))?;
+        let notify = LogNotify::new(options.notifier.clone())
+            .map_err(|e| WalError::io("eventfd", &dir, e))?;
         let faults = options.fault_injection.clone().unwrap_or_default();
         let last = recovered.terms.last();
         let shared = Arc::new(Shared {
@@ -367,6 +368,8 @@ impl Log {
 
     /// A descriptor that becomes readable whenever the durable point moves or the log fails
     /// (for event loops: watch it, call `drain_notifications`, then check `durable_ticket`).
+    /// With `LogOptions::notifier`, the shared notifier's descriptor: its watcher learns from
+    /// `Notifier::take_ready` which logs to look at.
     pub fn notification_fd(&self) -> RawFd {
         self.shared.notify.raw_fd()
     }
@@ -404,6 +407,35 @@ impl Log {
     /// the entries the reader needs first, or GC may remove a segment before it is captured.
     pub fn copy_image(&self) -> Result<Vec<SegmentImage>> {
         copy_image::capture(&self.shared)
+    }
+
+    /// Closes the files of the log's segments while the log is idle: nothing queued, every
+    /// append durable, no commit or background work running. Returns whether it was idle
+    /// (nothing is closed otherwise). The next append, read, copy or close opens what it
+    /// needs again. A server with thousands of quiesced replicas calls this as each one
+    /// quiesces, so an idle replica holds no descriptor (docs/wal-format.md, "Idle logs").
+    pub fn release_files(&self) -> bool {
+        {
+            let queue = self.shared.lock_queue();
+            let idle = !queue.closing
+                && queue.requests.is_empty()
+                && queue.commit_slots_busy == 0
+                && self.shared.durable_ticket.load(Ordering::Acquire) + 1 == queue.next_ticket
+                && self.shared.syncs_in_flight.load(Ordering::Acquire) == 0
+                && self.background.idle();
+            if !idle {
+                return false;
+            }
+        }
+        // Outside the queue's lock: a group that starts meanwhile pins the file it writes
+        // and syncs (`SegmentFile::file`), so closing the table's handle never loses a sync.
+        for segment in self.shared.segments.read().iter() {
+            segment.release_handle();
+        }
+        for segment in self.shared.prepared.lock().iter().flatten() {
+            segment.release_handle();
+        }
+        true
     }
 
     /// Paths of the segments currently open, oldest first (the last is being appended to).
@@ -583,7 +615,7 @@ fn finish_recovery(
     let active = match reusable_tail {
         Some((segment, header)) => {
             let allocated = segment
-                .file
+                .file()?
                 .metadata()
                 .map_err(|e| WalError::io("stat", &segment.path, e))?
                 .len();

@@ -3,6 +3,7 @@
 use std::sync::Arc;
 
 use crate::faults::FaultInjection;
+use crate::notify::Notifier;
 use crate::segment::Preallocation;
 
 /// When the appender makes a group durable.
@@ -44,6 +45,9 @@ pub struct LogOptions {
     pub recycle_pool_segments_max: usize,
     /// Test-only fault injection (see `faults`); `None` in production.
     pub fault_injection: Option<Arc<FaultInjection>>,
+    /// Signal durability on this shared notifier under this token instead of on a
+    /// descriptor of the log's own (`None`: a descriptor of its own).
+    pub notifier: Option<(Arc<Notifier>, u64)>,
 }
 
 /// Default segment size (Kudu's is 8 MiB in nyala's DESIGN.md §8).
@@ -73,6 +77,7 @@ impl Default for LogOptions {
             initial_preallocation_bytes: INITIAL_PREALLOCATION_BYTES_DEFAULT,
             recycle_pool_segments_max: 2,
             fault_injection: None,
+            notifier: None,
         }
     }
 }

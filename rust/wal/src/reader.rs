@@ -5,6 +5,7 @@
 //! the write is checked again after the read.
 
 use std::collections::HashMap;
+use std::fs::File;
 use std::sync::Arc;
 
 use nyala_common::OpIndex;
@@ -30,7 +31,8 @@ pub(crate) fn read_range(
     for (index, location) in wanted {
         let key = (location.sequence, location.batch_offset);
         if let std::collections::hash_map::Entry::Vacant(slot) = batches.entry(key) {
-            slot.insert(read_batch(&segments[&location.sequence], &location)?);
+            let (segment, file) = &segments[&location.sequence];
+            slot.insert(read_batch(segment, file, &location)?);
         }
         let (payload, metas) = &batches[&key];
         let meta = metas
@@ -38,14 +40,14 @@ pub(crate) fn read_range(
             .find(|m| m.offset == location.entry_offset)
             .ok_or_else(|| {
                 mismatch(
-                    &segments[&location.sequence],
+                    &segments[&location.sequence].0,
                     &location,
                     "no entry at the indexed offset",
                 )
             })?;
         if meta.index != index || meta.term != location.term {
             return Err(mismatch(
-                &segments[&location.sequence],
+                &segments[&location.sequence].0,
                 &location,
                 "entry does not match the index",
             ));
@@ -92,10 +94,16 @@ fn locate(
     Ok(wanted)
 }
 
+/// A segment with its file held open.
+type PinnedSegment = (Arc<SegmentFile>, Arc<File>);
+
+/// The segments holding `wanted`, each with its file, taken under the table's lock: GC
+/// removes no segment meanwhile, so the files are still there to open if the log had closed
+/// them while idle.
 fn segments_for(
     shared: &Shared,
     wanted: &[(OpIndex, Location)],
-) -> Result<HashMap<u64, Arc<SegmentFile>>> {
+) -> Result<HashMap<u64, PinnedSegment>> {
     let table = shared.segments.read();
     let mut out = HashMap::new();
     for (index, location) in wanted {
@@ -110,16 +118,17 @@ fn segments_for(
                 first: 0,
                 last: 0,
             })?;
-        out.insert(location.sequence, Arc::clone(segment));
+        out.insert(location.sequence, (Arc::clone(segment), segment.file()?));
     }
     Ok(out)
 }
 
 fn read_batch(
     segment: &SegmentFile,
+    file: &File,
     location: &Location,
 ) -> Result<(Vec<u8>, Vec<format::EntryMeta>)> {
-    let frame = segment.read_at(location.batch_offset, location.frame_len as usize)?;
+    let frame = segment.read_at(file, location.batch_offset, location.frame_len as usize)?;
     let header = format::decode_batch_header(&frame)
         .map_err(|reason| mismatch(segment, location, reason))?;
     if header.sequence != segment.sequence

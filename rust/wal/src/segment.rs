@@ -8,8 +8,10 @@ use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
 
 use nyala_common::{OpId, OpIndex};
+use parking_lot::RwLock;
 
 use crate::error::{Result, WalError};
 use crate::faults::FaultInjection;
@@ -49,12 +51,18 @@ pub fn parse_segment_name(name: &str) -> Option<u64> {
     digits.parse().ok()
 }
 
-/// An open segment shared by the appender, readers, the background thread and GC.
+/// A segment of the log, shared by the appender, readers, the background thread and GC.
+///
+/// Its file stays open while the log uses it; an idle log closes it (`release_handle`, from
+/// `Log::release_files`) and the next use opens it again. Whoever writes through a handle
+/// syncs through that same handle (or one opened before the write), so a writeback error of
+/// the write is never missed by a sync through a description opened after it.
 #[derive(Debug)]
 pub(crate) struct SegmentFile {
     pub sequence: u64,
     pub path: PathBuf,
-    pub file: File,
+    /// The open file; `None` once released, until the next `file()`.
+    handle: RwLock<Option<Arc<File>>>,
     /// Entries in the segment and their lowest/highest index (0/0 while empty).
     pub entry_count: AtomicU64,
     pub min_index: AtomicU64,
@@ -75,7 +83,7 @@ impl SegmentFile {
         SegmentFile {
             sequence,
             path,
-            file,
+            handle: RwLock::new(Some(Arc::new(file))),
             entry_count: AtomicU64::new(0),
             min_index: AtomicU64::new(0),
             max_index: AtomicU64::new(0),
@@ -105,11 +113,40 @@ impl SegmentFile {
         }
     }
 
-    /// Reads exactly `len` bytes at `offset`.
-    pub(crate) fn read_at(&self, offset: u64, len: usize) -> Result<Vec<u8>> {
+    /// The segment's open file, opened again if it was released. Pin it (keep the `Arc`)
+    /// across a write and the sync that makes the write durable, and take it while the
+    /// segment is still in the log's table if GC may remove the file meanwhile.
+    pub(crate) fn file(&self) -> Result<Arc<File>> {
+        if let Some(file) = &*self.handle.read() {
+            return Ok(Arc::clone(file));
+        }
+        let mut slot = self.handle.write();
+        if let Some(file) = &*slot {
+            return Ok(Arc::clone(file));
+        }
+        // A closed segment is only read from now on.
+        let writable = !self.closed.load(Ordering::Acquire);
+        let file = Arc::new(
+            OpenOptions::new()
+                .read(true)
+                .write(writable)
+                .open(&self.path)
+                .map_err(|e| WalError::io("open again", &self.path, e))?,
+        );
+        *slot = Some(Arc::clone(&file));
+        Ok(file)
+    }
+
+    /// Closes the segment's file unless a user still holds it (it then closes when that user
+    /// lets go); the next `file()` opens it again. Returns whether a handle was held.
+    pub(crate) fn release_handle(&self) -> bool {
+        self.handle.write().take().is_some()
+    }
+
+    /// Reads exactly `len` bytes at `offset` of `file` (this segment's, from `file()`).
+    pub(crate) fn read_at(&self, file: &File, offset: u64, len: usize) -> Result<Vec<u8>> {
         let mut buf = vec![0u8; len];
-        self.file
-            .read_exact_at(&mut buf, offset)
+        file.read_exact_at(&mut buf, offset)
             .map_err(|e| WalError::io("read", &self.path, e))?;
         Ok(buf)
     }
@@ -337,18 +374,13 @@ pub(crate) fn sync_dir(dir: &Path) -> Result<()> {
 pub(crate) fn close_segment(segment: &SegmentFile, write_end: u64, sync: bool) -> Result<()> {
     let footer = format::encode_footer(&segment.footer());
     let path = &segment.path;
-    segment
-        .file
-        .write_all_at(&footer, write_end)
+    let file = segment.file()?;
+    file.write_all_at(&footer, write_end)
         .map_err(|e| WalError::io("write footer", path, e))?;
-    segment
-        .file
-        .set_len(write_end + format::FOOTER_BYTES as u64)
+    file.set_len(write_end + format::FOOTER_BYTES as u64)
         .map_err(|e| WalError::io("ftruncate", path, e))?;
     if sync {
-        segment
-            .file
-            .sync_all()
+        file.sync_all()
             .map_err(|e| WalError::io("fsync", path, e))?;
     }
     segment.closed.store(true, Ordering::Release);
@@ -522,7 +554,7 @@ fn find_valid_frame(bytes: &[u8], from: usize, sequence: u64) -> Option<usize> {
 /// with a footer, so every segment but the active one has a footer.
 pub(crate) fn repair_segment(segment: &SegmentFile, valid_end: u64) -> Result<()> {
     segment
-        .file
+        .file()?
         .set_len(valid_end)
         .map_err(|e| WalError::io("ftruncate", &segment.path, e))?;
     close_segment(segment, valid_end, true)

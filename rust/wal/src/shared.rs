@@ -30,7 +30,7 @@ use crate::faults::FaultInjection;
 use crate::format::{self, EncodedPayload};
 use crate::index::{LogIndex, TermRuns};
 use crate::metrics::Metrics;
-use crate::notify::EventFd;
+use crate::notify::LogNotify;
 use crate::options::LogOptions;
 use crate::segment::{Preallocation, PrepareSpec, SegmentFile};
 
@@ -265,7 +265,7 @@ pub(crate) struct Shared {
     pub anchors: Mutex<Anchors>,
     pub gc_lock: Mutex<()>,
     pub metrics: Metrics,
-    pub notify: EventFd,
+    pub notify: LogNotify,
 }
 
 /// Groups committed and bytes written when `fresh_segment_preallocation` last decided, and

@@ -363,3 +363,179 @@ fn idle_pool_workers_stop_and_the_pools_regrow_on_demand() {
     log.close().unwrap();
     nyala_wal::configure_thread_pools(defaults).unwrap();
 }
+
+/// Descriptors this process holds open on files under `root`.
+fn descriptors_under(root: &Path) -> usize {
+    std::fs::read_dir("/proc/self/fd")
+        .unwrap()
+        .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+        .filter(|target| target.starts_with(root))
+        .count()
+}
+
+/// Idle logs close their segment files (`Log::release_files`), and every use opens what it
+/// needs again: reads, appends, a copy image that GC runs under, and reopening the log.
+#[test]
+fn idle_logs_release_their_files_and_open_them_again_on_use() {
+    let _serial = serial();
+    let root = scratch_dir();
+    // Small segments: each log has several, closed ones and a prepared one among them.
+    let options = LogOptions {
+        segment_size_bytes: 16 << 10,
+        min_segments_to_retain: 1,
+        ..server_options()
+    };
+    let logs = open_logs(root.path(), 40, &options);
+    let mut written: Vec<Vec<nyala_wal::Entry>> = Vec::new();
+    for log in &logs {
+        // Batches of ten entries (about 1.5 KiB): a dozen per segment.
+        let batches = (0..30).flat_map(|b| common::append_range(log, 1, 10 * b + 1, 10 * b + 10));
+        written.push(batches.collect());
+    }
+    let open_before = descriptors_under(root.path());
+    assert!(open_before >= 2 * logs.len(), "{open_before} descriptors");
+    for log in &logs {
+        assert!(log.release_files(), "an idle log releases its files");
+    }
+    assert_eq!(descriptors_under(root.path()), 0);
+    assert!(logs[0].release_files(), "releasing again is harmless");
+
+    // A read opens the segments it reads.
+    for (log, expected) in logs.iter().zip(&written) {
+        assert_eq!(&read_all(log), expected);
+    }
+    assert!(descriptors_under(root.path()) > 0);
+    for log in &logs {
+        assert!(log.release_files());
+    }
+    // A copy image taken now holds its files: GC of those segments meanwhile (an anchor
+    // moved past them) deletes them, and the image still reads every byte.
+    let image = logs[1].copy_image().unwrap();
+    let lengths: Vec<u64> = image.iter().map(|s| s.length()).collect();
+    let report = logs[1].gc().unwrap();
+    assert!(report.segments_deleted + report.segments_recycled > 0);
+    for (segment, length) in image.iter().zip(lengths) {
+        let mut buf = vec![0u8; length as usize];
+        segment.read_at(0, &mut buf).unwrap();
+        assert_eq!(buf[..8], nyala_wal::format::SEGMENT_MAGIC);
+    }
+    drop(image);
+    // Appends write and sync through reopened files; nothing is lost across a reopen.
+    for (log, expected) in logs.iter().zip(written.iter_mut()) {
+        assert!(log.release_files());
+        for b in 30..40 {
+            expected.extend(common::append_range(log, 2, 10 * b + 1, 10 * b + 10));
+        }
+    }
+    assert!(descriptors_under(root.path()) > 0);
+    for (i, (log, expected)) in logs.iter().zip(&written).enumerate() {
+        assert!(log.release_files());
+        log.close().unwrap();
+        let dir = root.path().join(format!("tablet-{i}"));
+        let reopened = Log::open(&dir, &format!("tablet-{i}"), options.clone()).unwrap();
+        let first = reopened.first_index();
+        let kept: Vec<_> = expected
+            .iter()
+            .filter(|e| e.index >= first)
+            .cloned()
+            .collect();
+        assert_eq!(read_all(&reopened), kept);
+        assert_eq!(reopened.last_op_id().index, 400);
+    }
+}
+
+/// A log that is being written is not idle: `release_files` says so while work is queued or
+/// running, and closing files between groups loses no append.
+#[test]
+fn releasing_files_while_a_writer_runs_loses_nothing() {
+    let _serial = serial();
+    let root = scratch_dir();
+    let options = LogOptions {
+        segment_size_bytes: 32 << 10,
+        ..server_options()
+    };
+    let log = Arc::new(Log::open(root.path(), "t", options.clone()).unwrap());
+    let writer = {
+        let log = Arc::clone(&log);
+        thread::spawn(move || {
+            let mut written = Vec::new();
+            for i in 1..=2_000u64 {
+                let e = entry(1, i);
+                if i % 4 == 0 {
+                    log.append_durable(&[e.as_ref()]).unwrap();
+                } else {
+                    log.append(&[e.as_ref()]).unwrap();
+                }
+                written.push(e);
+            }
+            written // the last append (2,000) waited for everything before it
+        })
+    };
+    let (mut released, mut refused) = (0u32, 0u32);
+    while !writer.is_finished() {
+        if log.release_files() {
+            released += 1;
+        } else {
+            refused += 1;
+        }
+        thread::sleep(Duration::from_micros(200));
+    }
+    let written = writer.join().unwrap();
+    assert!(
+        refused > 0,
+        "a busy log refused to release ({released} released)"
+    );
+    assert!(log.release_files());
+    common::assert_holds_across_reopen(&log, root.path(), options, &written);
+}
+
+/// Logs given one `Notifier` signal it under their tokens: the watcher learns which logs'
+/// durable points moved from one descriptor, each token once per drain, and a log that
+/// signals again after its watcher drained it is queued again.
+#[test]
+fn logs_sharing_a_notifier_signal_under_their_tokens() {
+    let _serial = serial();
+    let root = scratch_dir();
+    let notifier = nyala_wal::Notifier::new().unwrap();
+    let logs: Vec<Log> = (0..20u64)
+        .map(|i| {
+            let options = LogOptions {
+                notifier: Some((Arc::clone(&notifier), 100 + i)),
+                ..server_options()
+            };
+            Log::open(root.path().join(format!("t{i}")), "t", options).unwrap()
+        })
+        .collect();
+    assert!(logs.iter().all(|l| l.notification_fd() == notifier.fd()));
+    assert!(notifier.take_ready().is_empty());
+    let readable = || {
+        let mut poll = libc::pollfd {
+            fd: notifier.fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one live pollfd, no timeout.
+        unsafe { libc::poll(&mut poll, 1, 0) == 1 }
+    };
+    // Two appends to each of the even logs; none to the odd ones.
+    for (i, log) in logs.iter().enumerate().filter(|(i, _)| i % 2 == 0) {
+        common::append_range(log, 1, 1, 1);
+        common::append_range(log, 1, 2, 2);
+        assert_eq!(log.durable_index(), 2, "log {i}");
+    }
+    assert!(readable());
+    let mut tokens = notifier.take_ready();
+    tokens.sort_unstable();
+    let expected: Vec<u64> = (0..20u64).filter(|i| i % 2 == 0).map(|i| 100 + i).collect();
+    assert_eq!(tokens, expected, "each signalling log once");
+    assert!(!readable());
+    // Not drained: a log's later signals do not queue its token again...
+    common::append_range(&logs[0], 1, 3, 3);
+    assert!(notifier.take_ready().is_empty());
+    // ...until its watcher drained it.
+    logs[0].drain_notifications();
+    logs[2].drain_notifications();
+    common::append_range(&logs[0], 1, 4, 4);
+    assert!(readable());
+    assert_eq!(notifier.take_ready(), vec![100]);
+}

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import itertools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -14,7 +14,12 @@ from log_conformance import BIG_BYTES, RaftLogConformance
 
 from nyala.consensus.log import RaftLog
 from nyala.consensus.memory_log import MemoryLog
-from nyala.consensus.runtime.wal_log import WalEntryBatch, WalLog, WalLogOptions
+from nyala.consensus.runtime.wal_log import (
+    DurabilitySignals,
+    WalEntryBatch,
+    WalLog,
+    WalLogOptions,
+)
 from nyala.consensus.types import MIN_OP_ID, EntryKind, OpId
 from nyala.errors import CorruptionError, InvalidArgumentError
 
@@ -230,31 +235,125 @@ def test_received_requests_are_split_without_parsing_the_entries() -> None:
         _native.EntryBatch.decode(data, 10, len(data) + 1)
 
 
-def test_watch_durable_reports_progress_from_the_event_loop(tmp_path: Path) -> None:
+@pytest.mark.parametrize("shared", [False, True], ids=["own-eventfd", "shared-signals"])
+def test_watch_durability_reports_progress_from_the_event_loop(
+    tmp_path: Path, shared: bool
+) -> None:
+    signals = DurabilitySignals() if shared else None
+
     async def scenario() -> list[int]:
         reported: list[int] = []
         done = asyncio.Event()
-        with WalLog(tmp_path / "wal", TABLET_ID) as log:
+        with WalLog(tmp_path / "wal", TABLET_ID, signals=signals) as log:
 
-            def on_durable(index: int) -> None:
-                reported.append(index)
+            def on_signal() -> None:
+                log.drain_notifications()
+                index = log.durable_index()
+                if not reported or reported[-1] != index:
+                    reported.append(index)
                 if index == 3:
                     done.set()
 
-            watch = log.watch_durable(asyncio.get_running_loop(), on_durable)
+            stop = log.watch_durability(asyncio.get_running_loop(), on_signal)
             try:
                 for _ in range(3):
                     log.append(1, EntryKind.WRITE, b"x")
                 async with asyncio.timeout(30):
                     await done.wait()
             finally:
-                watch.close()
-                watch.close()
+                stop()
         return reported
 
     reported = asyncio.run(scenario())
     assert reported[-1] == 3
     assert reported == sorted(reported)
+
+
+def _eventfds() -> int:
+    fds = Path("/proc/self/fd")
+    return sum(1 for fd in fds.iterdir() if _readlink(fd) == "anon_inode:[eventfd]")
+
+
+def _readlink(path: Path) -> str:
+    try:
+        return str(path.readlink())
+    except FileNotFoundError:
+        return ""  # closed since the listing
+
+
+def test_logs_sharing_durability_signals_are_each_told_of_their_own_progress(
+    tmp_path: Path,
+) -> None:
+    """Forty logs on one eventfd: each watcher hears of its own log's appends (and only its
+    log is drained by it); the process gains no eventfd per log; the reader is removed with
+    the last watcher."""
+    before = _eventfds()
+    signals = DurabilitySignals()
+    logs = [WalLog(tmp_path / f"wal-{i}", TABLET_ID, signals=signals) for i in range(40)]
+    assert _eventfds() - before == 1
+
+    async def scenario() -> dict[int, int]:
+        loop = asyncio.get_running_loop()
+        seen: dict[int, int] = {}
+        all_done = asyncio.Event()
+
+        def watcher(i: int, log: WalLog) -> Callable[[], None]:
+            def on_signal() -> None:
+                log.drain_notifications()
+                seen[i] = log.durable_index()
+                if len(seen) == 20 and all(v == i % 5 + 1 for i, v in seen.items()):
+                    all_done.set()
+
+            return on_signal
+
+        stops = [log.watch_durability(loop, watcher(i, log)) for i, log in enumerate(logs)]
+        for i, log in enumerate(logs[:20]):  # the second half stays idle
+            for _ in range(i % 5 + 1):
+                log.append(1, EntryKind.WRITE, b"row")
+        async with asyncio.timeout(30):
+            await all_done.wait()
+        for stop in stops:
+            stop()
+        # No reader is left behind: a signal now reaches no one (and nothing raises).
+        logs[0].append(1, EntryKind.WRITE, b"late")
+        assert logs[0].wait_durable(timeout_s=30)
+        await asyncio.sleep(0.05)
+        return seen
+
+    seen = asyncio.run(scenario())
+    assert sorted(seen) == list(range(20)), "only the logs written to signalled"
+    assert all(seen[i] == i % 5 + 1 for i in range(20))
+    for log in logs:
+        log.close()
+
+
+def test_an_idle_log_releases_its_files_and_reopens_them_on_use(tmp_path: Path) -> None:
+    directory = tmp_path / "wal"
+
+    def open_files() -> int:
+        return sum(
+            1 for fd in Path("/proc/self/fd").iterdir() if _readlink(fd).startswith(str(directory))
+        )
+
+    with WalLog(directory, TABLET_ID, WalLogOptions(segment_size_bytes=64 << 10)) as log:
+        for i in range(200):
+            log.append(1, EntryKind.WRITE, bytes([i % 256]) * 1_000)
+        assert log.wait_durable(timeout_s=30)
+        assert open_files() >= 2  # several segments
+        assert log.release_files()
+        assert open_files() == 0
+        log.evict_through(200)  # reads now go to the WAL, and open what they read
+        batch = log.read_batch(0, BIG_BYTES)
+        assert batch is not None
+        assert batch.first_op_id == OpId(1, 1)
+        assert open_files() > 0
+        assert log.release_files()
+        log.append(1, EntryKind.WRITE, b"after")  # appends open the active segment
+        assert log.wait_durable(timeout_s=30)
+        assert log.last_op_id() == OpId(1, 201)
+    with WalLog(directory, TABLET_ID) as reopened:
+        assert reopened.last_op_id() == OpId(1, 201)
+        assert reopened.durable_index() == 201
 
 
 def test_committed_entries_are_never_truncated(log: WalLog, tmp_path: Path) -> None:

@@ -4,7 +4,7 @@ It owns the I/O the sans-I/O core leaves out, and nothing of Raft's rules: it ti
 when the core's next deadline comes (``RaftCore.next_timer_ms``: a leader's next heartbeat, a
 follower's election deadline; none at all while the replica is quiesced, so an idle tablet
 costs no wake-ups), feeds it inbound messages from a ``Transport``, reports log durability
-(the log's eventfd, watched with ``loop.add_reader``), executes the core's effects in order,
+(``watch_durability``: the WAL's eventfd, one per server), executes the core's effects in order,
 and turns ``Apply``/``LogTruncated``/``RoleChanged``/``ReadReady`` into the outcome of
 awaited proposals and reads. It runs as one task of a ``TaskGroup`` its owner gives it and
 ends by cancellation (STYLE.md 15).
@@ -73,12 +73,15 @@ log = logging.getLogger(__name__)
 class DurabilityNotifier(Protocol):
     """What the runtime needs from a log whose appends become durable asynchronously."""
 
-    def notification_fd(self) -> int:
-        """A descriptor that becomes readable when the durable point moves or the log fails."""
+    def watch_durability(
+        self, loop: asyncio.AbstractEventLoop, callback: Callable[[], None]
+    ) -> Callable[[], None]:
+        """Calls ``callback`` from ``loop`` when the durable point may have moved or the log
+        failed; returns what stops it."""
         ...
 
     def drain_notifications(self) -> None:
-        """Resets the descriptor's readiness."""
+        """Clears the pending signal (the callback calls it before it looks)."""
         ...
 
     def failure(self) -> BaseException | None:
@@ -248,9 +251,11 @@ class RaftRuntime:
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
-        fd = self._notifier.notification_fd() if self._notifier is not None else None
-        if fd is not None:
-            loop.add_reader(fd, self._on_durability_signal)
+        stop_watch = (
+            None
+            if self._notifier is None
+            else self._notifier.watch_durability(loop, self._on_durability_signal)
+        )
         self._loop = loop
         try:
             async with asyncio.TaskGroup() as group:
@@ -274,8 +279,8 @@ class RaftRuntime:
                 # write in flight must not land after that (at most one fsync's wait).
                 concurrent.futures.wait([writing])
             self._held.clear()  # never durable: as if the process had stopped before
-            if fd is not None and not loop.is_closed():
-                loop.remove_reader(fd)
+            if stop_watch is not None:
+                stop_watch()
             self._fail_waiters(AbortedError(f"the runtime of replica {self.uuid} stopped"))
 
     async def _tick_loop(self) -> None:

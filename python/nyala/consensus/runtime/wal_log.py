@@ -8,14 +8,15 @@ I/O itself and holds no Raft state: the core decides, the native log stores.
 The follower's UpdateConsensus log step is one native call (``append_replicated``) with the
 GIL released; row data stays in native memory, and only NO_OP and CONFIG_CHANGE entries
 become Python objects, when asked for. Appends return before they are durable. The runtime
-learns about durability from the WAL's eventfd: ``watch_durable`` registers it with the event
-loop and calls back with the new ``durable_index()``, which the runtime hands to
-``RaftCore.on_log_durable``.
+learns about durability from the WAL's eventfd: ``watch_durability`` calls it back from the
+event loop, and it hands the new ``durable_index()`` to ``RaftCore.on_log_durable``. The
+replicas of a server share one eventfd (``DurabilitySignals``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,9 +26,9 @@ from typing import Literal, Self
 from nyala import _native
 from nyala.consensus.log import AppendResult, EntryBatch
 from nyala.consensus.types import EntryKind, OpId
-from nyala.errors import InvalidArgumentError
+from nyala.errors import IllegalStateError, InvalidArgumentError
 
-__all__ = ["DurableWatch", "LogCacheStats", "WalEntryBatch", "WalLog", "WalLogOptions"]
+__all__ = ["DurabilitySignals", "LogCacheStats", "WalEntryBatch", "WalLog", "WalLogOptions"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,55 +147,75 @@ class WalEntryBatch:
         return f"WalEntryBatch({self.first_op_id}..{self.last_op_id}, {self.size_bytes} bytes)"
 
 
-class DurableWatch:
-    """Calls back when the log's durable index moves (see ``WalLog.watch_durable``)."""
+class DurabilitySignals:
+    """One descriptor for the durability signals of every replica's WAL on a server.
 
-    def __init__(
-        self,
-        log: WalLog,
-        loop: asyncio.AbstractEventLoop,
-        on_durable: Callable[[int], None],
-        on_failure: Callable[[BaseException], None] | None,
+    Each ``WalLog`` opened with these signals gets a token and signals the shared eventfd
+    under it (``nyala_wal::Notifier``); the one reader on the event loop asks which logs
+    signalled and calls their watchers. A server with 2,000 replicas held an eventfd and an
+    event-loop reader per replica (issue "Thousands of tablet replicas per server"). The
+    reader is registered while any log is watched.
+    """
+
+    def __init__(self) -> None:
+        self.native = _native.WalNotifier()
+        self._fd = self.native.fileno()
+        self._tokens = itertools.count(1)  # logs open in parallel threads take tokens
+        self._watchers: dict[int, Callable[[], None]] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def new_token(self) -> int:
+        """A token for a log about to be opened."""
+        return next(self._tokens)
+
+    def watch(
+        self, token: int, loop: asyncio.AbstractEventLoop, callback: Callable[[], None]
     ) -> None:
-        self._log = log
-        self._loop = loop
-        self._on_durable = on_durable
-        self._on_failure = on_failure
-        self._fd = log.notification_fd()
-        self._last_reported = -1
-        self._active = True
-        loop.add_reader(self._fd, self._ready)
+        """Calls ``callback`` from ``loop`` whenever the log of ``token`` signals (until
+        ``unwatch``). Every watcher runs on one loop."""
+        if self._loop is not loop:
+            if self._watchers and self._loop is not None and not self._loop.is_closed():
+                raise IllegalStateError("durability signals are watched from another event loop")
+            self._watchers.clear()  # left by a loop that closed without unwatching
+            self._loop = None
+        if self._loop is None:
+            loop.add_reader(self._fd, self._dispatch)
+            self._loop = loop
+        self._watchers[token] = callback
 
-    def _ready(self) -> None:
-        self._log.drain_notifications()
-        failure = self._log.failure()
-        if failure is not None:
-            self.close()
-            if self._on_failure is not None:
-                self._on_failure(failure)
-            return
-        index = self._log.durable_index()
-        if index != self._last_reported:  # a truncation may lower it
-            self._last_reported = index
-            self._on_durable(index)
+    def unwatch(self, token: int) -> None:
+        """Stops calling the watcher of ``token``; the last one removes the reader."""
+        if self._watchers.pop(token, None) is not None and not self._watchers:
+            loop, self._loop = self._loop, None
+            if loop is not None and not loop.is_closed():
+                loop.remove_reader(self._fd)
 
-    def close(self) -> None:
-        """Stops watching (idempotent)."""
-        if self._active:
-            self._active = False
-            self._loop.remove_reader(self._fd)
+    def _dispatch(self) -> None:
+        watchers = self._watchers
+        for token in self.native.take_ready():
+            callback = watchers.get(token)
+            if callback is not None:  # a log closed since it signalled is nobody's business
+                callback()
 
 
 class WalLog:
     """A replica's ``RaftLog``: the tablet's WAL in ``directory`` plus a log cache."""
 
     def __init__(
-        self, directory: str | Path, tablet_id: str, options: WalLogOptions | None = None
+        self,
+        directory: str | Path,
+        tablet_id: str,
+        options: WalLogOptions | None = None,
+        *,
+        signals: DurabilitySignals | None = None,
     ) -> None:
+        """``signals``: the server's shared durability descriptor (None: one of its own)."""
         options = options or WalLogOptions()
         self.directory = Path(directory)
         self.tablet_id = tablet_id
         self.options = options
+        self._signals = signals
+        self._token = 0 if signals is None else signals.new_token()
         self._log = _native.ReplicatedLog(
             str(self.directory),
             tablet_id,
@@ -203,6 +224,8 @@ class WalLog:
             sync=options.sync,
             queue_bytes_max=options.queue_bytes_max,
             min_segments_to_retain=options.min_segments_to_retain,
+            notifier=None if signals is None else signals.native,
+            notifier_token=self._token,
         )
 
     @property
@@ -273,27 +296,37 @@ class WalLog:
 
     # --- durability (the runtime's side) ----------------------------------------------------
 
-    def notification_fd(self) -> int:
-        """Readable whenever the durable index moves or the WAL fails."""
-        return self._log.notification_fd()
+    def watch_durability(
+        self, loop: asyncio.AbstractEventLoop, callback: Callable[[], None]
+    ) -> Callable[[], None]:
+        """Calls ``callback`` from ``loop`` whenever the durable index may have moved or the
+        WAL failed (no thread, no polling); returns what stops it. The callback calls
+        ``drain_notifications`` before it looks."""
+        signals, token = self._signals, self._token
+        if signals is not None:
+            signals.watch(token, loop, callback)
+            return lambda: signals.unwatch(token)
+        fd = self._log.notification_fd()
+        loop.add_reader(fd, callback)
+
+        def stop() -> None:
+            if not loop.is_closed():
+                loop.remove_reader(fd)
+
+        return stop
 
     def drain_notifications(self) -> None:
-        """Clears the readiness of ``notification_fd``."""
+        """Clears this log's pending signal (before looking at ``durable_index``)."""
         self._log.drain_notifications()
 
-    def watch_durable(
-        self,
-        loop: asyncio.AbstractEventLoop,
-        on_durable: Callable[[int], None],
-        on_failure: Callable[[BaseException], None] | None = None,
-    ) -> DurableWatch:
-        """Calls ``on_durable(durable_index)`` from ``loop`` whenever it changes (no thread,
-        no polling); ``on_failure`` once if the WAL fails. Close the watch to stop."""
-        return DurableWatch(self, loop, on_durable, on_failure)
+    def release_files(self) -> bool:
+        """Closes the WAL's segment files while it is idle (nothing queued or unsynced);
+        whether it was. The next append or read opens what it needs again."""
+        return self._log.release_files()
 
     def wait_durable(self, timeout_s: float | None = None) -> bool:
         """Blocks until everything appended so far is durable; False on timeout. For tests
-        and shutdown; the runtime uses ``watch_durable``."""
+        and shutdown; the runtime uses ``watch_durability``."""
         return self._log.wait_durable(timeout_s)
 
     def failure(self) -> BaseException | None:
