@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +28,8 @@ from nyala import _native
 from nyala.consensus.log import AppendResult, EntryBatch
 from nyala.consensus.types import EntryKind, OpId
 from nyala.errors import IllegalStateError, InvalidArgumentError
+
+log = logging.getLogger(__name__)
 
 __all__ = ["DurabilitySignals", "LogCacheStats", "WalEntryBatch", "WalLog", "WalLogOptions"]
 
@@ -172,7 +175,9 @@ class DurabilitySignals:
         self, token: int, loop: asyncio.AbstractEventLoop, callback: Callable[[], None]
     ) -> None:
         """Calls ``callback`` from ``loop`` whenever the log of ``token`` signals (until
-        ``unwatch``). Every watcher runs on one loop."""
+        ``unwatch``), and once soon after this call: a log that signalled while nobody
+        watched it (its token taken and dropped) signals again only once its watcher has
+        drained it. Every watcher runs on one loop."""
         if self._loop is not loop:
             if self._watchers and self._loop is not None and not self._loop.is_closed():
                 raise IllegalStateError("durability signals are watched from another event loop")
@@ -182,6 +187,7 @@ class DurabilitySignals:
             loop.add_reader(self._fd, self._dispatch)
             self._loop = loop
         self._watchers[token] = callback
+        loop.call_soon(self._call, token)
 
     def unwatch(self, token: int) -> None:
         """Stops calling the watcher of ``token``; the last one removes the reader."""
@@ -191,11 +197,18 @@ class DurabilitySignals:
                 loop.remove_reader(self._fd)
 
     def _dispatch(self) -> None:
-        watchers = self._watchers
         for token in self.native.take_ready():
-            callback = watchers.get(token)
-            if callback is not None:  # a log closed since it signalled is nobody's business
-                callback()
+            self._call(token)
+
+    def _call(self, token: int) -> None:
+        callback = self._watchers.get(token)
+        if callback is None:
+            return  # a log closed since it signalled is nobody's business
+        try:
+            callback()
+        except Exception:
+            # The other logs whose tokens were taken with this one must still hear of it.
+            log.exception("the durability watcher of WAL token %d failed", token)
 
 
 class WalLog:
