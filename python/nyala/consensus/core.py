@@ -131,6 +131,8 @@ class ReplicaStatus:
     pending_config: RaftConfig | None
     transfer_target: str | None
     quiesced: bool = False
+    #: When this replica became leader, on its clock (None unless it leads).
+    leader_since_ms: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,6 +186,7 @@ class RaftCore:
         self._last_applied = last_applied_index
         self._leader: str | None = None
         self._role = self._passive_role()
+        self._leader_since_ms: int | None = None
         self._announced: tuple[Role, int, str | None] | None = None
         self._last_leader_contact_ms: int | None = None
         # Follower reads: (term, leader, leader's commit index, time) of the last
@@ -282,6 +285,7 @@ class RaftCore:
             pending_config=self._pending_config,
             transfer_target=self._transfer.target if self._transfer else None,
             quiesced=self._quiesced,
+            leader_since_ms=self._leader_since_ms,
         )
 
     def leader_contact(self) -> LeaderContact | None:
@@ -881,6 +885,10 @@ class RaftCore:
             self._set_role(self._passive_role(), self._leader)
 
     def _set_role(self, role: Role, leader: str | None) -> None:
+        if role is not Role.LEADER:
+            self._leader_since_ms = None
+        elif self._role is not Role.LEADER:
+            self._leader_since_ms = self._clock.now_ms()
         self._role = role
         self._leader = leader
         self._announce_role()

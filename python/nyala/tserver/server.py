@@ -66,6 +66,12 @@ def _is_leader(status: ReplicaStatus) -> float:
     return 1.0 if status.role is Role.LEADER else 0.0
 
 
+def _leader_for_seconds(status: ReplicaStatus) -> float:
+    # The core's clock in a server is ``RealClock``: ``time.monotonic_ns`` in milliseconds.
+    since = status.leader_since_ms
+    return 0.0 if since is None else (time.monotonic_ns() // 1_000_000 - since) / 1000
+
+
 # Per-tablet consensus gauges on /metrics: name -> (help, how to read it from the status).
 def _storage_stat(key: str, scale: float = 1.0) -> Callable[[TabletReplica], float | None]:
     def read(replica: TabletReplica) -> float | None:
@@ -151,6 +157,10 @@ _PER_TABLET_GAUGES: dict[str, tuple[str, Callable[[ReplicaStatus], float]]] = {
     "nyala_tablet_commit_index": ("Raft commit index, per tablet", lambda st: st.commit_index),
     "nyala_tablet_last_applied_index": ("Last applied op index", lambda st: st.last_applied),
     "nyala_tablet_is_leader": ("1 if this replica leads its tablet", _is_leader),
+    "nyala_tablet_leader_for_seconds": (
+        "Seconds since this replica became its tablet's leader (0 unless it leads)",
+        _leader_for_seconds,
+    ),
     "nyala_tablet_quiesced": (
         "1 if this replica is quiesced (no per-tablet heartbeats or election timer)",
         lambda st: float(st.quiesced),

@@ -20,7 +20,7 @@ from nyala.consensus import (
 )
 from nyala.consensus.messages import VoteRequest, VoteResponse
 from nyala.consensus.metadata import ConsensusMetadata
-from nyala.consensus.types import MIN_OP_ID, OpId
+from nyala.consensus.types import MIN_OP_ID, OpId, Role
 from nyala.errors import DiskFullError, IllegalStateError, NotLeaderError, WrongServerUuidError
 
 CONFIG = RaftConfig((RaftPeer("a", "a:1"), RaftPeer("b", "b:1"), RaftPeer("c", "c:1")))
@@ -118,3 +118,23 @@ def test_a_core_whose_cmeta_write_failed_stays_stopped() -> None:
     with pytest.raises(IllegalStateError):
         core.campaign()
     assert core.drain_effects() == []
+
+
+def test_status_says_since_when_a_leader_leads() -> None:
+    """``leader_since_ms`` (the servers' ``nyala_tablet_leader_for_seconds``): set when the
+    replica becomes leader, kept while it leads, cleared when it steps down."""
+    store = MemoryCmetaStore()
+    bootstrap_cmeta(store, RaftConfig((RaftPeer("b", "b:1"),)))
+    clock = ManualClock()
+    core = RaftCore("b", MemoryLog(), store, clock, random.Random(1), RaftOptions())
+    assert core.status().leader_since_ms is None
+    clock.advance(core.election_deadline_ms - clock.now_ms() + 1)
+    core.tick()
+    assert core.role is Role.LEADER
+    elected_at = clock.now_ms()
+    assert core.status().leader_since_ms == elected_at
+    clock.advance(5_000)
+    core.tick()
+    assert core.status().leader_since_ms == elected_at
+    core.step_down()
+    assert core.status().leader_since_ms is None
