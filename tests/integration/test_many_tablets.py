@@ -23,7 +23,6 @@ from nyala.testing.mini_cluster import ServerProcess
 
 SCHEMA = nyala.Schema.parse("id:int64, v:string?", key=["id"])
 ELECTION_TIMEOUT_S = 1.5  # the default: 3 missed heartbeats of 500 ms
-ELECTION_SLACK_S = 0.5
 BUCKETS_PER_TABLE = 100
 
 
@@ -122,8 +121,8 @@ class _Writer(threading.Thread):
 
 
 def _run(tablets: int, slack_s: float) -> None:
-    """``slack_s``: time allowed beyond two election timeouts for the observer itself (it polls
-    every server's /metrics) on a machine shared with other work."""
+    """``slack_s``: time allowed beyond two election timeouts, for the observer (it polls every
+    server's /metrics) and for the elections themselves on a machine shared with other work."""
     with (
         logs_on_failure(MiniCluster(3, num_masters=1, start_timeout_s=120)) as cluster,
         nyala.connect(cluster.master_addrs, timeout_ms=60_000, admin_timeout_ms=600_000) as client,
@@ -176,8 +175,8 @@ def _run(tablets: int, slack_s: float) -> None:
             f"{min(elected_s):.2f}-{max(elected_s):.2f} s (median "
             f"{sorted(elected_s)[len(elected_s) // 2]:.2f} s)"
         )
-        # The issue's bound, with half a second for a machine shared with other work.
-        assert max(elected_s) < 2 * ELECTION_TIMEOUT_S + ELECTION_SLACK_S, sorted(elected_s)[-5:]
+        # Two election timeouts (the issue's bound), plus the slack for a shared machine.
+        assert max(elected_s) < 2 * ELECTION_TIMEOUT_S + slack_s, sorted(elected_s)[-5:]
 
         time.sleep(2.0)  # writes continue on the new leaders
         writer.stop.set()
