@@ -45,12 +45,13 @@ pub struct PyWalNotifier {
 impl PyWalNotifier {
     #[new]
     fn new() -> PyResult<Self> {
-        let inner = nyala_wal::Notifier::new()
-            .map_err(|e| to_py(WalError::Io {
+        let inner = nyala_wal::Notifier::new().map_err(|e| {
+            to_py(WalError::Io {
                 op: "eventfd",
                 path: PathBuf::new(),
                 source: e,
-            }))?;
+            })
+        })?;
         Ok(PyWalNotifier { inner })
     }
 
