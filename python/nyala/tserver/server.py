@@ -365,7 +365,7 @@ class TabletServer(ServerBase):
         replicas.refresh(
             lambda: [r.tablet_id for r in tablets.replicas()],
             self._replica_bytes,
-            full=self._memory_checks % MEMORY_FULL_SWEEP_EVERY == 1,  # the first one too
+            full=self._full_sweep(),
         )
         scanners = len(self.scanners) * self.settings.scan_batch_bytes_max
         tracked = MemoryUsage(
@@ -373,6 +373,10 @@ class TabletServer(ServerBase):
         )
         self.memory.update(tracked.with_resident(resident_bytes()))
         return replicas.active_bytes, replicas.flushing_bytes
+
+    def _full_sweep(self) -> bool:
+        """Whether this memory check looks at every replica (the first one too)."""
+        return self._memory_checks % MEMORY_FULL_SWEEP_EVERY == 1
 
     def _release_idle_files(self) -> None:
         """Closes the WAL files of replicas that quiesced since the last check, once their
@@ -382,7 +386,7 @@ class TabletServer(ServerBase):
         tried again at each full memory sweep, for files a read opened meanwhile."""
         tablets = self.tablets
         assert tablets is not None
-        if self._memory_checks % MEMORY_FULL_SWEEP_EVERY == 1:
+        if self._full_sweep():
             self._files_to_release.update(
                 r.tablet_id
                 for r in tablets.replicas()

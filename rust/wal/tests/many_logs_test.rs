@@ -382,7 +382,6 @@ fn idle_logs_release_their_files_and_open_them_again_on_use() {
     // Small segments: each log has several, closed ones and a prepared one among them.
     let options = LogOptions {
         segment_size_bytes: 16 << 10,
-        min_segments_to_retain: 1,
         ..server_options()
     };
     let logs = open_logs(root.path(), 40, &options);
