@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import itertools
+import select
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -342,6 +343,8 @@ def test_a_log_that_signalled_unwatched_is_heard_once_watched(tmp_path: Path) ->
         ):
             a.append(1, EntryKind.WRITE, b"before")
             assert a.wait_durable(timeout_s=30)
+            # Waiters hear of durability before the shared descriptor does.
+            assert select.select([signals.native.fileno()], [], [], 30)[0]
             assert signals.native.take_ready() == [1]  # a dispatch with no watcher
             seen: list[int] = []
             heard = asyncio.Event()
