@@ -373,6 +373,20 @@ fn descriptors_under(root: &Path) -> usize {
         .count()
 }
 
+/// Releases `log`'s files once it is idle. Durability reaches a writer before the committer
+/// gives back its slot and before the background finishes preparing the next segment, so a
+/// log that was just written becomes idle shortly after its last append returns.
+fn release_once_idle(log: &Log) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !log.release_files() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "an idle log never released its files"
+        );
+        thread::sleep(Duration::from_millis(1));
+    }
+}
+
 /// Idle logs close their segment files (`Log::release_files`), and every use opens what it
 /// needs again: reads, appends, a copy image that GC runs under, and reopening the log.
 #[test]
@@ -394,7 +408,7 @@ fn idle_logs_release_their_files_and_open_them_again_on_use() {
     let open_before = descriptors_under(root.path());
     assert!(open_before >= 2 * logs.len(), "{open_before} descriptors");
     for log in &logs {
-        assert!(log.release_files(), "an idle log releases its files");
+        release_once_idle(log);
     }
     assert_eq!(descriptors_under(root.path()), 0);
     assert!(logs[0].release_files(), "releasing again is harmless");
@@ -405,7 +419,7 @@ fn idle_logs_release_their_files_and_open_them_again_on_use() {
     }
     assert!(descriptors_under(root.path()) > 0);
     for log in &logs {
-        assert!(log.release_files());
+        release_once_idle(log);
     }
     // A copy image taken now holds its files: GC of those segments meanwhile (an anchor
     // moved past them) deletes them, and the image still reads every byte.
@@ -421,14 +435,14 @@ fn idle_logs_release_their_files_and_open_them_again_on_use() {
     drop(image);
     // Appends write and sync through reopened files; nothing is lost across a reopen.
     for (log, expected) in logs.iter().zip(written.iter_mut()) {
-        assert!(log.release_files());
+        release_once_idle(log);
         for b in 30..40 {
             expected.extend(common::append_range(log, 2, 10 * b + 1, 10 * b + 10));
         }
     }
     assert!(descriptors_under(root.path()) > 0);
     for (i, (log, expected)) in logs.iter().zip(&written).enumerate() {
-        assert!(log.release_files());
+        release_once_idle(log);
         log.close().unwrap();
         let dir = root.path().join(format!("tablet-{i}"));
         let reopened = Log::open(&dir, &format!("tablet-{i}"), options.clone()).unwrap();
@@ -484,7 +498,7 @@ fn releasing_files_while_a_writer_runs_loses_nothing() {
         refused > 0,
         "a busy log refused to release ({released} released)"
     );
-    assert!(log.release_files());
+    release_once_idle(&log);
     common::assert_holds_across_reopen(&log, root.path(), options, &written);
 }
 
