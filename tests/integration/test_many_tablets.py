@@ -208,8 +208,8 @@ def test_sixty_quiesced_tablets_fail_over_and_restart_quietly() -> None:
 
 @pytest.mark.scale
 def test_five_hundred_quiesced_tablets_fail_over_and_restart_quietly() -> None:
-    # Not in `make test` (`make py-test-scale`). The slack is for the observer and for other
-    # work on the machine: 2.1-2.8 s measured on the shared machine at load average 1-5,
-    # 3.9 s and a failure at 4.7 s at load average 4-7 (docs/consensus.md, "Failover of
-    # hundreds of quiesced leaders"); 3.5-5.4 s before cmeta writes left the event loop.
-    _run(500, slack_s=2.0)
+    # Not in `make test` (`make py-test-scale`). The slack is for other work on the shared
+    # machine: with ranked first campaigns and pre-votes that yield, the last of 175-220
+    # leaderships was elected 1.9-2.6 s after the kill in most runs, 3.45 s in one
+    # (docs/consensus.md, "Split votes in a mass failover").
+    _run(500, slack_s=1.0)

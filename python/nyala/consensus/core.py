@@ -26,14 +26,16 @@ follower keeps withholding its vote, Raft's "heard from a live leader") and
 replica (``wake``): a proposal, a read, a config change or transfer, a vote request reaching
 the leader, an answer that is not a match, a vouch that does not match, or the runtime's word
 that the other server went silent. A woken follower's election deadline counts from the last
-time its leader was heard or vouched for, so a dead leader is replaced within one election
-timeout of its last sign of life. Safety does not depend on quiescence: votes and terms follow
+time its leader was heard or vouched for, so a dead leader is replaced within about one
+election timeout of its last sign of life; the followers' first campaigns go in an order drawn
+per group, so that two of them do not split the vote (``_wake``). Safety does not depend on quiescence: votes and terms follow
 the rules above, and a quiesced replica only stops *timers*.
 """
 
 from __future__ import annotations
 
 import random
+import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
@@ -166,9 +168,13 @@ class RaftCore:
         options: RaftOptions | None = None,
         *,
         last_applied_index: int = 0,
+        group_id: str = "",
     ) -> None:
         meta = store.load()
         self.uuid = uuid
+        # Names the Raft group (the tablet): it orders the voters' first campaigns after a
+        # quiesced leader goes silent (``_campaign_rank``), differently for each group.
+        self._group_id = group_id
         self._log = log
         self._store = store
         self._clock = clock
@@ -726,7 +732,28 @@ class RaftCore:
             return VoteDenial.ALREADY_VOTED
         if req.last_op_id < self._log.last_op_id():
             return VoteDenial.LAST_OPID_TOO_OLD
+        if self._yields_pre_vote(req):
+            return VoteDenial.ALREADY_VOTED
         return None
+
+    def _yields_pre_vote(self, req: VoteRequest) -> bool:
+        """Two pre-elections for the same term that overlap would each be granted by the
+        other, and both candidates would then split the term's vote and back off a whole
+        timeout (under load, with hundreds of tablets failing over at once, their messages
+        overlap often). So a pre-candidate refuses the pre-vote of a peer that ranks behind
+        it in this group's order (``_campaign_key``) when that peer's log is no newer than
+        its own; the peer grants this one's pre-vote, and this one goes on to win the
+        term. A newer log always gets the pre-vote: a replica that cannot win never holds
+        back one that can."""
+        election = self._election
+        return (
+            req.pre_election
+            and election is not None
+            and election.pre
+            and req.term == election.term
+            and req.last_op_id == self._log.last_op_id()
+            and self._campaign_key(self.uuid) < self._campaign_key(req.src)
+        )
 
     def _withholds_vote(self, req: VoteRequest) -> bool:
         if req.ignore_live_leader:
@@ -1201,18 +1228,34 @@ class RaftCore:
         if self._role is Role.LEADER:
             self._next_heartbeat_ms = self._clock.now_ms()
             return
+        # Every follower of a silent leader wakes at about the same moment, and a server's
+        # silence wakes all its tablets at once: each survivor then runs hundreds of
+        # elections, and its messages wait behind them. Two followers whose random timeouts
+        # fell closer than that wait both pass pre-vote and split the vote, and the retry
+        # backs off a whole timeout. So the first campaigns go in a rank order (one slot of
+        # the jitter range apart), which differs between groups so that leaders spread over
+        # the survivors. A later rank campaigns only if the earlier ones did not win in time;
+        # after a failed election the usual random timeouts apply.
         now = self._clock.now_ms()
         heard = self._last_leader_contact_ms
-        deadline = (now if heard is None else heard) + self._election_timeout_ms()
-        if deadline < now:
-            # Its timeout passed while it was quiesced. Every follower of a silent leader gets
-            # here at about the same moment: spread their first campaigns over the jitter
-            # range, or they would all campaign at once and split the vote.
-            spread_ms = (
-                2 * self._opts.election_jitter_fraction * self._opts.election_timeout_base_ms
-            )
-            deadline = now + int(self._rng.uniform(0, spread_ms))
-        self._election_deadline_ms = deadline
+        slot_ms = 2 * self._opts.election_jitter_fraction * self._opts.election_timeout_base_ms
+        delay = self._campaign_rank() * slot_ms + self._rng.uniform(0, slot_ms / 2)
+        deadline = (now if heard is None else heard) + self._opts.election_timeout_min_ms
+        self._election_deadline_ms = int(max(deadline, now) + delay)
+
+    def _campaign_rank(self) -> int:
+        """This replica's place among the voters that may replace its silent leader, in the
+        group's campaign order (0 for a replica that is not a voter)."""
+        voters = [v for v in self.active_config.voters() if v != self._leader]
+        if self.uuid not in voters:
+            return 0
+        voters.sort(key=self._campaign_key)
+        return voters.index(self.uuid)
+
+    def _campaign_key(self, uuid: str) -> tuple[int, str]:
+        """Orders replicas of this group for campaigning (the first is ahead); the order
+        differs between groups."""
+        return zlib.crc32(f"{self._group_id}/{uuid}".encode()), uuid
 
     def _sync_progress(self) -> None:
         """Tracks exactly the peers of the active config (a removed peer gets nothing more)."""

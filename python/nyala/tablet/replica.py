@@ -356,6 +356,7 @@ class TabletReplica:
             raft_options=raft_options,
             options=runtime_options,
             rng=random.Random(),
+            group_id=tablet_id,
             last_applied_index=applier.applied_index,
             on_apply=lambda effect: self._on_apply(applier, effect),
             on_failure=self._on_consensus_failure if isolate_failure else None,

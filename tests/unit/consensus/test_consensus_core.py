@@ -18,7 +18,7 @@ from nyala.consensus import (
     Send,
     bootstrap_cmeta,
 )
-from nyala.consensus.messages import VoteRequest, VoteResponse
+from nyala.consensus.messages import AppendRequest, VoteRequest, VoteResponse
 from nyala.consensus.metadata import ConsensusMetadata
 from nyala.consensus.types import MIN_OP_ID, OpId, Role
 from nyala.errors import DiskFullError, IllegalStateError, NotLeaderError, WrongServerUuidError
@@ -94,6 +94,38 @@ def test_election_timeouts_are_jittered_and_back_off_up_to_the_cap() -> None:
     core._failed_elections = 10
     core._reset_election_timer()
     assert 1_000 * 0.75 <= core.election_deadline_ms < 1_000 * 1.25
+
+
+def test_followers_of_a_silent_quiesced_leader_campaign_in_an_order_that_differs_by_group() -> None:
+    """When a quiesced leader's server goes silent, its followers wake together (and so do
+    all the other tablets it led). Random timeouts that fall close together split the vote;
+    the first campaigns are one jitter slot apart instead, in an order drawn per group so
+    that the new leaders spread over the survivors."""
+    options = RaftOptions()  # base 1,500 ms, jitter 0.25: slots of 750 ms
+    slot_ms = 2 * options.election_jitter_fraction * options.election_timeout_base_ms
+    b_first = 0
+    for g in range(200):
+        clock = ManualClock()
+        cores = {}
+        for uuid in ("b", "c"):
+            store = MemoryCmetaStore()
+            bootstrap_cmeta(store, CONFIG)
+            core = RaftCore(
+                uuid, MemoryLog(), store, clock, random.Random(g), options, group_id=f"t{g}"
+            )
+            core.step(AppendRequest("a", uuid, 1, MIN_OP_ID, None, 0, 1, quiesce=True))
+            assert core.quiesced
+            cores[uuid] = core
+        clock.advance(options.election_timeout_min_ms + 100)  # a's server went silent
+        for core in cores.values():
+            core.wake()
+        b, c = (cores[u].election_deadline_ms for u in ("b", "c"))
+        first = min(b, c)
+        # The first campaigns one minimum timeout after the last sign of life, or soon after.
+        assert options.election_timeout_min_ms <= first < options.election_timeout_min_ms + slot_ms
+        assert abs(b - c) >= slot_ms / 2, (g, b, c)
+        b_first += b < c
+    assert 60 <= b_first <= 140, b_first  # each survivor goes first for about half the groups
 
 
 def test_refusals_are_typed() -> None:

@@ -166,6 +166,7 @@ class RaftRuntime:
         raft_options: RaftOptions | None = None,
         options: RuntimeOptions | None = None,
         rng: random.Random | None = None,
+        group_id: str = "",
         last_applied_index: int = 0,
         on_apply: ApplyCallback | None = None,
         on_role_change: RoleCallback | None = None,
@@ -187,6 +188,7 @@ class RaftRuntime:
             rng or random.Random(),
             raft_options,
             last_applied_index=last_applied_index,
+            group_id=group_id,
         )
         self._log = log
         self._transport = transport
