@@ -743,13 +743,16 @@ class RaftCore:
         overlap often). So a pre-candidate refuses the pre-vote of a peer that ranks behind
         it in this group's order (``_campaign_key``) when that peer's log is no newer than
         its own; the peer grants this one's pre-vote, and this one goes on to win the
-        term. A newer log always gets the pre-vote: a replica that cannot win never holds
-        back one that can."""
+        term. Only a pre-election that may still win holds another back: not one that a
+        voter refused already (typically a follower that heard the old leader later than
+        this one did, whose own timer then fires a little later), and not against a newer
+        log."""
         election = self._election
         return (
             req.pre_election
             and election is not None
             and election.pre
+            and not election.denied
             and req.term == election.term
             and req.last_op_id == self._log.last_op_id()
             and self._campaign_key(self.uuid) < self._campaign_key(req.src)
