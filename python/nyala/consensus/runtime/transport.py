@@ -151,7 +151,11 @@ class InMemoryTransport:
 class GrpcTransportOptions:
     """Limits of the gRPC transport, with their units."""
 
-    vote_timeout_ms: int = 1_000  # RequestVote / RunLeaderElection deadline
+    # RequestVote / RunLeaderElection deadline. An answer is of use until the candidate's
+    # election timer fires (up to 1.25 × the 1.5 s base). In a mass failover each survivor
+    # gets hundreds of vote requests at once and answers took up to a second; a 1 s deadline
+    # threw grants away on their way, and the candidate waited out its timer.
+    vote_timeout_ms: int = 2_000
     reply_timeout_ms: int = 5_000  # how long a server handler waits for the core's answer
 
 
