@@ -27,9 +27,10 @@ replica (``wake``): a proposal, a read, a config change or transfer, a vote requ
 the leader, an answer that is not a match, a vouch that does not match, or the runtime's word
 that the other server went silent. A woken follower's election deadline counts from the last
 time its leader was heard or vouched for, so a dead leader is replaced within about one
-election timeout of its last sign of life; the followers' first campaigns go in an order drawn
-per group, so that two of them do not split the vote (``_wake``). Safety does not depend on quiescence: votes and terms follow
-the rules above, and a quiesced replica only stops *timers*.
+election timeout of its last sign of life; the followers' first campaigns go in an order
+drawn per group, so that two of them do not split the vote (``_wake``). Safety does not
+depend on quiescence: votes and terms follow the rules above, and a quiesced replica only
+stops *timers*.
 """
 
 from __future__ import annotations
