@@ -173,8 +173,9 @@ class RaftCore:
     ) -> None:
         meta = store.load()
         self.uuid = uuid
-        # Names the Raft group (the tablet): it orders the voters' first campaigns after a
-        # quiesced leader goes silent (``_campaign_rank``), differently for each group.
+        # Names the Raft group (the tablet). It seeds the group's campaign order
+        # (``_campaign_key``): the voters' first campaigns after a quiesced leader goes
+        # silent, and which of two overlapping pre-elections gives way.
         self._group_id = group_id
         self._log = log
         self._store = store
