@@ -97,12 +97,13 @@ class Table:
         ``PartialWriteError`` is raised for it (``exc.result`` covers that chunk; the chunks
         before it are applied, the rest of the stream is not read)."""
         if is_arrow_stream(data):
-            parts = [
-                self.write(
+            parts = []
+            for chunk in stream_chunks(data, STREAM_WRITE_ROWS_MAX):
+                part = self.write(
                     chunk, op, timeout_ms=timeout_ms, ignore_extra_columns=ignore_extra_columns
                 )
-                for chunk in stream_chunks(data, STREAM_WRITE_ROWS_MAX)
-            ]
+                part._drop_input()  # keep the outcome, not the chunk (bounded memory)
+                parts.append(part)
             return WriteResult.concat(parts)
         info = self._current_info()
         prepared = prepare_op_batch(

@@ -301,6 +301,13 @@ class WriteResult:
         merged.unknown_rows = _concat_tables([p.unknown_rows for p in parts])
         return merged
 
+    def _drop_input(self) -> None:
+        """Lets go of the rows as given and of the requests (``retry()`` then has nothing to
+        resend); the outcomes and the failed and unknown rows stay. A streamed write calls it
+        on each chunk's result, or every chunk would stay in memory until the stream ends."""
+        self._source = self._converted = None
+        self._retry_with = None
+
     @property
     def outcomes(self) -> np.ndarray[Any, np.dtype[np.uint8]]:
         """One ``RowOutcome`` per input row (a copy)."""
