@@ -69,5 +69,5 @@ def test_a_wal_disk_failure_fails_the_replica_without_an_assertion() -> None:
         time.sleep(1.0)  # time for a shutdown or an assertion to show, had there been one
         assert leader.is_running()
         log = leader.log_path.read_text(errors="replace")
-        assert "consensus failed" in log or "runtime of replica" in log
+        assert f"the runtime of replica {leader.uuid} failed" in log
         assert "AssertionError" not in log

@@ -1243,7 +1243,7 @@ class RaftCore:
         # after a failed election the usual random timeouts apply.
         now = self._clock.now_ms()
         heard = self._last_leader_contact_ms
-        slot_ms = 2 * self._opts.election_jitter_fraction * self._opts.election_timeout_base_ms
+        slot_ms = self._opts.election_jitter_range_ms
         delay = self._campaign_rank() * slot_ms + self._rng.uniform(0, slot_ms / 2)
         deadline = (now if heard is None else heard) + self._opts.election_timeout_min_ms
         self._election_deadline_ms = int(max(deadline, now) + delay)

@@ -50,3 +50,9 @@ class RaftOptions:
     def election_timeout_min_ms(self) -> int:
         """The shortest timeout any replica can draw; a leader heard within it is alive."""
         return int(self.election_timeout_base_ms * (1.0 - self.election_jitter_fraction))
+
+    @property
+    def election_jitter_range_ms(self) -> int:
+        """The width of the range a timeout is drawn from (750 ms by default): the slot
+        between two ranks' first campaigns after a wake (``RaftCore._wake``)."""
+        return int(2 * self.election_jitter_fraction * self.election_timeout_base_ms)

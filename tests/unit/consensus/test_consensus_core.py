@@ -102,7 +102,7 @@ def test_followers_of_a_silent_quiesced_leader_campaign_in_an_order_that_differs
     the first campaigns are one jitter slot apart instead, in an order drawn per group so
     that the new leaders spread over the survivors."""
     options = RaftOptions()  # base 1,500 ms, jitter 0.25: slots of 750 ms
-    slot_ms = 2 * options.election_jitter_fraction * options.election_timeout_base_ms
+    slot_ms = options.election_jitter_range_ms
     b_first = 0
     for g in range(200):
         clock = ManualClock()
