@@ -11,12 +11,19 @@
 //! `write_at` is the target's write: all of a received chunk at its offset, with the GIL
 //! released, then its writeback started at once, so the disk writes while later chunks
 //! arrive and the file's `fsync` at the end has little left to wait for.
+//!
+//! `CopyDataServer` and `CopyDownload` are the two ends of the data channel
+//! (`nyala_copy`): a source serves its sessions' `CopyFile`s there, and a target downloads
+//! a session's files with the GIL released for the whole download.
 
 use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
 
 use nyala_common::{Classify, ErrorKind};
+use nyala_copy::{all_bytes, DataServer, Download, DownloadOptions, ServedFile, ServerOptions};
 use nyala_wal::SegmentImage;
 use pyo3::buffer::PyBuffer;
 use pyo3::prelude::*;
@@ -27,6 +34,8 @@ use crate::errors::to_py;
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyCopyFile>()?;
+    m.add_class::<PyCopyDataServer>()?;
+    m.add_class::<PyCopyDownload>()?;
     m.add_function(wrap_pyfunction!(write_at, m)?)?;
     Ok(())
 }
@@ -67,30 +76,51 @@ enum Source {
 /// One file a copy session serves (native part; see `nyala.tablet.copy_source`).
 #[pyclass(frozen, name = "CopyFile", module = "nyala._native")]
 pub struct PyCopyFile {
+    inner: Arc<CopyFileData>,
+}
+
+/// The open file and the length it is served with, shared with the data channel's threads.
+struct CopyFileData {
     source: Source,
     length: u64,
+}
+
+impl ServedFile for CopyFileData {
+    fn length(&self) -> u64 {
+        self.length
+    }
+
+    fn read_at(&self, offset: u64, dest: &mut [u8]) -> std::io::Result<()> {
+        use std::os::unix::fs::FileExt;
+        let (file, _) = self.file();
+        file.read_exact_at(dest, offset)
+    }
 }
 
 impl PyCopyFile {
     pub(crate) fn from_segment(image: SegmentImage) -> Self {
         PyCopyFile {
-            length: image.length(),
-            source: Source::Segment(image),
+            inner: Arc::new(CopyFileData {
+                length: image.length(),
+                source: Source::Segment(image),
+            }),
         }
     }
 
     /// The chunk at `offset` of at most `length_max` bytes: its length, checked.
     fn chunk_len(&self, offset: u64, length_max: u64) -> PyResult<usize> {
-        if offset > self.length {
+        let length = self.inner.length;
+        if offset > length {
             return Err(invalid(format!(
-                "offset {offset} is past the end of {} ({} bytes)",
+                "offset {offset} is past the end of {} ({length} bytes)",
                 self.name(),
-                self.length
             )));
         }
-        Ok(length_max.min(self.length - offset) as usize)
+        Ok(length_max.min(length - offset) as usize)
     }
+}
 
+impl CopyFileData {
     fn file(&self) -> (&File, &Path) {
         match &self.source {
             Source::File { file, path } => (file, path),
@@ -121,28 +151,6 @@ impl PyCopyFile {
         let data = unsafe { std::slice::from_raw_parts(dest, len) };
         Ok(crc32c::crc32c(data))
     }
-}
-
-/// Calls `op(done)` — one `pread` or `pwrite` of the bytes from `done` on, answering what it
-/// moved — until all `len` bytes are done, again after an interrupted call; a call that moves
-/// nothing is an `UnexpectedEof`.
-fn all_bytes(len: usize, mut op: impl FnMut(usize) -> isize) -> std::io::Result<()> {
-    let mut done = 0;
-    while done < len {
-        let n = op(done);
-        if n < 0 {
-            let e = std::io::Error::last_os_error();
-            if e.kind() == std::io::ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(e);
-        }
-        if n == 0 {
-            return Err(std::io::ErrorKind::UnexpectedEof.into());
-        }
-        done += n as usize;
-    }
-    Ok(())
 }
 
 fn io_error(what: &str, path: &Path, e: &std::io::Error) -> CopyFileError {
@@ -195,15 +203,17 @@ impl PyCopyFile {
             })
         })?;
         Ok(PyCopyFile {
-            source: Source::File { file, path },
-            length,
+            inner: Arc::new(CopyFileData {
+                source: Source::File { file, path },
+                length,
+            }),
         })
     }
 
     /// The file's name (a rowset file's base name, or `wal-%09d`).
     #[getter]
     fn name(&self) -> String {
-        match &self.source {
+        match &self.inner.source {
             Source::File { path, .. } => path
                 .file_name()
                 .map(|n| n.to_string_lossy().into_owned())
@@ -215,7 +225,7 @@ impl PyCopyFile {
     /// The bytes this file serves.
     #[getter]
     fn length(&self) -> u64 {
-        self.length
+        self.inner.length
     }
 
     /// The chunk at `offset` (at most `length_max` bytes, fewer at the end) and its CRC32C.
@@ -231,7 +241,7 @@ impl PyCopyFile {
             let dest = dest as usize; // a pointer is not Send; the address is
                                       // SAFETY: `dest` holds `len` bytes that only this read touches.
             crc = py
-                .detach(|| unsafe { self.read_raw(offset, dest as *mut u8, len) })
+                .detach(|| unsafe { self.inner.read_raw(offset, dest as *mut u8, len) })
                 .map_err(to_py)?;
             Ok(())
         })?;
@@ -262,7 +272,7 @@ impl PyCopyFile {
             let data = out as usize + data_at;
             // SAFETY: `out + data_at` holds the `len` bytes after the head, only ours.
             let crc = py
-                .detach(|| unsafe { self.read_raw(offset, data as *mut u8, len) })
+                .detach(|| unsafe { self.inner.read_raw(offset, data as *mut u8, len) })
                 .map_err(to_py)?;
             let real: Vec<u8> = prefix.call1((crc, len))?.extract()?;
             if real.len() != sized.len() {
@@ -299,23 +309,174 @@ pub fn write_at(py: Python<'_>, fd: i32, data: &Bound<'_, PyAny>, offset: u64) -
         // SAFETY: `ptr` is `len` readable bytes kept alive by `buffer` (or `copy`) until the
         // end of this function.
         let bytes = unsafe { std::slice::from_raw_parts(ptr as *const u8, len) };
-        // SAFETY: each write reads within `bytes`.
-        all_bytes(len, |done| unsafe {
-            let at = (offset + done as u64) as libc::off_t;
-            libc::pwrite(fd, bytes[done..].as_ptr().cast(), len - done, at)
-        })
-        .map_err(|e| io_error("write to", Path::new(&format!("fd {fd}")), &e))?;
-        // A hint: its errors (none that fsync would not report) are left to the fsync.
-        // SAFETY: plain system call on a descriptor the caller owns.
-        unsafe {
-            libc::sync_file_range(
-                fd,
-                offset as libc::off_t,
-                len as libc::off_t,
-                libc::SYNC_FILE_RANGE_WRITE,
-            );
-        }
-        Ok::<(), CopyFileError>(())
+        nyala_copy::write_at(fd, bytes, offset)
     })
     .map_err(to_py)
+}
+
+fn token_of(token: &[u8]) -> PyResult<nyala_copy::Token> {
+    token.try_into().map_err(|_| {
+        invalid(format!(
+            "a copy session token is 16 bytes, not {}",
+            token.len()
+        ))
+    })
+}
+
+/// The source end of tablet copy's data channel (`nyala_copy::DataServer`): serves the
+/// files of registered sessions on its own threads, never touching the interpreter.
+#[pyclass(frozen, name = "CopyDataServer", module = "nyala._native")]
+pub struct PyCopyDataServer {
+    server: DataServer,
+}
+
+#[pymethods]
+impl PyCopyDataServer {
+    /// Listens on `host:port` (0: any free port).
+    #[new]
+    #[pyo3(signature = (host, port, *, chunk_bytes_max, connections_max, idle_timeout_ms))]
+    fn new(
+        py: Python<'_>,
+        host: &str,
+        port: u16,
+        chunk_bytes_max: u32,
+        connections_max: usize,
+        idle_timeout_ms: u64,
+    ) -> PyResult<Self> {
+        if chunk_bytes_max == 0 || connections_max == 0 || idle_timeout_ms == 0 {
+            return Err(invalid(
+                "chunk_bytes_max, connections_max and idle_timeout_ms must be positive".into(),
+            ));
+        }
+        let options = ServerOptions {
+            chunk_bytes_max,
+            connections_max,
+            idle_timeout: Duration::from_millis(idle_timeout_ms),
+        };
+        let server = py
+            .detach(|| DataServer::bind((host, port), options))
+            .map_err(|e| {
+                to_py(CopyFileError {
+                    kind: ErrorKind::of_io(&e),
+                    message: format!("tablet copy data channel on {host}:{port}: {e}"),
+                })
+            })?;
+        Ok(PyCopyDataServer { server })
+    }
+
+    /// The port it listens on.
+    #[getter]
+    fn port(&self) -> u16 {
+        self.server.local_addr().port()
+    }
+
+    /// Serves `files` (numbered by their place in the list) to requests naming `token`.
+    fn register(&self, token: &[u8], files: Vec<PyRef<'_, PyCopyFile>>) -> PyResult<()> {
+        let token = token_of(token)?;
+        let served = files
+            .iter()
+            .map(|f| Arc::clone(&f.inner) as Arc<dyn ServedFile>)
+            .collect();
+        self.server.register(token, served);
+        Ok(())
+    }
+
+    /// Stops serving `token`'s files; False if they were not served.
+    fn unregister(&self, token: &[u8]) -> PyResult<bool> {
+        Ok(self.server.unregister(&token_of(token)?))
+    }
+
+    /// Milliseconds since `token`'s last request (or its registration); None if not served.
+    fn idle_ms(&self, token: &[u8]) -> PyResult<Option<u64>> {
+        Ok(self.server.idle_ms(&token_of(token)?))
+    }
+
+    /// Bytes of chunks sent so far.
+    #[getter]
+    fn bytes_served(&self) -> u64 {
+        self.server.bytes_served()
+    }
+
+    /// Connections open now.
+    #[getter]
+    fn connections(&self) -> usize {
+        self.server.connections()
+    }
+
+    /// Tests only: the next `n` chunks leave with a flipped byte after their CRC was taken.
+    fn inject_corrupt_chunks(&self, n: u32) {
+        self.server.inject_corrupt_chunks(n);
+    }
+
+    /// Stops listening, shuts every connection down and forgets every session.
+    fn close(&self, py: Python<'_>) {
+        py.detach(|| self.server.close());
+    }
+}
+
+/// The target end of the data channel: one download of a session's files
+/// (`nyala_copy::download`), its progress readable and cancellable while `run` blocks.
+#[pyclass(frozen, name = "CopyDownload", module = "nyala._native")]
+pub struct PyCopyDownload {
+    progress: Download,
+}
+
+#[pymethods]
+impl PyCopyDownload {
+    #[new]
+    fn new() -> Self {
+        PyCopyDownload {
+            progress: Download::new(),
+        }
+    }
+
+    /// Bytes written so far.
+    #[getter]
+    fn bytes_done(&self) -> u64 {
+        self.progress.bytes_done()
+    }
+
+    /// Chunks that failed their checks and were fetched again.
+    #[getter]
+    fn chunks_refetched(&self) -> u64 {
+        self.progress.chunks_refetched()
+    }
+
+    /// Makes `run` stop after the chunks it is moving and raise `AbortedError`.
+    fn cancel(&self) {
+        self.progress.cancel();
+    }
+
+    /// Downloads `files` — `(index in the session, open writable fd, length)` each — from the
+    /// session `token` of the source at `address` (`host:port`), with the GIL released;
+    /// returns once every file is written and fsynced (the caller syncs the directories).
+    #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (address, token, files, *, chunk_bytes, streams, attempts, rate_bytes_per_s, timeout_ms))]
+    fn run(
+        &self,
+        py: Python<'_>,
+        address: &str,
+        token: &[u8],
+        files: Vec<(u32, i32, u64)>,
+        chunk_bytes: u32,
+        streams: usize,
+        attempts: u32,
+        rate_bytes_per_s: u64,
+        timeout_ms: u64,
+    ) -> PyResult<()> {
+        let token = token_of(token)?;
+        let files: Vec<nyala_copy::TargetFile> = files
+            .into_iter()
+            .map(|(index, fd, length)| nyala_copy::TargetFile { index, fd, length })
+            .collect();
+        let options = DownloadOptions {
+            chunk_bytes,
+            streams,
+            attempts,
+            rate_bytes_per_s,
+            timeout: Duration::from_millis(timeout_ms),
+        };
+        py.detach(|| nyala_copy::download(address, token, &files, &options, &self.progress))
+            .map_err(to_py)
+    }
 }

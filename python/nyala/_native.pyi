@@ -4,7 +4,7 @@ Public code wraps these classes; users should not import ``nyala._native`` direc
 Each binding module owns one section below; edit only your section.
 """
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import final
 
 from typing_extensions import Buffer
@@ -298,3 +298,47 @@ class CopyFile:
     ) -> bytes: ...
 
 def write_at(fd: int, data: Buffer, offset: int) -> None: ...
+
+@final
+class CopyDataServer:
+    def __new__(
+        cls,
+        host: str,
+        port: int,
+        *,
+        chunk_bytes_max: int,
+        connections_max: int,
+        idle_timeout_ms: int,
+    ) -> CopyDataServer: ...
+    @property
+    def port(self) -> int: ...
+    def register(self, token: bytes, files: Sequence[CopyFile]) -> None: ...
+    def unregister(self, token: bytes) -> bool: ...
+    def idle_ms(self, token: bytes) -> int | None: ...
+    @property
+    def bytes_served(self) -> int: ...
+    @property
+    def connections(self) -> int: ...
+    def inject_corrupt_chunks(self, n: int) -> None: ...
+    def close(self) -> None: ...
+
+@final
+class CopyDownload:
+    def __new__(cls) -> CopyDownload: ...
+    @property
+    def bytes_done(self) -> int: ...
+    @property
+    def chunks_refetched(self) -> int: ...
+    def cancel(self) -> None: ...
+    def run(
+        self,
+        address: str,
+        token: bytes,
+        files: Sequence[tuple[int, int, int]],
+        *,
+        chunk_bytes: int,
+        streams: int,
+        attempts: int,
+        rate_bytes_per_s: int,
+        timeout_ms: int,
+    ) -> None: ...

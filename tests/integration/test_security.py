@@ -23,7 +23,14 @@ from click.testing import CliRunner
 
 import nyala
 from nyala import errors
-from nyala._proto import consensus_pb2, master_pb2, tserver_admin_pb2, tserver_pb2
+from nyala._proto import (
+    consensus_pb2,
+    master_pb2,
+    metadata_pb2,
+    tablet_copy_pb2,
+    tserver_admin_pb2,
+    tserver_pb2,
+)
 from nyala.cli import main
 from nyala.rpc import BlockingServerProxy
 from nyala.rpc.errors import raise_for_response
@@ -34,6 +41,7 @@ from nyala.security.tokens import AuthzToken, Privilege, new_signing_key, sign_t
 from nyala.testing import MiniCluster, logs_on_failure
 from nyala.testing.master_ops import wait_until
 from nyala.testing.mini_cluster import FAST_TSERVER_FLAGS, fast_master_flags
+from nyala.testing.replica_ops import tablet_states
 from nyala.testing.security import ClusterSecurity
 
 SCHEMA = nyala.Schema.parse("id:int64, v:string?", key=["id"])
@@ -152,6 +160,46 @@ def test_a_user_cannot_call_admin_or_server_rpcs(
                 tserver_admin_pb2.DeleteTabletRequestPB(dest_uuid=ts.uuid, tablet_id="0" * 32),
             )
         assert not isinstance(failure.value, errors.NotAuthorizedError)
+
+
+def test_a_tablet_copy_between_secure_servers_goes_over_tls_without_a_data_channel(
+    cluster: MiniCluster, security: ClusterSecurity, table: str
+) -> None:
+    # A secure server opens no data channel: it listens on its RPC and HTTP ports only.
+    for ts in cluster.tservers:
+        assert ts.listening_ports() == {ts.rpc_port, ts.http_port}
+    tablet_id = sorted(tablet_states(cluster.tservers[0]))[0]
+    leader = cluster.leader_of(tablet_id)
+    follower = next(ts for ts in cluster.tservers if ts is not leader)
+    with follower.proxy() as admin:
+        admin.admin_call(
+            admin.admin.DeleteTablet,
+            tserver_admin_pb2.DeleteTabletRequestPB(
+                dest_uuid=follower.uuid or "",
+                tablet_id=tablet_id,
+                delete_type=metadata_pb2.TABLET_DATA_TOMBSTONED,
+            ),
+        )
+    # A write wakes the tablet; its leader finds the follower tombstoned and copies it back
+    # there, over FetchData under TLS.
+    with nyala.connect(cluster.master_addrs, credentials=security.admin_dir) as client:
+        assert client.table(table).upsert({"id": list(range(100, 120)), "v": ["c"] * 20}).ok
+
+    def copied() -> bool:
+        with follower.proxy() as admin:
+            jobs = admin.call(
+                admin.tablet_copy.ListTabletCopies, tablet_copy_pb2.ListTabletCopiesRequestPB()
+            ).jobs
+        done = [j for j in jobs if j.tablet_id == tablet_id and j.state == "SUCCEEDED"]
+        state = tablet_states(follower).get(tablet_id)
+        return bool(done) and state == metadata_pb2.TABLET_DATA_READY
+
+    deadline = time.monotonic() + 60
+    while not copied():
+        assert time.monotonic() < deadline, "the tombstoned follower was not copied back"
+        time.sleep(0.2)
+    assert "data channel" not in follower.log_path.read_text()  # no attempt, no fallback
+    assert _row_count(cluster, security.admin_dir, table) >= 3
 
 
 def test_a_tserver_without_a_join_credential_cannot_start(cluster: MiniCluster) -> None:

@@ -58,10 +58,13 @@ GC_FLAGS = (
 )
 
 
-@pytest.fixture
+@pytest.fixture(params=["data-channel", "fetch-data"])
 def cluster4(request: pytest.FixtureRequest) -> Iterator[MiniCluster]:
-    """Four tablet servers with forced WAL GC; a source corrupts its first chunk."""
+    """Four tablet servers with forced WAL GC; a source corrupts its first chunk. Copies go
+    over the data channel, or (``--no-tablet-copy-data-channel``) over FetchData RPCs."""
     flags = (*GC_FLAGS, "--tablet-copy-inject-corrupt-chunks", "1")
+    if request.param == "fetch-data":
+        flags = (*flags, "--no-tablet-copy-data-channel")
     with MiniCluster(4, tserver_flags=flags) as mini:
         yield mini
         report = getattr(request.node, "rep_call", None)
@@ -225,8 +228,15 @@ def test_replica_added_after_wal_gc_is_copied_promoted_and_serves(cluster4: Mini
     done = next(j for j in jobs if j.state == "SUCCEEDED")
     assert done.bytes_done >= done.bytes_total > 0
     assert data_state(newcomer) == "TABLET_DATA_READY"
-    # The source's first chunk was corrupted after its CRC: the target noticed and refetched.
-    assert "CRC32C" in newcomer.log_path.read_text()
+    # The source's first chunk was corrupted after its CRC: the target noticed and refetched,
+    # over the path the servers were told to use.
+    log = newcomer.log_path.read_text()
+    assert "CRC32C" in log
+    channel_on = "--no-tablet-copy-data-channel" not in cluster4.tserver_flags
+    assert ("were fetched again" in log) == channel_on, log
+    # The data channel is one more listening port (any free one), and none when it is off.
+    others = leader.listening_ports() - {leader.rpc_port, leader.http_port}
+    assert len(others) == (1 if channel_on else 0), others
 
     # Rows written after the copy reach it through Raft; elected, it serves all of them.
     write_rows(cluster4, rows, 100, 10_000)

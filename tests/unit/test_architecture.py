@@ -75,7 +75,7 @@ TOP = frozenset({"cli", "nyala"})
 CORE_FORBIDDEN_FOUNDATION = frozenset({"_native", "_proto"})
 
 #: Rust crates that form the core: no pyo3, and no arrow "pyarrow" feature (which pulls pyo3).
-RUST_CORE_CRATES = ("rust/common", "rust/wal", "rust/storage", "rust/consensus")
+RUST_CORE_CRATES = ("rust/common", "rust/wal", "rust/storage", "rust/consensus", "rust/copy")
 PYTHON_FEATURES = frozenset({"pyarrow", "pyo3", "python"})
 
 

@@ -26,7 +26,7 @@ from nyala._proto import common_pb2 as nyala_dot_common__pb2
 from nyala._proto import metadata_pb2 as nyala_dot_metadata__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17nyala/tablet_copy.proto\x12\x05nyala\x1a\x12nyala/common.proto\x1a\x14nyala/metadata.proto\"\x9f\x01\n\x08\x44\x61taIdPB\x12$\n\x04type\x18\x01 \x01(\x0e\x32\x16.nyala.DataIdPB.IdType\x12\x11\n\tfile_name\x18\x02 \x01(\t\x12\x19\n\x11wal_segment_seqno\x18\x03 \x01(\x04\"?\n\x06IdType\x12\x13\n\x0fID_TYPE_UNKNOWN\x10\x00\x12\x0f\n\x0bROWSET_FILE\x10\x01\x12\x0f\n\x0bLOG_SEGMENT\x10\x02\"3\n\nDataFilePB\x12\x11\n\tfile_name\x18\x01 \x01(\t\x12\x12\n\nsize_bytes\x18\x02 \x01(\x04\"_\n\x1f\x42\x65ginTabletCopySessionRequestPB\x12\x11\n\tdest_uuid\x18\x01 \x01(\t\x12\x16\n\x0erequestor_uuid\x18\x02 \x01(\t\x12\x11\n\ttablet_id\x18\x03 \x01(\t\"\xfc\x02\n BeginTabletCopySessionResponsePB\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x1f\n\x17session_idle_timeout_ms\x18\x02 \x01(\x04\x12\x12\n\nsuperblock\x18\x03 \x01(\x0c\x12\'\n\x0crowset_files\x18\x04 \x03(\x0b\x32\x11.nyala.DataFilePB\x12\x1a\n\x12wal_segment_seqnos\x18\x05 \x03(\x04\x12/\n\x0einitial_cstate\x18\x06 \x01(\x0b\x32\x17.nyala.ConsensusStatePB\x12\r\n\x05\x63meta\x18\x07 \x01(\x0c\x12\x17\n\x0frowset_manifest\x18\x08 \x01(\x0c\x12\x1a\n\x12last_flushed_index\x18\t \x01(\x03\x12\'\n\x0cwal_segments\x18\n \x03(\x0b\x32\x11.nyala.DataFilePB\x12\"\n\x05\x65rror\x18\x0f \x01(\x0b\x32\x0e.nyala.ErrorPBH\x00\x88\x01\x01\x42\x08\n\x06_error\"\x87\x01\n\x12\x46\x65tchDataRequestPB\x12\x11\n\tdest_uuid\x18\x01 \x01(\t\x12\x12\n\nsession_id\x18\x02 \x01(\t\x12 \n\x07\x64\x61ta_id\x18\x03 \x01(\x0b\x32\x0f.nyala.DataIdPB\x12\x0e\n\x06offset\x18\x04 \x01(\x04\x12\x18\n\x10max_length_bytes\x18\x05 \x01(\x04\"d\n\x0b\x44\x61taChunkPB\x12\x0e\n\x06offset\x18\x01 \x01(\x04\x12\x1f\n\x17total_data_length_bytes\x18\x03 \x01(\x04\x12\x13\n\x06\x63rc32c\x18\x04 \x01(\x07H\x00\x88\x01\x01\x42\t\n\x07_crc32cJ\x04\x08\x02\x10\x03\"t\n\x13\x46\x65tchDataResponsePB\x12!\n\x05\x63hunk\x18\x01 \x01(\x0b\x32\x12.nyala.DataChunkPB\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\x12\"\n\x05\x65rror\x18\x0f \x01(\x0b\x32\x0e.nyala.ErrorPBH\x00\x88\x01\x01\x42\x08\n\x06_error\"Z\n\x1d\x45ndTabletCopySessionRequestPB\x12\x11\n\tdest_uuid\x18\x01 \x01(\t\x12\x12\n\nsession_id\x18\x02 \x01(\t\x12\x12\n\nis_success\x18\x03 \x01(\x08\"N\n\x1e\x45ndTabletCopySessionResponsePB\x12\"\n\x05\x65rror\x18\x0f \x01(\x0b\x32\x0e.nyala.ErrorPBH\x00\x88\x01\x01\x42\x08\n\x06_error\"\xfd\x01\n\x18StartTabletCopyRequestPB\x12\x11\n\tdest_uuid\x18\x01 \x01(\t\x12\x11\n\ttablet_id\x18\x02 \x01(\t\x12\x16\n\x0e\x63opy_peer_uuid\x18\x03 \x01(\t\x12)\n\x0e\x63opy_peer_addr\x18\x04 \x01(\x0b\x32\x11.nyala.HostPortPB\x12\x13\n\x0b\x63\x61ller_term\x18\x05 \x01(\x03\x12\x1e\n\x16\x63\x61ller_log_first_index\x18\x06 \x01(\x03\x12-\n\x11target_last_op_id\x18\x07 \x01(\x0b\x32\r.nyala.OpIdPBH\x00\x88\x01\x01\x42\x14\n\x12_target_last_op_id\"Y\n\x19StartTabletCopyResponsePB\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\"\n\x05\x65rror\x18\x0f \x01(\x0b\x32\x0e.nyala.ErrorPBH\x00\x88\x01\x01\x42\x08\n\x06_error\"\xd2\x01\n\x0fTabletCopyJobPB\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x11\n\ttablet_id\x18\x02 \x01(\t\x12\x13\n\x0bsource_uuid\x18\x03 \x01(\t\x12\x13\n\x0bsource_addr\x18\x04 \x01(\t\x12\r\n\x05state\x18\x05 \x01(\t\x12\x12\n\nbytes_done\x18\x06 \x01(\x04\x12\x13\n\x0b\x62ytes_total\x18\x07 \x01(\x04\x12\x18\n\x10rate_bytes_per_s\x18\x08 \x01(\x01\x12\x11\n\telapsed_s\x18\t \x01(\x01\x12\r\n\x05\x65rror\x18\n \x01(\t\".\n\x19ListTabletCopiesRequestPB\x12\x11\n\tdest_uuid\x18\x01 \x01(\t\"p\n\x1aListTabletCopiesResponsePB\x12$\n\x04jobs\x18\x01 \x03(\x0b\x32\x16.nyala.TabletCopyJobPB\x12\"\n\x05\x65rror\x18\x0f \x01(\x0b\x32\x0e.nyala.ErrorPBH\x00\x88\x01\x01\x42\x08\n\x06_error\">\n\x19\x43\x61ncelTabletCopyRequestPB\x12\x11\n\tdest_uuid\x18\x01 \x01(\t\x12\x0e\n\x06job_id\x18\x02 \x01(\t\"o\n\x1a\x43\x61ncelTabletCopyResponsePB\x12#\n\x03job\x18\x01 \x01(\x0b\x32\x16.nyala.TabletCopyJobPB\x12\"\n\x05\x65rror\x18\x0f \x01(\x0b\x32\x0e.nyala.ErrorPBH\x00\x88\x01\x01\x42\x08\n\x06_error2\xaf\x04\n\x11TabletCopyService\x12i\n\x16\x42\x65ginTabletCopySession\x12&.nyala.BeginTabletCopySessionRequestPB\x1a\'.nyala.BeginTabletCopySessionResponsePB\x12\x42\n\tFetchData\x12\x19.nyala.FetchDataRequestPB\x1a\x1a.nyala.FetchDataResponsePB\x12\x63\n\x14\x45ndTabletCopySession\x12$.nyala.EndTabletCopySessionRequestPB\x1a%.nyala.EndTabletCopySessionResponsePB\x12T\n\x0fStartTabletCopy\x12\x1f.nyala.StartTabletCopyRequestPB\x1a .nyala.StartTabletCopyResponsePB\x12W\n\x10ListTabletCopies\x12 .nyala.ListTabletCopiesRequestPB\x1a!.nyala.ListTabletCopiesResponsePB\x12W\n\x10\x43\x61ncelTabletCopy\x12 .nyala.CancelTabletCopyRequestPB\x1a!.nyala.CancelTabletCopyResponsePBb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17nyala/tablet_copy.proto\x12\x05nyala\x1a\x12nyala/common.proto\x1a\x14nyala/metadata.proto\"\x9f\x01\n\x08\x44\x61taIdPB\x12$\n\x04type\x18\x01 \x01(\x0e\x32\x16.nyala.DataIdPB.IdType\x12\x11\n\tfile_name\x18\x02 \x01(\t\x12\x19\n\x11wal_segment_seqno\x18\x03 \x01(\x04\"?\n\x06IdType\x12\x13\n\x0fID_TYPE_UNKNOWN\x10\x00\x12\x0f\n\x0bROWSET_FILE\x10\x01\x12\x0f\n\x0bLOG_SEGMENT\x10\x02\"3\n\nDataFilePB\x12\x11\n\tfile_name\x18\x01 \x01(\t\x12\x12\n\nsize_bytes\x18\x02 \x01(\x04\"_\n\x1f\x42\x65ginTabletCopySessionRequestPB\x12\x11\n\tdest_uuid\x18\x01 \x01(\t\x12\x16\n\x0erequestor_uuid\x18\x02 \x01(\t\x12\x11\n\ttablet_id\x18\x03 \x01(\t\"\xb3\x03\n BeginTabletCopySessionResponsePB\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x1f\n\x17session_idle_timeout_ms\x18\x02 \x01(\x04\x12\x12\n\nsuperblock\x18\x03 \x01(\x0c\x12\'\n\x0crowset_files\x18\x04 \x03(\x0b\x32\x11.nyala.DataFilePB\x12\x1a\n\x12wal_segment_seqnos\x18\x05 \x03(\x04\x12/\n\x0einitial_cstate\x18\x06 \x01(\x0b\x32\x17.nyala.ConsensusStatePB\x12\r\n\x05\x63meta\x18\x07 \x01(\x0c\x12\x17\n\x0frowset_manifest\x18\x08 \x01(\x0c\x12\x1a\n\x12last_flushed_index\x18\t \x01(\x03\x12\'\n\x0cwal_segments\x18\n \x03(\x0b\x32\x11.nyala.DataFilePB\x12\x19\n\x11\x64\x61ta_channel_port\x18\x0b \x01(\r\x12\x1a\n\x12\x64\x61ta_channel_token\x18\x0c \x01(\x0c\x12\"\n\x05\x65rror\x18\x0f \x01(\x0b\x32\x0e.nyala.ErrorPBH\x00\x88\x01\x01\x42\x08\n\x06_error\"\x87\x01\n\x12\x46\x65tchDataRequestPB\x12\x11\n\tdest_uuid\x18\x01 \x01(\t\x12\x12\n\nsession_id\x18\x02 \x01(\t\x12 \n\x07\x64\x61ta_id\x18\x03 \x01(\x0b\x32\x0f.nyala.DataIdPB\x12\x0e\n\x06offset\x18\x04 \x01(\x04\x12\x18\n\x10max_length_bytes\x18\x05 \x01(\x04\"d\n\x0b\x44\x61taChunkPB\x12\x0e\n\x06offset\x18\x01 \x01(\x04\x12\x1f\n\x17total_data_length_bytes\x18\x03 \x01(\x04\x12\x13\n\x06\x63rc32c\x18\x04 \x01(\x07H\x00\x88\x01\x01\x42\t\n\x07_crc32cJ\x04\x08\x02\x10\x03\"t\n\x13\x46\x65tchDataResponsePB\x12!\n\x05\x63hunk\x18\x01 \x01(\x0b\x32\x12.nyala.DataChunkPB\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\x12\"\n\x05\x65rror\x18\x0f \x01(\x0b\x32\x0e.nyala.ErrorPBH\x00\x88\x01\x01\x42\x08\n\x06_error\"Z\n\x1d\x45ndTabletCopySessionRequestPB\x12\x11\n\tdest_uuid\x18\x01 \x01(\t\x12\x12\n\nsession_id\x18\x02 \x01(\t\x12\x12\n\nis_success\x18\x03 \x01(\x08\"N\n\x1e\x45ndTabletCopySessionResponsePB\x12\"\n\x05\x65rror\x18\x0f \x01(\x0b\x32\x0e.nyala.ErrorPBH\x00\x88\x01\x01\x42\x08\n\x06_error\"\xfd\x01\n\x18StartTabletCopyRequestPB\x12\x11\n\tdest_uuid\x18\x01 \x01(\t\x12\x11\n\ttablet_id\x18\x02 \x01(\t\x12\x16\n\x0e\x63opy_peer_uuid\x18\x03 \x01(\t\x12)\n\x0e\x63opy_peer_addr\x18\x04 \x01(\x0b\x32\x11.nyala.HostPortPB\x12\x13\n\x0b\x63\x61ller_term\x18\x05 \x01(\x03\x12\x1e\n\x16\x63\x61ller_log_first_index\x18\x06 \x01(\x03\x12-\n\x11target_last_op_id\x18\x07 \x01(\x0b\x32\r.nyala.OpIdPBH\x00\x88\x01\x01\x42\x14\n\x12_target_last_op_id\"Y\n\x19StartTabletCopyResponsePB\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\"\n\x05\x65rror\x18\x0f \x01(\x0b\x32\x0e.nyala.ErrorPBH\x00\x88\x01\x01\x42\x08\n\x06_error\"\xd2\x01\n\x0fTabletCopyJobPB\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x11\n\ttablet_id\x18\x02 \x01(\t\x12\x13\n\x0bsource_uuid\x18\x03 \x01(\t\x12\x13\n\x0bsource_addr\x18\x04 \x01(\t\x12\r\n\x05state\x18\x05 \x01(\t\x12\x12\n\nbytes_done\x18\x06 \x01(\x04\x12\x13\n\x0b\x62ytes_total\x18\x07 \x01(\x04\x12\x18\n\x10rate_bytes_per_s\x18\x08 \x01(\x01\x12\x11\n\telapsed_s\x18\t \x01(\x01\x12\r\n\x05\x65rror\x18\n \x01(\t\".\n\x19ListTabletCopiesRequestPB\x12\x11\n\tdest_uuid\x18\x01 \x01(\t\"p\n\x1aListTabletCopiesResponsePB\x12$\n\x04jobs\x18\x01 \x03(\x0b\x32\x16.nyala.TabletCopyJobPB\x12\"\n\x05\x65rror\x18\x0f \x01(\x0b\x32\x0e.nyala.ErrorPBH\x00\x88\x01\x01\x42\x08\n\x06_error\">\n\x19\x43\x61ncelTabletCopyRequestPB\x12\x11\n\tdest_uuid\x18\x01 \x01(\t\x12\x0e\n\x06job_id\x18\x02 \x01(\t\"o\n\x1a\x43\x61ncelTabletCopyResponsePB\x12#\n\x03job\x18\x01 \x01(\x0b\x32\x16.nyala.TabletCopyJobPB\x12\"\n\x05\x65rror\x18\x0f \x01(\x0b\x32\x0e.nyala.ErrorPBH\x00\x88\x01\x01\x42\x08\n\x06_error2\xaf\x04\n\x11TabletCopyService\x12i\n\x16\x42\x65ginTabletCopySession\x12&.nyala.BeginTabletCopySessionRequestPB\x1a\'.nyala.BeginTabletCopySessionResponsePB\x12\x42\n\tFetchData\x12\x19.nyala.FetchDataRequestPB\x1a\x1a.nyala.FetchDataResponsePB\x12\x63\n\x14\x45ndTabletCopySession\x12$.nyala.EndTabletCopySessionRequestPB\x1a%.nyala.EndTabletCopySessionResponsePB\x12T\n\x0fStartTabletCopy\x12\x1f.nyala.StartTabletCopyRequestPB\x1a .nyala.StartTabletCopyResponsePB\x12W\n\x10ListTabletCopies\x12 .nyala.ListTabletCopiesRequestPB\x1a!.nyala.ListTabletCopiesResponsePB\x12W\n\x10\x43\x61ncelTabletCopy\x12 .nyala.CancelTabletCopyRequestPB\x1a!.nyala.CancelTabletCopyResponsePBb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -42,31 +42,31 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_BEGINTABLETCOPYSESSIONREQUESTPB']._serialized_start=291
   _globals['_BEGINTABLETCOPYSESSIONREQUESTPB']._serialized_end=386
   _globals['_BEGINTABLETCOPYSESSIONRESPONSEPB']._serialized_start=389
-  _globals['_BEGINTABLETCOPYSESSIONRESPONSEPB']._serialized_end=769
-  _globals['_FETCHDATAREQUESTPB']._serialized_start=772
-  _globals['_FETCHDATAREQUESTPB']._serialized_end=907
-  _globals['_DATACHUNKPB']._serialized_start=909
-  _globals['_DATACHUNKPB']._serialized_end=1009
-  _globals['_FETCHDATARESPONSEPB']._serialized_start=1011
-  _globals['_FETCHDATARESPONSEPB']._serialized_end=1127
-  _globals['_ENDTABLETCOPYSESSIONREQUESTPB']._serialized_start=1129
-  _globals['_ENDTABLETCOPYSESSIONREQUESTPB']._serialized_end=1219
-  _globals['_ENDTABLETCOPYSESSIONRESPONSEPB']._serialized_start=1221
-  _globals['_ENDTABLETCOPYSESSIONRESPONSEPB']._serialized_end=1299
-  _globals['_STARTTABLETCOPYREQUESTPB']._serialized_start=1302
-  _globals['_STARTTABLETCOPYREQUESTPB']._serialized_end=1555
-  _globals['_STARTTABLETCOPYRESPONSEPB']._serialized_start=1557
-  _globals['_STARTTABLETCOPYRESPONSEPB']._serialized_end=1646
-  _globals['_TABLETCOPYJOBPB']._serialized_start=1649
-  _globals['_TABLETCOPYJOBPB']._serialized_end=1859
-  _globals['_LISTTABLETCOPIESREQUESTPB']._serialized_start=1861
-  _globals['_LISTTABLETCOPIESREQUESTPB']._serialized_end=1907
-  _globals['_LISTTABLETCOPIESRESPONSEPB']._serialized_start=1909
-  _globals['_LISTTABLETCOPIESRESPONSEPB']._serialized_end=2021
-  _globals['_CANCELTABLETCOPYREQUESTPB']._serialized_start=2023
-  _globals['_CANCELTABLETCOPYREQUESTPB']._serialized_end=2085
-  _globals['_CANCELTABLETCOPYRESPONSEPB']._serialized_start=2087
-  _globals['_CANCELTABLETCOPYRESPONSEPB']._serialized_end=2198
-  _globals['_TABLETCOPYSERVICE']._serialized_start=2201
-  _globals['_TABLETCOPYSERVICE']._serialized_end=2760
+  _globals['_BEGINTABLETCOPYSESSIONRESPONSEPB']._serialized_end=824
+  _globals['_FETCHDATAREQUESTPB']._serialized_start=827
+  _globals['_FETCHDATAREQUESTPB']._serialized_end=962
+  _globals['_DATACHUNKPB']._serialized_start=964
+  _globals['_DATACHUNKPB']._serialized_end=1064
+  _globals['_FETCHDATARESPONSEPB']._serialized_start=1066
+  _globals['_FETCHDATARESPONSEPB']._serialized_end=1182
+  _globals['_ENDTABLETCOPYSESSIONREQUESTPB']._serialized_start=1184
+  _globals['_ENDTABLETCOPYSESSIONREQUESTPB']._serialized_end=1274
+  _globals['_ENDTABLETCOPYSESSIONRESPONSEPB']._serialized_start=1276
+  _globals['_ENDTABLETCOPYSESSIONRESPONSEPB']._serialized_end=1354
+  _globals['_STARTTABLETCOPYREQUESTPB']._serialized_start=1357
+  _globals['_STARTTABLETCOPYREQUESTPB']._serialized_end=1610
+  _globals['_STARTTABLETCOPYRESPONSEPB']._serialized_start=1612
+  _globals['_STARTTABLETCOPYRESPONSEPB']._serialized_end=1701
+  _globals['_TABLETCOPYJOBPB']._serialized_start=1704
+  _globals['_TABLETCOPYJOBPB']._serialized_end=1914
+  _globals['_LISTTABLETCOPIESREQUESTPB']._serialized_start=1916
+  _globals['_LISTTABLETCOPIESREQUESTPB']._serialized_end=1962
+  _globals['_LISTTABLETCOPIESRESPONSEPB']._serialized_start=1964
+  _globals['_LISTTABLETCOPIESRESPONSEPB']._serialized_end=2076
+  _globals['_CANCELTABLETCOPYREQUESTPB']._serialized_start=2078
+  _globals['_CANCELTABLETCOPYREQUESTPB']._serialized_end=2140
+  _globals['_CANCELTABLETCOPYRESPONSEPB']._serialized_start=2142
+  _globals['_CANCELTABLETCOPYRESPONSEPB']._serialized_end=2253
+  _globals['_TABLETCOPYSERVICE']._serialized_start=2256
+  _globals['_TABLETCOPYSERVICE']._serialized_end=2815
 # @@protoc_insertion_point(module_scope)

@@ -137,6 +137,8 @@ class BeginTabletCopySessionResponsePB(_message.Message):
     ROWSET_MANIFEST_FIELD_NUMBER: _builtins.int
     LAST_FLUSHED_INDEX_FIELD_NUMBER: _builtins.int
     WAL_SEGMENTS_FIELD_NUMBER: _builtins.int
+    DATA_CHANNEL_PORT_FIELD_NUMBER: _builtins.int
+    DATA_CHANNEL_TOKEN_FIELD_NUMBER: _builtins.int
     ERROR_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     session_idle_timeout_ms: _builtins.int
@@ -149,6 +151,13 @@ class BeginTabletCopySessionResponsePB(_message.Message):
     """The storage manifest file at the snapshot (names the rowset files)."""
     last_flushed_index: _builtins.int
     """Ops up to here are in the rowsets; the WAL segments hold every op after it."""
+    data_channel_port: _builtins.int
+    """The session's data channel (docs/tablet-copy.md, "The data channel"): its port on the
+    host the target reached this server at, and the token that names the session there; the
+    files are numbered rowset_files first, then wal_segments, in the order listed. 0 and
+    empty when the source serves its files over FetchData only (a server with TLS).
+    """
+    data_channel_token: _builtins.bytes
     @_builtins.property
     def rowset_files(self) -> _containers.RepeatedCompositeFieldContainer[Global___DataFilePB]: ...
     @_builtins.property
@@ -178,11 +187,13 @@ class BeginTabletCopySessionResponsePB(_message.Message):
         rowset_manifest: _builtins.bytes = ...,
         last_flushed_index: _builtins.int = ...,
         wal_segments: _abc.Iterable[Global___DataFilePB] | None = ...,
+        data_channel_port: _builtins.int = ...,
+        data_channel_token: _builtins.bytes = ...,
         error: _common_pb2.ErrorPB | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_error", b"_error", "error", b"error", "initial_cstate", b"initial_cstate"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_error", b"_error", "cmeta", b"cmeta", "error", b"error", "initial_cstate", b"initial_cstate", "last_flushed_index", b"last_flushed_index", "rowset_files", b"rowset_files", "rowset_manifest", b"rowset_manifest", "session_id", b"session_id", "session_idle_timeout_ms", b"session_idle_timeout_ms", "superblock", b"superblock", "wal_segment_seqnos", b"wal_segment_seqnos", "wal_segments", b"wal_segments"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_error", b"_error", "cmeta", b"cmeta", "data_channel_port", b"data_channel_port", "data_channel_token", b"data_channel_token", "error", b"error", "initial_cstate", b"initial_cstate", "last_flushed_index", b"last_flushed_index", "rowset_files", b"rowset_files", "rowset_manifest", b"rowset_manifest", "session_id", b"session_id", "session_idle_timeout_ms", b"session_idle_timeout_ms", "superblock", b"superblock", "wal_segment_seqnos", b"wal_segment_seqnos", "wal_segments", b"wal_segments"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__error: _TypeAlias = _typing.Literal["error"]  # noqa: Y015
     _WhichOneofArgType__error: _TypeAlias = _typing.Literal["_error", b"_error"]  # noqa: Y015

@@ -107,6 +107,16 @@ class ServerSettings:
     tablet_copy_io_threads_max: int = 4
     # Download rate of one copy; 0 is unlimited.
     tablet_copy_rate_bytes_per_s: int = 0
+    # Serve and fetch copies' files over the data channel (docs/tablet-copy.md) rather than
+    # FetchData RPCs; a server with TLS never serves it (the channel is not encrypted).
+    tablet_copy_data_channel: bool = True
+    # Its port on the RPC host; 0 takes any free port (targets learn it per session).
+    tablet_copy_data_channel_port: int = 0
+    # Bytes asked for per request on the data channel: small enough that a chunk received is
+    # still in the CPU's cache when it is checked and written (docs/tablet-copy.md measures
+    # 64 KiB to 4 MiB); FetchData RPCs keep tablet_copy_chunk_bytes, their per-call cost wants
+    # large chunks.
+    tablet_copy_data_channel_chunk_bytes: int = 512 * 1024
     # Tests only: as a source, send this many chunks with a flipped byte (after the CRC).
     tablet_copy_inject_corrupt_chunks: int = 0
 
@@ -133,6 +143,7 @@ class ServerSettings:
         "enroll_timeout_ms",
         "quarantine_retention_s",
         "tablet_copy_chunk_bytes",
+        "tablet_copy_data_channel_chunk_bytes",
         "tablet_copy_session_idle_timeout_ms",
         "tablet_copy_concurrency_max",
         "tablet_copy_parallel_files_max",
@@ -159,6 +170,10 @@ class ServerSettings:
             )
         if self.tablet_copy_chunk_bytes > self.rpc_message_bytes_max // 2:
             raise ValueError("tablet_copy_chunk_bytes must leave room in rpc_message_bytes_max")
+        if not 0 <= self.tablet_copy_data_channel_port <= 65535:
+            raise ValueError("tablet_copy_data_channel_port must be 0 to 65535")
+        if self.tablet_copy_data_channel_chunk_bytes > 64 * MIB:
+            raise ValueError("tablet_copy_data_channel_chunk_bytes must be at most 64 MiB")
         # Validates the RPC limits (without reading the security directory: a new master fills it).
         RpcSettings(
             self.rpc_message_bytes_max, self.rpc_client_timeout_ms, self.rpc_admin_timeout_ms

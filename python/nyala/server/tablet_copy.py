@@ -4,7 +4,10 @@ Tablet servers and masters both host it (a master copies the sys catalog to a ne
 WAL could not catch it up). ``TabletCopy`` is the server's tablet-copy component. It owns
 
 * the source side: a ``CopySessionManager`` behind BeginTabletCopySession / FetchData /
-  EndTabletCopySession, with a loop that expires idle sessions. FetchData answers are built by
+  EndTabletCopySession, with a loop that expires idle sessions, and, on a server without TLS,
+  the data channel (``nyala._native.CopyDataServer``, docs/tablet-copy.md) that serves the
+  sessions' files natively; its port and each session's token go in the
+  BeginTabletCopySession answer. FetchData answers are built by
   ``nyala._native.CopyFile.read_message``: the chunk is read straight into the serialized
   answer on the copy I/O pool, with no other copy;
 * the target side: ``TabletCopyJobs`` behind StartTabletCopy / ListTabletCopies /
@@ -94,6 +97,26 @@ SESSION_EXPIRY_CHECK_S = 5.0
 _DATA_FIELD = tablet_copy_pb2.FetchDataResponsePB.DESCRIPTOR.fields_by_name["data"].number
 
 
+#: Connections the data channel serves at once (each target copy uses
+#: ``tablet_copy_chunks_in_flight_max`` of them).
+DATA_CHANNEL_CONNECTIONS_MAX = 64
+
+
+def _data_channel(settings: ServerSettings) -> _native.CopyDataServer | None:
+    """The data channel of a server without TLS (docs/tablet-copy.md), on its RPC host and
+    ``tablet_copy_data_channel_port``; None when the setting is off or the server uses TLS
+    (the channel has no encryption: copies then go over FetchData)."""
+    if not settings.tablet_copy_data_channel or settings.security_dir:
+        return None
+    return _native.CopyDataServer(
+        split_host_port(settings.rpc_bind)[0],
+        settings.tablet_copy_data_channel_port,
+        chunk_bytes_max=settings.tablet_copy_chunk_bytes,
+        connections_max=DATA_CHANNEL_CONNECTIONS_MAX,
+        idle_timeout_ms=settings.tablet_copy_session_idle_timeout_ms,
+    )
+
+
 def job_to_pb(job: CopyJob) -> tablet_copy_pb2.TabletCopyJobPB:
     """The ``TabletCopyJobPB`` of a job."""
     return tablet_copy_pb2.TabletCopyJobPB(
@@ -164,6 +187,7 @@ class GrpcCopySource:
     def __init__(self, my_uuid: str, source_uuid: str, address: str, settings: RpcSettings) -> None:
         self._my_uuid = my_uuid
         self._source_uuid = source_uuid
+        self._host = split_host_port(address)[0]
         self._proxy = ServerProxy(address, settings)
 
     async def begin(self, tablet_id: str) -> CopySessionInfo:
@@ -184,6 +208,11 @@ class GrpcCopySource:
             last_flushed_index=pb.last_flushed_index,
             rowset_files=tuple(DataFile(f.file_name, f.size_bytes) for f in pb.rowset_files),
             wal_segments=tuple(DataFile(f.file_name, f.size_bytes) for f in pb.wal_segments),
+            # The channel listens on the source's RPC host: the one this copy reached it at.
+            data_channel_address=(
+                join_host_port(self._host, pb.data_channel_port) if pb.data_channel_port else ""
+            ),
+            data_channel_token=pb.data_channel_token,
         )
 
     async def fetch(
@@ -234,10 +263,17 @@ class TabletCopy:
         self.settings = settings
         self.tablets = tablets
         self.io = CopyIoPool(settings.tablet_copy_io_threads_max)
+        self.channel = _data_channel(settings)
         self.sessions = CopySessionManager(
             RealClock(),
             idle_timeout_ms=settings.tablet_copy_session_idle_timeout_ms,
             chunk_bytes=settings.tablet_copy_chunk_bytes,
+            channel=self.channel,
+            channel_address=(
+                ""
+                if self.channel is None
+                else join_host_port(split_host_port(settings.rpc_bind)[0], self.channel.port)
+            ),
         )
         self.jobs = TabletCopyJobs(
             tablets,
@@ -252,15 +288,26 @@ class TabletCopy:
                 parallel_files_max=settings.tablet_copy_parallel_files_max,
                 chunks_in_flight_max=settings.tablet_copy_chunks_in_flight_max,
                 rate_bytes_per_s=settings.tablet_copy_rate_bytes_per_s,
+                use_data_channel=settings.tablet_copy_data_channel,
+                channel_chunk_bytes=settings.tablet_copy_data_channel_chunk_bytes,
+                channel_timeout_ms=settings.rpc_admin_timeout_ms,
             ),
             concurrency_max=settings.tablet_copy_concurrency_max,
         )
         self.corrupt_chunks_left = settings.tablet_copy_inject_corrupt_chunks
-        # Bytes of chunks served as a source (FetchData answers), for /metrics.
-        self.bytes_served = 0
+        if self.channel is not None:
+            self.channel.inject_corrupt_chunks(self.corrupt_chunks_left)
+        # Bytes of chunks served as a source in FetchData answers (``bytes_served``).
+        self._rpc_bytes_served = 0
         self._group: asyncio.TaskGroup | None = None
         self._vivifying: set[tuple[str, str]] = set()  # (tablet, peer) with a call in flight
         self._proxies: dict[str, ServerProxy] = {}
+
+    @property
+    def bytes_served(self) -> int:
+        """Bytes of chunks served as a source, over RPC and the data channel (/metrics)."""
+        on_channel = 0 if self.channel is None else self.channel.bytes_served
+        return self._rpc_bytes_served + on_channel
 
     # --- life cycle ---------------------------------------------------------------------------
 
@@ -279,6 +326,8 @@ class TabletCopy:
         self.jobs.attach(None)
         self._group = None
         self.sessions.close_all()
+        if self.channel is not None:
+            self.channel.close()
         proxies, self._proxies = self._proxies, {}
         for proxy in proxies.values():
             await proxy.close()
@@ -478,6 +527,9 @@ class TabletCopyService(ServiceBase, tablet_copy_pb2_grpc.TabletCopyServiceServi
             seqno = f.name.removeprefix("wal-")
             if seqno.isdigit():
                 response.wal_segment_seqnos.append(int(seqno))
+        if info.data_channel_address:
+            response.data_channel_port = split_host_port(info.data_channel_address)[1]
+            response.data_channel_token = info.data_channel_token
         return response
 
     # The answer is serialized here (the method is registered with its response serializer
@@ -500,7 +552,7 @@ class TabletCopyService(ServiceBase, tablet_copy_pb2_grpc.TabletCopyServiceServi
             damaged = bytearray(answer)  # after the CRC: the target must notice
             damaged[-1] ^= 0xFF
             answer = bytes(damaged)
-        self._copy.bytes_served += len(answer)
+        self._copy._rpc_bytes_served += len(answer)
         return answer
 
     @unary(tablet_copy_pb2.EndTabletCopySessionResponsePB)

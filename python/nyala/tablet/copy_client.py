@@ -13,6 +13,13 @@ and syncs run on the copy I/O pool (``CopyIoPool``), never on the event loop. Ea
 writeback starts as soon as it is written; each file is fsynced, then its directory. A
 ``RateLimiter`` caps the bytes per second of one copy.
 
+When the session names a data channel (``DataChannel``) the chunks come over it instead of
+``CopySource.fetch``: one native call (``nyala._native.CopyDownload``, on a thread of its own)
+fetches, checks, writes and syncs every file with ``chunks_in_flight_max`` connections, the
+same checks and limits, and no Python per chunk; the event loop only polls its progress. If
+the channel cannot be reached at all (nothing written yet), the copy falls back to
+``fetch``.
+
 Owns: the files it writes under the directories it is given, nothing else.
 """
 
@@ -21,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -29,7 +37,7 @@ from typing import Protocol
 
 from nyala import _native
 from nyala.common import metafile
-from nyala.errors import CorruptionError, InvalidArgumentError
+from nyala.errors import CorruptionError, InvalidArgumentError, ServiceUnavailableError
 from nyala.tablet.copy_io import CopyIoPool
 from nyala.tablet.copy_source import CopySessionInfo, DataChunk, DataFile, DataKind
 
@@ -104,6 +112,13 @@ class DownloadOptions:
     chunks_in_flight_max: int = 4
     chunk_attempts_max: int = CHUNK_ATTEMPTS_MAX
     rate_bytes_per_s: int = 0  # 0: unlimited
+    # Download over the session's data channel when it has one, asking for this many bytes
+    # at a time there.
+    use_data_channel: bool = True
+    channel_chunk_bytes: int = 512 << 10
+    # Over a data channel: connecting, and each read or write on a connection, fails after
+    # this long.
+    channel_timeout_ms: int = 30_000
 
     def __post_init__(self) -> None:
         assert self.chunk_bytes > 0
@@ -111,6 +126,17 @@ class DownloadOptions:
         assert self.chunks_in_flight_max > 0
         assert self.chunk_attempts_max > 0
         assert self.rate_bytes_per_s >= 0
+        assert self.channel_timeout_ms > 0
+        assert self.channel_chunk_bytes > 0
+
+
+@dataclass(frozen=True, slots=True)
+class DataChannel:
+    """Where a session's files are served natively: ``address`` (``host:port``) and the
+    ``token`` naming the session there."""
+
+    address: str
+    token: bytes
 
 
 def check_chunk(chunk: DataChunk, name: str, offset: int, total_bytes: int) -> None:
@@ -144,8 +170,16 @@ async def download_files(
     options: DownloadOptions,
     progress: Progress,
     io: CopyIoPool,
+    channel: DataChannel | None = None,
 ) -> None:
-    """Fetches every ``(kind, file, destination)`` (see the module docstring)."""
+    """Fetches every ``(kind, file, destination)`` (see the module docstring). Over a
+    ``channel``, ``files`` must be all of the session's files in the order it listed them
+    (rowset files, then WAL segments): that order numbers them there."""
+    for _, file, dest in files:
+        if dest.name != file.name or "/" in file.name or file.name in ("", ".", ".."):
+            raise InvalidArgumentError(f"refusing to write a source file named {file.name!r}")
+    if channel is not None and await _download_over_channel(channel, files, options, progress, io):
+        return
     fetcher = _Fetcher(source, session_id, options, progress, io)
     gate = asyncio.Semaphore(options.parallel_files_max)
 
@@ -161,6 +195,103 @@ async def download_files(
         raise failures.exceptions[0] from None  # the first failure says why the copy failed
     for directory in sorted({dest.parent for _, _, dest in files}):
         await io.run(metafile.fsync_dir, directory)
+
+
+async def _download_over_channel(
+    channel: DataChannel,
+    files: Sequence[tuple[DataKind, DataFile, Path]],
+    options: DownloadOptions,
+    progress: Progress,
+    io: CopyIoPool,
+) -> bool:
+    """Every file over the data channel (see the module docstring); False, with nothing
+    written, if the channel could not be used at all (the caller then fetches over RPC)."""
+    download = _native.CopyDownload()
+    fds: list[int] = []
+    try:
+        for _, _, dest in files:
+            flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
+            fds.append(await io.run(os.open, dest, flags, 0o644))
+        pairs = enumerate(zip(files, fds, strict=True))
+        targets = [(i, fd, file.size_bytes) for i, ((_, file, _), fd) in pairs]
+        await _run_download(download, channel, targets, options, progress)
+    except ServiceUnavailableError as exc:
+        if download.bytes_done > 0:
+            raise
+        log.warning("tablet copy: %s; fetching over RPC instead", exc)
+        return False
+    finally:
+        for fd in fds:
+            os.close(fd)
+        if download.chunks_refetched:
+            log.warning(
+                "tablet copy over %s: %d chunks arrived damaged (CRC32C mismatch) and were "
+                "fetched again",
+                channel.address,
+                download.chunks_refetched,
+            )
+    for directory in sorted({dest.parent for _, _, dest in files}):
+        await io.run(metafile.fsync_dir, directory)
+    return True
+
+
+CHANNEL_PROGRESS_POLL_S = 0.2
+
+
+async def _run_download(
+    download: _native.CopyDownload,
+    channel: DataChannel,
+    targets: list[tuple[int, int, int]],
+    options: DownloadOptions,
+    progress: Progress,
+) -> None:
+    """Runs ``download`` on a thread of its own, polling its bytes into ``progress``, until it
+    finished. Whatever happens to the caller, it returns (or raises) only after
+    the download's threads stopped: they write through the caller's descriptors."""
+    loop = asyncio.get_running_loop()
+    finished: asyncio.Future[None] = loop.create_future()
+
+    def settle(error: BaseException | None) -> None:
+        if finished.done():
+            return
+        if error is None:
+            finished.set_result(None)
+        else:
+            finished.set_exception(error)
+
+    def body() -> None:
+        error: BaseException | None = None
+        try:
+            download.run(
+                channel.address,
+                channel.token,
+                targets,
+                chunk_bytes=options.channel_chunk_bytes,
+                streams=options.chunks_in_flight_max,
+                attempts=options.chunk_attempts_max,
+                rate_bytes_per_s=options.rate_bytes_per_s,
+                timeout_ms=options.channel_timeout_ms,
+            )
+        except BaseException as exc:  # handed to the event loop, which raises it
+            error = exc
+        loop.call_soon_threadsafe(settle, error)
+
+    base = progress.bytes_done
+    threading.Thread(target=body, name="tablet-copy-download", daemon=True).start()
+    try:
+        while not finished.done():
+            await asyncio.wait({finished}, timeout=CHANNEL_PROGRESS_POLL_S)
+            progress.bytes_done = base + download.bytes_done
+    except BaseException:
+        download.cancel()
+        while not finished.done():  # cancelled again meanwhile: keep waiting for the threads
+            try:
+                await asyncio.wait({finished})
+            except asyncio.CancelledError:
+                continue
+        finished.exception()  # retrieved: the caller's cancellation is what propagates
+        raise
+    finished.result()
 
 
 class _Fetcher:
@@ -185,8 +316,6 @@ class _Fetcher:
     async def download(self, kind: DataKind, file: DataFile, dest: Path) -> None:
         """One file: its chunks fetched by up to ``chunks_in_flight_max`` workers, each
         written at its offset, then the file synced."""
-        if dest.name != file.name or "/" in file.name or file.name in ("", ".", ".."):
-            raise InvalidArgumentError(f"refusing to write a source file named {file.name!r}")
         chunk_bytes = self._options.chunk_bytes
         offsets = iter(range(0, file.size_bytes, chunk_bytes))  # shared: each taken once
         fd = await self._io.run(

@@ -57,7 +57,13 @@ from nyala.errors import (
     NotFoundError,
     ThrottledError,
 )
-from nyala.tablet.copy_client import CopySource, DownloadOptions, Progress, download_files
+from nyala.tablet.copy_client import (
+    CopySource,
+    DataChannel,
+    DownloadOptions,
+    Progress,
+    download_files,
+)
 from nyala.tablet.copy_cmeta import merge_cmeta
 from nyala.tablet.copy_io import CopyIoPool
 from nyala.tablet.copy_source import CopySessionInfo, DataKind
@@ -359,8 +365,19 @@ class TabletCopyJobs:
         segments = [(DataKind.WAL_SEGMENT, f, wal_dir / f.name) for f in session.wal_segments]
         # One pass over every file, so the chunks in flight never drain between kinds; the
         # replica stays COPYING (nothing trusts these files) until the READY superblock.
+        channel = (
+            DataChannel(session.data_channel_address, session.data_channel_token)
+            if session.data_channel_address and self.options.use_data_channel
+            else None
+        )
         await download_files(
-            source, session.session_id, [*rowsets, *segments], self.options, job.progress, self._io
+            source,
+            session.session_id,
+            [*rowsets, *segments],  # all of them, in the session's order (the channel's numbers)
+            self.options,
+            job.progress,
+            self._io,
+            channel,
         )
         # The manifest names the rowsets: it goes in once they are all durable.
         manifest = data_dir / ROWSET_MANIFEST_FILE

@@ -22,8 +22,11 @@ that fixed length (``nyala._native.CopyFile``), so a segment GC'd meanwhile stay
 
 ``file`` names one file of the session for the server to read a chunk of (only files of the
 session can be named); ``fetch`` reads one chunk with its CRC32C, for callers in the same
-process. ``end`` releases the anchor and the pins; so does idle expiry (``expire_idle``), for
-targets that vanished.
+process. With a data channel (``nyala._native.CopyDataServer``, docs/tablet-copy.md), each
+session's files are also served there under a random token, numbered in the order the
+session lists them (rowset files, then WAL segments); its requests count as use of the
+session. ``end`` releases the anchor and the pins and stops serving the files; so does idle
+expiry (``expire_idle``), for targets that vanished.
 
 Owns: sessions and their open files. Never writes anything of the replica.
 """
@@ -32,6 +35,7 @@ from __future__ import annotations
 
 import enum
 import logging
+import secrets
 import threading
 import time
 from dataclasses import dataclass
@@ -82,6 +86,10 @@ class CopySessionInfo:
     last_flushed_index: int
     rowset_files: tuple[DataFile, ...]
     wal_segments: tuple[DataFile, ...]
+    # The data channel serving the session's files ("host:port"; "" when there is none) and
+    # the token that names the session there.
+    data_channel_address: str = ""
+    data_channel_token: bytes = b""
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,12 +128,19 @@ class CopySessionManager:
         *,
         idle_timeout_ms: int = SESSION_IDLE_TIMEOUT_MS_DEFAULT,
         chunk_bytes: int = CHUNK_BYTES_DEFAULT,
+        channel: _native.CopyDataServer | None = None,
+        channel_address: str = "",
     ) -> None:
+        """``channel``, if given, also serves every session's files; targets reach it at
+        ``channel_address`` (``host:port``)."""
         assert idle_timeout_ms > 0
         assert chunk_bytes > 0
+        assert (channel is None) == (not channel_address)
         self._clock = clock
         self.idle_timeout_ms = idle_timeout_ms
         self.chunk_bytes = chunk_bytes
+        self.channel = channel
+        self._channel_address = channel_address
         self._sessions: dict[str, CopySession] = {}
         self._lock = threading.Lock()
 
@@ -155,6 +170,8 @@ class CopySessionManager:
             storage.release_snapshot(snapshot)
             wal.release_anchor(anchor)
             raise
+        if self.channel is not None:
+            self.channel.register(session.info.data_channel_token, list(session.files.values()))
         with self._lock:
             self._sessions[session_id] = session
         log.info(
@@ -193,6 +210,9 @@ class CopySessionManager:
                 if kind is DataKind.ROWSET_FILE
             ),
             wal_segments=tuple(DataFile(f.name, f.length) for f in segments),
+            # Numbered by the order of ``files``: rowset files, then WAL segments, as listed.
+            data_channel_address=self._channel_address,
+            data_channel_token=secrets.token_bytes(16) if self.channel is not None else b"",
         )
         return CopySession(
             info, replica, wal, storage, anchor, snapshot, files, self._clock.now_ms()
@@ -238,8 +258,9 @@ class CopySessionManager:
             return
         self._release(session)
 
-    @staticmethod
-    def _release(session: CopySession) -> None:
+    def _release(self, session: CopySession) -> None:
+        if self.channel is not None:
+            self.channel.unregister(session.info.data_channel_token)
         session.files.clear()  # the files close once no chunk read holds them
         # A replica closed meanwhile (tombstoned, restarted) took its anchors and pins along.
         try:
@@ -258,11 +279,20 @@ class CopySessionManager:
             idle = [
                 sid
                 for sid, s in self._sessions.items()
-                if now - s.last_used_ms > self.idle_timeout_ms
+                if self._idle_ms(s, now) > self.idle_timeout_ms
             ]
         for sid in idle:
             log.info("copy session %s expired after %d ms idle", sid, self.idle_timeout_ms)
             self.end(sid, missing_ok=True)
+        return idle
+
+    def _idle_ms(self, session: CopySession, now_ms: int) -> int:
+        """How long ``session`` has had no request, over either path."""
+        idle = now_ms - session.last_used_ms
+        if self.channel is not None:
+            on_channel = self.channel.idle_ms(session.info.data_channel_token)
+            if on_channel is not None:
+                idle = min(idle, on_channel)
         return idle
 
     def session_ids(self) -> list[str]:

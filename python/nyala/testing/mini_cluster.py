@@ -102,6 +102,26 @@ class ServerProcess:
     def pid(self) -> int | None:
         return None if self._proc is None else self._proc.pid
 
+    def listening_ports(self) -> set[int]:
+        """The TCP ports the running process listens on (from ``/proc``: its sockets'
+        inodes, looked up in its network namespace's TCP tables)."""
+        proc = Path("/proc") / str(self._require_process().pid)
+        inodes = set()
+        for fd in (proc / "fd").iterdir():
+            try:
+                target = os.readlink(fd)
+            except OSError:  # closed meanwhile
+                continue
+            if target.startswith("socket:["):
+                inodes.add(target[len("socket:[") : -1])
+        ports = set()
+        for table in ("tcp", "tcp6"):
+            for line in (proc / "net" / table).read_text().splitlines()[1:]:
+                fields = line.split()
+                if fields[3] == "0A" and fields[9] in inodes:  # state LISTEN
+                    ports.add(int(fields[1].rsplit(":", 1)[1], 16))
+        return ports
+
     def is_running(self) -> bool:
         """True while the process exists (paused counts as running)."""
         return self._proc is not None and self._proc.poll() is None

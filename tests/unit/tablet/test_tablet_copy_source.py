@@ -1,9 +1,12 @@
 """Copy sessions on the source: the image lists pinned rowset files and anchored WAL segments,
 chunks carry their CRC32C and the file length, only the session's files can be fetched, and
-ending or idle expiry releases the WAL anchor and the storage pins."""
+ending or idle expiry releases the WAL anchor and the storage pins; on a data channel the files
+are served in the session's order until it ends, and use there keeps the session alive."""
 
 from __future__ import annotations
 
+import os
+import time
 from pathlib import Path
 
 import pytest
@@ -92,4 +95,76 @@ def test_session_serves_its_image_and_expiry_releases_pins_and_anchor(tmp_path: 
         replica.wal.release_anchor(session.anchor)
     with pytest.raises(NotFoundError):
         replica.storage.release_snapshot(session.snapshot)
+    manager.shutdown()
+
+
+def test_a_session_on_the_data_channel_serves_its_files_in_order_until_it_ends(
+    tmp_path: Path,
+) -> None:
+    manager = _replica(tmp_path)
+    replica = manager.replica(TABLET)
+    channel = _native.CopyDataServer(
+        "127.0.0.1", 0, chunk_bytes_max=1024, connections_max=4, idle_timeout_ms=60_000
+    )
+    address = f"127.0.0.1:{channel.port}"
+    clock = ManualClock()
+    sessions = CopySessionManager(
+        clock, idle_timeout_ms=1_000, chunk_bytes=1024, channel=channel, channel_address=address
+    )
+    info = sessions.begin("target", replica)
+    assert info.data_channel_address == address
+    assert len(info.data_channel_token) == 16
+    assert sessions.begin("other", replica).data_channel_token != info.data_channel_token
+    replica.wal.append(1, EntryKind.NO_OP, b"x" * 5000)  # the live segment grows meanwhile
+    assert replica.wal.wait_durable(10)
+
+    # Numbered rowset files first, then WAL segments, each with the session's length.
+    listed = [*info.rowset_files, *info.wal_segments]
+    out = tmp_path / "out"
+    out.mkdir()
+    fds = [os.open(out / f.name, os.O_WRONLY | os.O_CREAT) for f in listed]
+    try:
+        _native.CopyDownload().run(
+            address,
+            info.data_channel_token,
+            [(i, fd, f.size_bytes) for i, (fd, f) in enumerate(zip(fds, listed, strict=True))],
+            chunk_bytes=4096,
+            streams=2,
+            attempts=1,
+            rate_bytes_per_s=0,
+            timeout_ms=10_000,
+        )
+    finally:
+        for fd in fds:
+            os.close(fd)
+    for f in info.rowset_files:
+        assert (out / f.name).read_bytes() == (replica.paths.data_dir / f.name).read_bytes()
+    for f in info.wal_segments:
+        on_disk = (replica.paths.wal_dir / f.name).read_bytes()
+        assert (out / f.name).read_bytes() == on_disk[: f.size_bytes]
+
+    # Requests on the channel count as use: the manual clock's 2 s alone do not expire it,
+    # a second of real silence on the channel too does.
+    clock.advance(2_000)
+    assert info.session_id not in sessions.expire_idle()
+    time.sleep(1.1)
+    assert info.session_id in sessions.expire_idle()
+    assert channel.idle_ms(info.data_channel_token) is None  # no longer served
+    fd = os.open(out / "again", os.O_WRONLY | os.O_CREAT)
+    try:
+        with pytest.raises(NotFoundError, match="no such copy session"):
+            _native.CopyDownload().run(
+                address,
+                info.data_channel_token,
+                [(0, fd, listed[0].size_bytes)],
+                chunk_bytes=4096,
+                streams=1,
+                attempts=1,
+                rate_bytes_per_s=0,
+                timeout_ms=10_000,
+            )
+    finally:
+        os.close(fd)
+    sessions.close_all()
+    channel.close()
     manager.shutdown()
