@@ -204,37 +204,43 @@ async def _download_over_channel(
     progress: Progress,
     io: CopyIoPool,
 ) -> bool:
-    """Every file over the data channel (see the module docstring); False, with nothing
-    written, if the channel could not be used at all (the caller then fetches over RPC)."""
-    download = _native.CopyDownload()
-    fds: list[int] = []
-    try:
-        for _, _, dest in files:
-            flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
-            fds.append(await io.run(os.open, dest, flags, 0o644))
-        pairs = enumerate(zip(files, fds, strict=True))
-        targets = [(i, fd, file.size_bytes) for i, ((_, file, _), fd) in pairs]
-        await _run_download(download, channel, targets, options, progress)
-    except ServiceUnavailableError as exc:
-        if download.bytes_done > 0:
-            raise
-        log.warning("tablet copy: %s; fetching over RPC instead", exc)
-        return False
-    finally:
-        for fd in fds:
-            os.close(fd)
-        if download.chunks_refetched:
-            log.warning(
-                "tablet copy over %s: %d chunks arrived damaged (CRC32C mismatch) and were "
-                "fetched again",
-                channel.address,
-                download.chunks_refetched,
-            )
+    """Every file over the data channel (see the module docstring), at most
+    ``CHANNEL_FILES_PER_CALL`` of them open at once; False, with nothing written, if the
+    channel could not be used at all (the caller then fetches over RPC)."""
+    numbered = list(enumerate(files))  # the session's numbers
+    for start in range(0, len(numbered), CHANNEL_FILES_PER_CALL):
+        batch = numbered[start : start + CHANNEL_FILES_PER_CALL]
+        download = _native.CopyDownload()
+        fds: list[int] = []
+        try:
+            for _, (_, _, dest) in batch:
+                flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
+                fds.append(await io.run(os.open, dest, flags, 0o644))
+            pairs = zip(batch, fds, strict=True)
+            targets = [(i, fd, file.size_bytes) for (i, (_, file, _)), fd in pairs]
+            await _run_download(download, channel, targets, options, progress)
+        except ServiceUnavailableError as exc:
+            if start > 0 or download.bytes_done > 0:
+                raise
+            log.warning("tablet copy: %s; fetching over RPC instead", exc)
+            return False
+        finally:
+            for fd in fds:
+                os.close(fd)
+            if download.chunks_refetched:
+                log.warning(
+                    "tablet copy over %s: %d chunks arrived damaged (CRC32C mismatch) and were "
+                    "fetched again",
+                    channel.address,
+                    download.chunks_refetched,
+                )
     for directory in sorted({dest.parent for _, _, dest in files}):
         await io.run(metafile.fsync_dir, directory)
     return True
 
 
+#: Files a download over the data channel holds open at once (a tablet may have thousands).
+CHANNEL_FILES_PER_CALL = 64
 CHANNEL_PROGRESS_POLL_S = 0.2
 
 

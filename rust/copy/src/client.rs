@@ -120,6 +120,10 @@ struct Job<'a> {
     progress: &'a Download,
     pieces: Vec<Piece>,
     next: AtomicUsize,
+    /// Pieces (or their rest) handed back by a stream that ended on a busy source.
+    returned: Mutex<Vec<Piece>>,
+    /// Streams still running.
+    running: AtomicUsize,
     /// Pieces of each file not yet written; the stream that writes the last one syncs it.
     left: Vec<AtomicUsize>,
     limiter: RateLimiter,
@@ -170,6 +174,8 @@ pub fn download(
         options,
         progress,
         next: AtomicUsize::new(0),
+        returned: Mutex::new(Vec::new()),
+        running: AtomicUsize::new(0),
         left,
         limiter: RateLimiter::new(options.rate_bytes_per_s),
         failed: AtomicBool::new(false),
@@ -177,6 +183,7 @@ pub fn download(
         pieces,
     };
     let streams = options.streams.min(job.pieces.len());
+    job.running.store(streams, Ordering::SeqCst);
     std::thread::scope(|scope| {
         for _ in 0..streams {
             scope.spawn(|| {
@@ -193,36 +200,65 @@ pub fn download(
     if progress.is_cancelled() {
         return Err(CopyError::Cancelled);
     }
+    if job.left.iter().any(|n| n.load(Ordering::SeqCst) > 0) {
+        // Not reachable while the last running stream keeps every piece; checked all the same
+        // rather than report a copy with holes as done.
+        return Err(CopyError::Corruption(
+            "the download ended with pieces not written".to_string(),
+        ));
+    }
     for file in files.iter().filter(|f| f.length == 0) {
         fsync(file.fd)?;
     }
     Ok(())
 }
 
-/// One connection's share: pieces taken in turn until none is left (or a stream failed).
+/// One connection's share: pieces taken in turn until none is left (or a stream failed). A
+/// source at its connection limit answers `Busy`: the stream then hands its piece back and
+/// ends, unless it is the last one running, which waits and connects again.
 fn stream(job: &Job<'_>) -> Result<(), CopyError> {
     let mut connection: Option<TcpStream> = None;
     let mut buffer = Vec::new();
-    loop {
+    let mut busy_since: Option<Instant> = None;
+    while let Some(piece) = job.take() {
         if job.failed.load(Ordering::SeqCst) || job.progress.is_cancelled() {
             return Ok(());
         }
-        let i = job.next.fetch_add(1, Ordering::Relaxed);
-        let Some(&piece) = job.pieces.get(i) else {
-            return Ok(());
-        };
-        let connection = match &mut connection {
-            Some(c) => c,
-            None => connection.insert(connect(job)?),
-        };
         let file = &job.files[piece.file];
         let (mut offset, end) = (piece.offset, piece.offset + piece.length);
         while offset < end {
             if job.progress.is_cancelled() {
                 return Ok(());
             }
+            let fresh = connection.is_none();
+            let conn = match &mut connection {
+                Some(c) => c,
+                None => connection.insert(connect(job)?),
+            };
             job.limiter.acquire(end - offset);
-            let n = fetch(job, connection, file, offset, end - offset, &mut buffer)?;
+            let n = match fetch(job, conn, file, offset, end - offset, &mut buffer) {
+                Ok(n) => n,
+                Err(CopyError::Busy(message)) if fresh => {
+                    connection = None;
+                    if job.running.fetch_sub(1, Ordering::SeqCst) > 1 {
+                        job.give_back(Piece {
+                            file: piece.file,
+                            offset,
+                            length: end - offset,
+                        });
+                        return Ok(()); // the streams still running finish the copy
+                    }
+                    job.running.fetch_add(1, Ordering::SeqCst);
+                    let since = *busy_since.get_or_insert_with(Instant::now);
+                    if since.elapsed() > job.options.timeout {
+                        return Err(CopyError::Busy(message));
+                    }
+                    std::thread::sleep(BUSY_RETRY);
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
+            busy_since = None;
             write_at(file.fd, &buffer[..n], offset)?;
             offset += n as u64;
             job.progress
@@ -232,6 +268,25 @@ fn stream(job: &Job<'_>) -> Result<(), CopyError> {
         if job.left[piece.file].fetch_sub(1, Ordering::AcqRel) == 1 {
             fsync(file.fd)?;
         }
+    }
+    Ok(())
+}
+
+/// How long the last stream waits before it connects again to a source that was busy.
+const BUSY_RETRY: Duration = Duration::from_millis(200);
+
+impl Job<'_> {
+    /// The next piece: one handed back first, then the next in order.
+    fn take(&self) -> Option<Piece> {
+        if let Some(piece) = self.returned.lock().pop() {
+            return Some(piece);
+        }
+        let i = self.next.fetch_add(1, Ordering::Relaxed);
+        self.pieces.get(i).copied()
+    }
+
+    fn give_back(&self, piece: Piece) {
+        self.returned.lock().push(piece);
     }
 }
 
@@ -296,9 +351,13 @@ fn fetch(
             }
             let mut message = vec![0u8; head.length as usize];
             connection.read_exact(&mut message).map_err(io)?;
+            let message = String::from_utf8_lossy(&message).into_owned();
+            if status == Status::Busy {
+                return Err(CopyError::Busy(message));
+            }
             return Err(CopyError::Refused {
                 kind: status.kind(),
-                message: String::from_utf8_lossy(&message).into_owned(),
+                message,
             });
         }
         let name = file.index;

@@ -21,7 +21,8 @@
 //! the order `BeginTabletCopySession` listed them). The answer holds at most the bytes asked
 //! for, fewer at the end of the file or when the source's chunk size is smaller; its CRC32C
 //! covers the chunk. A request the source cannot parse closes the connection after an
-//! `INVALID_ARGUMENT` answer.
+//! `INVALID_ARGUMENT` answer. A connection beyond the source's limit gets `BUSY` as the answer
+//! to its first request, then is closed; the target's other connections carry on.
 //!
 //! There is no encryption here: a server whose RPCs use TLS does not start this channel, and
 //! its copies go over the FetchData RPC instead.
@@ -163,6 +164,9 @@ pub enum CopyError {
     /// The source answered with an error.
     #[error("the copy source refused: {message}")]
     Refused { kind: ErrorKind, message: String },
+    /// The source served as many connections as it may, for longer than the timeout.
+    #[error("the copy source is busy: {0}")]
+    Busy(String),
     /// The source could not be reached, or the connection failed or timed out.
     #[error("tablet copy data channel to {address}: {message}")]
     Network { address: String, message: String },
@@ -186,7 +190,7 @@ impl Classify for CopyError {
         match self {
             CopyError::Corruption(_) => ErrorKind::Corruption,
             CopyError::Refused { kind, .. } => *kind,
-            CopyError::Network { .. } => ErrorKind::ServiceUnavailable,
+            CopyError::Network { .. } | CopyError::Busy(_) => ErrorKind::ServiceUnavailable,
             CopyError::Io { source, .. } => ErrorKind::of_io(source),
             CopyError::Cancelled => ErrorKind::Aborted,
             CopyError::InvalidArgument(_) => ErrorKind::InvalidArgument,

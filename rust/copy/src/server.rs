@@ -188,8 +188,12 @@ fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
                     "the source serves {} copy connections at once",
                     shared.options.connections_max
                 );
-                let mut stream = stream;
-                let _ = send_error(&mut stream, Status::Busy, &message);
+                // Answered in turn (its first request read, then BUSY), so the target reads a
+                // refusal rather than a reset; on a thread of its own, briefly, so a silent
+                // client cannot hold up the acceptor.
+                let _ = std::thread::Builder::new()
+                    .name("copy-data-busy".into())
+                    .spawn(move || refuse_busy(stream, &message));
                 continue;
             }
             match stream.try_clone() {
@@ -207,6 +211,18 @@ fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
         if spawned.is_err() {
             shared.connections.lock().remove(&id);
         }
+    }
+}
+
+/// Reads one request (waiting at most a second), answers `Busy` and closes.
+fn refuse_busy(mut stream: TcpStream, message: &str) {
+    let timeout = Some(Duration::from_secs(1));
+    if stream.set_read_timeout(timeout).is_err() || stream.set_write_timeout(timeout).is_err() {
+        return;
+    }
+    let mut raw = [0u8; REQUEST_BYTES];
+    if stream.read_exact(&mut raw).is_ok() {
+        let _ = send_error(&mut stream, Status::Busy, message);
     }
 }
 

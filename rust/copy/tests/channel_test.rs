@@ -300,22 +300,46 @@ fn a_closed_server_is_a_network_error_and_a_foreign_request_is_refused() {
 }
 
 #[test]
-fn connections_beyond_the_limit_are_answered_busy() {
-    let options = ServerOptions {
+fn connections_beyond_the_limit_are_answered_busy_and_the_copy_goes_on_over_the_rest() {
+    let fx = fixture(&[3 << 20, 1 << 20]);
+    let limits = ServerOptions {
         connections_max: 1,
         ..ServerOptions::default()
     };
-    let server = DataServer::bind("127.0.0.1:0", options).unwrap();
-    let _first = TcpStream::connect(server.local_addr()).unwrap();
+    let server = DataServer::bind("127.0.0.1:0", limits).unwrap();
+    let token = [8u8; 16];
+    server.register(token, fx.served.clone());
+    let first = TcpStream::connect(server.local_addr()).unwrap();
     // The acceptor registers the first before it accepts the second.
     let deadline = std::time::Instant::now() + Duration::from_secs(5);
     while server.connections() < 1 && std::time::Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(5));
     }
     let mut second = TcpStream::connect(server.local_addr()).unwrap();
+    second.write_all(&[0u8; 40]).unwrap(); // any first request
     let mut head = [0u8; 24];
     second.read_exact(&mut head).unwrap();
     assert_eq!(u32::from_le_bytes(head[0..4].try_into().unwrap()), 4); // BUSY
+
+    // Four streams against a source that serves one connection: while the idle connection
+    // above holds it, the last stream waits; once it is gone, one stream copies everything.
+    let address = server.local_addr().to_string();
+    let release = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(500));
+        drop(first);
+    });
+    let progress = Download::new();
+    download(
+        &address,
+        token,
+        &fx.target_files(),
+        &options(256 << 10, 4),
+        &progress,
+    )
+    .unwrap();
+    release.join().unwrap();
+    fx.assert_copied();
+    assert_eq!(progress.bytes_done(), 4 << 20);
 }
 
 #[test]

@@ -14,6 +14,7 @@ import pytest
 
 from nyala import _native
 from nyala.errors import CorruptionError, NotFoundError
+from nyala.tablet import copy_client
 from nyala.tablet.copy_client import DataChannel, DownloadOptions, Progress, download_files
 from nyala.tablet.copy_io import CopyIoPool
 from nyala.tablet.copy_source import CopySessionInfo, DataChunk, DataFile, DataKind
@@ -85,7 +86,12 @@ def _download(
         io.close()
 
 
-def test_every_file_arrives_over_the_channel_without_fetch_data(dirs: tuple[Path, Path]) -> None:
+@pytest.mark.parametrize("files_per_call", [64, 2])
+def test_every_file_arrives_over_the_channel_without_fetch_data(
+    dirs: tuple[Path, Path], files_per_call: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # With 2 files per call, the five files take three calls, numbered as the session lists them.
+    monkeypatch.setattr(copy_client, "CHANNEL_FILES_PER_CALL", files_per_call)
     src, dst = dirs
     files = _files(src, dst, [0, 1, 4095, (3 << 20) + 17, 70_001])
     server = _server(src, files)
