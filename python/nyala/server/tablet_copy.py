@@ -100,6 +100,9 @@ _DATA_FIELD = tablet_copy_pb2.FetchDataResponsePB.DESCRIPTOR.fields_by_name["dat
 #: Connections the data channel serves at once (each target copy uses
 #: ``tablet_copy_chunks_in_flight_max`` of them).
 DATA_CHANNEL_CONNECTIONS_MAX = 64
+#: A data channel connection with no request for this long is closed (a download keeps its
+#: connections busy until it ends, then closes them; this is for targets that died).
+DATA_CHANNEL_IDLE_TIMEOUT_MS = 60_000
 
 
 def _data_channel(settings: ServerSettings) -> _native.CopyDataServer | None:
@@ -113,7 +116,7 @@ def _data_channel(settings: ServerSettings) -> _native.CopyDataServer | None:
         settings.tablet_copy_data_channel_port,
         chunk_bytes_max=settings.tablet_copy_chunk_bytes,
         connections_max=DATA_CHANNEL_CONNECTIONS_MAX,
-        idle_timeout_ms=settings.tablet_copy_session_idle_timeout_ms,
+        idle_timeout_ms=DATA_CHANNEL_IDLE_TIMEOUT_MS,
     )
 
 
@@ -308,6 +311,10 @@ class TabletCopy:
         """Bytes of chunks served as a source, over RPC and the data channel (/metrics)."""
         on_channel = 0 if self.channel is None else self.channel.bytes_served
         return self._rpc_bytes_served + on_channel
+
+    def count_served(self, n: int) -> None:
+        """Counts ``n`` bytes of a FetchData answer in ``bytes_served``."""
+        self._rpc_bytes_served += n
 
     # --- life cycle ---------------------------------------------------------------------------
 
@@ -552,7 +559,7 @@ class TabletCopyService(ServiceBase, tablet_copy_pb2_grpc.TabletCopyServiceServi
             damaged = bytearray(answer)  # after the CRC: the target must notice
             damaged[-1] ^= 0xFF
             answer = bytes(damaged)
-        self._copy._rpc_bytes_served += len(answer)
+        self._copy.count_served(len(answer))
         return answer
 
     @unary(tablet_copy_pb2.EndTabletCopySessionResponsePB)

@@ -252,8 +252,8 @@ async def _run_download(
     progress: Progress,
 ) -> None:
     """Runs ``download`` on a thread of its own, polling its bytes into ``progress``, until it
-    finished. Whatever happens to the caller, it returns (or raises) only after
-    the download's threads stopped: they write through the caller's descriptors."""
+    finished. Whatever happens to the caller, it returns (or raises) only after the download's
+    threads stopped: they write through the caller's descriptors."""
     loop = asyncio.get_running_loop()
     finished: asyncio.Future[None] = loop.create_future()
 
