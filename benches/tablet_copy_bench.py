@@ -20,7 +20,8 @@ live segment read piece by piece gave a log that did not open, and the copy fail
 
 The last line printed is one JSON object: ``copy_mb_per_s``, ``raw_copy_mb_per_s``, ``ratio``
 (medians over the runs), ``bytes``, and ``under_load_rows_per_s``, ``under_load_copy_mb_per_s``,
-``under_load_first_try``. Target: ``ratio >= 0.6``.
+``under_load_first_try``, and ``data_channel`` (false with ``--no-data-channel``: the copy then
+goes over FetchData RPCs, the path of servers with TLS). Target: ``ratio >= 0.6``.
 """
 
 from __future__ import annotations
@@ -223,10 +224,16 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="256 MiB instead of 1 GiB")
     parser.add_argument("--size-mib", type=int, default=None)
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument(
+        "--no-data-channel",
+        action="store_true",
+        help="copy over FetchData RPCs, as servers with TLS do (docs/tablet-copy.md)",
+    )
     args = parser.parse_args()
     size_mib = args.size_mib or (256 if args.quick else 1024)
 
-    with MiniCluster(2, tserver_flags=FLAGS) as cluster:
+    flags = (*FLAGS, "--no-tablet-copy-data-channel") if args.no_data_channel else FLAGS
+    with MiniCluster(2, tserver_flags=flags) as cluster:
         source, target = cluster.tservers
         cluster.create_tablet(TABLET, SCHEMA, servers=[source])
         cluster.leader_of(TABLET)
@@ -271,6 +278,7 @@ def main() -> None:
                 "raw_copy_mb_per_s": round(raw_mb_s, 1),
                 "ratio": round(copy_mb_s / raw_mb_s, 3),
                 "runs": args.runs,
+                "data_channel": not args.no_data_channel,
                 "target_ratio": 0.6,
                 "under_load_rows_per_s": round(load_rows_s),
                 "under_load_copy_mb_per_s": round(load_mb_s, 1),
