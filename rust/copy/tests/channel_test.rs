@@ -120,6 +120,16 @@ impl Fixture {
     }
 }
 
+/// `download` with a progress of its own.
+fn fetch_all(
+    address: &str,
+    token: [u8; 16],
+    files: &[TargetFile],
+    options: &DownloadOptions,
+) -> Result<(), CopyError> {
+    download(address, token, files, options, &Download::new())
+}
+
 fn server(chunk_bytes_max: u32) -> DataServer {
     let options = ServerOptions {
         chunk_bytes_max,
@@ -158,14 +168,7 @@ fn a_source_with_smaller_chunks_answers_short_and_the_target_asks_again() {
     let token = [2u8; 16];
     server.register(token, fx.served.clone());
     let address = server.local_addr().to_string();
-    download(
-        &address,
-        token,
-        &fx.target_files(),
-        &options(1 << 20, 2),
-        &Download::new(),
-    )
-    .unwrap();
+    fetch_all(&address, token, &fx.target_files(), &options(1 << 20, 2)).unwrap();
     fx.assert_copied();
 }
 
@@ -190,14 +193,7 @@ fn a_damaged_chunk_is_fetched_again_and_one_damaged_every_time_fails_the_copy() 
     assert_eq!(progress.chunks_refetched(), 2);
 
     server.inject_corrupt_chunks(3); // the first chunk, all three fetches
-    let err = download(
-        &address,
-        token,
-        &fx.target_files(),
-        &options(1 << 20, 1),
-        &Download::new(),
-    )
-    .unwrap_err();
+    let err = fetch_all(&address, token, &fx.target_files(), &options(1 << 20, 1)).unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Corruption, "{err}");
     assert!(err.to_string().contains("CRC32C"), "{err}");
 }
@@ -210,43 +206,22 @@ fn an_unknown_session_a_wrong_length_and_a_file_not_in_the_session_are_errors() 
     server.register(token, fx.served.clone());
     let address = server.local_addr().to_string();
 
-    let err = download(
-        &address,
-        [9u8; 16],
-        &fx.target_files(),
-        &options(512, 1),
-        &Download::new(),
-    )
-    .unwrap_err();
+    let err = fetch_all(&address, [9u8; 16], &fx.target_files(), &options(512, 1)).unwrap_err();
     assert_eq!(err.kind(), ErrorKind::NotFound, "{err}");
 
     let mut wrong = fx.target_files();
     wrong[0].length = 999;
-    let err = download(&address, token, &wrong, &options(512, 1), &Download::new()).unwrap_err();
+    let err = fetch_all(&address, token, &wrong, &options(512, 1)).unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Corruption, "{err}");
     assert!(err.to_string().contains("listed 999 bytes"), "{err}");
 
     let mut missing = fx.target_files();
     missing[0].index = 1;
-    let err = download(
-        &address,
-        token,
-        &missing,
-        &options(512, 1),
-        &Download::new(),
-    )
-    .unwrap_err();
+    let err = fetch_all(&address, token, &missing, &options(512, 1)).unwrap_err();
     assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{err}");
 
     assert!(server.unregister(&token));
-    let err = download(
-        &address,
-        token,
-        &fx.target_files(),
-        &options(512, 1),
-        &Download::new(),
-    )
-    .unwrap_err();
+    let err = fetch_all(&address, token, &fx.target_files(), &options(512, 1)).unwrap_err();
     assert_eq!(err.kind(), ErrorKind::NotFound, "{err}");
 }
 
@@ -288,14 +263,8 @@ fn a_closed_server_is_a_network_error_and_a_foreign_request_is_refused() {
     assert!(String::from_utf8_lossy(&rest).contains("magic"));
 
     server.close();
-    let err = download(
-        &address.to_string(),
-        [6u8; 16],
-        &fx.target_files(),
-        &options(512, 1),
-        &Download::new(),
-    )
-    .unwrap_err();
+    let address = address.to_string();
+    let err = fetch_all(&address, [6u8; 16], &fx.target_files(), &options(512, 1)).unwrap_err();
     assert_eq!(err.kind(), ErrorKind::ServiceUnavailable, "{err}");
 }
 
@@ -353,14 +322,7 @@ fn a_session_is_served_with_its_fixed_length_while_the_file_grows() {
     let mut grow = std::fs::OpenOptions::new().append(true).open(path).unwrap();
     grow.write_all(&[0xAB; 4096]).unwrap();
     let address = server.local_addr().to_string();
-    download(
-        &address,
-        token,
-        &fx.target_files(),
-        &options(1 << 20, 2),
-        &Download::new(),
-    )
-    .unwrap();
+    fetch_all(&address, token, &fx.target_files(), &options(1 << 20, 2)).unwrap();
     fx.assert_copied();
     assert!(server.idle_ms(&token).unwrap() < 5_000);
     assert_eq!(server.idle_ms(&[0u8; 16]), None);
