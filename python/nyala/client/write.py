@@ -729,13 +729,16 @@ class _TabletDropped(errors.NotFoundError):
     """A request's tablet is no longer one of its table's: its range partition was dropped."""
 
 
+_UPDATES = frozenset({int(OpType.UPDATE), int(OpType.UPDATE_IGNORE)})
+_DELETES = frozenset({int(OpType.DELETE), int(OpType.DELETE_IGNORE)})
+
+
 def _shape(prepared: PreparedRows) -> _Shape:
     batch = prepared.batch
     ops = batch.column(OP_COLUMN).to_numpy(zero_copy_only=False)
     columns = tuple((f.name, f.type) for f in batch.schema if f.name != OP_COLUMN)
-    updates = np.isin(ops, (OpType.UPDATE, OpType.UPDATE_IGNORE))
-    deletes = np.isin(ops, (OpType.DELETE, OpType.DELETE_IGNORE))
-    return _Shape(columns, bool(updates.any()), bool(deletes.all()))
+    kinds = {int(op) for op in np.unique(ops)}  # one or two, almost always
+    return _Shape(columns, bool(kinds & _UPDATES), kinds <= _DELETES)
 
 
 def pick_replica(tablet: TabletLocation, attempt: int, unreachable: set[str]) -> Replica | None:
