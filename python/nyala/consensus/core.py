@@ -1347,8 +1347,12 @@ class RaftCore:
         now = self._clock.now_ms()
         live = {self.uuid}
         for uuid, progress in self._progress.items():
+            # A follower not heard from in this term yet counts from when the leader began to
+            # track it: its health is UNKNOWN, not FAILED, until the failure timeout passes
+            # (Kudu's leader starts a newly tracked peer's last communication at that moment).
             heard = progress.last_ack_ms
-            if heard is not None and now - heard < self._opts.failed_follower_timeout_ms:
+            since = progress.tracked_since_ms if heard is None else heard
+            if now - since < self._opts.failed_follower_timeout_ms:
                 live.add(uuid)
         if not membership.keeps_live_majority(new, live):
             raise IllegalStateError(
