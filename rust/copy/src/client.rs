@@ -122,7 +122,8 @@ struct Job<'a> {
     next: AtomicUsize,
     /// Pieces (or their rest) handed back by a stream that ended on a busy source.
     returned: Mutex<Vec<Piece>>,
-    /// Streams still running.
+    /// Streams still running: they have not found the pieces exhausted, nor left a busy
+    /// source (changed only under the lock of `returned`).
     running: AtomicUsize,
     /// Pieces of each file not yet written; the stream that writes the last one syncs it.
     left: Vec<AtomicUsize>,
@@ -240,15 +241,14 @@ fn stream(job: &Job<'_>) -> Result<(), CopyError> {
                 Ok(n) => n,
                 Err(CopyError::Busy(message)) if fresh => {
                     connection = None;
-                    if job.running.fetch_sub(1, Ordering::SeqCst) > 1 {
-                        job.give_back(Piece {
-                            file: piece.file,
-                            offset,
-                            length: end - offset,
-                        });
+                    let rest = Piece {
+                        file: piece.file,
+                        offset,
+                        length: end - offset,
+                    };
+                    if job.leave_with(rest) {
                         return Ok(()); // the streams still running finish the copy
                     }
-                    job.running.fetch_add(1, Ordering::SeqCst);
                     let since = *busy_since.get_or_insert_with(Instant::now);
                     if since.elapsed() > job.options.timeout {
                         return Err(CopyError::Busy(message));
@@ -276,17 +276,32 @@ fn stream(job: &Job<'_>) -> Result<(), CopyError> {
 const BUSY_RETRY: Duration = Duration::from_millis(200);
 
 impl Job<'_> {
-    /// The next piece: one handed back first, then the next in order.
+    /// The next piece: one handed back first, then the next in order. None: nothing is left,
+    /// and the calling stream stops running (under the same lock as `leave_with`, so a piece
+    /// handed back is never left behind by a stream that was about to stop).
     fn take(&self) -> Option<Piece> {
-        if let Some(piece) = self.returned.lock().pop() {
+        let mut returned = self.returned.lock();
+        if let Some(piece) = returned.pop() {
             return Some(piece);
         }
         let i = self.next.fetch_add(1, Ordering::Relaxed);
-        self.pieces.get(i).copied()
+        let piece = self.pieces.get(i).copied();
+        if piece.is_none() {
+            self.running.fetch_sub(1, Ordering::SeqCst);
+        }
+        piece
     }
 
-    fn give_back(&self, piece: Piece) {
-        self.returned.lock().push(piece);
+    /// A busy source: hands `piece` (the rest of one) back and stops the calling stream, if
+    /// another stream still runs to take it; false (and nothing changed) otherwise.
+    fn leave_with(&self, piece: Piece) -> bool {
+        let mut returned = self.returned.lock();
+        if self.running.load(Ordering::SeqCst) <= 1 {
+            return false;
+        }
+        self.running.fetch_sub(1, Ordering::SeqCst);
+        returned.push(piece);
+        true
     }
 }
 

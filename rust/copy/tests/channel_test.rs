@@ -327,3 +327,23 @@ fn a_session_is_served_with_its_fixed_length_while_the_file_grows() {
     assert!(server.idle_ms(&token).unwrap() < 5_000);
     assert_eq!(server.idle_ms(&[0u8; 16]), None);
 }
+
+#[test]
+fn a_piece_handed_back_is_never_left_behind() {
+    // One connection at a time, two streams, two pieces: often one stream copies its piece and
+    // finds nothing left just as the other, refused, hands its piece back. The piece must still
+    // be copied (by the refused stream itself, once the source has room).
+    let fx = fixture(&[128 << 10]);
+    let limits = ServerOptions {
+        connections_max: 1,
+        ..ServerOptions::default()
+    };
+    let server = DataServer::bind("127.0.0.1:0", limits).unwrap();
+    let token = [9u8; 16];
+    server.register(token, fx.served.clone());
+    let address = server.local_addr().to_string();
+    for _ in 0..30 {
+        fetch_all(&address, token, &fx.target_files(), &options(64 << 10, 2)).unwrap();
+        fx.assert_copied();
+    }
+}
