@@ -105,14 +105,14 @@ DATA_CHANNEL_CONNECTIONS_MAX = 64
 DATA_CHANNEL_IDLE_TIMEOUT_MS = 60_000
 
 
-def _data_channel(settings: ServerSettings) -> _native.CopyDataServer | None:
-    """The data channel of a server without TLS (docs/tablet-copy.md), on its RPC host and
-    ``tablet_copy_data_channel_port``; None when the setting is off or the server uses TLS
-    (the channel has no encryption: copies then go over FetchData)."""
+def _data_channel(settings: ServerSettings, host: str) -> _native.CopyDataServer | None:
+    """The data channel of a server without TLS (docs/tablet-copy.md), on ``host`` (its RPC
+    host) and ``tablet_copy_data_channel_port``; None when the setting is off or the server
+    uses TLS (the channel has no encryption: copies then go over FetchData)."""
     if not settings.tablet_copy_data_channel or settings.security_dir:
         return None
     return _native.CopyDataServer(
-        split_host_port(settings.rpc_bind)[0],
+        host,
         settings.tablet_copy_data_channel_port,
         chunk_bytes_max=settings.tablet_copy_chunk_bytes,
         connections_max=DATA_CHANNEL_CONNECTIONS_MAX,
@@ -266,17 +266,14 @@ class TabletCopy:
         self.settings = settings
         self.tablets = tablets
         self.io = CopyIoPool(settings.tablet_copy_io_threads_max)
-        self.channel = _data_channel(settings)
+        host = split_host_port(settings.rpc_bind)[0]
+        self.channel = _data_channel(settings, host)
         self.sessions = CopySessionManager(
             RealClock(),
             idle_timeout_ms=settings.tablet_copy_session_idle_timeout_ms,
             chunk_bytes=settings.tablet_copy_chunk_bytes,
             channel=self.channel,
-            channel_address=(
-                ""
-                if self.channel is None
-                else join_host_port(split_host_port(settings.rpc_bind)[0], self.channel.port)
-            ),
+            channel_address="" if self.channel is None else join_host_port(host, self.channel.port),
         )
         self.jobs = TabletCopyJobs(
             tablets,

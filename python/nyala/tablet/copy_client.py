@@ -178,8 +178,26 @@ async def download_files(
     for _, file, dest in files:
         if dest.name != file.name or "/" in file.name or file.name in ("", ".", ".."):
             raise InvalidArgumentError(f"refusing to write a source file named {file.name!r}")
-    if channel is not None and await _download_over_channel(channel, files, options, progress, io):
-        return
+    if channel is None or not await _download_over_channel(channel, files, options, progress, io):
+        await _download_over_rpc(source, session_id, files, options, progress, io)
+    for directory in sorted({dest.parent for _, _, dest in files}):
+        await io.run(metafile.fsync_dir, directory)
+
+
+async def _open_destination(io: CopyIoPool, dest: Path) -> int:
+    """``dest`` opened for the copy's writes (created, or emptied)."""
+    return await io.run(os.open, dest, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+
+
+async def _download_over_rpc(
+    source: CopySource,
+    session_id: str,
+    files: Sequence[tuple[DataKind, DataFile, Path]],
+    options: DownloadOptions,
+    progress: Progress,
+    io: CopyIoPool,
+) -> None:
+    """Every file through ``source.fetch``, ``parallel_files_max`` at a time."""
     fetcher = _Fetcher(source, session_id, options, progress, io)
     gate = asyncio.Semaphore(options.parallel_files_max)
 
@@ -193,8 +211,6 @@ async def download_files(
                 group.create_task(one(kind, file, dest))
     except ExceptionGroup as failures:
         raise failures.exceptions[0] from None  # the first failure says why the copy failed
-    for directory in sorted({dest.parent for _, _, dest in files}):
-        await io.run(metafile.fsync_dir, directory)
 
 
 async def _download_over_channel(
@@ -206,7 +222,8 @@ async def _download_over_channel(
 ) -> bool:
     """Every file over the data channel (see the module docstring), at most
     ``CHANNEL_FILES_PER_CALL`` of them open at once; False, with nothing written, if the
-    channel could not be used at all (the caller then fetches over RPC)."""
+    channel could not be used at all (the caller then fetches over RPC). The caller syncs the
+    directories."""
     numbered = list(enumerate(files))  # the session's numbers
     for start in range(0, len(numbered), CHANNEL_FILES_PER_CALL):
         batch = numbered[start : start + CHANNEL_FILES_PER_CALL]
@@ -214,8 +231,7 @@ async def _download_over_channel(
         fds: list[int] = []
         try:
             for _, (_, _, dest) in batch:
-                flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
-                fds.append(await io.run(os.open, dest, flags, 0o644))
+                fds.append(await _open_destination(io, dest))
             pairs = zip(batch, fds, strict=True)
             targets = [(i, fd, file.size_bytes) for (i, (_, file, _)), fd in pairs]
             await _run_download(download, channel, targets, options, progress)
@@ -234,8 +250,6 @@ async def _download_over_channel(
                     channel.address,
                     download.chunks_refetched,
                 )
-    for directory in sorted({dest.parent for _, _, dest in files}):
-        await io.run(metafile.fsync_dir, directory)
     return True
 
 
@@ -324,9 +338,7 @@ class _Fetcher:
         written at its offset, then the file synced."""
         chunk_bytes = self._options.chunk_bytes
         offsets = iter(range(0, file.size_bytes, chunk_bytes))  # shared: each taken once
-        fd = await self._io.run(
-            os.open, dest, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644
-        )
+        fd = await _open_destination(self._io, dest)
         try:
 
             async def worker() -> None:

@@ -96,10 +96,11 @@ def _download(
     files: list[tuple[DataKind, DataFile, Path]],
     options: DownloadOptions,
     progress: Progress,
+    channel: DataChannel | None = None,
 ) -> None:
     io = CopyIoPool(2)
     try:
-        asyncio.run(download_files(source, "s", files, options, progress, io))
+        asyncio.run(download_files(source, "s", files, options, progress, io, channel))
     finally:
         io.close()
 
@@ -215,20 +216,6 @@ def _server(
     return server
 
 
-def _download_over(
-    source: FileSource,
-    files: list[tuple[DataKind, DataFile, Path]],
-    channel: DataChannel,
-    options: DownloadOptions,
-    progress: Progress,
-) -> None:
-    io = CopyIoPool(2)
-    try:
-        asyncio.run(download_files(source, "s", files, options, progress, io, channel))
-    finally:
-        io.close()
-
-
 @pytest.mark.parametrize("files_per_call", [64, 2])
 def test_every_file_arrives_over_the_channel_without_fetch_data(
     dirs: tuple[Path, Path], files_per_call: int, monkeypatch: pytest.MonkeyPatch
@@ -242,7 +229,7 @@ def test_every_file_arrives_over_the_channel_without_fetch_data(
     progress = Progress(bytes_total=sum(f.size_bytes for _, f, _ in files))
     channel = DataChannel(f"127.0.0.1:{server.port}", TOKEN)
     options = DownloadOptions(channel_chunk_bytes=256 << 10, chunks_in_flight_max=4)
-    _download_over(source, files, channel, options, progress)
+    _download(source, files, options, progress, channel)
     for _, f, dest in files:
         assert dest.read_bytes() == (src / f.name).read_bytes()
     assert progress.bytes_done == progress.bytes_total
@@ -262,13 +249,13 @@ def test_a_damaged_chunk_is_fetched_again_and_one_always_damaged_fails(
         channel_chunk_bytes=256 << 10, chunks_in_flight_max=1, chunk_attempts_max=3
     )
     server.inject_corrupt_chunks(2)
-    _download_over(FileSource(src), files, channel, options, Progress())
+    _download(FileSource(src), files, options, Progress(), channel)
     assert files[0][2].read_bytes() == (src / "f0").read_bytes()
     assert server.bytes_served == (1 << 20) + 2 * (256 << 10)  # two chunks sent twice
 
     server.inject_corrupt_chunks(3)
     with pytest.raises(CorruptionError, match="CRC32C"):
-        _download_over(FileSource(src), files, channel, options, Progress())
+        _download(FileSource(src), files, options, Progress(), channel)
 
 
 def test_an_unreachable_channel_falls_back_to_fetch_data(dirs: tuple[Path, Path]) -> None:
@@ -280,7 +267,7 @@ def test_an_unreachable_channel_falls_back_to_fetch_data(dirs: tuple[Path, Path]
     source = FileSource(src)
     progress = Progress()
     channel = DataChannel(f"127.0.0.1:{port}", TOKEN)
-    _download_over(source, files, channel, DownloadOptions(chunk_bytes=8192), progress)
+    _download(source, files, DownloadOptions(chunk_bytes=8192), progress, channel)
     for _, f, dest in files:
         assert dest.read_bytes() == (src / f.name).read_bytes()
     assert source.fetches > 0
@@ -295,7 +282,7 @@ def test_an_ended_session_fails_the_copy_instead_of_falling_back(dirs: tuple[Pat
     source = FileSource(src)
     channel = DataChannel(f"127.0.0.1:{server.port}", TOKEN)
     with pytest.raises(NotFoundError, match="no such copy session"):
-        _download_over(source, files, channel, DownloadOptions(), Progress())
+        _download(source, files, DownloadOptions(), Progress(), channel)
     assert source.fetches == 0
     server.close()
 
