@@ -454,10 +454,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="short phases (< 2 minutes)")
     parser.add_argument("--seconds", type=float, default=None, help="length of each phase")
+    parser.add_argument(
+        "--no-peer-channel",
+        action="store_true",
+        help="consensus between the tservers over the gRPC stream, not the peer channel",
+    )
+    parser.add_argument(
+        "--no-secure", action="store_true", help="skip (c), the secure cluster's phases"
+    )
     args = parser.parse_args()
     seconds = args.seconds or (5.0 if args.quick else 20.0)
+    flags = ("--no-consensus-peer-channel",) if args.no_peer_channel else ()
     with (
-        MiniCluster(3, num_masters=1) as cluster,
+        MiniCluster(3, num_masters=1, tserver_flags=flags) as cluster,
         nyala.connect(cluster.master_addrs, timeout_ms=60_000) as client,
     ):
         table = client.create_table("bench", SCHEMA, replicas=3)
@@ -465,10 +474,12 @@ def main() -> None:
         result = _measure_client(cluster, client, table, seconds)
         result.update(asyncio.run(_measure_raw(cluster, tablet_id, seconds)))
 
-    result.update(_measure_secure(seconds / 2 if args.quick else seconds))
+    if not args.no_secure:
+        result.update(_measure_secure(seconds / 2 if args.quick else seconds))
     result.update(
         {
             "bench": "tserver_write",
+            "peer_channel": not args.no_peer_channel,
             "servers": 3,
             "fsync": True,
             "phase_s": seconds,
@@ -477,15 +488,19 @@ def main() -> None:
             "target_secure_ratio": 0.85,
         }
     )
+    secure = (
+        ""
+        if args.no_secure
+        else f" | secure: single-row {result['secure_single_row_ops_per_s']} ops/s "
+        f"({result['secure_single_ratio']}x), batches {result['secure_batched_rows_per_s']} "
+        f"rows/s ({result['secure_batched_ratio']}x)"
+    )
     print(
         f"ping (baseline) {result['baseline_ping_ops_per_s']} ops/s | single-row writes "
         f"{result['single_row_ops_per_s']} ops/s p50 {result['p50_ms_single']} ms p99 "
         f"{result['p99_ms_single']} ms ({result['single_row_ops_per_s_uncoalesced']} "
         f"uncoalesced) | 1000-row batches {result['batched_rows_per_s']} rows/s "
-        f"({result['batched_rows_per_s_one_writer']} with one writer) | secure: single-row "
-        f"{result['secure_single_row_ops_per_s']} ops/s ({result['secure_single_ratio']}x), "
-        f"batches {result['secure_batched_rows_per_s']} rows/s "
-        f"({result['secure_batched_ratio']}x)"
+        f"({result['batched_rows_per_s_one_writer']} with one writer){secure}"
     )
     print(json.dumps(result))
 

@@ -234,8 +234,15 @@ def test_replica_added_after_wal_gc_is_copied_promoted_and_serves(cluster4: Mini
     assert "CRC32C" in log
     channel_on = "--no-tablet-copy-data-channel" not in cluster4.tserver_flags
     assert ("were fetched again" in log) == channel_on, log
-    # The data channel is one more listening port (any free one), and none when it is off.
-    others = leader.listening_ports() - {leader.rpc_port, leader.http_port}
+    # The data channel is one more listening port (any free one), and none when it is off;
+    # the consensus peer channel is another, whatever the data channel's setting.
+    with leader.proxy() as proxy:
+        peer_channel = proxy.call(
+            proxy.consensus.GetPeerChannel,
+            consensus_pb2.PeerChannelRequestPB(dest_uuid=leader.uuid),
+        ).port
+    assert peer_channel in leader.listening_ports()
+    others = leader.listening_ports() - {leader.rpc_port, leader.http_port, peer_channel}
     assert len(others) == (1 if channel_on else 0), others
 
     # Rows written after the copy reach it through Raft; elected, it serves all of them.

@@ -885,3 +885,52 @@ class ConsensusBatchResponsePB(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ConsensusBatchResponsePB: _TypeAlias = ConsensusBatchResponsePB  # noqa: Y015
+
+@_typing.final
+class PeerChannelRequestPB(_message.Message):
+    """Where a server serves its peers' consensus batches over a plain TCP connection rather than
+    ConsensusPeerStream (docs/consensus.md, "The peer channel").
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DEST_UUID_FIELD_NUMBER: _builtins.int
+    dest_uuid: _builtins.str
+    def __init__(
+        self,
+        *,
+        dest_uuid: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dest_uuid", b"dest_uuid"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PeerChannelRequestPB: _TypeAlias = PeerChannelRequestPB  # noqa: Y015
+
+@_typing.final
+class PeerChannelResponsePB(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ERROR_FIELD_NUMBER: _builtins.int
+    PORT_FIELD_NUMBER: _builtins.int
+    port: _builtins.int
+    """The channel's port on the server's RPC host; 0: none here (turned off, or a server with
+    TLS: the channel is not encrypted), use ConsensusPeerStream.
+    """
+    @_builtins.property
+    def error(self) -> _common_pb2.ErrorPB: ...
+    def __init__(
+        self,
+        *,
+        error: _common_pb2.ErrorPB | None = ...,
+        port: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "port", b"port"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PeerChannelResponsePB: _TypeAlias = PeerChannelResponsePB  # noqa: Y015

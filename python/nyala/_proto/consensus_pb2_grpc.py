@@ -44,6 +44,11 @@ class ConsensusServiceStub:
                 request_serializer=nyala_dot_consensus__pb2.ConsensusBatchRequestPB.SerializeToString,
                 response_deserializer=nyala_dot_consensus__pb2.ConsensusBatchResponsePB.FromString,
                 _registered_method=True)
+        self.GetPeerChannel = channel.unary_unary(
+                '/nyala.ConsensusService/GetPeerChannel',
+                request_serializer=nyala_dot_consensus__pb2.PeerChannelRequestPB.SerializeToString,
+                response_deserializer=nyala_dot_consensus__pb2.PeerChannelResponsePB.FromString,
+                _registered_method=True)
         self.UpdateConsensus = channel.unary_unary(
                 '/nyala.ConsensusService/UpdateConsensus',
                 request_serializer=nyala_dot_consensus__pb2.ConsensusRequestPB.SerializeToString,
@@ -95,6 +100,13 @@ class ConsensusServiceServicer:
         """The Raft traffic of every tablet from one server to another on one long-lived stream:
         AppendEntries (heartbeats included) gathered per event-loop turn into one message, their
         answers likewise (docs/consensus.md, "One stream per pair of servers").
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetPeerChannel(self, request, context):
+        """The port of the same traffic without gRPC, asked before each stream is opened.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -157,6 +169,11 @@ def add_ConsensusServiceServicer_to_server(servicer, server):
                     servicer.ConsensusPeerStream,
                     request_deserializer=nyala_dot_consensus__pb2.ConsensusBatchRequestPB.FromString,
                     response_serializer=nyala_dot_consensus__pb2.ConsensusBatchResponsePB.SerializeToString,
+            ),
+            'GetPeerChannel': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetPeerChannel,
+                    request_deserializer=nyala_dot_consensus__pb2.PeerChannelRequestPB.FromString,
+                    response_serializer=nyala_dot_consensus__pb2.PeerChannelResponsePB.SerializeToString,
             ),
             'UpdateConsensus': grpc.unary_unary_rpc_method_handler(
                     servicer.UpdateConsensus,
@@ -248,6 +265,33 @@ class ConsensusService:
             '/nyala.ConsensusService/ConsensusPeerStream',
             nyala_dot_consensus__pb2.ConsensusBatchRequestPB.SerializeToString,
             nyala_dot_consensus__pb2.ConsensusBatchResponsePB.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetPeerChannel(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/nyala.ConsensusService/GetPeerChannel',
+            nyala_dot_consensus__pb2.PeerChannelRequestPB.SerializeToString,
+            nyala_dot_consensus__pb2.PeerChannelResponsePB.FromString,
             options,
             channel_credentials,
             insecure,

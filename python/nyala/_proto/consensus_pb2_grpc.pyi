@@ -43,6 +43,8 @@ class ConsensusServiceStub:
     AppendEntries (heartbeats included) gathered per event-loop turn into one message, their
     answers likewise (docs/consensus.md, "One stream per pair of servers").
     """
+    GetPeerChannel: _grpc.UnaryUnaryMultiCallable[_consensus_pb2.PeerChannelRequestPB, _consensus_pb2.PeerChannelResponsePB]
+    """The port of the same traffic without gRPC, asked before each stream is opened."""
     UpdateConsensus: _grpc.UnaryUnaryMultiCallable[_consensus_pb2.ConsensusRequestPB, _consensus_pb2.ConsensusResponsePB]
     """Raft AppendEntries and heartbeat, leader -> follower."""
     RequestVote: _grpc.UnaryUnaryMultiCallable[_consensus_pb2.VoteRequestPB, _consensus_pb2.VoteResponsePB]
@@ -64,6 +66,8 @@ class ConsensusServiceAsyncStub(ConsensusServiceStub):
     AppendEntries (heartbeats included) gathered per event-loop turn into one message, their
     answers likewise (docs/consensus.md, "One stream per pair of servers").
     """
+    GetPeerChannel: _aio.UnaryUnaryMultiCallable[_consensus_pb2.PeerChannelRequestPB, _consensus_pb2.PeerChannelResponsePB]  # type: ignore[assignment]
+    """The port of the same traffic without gRPC, asked before each stream is opened."""
     UpdateConsensus: _aio.UnaryUnaryMultiCallable[_consensus_pb2.ConsensusRequestPB, _consensus_pb2.ConsensusResponsePB]  # type: ignore[assignment]
     """Raft AppendEntries and heartbeat, leader -> follower."""
     RequestVote: _aio.UnaryUnaryMultiCallable[_consensus_pb2.VoteRequestPB, _consensus_pb2.VoteResponsePB]  # type: ignore[assignment]
@@ -94,6 +98,14 @@ class ConsensusServiceServicer(metaclass=_abc_1.ABCMeta):
         AppendEntries (heartbeats included) gathered per event-loop turn into one message, their
         answers likewise (docs/consensus.md, "One stream per pair of servers").
         """
+
+    @_abc_1.abstractmethod
+    def GetPeerChannel(
+        self,
+        request: _consensus_pb2.PeerChannelRequestPB,
+        context: _ServicerContext,
+    ) -> _typing.Union[_consensus_pb2.PeerChannelResponsePB, _abc.Awaitable[_consensus_pb2.PeerChannelResponsePB]]:
+        """The port of the same traffic without gRPC, asked before each stream is opened."""
 
     @_abc_1.abstractmethod
     def UpdateConsensus(

@@ -43,13 +43,18 @@ class ChaosCluster:
         keep_dir: bool = False,
         tserver_flags: tuple[str, ...] = (),
     ) -> None:
-        # Tablet copies go over FetchData: the proxies sit in front of the RPC port only, and
-        # copy bytes on the data channel (docs/tablet-copy.md) would cross a partition.
+        # Tablet copies go over FetchData and consensus over ConsensusPeerStream: the proxies
+        # sit in front of the RPC port only, and copy bytes on the data channel
+        # (docs/tablet-copy.md) or batches on the peer channel would cross a partition.
         self.mini = MiniCluster(
             num_tservers,
             base_dir=base_dir,
             keep_dir=keep_dir,
-            tserver_flags=("--no-tablet-copy-data-channel", *tserver_flags),
+            tserver_flags=(
+                "--no-tablet-copy-data-channel",
+                "--no-consensus-peer-channel",
+                *tserver_flags,
+            ),
         )
         self.replicas = replicas
         self.network = Network(self._server_pids)

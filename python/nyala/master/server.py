@@ -112,6 +112,8 @@ class MasterServer(ServerBase):
             authorize=http_authorizer(self.manager.revocations) if self.manager.secure else None,
         )
         await self._start_listening(rpc, http)
+        assert self._consensus is not None
+        await self._start_peer_channel(self._consensus)
         log.info("master %s ready: rpc %s, http %s", self.uuid, rpc.address, http.address)
         background = BackgroundTasks(self.manager, self.settings.rpc_settings())
         async with asyncio.TaskGroup() as tasks:
@@ -173,10 +175,14 @@ class MasterServer(ServerBase):
             master_pb2_grpc.add_MasterServiceServicer_to_server,
             MasterService(self.uuid, self._rpc_metrics, self.manager),
         )
-        server.add_service(
-            add_consensus_service,
-            ConsensusService(self.uuid, self._rpc_metrics, self.tablets, lambda: self.peer_streams),
+        self._consensus = ConsensusService(
+            self.uuid,
+            self._rpc_metrics,
+            self.tablets,
+            lambda: self.peer_streams,
+            peer_channel_port=self.peer_channel_port,
         )
+        server.add_service(add_consensus_service, self._consensus)
         assert self.copy is not None
         server.add_service(add_tablet_copy_service, self.copy.service(self._rpc_metrics))
         return server

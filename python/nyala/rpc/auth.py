@@ -81,6 +81,7 @@ METHOD_ROLES: dict[str, Role] = {
     "ConsensusService.GetConsensusState": Role.ADMIN,
     "ConsensusService.ServerHeartbeat": Role.SERVER,
     "ConsensusService.ConsensusPeerStream": Role.SERVER,
+    "ConsensusService.GetPeerChannel": Role.SERVER,
     "ConsensusService.UpdateConsensus": Role.SERVER,
     "ConsensusService.RequestVote": Role.SERVER,
     # nyala.TabletServerAdminService

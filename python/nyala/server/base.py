@@ -14,18 +14,20 @@ import functools
 import logging
 import signal
 import time
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from nyala import _native
 from nyala.common.clock import HybridClock, RealClock
 from nyala.common.metrics import MetricsRegistry
 from nyala.common.process import gc_pauses, resident_bytes
 from nyala.consensus.options import RaftOptions
-from nyala.consensus.runtime.peer_streams import PeerStreams
+from nyala.consensus.runtime.peer_channel import PeerChannelServer, frame_bytes_max
+from nyala.consensus.runtime.peer_streams import PeerStreams, PeerStreamsOptions
 from nyala.consensus.runtime.transport import GrpcTransport
 from nyala.consensus.runtime.wal_log import WalLogOptions
 from nyala.errors import NyalaError
 from nyala.rpc import HttpResponse, HttpServer, RpcMetrics, RpcServer
+from nyala.rpc.errors import join_host_port, split_host_port
 from nyala.rpc.http import HttpRequest, Route
 from nyala.rpc.settings import MIB
 from nyala.server.fs_manager import FsManager, InstanceInfo
@@ -55,6 +57,9 @@ from nyala.storage import StorageEngine
 from nyala.tablet import TabletDirs, TabletManager
 from nyala.tablet.quarantine import Quarantine
 from nyala.tablet.replica import TabletReplica
+
+if TYPE_CHECKING:
+    from nyala.server.consensus_service import ConsensusService
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +94,10 @@ class ServerBase:
         self.server_heartbeats: ServerHeartbeats | None = None
         # The one consensus stream to each peer server, shared by every replica.
         self.peer_streams: PeerStreams | None = None
+        # Where peers send their consensus batches without gRPC (None: not served here).
+        self.peer_channel: PeerChannelServer | None = None
+        # The consensus service (built with the RPC server), which the peer channel serves.
+        self._consensus: ConsensusService | None = None
         # Tasks of this base (streams, server heartbeats): cancelled once replicas stopped.
         self._base_tasks: list[asyncio.Task[None]] = []
         # The process's recent log records for /logs (installed while the fs root is open).
@@ -145,11 +154,43 @@ class ServerBase:
 
     def _start_peer_streams(self, tasks: asyncio.TaskGroup) -> None:
         """Starts the consensus streams to peer servers (before any replica's Raft)."""
-        self.peer_streams = PeerStreams(self.uuid, settings=self.server_settings.rpc_settings())
+        s = self.server_settings
+        self.peer_streams = PeerStreams(
+            self.uuid,
+            settings=s.rpc_settings(),
+            options=PeerStreamsOptions(use_channel=s.consensus_peer_channel),
+        )
         self._base_tasks.append(tasks.create_task(self.peer_streams.run(), name="peer-streams"))
 
+    async def _start_peer_channel(self, consensus: ConsensusService) -> None:
+        """Serves the peer channel on the RPC host, unless it is off or the server uses TLS
+        (the channel is not encrypted): peers then use ConsensusPeerStream."""
+        s = self.server_settings
+        if not s.consensus_peer_channel or s.security_dir:
+            return
+        channel = PeerChannelServer(
+            self.uuid,
+            consensus.serve_peer_batches,
+            frame_bytes_max=frame_bytes_max(s.rpc_message_bytes_max),
+        )
+        host = split_host_port(s.rpc_bind)[0]
+        port = await channel.start(host, s.consensus_peer_channel_port)
+        self.peer_channel = channel
+        log.info("consensus peer channel on %s", join_host_port(host, port))
+
+    def _close_peer_channel(self) -> None:
+        if self.peer_channel is not None:
+            self.peer_channel.close()
+            self.peer_channel = None
+
+    def peer_channel_port(self) -> int:
+        """The peer channel's port (0: not served), for ``GetPeerChannel``."""
+        return 0 if self.peer_channel is None else self.peer_channel.port
+
     def _cancel_base_tasks(self) -> None:
-        """Ends the streams and server heartbeats (after every replica's Raft stopped)."""
+        """Ends the streams, the peer channel and server heartbeats (after every replica's
+        Raft stopped)."""
+        self._close_peer_channel()
         for task in self._base_tasks:
             task.cancel()
         self._base_tasks = []
@@ -252,6 +293,7 @@ class ServerBase:
         await self._stop.wait()
         self._stopping = True
         await rpc.stop(self.server_settings.shutdown_grace_ms / 1000)
+        self._close_peer_channel()  # inbound consensus ends with the RPC server's streams
         await http.stop()
 
     async def _flush_loop(self) -> None:
@@ -333,6 +375,17 @@ class ServerBase:
             ("generation",),
         ).set_callback(lambda: [({"generation": str(g)}, pauses.longest_s[g]) for g in generations])
         self.metrics.observed_counter(
+            "nyala_consensus_peer_batches_sent_total",
+            "Consensus batches sent to peer servers, by transport: the peer channel or gRPC",
+            ("transport",),
+            lambda: self._peer_stream_figures("batches"),
+        )
+        self.metrics.gauge(
+            "nyala_consensus_peer_connections",
+            "Peer servers this server sends consensus to, by the transport it now uses",
+            ("transport",),
+        ).set_callback(lambda: self._peer_stream_figures("connections"))
+        self.metrics.observed_counter(
             "nyala_tablet_copy_bytes_total",
             "Tablet copy bytes: fetched (onto this server) and served (as a source)",
             ("direction",),
@@ -344,6 +397,13 @@ class ServerBase:
         for kind, _, n in self.memory_rows():
             by_kind[kind] = by_kind.get(kind, 0) + n
         return [({"kind": kind}, float(n)) for kind, n in sorted(by_kind.items())]
+
+    def _peer_stream_figures(self, what: str) -> list[tuple[dict[str, str], float]]:
+        streams = self.peer_streams
+        if streams is None:
+            return []
+        figures = streams.batches_sent if what == "batches" else streams.connections()
+        return [({"transport": name}, float(n)) for name, n in sorted(figures.items())]
 
     def _copy_bytes(self) -> list[tuple[dict[str, str], float]]:
         copy = self.copy

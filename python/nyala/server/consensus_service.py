@@ -59,11 +59,13 @@ class ConsensusService(ServiceBase, consensus_pb2_grpc.ConsensusServiceServicer)
         tablets: TabletManager,
         peer_streams: Callable[[], PeerStreams | None],
         server_heartbeats: Callable[[], ServerHeartbeats | None] = lambda: None,
+        peer_channel_port: Callable[[], int] = lambda: 0,
     ) -> None:
         super().__init__(server_uuid, metrics)
         self._tablets = tablets
         self._peer_streams = peer_streams
         self._server_heartbeats = server_heartbeats
+        self._peer_channel_port = peer_channel_port
 
     def _raft(self, tablet_id: str) -> tuple[TabletReplica, RaftRuntime, GrpcTransport]:
         replica = self._tablets.replica(tablet_id)
@@ -102,6 +104,14 @@ class ConsensusService(ServiceBase, consensus_pb2_grpc.ConsensusServiceServicer)
             consensus_pb2.ConsensusBatchRequestPB, consensus_pb2.ConsensusBatchResponsePB
         ],
     ) -> AsyncIterator[consensus_pb2.ConsensusBatchResponsePB]:
+        async for answers in self.serve_peer_batches(requests):
+            yield answers
+
+    def serve_peer_batches(
+        self, batches: AsyncIterator[consensus_pb2.ConsensusBatchRequestPB]
+    ) -> AsyncIterator[consensus_pb2.ConsensusBatchResponsePB]:
+        """Answers one peer's consensus batches (whose ``dest_uuid`` the caller checks), from
+        ConsensusPeerStream or from the peer channel (``peer_channel``)."""
         streams = self._peer_streams()
         if streams is None:
             raise TabletNotRunningError(f"server {self.server_uuid} runs no consensus yet")
@@ -109,8 +119,15 @@ class ConsensusService(ServiceBase, consensus_pb2_grpc.ConsensusServiceServicer)
         def route(tablet_id: str) -> GrpcTransport:
             return self._raft(tablet_id)[2]
 
-        async for answers in streams.serve(requests, route, _decode_batch):
-            yield answers
+        return streams.serve(batches, route, _decode_batch)
+
+    @unary(consensus_pb2.PeerChannelResponsePB)
+    async def GetPeerChannel(
+        self,
+        request: consensus_pb2.PeerChannelRequestPB,
+        context: Context[consensus_pb2.PeerChannelRequestPB, consensus_pb2.PeerChannelResponsePB],
+    ) -> consensus_pb2.PeerChannelResponsePB:
+        return consensus_pb2.PeerChannelResponsePB(port=self._peer_channel_port())
 
     @unary(consensus_pb2.VoteResponsePB)
     async def RequestVote(

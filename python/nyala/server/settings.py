@@ -126,6 +126,12 @@ class ServerSettings:
     rpc_admin_timeout_ms: int = 30_000
     # How long running RPCs may finish after SIGTERM before they are cancelled.
     shutdown_grace_ms: int = 5_000
+    # Serve peers' consensus batches on a plain TCP port as well as ConsensusPeerStream, and
+    # send to peers over theirs (docs/consensus.md, "The peer channel"); a server with TLS
+    # never serves it (the channel is not encrypted).
+    consensus_peer_channel: bool = True
+    # Its port on the RPC host; 0 takes any free port (peers ask for it).
+    consensus_peer_channel_port: int = 0
 
     #: Fields that must be positive; a subclass adds its own in ``POSITIVE_FIELDS``.
     _COMMON_POSITIVE: ClassVar[tuple[str, ...]] = (
@@ -170,8 +176,9 @@ class ServerSettings:
             )
         if self.tablet_copy_chunk_bytes > self.rpc_message_bytes_max // 2:
             raise ValueError("tablet_copy_chunk_bytes must leave room in rpc_message_bytes_max")
-        if not 0 <= self.tablet_copy_data_channel_port <= 65535:
-            raise ValueError("tablet_copy_data_channel_port must be 0 to 65535")
+        for port in ("tablet_copy_data_channel_port", "consensus_peer_channel_port"):
+            if not 0 <= getattr(self, port) <= 65535:
+                raise ValueError(f"{port} must be 0 to 65535")
         if self.tablet_copy_data_channel_chunk_bytes > 64 * MIB:
             raise ValueError("tablet_copy_data_channel_chunk_bytes must be at most 64 MiB")
         # Validates the RPC limits (without reading the security directory: a new master fills it).

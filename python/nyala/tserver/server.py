@@ -240,6 +240,8 @@ class TabletServer(ServerBase):
         assert self.rpc is not None
         assert self.http is not None
         await self._start_listening(self.rpc, self.http)
+        assert self._consensus is not None
+        await self._start_peer_channel(self._consensus)
         log.info(
             "tserver %s ready: rpc %s, http %s, fs root %s",
             self.uuid,
@@ -321,16 +323,15 @@ class TabletServer(ServerBase):
                 self._authorizer(),
             ),
         )
-        server.add_service(
-            add_consensus_service,
-            ConsensusService(
-                self.uuid,
-                self._rpc_metrics,
-                self.tablets,
-                lambda: self.peer_streams,
-                lambda: self.server_heartbeats,
-            ),
+        self._consensus = ConsensusService(
+            self.uuid,
+            self._rpc_metrics,
+            self.tablets,
+            lambda: self.peer_streams,
+            lambda: self.server_heartbeats,
+            self.peer_channel_port,
         )
+        server.add_service(add_consensus_service, self._consensus)
         server.add_service(
             tserver_admin_pb2_grpc.add_TabletServerAdminServiceServicer_to_server,
             AdminService(

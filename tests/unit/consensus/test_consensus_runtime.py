@@ -33,6 +33,7 @@ from nyala.consensus import (
 from nyala.consensus.messages import AppendRequest, Message, VoteRequest, VoteResponse
 from nyala.consensus.runtime import DurabilityNotifier, RaftRuntime, RuntimeOptions
 from nyala.consensus.runtime.cmeta_store import FileCmetaStore
+from nyala.consensus.runtime.peer_channel import PeerChannelServer
 from nyala.consensus.runtime.peer_streams import PeerStreams
 from nyala.consensus.runtime.transport import GrpcTransport, InMemoryNetwork
 from nyala.errors import AbortedError, NotLeaderError
@@ -256,6 +257,14 @@ class ConsensusServicer(consensus_pb2_grpc.ConsensusServiceServicer):  # type: i
         self.streams = streams
         self.decode_batch = decode_batch
         self.runtime: RaftRuntime | None = None
+        self.channel: PeerChannelServer | None = None  # the peer channel, when served
+
+    def serve_batches(self, batches: AsyncIterator[Any]) -> AsyncIterator[Any]:
+        return self.streams.serve(batches, lambda _tablet: self.transport, self.decode_batch)
+
+    async def GetPeerChannel(self, _request: Any, _context: Any) -> Any:
+        port = 0 if self.channel is None else self.channel.port
+        return consensus_pb2.PeerChannelResponsePB(port=port)
 
     async def ConsensusPeerStream(
         self, requests: AsyncIterator[Any], _context: Any
@@ -274,7 +283,10 @@ class ConsensusServicer(consensus_pb2_grpc.ConsensusServiceServicer):  # type: i
         return consensus_pb2.RunLeaderElectionResponsePB()
 
 
-def test_replicates_over_grpc_streams(tmp_path: Path) -> None:
+@pytest.mark.parametrize("channel", [False, True], ids=["grpc-stream", "peer-channel"])
+def test_replicates_over_grpc_streams(tmp_path: Path, channel: bool) -> None:
+    """Three replicas behind real RPC servers: elections, replication, reads and a transfer,
+    the batches on the gRPC streams or on the peer channels (``peer_channel``)."""
     wal_log_module = pytest.importorskip("nyala.consensus.runtime.wal_log")
 
     async def scenario() -> None:
@@ -288,6 +300,11 @@ def test_replicates_over_grpc_streams(tmp_path: Path) -> None:
             servicers[uuid] = servicer
             server.add_service(consensus_pb2_grpc.add_ConsensusServiceServicer_to_server, servicer)
             await server.start()
+            if channel:
+                servicer.channel = PeerChannelServer(
+                    uuid, servicer.serve_batches, frame_bytes_max=1 << 26
+                )
+                await servicer.channel.start("127.0.0.1", 0)
             addresses[uuid] = server.address
         config = RaftConfig(tuple(RaftPeer(u, addresses[u]) for u in UUIDS))
         logs = []
@@ -327,6 +344,14 @@ def test_replicates_over_grpc_streams(tmp_path: Path) -> None:
                 await eventually(lambda: runtimes[1].role is Role.LEADER)
                 assert successor == "b"
                 await runtimes[1].propose(b"after transfer")
+                # Every batch went where the peers said: the channel when they serve one.
+                sent = {
+                    way: sum(s.streams.requests_sent[way] for s in servicers.values())
+                    for way in ("channel", "grpc")
+                }
+                used, unused = ("channel", "grpc") if channel else ("grpc", "channel")
+                assert sent[used] > 0, sent
+                assert sent[unused] == 0, sent
                 for runtime in runtimes:
                     runtime.stop()
                 for task in stream_tasks:
@@ -334,6 +359,9 @@ def test_replicates_over_grpc_streams(tmp_path: Path) -> None:
         finally:
             for server in servers.values():
                 await server.stop(0)
+            for servicer in servicers.values():
+                if servicer.channel is not None:
+                    servicer.channel.close()
             for log in logs:
                 log.close()
 

@@ -32,7 +32,7 @@ import functools
 import itertools
 import logging
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeAlias
 
@@ -40,9 +40,16 @@ import grpc
 
 from nyala._proto import consensus_pb2
 from nyala.consensus.runtime import wire
-from nyala.errors import NetworkError, NyalaError, ServiceUnavailableError
+from nyala.consensus.runtime.peer_channel import (
+    answers_of,
+    close_quietly,
+    frame_bytes_max,
+    open_peer_channel,
+    write_frame,
+)
+from nyala.errors import NetworkError, NotSupportedError, NyalaError, ServiceUnavailableError
 from nyala.rpc.channel import ServerProxy
-from nyala.rpc.errors import error_to_pb, raise_for_response
+from nyala.rpc.errors import error_to_pb, raise_for_response, split_host_port
 from nyala.rpc.settings import RpcSettings
 
 log = logging.getLogger(__name__)
@@ -66,6 +73,10 @@ class PeerStreamsOptions:
     # Requests written to one peer and not yet answered (they wait for its disk); beyond it
     # queued requests stay queued (and new ones are refused once the queue is full).
     unanswered_requests_max: int = 16_384
+    # Send over a peer's channel where it serves one (``peer_channel``), else the gRPC stream.
+    use_channel: bool = True
+    # Deadline of asking a peer for its channel, and of connecting to it.
+    channel_connect_timeout_ms: int = 2_000
 
 
 class UpdateTarget(Protocol):
@@ -95,6 +106,7 @@ class _Peer:
     ready: asyncio.Event = field(default_factory=asyncio.Event)
     waiting: dict[int, OnAnswer] = field(default_factory=dict)  # call id -> callback
     task: asyncio.Task[None] | None = None
+    over_channel: bool = False  # the current connection is the peer channel, not gRPC
 
 
 class PeerStreams:
@@ -116,8 +128,10 @@ class PeerStreams:
         self._call_ids = itertools.count(1)
         self._group: asyncio.TaskGroup | None = None
         self.requests_dropped = 0
-        self.batches_sent = 0
-        self.requests_sent = 0
+        # Batches and requests written, by transport: "channel" or "grpc".
+        self.batches_sent = {"channel": 0, "grpc": 0}
+        self.requests_sent = {"channel": 0, "grpc": 0}
+        self.channel_fallbacks = 0  # a peer announced a channel that could not be reached
 
     async def run(self) -> None:
         """Serves until cancelled; then fails what is still waiting and closes the channels."""
@@ -160,6 +174,11 @@ class PeerStreams:
         peer.queue.append((call_id, request))
         peer.ready.set()  # the writer wakes next turn: this turn's sends go out together
 
+    def connections(self) -> dict[str, int]:
+        """Peers whose current connection is the channel, and those on the gRPC stream."""
+        channel = sum(1 for peer in self._peers.values() if peer.over_channel)
+        return {"channel": channel, "grpc": len(self._peers) - channel}
+
     def _retire(self, peer: _Peer) -> None:
         """The peer moved to another address: its stream ends, what it owes is lost."""
         if peer.task is not None:
@@ -179,27 +198,81 @@ class PeerStreams:
         return proxy
 
     async def _stream_loop(self, peer: _Peer) -> None:
-        """Keeps one ConsensusPeerStream to ``peer`` open while there is anything to send."""
+        """Keeps one connection to ``peer`` open while there is anything to send: its peer
+        channel where it has one, else a ConsensusPeerStream."""
         delay_s = self._opts.reconnect_delay_ms / 1000
         while True:
             await peer.ready.wait()
-            proxy = self.proxy(peer.address, peer.uuid)
-            call: _StreamCall = proxy.consensus.ConsensusPeerStream(
-                timeout=self._opts.stream_lifetime_ms / 1000
-            )
             try:
-                async with asyncio.TaskGroup() as group:
-                    group.create_task(self._write(peer, call))
-                    group.create_task(self._read(peer, call))
+                await self._connect_and_run(peer)
             except* Exception as failure:
                 error = _first_error(failure.exceptions)
                 log.debug("stream to %s@%s ended: %r", peer.uuid, peer.address, error)
                 self._fail_waiting(peer, error)
-            finally:
-                call.cancel()
             await asyncio.sleep(delay_s)
 
-    async def _write(self, peer: _Peer, call: _StreamCall) -> None:
+    async def _connect_and_run(self, peer: _Peer) -> None:
+        """One connection's life: writes and reads until it fails (which always raises)."""
+        channel = await self._open_channel(peer) if self._opts.use_channel else None
+        if channel is not None:
+            reader, writer = channel
+            peer.over_channel = True
+            answers = answers_of(reader, frame_bytes_max(self._settings.message_bytes_max))
+
+            async def send(batch: consensus_pb2.ConsensusBatchRequestPB) -> None:
+                write_frame(writer, batch.SerializeToString())
+                await writer.drain()
+
+            try:
+                async with asyncio.TaskGroup() as group:
+                    group.create_task(self._write(peer, send))
+                    group.create_task(self._read(peer, answers))
+            finally:
+                close_quietly(writer)
+            return
+        peer.over_channel = False
+        proxy = self.proxy(peer.address, peer.uuid)
+        call: _StreamCall = proxy.consensus.ConsensusPeerStream(
+            timeout=self._opts.stream_lifetime_ms / 1000
+        )
+        try:
+            async with asyncio.TaskGroup() as group:
+                group.create_task(self._write(peer, call.write))
+                group.create_task(self._read(peer, call))
+        finally:
+            call.cancel()
+
+    async def _open_channel(
+        self, peer: _Peer
+    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter] | None:
+        """A connection to ``peer``'s channel (``peer_channel``), or None if it serves none or
+        cannot be reached there (the gRPC stream then carries the batches). Raises if the peer
+        cannot be asked: its stream would fail the same way."""
+        proxy = self.proxy(peer.address, peer.uuid)
+        timeout_ms = self._opts.channel_connect_timeout_ms
+        try:
+            answer = await proxy.call(
+                proxy.consensus.GetPeerChannel,
+                consensus_pb2.PeerChannelRequestPB(dest_uuid=peer.uuid),
+                timeout_ms=timeout_ms,
+            )
+        except NotSupportedError:
+            return None  # a server that predates the channel
+        if answer.port == 0:
+            return None
+        host = split_host_port(peer.address)[0]
+        try:
+            return await open_peer_channel(host, answer.port, timeout_ms=timeout_ms)
+        except NetworkError as exc:
+            self.channel_fallbacks += 1
+            log.warning("%s; using the gRPC stream to %s", exc, peer.uuid)
+            return None
+
+    async def _write(
+        self,
+        peer: _Peer,
+        send: Callable[[consensus_pb2.ConsensusBatchRequestPB], Awaitable[None]],
+    ) -> None:
         bytes_max = self._opts.batch_bytes_max
         unanswered_max = self._opts.unanswered_requests_max
         while True:
@@ -216,12 +289,15 @@ class PeerStreams:
                 batch.requests.append(request)
                 batch.call_ids.append(call_id)
                 size += len(request)
-            self.batches_sent += 1
-            self.requests_sent += len(batch.call_ids)
-            await call.write(batch)
+            transport = "channel" if peer.over_channel else "grpc"
+            self.batches_sent[transport] += 1
+            self.requests_sent[transport] += len(batch.call_ids)
+            await send(batch)
 
-    async def _read(self, peer: _Peer, call: _StreamCall) -> None:
-        async for answer in call:
+    async def _read(
+        self, peer: _Peer, answers: AsyncIterable[consensus_pb2.ConsensusBatchResponsePB]
+    ) -> None:
+        async for answer in answers:
             if answer.HasField("error"):
                 raise_for_response(answer)  # the whole stream was refused
             for call_id, response in zip(answer.call_ids, answer.responses, strict=True):

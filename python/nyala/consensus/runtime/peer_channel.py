@@ -1,0 +1,209 @@
+"""The peer channel: ``PeerStreams``' batches between two servers on a plain TCP connection.
+
+A grpc.aio stream costs 7-10 times a length-prefixed message on a plain asyncio connection
+(docs/performance.md, "What a consensus message costs"), and the consensus batches between
+two servers are most of a replicated write's messages. So a server without TLS also serves
+them here, and a peer that learns the port (``GetPeerChannel``, asked before each stream is
+opened) sends them here instead of on ``ConsensusPeerStream``. The batches, their order, their
+answers and the refusals are those of the stream: only the framing differs.
+
+The wire, on one connection:
+
+- the dialler writes ``MAGIC`` once;
+- then each side writes frames: a 4-byte big-endian length and that many bytes, a serialized
+  ``ConsensusBatchRequestPB`` from the dialler, a ``ConsensusBatchResponsePB`` from the
+  server.
+
+The server checks each batch's ``dest_uuid``. A refused stream gets one answer whose ``error``
+is set, then the connection closes, as ``ConsensusPeerStream`` ends. The server also closes a
+connection whose magic is wrong, whose frame is longer than ``frame_bytes_max``, or whose
+batch does not parse (logged; nothing else is touched). The channel has no encryption: a
+server with TLS never serves it, and its peers use the gRPC stream.
+
+This module owns the listening socket and the connections' tasks; what a batch means is
+``PeerStreams.serve``'s business.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import struct
+from collections.abc import AsyncIterator, Callable
+
+from google.protobuf.message import DecodeError
+
+from nyala._proto import consensus_pb2
+from nyala.errors import InvalidArgumentError, NetworkError, NyalaError
+from nyala.rpc.errors import error_to_pb
+from nyala.rpc.service import check_dest_uuid
+
+log = logging.getLogger(__name__)
+
+#: What a dialler writes first: the channel's name and its version.
+MAGIC = b"NYPC\x00\x00\x00\x01"
+_LENGTH = struct.Struct(">I")
+# Frames up to this size are written as one buffer (one send); larger ones as two, which
+# saves copying the batch.
+_JOIN_BYTES_MAX = 256 * 1024
+
+#: Room over a peer's largest gRPC message for the batch around it.
+_FRAME_SLACK_BYTES = 64 * 1024
+
+
+def frame_bytes_max(message_bytes_max: int) -> int:
+    """The largest frame either side takes: a batch holds at least one request, which may
+    be as large as a gRPC message (``RpcSettings.message_bytes_max``)."""
+    return message_bytes_max + _FRAME_SLACK_BYTES
+
+
+ServeBatches = Callable[
+    [AsyncIterator[consensus_pb2.ConsensusBatchRequestPB]],
+    AsyncIterator[consensus_pb2.ConsensusBatchResponsePB],
+]
+"""Answers one peer's batches (``ConsensusService.serve_peer_batches``)."""
+
+
+def write_frame(writer: asyncio.StreamWriter, data: bytes) -> None:
+    """Queues one frame of ``data`` on ``writer`` (the caller drains)."""
+    head = _LENGTH.pack(len(data))
+    if len(data) <= _JOIN_BYTES_MAX:
+        writer.write(head + data)
+    else:
+        writer.write(head)
+        writer.write(data)
+
+
+async def read_frame(reader: asyncio.StreamReader, frame_bytes_max: int) -> bytes | None:
+    """The next frame's bytes, or None at a clean end of the connection (between frames).
+
+    Raises ``NetworkError`` for a connection that ended inside a frame and
+    ``InvalidArgumentError`` for a frame over ``frame_bytes_max``.
+    """
+    try:
+        head = await reader.readexactly(_LENGTH.size)
+    except asyncio.IncompleteReadError as exc:
+        if not exc.partial:
+            return None
+        raise NetworkError("the peer channel ended inside a frame's length") from None
+    (length,) = _LENGTH.unpack(head)
+    if length > frame_bytes_max:
+        raise InvalidArgumentError(
+            f"peer channel frame of {length} bytes, over the limit of {frame_bytes_max}"
+        )
+    try:
+        return await reader.readexactly(length)
+    except asyncio.IncompleteReadError as exc:
+        raise NetworkError(
+            f"the peer channel ended {len(exc.partial)} bytes into a frame of {length}"
+        ) from None
+
+
+class PeerChannelServer:
+    """Serves peers' consensus batches on a TCP port (module docstring)."""
+
+    def __init__(self, server_uuid: str, serve: ServeBatches, *, frame_bytes_max: int) -> None:
+        self.server_uuid = server_uuid
+        self._serve = serve
+        self._frame_bytes_max = frame_bytes_max
+        self._server: asyncio.Server | None = None
+        self._connections: set[asyncio.Task[None]] = set()
+        self.port = 0
+        self.connections_refused = 0  # wrong magic, oversized frame, unparseable batch
+
+    async def start(self, host: str, port: int) -> int:
+        """Listens on ``host``:``port`` (0: any free port); returns the port."""
+        self._server = await asyncio.start_server(self._handle, host, port)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self.port
+
+    def close(self) -> None:
+        """Stops listening and ends every connection (their unanswered requests are lost, as
+        when a gRPC stream breaks; the peers' Raft sends again)."""
+        if self._server is not None:
+            self._server.close()
+            self._server = None
+        for task in list(self._connections):
+            task.cancel()
+        self.port = 0
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._connections.add(task)
+        peer = writer.get_extra_info("peername")
+        try:
+            hello = await reader.readexactly(len(MAGIC))
+            if hello != MAGIC:
+                self.connections_refused += 1
+                log.warning("peer channel: %s did not open with the channel's magic; closed", peer)
+                return
+            try:
+                async for answers in self._serve(self._batches(reader)):
+                    write_frame(writer, answers.SerializeToString())
+                    await writer.drain()
+            except NyalaError as exc:
+                if isinstance(exc, InvalidArgumentError):
+                    self.connections_refused += 1
+                    log.warning("peer channel: closed the connection from %s: %s", peer, exc)
+                refusal = consensus_pb2.ConsensusBatchResponsePB(error=error_to_pb(exc))
+                write_frame(writer, refusal.SerializeToString())
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass  # the peer went away; what it was owed is lost, as on a broken stream
+        finally:
+            self._connections.discard(task)
+            writer.close()
+
+    async def _batches(
+        self, reader: asyncio.StreamReader
+    ) -> AsyncIterator[consensus_pb2.ConsensusBatchRequestPB]:
+        while True:
+            data = await read_frame(reader, self._frame_bytes_max)
+            if data is None:
+                return
+            try:
+                batch = consensus_pb2.ConsensusBatchRequestPB.FromString(data)
+            except DecodeError:
+                raise InvalidArgumentError(
+                    f"a peer channel frame of {len(data)} bytes is not a ConsensusBatchRequestPB"
+                ) from None
+            check_dest_uuid(batch.dest_uuid, self.server_uuid)
+            yield batch
+
+
+async def open_peer_channel(
+    host: str, port: int, *, timeout_ms: int
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """Connects to a peer's channel and writes the magic; raises ``NetworkError``."""
+    try:
+        async with asyncio.timeout(timeout_ms / 1000):
+            reader, writer = await asyncio.open_connection(host, port)
+    except (OSError, TimeoutError) as exc:
+        raise NetworkError(f"cannot connect to the peer channel at {host}:{port}: {exc}") from None
+    writer.write(MAGIC)
+    return reader, writer
+
+
+async def answers_of(
+    reader: asyncio.StreamReader, frame_bytes_max: int
+) -> AsyncIterator[consensus_pb2.ConsensusBatchResponsePB]:
+    """The answer batches a peer writes on its channel, until it ends the connection."""
+    while True:
+        data = await read_frame(reader, frame_bytes_max)
+        if data is None:
+            return
+        try:
+            answers = consensus_pb2.ConsensusBatchResponsePB.FromString(data)
+        except DecodeError:
+            raise InvalidArgumentError(
+                f"a peer channel frame of {len(data)} bytes is not a ConsensusBatchResponsePB"
+            ) from None
+        yield answers
+
+
+def close_quietly(writer: asyncio.StreamWriter) -> None:
+    """Closes a channel connection whatever state it is in."""
+    with contextlib.suppress(Exception):
+        writer.close()

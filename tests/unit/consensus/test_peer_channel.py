@@ -1,0 +1,233 @@
+"""The consensus peer channel (``nyala.consensus.runtime.peer_channel``): PeerStreams' batches
+on a plain TCP connection. What goes in and out of a real channel server on loopback, what it
+refuses, and the client's fallback to the gRPC stream. Replication end to end over the channel
+is in ``test_consensus_runtime.py`` (``test_replicates_over_grpc_streams``, channel variant)."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import struct
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import pytest
+
+from nyala._proto import common_pb2, consensus_pb2, consensus_pb2_grpc
+from nyala.consensus.runtime.peer_channel import MAGIC, PeerChannelServer
+from nyala.consensus.runtime.peer_streams import PeerStreams
+from nyala.errors import TabletNotFoundError
+from nyala.rpc import RpcServer
+from nyala.rpc.settings import RpcSettings
+
+SERVER = "s" * 32
+CLIENT = "c" * 32
+FRAME_MAX = 1 << 20
+WAIT_S = 10.0
+
+
+def _request(tablet_id: str) -> bytes:
+    return consensus_pb2.ConsensusRequestPB(
+        tablet_id=tablet_id, dest_uuid=SERVER, caller_uuid=CLIENT, caller_term=1
+    ).SerializeToString()
+
+
+def _frame(data: bytes) -> bytes:
+    return struct.pack(">I", len(data)) + data
+
+
+def _batch(dest_uuid: str, *tablet_ids: str) -> bytes:
+    batch = consensus_pb2.ConsensusBatchRequestPB(dest_uuid=dest_uuid, caller_uuid=CLIENT)
+    for call_id, tablet_id in enumerate(tablet_ids, start=1):
+        batch.requests.append(_request(tablet_id))
+        batch.call_ids.append(call_id)
+    return batch.SerializeToString()
+
+
+async def _read_answer(reader: asyncio.StreamReader) -> consensus_pb2.ConsensusBatchResponsePB:
+    (length,) = struct.unpack(">I", await reader.readexactly(4))
+    return consensus_pb2.ConsensusBatchResponsePB.FromString(await reader.readexactly(length))
+
+
+def _no_tablets(tablet_id: str) -> Any:
+    raise TabletNotFoundError(f"tablet {tablet_id} is not here")
+
+
+async def _with_channel(
+    body: Callable[[PeerChannelServer, PeerStreams], Awaitable[None]],
+) -> None:
+    """A channel server answering from a real ``PeerStreams.serve`` with no tablets: every
+    request is answered TABLET_NOT_FOUND, the answer a real server gives for a tablet it does
+    not host."""
+    streams = PeerStreams(SERVER)
+    runner = asyncio.create_task(streams.run())
+    await asyncio.sleep(0)
+
+    def serve(
+        batches: AsyncIterator[consensus_pb2.ConsensusBatchRequestPB],
+    ) -> AsyncIterator[consensus_pb2.ConsensusBatchResponsePB]:
+        return streams.serve(batches, _no_tablets, lambda _data: None)
+
+    channel = PeerChannelServer(SERVER, serve, frame_bytes_max=FRAME_MAX)
+    await channel.start("127.0.0.1", 0)
+    try:
+        await asyncio.wait_for(body(channel, streams), WAIT_S)
+    finally:
+        channel.close()
+        runner.cancel()
+        await asyncio.gather(runner, return_exceptions=True)
+
+
+async def _connect(channel: PeerChannelServer) -> tuple[asyncio.StreamReader, Any]:
+    return await asyncio.open_connection("127.0.0.1", channel.port)
+
+
+def test_batches_are_answered_on_the_connection_request_by_request() -> None:
+    async def body(channel: PeerChannelServer, _: PeerStreams) -> None:
+        reader, writer = await _connect(channel)
+        writer.write(MAGIC + _frame(_batch(SERVER, "a" * 32, "b" * 32)))
+        answered: dict[int, consensus_pb2.ConsensusResponsePB] = {}
+        while len(answered) < 2:
+            answer = await _read_answer(reader)
+            assert not answer.HasField("error")
+            answered.update(zip(answer.call_ids, answer.responses, strict=True))
+        assert sorted(answered) == [1, 2]
+        for response in answered.values():
+            assert response.error.code == common_pb2.TABLET_NOT_FOUND
+        # The connection stays open for the next batch.
+        writer.write(_frame(_batch(SERVER, "c" * 32)))
+        answer = await _read_answer(reader)
+        assert list(answer.call_ids) == [1]
+        writer.close()
+
+    asyncio.run(_with_channel(body))
+
+
+def test_a_batch_for_another_server_is_refused_and_the_connection_closed() -> None:
+    async def body(channel: PeerChannelServer, _: PeerStreams) -> None:
+        reader, writer = await _connect(channel)
+        writer.write(MAGIC + _frame(_batch("x" * 32, "a" * 32)))
+        answer = await _read_answer(reader)
+        assert answer.error.code == common_pb2.WRONG_SERVER_UUID, answer
+        assert not answer.call_ids
+        assert await reader.read() == b""  # closed by the server
+
+    asyncio.run(_with_channel(body))
+
+
+@pytest.mark.parametrize(
+    "opening",
+    [
+        # Another version of the channel, then a batch it would otherwise answer.
+        pytest.param(MAGIC[:-1] + b"\x02" + _frame(_batch(SERVER, "a" * 32)), id="wrong-magic"),
+        pytest.param(MAGIC + struct.pack(">I", FRAME_MAX + 1), id="oversized-frame"),
+        pytest.param(MAGIC + _frame(b"\xff" * 12), id="not-a-batch"),
+    ],
+)
+def test_malformed_input_closes_only_its_connection(opening: bytes) -> None:
+    async def body(channel: PeerChannelServer, _: PeerStreams) -> None:
+        healthy_reader, healthy = await _connect(channel)
+        healthy.write(MAGIC)
+        reader, writer = await _connect(channel)
+        writer.write(opening)
+        rest = await reader.read()  # the server closes it (after a refusal, if framed)
+        if rest:
+            answer = consensus_pb2.ConsensusBatchResponsePB.FromString(rest[4:])
+            assert answer.error.code == common_pb2.INVALID_ARGUMENT, answer
+        assert channel.connections_refused == 1
+        # The other connection and the listener are untouched.
+        healthy.write(_frame(_batch(SERVER, "a" * 32)))
+        assert list((await _read_answer(healthy_reader)).call_ids) == [1]
+        _, again = await _connect(channel)
+        again.close()
+
+    asyncio.run(_with_channel(body))
+
+
+class _Announcer(consensus_pb2_grpc.ConsensusServiceServicer):  # type: ignore[misc]
+    """A server's GetPeerChannel and ConsensusPeerStream over a real ``PeerStreams.serve``
+    with no tablets; ``port`` is what it announces."""
+
+    def __init__(self, streams: PeerStreams) -> None:
+        self.streams = streams
+        self.port = 0
+        self.grpc_streams = 0
+
+    async def GetPeerChannel(self, request: Any, _context: Any) -> Any:
+        return consensus_pb2.PeerChannelResponsePB(port=self.port)
+
+    async def ConsensusPeerStream(
+        self, requests: AsyncIterator[Any], _context: Any
+    ) -> AsyncIterator[Any]:
+        self.grpc_streams += 1
+        async for answers in self.streams.serve(requests, _no_tablets, lambda _data: None):
+            yield answers
+
+
+async def _send(streams: PeerStreams, address: str, tablet_id: str) -> Any:
+    answered: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+    streams.send(SERVER, address, _request(tablet_id), answered.set_result)
+    return await asyncio.wait_for(answered, WAIT_S)
+
+
+async def _send_until_answered(streams: PeerStreams, address: str) -> Any:
+    for _ in range(20):
+        answer = await _send(streams, address, "b" * 32)
+        if not isinstance(answer, BaseException):
+            return answer
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"never answered: {answer!r}")
+
+
+def test_the_client_uses_an_announced_channel_and_falls_back_to_grpc_without_one() -> None:
+    async def body(channel: PeerChannelServer, served: PeerStreams) -> None:
+        announcer = _Announcer(served)
+        server = RpcServer("127.0.0.1:0", RpcSettings())
+        server.add_service(consensus_pb2_grpc.add_ConsensusServiceServicer_to_server, announcer)
+        await server.start()
+        client = PeerStreams(CLIENT)
+        runner = asyncio.create_task(client.run())
+        await asyncio.sleep(0)
+        try:
+            # Announced: the batches go over the channel, none over gRPC.
+            announcer.port = channel.port
+            answer = await _send(client, server.address, "a" * 32)
+            assert answer.error.code == common_pb2.TABLET_NOT_FOUND
+            assert client.connections() == {"channel": 1, "grpc": 0}
+            assert client.requests_sent == {"channel": 1, "grpc": 0}
+            assert announcer.grpc_streams == 0
+
+            # The channel goes away: the next connection, told there is no channel now, is
+            # the gRPC stream (a request sent while the old one broke may be lost, and its
+            # callback says so: Raft sends again).
+            channel.close()
+            announcer.port = 0
+            answer = await _send_until_answered(client, server.address)
+            assert answer.error.code == common_pb2.TABLET_NOT_FOUND
+            assert client.connections() == {"channel": 0, "grpc": 1}
+            assert announcer.grpc_streams == 1
+
+            # A channel announced but unreachable: the gRPC stream carries the batches.
+            await server.stop(0)
+            server = RpcServer("127.0.0.1:0", RpcSettings())
+            server.add_service(consensus_pb2_grpc.add_ConsensusServiceServicer_to_server, announcer)
+            await server.start()
+            announcer.port = channel_port_nobody_listens_on()
+            answer = await _send(client, server.address, "d" * 32)
+            assert answer.error.code == common_pb2.TABLET_NOT_FOUND
+            assert client.channel_fallbacks == 1
+            assert announcer.grpc_streams == 2
+        finally:
+            runner.cancel()
+            await asyncio.gather(runner, return_exceptions=True)
+            await server.stop(0)
+
+    asyncio.run(_with_channel(body))
+
+
+def channel_port_nobody_listens_on() -> int:
+    """A loopback port that was free a moment ago (bound, then released)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+    return port
