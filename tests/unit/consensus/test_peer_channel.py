@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from nyala._proto import common_pb2, consensus_pb2, consensus_pb2_grpc
-from nyala.consensus.runtime.peer_channel import MAGIC, PeerChannelServer
+from nyala.consensus.runtime.peer_channel import MAGIC, PeerChannelServer, batch_request_frame
 from nyala.consensus.runtime.peer_streams import PeerStreams
 from nyala.errors import TabletNotFoundError
 from nyala.rpc import RpcServer
@@ -80,6 +80,20 @@ async def _with_channel(
 
 async def _connect(channel: PeerChannelServer) -> tuple[asyncio.StreamReader, Any]:
     return await asyncio.open_connection("127.0.0.1", channel.port)
+
+
+@pytest.mark.parametrize("count", [0, 1, 300])
+def test_a_frame_encoded_by_hand_is_the_batch_protobuf_reads(count: int) -> None:
+    call_ids = [2**k % (2**64 - 1) + k for k in range(count)]
+    requests = [bytes([k % 256]) * (k * 7 % 1000) for k in range(count)]
+    frame = batch_request_frame(SERVER, CLIENT, call_ids, requests)
+    (length,) = struct.unpack(">I", frame[:4])
+    assert length == len(frame) - 4
+    batch = consensus_pb2.ConsensusBatchRequestPB.FromString(frame[4:])
+    assert batch.dest_uuid == SERVER
+    assert batch.caller_uuid == CLIENT
+    assert list(batch.call_ids) == call_ids
+    assert list(batch.requests) == requests
 
 
 def test_batches_are_answered_on_the_connection_request_by_request() -> None:

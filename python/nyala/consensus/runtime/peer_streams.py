@@ -42,10 +42,10 @@ from nyala._proto import consensus_pb2
 from nyala.consensus.runtime import wire
 from nyala.consensus.runtime.peer_channel import (
     answers_of,
+    batch_request_frame,
     close_quietly,
     frame_bytes_max,
     open_peer_channel,
-    write_frame,
 )
 from nyala.errors import NetworkError, NotSupportedError, NyalaError, ServiceUnavailableError
 from nyala.rpc.channel import ServerProxy
@@ -56,6 +56,8 @@ log = logging.getLogger(__name__)
 
 Answer = consensus_pb2.ConsensusResponsePB | BaseException
 OnAnswer = Callable[[Answer], None]
+# Writes one batch: its requests' call ids and the serialized requests.
+_SendBatch: TypeAlias = Callable[[list[int], list[bytes]], Awaitable[None]]
 _StreamCall: TypeAlias = (
     "grpc.aio.StreamStreamCall[consensus_pb2.ConsensusBatchRequestPB, "
     "consensus_pb2.ConsensusBatchResponsePB]"
@@ -219,8 +221,9 @@ class PeerStreams:
             peer.over_channel = True
             answers = answers_of(reader, frame_bytes_max(self._settings.message_bytes_max))
 
-            async def send(batch: consensus_pb2.ConsensusBatchRequestPB) -> None:
-                write_frame(writer, batch.SerializeToString())
+            async def send(call_ids: list[int], requests: list[bytes]) -> None:
+                # Framed as it is encoded: the requests are copied once, into the frame.
+                writer.write(batch_request_frame(peer.uuid, self.uuid, call_ids, requests))
                 await writer.drain()
 
             try:
@@ -235,9 +238,16 @@ class PeerStreams:
         call: _StreamCall = proxy.consensus.ConsensusPeerStream(
             timeout=self._opts.stream_lifetime_ms / 1000
         )
+
+        async def write(call_ids: list[int], requests: list[bytes]) -> None:
+            batch = consensus_pb2.ConsensusBatchRequestPB(
+                dest_uuid=peer.uuid, caller_uuid=self.uuid, requests=requests, call_ids=call_ids
+            )
+            await call.write(batch)
+
         try:
             async with asyncio.TaskGroup() as group:
-                group.create_task(self._write(peer, call.write))
+                group.create_task(self._write(peer, write))
                 group.create_task(self._read(peer, call))
         finally:
             call.cancel()
@@ -268,11 +278,9 @@ class PeerStreams:
             log.warning("%s; using the gRPC stream to %s", exc, peer.uuid)
             return None
 
-    async def _write(
-        self,
-        peer: _Peer,
-        send: Callable[[consensus_pb2.ConsensusBatchRequestPB], Awaitable[None]],
-    ) -> None:
+    async def _write(self, peer: _Peer, send: _SendBatch) -> None:
+        """Writes what is queued for ``peer``, a batch (up to ``batch_bytes_max``) at a time,
+        with ``send(call_ids, requests)``."""
         bytes_max = self._opts.batch_bytes_max
         unanswered_max = self._opts.unanswered_requests_max
         while True:
@@ -280,19 +288,18 @@ class PeerStreams:
                 peer.ready.clear()
                 await peer.ready.wait()
                 continue
-            batch = consensus_pb2.ConsensusBatchRequestPB(
-                dest_uuid=peer.uuid, caller_uuid=self.uuid
-            )
+            call_ids: list[int] = []
+            requests: list[bytes] = []
             size = 0
             while peer.queue and (size == 0 or size + len(peer.queue[0][1]) <= bytes_max):
                 call_id, request = peer.queue.popleft()
-                batch.requests.append(request)
-                batch.call_ids.append(call_id)
+                requests.append(request)
+                call_ids.append(call_id)
                 size += len(request)
             transport = "channel" if peer.over_channel else "grpc"
             self.batches_sent[transport] += 1
-            self.requests_sent[transport] += len(batch.call_ids)
-            await send(batch)
+            self.requests_sent[transport] += len(call_ids)
+            await send(call_ids, requests)
 
     async def _read(
         self, peer: _Peer, answers: AsyncIterable[consensus_pb2.ConsensusBatchResponsePB]
