@@ -20,6 +20,7 @@ from nyala.chaos.disk_fault import DiskFaults
 from nyala.chaos.proxy import LOOPBACK, Network
 from nyala.rpc.channel import BlockingMethod
 from nyala.rpc.messages import Answer
+from nyala.rpc.ports import free_loopback_ports
 from nyala.schema import Schema
 from nyala.testing.mini_cluster import MiniCluster, ServerProcess
 
@@ -43,21 +44,29 @@ class ChaosCluster:
         keep_dir: bool = False,
         tserver_flags: tuple[str, ...] = (),
     ) -> None:
-        # Tablet copies go over FetchData and consensus over ConsensusPeerStream: the proxies
-        # sit in front of the RPC port only, and copy bytes on the data channel
-        # (docs/tablet-copy.md) or batches on the peer channel would cross a partition.
+        # Tablet copies go over FetchData: the proxies sit in front of the RPC ports, and copy
+        # bytes on the data channel (docs/tablet-copy.md) would cross a partition. Consensus
+        # goes over the peer channel, which each server announces at a proxy of its own: the
+        # port a server binds is chosen here, and the proxy in front of it made first.
+        self.network = Network(self._server_pids)
+        channel_ports = free_loopback_ports(num_tservers, LOOPBACK)
+        each: list[list[str]] = []
+        for i, port in enumerate(channel_ports):
+            proxy = self.network.add_proxy(f"tserver-{i}", port, channel=True)
+            each.append(
+                [
+                    f"--consensus-peer-channel-port={port}",
+                    f"--consensus-peer-channel-advertised-port={proxy.port}",
+                ]
+            )
         self.mini = MiniCluster(
             num_tservers,
             base_dir=base_dir,
             keep_dir=keep_dir,
-            tserver_flags=(
-                "--no-tablet-copy-data-channel",
-                "--no-consensus-peer-channel",
-                *tserver_flags,
-            ),
+            tserver_flags=("--no-tablet-copy-data-channel", *tserver_flags),
+            each_tserver_flags=each,
         )
         self.replicas = replicas
-        self.network = Network(self._server_pids)
         self.disk = DiskFaults(self.mini.base_dir)
         self.tablet_id = ""
         self.schema: Schema | None = None
@@ -72,12 +81,12 @@ class ChaosCluster:
     def __enter__(self) -> ChaosCluster:
         try:
             self._stack.callback(self._spawner.shutdown)
+            self._stack.callback(self.network.close)
             self.disk.build()
             self._stack.enter_context(self.disk.environment())
             self._stack.enter_context(self.mini)
             for ts in self.mini.tservers:
                 self.network.add_proxy(ts.name, ts.rpc_port)
-            self._stack.callback(self.network.close)
         except BaseException:
             self._stack.close()
             raise

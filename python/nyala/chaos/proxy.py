@@ -1,4 +1,5 @@
-"""A fault-injecting TCP proxy in front of each server's RPC port (partitions and delays).
+"""A fault-injecting TCP proxy in front of each server's RPC port and consensus peer channel
+(partitions and delays).
 
 Why a proxy rather than iptables in network namespaces: it needs no privileges, works on any
 CI runner, and can cut exactly one direction of one pair of processes on loopback. Servers
@@ -86,14 +87,21 @@ class Network:
         self._lock = threading.Lock()
         self._cut: set[tuple[str, str]] = set()  # (source, destination) pairs that are cut
         self._delay_ms: dict[str, int] = {}  # destination -> delay of each chunk, both ways
-        self.proxies: dict[str, TcpProxy] = {}
+        self.proxies: dict[str, TcpProxy] = {}  # in front of each server's RPC port
+        # In front of each server's consensus peer channel (docs/consensus.md), which the
+        # server announces in place of its own port; the same cuts and delays apply.
+        self.channel_proxies: dict[str, TcpProxy] = {}
 
-    def add_proxy(self, name: str, target_port: int) -> TcpProxy:
-        """Starts a proxy for server ``name`` forwarding to ``target_port``."""
+    def add_proxy(self, name: str, target_port: int, *, channel: bool = False) -> TcpProxy:
+        """Starts a proxy for server ``name`` forwarding to ``target_port`` (its RPC port, or
+        with ``channel`` its peer channel's, which need not be listening yet)."""
         proxy = TcpProxy(self, name, target_port)
-        self.proxies[name] = proxy
+        (self.channel_proxies if channel else self.proxies)[name] = proxy
         proxy.start()
         return proxy
+
+    def _every_proxy(self) -> list[TcpProxy]:
+        return [*self.proxies.values(), *self.channel_proxies.values()]
 
     def partition(self, groups: list[set[str]]) -> None:
         """Cuts every pair of servers in different groups (both directions)."""
@@ -111,7 +119,7 @@ class Network:
         """Cuts exactly ``pairs`` (source, destination), replacing earlier cuts."""
         with self._lock:
             self._cut = set(pairs)
-        for proxy in self.proxies.values():
+        for proxy in self._every_proxy():
             proxy.enforce()
 
     def heal(self) -> None:
@@ -119,7 +127,7 @@ class Network:
         with self._lock:
             self._cut = set()
             self._delay_ms = {}
-        for proxy in self.proxies.values():
+        for proxy in self._every_proxy():
             proxy.enforce()
 
     def delay(self, destination: str, delay_ms: int) -> None:
@@ -145,7 +153,7 @@ class Network:
         return CLIENT if pid is None else names[pid]
 
     def close(self) -> None:
-        for proxy in self.proxies.values():
+        for proxy in self._every_proxy():
             proxy.close()
 
 

@@ -111,9 +111,16 @@ class MasterServer(ServerBase):
             tls=http_tls(self.settings),
             authorize=http_authorizer(self.manager.revocations) if self.manager.secure else None,
         )
-        await self._start_listening(rpc, http)
+        # The peer channel first: a peer that asks GetPeerChannel as soon as the RPC port
+        # answers learns its port, not that there is none (it would then keep to the gRPC
+        # stream for that stream's whole life).
         assert self._consensus is not None
         await self._start_peer_channel(self._consensus)
+        try:
+            await self._start_listening(rpc, http)
+        except BaseException:
+            self._close_peer_channel()
+            raise
         log.info("master %s ready: rpc %s, http %s", self.uuid, rpc.address, http.address)
         background = BackgroundTasks(self.manager, self.settings.rpc_settings())
         async with asyncio.TaskGroup() as tasks:

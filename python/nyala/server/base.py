@@ -184,8 +184,11 @@ class ServerBase:
             self.peer_channel = None
 
     def peer_channel_port(self) -> int:
-        """The peer channel's port (0: not served), for ``GetPeerChannel``."""
-        return 0 if self.peer_channel is None else self.peer_channel.port
+        """The peer channel's port as peers should dial it (0: not served), for
+        ``GetPeerChannel``."""
+        if self.peer_channel is None or not self.peer_channel.port:
+            return 0
+        return self.server_settings.consensus_peer_channel_advertised_port or self.peer_channel.port
 
     def _cancel_base_tasks(self) -> None:
         """Ends the streams, the peer channel and server heartbeats (after every replica's

@@ -132,6 +132,9 @@ class ServerSettings:
     consensus_peer_channel: bool = True
     # Its port on the RPC host; 0 takes any free port (peers ask for it).
     consensus_peer_channel_port: int = 0
+    # The port announced to peers, when they must reach the channel through something in
+    # front of it (the chaos suite's proxies); 0 announces the port bound.
+    consensus_peer_channel_advertised_port: int = 0
 
     #: Fields that must be positive; a subclass adds its own in ``POSITIVE_FIELDS``.
     _COMMON_POSITIVE: ClassVar[tuple[str, ...]] = (
@@ -176,7 +179,11 @@ class ServerSettings:
             )
         if self.tablet_copy_chunk_bytes > self.rpc_message_bytes_max // 2:
             raise ValueError("tablet_copy_chunk_bytes must leave room in rpc_message_bytes_max")
-        for port in ("tablet_copy_data_channel_port", "consensus_peer_channel_port"):
+        for port in (
+            "tablet_copy_data_channel_port",
+            "consensus_peer_channel_port",
+            "consensus_peer_channel_advertised_port",
+        ):
             if not 0 <= getattr(self, port) <= 65535:
                 raise ValueError(f"{port} must be 0 to 65535")
         if self.tablet_copy_data_channel_chunk_bytes > 64 * MIB:

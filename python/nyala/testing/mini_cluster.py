@@ -308,6 +308,7 @@ class MiniCluster:
         start_timeout_s: float = 30.0,
         keep_dir: bool = False,
         secure: bool = False,
+        each_tserver_flags: Sequence[Sequence[str]] = (),
     ) -> None:
         self._owns_dir = base_dir is None
         self.base_dir = (
@@ -316,6 +317,8 @@ class MiniCluster:
         self.keep_dir = keep_dir
         self.start_timeout_s = start_timeout_s
         self.tserver_flags = list(tserver_flags)
+        # Flags of the i-th tablet server only (its own ports of something, say).
+        self.each_tserver_flags = [list(flags) for flags in each_tserver_flags]
         self.master_flags = list(master_flags)
         self._num_masters = num_masters
         self.masters: list[ServerProcess] = []
@@ -522,14 +525,16 @@ class MiniCluster:
     def _new_tserver(self, flags: Sequence[str] = ()) -> ServerProcess:
         rpc_port, http_port = free_loopback_ports(2, LOOPBACK)
         masters = ["--masters", ",".join(self.master_addrs)] if self.masters else []
-        security = self._security_flags(f"tserver-{len(self.tservers)}")
+        index = len(self.tservers)
+        security = self._security_flags(f"tserver-{index}")
+        own = self.each_tserver_flags[index] if index < len(self.each_tserver_flags) else []
         ts = ServerProcess(
             "tserver",
-            len(self.tservers),
+            index,
             self.base_dir,
             rpc_port,
             http_port,
-            [*self.tserver_flags, *masters, *security, *flags],
+            [*self.tserver_flags, *masters, *security, *own, *flags],
             self.rpc_settings,
         )
         self.tservers.append(ts)

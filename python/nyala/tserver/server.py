@@ -239,9 +239,16 @@ class TabletServer(ServerBase):
     async def _serve(self) -> None:
         assert self.rpc is not None
         assert self.http is not None
-        await self._start_listening(self.rpc, self.http)
+        # The peer channel first: a peer that asks GetPeerChannel as soon as the RPC port
+        # answers learns its port, not that there is none (it would then keep to the gRPC
+        # stream for that stream's whole life).
         assert self._consensus is not None
         await self._start_peer_channel(self._consensus)
+        try:
+            await self._start_listening(self.rpc, self.http)
+        except BaseException:
+            self._close_peer_channel()
+            raise
         log.info(
             "tserver %s ready: rpc %s, http %s, fs root %s",
             self.uuid,
