@@ -9,7 +9,9 @@ import base64
 import datetime
 import http.client
 import json
+import socket
 import ssl
+import struct
 import time
 import urllib.error
 import urllib.request
@@ -24,6 +26,7 @@ from click.testing import CliRunner
 import nyala
 from nyala import errors
 from nyala._proto import (
+    common_pb2,
     consensus_pb2,
     master_pb2,
     metadata_pb2,
@@ -32,15 +35,16 @@ from nyala._proto import (
     tserver_pb2,
 )
 from nyala.cli import main
+from nyala.consensus.runtime.peer_channel import MAGIC
 from nyala.rpc import BlockingServerProxy
 from nyala.rpc.errors import raise_for_response
 from nyala.rpc.settings import RpcSettings
-from nyala.security import files, pki
+from nyala.security import files, identity, pki
 from nyala.security.identity import Identity, Kind
 from nyala.security.tokens import AuthzToken, Privilege, new_signing_key, sign_token
 from nyala.testing import MiniCluster, logs_on_failure
 from nyala.testing.master_ops import wait_until
-from nyala.testing.mini_cluster import FAST_TSERVER_FLAGS, fast_master_flags
+from nyala.testing.mini_cluster import FAST_TSERVER_FLAGS, ServerProcess, fast_master_flags
 from nyala.testing.replica_ops import tablet_states
 from nyala.testing.security import ClusterSecurity
 
@@ -162,12 +166,108 @@ def test_a_user_cannot_call_admin_or_server_rpcs(
         assert not isinstance(failure.value, errors.NotAuthorizedError)
 
 
+def _server_settings(security: ClusterSecurity, ts: ServerProcess) -> RpcSettings:
+    """What ``ts`` itself dials with: its server certificate."""
+    directory = security.tserver_dir(ts.name)
+    return RpcSettings(tls=files.load_tls(directory, files.SERVER_CERT, files.SERVER_KEY))
+
+
+def _peer_channel_port(cluster: MiniCluster, security: ClusterSecurity, ts: ServerProcess) -> int:
+    """``ts``'s peer channel port, asked as a peer asks (GetPeerChannel needs a server)."""
+    peer = next(other for other in cluster.tservers if other is not ts)
+    with BlockingServerProxy(
+        ts.rpc_addr, _server_settings(security, peer), server_uuid=ts.uuid
+    ) as proxy:
+        request = consensus_pb2.PeerChannelRequestPB(dest_uuid=ts.uuid or "")
+        return proxy.call(proxy.consensus.GetPeerChannel, request).port
+
+
+def _channel_exchange(
+    port: int, context: ssl.SSLContext | None, server_uuid: str, tablet_id: str
+) -> consensus_pb2.ConsensusBatchResponsePB | None:
+    """Opens the peer channel at ``port`` (TLS with ``context``, or plaintext), sends one
+    batch of one request for ``tablet_id``, returns the first answer (None if the server
+    closed the connection without one)."""
+    raw = socket.create_connection(("127.0.0.1", port), timeout=10)
+    conn: socket.socket = (
+        raw
+        if context is None
+        else context.wrap_socket(raw, server_hostname=identity.server_dns_name(server_uuid))
+    )
+    with conn:
+        request = consensus_pb2.ConsensusRequestPB(tablet_id=tablet_id, dest_uuid=server_uuid)
+        batch = consensus_pb2.ConsensusBatchRequestPB(dest_uuid=server_uuid, caller_uuid="x")
+        batch.requests.append(request.SerializeToString())
+        batch.call_ids.append(1)
+        data = batch.SerializeToString()
+        try:
+            conn.sendall(MAGIC + struct.pack(">I", len(data)) + data)
+            head = _recv_exactly(conn, 4)
+            if head is None:
+                return None
+            body = _recv_exactly(conn, struct.unpack(">I", head)[0])
+        except (ConnectionError, ssl.SSLError):
+            return None
+    assert body is not None, "the connection closed inside an answer"
+    return consensus_pb2.ConsensusBatchResponsePB.FromString(body)
+
+
+def _recv_exactly(conn: socket.socket, length: int) -> bytes | None:
+    data = b""
+    while len(data) < length:
+        chunk = conn.recv(length - len(data))
+        if not chunk:
+            return None
+        data += chunk
+    return data
+
+
+def _tls_client(directory: Path, cert: str, key: str, ca: Path) -> ssl.SSLContext:
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.load_verify_locations(ca)
+    context.load_cert_chain(directory / cert, directory / key)
+    return context
+
+
+def test_consensus_between_secure_servers_goes_over_the_peer_channel_under_mutual_tls(
+    cluster: MiniCluster, security: ClusterSecurity, table: str
+) -> None:
+    with nyala.connect(cluster.master_addrs, credentials=security.admin_dir) as client:
+        assert client.table(table).upsert({"id": [50, 51], "v": ["p", "q"]}).ok
+    # The leaders sent their batches over their peers' channels.
+    logs = [ts.log_path.read_text() for ts in cluster.tservers]
+    assert any("goes over its peer channel" in log for log in logs)
+    target = cluster.tservers[0]
+    port = _peer_channel_port(cluster, security, target)
+    assert port in target.listening_ports()
+    assert target.uuid is not None
+    ca = security.admin_dir / files.CA_CERT
+    unknown_tablet = "f" * 32
+    # Plaintext is not TLS: the handshake fails and nothing is answered.
+    assert _channel_exchange(port, None, target.uuid, unknown_tablet) is None
+    # A user's certificate (an admin's, even) is not a server's: refused, connection closed.
+    admin = _tls_client(security.admin_dir, files.CLIENT_CERT, files.CLIENT_KEY, ca)
+    refusal = _channel_exchange(port, admin, target.uuid, unknown_tablet)
+    assert refusal is not None
+    assert refusal.error.code == common_pb2.NOT_AUTHORIZED, refusal
+    assert "SERVER role" in refusal.error.message
+    # Another server's certificate: the batch is served (this tablet is not here).
+    peer = cluster.tservers[1]
+    server = _tls_client(security.tserver_dir(peer.name), files.SERVER_CERT, files.SERVER_KEY, ca)
+    answer = _channel_exchange(port, server, target.uuid, unknown_tablet)
+    assert answer is not None
+    assert not answer.HasField("error"), answer
+    assert answer.responses[0].error.code == common_pb2.TABLET_NOT_FOUND
+
+
 def test_a_tablet_copy_between_secure_servers_goes_over_tls_without_a_data_channel(
     cluster: MiniCluster, security: ClusterSecurity, table: str
 ) -> None:
-    # A secure server opens no data channel: it listens on its RPC and HTTP ports only.
+    # A secure server opens no data channel: besides its RPC and HTTP ports it listens only
+    # on its consensus peer channel (mutual TLS).
     for ts in cluster.tservers:
-        assert ts.listening_ports() == {ts.rpc_port, ts.http_port}
+        others = ts.listening_ports() - {ts.rpc_port, ts.http_port}
+        assert others == {_peer_channel_port(cluster, security, ts)}, others
     tablet_id = sorted(tablet_states(cluster.tservers[0]))[0]
     leader = cluster.leader_of(tablet_id)
     follower = next(ts for ts in cluster.tservers if ts is not leader)

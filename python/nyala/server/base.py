@@ -163,15 +163,17 @@ class ServerBase:
         self._base_tasks.append(tasks.create_task(self.peer_streams.run(), name="peer-streams"))
 
     async def _start_peer_channel(self, consensus: ConsensusService) -> None:
-        """Serves the peer channel on the RPC host, unless it is off or the server uses TLS
-        (the channel is not encrypted): peers then use ConsensusPeerStream."""
+        """Serves the peer channel on the RPC host (mutual TLS on a secure server), unless it
+        is off: peers then use ConsensusPeerStream."""
         s = self.server_settings
-        if not s.consensus_peer_channel or s.security_dir:
-            return
+        tls = s.rpc_settings().tls
+        if not s.consensus_peer_channel or (tls is not None and not tls.cert_pem):
+            return  # off, or a server not enrolled yet (no certificate to show)
         channel = PeerChannelServer(
             self.uuid,
             consensus.serve_peer_batches,
             frame_bytes_max=frame_bytes_max(s.rpc_message_bytes_max),
+            tls=tls,
         )
         host = split_host_port(s.rpc_bind)[0]
         port = await channel.start(host, s.consensus_peer_channel_port)

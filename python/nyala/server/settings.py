@@ -126,9 +126,9 @@ class ServerSettings:
     rpc_admin_timeout_ms: int = 30_000
     # How long running RPCs may finish after SIGTERM before they are cancelled.
     shutdown_grace_ms: int = 5_000
-    # Serve peers' consensus batches on a plain TCP port as well as ConsensusPeerStream, and
-    # send to peers over theirs (docs/consensus.md, "The peer channel"); a server with TLS
-    # never serves it (the channel is not encrypted).
+    # Serve peers' consensus batches on a plain TCP port (mutual TLS on a secure server) as
+    # well as ConsensusPeerStream, and send to peers over theirs (docs/consensus.md, "The
+    # peer channel").
     consensus_peer_channel: bool = True
     # Its port on the RPC host; 0 takes any free port (peers ask for it).
     consensus_peer_channel_port: int = 0

@@ -14,11 +14,15 @@ The wire, on one connection:
   ``ConsensusBatchRequestPB`` from the dialler, a ``ConsensusBatchResponsePB`` from the
   server.
 
+On a secure cluster the connection is mutual TLS with the cluster CA, as every RPC is: the
+dialler checks that the server's certificate names the peer's UUID, and the server that the
+dialler's names a server (the role ``ConsensusPeerStream`` requires); a dialler without such a
+certificate gets one ``NOT_AUTHORIZED`` answer and the connection closes.
+
 The server checks each batch's ``dest_uuid``. A refused stream gets one answer whose ``error``
 is set, then the connection closes, as ``ConsensusPeerStream`` ends. The server also closes a
 connection whose magic is wrong, whose frame is longer than ``frame_bytes_max``, or whose
-batch does not parse (logged; nothing else is touched). The channel has no encryption: a
-server with TLS never serves it, and its peers use the gRPC stream.
+batch does not parse (logged; nothing else is touched).
 
 This module owns the listening socket and the connections' tasks; what a batch means is
 ``PeerStreams.serve``'s business.
@@ -29,15 +33,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import ssl
 import struct
+import tempfile
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
 
 from google.protobuf.message import DecodeError
 
 from nyala._proto import consensus_pb2
-from nyala.errors import InvalidArgumentError, NetworkError, NyalaError
+from nyala.errors import InvalidArgumentError, NetworkError, NotAuthorizedError, NyalaError
 from nyala.rpc.errors import error_to_pb
 from nyala.rpc.service import check_dest_uuid
+from nyala.security.files import TlsSettings, write_private
+from nyala.security.identity import Identity, Role, server_dns_name
 
 log = logging.getLogger(__name__)
 
@@ -140,13 +150,47 @@ async def read_frame(reader: asyncio.StreamReader, frame_bytes_max: int) -> byte
         ) from None
 
 
+def tls_context(tls: TlsSettings, *, server: bool) -> ssl.SSLContext:
+    """Mutual TLS with the cluster CA: this side shows its certificate and requires one of
+    the CA from the other (the dialler checks the name it is given, ``server_dns_name``)."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER if server else ssl.PROTOCOL_TLS_CLIENT)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.verify_mode = ssl.CERT_REQUIRED
+    context.load_verify_locations(cadata=tls.ca_pem.decode())
+    with tempfile.TemporaryDirectory() as scratch:  # the ssl module loads keys from files
+        cert, key = Path(scratch) / "cert.pem", Path(scratch) / "key.pem"
+        write_private(cert, tls.cert_pem)
+        write_private(key, tls.key_pem)
+        context.load_cert_chain(cert, key)
+    return context
+
+
+def _caller_role(peercert: Any) -> Role:
+    """The highest role a verified peer certificate's nyala identities carry (NONE if none)."""
+    role = Role.NONE
+    for kind, value in (peercert or {}).get("subjectAltName", ()):
+        if kind != "URI":
+            continue
+        with contextlib.suppress(InvalidArgumentError):
+            role = max(role, Identity.from_uri(value).role)
+    return role
+
+
 class PeerChannelServer:
     """Serves peers' consensus batches on a TCP port (module docstring)."""
 
-    def __init__(self, server_uuid: str, serve: ServeBatches, *, frame_bytes_max: int) -> None:
+    def __init__(
+        self,
+        server_uuid: str,
+        serve: ServeBatches,
+        *,
+        frame_bytes_max: int,
+        tls: TlsSettings | None = None,
+    ) -> None:
         self.server_uuid = server_uuid
         self._serve = serve
         self._frame_bytes_max = frame_bytes_max
+        self._ssl = None if tls is None else tls_context(tls, server=True)
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task[None]] = set()
         self.port = 0
@@ -154,7 +198,7 @@ class PeerChannelServer:
 
     async def start(self, host: str, port: int) -> int:
         """Listens on ``host``:``port`` (0: any free port); returns the port."""
-        self._server = await asyncio.start_server(self._handle, host, port)
+        self._server = await asyncio.start_server(self._handle, host, port, ssl=self._ssl)
         self.port = self._server.sockets[0].getsockname()[1]
         return self.port
 
@@ -180,17 +224,23 @@ class PeerChannelServer:
                 log.warning("peer channel: %s did not open with the channel's magic; closed", peer)
                 return
             try:
+                if self._ssl is not None:
+                    role = _caller_role(writer.get_extra_info("peercert"))
+                    if role < Role.SERVER:
+                        raise NotAuthorizedError(
+                            f"the peer channel needs the SERVER role; {peer} has {role.name}"
+                        )
                 async for answers in self._serve(self._batches(reader)):
                     write_frame(writer, answers.SerializeToString())
                     await writer.drain()
             except NyalaError as exc:
-                if isinstance(exc, InvalidArgumentError):
+                if isinstance(exc, InvalidArgumentError | NotAuthorizedError):
                     self.connections_refused += 1
                     log.warning("peer channel: closed the connection from %s: %s", peer, exc)
                 refusal = consensus_pb2.ConsensusBatchResponsePB(error=error_to_pb(exc))
                 write_frame(writer, refusal.SerializeToString())
                 await writer.drain()
-        except (asyncio.IncompleteReadError, ConnectionError):
+        except (asyncio.IncompleteReadError, ConnectionError, ssl.SSLError):
             pass  # the peer went away; what it was owed is lost, as on a broken stream
         finally:
             self._connections.discard(task)
@@ -214,13 +264,22 @@ class PeerChannelServer:
 
 
 async def open_peer_channel(
-    host: str, port: int, *, timeout_ms: int
+    host: str,
+    port: int,
+    *,
+    timeout_ms: int,
+    tls: ssl.SSLContext | None = None,
+    server_uuid: str = "",
 ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-    """Connects to a peer's channel and writes the magic; raises ``NetworkError``."""
+    """Connects to a peer's channel (with ``tls``, checking its certificate names
+    ``server_uuid``) and writes the magic; raises ``NetworkError``."""
+    name = server_dns_name(server_uuid) if tls is not None else None
     try:
         async with asyncio.timeout(timeout_ms / 1000):
-            reader, writer = await asyncio.open_connection(host, port)
-    except (OSError, TimeoutError) as exc:
+            reader, writer = await asyncio.open_connection(
+                host, port, ssl=tls, server_hostname=name
+            )
+    except (OSError, TimeoutError) as exc:  # ssl.SSLError included
         raise NetworkError(f"cannot connect to the peer channel at {host}:{port}: {exc}") from None
     writer.write(MAGIC)
     return reader, writer

@@ -31,6 +31,7 @@ import contextlib
 import functools
 import itertools
 import logging
+import ssl
 from collections import deque
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -46,6 +47,7 @@ from nyala.consensus.runtime.peer_channel import (
     close_quietly,
     frame_bytes_max,
     open_peer_channel,
+    tls_context,
 )
 from nyala.errors import NetworkError, NotSupportedError, NyalaError, ServiceUnavailableError
 from nyala.rpc.channel import ServerProxy
@@ -134,6 +136,7 @@ class PeerStreams:
         self.batches_sent = {"channel": 0, "grpc": 0}
         self.requests_sent = {"channel": 0, "grpc": 0}
         self.channel_fallbacks = 0  # a peer announced a channel that could not be reached
+        self._tls_context: ssl.SSLContext | None = None
 
     async def run(self) -> None:
         """Serves until cancelled; then fails what is still waiting and closes the channels."""
@@ -175,6 +178,16 @@ class PeerStreams:
         peer.waiting[call_id] = on_answer
         peer.queue.append((call_id, request))
         peer.ready.set()  # the writer wakes next turn: this turn's sends go out together
+
+    def _channel_tls(self) -> ssl.SSLContext | None:
+        """The client side of the channels' mutual TLS (None on an insecure cluster), made
+        once: loading the CA and the key is most of a connection's setup."""
+        tls = self._settings.tls
+        if tls is None:
+            return None
+        if self._tls_context is None:
+            self._tls_context = tls_context(tls, server=False)
+        return self._tls_context
 
     def connections(self) -> dict[str, int]:
         """Peers whose current connection is the channel, and those on the gRPC stream."""
@@ -219,6 +232,7 @@ class PeerStreams:
         if channel is not None:
             reader, writer = channel
             peer.over_channel = True
+            log.info("consensus to %s at %s goes over its peer channel", peer.uuid, peer.address)
             answers = answers_of(reader, frame_bytes_max(self._settings.message_bytes_max))
 
             async def send(call_ids: list[int], requests: list[bytes]) -> None:
@@ -268,11 +282,18 @@ class PeerStreams:
             )
         except NotSupportedError:
             return None  # a server that predates the channel
-        if answer.port == 0:
-            return None
+        tls = self._settings.tls
+        if answer.port == 0 or (tls is not None and not tls.cert_pem):
+            return None  # none there, or no certificate here to show it
         host = split_host_port(peer.address)[0]
         try:
-            return await open_peer_channel(host, answer.port, timeout_ms=timeout_ms)
+            return await open_peer_channel(
+                host,
+                answer.port,
+                timeout_ms=timeout_ms,
+                tls=self._channel_tls(),
+                server_uuid=peer.uuid,
+            )
         except NetworkError as exc:
             self.channel_fallbacks += 1
             log.warning("%s; using the gRPC stream to %s", exc, peer.uuid)
