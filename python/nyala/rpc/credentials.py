@@ -15,9 +15,10 @@ from pathlib import Path
 
 import grpc
 
+from nyala.errors import InvalidArgumentError
 from nyala.rpc.errors import split_host_port
 from nyala.security.files import TlsSettings, write_private
-from nyala.security.identity import server_dns_name
+from nyala.security.identity import Identity, Role, server_dns_name
 
 
 def channel_credentials(tls: TlsSettings) -> grpc.ChannelCredentials:
@@ -34,6 +35,49 @@ def server_credentials(tls: TlsSettings) -> grpc.ServerCredentials:
     return grpc.ssl_server_credentials(
         [(tls.key_pem, tls.cert_pem)], root_certificates=tls.ca_pem, require_client_auth=True
     )
+
+
+def socket_tls_context(tls: TlsSettings, *, server: bool) -> ssl.SSLContext:
+    """The same mutual TLS for a plain socket (the consensus peer channel): this side shows
+    its certificate and requires one of the CA from the other; a client checks the name it
+    is given (``peer_server_name``)."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER if server else ssl.PROTOCOL_TLS_CLIENT)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.verify_mode = ssl.CERT_REQUIRED
+    context.load_verify_locations(cadata=tls.ca_pem.decode())
+    with tempfile.TemporaryDirectory() as scratch:  # the ssl module loads keys from files
+        cert, key = Path(scratch) / "cert.pem", Path(scratch) / "key.pem"
+        write_private(cert, tls.cert_pem)
+        write_private(key, tls.key_pem)
+        context.load_cert_chain(cert, key)
+    return context
+
+
+def peer_server_name(server_uuid: str) -> str:
+    """The name a socket client checks in a server's certificate: its UUID's."""
+    return server_dns_name(server_uuid)
+
+
+def not_a_server(peercert: object) -> str | None:
+    """Why a verified peer certificate (as ``ssl.SSLSocket.getpeercert`` gives it) may not
+    take part in Raft (None: it is a server's), the rule ``ConsensusPeerStream`` enforces."""
+    role = peercert_role(peercert)
+    return None if role >= Role.SERVER else f"needs the SERVER role; the peer has {role.name}"
+
+
+def peercert_role(peercert: object) -> Role:
+    """The highest role the nyala identities of a verified peer certificate carry; NONE if it
+    names none."""
+    role = Role.NONE
+    alt_names = peercert.get("subjectAltName", ()) if isinstance(peercert, dict) else ()
+    for kind, value in alt_names:
+        if kind != "URI":
+            continue
+        try:
+            role = max(role, Identity.from_uri(value).role)
+        except InvalidArgumentError:
+            continue
+    return role
 
 
 def uuid_binding_option(server_uuid: str) -> tuple[str, str]:

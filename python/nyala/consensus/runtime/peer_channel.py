@@ -35,19 +35,15 @@ import contextlib
 import logging
 import ssl
 import struct
-import tempfile
 from collections.abc import AsyncIterator, Callable
-from pathlib import Path
-from typing import Any
 
 from google.protobuf.message import DecodeError
 
 from nyala._proto import consensus_pb2
 from nyala.errors import InvalidArgumentError, NetworkError, NotAuthorizedError, NyalaError
+from nyala.rpc.credentials import not_a_server, peer_server_name
 from nyala.rpc.errors import error_to_pb
 from nyala.rpc.service import check_dest_uuid
-from nyala.security.files import TlsSettings, write_private
-from nyala.security.identity import Identity, Role, server_dns_name
 
 log = logging.getLogger(__name__)
 
@@ -150,32 +146,6 @@ async def read_frame(reader: asyncio.StreamReader, frame_bytes_max: int) -> byte
         ) from None
 
 
-def tls_context(tls: TlsSettings, *, server: bool) -> ssl.SSLContext:
-    """Mutual TLS with the cluster CA: this side shows its certificate and requires one of
-    the CA from the other (the dialler checks the name it is given, ``server_dns_name``)."""
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER if server else ssl.PROTOCOL_TLS_CLIENT)
-    context.minimum_version = ssl.TLSVersion.TLSv1_2
-    context.verify_mode = ssl.CERT_REQUIRED
-    context.load_verify_locations(cadata=tls.ca_pem.decode())
-    with tempfile.TemporaryDirectory() as scratch:  # the ssl module loads keys from files
-        cert, key = Path(scratch) / "cert.pem", Path(scratch) / "key.pem"
-        write_private(cert, tls.cert_pem)
-        write_private(key, tls.key_pem)
-        context.load_cert_chain(cert, key)
-    return context
-
-
-def _caller_role(peercert: Any) -> Role:
-    """The highest role a verified peer certificate's nyala identities carry (NONE if none)."""
-    role = Role.NONE
-    for kind, value in (peercert or {}).get("subjectAltName", ()):
-        if kind != "URI":
-            continue
-        with contextlib.suppress(InvalidArgumentError):
-            role = max(role, Identity.from_uri(value).role)
-    return role
-
-
 class PeerChannelServer:
     """Serves peers' consensus batches on a TCP port (module docstring)."""
 
@@ -185,12 +155,12 @@ class PeerChannelServer:
         serve: ServeBatches,
         *,
         frame_bytes_max: int,
-        tls: TlsSettings | None = None,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         self.server_uuid = server_uuid
         self._serve = serve
         self._frame_bytes_max = frame_bytes_max
-        self._ssl = None if tls is None else tls_context(tls, server=True)
+        self._ssl = tls  # the server side of mutual TLS (rpc.credentials.socket_tls_context)
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task[None]] = set()
         self.port = 0
@@ -225,11 +195,9 @@ class PeerChannelServer:
                 return
             try:
                 if self._ssl is not None:
-                    role = _caller_role(writer.get_extra_info("peercert"))
-                    if role < Role.SERVER:
-                        raise NotAuthorizedError(
-                            f"the peer channel needs the SERVER role; {peer} has {role.name}"
-                        )
+                    why = not_a_server(writer.get_extra_info("peercert"))
+                    if why is not None:
+                        raise NotAuthorizedError(f"the peer channel {why} ({peer})")
                 async for answers in self._serve(self._batches(reader)):
                     write_frame(writer, answers.SerializeToString())
                     await writer.drain()
@@ -273,7 +241,7 @@ async def open_peer_channel(
 ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
     """Connects to a peer's channel (with ``tls``, checking its certificate names
     ``server_uuid``) and writes the magic; raises ``NetworkError``."""
-    name = server_dns_name(server_uuid) if tls is not None else None
+    name = peer_server_name(server_uuid) if tls is not None else None
     try:
         async with asyncio.timeout(timeout_ms / 1000):
             reader, writer = await asyncio.open_connection(

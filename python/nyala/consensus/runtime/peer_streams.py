@@ -47,10 +47,10 @@ from nyala.consensus.runtime.peer_channel import (
     close_quietly,
     frame_bytes_max,
     open_peer_channel,
-    tls_context,
 )
 from nyala.errors import NetworkError, NotSupportedError, NyalaError, ServiceUnavailableError
 from nyala.rpc.channel import ServerProxy
+from nyala.rpc.credentials import socket_tls_context
 from nyala.rpc.errors import error_to_pb, raise_for_response, split_host_port
 from nyala.rpc.settings import RpcSettings
 
@@ -186,7 +186,7 @@ class PeerStreams:
         if tls is None:
             return None
         if self._tls_context is None:
-            self._tls_context = tls_context(tls, server=False)
+            self._tls_context = socket_tls_context(tls, server=False)
         return self._tls_context
 
     def connections(self) -> dict[str, int]:
