@@ -26,7 +26,13 @@ alternated round by round for ``SECURE_ROUNDS`` rounds (half-length phases with 
 of the rounds' secure/insecure ratios, ``secure_single_ratio`` and ``secure_batched_ratio``
 (target, issue 36: >= 0.85 each; each round's in ``secure_single_ratios`` and
 ``secure_batched_ratios``), and of Ping over TLS, ``secure_ping_ratio`` (the RPC layer's own
-cost of TLS and the role check).
+cost of TLS and the role check); the servers' CPU per batched row of both sides,
+``secure_server_cpu_us_per_batched_row`` and ``insecure_server_cpu_us_per_batched_row_same_rounds``.
+``--no-secure`` skips (c).
+
+``--no-peer-channel`` runs every cluster of the bench with the consensus batches between
+tservers on the gRPC stream instead of the peer channel (docs/consensus.md, "The peer
+channel"); the JSON's ``peer_channel`` says which.
 
 The last line printed is one JSON object (DESIGN.md §9) with ``single_row_ops_per_s``,
 ``batched_rows_per_s``, ``p99_ms_single`` and the baseline. Targets (issue 7):
@@ -382,6 +388,7 @@ class _Side:
     batched: list[dict[str, Any]] = field(default_factory=list)
     pings: list[float] = field(default_factory=list)
     cpu_ms: list[float] = field(default_factory=list)
+    batched_cpu_us: list[float] = field(default_factory=list)  # server CPU per batched row
 
     def run_round(self, seconds: float) -> None:
         cpu = CpuMeter(self.cluster)
@@ -389,14 +396,16 @@ class _Side:
         single = _client_writes(self.client, self.table, WRITERS, 1, seconds)
         self.cpu_ms.append(cpu.per_op_ms(len(single["latencies"]))[0])
         self.single.append(single)
-        self.batched.append(
-            _client_writes(self.client, self.table, BATCH_WRITERS, BATCH_ROWS, seconds)
-        )
+        cpu.start()
+        batched = _client_writes(self.client, self.table, BATCH_WRITERS, BATCH_ROWS, seconds)
+        rows = len(batched["latencies"]) * BATCH_ROWS
+        self.batched_cpu_us.append(cpu.per_op_ms(rows)[0] * 1000)
+        self.batched.append(batched)
         self.pings.append(asyncio.run(_cluster_pings(self.cluster, self.tablet_id, seconds / 2)))
 
 
-def _side(stack: contextlib.ExitStack, secure: bool) -> _Side:
-    cluster = stack.enter_context(MiniCluster(3, num_masters=1, secure=secure))
+def _side(stack: contextlib.ExitStack, secure: bool, flags: tuple[str, ...]) -> _Side:
+    cluster = stack.enter_context(MiniCluster(3, num_masters=1, secure=secure, tserver_flags=flags))
     # On the secure cluster a user, not an admin: its writes carry an authz token that the
     # servers check.
     credentials = None if cluster.security is None else cluster.security.credentials("bench")
@@ -408,7 +417,7 @@ def _side(stack: contextlib.ExitStack, secure: bool) -> _Side:
     return _Side(cluster, client, table, table.tablets()[0].tablet_id)
 
 
-def _measure_secure(seconds: float) -> dict[str, Any]:
+def _measure_secure(seconds: float, flags: tuple[str, ...]) -> dict[str, Any]:
     """The client phases against two fresh clusters started side by side, one secure and one
     not, alternated round by round (the order swapped each round), so that both see the same
     machine and the same amount of data: the medians of the rounds' secure/insecure ratios.
@@ -416,7 +425,7 @@ def _measure_secure(seconds: float) -> dict[str, Any]:
     on the shared machine; against the main phases' cluster, which holds more data, the secure
     side came out up to 1.9x faster.)"""
     with contextlib.ExitStack() as stack:
-        plain, tls = _side(stack, secure=False), _side(stack, secure=True)
+        plain, tls = _side(stack, False, flags), _side(stack, True, flags)
         for round_ in range(SECURE_ROUNDS):
             for side in (plain, tls) if round_ % 2 == 0 else (tls, plain):
                 side.run_round(seconds)
@@ -442,6 +451,10 @@ def _measure_secure(seconds: float) -> dict[str, Any]:
         ),
         "secure_batched_rows_per_s": round(
             statistics.median(r["ops_per_s"] for r in tls.batched) * BATCH_ROWS
+        ),
+        "secure_server_cpu_us_per_batched_row": round(statistics.median(tls.batched_cpu_us), 2),
+        "insecure_server_cpu_us_per_batched_row_same_rounds": round(
+            statistics.median(plain.batched_cpu_us), 2
         ),
         "secure_single_ratio": round(statistics.median(single), 3),
         "secure_batched_ratio": round(statistics.median(batched), 3),
@@ -475,7 +488,7 @@ def main() -> None:
         result.update(asyncio.run(_measure_raw(cluster, tablet_id, seconds)))
 
     if not args.no_secure:
-        result.update(_measure_secure(seconds / 2 if args.quick else seconds))
+        result.update(_measure_secure(seconds / 2 if args.quick else seconds, flags))
     result.update(
         {
             "bench": "tserver_write",

@@ -2,9 +2,9 @@
 
 A grpc.aio stream costs 7-10 times a length-prefixed message on a plain asyncio connection
 (docs/performance.md, "What a consensus message costs"), and the consensus batches between
-two servers are most of a replicated write's messages. So a server without TLS also serves
-them here, and a peer that learns the port (``GetPeerChannel``, asked before each stream is
-opened) sends them here instead of on ``ConsensusPeerStream``. The batches, their order, their
+two servers are most of a replicated write's messages. So a server also serves them here, and
+a peer that learns the port (``GetPeerChannel``, asked before each connection) sends them here
+instead of on ``ConsensusPeerStream``. The batches, their order, their
 answers and the refusals are those of the stream: only the framing differs.
 
 The wire, on one connection:
