@@ -6,25 +6,11 @@ test the gRPC stream only, or none of its partitions would cut the channel."""
 from __future__ import annotations
 
 import time
-import urllib.request
 
 from nyala.chaos.cluster import ChaosCluster
 from nyala.chaos.workloads import TabletClient, schema
-from nyala.testing.mini_cluster import ServerProcess
 
 TABLET = "c4a0c4a0c4a0c4a0c4a0c4a0c4a0c4a0"
-
-
-def _batches_sent(ts: ServerProcess) -> dict[str, float]:
-    url = f"http://{ts.http_addr}/metrics?metrics=nyala_consensus_peer_batches_sent_total"
-    with urllib.request.urlopen(url, timeout=5) as page:
-        text = page.read().decode()
-    sent = {}
-    for line in text.splitlines():
-        if line.startswith("nyala_consensus_peer_batches_sent_total{"):
-            labels, value = line.rsplit(" ", 1)
-            sent[labels.split('"')[1]] = float(value)
-    return sent
 
 
 def test_a_partition_cuts_the_peer_channel_and_deposes_the_leader() -> None:
@@ -33,7 +19,7 @@ def test_a_partition_cuts_the_peer_channel_and_deposes_the_leader() -> None:
         leader = cluster.leader(timeout_s=30)
         client = TabletClient(cluster, "channel")
         client.write({"id": [1], "v": [1]}, "upsert")
-        sent = _batches_sent(leader)
+        sent = leader.metric_by_label("nyala_consensus_peer_batches_sent_total", "transport")
         assert sent["channel"] > 0, sent
         assert sent["grpc"] == 0, sent
         term = int(cluster.cstate(leader).cstate.current_term)

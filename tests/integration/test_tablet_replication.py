@@ -60,19 +60,6 @@ def _checksum(table: pa.Table) -> str:
     return tablet_ops.row_checksum([table.column("id").to_pylist(), table.column("v").to_pylist()])
 
 
-def _peer_batches_sent(ts: ServerProcess) -> dict[str, float]:
-    """``nyala_consensus_peer_batches_sent_total`` of ``ts``, by transport."""
-    url = f"http://{ts.http_addr}/metrics?metrics=nyala_consensus_peer_batches_sent_total"
-    with urllib.request.urlopen(url, timeout=5) as page:
-        text = page.read().decode()
-    sent = {}
-    for line in text.splitlines():
-        if line.startswith("nyala_consensus_peer_batches_sent_total{"):
-            labels, value = line.rsplit(" ", 1)
-            sent[labels.split('"')[1]] = float(value)
-    return sent
-
-
 def _expected(ids: list[int]) -> str:
     return tablet_ops.row_checksum([ids, [f"value-{i}" for i in ids]])
 
@@ -143,7 +130,7 @@ def test_leader_sigkill_loses_no_acknowledged_row_and_the_victim_catches_up(
         time.sleep(0.1)
     # Consensus went over the peer channel (docs/consensus.md), to the restarted server too
     # (on its new port, asked again): no batch over gRPC.
-    sent = _peer_batches_sent(new_leader)
+    sent = new_leader.metric_by_label("nyala_consensus_peer_batches_sent_total", "transport")
     assert sent["channel"] > 0, sent
     assert sent["grpc"] == 0, sent
 

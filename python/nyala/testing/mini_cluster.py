@@ -26,6 +26,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import IO
@@ -121,6 +122,20 @@ class ServerProcess:
                 if fields[3] == "0A" and fields[9] in inodes:  # state LISTEN
                     ports.add(int(fields[1].rsplit(":", 1)[1], 16))
         return ports
+
+    def metric_by_label(self, name: str, label: str) -> dict[str, float]:
+        """The samples of metric family ``name`` from the server's /metrics page (plain HTTP:
+        an insecure server), keyed by the value of their label ``label``."""
+        url = f"http://{self.http_addr}/metrics?metrics={name}"
+        with urllib.request.urlopen(url, timeout=10) as page:
+            text = page.read().decode()
+        samples = {}
+        marker = f'{label}="'
+        for line in text.splitlines():
+            if line.startswith(name + "{") and marker in line:
+                labels, value = line.rsplit(" ", 1)
+                samples[labels.split(marker, 1)[1].split('"', 1)[0]] = float(value)
+        return samples
 
     def is_running(self) -> bool:
         """True while the process exists (paused counts as running)."""

@@ -36,13 +36,15 @@ import logging
 import ssl
 import struct
 from collections.abc import AsyncIterator, Callable
+from typing import TypeVar
 
-from google.protobuf.message import DecodeError
+from google.protobuf.message import DecodeError, Message
 
 from nyala._proto import consensus_pb2
 from nyala.errors import InvalidArgumentError, NetworkError, NotAuthorizedError, NyalaError
 from nyala.rpc.credentials import not_a_server, peer_server_name
 from nyala.rpc.errors import error_to_pb
+from nyala.rpc.pb_fields import length_delimited_head, varint
 from nyala.rpc.service import check_dest_uuid
 
 log = logging.getLogger(__name__)
@@ -81,20 +83,11 @@ def write_frame(writer: asyncio.StreamWriter, data: bytes) -> None:
         writer.write(data)
 
 
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while value > 0x7F:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
-# Field keys of ConsensusBatchRequestPB (field number << 3 | wire type 2, length-delimited).
-_DEST_UUID_KEY = b"\x0a"
-_CALLER_UUID_KEY = b"\x12"
-_REQUEST_KEY = b"\x1a"
-_CALL_IDS_KEY = b"\x22"  # packed
+# Field numbers of ConsensusBatchRequestPB.
+_DEST_UUID_FIELD = 1
+_CALLER_UUID_FIELD = 2
+_REQUEST_FIELD = 3
+_CALL_IDS_FIELD = 4  # packed
 
 
 def batch_request_frame(
@@ -104,19 +97,17 @@ def batch_request_frame(
     rather than by protobuf: building the message and serializing it copied every request
     twice, and framing it a third time; here each is copied once, into the frame."""
     dest, caller = dest_uuid.encode(), caller_uuid.encode()
-    ids = b"".join(_varint(call_id) for call_id in call_ids)
+    ids = b"".join(varint(call_id) for call_id in call_ids)
     parts = [
         b"",  # the frame's length, below
-        _DEST_UUID_KEY,
-        _varint(len(dest)),
+        length_delimited_head(_DEST_UUID_FIELD, len(dest)),
         dest,
-        _CALLER_UUID_KEY,
-        _varint(len(caller)),
+        length_delimited_head(_CALLER_UUID_FIELD, len(caller)),
         caller,
     ]
     for request in requests:
-        parts += (_REQUEST_KEY, _varint(len(request)), request)
-    parts += (_CALL_IDS_KEY, _varint(len(ids)), ids)
+        parts += (length_delimited_head(_REQUEST_FIELD, len(request)), request)
+    parts += (length_delimited_head(_CALL_IDS_FIELD, len(ids)), ids)
     parts[0] = _LENGTH.pack(sum(len(part) for part in parts))
     return b"".join(parts)
 
@@ -143,6 +134,19 @@ async def read_frame(reader: asyncio.StreamReader, frame_bytes_max: int) -> byte
     except asyncio.IncompleteReadError as exc:
         raise NetworkError(
             f"the peer channel ended {len(exc.partial)} bytes into a frame of {length}"
+        ) from None
+
+
+_Message = TypeVar("_Message", bound=Message)
+
+
+def _parse(message_class: type[_Message], data: bytes) -> _Message:
+    """``data`` as a ``message_class``; ``InvalidArgumentError`` if it is not one."""
+    try:
+        return message_class.FromString(data)
+    except DecodeError:
+        raise InvalidArgumentError(
+            f"a peer channel frame of {len(data)} bytes is not a {message_class.__name__}"
         ) from None
 
 
@@ -221,12 +225,7 @@ class PeerChannelServer:
             data = await read_frame(reader, self._frame_bytes_max)
             if data is None:
                 return
-            try:
-                batch = consensus_pb2.ConsensusBatchRequestPB.FromString(data)
-            except DecodeError:
-                raise InvalidArgumentError(
-                    f"a peer channel frame of {len(data)} bytes is not a ConsensusBatchRequestPB"
-                ) from None
+            batch = _parse(consensus_pb2.ConsensusBatchRequestPB, data)
             check_dest_uuid(batch.dest_uuid, self.server_uuid)
             yield batch
 
@@ -261,13 +260,7 @@ async def answers_of(
         data = await read_frame(reader, frame_bytes_max)
         if data is None:
             return
-        try:
-            answers = consensus_pb2.ConsensusBatchResponsePB.FromString(data)
-        except DecodeError:
-            raise InvalidArgumentError(
-                f"a peer channel frame of {len(data)} bytes is not a ConsensusBatchResponsePB"
-            ) from None
-        yield answers
+        yield _parse(consensus_pb2.ConsensusBatchResponsePB, data)
 
 
 def close_quietly(writer: asyncio.StreamWriter) -> None:
