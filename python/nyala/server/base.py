@@ -14,6 +14,7 @@ import functools
 import logging
 import signal
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, ClassVar
 
 from nyala import _native
@@ -384,13 +385,13 @@ class ServerBase:
             "nyala_consensus_peer_batches_sent_total",
             "Consensus batches sent to peer servers, by transport: the peer channel or gRPC",
             ("transport",),
-            lambda: self._peer_stream_figures("batches"),
+            lambda: self._by_transport(lambda streams: streams.batches_sent),
         )
         self.metrics.gauge(
             "nyala_consensus_peer_connections",
             "Peer servers this server sends consensus to, by the transport it now uses",
             ("transport",),
-        ).set_callback(lambda: self._peer_stream_figures("connections"))
+        ).set_callback(lambda: self._by_transport(PeerStreams.connections))
         self.metrics.observed_counter(
             "nyala_tablet_copy_bytes_total",
             "Tablet copy bytes: fetched (onto this server) and served (as a source)",
@@ -404,12 +405,14 @@ class ServerBase:
             by_kind[kind] = by_kind.get(kind, 0) + n
         return [({"kind": kind}, float(n)) for kind, n in sorted(by_kind.items())]
 
-    def _peer_stream_figures(self, what: str) -> list[tuple[dict[str, str], float]]:
+    def _by_transport(
+        self, figures: Callable[[PeerStreams], dict[str, int]]
+    ) -> list[tuple[dict[str, str], float]]:
+        """One of the peer streams' figures by transport, as metric samples."""
         streams = self.peer_streams
         if streams is None:
             return []
-        figures = streams.batches_sent if what == "batches" else streams.connections()
-        return [({"transport": name}, float(n)) for name, n in sorted(figures.items())]
+        return [({"transport": name}, float(n)) for name, n in sorted(figures(streams).items())]
 
     def _copy_bytes(self) -> list[tuple[dict[str, str], float]]:
         copy = self.copy

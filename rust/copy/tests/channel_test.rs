@@ -130,6 +130,15 @@ fn fetch_all(
     download(address, token, files, options, &Download::new())
 }
 
+/// A source that serves one connection at a time (any beyond it is answered `BUSY`).
+fn one_connection_server() -> DataServer {
+    let options = ServerOptions {
+        connections_max: 1,
+        ..ServerOptions::default()
+    };
+    DataServer::bind("127.0.0.1:0", options).unwrap()
+}
+
 fn server(chunk_bytes_max: u32) -> DataServer {
     let options = ServerOptions {
         chunk_bytes_max,
@@ -271,11 +280,7 @@ fn a_closed_server_is_a_network_error_and_a_foreign_request_is_refused() {
 #[test]
 fn connections_beyond_the_limit_are_answered_busy_and_the_copy_goes_on_over_the_rest() {
     let fx = fixture(&[3 << 20, 1 << 20]);
-    let limits = ServerOptions {
-        connections_max: 1,
-        ..ServerOptions::default()
-    };
-    let server = DataServer::bind("127.0.0.1:0", limits).unwrap();
+    let server = one_connection_server();
     let token = [8u8; 16];
     server.register(token, fx.served.clone());
     let first = TcpStream::connect(server.local_addr()).unwrap();
@@ -334,11 +339,7 @@ fn a_piece_handed_back_is_never_left_behind() {
     // finds nothing left just as the other, refused, hands its piece back. The piece must still
     // be copied (by the refused stream itself, once the source has room).
     let fx = fixture(&[128 << 10]);
-    let limits = ServerOptions {
-        connections_max: 1,
-        ..ServerOptions::default()
-    };
-    let server = DataServer::bind("127.0.0.1:0", limits).unwrap();
+    let server = one_connection_server();
     let token = [9u8; 16];
     server.register(token, fx.served.clone());
     let address = server.local_addr().to_string();
