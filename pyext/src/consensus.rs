@@ -90,27 +90,6 @@ impl PyEntryBatch {
         PyBytes::new(py, self.batch.as_bytes())
     }
 
-    /// `prefix` followed by the wire encoding as protobuf field `field_number` (length
-    /// delimited), in one new `bytes`: a message serialized without the field plus this is
-    /// the message with it. The batch's bytes are copied once, not three times through
-    /// `to_bytes`, the protobuf field and the message's serialization.
-    fn to_field_bytes<'py>(
-        &self,
-        py: Python<'py>,
-        prefix: &[u8],
-        field_number: u32,
-    ) -> PyResult<Bound<'py, PyBytes>> {
-        let data = self.batch.as_bytes();
-        let mut head = prefix.to_vec();
-        put_varint(&mut head, (u64::from(field_number) << 3) | 2);
-        put_varint(&mut head, data.len() as u64);
-        PyBytes::new_with(py, head.len() + data.len(), |out| {
-            out[..head.len()].copy_from_slice(&head);
-            out[head.len()..].copy_from_slice(data);
-            Ok(())
-        })
-    }
-
     /// The wire encoding without a copy (`memoryview(batch)`); read-only, and valid while
     /// the view lives, as the batch's bytes never change.
     unsafe fn __getbuffer__(

@@ -192,6 +192,12 @@ def test_a_request_serialized_with_its_entries_equals_the_protobuf_message(log: 
     for entries in (batch, None):
         request = AppendRequest("a", "b", 3, MIN_OP_ID, entries, 2, 0)
         serialized = wire.append_request_to_wire(request, TABLET_ID, last_appended_index=2)
+        parts = wire.append_request_parts(request, TABLET_ID, last_appended_index=2)
+        assert wire.request_bytes(parts) == serialized
+        assert wire.request_size(parts) == len(serialized)
+        if entries is not None:  # the batch's own bytes, not a copy
+            assert isinstance(parts, tuple)
+            assert parts[1].obj is entries.native
         expected = wire.append_request_to_pb(request, TABLET_ID, last_appended_index=2)
         got = consensus_pb2.ConsensusRequestPB.FromString(serialized)
         got.ClearField("entries_alignment")  # zeros that only place the entries

@@ -16,6 +16,7 @@ import pytest
 from nyala._proto import common_pb2, consensus_pb2, consensus_pb2_grpc
 from nyala.consensus.runtime.peer_channel import MAGIC, PeerChannelServer, batch_request_frame
 from nyala.consensus.runtime.peer_streams import PeerStreams
+from nyala.consensus.runtime.wire import WireRequest, request_bytes
 from nyala.errors import TabletNotFoundError
 from nyala.rpc import RpcServer
 from nyala.rpc.settings import RpcSettings
@@ -86,7 +87,7 @@ async def _connect(channel: PeerChannelServer) -> tuple[asyncio.StreamReader, An
 def test_a_frame_encoded_by_hand_is_the_batch_protobuf_reads(count: int) -> None:
     call_ids = [2**k % (2**64 - 1) + k for k in range(count)]
     requests = [bytes([k % 256]) * (k * 7 % 1000) for k in range(count)]
-    frame = batch_request_frame(SERVER, CLIENT, call_ids, requests)
+    frame = b"".join(batch_request_frame(SERVER, CLIENT, call_ids, list(requests)))
     (length,) = struct.unpack(">I", frame[:4])
     assert length == len(frame) - 4
     batch = consensus_pb2.ConsensusBatchRequestPB.FromString(frame[4:])
@@ -94,6 +95,25 @@ def test_a_frame_encoded_by_hand_is_the_batch_protobuf_reads(count: int) -> None
     assert batch.caller_uuid == CLIENT
     assert list(batch.call_ids) == call_ids
     assert list(batch.requests) == requests
+
+
+def test_large_entry_batches_are_framed_in_place_small_ones_joined() -> None:
+    """A request given as a head and a batch's bytes (``wire.append_request_parts``) goes
+    into the frame as those very bytes when large (written to the socket from where they
+    lie), copied when small; the joined pieces are the batch protobuf reads."""
+    large = memoryview(bytes(range(256)) * 1024)  # 256 KiB
+    small = memoryview(b"entries" * 10)
+    requests: list[WireRequest] = [b"whole", (b"head-1", large), (b"head-2", small), b"last"]
+    pieces = batch_request_frame(SERVER, CLIENT, [1, 2, 3, 4], requests)
+    assert sum(piece is large for piece in pieces) == 1
+    assert not any(piece is small for piece in pieces)
+    assert len(pieces) == 3  # what precedes the large batch, the batch, what follows it
+    frame = b"".join(pieces)
+    (length,) = struct.unpack(">I", frame[:4])
+    assert length == len(frame) - 4
+    batch = consensus_pb2.ConsensusBatchRequestPB.FromString(frame[4:])
+    assert list(batch.requests) == [request_bytes(r) for r in requests]
+    assert list(batch.call_ids) == [1, 2, 3, 4]
 
 
 def test_batches_are_answered_on_the_connection_request_by_request() -> None:

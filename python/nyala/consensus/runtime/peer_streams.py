@@ -59,7 +59,7 @@ log = logging.getLogger(__name__)
 Answer = consensus_pb2.ConsensusResponsePB | BaseException
 OnAnswer = Callable[[Answer], None]
 # Writes one batch: its requests' call ids and the serialized requests.
-_SendBatch: TypeAlias = Callable[[list[int], list[bytes]], Awaitable[None]]
+_SendBatch: TypeAlias = Callable[[list[int], list[wire.WireRequest]], Awaitable[None]]
 _StreamCall: TypeAlias = (
     "grpc.aio.StreamStreamCall[consensus_pb2.ConsensusBatchRequestPB, "
     "consensus_pb2.ConsensusBatchResponsePB]"
@@ -106,7 +106,7 @@ class _Peer:
 
     uuid: str
     address: str
-    queue: deque[tuple[int, bytes]] = field(default_factory=deque)
+    queue: deque[tuple[int, wire.WireRequest]] = field(default_factory=deque)
     ready: asyncio.Event = field(default_factory=asyncio.Event)
     waiting: dict[int, OnAnswer] = field(default_factory=dict)  # call id -> callback
     task: asyncio.Task[None] | None = None
@@ -156,7 +156,9 @@ class PeerStreams:
                 with contextlib.suppress(Exception):
                     await proxy.close()
 
-    def send(self, dest_uuid: str, address: str, request: bytes, on_answer: OnAnswer) -> None:
+    def send(
+        self, dest_uuid: str, address: str, request: wire.WireRequest, on_answer: OnAnswer
+    ) -> None:
         """Queues a serialized ``ConsensusRequestPB`` for ``dest_uuid`` at ``address``;
         ``on_answer`` gets its ``ConsensusResponsePB``, or the error that lost it."""
         group = self._group
@@ -235,9 +237,10 @@ class PeerStreams:
             log.info("consensus to %s at %s goes over its peer channel", peer.uuid, peer.address)
             answers = answers_of(reader, frame_bytes_max(self._settings.message_bytes_max))
 
-            async def send(call_ids: list[int], requests: list[bytes]) -> None:
-                # Framed as it is encoded: the requests are copied once, into the frame.
-                writer.write(batch_request_frame(peer.uuid, self.uuid, call_ids, requests))
+            async def send(call_ids: list[int], requests: list[wire.WireRequest]) -> None:
+                # Framed as it is encoded; entry batches go from where they lie.
+                for piece in batch_request_frame(peer.uuid, self.uuid, call_ids, requests):
+                    writer.write(piece)
                 await writer.drain()
 
             try:
@@ -253,9 +256,12 @@ class PeerStreams:
             timeout=self._opts.stream_lifetime_ms / 1000
         )
 
-        async def write(call_ids: list[int], requests: list[bytes]) -> None:
+        async def write(call_ids: list[int], requests: list[wire.WireRequest]) -> None:
             batch = consensus_pb2.ConsensusBatchRequestPB(
-                dest_uuid=peer.uuid, caller_uuid=self.uuid, requests=requests, call_ids=call_ids
+                dest_uuid=peer.uuid,
+                caller_uuid=self.uuid,
+                requests=[wire.request_bytes(r) for r in requests],
+                call_ids=call_ids,
             )
             await call.write(batch)
 
@@ -310,13 +316,15 @@ class PeerStreams:
                 await peer.ready.wait()
                 continue
             call_ids: list[int] = []
-            requests: list[bytes] = []
+            requests: list[wire.WireRequest] = []
             size = 0
-            while peer.queue and (size == 0 or size + len(peer.queue[0][1]) <= bytes_max):
+            while peer.queue and (
+                size == 0 or size + wire.request_size(peer.queue[0][1]) <= bytes_max
+            ):
                 call_id, request = peer.queue.popleft()
                 requests.append(request)
                 call_ids.append(call_id)
-                size += len(request)
+                size += wire.request_size(request)
             transport = "channel" if peer.over_channel else "grpc"
             self.batches_sent[transport] += 1
             self.requests_sent[transport] += len(call_ids)

@@ -390,7 +390,7 @@ class GrpcTransport:
             self.messages_dropped += 1
             return
         stamps = (0, 0) if self.timestamps is None else self.timestamps(request.committed_index)
-        data = wire.append_request_to_wire(request, self.tablet_id, timestamps=stamps)
+        data = wire.append_request_parts(request, self.tablet_id, timestamps=stamps)
         # What the answer needs of the request, not the request: its entries are not kept
         # alive until the answer comes.
         last = None if request.entries is None else request.entries.last_op_id.index

@@ -98,10 +98,6 @@ class WalEntryBatch:
         """The encoding to send (``ConsensusRequestPB.entries``)."""
         return self._batch.to_bytes()
 
-    def to_field_bytes(self, prefix: bytes, field_number: int) -> bytes:
-        """``prefix`` then the encoding as protobuf field ``field_number``, one copy."""
-        return self._batch.to_field_bytes(prefix, field_number)
-
     @property
     def native(self) -> _native.EntryBatch:
         """The native batch (for bindings that read its bytes in place)."""

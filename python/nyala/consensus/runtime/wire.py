@@ -3,11 +3,12 @@ gRPC transport: the leader's client (``GrpcTransport``) and the tablet server's
 ``ConsensusService`` handlers. Pure functions; no I/O.
 
 Entries travel as the native entry-batch bytes (``docs/wal-format.md``): encoding asks the batch
-for ``to_wire()``, or on the hot path for the whole serialized message in one copy
-(``append_request_to_wire``); decoding goes through a ``BatchDecoder`` the caller supplies
-(``WalEntryBatch.from_wire`` in servers),
-so row data never becomes Python objects per entry. The header counts and OpIds sent next to the
-bytes are checked against the decoded batch.
+for ``to_wire()``, or on the hot path for the serialized message as a head followed by the
+batch's own bytes, not copied (``append_request_parts``, a ``WireRequest``; the peer channel
+writes those bytes to its socket in place); decoding goes through a ``BatchDecoder`` the
+caller supplies (``WalEntryBatch.from_wire`` in servers), so row data never becomes Python
+objects per entry. The header counts and OpIds sent next to the bytes are checked against the
+decoded batch.
 
 What the proto does not carry, and how each side recovers it:
 
@@ -56,14 +57,35 @@ class WireBatch(EntryBatch, Protocol):
         """The batch's wire encoding."""
         ...
 
-    def to_field_bytes(self, prefix: bytes, field_number: int) -> bytes:
-        """``prefix`` then the wire encoding as protobuf field ``field_number``."""
+    def wire_view(self) -> memoryview:
+        """The batch's wire encoding in place (read-only; keeps the batch alive)."""
         ...
 
     @property
     def entry_count(self) -> int:
         """How many entries the batch holds."""
         ...
+
+
+WireRequest: TypeAlias = bytes | tuple[bytes, memoryview]
+"""A serialized ``ConsensusRequestPB``: its bytes, or a head followed by a batch's encoding in
+place (``append_request_parts``), which together are those bytes."""
+
+
+def request_size(request: WireRequest) -> int:
+    """Bytes of the serialized request."""
+    if isinstance(request, bytes):
+        return len(request)
+    head, body = request
+    return len(head) + body.nbytes
+
+
+def request_bytes(request: WireRequest) -> bytes:
+    """The serialized request as one ``bytes`` (a copy of a batch's encoding)."""
+    if isinstance(request, bytes):
+        return request
+    head, body = request
+    return b"".join((head, body))
 
 
 BatchDecoder = Callable[[bytes, int, int], EntryBatch]
@@ -174,16 +196,18 @@ def append_request_to_pb(
     return pb
 
 
-def append_request_to_wire(
+def append_request_parts(
     request: AppendRequest,
     tablet_id: str,
     *,
     last_appended_index: int = 0,
     timestamps: tuple[int, int] = (0, 0),
-) -> bytes:
+) -> WireRequest:
     """The serialized ``ConsensusRequestPB`` of an AppendEntries, what
-    ``append_request_to_pb(...).SerializeToString()`` gives, but with the entries copied once
-    (protobuf parses a message followed by one more field as the message with that field).
+    ``append_request_to_pb(...).SerializeToString()`` gives: the other fields, then (protobuf
+    parses a message followed by one more field as the message with that field) ``entries``
+    as the batch's own bytes, in place. Copying them into one message was a copy of every
+    entry per follower on the leader's event loop, and framing the batch a second one.
     ``timestamps`` are the leader's (clock, safe time), which the Raft core does not see."""
     header = _append_request_header_pb(request, tablet_id, last_appended_index)
     header.leader_timestamp, header.safe_timestamp = timestamps
@@ -192,9 +216,24 @@ def append_request_to_wire(
     batch = cast(WireBatch, request.entries)  # the WAL log's batches; others cannot be sent
     prefix = header.SerializeToString()
     # `entries` starts after the prefix, the padding, its tag and its length.
-    entries_head = len(length_delimited_head(_ENTRIES_FIELD, batch.size_bytes))
-    pad = -(len(prefix) + entries_head) % _ENTRIES_ALIGNMENT
-    return batch.to_field_bytes(prefix + _ALIGNMENT_FIELDS[pad], _ENTRIES_FIELD)
+    entries_head = length_delimited_head(_ENTRIES_FIELD, batch.size_bytes)
+    pad = -(len(prefix) + len(entries_head)) % _ENTRIES_ALIGNMENT
+    return (prefix + _ALIGNMENT_FIELDS[pad] + entries_head, batch.wire_view())
+
+
+def append_request_to_wire(
+    request: AppendRequest,
+    tablet_id: str,
+    *,
+    last_appended_index: int = 0,
+    timestamps: tuple[int, int] = (0, 0),
+) -> bytes:
+    """``append_request_parts`` as one ``bytes``."""
+    return request_bytes(
+        append_request_parts(
+            request, tablet_id, last_appended_index=last_appended_index, timestamps=timestamps
+        )
+    )
 
 
 def _append_request_header_pb(
