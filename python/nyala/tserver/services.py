@@ -257,20 +257,21 @@ class TabletService(ServiceBase, tserver_pb2_grpc.TabletServiceServicer):
         self, tablet_id: str, subs: list[tserver_pb2.WriteRequestPB]
     ) -> list[WriteOutcome | Exception]:
         replica = self._tablets.replica(tablet_id)
+        # Read once: each read of a bytes field of a parsed message is a copy of its rows.
+        writes = [(_request_id(sub), sub.schema_version, sub.ops) for sub in subs]
         if self._admit_write is not None:
-            self._admit_write(sum(len(sub.ops) for sub in subs))
-        return await replica.write_many(
-            [(_request_id(sub), sub.schema_version, sub.ops) for sub in subs]
-        )
+            self._admit_write(sum(len(ops) for _, _, ops in writes))
+        return await replica.write_many(writes)
 
     async def _write(self, request: tserver_pb2.WriteRequestPB) -> tserver_pb2.WriteResponsePB:
         if self._authz is not None:
             self._authz.check_write(request)
         replica = self._tablets.replica(request.tablet_id)
         _observe(replica.clock, request.propagated_timestamp)
+        ops = request.ops  # once: each read is a copy
         if self._admit_write is not None:
-            self._admit_write(len(request.ops))
-        outcome = await replica.write(_request_id(request), request.schema_version, request.ops)
+            self._admit_write(len(ops))
+        outcome = await replica.write(_request_id(request), request.schema_version, ops)
         return _write_response(outcome, replica.clock)
 
     @server_stream(tserver_pb2.ScanResponsePB)
