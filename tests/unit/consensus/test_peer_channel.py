@@ -6,6 +6,7 @@ is in ``test_consensus_runtime.py`` (``test_replicates_over_grpc_streams``, chan
 from __future__ import annotations
 
 import asyncio
+import random
 import socket
 import struct
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -14,7 +15,12 @@ from typing import Any
 import pytest
 
 from nyala._proto import common_pb2, consensus_pb2, consensus_pb2_grpc
-from nyala.consensus.runtime.peer_channel import MAGIC, PeerChannelServer, batch_request_frame
+from nyala.consensus.runtime.peer_channel import (
+    MAGIC,
+    PeerChannelServer,
+    _FrameConnection,
+    batch_request_frame,
+)
 from nyala.consensus.runtime.peer_streams import PeerStreams
 from nyala.consensus.runtime.wire import WireRequest, request_bytes
 from nyala.errors import TabletNotFoundError
@@ -135,6 +141,100 @@ def test_batches_are_answered_on_the_connection_request_by_request() -> None:
         writer.close()
 
     asyncio.run(_with_channel(body))
+
+
+def test_large_frames_read_in_place_each_parsed_before_the_next_is_read() -> None:
+    """Frames larger than the server's scratch buffer are read into one buffer it reuses:
+    several of them sent back to back, between small ones, must each be answered for their
+    own requests (a frame overwritten before it was parsed would be answered for another's,
+    or not parse)."""
+
+    async def body(channel: PeerChannelServer, _: PeerStreams) -> None:
+        reader, writer = await _connect(channel)
+        sizes = [10, 150_000, 90_000, 20, 300_000, 70_000, 30]  # bytes of padding per tablet id
+        tablets = [f"{k:02d}-" + "x" * size for k, size in enumerate(sizes)]
+        frames = b""
+        for call_id, tablet in enumerate(tablets):
+            batch = consensus_pb2.ConsensusBatchRequestPB(dest_uuid=SERVER, caller_uuid=CLIENT)
+            batch.requests.append(_request(tablet))
+            batch.call_ids.append(call_id)
+            frames += _frame(batch.SerializeToString())
+        writer.write(MAGIC + frames)
+        answered: dict[int, consensus_pb2.ConsensusResponsePB] = {}
+        while len(answered) < len(tablets):
+            answer = await _read_answer(reader)
+            assert not answer.HasField("error")
+            answered.update(zip(answer.call_ids, answer.responses, strict=True))
+        assert sorted(answered) == list(range(len(tablets)))
+        for call_id, tablet in enumerate(tablets):
+            assert answered[call_id].error.code == common_pb2.TABLET_NOT_FOUND
+            assert tablet in answered[call_id].error.message
+        writer.close()
+
+    asyncio.run(_with_channel(body))
+
+
+class _Feeder(asyncio.Transport):
+    """What a connection's socket transport does for its protocol, driven by a test: the
+    test writes bytes into the protocol's buffers and keeps to its pause and resume."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.paused = False
+
+    def pause_reading(self) -> None:
+        self.paused = True
+
+    def resume_reading(self) -> None:
+        self.paused = False
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return default
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_frames_arrive_whole_and_in_order_however_the_bytes_are_split(seed: int) -> None:
+    """The server side of a connection (``_FrameConnection``) fed the magic and frames of
+    every size around its scratch buffer in random pieces, to a reader that takes them late:
+    it yields exactly the frames sent. A large frame is read in place into a buffer the
+    connection reuses, so it must not read on while such a frame waits to be taken."""
+    rng = random.Random(seed)
+    scratch = _FrameConnection.SCRATCH_BYTES
+    sizes = [0, 1, 100, scratch - 5, scratch - 4, scratch - 3, scratch, 3 * scratch, 200_000]
+    sizes += [rng.choice(sizes) for _ in range(20)]
+    frames = [rng.randbytes(size) for size in sizes]
+    stream = MAGIC + b"".join(struct.pack(">I", len(f)) + f for f in frames)
+
+    async def run() -> list[bytes]:
+        connection = _FrameConnection(FRAME_MAX, lambda _: None)
+        transport = _Feeder()
+        connection.connection_made(transport)
+        got: list[bytes] = []
+
+        async def read() -> None:
+            while (frame := await connection.next_frame()) is not None:
+                for _ in range(rng.randrange(4)):
+                    await asyncio.sleep(0)  # a reader that is slow to come back
+                got.append(bytes(frame))
+
+        reader = asyncio.create_task(read())
+        sent = 0
+        while sent < len(stream):
+            if transport.paused:
+                await asyncio.sleep(0)
+                continue
+            space = connection.get_buffer(-1)
+            n = min(len(space), rng.randint(1, 150_000), len(stream) - sent)
+            space[:n] = stream[sent : sent + n]
+            connection.buffer_updated(n)
+            sent += n
+            if rng.random() < 0.3:
+                await asyncio.sleep(0)
+        connection.eof_received()
+        await reader
+        return got
+
+    assert asyncio.run(run()) == [MAGIC, *frames]
 
 
 def test_a_batch_for_another_server_is_refused_and_the_connection_closed() -> None:

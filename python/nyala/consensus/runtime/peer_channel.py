@@ -35,8 +35,9 @@ import contextlib
 import logging
 import ssl
 import struct
+from collections import deque
 from collections.abc import AsyncIterator, Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from google.protobuf.message import DecodeError, Message
 
@@ -157,10 +158,10 @@ async def read_frame(reader: asyncio.StreamReader, frame_bytes_max: int) -> byte
 _Message = TypeVar("_Message", bound=Message)
 
 
-def _parse(message_class: type[_Message], data: bytes) -> _Message:
+def _parse(message_class: type[_Message], data: bytes | memoryview) -> _Message:
     """``data`` as a ``message_class``; ``InvalidArgumentError`` if it is not one."""
     try:
-        return message_class.FromString(data)
+        return message_class.FromString(data)  # type: ignore[arg-type]  # any buffer parses
     except DecodeError:
         raise InvalidArgumentError(
             f"a peer channel frame of {len(data)} bytes is not a {message_class.__name__}"
@@ -189,7 +190,13 @@ class PeerChannelServer:
 
     async def start(self, host: str, port: int) -> int:
         """Listens on ``host``:``port`` (0: any free port); returns the port."""
-        self._server = await asyncio.start_server(self._handle, host, port, ssl=self._ssl)
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(
+            lambda: _FrameConnection(self._frame_bytes_max, self._connected),
+            host,
+            port,
+            ssl=self._ssl,
+        )
         self.port = self._server.sockets[0].getsockname()[1]
         return self.port
 
@@ -203,48 +210,242 @@ class PeerChannelServer:
             task.cancel()
         self.port = 0
 
-    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        assert task is not None
+    def _connected(self, connection: _FrameConnection) -> None:
+        task = asyncio.get_running_loop().create_task(self._handle(connection))
         self._connections.add(task)
-        peer = writer.get_extra_info("peername")
+        task.add_done_callback(self._connections.discard)
+
+    async def _handle(self, connection: _FrameConnection) -> None:
+        peer = connection.get_extra_info("peername")
         try:
-            hello = await reader.readexactly(len(MAGIC))
-            if hello != MAGIC:
+            hello = await connection.next_frame()
+            if hello is None or bytes(hello) != MAGIC:
                 self.connections_refused += 1
                 log.warning("peer channel: %s did not open with the channel's magic; closed", peer)
                 return
             try:
                 if self._ssl is not None:
-                    why = not_a_server(writer.get_extra_info("peercert"))
+                    why = not_a_server(connection.get_extra_info("peercert"))
                     if why is not None:
                         raise NotAuthorizedError(f"the peer channel {why} ({peer})")
-                async for answers in self._serve(self._batches(reader)):
-                    write_frame(writer, answers.SerializeToString())
-                    await writer.drain()
+                async for answers in self._serve(self._batches(connection)):
+                    connection.write_frame(answers.SerializeToString())
+                    await connection.drain()
             except NyalaError as exc:
                 if isinstance(exc, InvalidArgumentError | NotAuthorizedError):
                     self.connections_refused += 1
                     log.warning("peer channel: closed the connection from %s: %s", peer, exc)
                 refusal = consensus_pb2.ConsensusBatchResponsePB(error=error_to_pb(exc))
-                write_frame(writer, refusal.SerializeToString())
-                await writer.drain()
-        except (asyncio.IncompleteReadError, ConnectionError, ssl.SSLError):
+                connection.write_frame(refusal.SerializeToString())
+                await connection.drain()
+        except (ConnectionError, ssl.SSLError):
             pass  # the peer went away; what it was owed is lost, as on a broken stream
         finally:
-            self._connections.discard(task)
-            writer.close()
+            connection.close()
 
     async def _batches(
-        self, reader: asyncio.StreamReader
+        self, connection: _FrameConnection
     ) -> AsyncIterator[consensus_pb2.ConsensusBatchRequestPB]:
         while True:
-            data = await read_frame(reader, self._frame_bytes_max)
+            data = await connection.next_frame()
             if data is None:
                 return
+            # Parsed (copied) before the next frame is asked for, which may reuse its buffer.
             batch = _parse(consensus_pb2.ConsensusBatchRequestPB, data)
+            del data
             check_dest_uuid(batch.dest_uuid, self.server_uuid)
             yield batch
+
+
+class _FrameConnection(asyncio.BufferedProtocol):
+    """The server's side of one channel connection: the magic, then frames, read straight
+    from the socket (or from TLS, which decrypts into them) into buffers of this connection.
+
+    A ``StreamReader`` copied every byte twice on its way (into its buffer, then out of it
+    into the frame's ``bytes``), after the transport had allocated a fresh ``bytes`` for each
+    read. Here small frames are read into a scratch buffer, several per read, and copied out;
+    a frame too large for it is read in place into a buffer the connection keeps and reuses,
+    so a follower receiving a write load neither copies the batches nor touches fresh memory
+    for them. ``next_frame`` hands out a view of that buffer, valid until the next call (the
+    caller parses it first). Reading pauses while a frame waits to be taken (back-pressure:
+    TCP then holds the sender back), and writing waits for the transport's room (``drain``).
+    """
+
+    SCRATCH_BYTES = 64 * 1024
+
+    def __init__(self, frame_bytes_max: int, connected: Callable[[_FrameConnection], None]) -> None:
+        self._frame_bytes_max = frame_bytes_max
+        self._connected = connected
+        self._transport: asyncio.Transport | None = None
+        self._scratch = bytearray(self.SCRATCH_BYTES)
+        self._scratch_view = memoryview(self._scratch)
+        self._filled = 0  # bytes of the scratch buffer read and not yet split into frames
+        self._big = bytearray()  # the in-place buffer, grown to the largest frame so far
+        self._big_length = -1  # length of the frame being read into it (-1: none)
+        self._big_filled = 0
+        self._big_lent = False  # a view of ``_big`` was handed out and may still be read
+        self._magic_seen = False
+        self._frames: deque[bytes | memoryview] = deque()
+        self._ended: BaseException | None = None  # why no more frames come (None: not yet)
+        self._eof = False
+        self._frame_ready: asyncio.Future[None] | None = None
+        self._paused = False
+        self._writable = asyncio.Event()
+        self._writable.set()
+        self._closed = False
+
+    # --- protocol callbacks ---------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self._transport = transport
+        self._connected(self)
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        if self._big_length >= 0:
+            return memoryview(self._big)[self._big_filled : self._big_length]
+        return self._scratch_view[self._filled :]
+
+    def buffer_updated(self, nbytes: int) -> None:
+        if self._big_length >= 0:
+            self._big_filled += nbytes
+            if self._big_filled == self._big_length:
+                frame = memoryview(self._big)[: self._big_length]
+                self._big_length = -1
+                self._big_lent = True
+                self._push(frame)
+                self._pause()  # the buffer holds this frame until it is taken and parsed
+            return
+        self._filled += nbytes
+        try:
+            self._split()
+        except InvalidArgumentError as exc:
+            self._end(exc)
+            if self._transport is not None:
+                self._transport.pause_reading()
+
+    def eof_received(self) -> bool:
+        self._eof = True
+        if self._filled or self._big_length >= 0:
+            self._end(ConnectionResetError("the peer channel ended inside a frame"))
+        else:
+            self._end(None)
+        return False  # the transport closes itself
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._closed = True
+        self._end(exc or ConnectionResetError("the peer channel connection was lost"))
+        self._writable.set()  # a writer waiting for room learns of it in drain
+
+    def pause_writing(self) -> None:
+        self._writable.clear()
+
+    def resume_writing(self) -> None:
+        self._writable.set()
+
+    # --- splitting ------------------------------------------------------------------------
+
+    def _split(self) -> None:
+        """Takes every whole frame out of the scratch buffer, and starts reading a large
+        one in place; what is left of a partial small frame moves to the front."""
+        data, pos, end = self._scratch_view, 0, self._filled
+        if not self._magic_seen:
+            if end < len(MAGIC):
+                return
+            self._push(bytes(data[: len(MAGIC)]))
+            self._magic_seen = True
+            pos = len(MAGIC)
+        while end - pos >= _LENGTH.size:
+            (length,) = _LENGTH.unpack_from(self._scratch, pos)
+            if length > self._frame_bytes_max:
+                raise InvalidArgumentError(
+                    f"peer channel frame of {length} bytes, over the limit of "
+                    f"{self._frame_bytes_max}"
+                )
+            start = pos + _LENGTH.size
+            if end - start >= length:  # whole
+                self._push(bytes(data[start : start + length]))
+                pos = start + length
+                continue
+            if _LENGTH.size + length > len(self._scratch):  # large: read the rest in place
+                if self._big_lent or len(self._big) < length:
+                    # A frame handed out may still be read from the old one: a new one.
+                    self._big = bytearray(length)
+                    self._big_lent = False
+                self._big[: end - start] = data[start:end]
+                self._big_length, self._big_filled = length, end - start
+                pos = end
+            break
+        if pos:
+            rest = end - pos
+            self._scratch[:rest] = data[pos:end]
+            self._filled = rest
+
+    def _push(self, frame: bytes | memoryview) -> None:
+        self._frames.append(frame)
+        self._wake()
+
+    def _pause(self) -> None:
+        if self._transport is not None and not self._paused:
+            self._paused = True
+            self._transport.pause_reading()
+
+    def _end(self, why: BaseException | None) -> None:
+        if self._ended is None:
+            self._ended = why if why is not None else _CleanEnd()
+        self._wake()
+
+    def _wake(self) -> None:
+        waiter = self._frame_ready
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    # --- the handler's side ---------------------------------------------------------------
+
+    async def next_frame(self) -> bytes | memoryview | None:
+        """The next frame's bytes (a view of the in-place buffer for a large one, valid until
+        the next call), or None at a clean end between frames. Raises ``InvalidArgumentError``
+        for a frame over the limit and ``ConnectionError`` for a connection that broke."""
+        self._big_lent = self._big_lent and any(
+            isinstance(frame, memoryview) for frame in self._frames
+        )  # the caller is done with the frame it was given last
+        while not self._frames:
+            if self._ended is not None:
+                if isinstance(self._ended, _CleanEnd):
+                    return None
+                raise self._ended
+            if self._paused and self._transport is not None:
+                self._paused = False
+                self._transport.resume_reading()
+            self._frame_ready = asyncio.get_running_loop().create_future()
+            await self._frame_ready
+            self._frame_ready = None
+        frame = self._frames.popleft()
+        if len(self._frames) > 1:
+            self._pause()  # the handler is behind: let TCP hold the sender back
+        return frame
+
+    def write_frame(self, data: bytes) -> None:
+        """Queues one frame of ``data`` (the caller drains)."""
+        if self._transport is not None and not self._closed:
+            self._transport.write(_LENGTH.pack(len(data)) + data)
+
+    async def drain(self) -> None:
+        """Waits until the transport has room for more; ``ConnectionError`` once closed."""
+        await self._writable.wait()
+        if self._closed:
+            raise ConnectionResetError("the peer channel connection was lost")
+
+    def get_extra_info(self, name: str) -> Any:
+        return None if self._transport is None else self._transport.get_extra_info(name)
+
+    def close(self) -> None:
+        if self._transport is not None:
+            self._transport.close()
+
+
+class _CleanEnd(Exception):
+    """The peer closed the connection between frames."""
 
 
 async def open_peer_channel(
