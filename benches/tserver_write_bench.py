@@ -16,7 +16,9 @@ through it):
   ``single_row_ops_per_s_uncoalesced``;
 * (b) batches of 1,000 rows: ``batched_rows_per_s`` from ``BATCH_WRITERS`` concurrent writer
   threads through the client (a single sequential writer is latency-bound: every batch waits
-  for an fsync on a majority), and ``batched_rows_per_s_one_writer`` from one writer.
+  for an fsync on a majority), and ``batched_rows_per_s_one_writer`` from one writer; the
+  servers' CPU per batched row, ``server_cpu_us_per_batched_row``, and each server's,
+  ``server_cpu_us_per_batched_row_by_server`` (busiest first: the leader).
 
 Then (c) the single-row, batched and Ping phases against a secure cluster (mutual TLS on every
 RPC, the caller's role checked on every call, and the table privileges of a user's authz token
@@ -123,7 +125,14 @@ class CpuMeter:
 
     def start(self) -> None:
         self._servers = _cpu_s(self.pids)
+        self._each = [_cpu_s([pid]) for pid in self.pids]
         self._client = time.process_time()
+
+    def per_server_us(self, ops: int) -> list[float]:
+        """Each server's CPU µs per op since ``start``, busiest first (the leader, for a
+        phase that writes to one tablet)."""
+        spent = [_cpu_s([pid]) - before for pid, before in zip(self.pids, self._each, strict=True)]
+        return sorted((round(s * 1e6 / max(1, ops), 3) for s in spent), reverse=True)
 
     def per_op_ms(self, ops: int) -> tuple[float, float]:
         """(server CPU ms per op, client CPU ms per op) since ``start``."""
@@ -343,6 +352,7 @@ def _measure_client(
     batch = _client_writes(client, table, BATCH_WRITERS, BATCH_ROWS, seconds)
     batch_lat = batch["latencies"]
     batch_cpu, batch_client_cpu = cpu.per_op_ms(len(batch_lat) * BATCH_ROWS)
+    batch_by_server = cpu.per_server_us(len(batch_lat) * BATCH_ROWS)
     return {
         "single_row_ops_per_s": round(single["ops_per_s"]),
         "p50_ms_single": round(statistics.median(single_lat), 2),
@@ -357,6 +367,7 @@ def _measure_client(
         "p50_ms_batch": round(statistics.median(batch_lat), 2),
         "p99_ms_batch": round(_percentile(batch_lat, 0.99), 2),
         "server_cpu_us_per_batched_row": round(batch_cpu * 1000, 2),
+        "server_cpu_us_per_batched_row_by_server": batch_by_server,
         "client_cpu_us_per_batched_row": round(batch_client_cpu * 1000, 2),
     }
 
