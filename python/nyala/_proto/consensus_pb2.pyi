@@ -235,7 +235,7 @@ class ConsensusRequestPB(_message.Message):
     entries_alignment: _builtins.bytes
     """Zeros, ignored: the leader sizes them so `entries` starts at a multiple of 8 bytes in the
     serialized request, which lets followers keep the received bytes as aligned Arrow
-    buffers instead of copying them (nyala.consensus.wire.append_request_to_wire).
+    buffers instead of copying them (nyala.consensus.runtime.wire.append_request_parts).
     """
     quiesce: _builtins.bool
     """The leader's last heartbeat before it quiesces (docs/consensus.md, "Quiescence"): a

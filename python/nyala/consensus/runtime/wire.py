@@ -168,7 +168,7 @@ def op_id_from_pb(pb: common_pb2.OpIdPB) -> OpId:
 # --- UpdateConsensus ----------------------------------------------------------------------------
 
 
-#: The field number of ``ConsensusRequestPB.entries``, which ``append_request_to_wire``
+#: The field number of ``ConsensusRequestPB.entries``, which ``append_request_parts``
 #: appends by hand.
 _ENTRIES_FIELD = consensus_pb2.ConsensusRequestPB.DESCRIPTOR.fields_by_name["entries"].number
 #: Where ``entries`` starts in a serialized request is made a multiple of this (see
@@ -219,21 +219,6 @@ def append_request_parts(
     entries_head = length_delimited_head(_ENTRIES_FIELD, batch.size_bytes)
     pad = -(len(prefix) + len(entries_head)) % _ENTRIES_ALIGNMENT
     return (prefix + _ALIGNMENT_FIELDS[pad] + entries_head, batch.wire_view())
-
-
-def append_request_to_wire(
-    request: AppendRequest,
-    tablet_id: str,
-    *,
-    last_appended_index: int = 0,
-    timestamps: tuple[int, int] = (0, 0),
-) -> bytes:
-    """``append_request_parts`` as one ``bytes``."""
-    return request_bytes(
-        append_request_parts(
-            request, tablet_id, last_appended_index=last_appended_index, timestamps=timestamps
-        )
-    )
 
 
 def _append_request_header_pb(
