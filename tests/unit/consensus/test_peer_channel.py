@@ -237,6 +237,41 @@ def test_frames_arrive_whole_and_in_order_however_the_bytes_are_split(seed: int)
     assert asyncio.run(run()) == [MAGIC, *frames]
 
 
+def test_reading_pauses_while_the_handler_does_not_take_frames() -> None:
+    """Back-pressure: small frames read and not taken stop the reading at
+    ``QUEUED_BYTES_MAX`` (TCP then holds the sender back), and taking them resumes it."""
+    frame = b"f" * 1000
+    stream = MAGIC + (struct.pack(">I", len(frame)) + frame) * 2000  # about 2 MB
+
+    async def run() -> None:
+        connection = _FrameConnection(FRAME_MAX, lambda _: None)
+        transport = _Feeder()
+        connection.connection_made(transport)
+        sent = 0
+        while sent < len(stream) and not transport.paused:
+            space = connection.get_buffer(-1)
+            n = min(len(space), 4096, len(stream) - sent)
+            space[:n] = stream[sent : sent + n]
+            connection.buffer_updated(n)
+            sent += n
+        assert transport.paused
+        limit = _FrameConnection.QUEUED_BYTES_MAX
+        assert limit <= sent <= limit + _FrameConnection.SCRATCH_BYTES
+        assert await connection.next_frame() == MAGIC
+        taken = 0
+        while True:
+            try:
+                got = await asyncio.wait_for(connection.next_frame(), 0.5)
+            except TimeoutError:
+                break  # every frame read was taken; the rest is not sent yet
+            assert got == frame
+            taken += 1
+        assert not transport.paused  # resumed once the handler took them all
+        assert len(MAGIC) + taken * (4 + len(frame)) <= sent < len(stream)
+
+    asyncio.run(run())
+
+
 def test_a_batch_for_another_server_is_refused_and_the_connection_closed() -> None:
     async def body(channel: PeerChannelServer, _: PeerStreams) -> None:
         reader, writer = await _connect(channel)

@@ -272,6 +272,9 @@ class _FrameConnection(asyncio.BufferedProtocol):
     """
 
     SCRATCH_BYTES = 64 * 1024
+    #: Bytes of frames read and not yet taken at which reading pauses (what a
+    #: ``StreamReader`` buffers before it pauses its transport, doubled).
+    QUEUED_BYTES_MAX = 256 * 1024
 
     def __init__(self, frame_bytes_max: int, connected: Callable[[_FrameConnection], None]) -> None:
         self._frame_bytes_max = frame_bytes_max
@@ -286,8 +289,8 @@ class _FrameConnection(asyncio.BufferedProtocol):
         self._big_lent = False  # a view of ``_big`` was handed out and may still be read
         self._magic_seen = False
         self._frames: deque[bytes | memoryview] = deque()
+        self._queued_bytes = 0  # of the frames in ``_frames``
         self._ended: BaseException | None = None  # why no more frames come (None: not yet)
-        self._eof = False
         self._frame_ready: asyncio.Future[None] | None = None
         self._paused = False
         self._writable = asyncio.Event()
@@ -325,7 +328,6 @@ class _FrameConnection(asyncio.BufferedProtocol):
                 self._transport.pause_reading()
 
     def eof_received(self) -> bool:
-        self._eof = True
         if self._filled or self._big_length >= 0:
             self._end(ConnectionResetError("the peer channel ended inside a frame"))
         else:
@@ -378,12 +380,17 @@ class _FrameConnection(asyncio.BufferedProtocol):
             break
         if pos:
             rest = end - pos
-            self._scratch[:rest] = data[pos:end]
+            # Through a copy: the two ranges may overlap, and a bytearray's slice assignment
+            # copies with memcpy (at most one partial small frame, under the scratch's size).
+            self._scratch[:rest] = bytes(data[pos:end])
             self._filled = rest
 
     def _push(self, frame: bytes | memoryview) -> None:
         self._frames.append(frame)
+        self._queued_bytes += len(frame)
         self._wake()
+        if self._queued_bytes >= self.QUEUED_BYTES_MAX:
+            self._pause()  # the handler is behind: TCP holds the sender back
 
     def _pause(self) -> None:
         if self._transport is not None and not self._paused:
@@ -421,8 +428,7 @@ class _FrameConnection(asyncio.BufferedProtocol):
             await self._frame_ready
             self._frame_ready = None
         frame = self._frames.popleft()
-        if len(self._frames) > 1:
-            self._pause()  # the handler is behind: let TCP hold the sender back
+        self._queued_bytes -= len(frame)
         return frame
 
     def write_frame(self, data: bytes) -> None:
