@@ -267,8 +267,9 @@ class _FrameConnection(asyncio.BufferedProtocol):
     a frame too large for it is read in place into a buffer the connection keeps and reuses,
     so a follower receiving a write load neither copies the batches nor touches fresh memory
     for them. ``next_frame`` hands out a view of that buffer, valid until the next call (the
-    caller parses it first). Reading pauses while a frame waits to be taken (back-pressure:
-    TCP then holds the sender back), and writing waits for the transport's room (``drain``).
+    caller parses it first). Reading pauses while such a frame, or ``QUEUED_BYTES_MAX`` of
+    small ones, wait to be taken (back-pressure: TCP then holds the sender back), and writing
+    waits for the transport's room (``drain``).
     """
 
     SCRATCH_BYTES = 64 * 1024
