@@ -77,16 +77,6 @@ ServeBatches = Callable[
 """Answers one peer's batches (``ConsensusService.serve_peer_batches``)."""
 
 
-def write_frame(writer: asyncio.StreamWriter, data: bytes) -> None:
-    """Queues one frame of ``data`` on ``writer`` (the caller drains)."""
-    head = _LENGTH.pack(len(data))
-    if len(data) <= _JOIN_BYTES_MAX:
-        writer.write(head + data)
-    else:
-        writer.write(head)
-        writer.write(data)
-
-
 # Field numbers of ConsensusBatchRequestPB.
 _DEST_UUID_FIELD = 1
 _CALLER_UUID_FIELD = 2
@@ -434,8 +424,14 @@ class _FrameConnection(asyncio.BufferedProtocol):
 
     def write_frame(self, data: bytes) -> None:
         """Queues one frame of ``data`` (the caller drains)."""
-        if self._transport is not None and not self._closed:
-            self._transport.write(_LENGTH.pack(len(data)) + data)
+        if self._transport is None or self._closed:
+            return
+        head = _LENGTH.pack(len(data))
+        if len(data) <= _JOIN_BYTES_MAX:
+            self._transport.write(head + data)
+        else:
+            self._transport.write(head)
+            self._transport.write(data)
 
     async def drain(self) -> None:
         """Waits until the transport has room for more; ``ConnectionError`` once closed."""
