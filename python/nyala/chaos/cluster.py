@@ -65,6 +65,7 @@ class ChaosCluster:
             keep_dir=keep_dir,
             tserver_flags=("--no-tablet-copy-data-channel", *tserver_flags),
             each_tserver_flags=each,
+            reserved_ports=channel_ports,
         )
         self.replicas = replicas
         self.disk = DiskFaults(self.mini.base_dir)

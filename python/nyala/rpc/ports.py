@@ -17,6 +17,7 @@ import errno
 import os
 import random
 import socket
+from collections.abc import Collection
 
 #: ``LO-HI``: the ports ``free_loopback_ports`` chooses from (LO inclusive, HI exclusive).
 PORT_RANGE_ENV = "NYALA_PORT_RANGE"
@@ -39,25 +40,39 @@ def port_range_from_env() -> tuple[int, int] | None:
     return lo, hi
 
 
-def free_loopback_ports(count: int, host: str = "127.0.0.1") -> list[int]:
-    """``count`` distinct ports free right now on ``host``.
+def free_loopback_ports(
+    count: int, host: str = "127.0.0.1", *, avoid: Collection[int] = ()
+) -> list[int]:
+    """``count`` distinct ports free right now on ``host``, none of them in ``avoid``.
 
     All sockets stay open until every port is chosen, so the ports are distinct; another
     process may still take one before the caller binds it (callers retry on a bind failure).
+    ``avoid``: ports the caller chose earlier for servers that have not bound them yet (a port
+    chosen here is released on return, so a later call may choose it again).
     """
     span = port_range_from_env()
     with contextlib.ExitStack() as stack:
         ports: list[int] = []
         if span is None:
-            for _ in range(count):
+            # A socket bound to a port of ``avoid`` stays open, so the OS offers another.
+            for _ in range(count + len(avoid)):
+                if len(ports) == count:
+                    break
                 sock = stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
                 sock.bind((host, 0))
-                ports.append(int(sock.getsockname()[1]))
+                port = int(sock.getsockname()[1])
+                if port not in avoid:
+                    ports.append(port)
+            if len(ports) < count:
+                raise OSError(
+                    errno.EADDRINUSE,
+                    f"fewer than {count} free ports besides the {len(avoid)} to avoid",
+                )
             return ports
         lo, hi = span
         if count == 0:
             return ports
-        candidates = list(range(lo, hi))
+        candidates = [port for port in range(lo, hi) if port not in avoid]
         random.shuffle(candidates)
         for port in candidates:
             sock = stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))

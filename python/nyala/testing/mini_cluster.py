@@ -27,7 +27,7 @@ import tempfile
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from pathlib import Path
 from typing import IO
 
@@ -324,6 +324,7 @@ class MiniCluster:
         keep_dir: bool = False,
         secure: bool = False,
         each_tserver_flags: Sequence[Sequence[str]] = (),
+        reserved_ports: Collection[int] = (),
     ) -> None:
         self._owns_dir = base_dir is None
         self.base_dir = (
@@ -334,6 +335,9 @@ class MiniCluster:
         self.tserver_flags = list(tserver_flags)
         # Flags of the i-th tablet server only (its own ports of something, say).
         self.each_tserver_flags = [list(flags) for flags in each_tserver_flags]
+        # Ports the caller chose for its own servers' other listeners (a peer channel named in
+        # ``each_tserver_flags``): never given to a server here as its RPC or HTTP port.
+        self.reserved_ports = frozenset(reserved_ports)
         self.master_flags = list(master_flags)
         self._num_masters = num_masters
         self.masters: list[ServerProcess] = []
@@ -367,7 +371,7 @@ class MiniCluster:
         """Starts every configured server, then waits for all of them to be ready."""
         # Every master's ports chosen in one call: masters bind only once all are listed, and
         # ports chosen one call after another may repeat (each call's sockets are closed).
-        ports = free_loopback_ports(2 * self._num_masters, LOOPBACK)
+        ports = free_loopback_ports(2 * self._num_masters, LOOPBACK, avoid=self.reserved_ports)
         for i in range(self._num_masters):
             self._new_master(ports=(ports[2 * i], ports[2 * i + 1]))
         for master in self.masters:
@@ -400,7 +404,9 @@ class MiniCluster:
             except NyalaError as exc:
                 if "cannot bind" not in str(exc) or attempt == _BIND_ATTEMPTS - 1:
                     raise
-            server.rpc_port, server.http_port = free_loopback_ports(2, LOOPBACK)
+            server.rpc_port, server.http_port = free_loopback_ports(
+                2, LOOPBACK, avoid=self.reserved_ports
+            )
             server.start()
 
     def initial_config(
@@ -481,7 +487,7 @@ class MiniCluster:
         *,
         join: bool = False,
     ) -> ServerProcess:
-        rpc_port, http_port = ports or free_loopback_ports(2, LOOPBACK)
+        rpc_port, http_port = ports or free_loopback_ports(2, LOOPBACK, avoid=self.reserved_ports)
         name = f"master-{len(self.masters)}"
         security = self._security_flags(name, join=join)
         master = ServerProcess(
@@ -538,7 +544,7 @@ class MiniCluster:
         return ["--security-dir", str(directory)]
 
     def _new_tserver(self, flags: Sequence[str] = ()) -> ServerProcess:
-        rpc_port, http_port = free_loopback_ports(2, LOOPBACK)
+        rpc_port, http_port = free_loopback_ports(2, LOOPBACK, avoid=self.reserved_ports)
         masters = ["--masters", ",".join(self.master_addrs)] if self.masters else []
         index = len(self.tservers)
         security = self._security_flags(f"tserver-{index}")

@@ -76,3 +76,21 @@ def test_zero_ports_is_an_empty_list(monkeypatch: pytest.MonkeyPatch) -> None:
     assert free_loopback_ports(0) == []
     monkeypatch.delenv(PORT_RANGE_ENV)
     assert free_loopback_ports(0) == []
+
+
+def test_ports_handed_out_earlier_can_be_avoided(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A caller that chose ports for servers not yet started (the chaos cluster's peer
+    channels) keeps later choices off them: without ``avoid`` a free port is offered again."""
+    lo = free_block(4)
+    monkeypatch.setenv(PORT_RANGE_ENV, f"{lo}-{lo + 4}")
+    first = free_loopback_ports(2)
+    assert sorted(free_loopback_ports(4)) == list(range(lo, lo + 4))
+    assert sorted(free_loopback_ports(2, avoid=first)) == sorted(set(range(lo, lo + 4)) - {*first})
+    with pytest.raises(OSError, match="fewer than 3 free ports"):
+        free_loopback_ports(3, avoid=first)
+
+    monkeypatch.delenv(PORT_RANGE_ENV)
+    first = free_loopback_ports(20)
+    again = free_loopback_ports(20, avoid=first)
+    assert len(set(again)) == 20
+    assert not set(again) & set(first)
