@@ -3,7 +3,8 @@
 //!
 //! Leader side: `append` assigns the next OpId and queues the entry in the WAL and the
 //! cache; `read_batch` builds the next batch for a follower from the cache (the WAL only for
-//! entries older than the cache). Follower side: `append_replicated` is the whole
+//! entries older than the cache), or shares the batch as appended when that is what it asks
+//! for. Follower side: `append_replicated` is the whole
 //! UpdateConsensus log step in one call (log matching, truncation of a conflicting
 //! uncommitted suffix, append) and never holds the GIL or creates a Python object per entry.
 //!
@@ -217,6 +218,14 @@ impl ReplicatedLog {
             return Ok(None);
         }
         let end_index = last.index.min(last_index);
+        // A caught-up follower asks for exactly the batch appended last: it goes shared, as
+        // `read_whole_batch` would give it, instead of copied entry by entry (the same
+        // entries a build would give, since the build would stop at `end_index` too).
+        if let Some(whole) = state.cache.whole_batch_at(after_index + 1) {
+            if whole.last_op_id().index == end_index && whole.size_bytes() <= bytes_max {
+                return Ok(Some(whole.clone()));
+            }
+        }
         let cache_first = state.cache.first_index();
         let mut builder = BatchBuilder::with_capacity(bytes_max.min(1 << 20));
         let mut next = after_index + 1;

@@ -114,6 +114,29 @@ fn read_batch_limits_bytes_but_returns_one_entry() {
 }
 
 #[test]
+fn a_read_of_exactly_the_batch_appended_last_shares_it() {
+    let fx = Fixture::new();
+    let log = fx.log_with("a", &[1, 1, 1]); // one batch per entry
+    let whole = log.read_whole_batch(2, u64::MAX).unwrap();
+    let shared = log.read_batch(2, BIG_BYTES).unwrap().unwrap();
+    assert_eq!(shared.as_bytes().as_ptr(), whole.as_bytes().as_ptr());
+    // Two batches, or one too large for `bytes_max`, are built: a copy.
+    let built = log.read_batch(1, BIG_BYTES).unwrap().unwrap();
+    assert_eq!(
+        (built.first_op_id(), built.last_op_id()),
+        (OpId::new(1, 2), OpId::new(1, 3))
+    );
+    let second = log.read_whole_batch(1, u64::MAX).unwrap();
+    assert_ne!(built.as_bytes().as_ptr(), second.as_bytes().as_ptr());
+    let capped = log.read_batch(2, whole.size_bytes() - 1).unwrap().unwrap();
+    assert_eq!(capped.last_op_id(), OpId::new(1, 3)); // at least one entry, as before
+    assert_ne!(capped.as_bytes().as_ptr(), whole.as_bytes().as_ptr());
+    // An applier's committed range that ends where a batch ends shares that batch too.
+    let committed = log.read_range(1, 2, BIG_BYTES).unwrap().unwrap();
+    assert_eq!(committed.as_bytes().as_ptr(), second.as_bytes().as_ptr());
+}
+
+#[test]
 fn reads_come_from_the_wal_once_the_cache_evicted_or_after_reopen() {
     let fx = Fixture::new();
     let log = fx.open("a", 200);
