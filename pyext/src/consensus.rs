@@ -237,6 +237,25 @@ impl PyReplicatedLog {
             .map_err(to_py)
     }
 
+    /// Appends one entry per payload after the last (leader side), as one batch; returns
+    /// the last one's `(term, index)`.
+    fn append_many(
+        &self,
+        py: Python<'_>,
+        term: u64,
+        entry_type: u8,
+        payloads: Vec<PyBackedBytes>,
+    ) -> PyResult<OpIdTuple> {
+        let entry_type = EntryType::from_u8(entry_type)
+            .ok_or_else(|| invalid(format!("unknown entry type {entry_type}")))?;
+        if payloads.is_empty() {
+            return Err(invalid("append_many of no payload".to_string()));
+        }
+        py.detach(|| self.log.append_many(term, entry_type, &payloads))
+            .map(op_tuple)
+            .map_err(to_py)
+    }
+
     /// The entries after `after_index` (none after `last_index`), at most `bytes_max`
     /// encoded bytes (at least one).
     #[pyo3(signature = (after_index, bytes_max, last_index = u64::MAX))]

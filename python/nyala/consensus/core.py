@@ -540,7 +540,7 @@ class RaftCore:
             raise ServiceUnavailableError(
                 f"leadership transfer to {self._transfer.target} in progress; writes paused"
             )
-        op_ids = [self._log.append(self._term, EntryKind.WRITE, p) for p in payloads]
+        op_ids = self._log.append_many(self._term, EntryKind.WRITE, payloads)
         self._replicate_all()
         self._flush_meta()
         return op_ids

@@ -84,6 +84,10 @@ class RaftLog(Protocol):
         """Appends one entry after the last (leader proposals, NO_OP, config entries)."""
         ...
 
+    def append_many(self, term: int, kind: EntryKind, payloads: Sequence[bytes]) -> list[OpId]:
+        """``append`` of each payload in turn, at once (the leader's proposals of one turn)."""
+        ...
+
     def read_batch(self, after_index: int, bytes_max: int) -> EntryBatch | None:
         """Entries after ``after_index``, up to ``bytes_max`` payload bytes (at least one entry
         if any exist); None if ``after_index`` is the last index. ``NotFoundError`` if the

@@ -101,6 +101,10 @@ class MemoryLog:
             self.sync()
         return op_id
 
+    def append_many(self, term: int, kind: EntryKind, payloads: Sequence[bytes]) -> list[OpId]:
+        """``append`` of each payload in turn."""
+        return [self.append(term, kind, payload) for payload in payloads]
+
     def read_batch(self, after_index: int, bytes_max: int) -> MemoryEntryBatch | None:
         """Entries after ``after_index`` up to ``bytes_max`` (at least one)."""
         if after_index < 0 or after_index > len(self._entries):

@@ -172,6 +172,20 @@ impl ReplicatedLog {
     /// Leader side: appends one entry after the last, in `term` (not lower than the last
     /// entry's). Returns its OpId at once; it becomes durable later.
     pub fn append(&self, term: Term, entry_type: EntryType, payload: &[u8]) -> Result<OpId> {
+        self.append_many(term, entry_type, &[payload])
+    }
+
+    /// Leader side: appends one entry per payload after the last, in `term`, as one batch:
+    /// one WAL append, one cached batch that a caught-up follower's `read_batch` shares
+    /// whole. Returns the last entry's OpId (the others precede it one by one). `payloads`
+    /// must not be empty.
+    pub fn append_many<P: AsRef<[u8]>>(
+        &self,
+        term: Term,
+        entry_type: EntryType,
+        payloads: &[P],
+    ) -> Result<OpId> {
+        assert!(!payloads.is_empty(), "append_many of no payload");
         let mut state = self.state.lock();
         let last = self.wal.last_op_id();
         if term < last.term {
@@ -180,16 +194,18 @@ impl ReplicatedLog {
                 last_term: last.term,
             });
         }
-        let op_id = OpId::new(term, last.index + 1);
-        let entry = EntryRef::new(op_id.term, op_id.index, entry_type, payload);
-        let batch = EntryBatch::encode(&[entry])?;
-        // The WAL queues the batch's frame itself rather than a copy of it.
-        let (storage, range) = batch.shared_frames(0..1);
-        let ticket = self.wal.append_shared(&[entry], storage, range)?;
-        debug_assert_eq!(ticket.last_index, op_id.index);
+        let entries: Vec<EntryRef<'_>> = (last.index + 1..)
+            .zip(payloads)
+            .map(|(index, payload)| EntryRef::new(term, index, entry_type, payload.as_ref()))
+            .collect();
+        let batch = EntryBatch::encode(&entries)?;
+        // The WAL queues the batch's frames themselves rather than a copy of them.
+        let (storage, range) = batch.shared_frames(0..entries.len());
+        let ticket = self.wal.append_shared(&entries, storage, range)?;
+        debug_assert_eq!(ticket.last_index, batch.last_op_id().index);
         state.last_ticket = ticket.ticket;
         self.cache_appended(&mut state, &batch, 0);
-        Ok(op_id)
+        Ok(batch.last_op_id())
     }
 
     /// Leader side: the entries after `after_index` as one batch of at most `bytes_max`

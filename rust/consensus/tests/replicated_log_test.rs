@@ -137,6 +137,24 @@ fn a_read_of_exactly_the_batch_appended_last_shares_it() {
 }
 
 #[test]
+fn append_many_is_one_batch_that_a_caught_up_read_shares() {
+    let fx = Fixture::new();
+    let log = fx.log_with("a", &[1]);
+    let last = log
+        .append_many(2, EntryType::Write, &[&b"x"[..], b"", &[7u8; 300]])
+        .unwrap();
+    assert_eq!(last, OpId::new(2, 4));
+    let whole = log.read_whole_batch(1, u64::MAX).unwrap();
+    assert_eq!((whole.first_op_id(), whole.len()), (OpId::new(2, 2), 3));
+    let read = log.read_batch(1, BIG_BYTES).unwrap().unwrap();
+    assert_eq!(read.as_bytes().as_ptr(), whole.as_bytes().as_ptr());
+    assert_eq!(read.entry(2).payload, &[7u8; 300][..]);
+    let err = log.append_many(1, EntryType::Write, &[b"y"]).unwrap_err();
+    assert!(matches!(err, ConsensusError::TermRegression { .. }));
+    assert_eq!(log.last_op_id(), OpId::new(2, 4));
+}
+
+#[test]
 fn reads_come_from_the_wal_once_the_cache_evicted_or_after_reopen() {
     let fx = Fixture::new();
     let log = fx.open("a", 200);

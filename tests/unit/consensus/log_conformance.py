@@ -69,6 +69,28 @@ class RaftLogConformance:
             log.append(1, EntryKind.WRITE, b"x")
         assert log.last_op_id() == OpId(2, 1)
 
+    def test_append_many_appends_each_payload_in_turn(self) -> None:
+        log = self.leader_log([1])
+        assert log.append_many(2, EntryKind.WRITE, [b"a", b"", b"c" * 300]) == [
+            OpId(2, 2),
+            OpId(2, 3),
+            OpId(2, 4),
+        ]
+        assert log.append_many(2, EntryKind.WRITE, []) == []
+        with pytest.raises(InvalidArgumentError):
+            log.append_many(1, EntryKind.WRITE, [b"x", b"y"])
+        assert log.last_op_id() == OpId(2, 4)
+        assert log.append(2, EntryKind.WRITE, b"d") == OpId(2, 5)
+        batch = log.read_batch(1, BIG_BYTES)
+        assert batch is not None
+        assert (batch.first_op_id, batch.last_op_id) == (OpId(2, 2), OpId(2, 5))
+        follower = self.new_log()
+        follower.append_replicated(MIN_OP_ID, log.read_batch(0, BIG_BYTES), 0)
+        assert follower.last_op_id() == OpId(2, 5)
+        self.make_durable(log)
+        recovered = self.reopen(log)
+        assert [recovered.term_at(i) for i in range(1, 7)] == [1, 2, 2, 2, 2, None]
+
     def test_read_batch_respects_the_byte_limit_but_returns_one_entry(self) -> None:
         log = self.leader_log([1] * 10, payload_bytes=100)
         one = log.read_batch(0, 1)

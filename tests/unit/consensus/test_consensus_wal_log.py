@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 from log_conformance import BIG_BYTES, RaftLogConformance
 
@@ -179,6 +180,28 @@ def test_whole_cached_batches_are_shared_and_views_need_no_copy(log: WalLog) -> 
     log.wait_durable()
     log.evict_through(1)
     assert log.read_whole_batch(0, 3) is None  # evicted: read_batch gets it from the WAL
+
+
+def test_a_caught_up_follower_is_sent_the_appended_batch_itself(log: WalLog) -> None:
+    """What ``append_many`` appended is one cached batch, and a read of exactly it shares it
+    (the leader's replication path makes no copy); a read of more, or of less, builds one."""
+
+    def address(batch: WalEntryBatch | None) -> int:
+        assert batch is not None
+        return int(np.frombuffer(batch.wire_view(), dtype=np.uint8).ctypes.data)
+
+    log.append(1, EntryKind.WRITE, b"first")
+    log.append_many(1, EntryKind.WRITE, [b"a" * 100, b"b" * 100, b"c" * 100])
+    whole = log.read_whole_batch(1, 4)
+    assert whole is not None
+    assert (whole.first_op_id, whole.last_op_id) == (OpId(1, 2), OpId(1, 4))
+    assert address(log.read_batch(1, BIG_BYTES)) == address(whole)
+    assert address(log.read_batch(0, BIG_BYTES)) != address(whole)  # two batches: built
+    capped = log.read_batch(1, whole.size_bytes - 1)  # too large for the limit: built
+    assert capped is not None
+    assert capped.last_op_id.index < 4
+    assert address(capped) != address(whole)
+    assert address(log.read_batch(1, BIG_BYTES, last_index=3)) != address(whole)
 
 
 def test_a_request_serialized_with_its_entries_equals_the_protobuf_message(log: WalLog) -> None:

@@ -262,6 +262,15 @@ class WalLog:
         """Appends one entry after the last; durable later."""
         return OpId(*self._log.append(term, int(kind), payload))
 
+    def append_many(self, term: int, kind: EntryKind, payloads: Sequence[bytes]) -> list[OpId]:
+        """Appends one entry per payload after the last, as one batch (one WAL append; one
+        cached batch, which a caught-up follower is sent without a copy)."""
+        if not payloads:
+            return []
+        last_term, last_index = self._log.append_many(term, int(kind), payloads)
+        first = last_index - len(payloads) + 1
+        return [OpId(last_term, index) for index in range(first, last_index + 1)]
+
     def read_batch(
         self, after_index: int, bytes_max: int, last_index: int | None = None
     ) -> WalEntryBatch | None:
