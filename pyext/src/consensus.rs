@@ -237,23 +237,27 @@ impl PyReplicatedLog {
             .map_err(to_py)
     }
 
-    /// Appends one entry per payload after the last (leader side), as one batch; returns
-    /// the last one's `(term, index)`.
+    /// Appends one entry per payload after the last (leader side), as batches of at most
+    /// `batch_bytes_max` encoded bytes; returns the last one's `(term, index)`.
     fn append_many(
         &self,
         py: Python<'_>,
         term: u64,
         entry_type: u8,
         payloads: Vec<PyBackedBytes>,
+        batch_bytes_max: usize,
     ) -> PyResult<OpIdTuple> {
         let entry_type = EntryType::from_u8(entry_type)
             .ok_or_else(|| invalid(format!("unknown entry type {entry_type}")))?;
         if payloads.is_empty() {
             return Err(invalid("append_many of no payload".to_string()));
         }
-        py.detach(|| self.log.append_many(term, entry_type, &payloads))
-            .map(op_tuple)
-            .map_err(to_py)
+        py.detach(|| {
+            self.log
+                .append_many(term, entry_type, &payloads, batch_bytes_max)
+        })
+        .map(op_tuple)
+        .map_err(to_py)
     }
 
     /// The entries after `after_index` (none after `last_index`), at most `bytes_max`

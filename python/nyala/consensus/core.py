@@ -540,7 +540,9 @@ class RaftCore:
             raise ServiceUnavailableError(
                 f"leadership transfer to {self._transfer.target} in progress; writes paused"
             )
-        op_ids = self._log.append_many(self._term, EntryKind.WRITE, payloads)
+        op_ids = self._log.append_many(
+            self._term, EntryKind.WRITE, payloads, self._opts.batch_bytes_max
+        )
         self._replicate_all()
         self._flush_meta()
         return op_ids

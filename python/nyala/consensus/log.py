@@ -84,8 +84,12 @@ class RaftLog(Protocol):
         """Appends one entry after the last (leader proposals, NO_OP, config entries)."""
         ...
 
-    def append_many(self, term: int, kind: EntryKind, payloads: Sequence[bytes]) -> list[OpId]:
-        """``append`` of each payload in turn, at once (the leader's proposals of one turn)."""
+    def append_many(
+        self, term: int, kind: EntryKind, payloads: Sequence[bytes], bytes_max: int
+    ) -> list[OpId]:
+        """``append`` of each payload in turn, at once (the leader's proposals of one turn);
+        ``bytes_max`` is the ``read_batch`` limit the entries will be read with, which a log
+        may use to store them in batches that are read without a copy."""
         ...
 
     def read_batch(self, after_index: int, bytes_max: int) -> EntryBatch | None:

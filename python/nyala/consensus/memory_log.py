@@ -101,8 +101,10 @@ class MemoryLog:
             self.sync()
         return op_id
 
-    def append_many(self, term: int, kind: EntryKind, payloads: Sequence[bytes]) -> list[OpId]:
-        """``append`` of each payload in turn."""
+    def append_many(
+        self, term: int, kind: EntryKind, payloads: Sequence[bytes], bytes_max: int
+    ) -> list[OpId]:
+        """``append`` of each payload in turn (``bytes_max`` does not matter here)."""
         return [self.append(term, kind, payload) for payload in payloads]
 
     def read_batch(self, after_index: int, bytes_max: int) -> MemoryEntryBatch | None:

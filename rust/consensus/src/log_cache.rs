@@ -158,6 +158,16 @@ impl LogCache {
         whole.then_some(&run.batch)
     }
 
+    /// Bytes the cached entry at `index` takes in a batch (header and payload), if cached.
+    pub fn frame_bytes_at(&self, index: OpIndex) -> Option<usize> {
+        if index < self.first_index() || index >= self.next_index {
+            return None;
+        }
+        let run = &self.runs[self.runs.partition_point(|r| r.last_index() < index)];
+        let position = run.start + usize::try_from(index - run.first_index()).ok()?;
+        Some(run.batch.metas()[position].frame_bytes())
+    }
+
     /// Appends cached entries `from..=last` to `builder`, stopping before the next entry
     /// would pass `bytes_max` (the builder always gets at least one entry). `from` must be
     /// cached.

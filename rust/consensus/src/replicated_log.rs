@@ -18,6 +18,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use nyala_common::{OpId, OpIndex, Term};
+use nyala_wal::format::ENTRY_HEADER_BYTES;
 use nyala_wal::{EntryRef, EntryType, Log, LogOptions, Ticket};
 use parking_lot::Mutex;
 
@@ -172,18 +173,21 @@ impl ReplicatedLog {
     /// Leader side: appends one entry after the last, in `term` (not lower than the last
     /// entry's). Returns its OpId at once; it becomes durable later.
     pub fn append(&self, term: Term, entry_type: EntryType, payload: &[u8]) -> Result<OpId> {
-        self.append_many(term, entry_type, &[payload])
+        self.append_many(term, entry_type, &[payload], usize::MAX)
     }
 
-    /// Leader side: appends one entry per payload after the last, in `term`, as one batch:
-    /// one WAL append, one cached batch that a caught-up follower's `read_batch` shares
-    /// whole. Returns the last entry's OpId (the others precede it one by one). `payloads`
+    /// Leader side: appends one entry per payload after the last, in `term`, as batches of
+    /// at most `batch_bytes_max` encoded bytes (at least one entry each), cut where
+    /// `read_batch` with that limit would cut: a follower that is caught up is then sent
+    /// each batch as it was appended, shared rather than copied. Each batch is one WAL
+    /// append. Returns the last entry's OpId (the others precede it one by one). `payloads`
     /// must not be empty.
     pub fn append_many<P: AsRef<[u8]>>(
         &self,
         term: Term,
         entry_type: EntryType,
         payloads: &[P],
+        batch_bytes_max: usize,
     ) -> Result<OpId> {
         assert!(!payloads.is_empty(), "append_many of no payload");
         let mut state = self.state.lock();
@@ -198,14 +202,27 @@ impl ReplicatedLog {
             .zip(payloads)
             .map(|(index, payload)| EntryRef::new(term, index, entry_type, payload.as_ref()))
             .collect();
-        let batch = EntryBatch::encode(&entries)?;
-        // The WAL queues the batch's frames themselves rather than a copy of them.
-        let (storage, range) = batch.shared_frames(0..entries.len());
-        let ticket = self.wal.append_shared(&entries, storage, range)?;
-        debug_assert_eq!(ticket.last_index, batch.last_op_id().index);
-        state.last_ticket = ticket.ticket;
-        self.cache_appended(&mut state, &batch, 0);
-        Ok(batch.last_op_id())
+        let frame_bytes = |entry: &EntryRef<'_>| ENTRY_HEADER_BYTES + entry.payload.len();
+        let mut start = 0;
+        while start < entries.len() {
+            let mut end = start + 1;
+            let mut size = BATCH_HEADER_BYTES + frame_bytes(&entries[start]);
+            while end < entries.len() && size + frame_bytes(&entries[end]) <= batch_bytes_max {
+                size += frame_bytes(&entries[end]);
+                end += 1;
+            }
+            let batch = EntryBatch::encode(&entries[start..end])?;
+            // The WAL queues the batch's frames themselves rather than a copy of them.
+            let (storage, range) = batch.shared_frames(0..batch.len());
+            let ticket = self
+                .wal
+                .append_shared(&entries[start..end], storage, range)?;
+            debug_assert_eq!(ticket.last_index, batch.last_op_id().index);
+            state.last_ticket = ticket.ticket;
+            self.cache_appended(&mut state, &batch, 0);
+            start = end;
+        }
+        Ok(self.wal.last_op_id())
     }
 
     /// Leader side: the entries after `after_index` as one batch of at most `bytes_max`
@@ -234,11 +251,19 @@ impl ReplicatedLog {
             return Ok(None);
         }
         let end_index = last.index.min(last_index);
-        // A caught-up follower asks for exactly the batch appended last: it goes shared, as
-        // `read_whole_batch` would give it, instead of copied entry by entry (the same
-        // entries a build would give, since the build would stop at `end_index` too).
+        // A batch cached whole that holds exactly what a build would (it fits, and it ends
+        // at `end_index` or where the next entry would not fit) goes shared, not copied: what
+        // a caught-up follower asks for, as `append_many` cuts batches where this does.
         if let Some(whole) = state.cache.whole_batch_at(after_index + 1) {
-            if whole.last_op_id().index == end_index && whole.size_bytes() <= bytes_max {
+            let size = whole.size_bytes();
+            let whole_last = whole.last_op_id().index;
+            let build_stops_there = whole_last == end_index
+                || (whole_last < end_index
+                    && state
+                        .cache
+                        .frame_bytes_at(whole_last + 1)
+                        .is_some_and(|next| size + next > bytes_max));
+            if size <= bytes_max && build_stops_there {
                 return Ok(Some(whole.clone()));
             }
         }

@@ -128,6 +128,10 @@ fn a_read_of_exactly_the_batch_appended_last_shares_it() {
     );
     let second = log.read_whole_batch(1, u64::MAX).unwrap();
     assert_ne!(built.as_bytes().as_ptr(), second.as_bytes().as_ptr());
+    // One batch whose next entry would not fit: what a build gives too, so it is shared.
+    let one = log.read_whole_batch(1, u64::MAX).unwrap();
+    let alone = log.read_batch(1, one.size_bytes()).unwrap().unwrap();
+    assert_eq!(alone.as_bytes().as_ptr(), one.as_bytes().as_ptr());
     let capped = log.read_batch(2, whole.size_bytes() - 1).unwrap().unwrap();
     assert_eq!(capped.last_op_id(), OpId::new(1, 3)); // at least one entry, as before
     assert_ne!(capped.as_bytes().as_ptr(), whole.as_bytes().as_ptr());
@@ -141,7 +145,12 @@ fn append_many_is_one_batch_that_a_caught_up_read_shares() {
     let fx = Fixture::new();
     let log = fx.log_with("a", &[1]);
     let last = log
-        .append_many(2, EntryType::Write, &[&b"x"[..], b"", &[7u8; 300]])
+        .append_many(
+            2,
+            EntryType::Write,
+            &[&b"x"[..], b"", &[7u8; 300]],
+            BIG_BYTES,
+        )
         .unwrap();
     assert_eq!(last, OpId::new(2, 4));
     let whole = log.read_whole_batch(1, u64::MAX).unwrap();
@@ -149,9 +158,27 @@ fn append_many_is_one_batch_that_a_caught_up_read_shares() {
     let read = log.read_batch(1, BIG_BYTES).unwrap().unwrap();
     assert_eq!(read.as_bytes().as_ptr(), whole.as_bytes().as_ptr());
     assert_eq!(read.entry(2).payload, &[7u8; 300][..]);
-    let err = log.append_many(1, EntryType::Write, &[b"y"]).unwrap_err();
+    // Cut as a read with the same limit cuts: each batch is then sent as appended.
+    let limit = BATCH_HEADER_BYTES + 3 * (24 + 100);
+    let payloads = vec![[5u8; 100]; 10];
+    assert_eq!(
+        log.append_many(2, EntryType::Write, &payloads, limit)
+            .unwrap(),
+        OpId::new(2, 14)
+    );
+    for (after, last) in [(4, 7), (7, 10), (10, 13), (13, 14)] {
+        let whole = log.read_whole_batch(after, u64::MAX).unwrap();
+        assert_eq!(whole.last_op_id().index, last);
+        let read = log.read_batch(after, limit).unwrap().unwrap();
+        assert_eq!(read.as_bytes().as_ptr(), whole.as_bytes().as_ptr());
+    }
+    let merged = log.read_batch(4, BIG_BYTES).unwrap().unwrap();
+    assert_eq!(merged.last_op_id(), OpId::new(2, 14));
+    let err = log
+        .append_many(1, EntryType::Write, &[b"y"], BIG_BYTES)
+        .unwrap_err();
     assert!(matches!(err, ConsensusError::TermRegression { .. }));
-    assert_eq!(log.last_op_id(), OpId::new(2, 4));
+    assert_eq!(log.last_op_id(), OpId::new(2, 14));
 }
 
 #[test]

@@ -71,14 +71,14 @@ class RaftLogConformance:
 
     def test_append_many_appends_each_payload_in_turn(self) -> None:
         log = self.leader_log([1])
-        assert log.append_many(2, EntryKind.WRITE, [b"a", b"", b"c" * 300]) == [
+        assert log.append_many(2, EntryKind.WRITE, [b"a", b"", b"c" * 300], BIG_BYTES) == [
             OpId(2, 2),
             OpId(2, 3),
             OpId(2, 4),
         ]
-        assert log.append_many(2, EntryKind.WRITE, []) == []
+        assert log.append_many(2, EntryKind.WRITE, [], BIG_BYTES) == []
         with pytest.raises(InvalidArgumentError):
-            log.append_many(1, EntryKind.WRITE, [b"x", b"y"])
+            log.append_many(1, EntryKind.WRITE, [b"x", b"y"], BIG_BYTES)
         assert log.last_op_id() == OpId(2, 4)
         assert log.append(2, EntryKind.WRITE, b"d") == OpId(2, 5)
         batch = log.read_batch(1, BIG_BYTES)

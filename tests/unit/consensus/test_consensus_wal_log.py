@@ -191,7 +191,7 @@ def test_a_caught_up_follower_is_sent_the_appended_batch_itself(log: WalLog) -> 
         return int(np.frombuffer(batch.wire_view(), dtype=np.uint8).ctypes.data)
 
     log.append(1, EntryKind.WRITE, b"first")
-    log.append_many(1, EntryKind.WRITE, [b"a" * 100, b"b" * 100, b"c" * 100])
+    log.append_many(1, EntryKind.WRITE, [b"a" * 100, b"b" * 100, b"c" * 100], BIG_BYTES)
     whole = log.read_whole_batch(1, 4)
     assert whole is not None
     assert (whole.first_op_id, whole.last_op_id) == (OpId(1, 2), OpId(1, 4))
@@ -202,6 +202,11 @@ def test_a_caught_up_follower_is_sent_the_appended_batch_itself(log: WalLog) -> 
     assert capped.last_op_id.index < 4
     assert address(capped) != address(whole)
     assert address(log.read_batch(1, BIG_BYTES, last_index=3)) != address(whole)
+    # Proposals larger than one AppendEntries are cut where reads with that limit cut.
+    limit = whole.size_bytes
+    log.append_many(1, EntryKind.WRITE, [b"d" * 100] * 7, limit)
+    for after in (4, 7, 10):
+        assert address(log.read_batch(after, limit)) == address(log.read_whole_batch(after, 11))
 
 
 def test_a_request_serialized_with_its_entries_equals_the_protobuf_message(log: WalLog) -> None:

@@ -262,12 +262,15 @@ class WalLog:
         """Appends one entry after the last; durable later."""
         return OpId(*self._log.append(term, int(kind), payload))
 
-    def append_many(self, term: int, kind: EntryKind, payloads: Sequence[bytes]) -> list[OpId]:
-        """Appends one entry per payload after the last, as one batch (one WAL append; one
-        cached batch, which a caught-up follower is sent without a copy)."""
+    def append_many(
+        self, term: int, kind: EntryKind, payloads: Sequence[bytes], bytes_max: int
+    ) -> list[OpId]:
+        """Appends one entry per payload after the last, as batches cut where ``read_batch``
+        with ``bytes_max`` cuts: each one WAL append and one cached batch, which a caught-up
+        follower is then sent without a copy."""
         if not payloads:
             return []
-        last_term, last_index = self._log.append_many(term, int(kind), payloads)
+        last_term, last_index = self._log.append_many(term, int(kind), payloads, max(bytes_max, 0))
         first = last_index - len(payloads) + 1
         return [OpId(last_term, index) for index in range(first, last_index + 1)]
 
