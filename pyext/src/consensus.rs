@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use nyala_common::OpId;
 use nyala_consensus::{ConsensusError, EntryBatch, ReplicatedLog, ReplicatedLogOptions};
 use nyala_wal::{AnchorId, EntryType, LogOptions, SyncPolicy};
+use pyo3::buffer::PyBuffer;
 use pyo3::exceptions::PyBaseException;
 use pyo3::prelude::*;
 use pyo3::pybacked::PyBackedBytes;
@@ -28,6 +29,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyEntryBatch>()?;
     m.add_class::<PyReplicatedLog>()?;
     m.add_function(wrap_pyfunction!(split_proto_field, m)?)?;
+    m.add_function(wrap_pyfunction!(split_proto_repeated, m)?)?;
     Ok(())
 }
 
@@ -502,10 +504,40 @@ pub fn split_proto_field<'py>(
     data: &[u8],
     field_number: u32,
 ) -> PyResult<SplitField<'py>> {
+    let (rest, found) = split_fields(data, field_number)?;
+    Ok((PyBytes::new(py, &rest), found.last().copied()))
+}
+
+/// `split_proto_field` for a repeated field of a message in any contiguous buffer: the byte
+/// ranges of every occurrence, in order (a follower takes a peer channel frame's requests
+/// out of the connection's buffer without protobuf copying the whole frame first).
+#[pyfunction]
+pub fn split_proto_repeated<'py>(
+    py: Python<'py>,
+    data: &Bound<'py, PyAny>,
+    field_number: u32,
+) -> PyResult<(Bound<'py, PyBytes>, Vec<(usize, usize)>)> {
+    let buffer = PyBuffer::<u8>::get(data)?;
+    if !buffer.is_c_contiguous() {
+        return Err(invalid(
+            "split_proto_repeated needs a contiguous buffer".into(),
+        ));
+    }
+    // SAFETY: the GIL is held throughout and no Python code runs, so nothing can change or
+    // free the buffer, which `buffer` keeps exported, while the slice is read.
+    let bytes =
+        unsafe { std::slice::from_raw_parts(buffer.buf_ptr() as *const u8, buffer.len_bytes()) };
+    let (rest, found) = split_fields(bytes, field_number)?;
+    Ok((PyBytes::new(py, &rest), found))
+}
+
+/// The fields of `data` other than `field_number`, and the ranges of that field's values.
+fn split_fields(data: &[u8], field_number: u32) -> PyResult<(Vec<u8>, Vec<(usize, usize)>)> {
+    let end = data.len();
     let mut rest = Vec::new();
-    let mut found = None;
+    let mut found = Vec::new();
     let mut at = 0;
-    while at < data.len() {
+    while at < end {
         let field_start = at;
         let key = take_varint(data, &mut at)?;
         let value_start;
@@ -532,10 +564,9 @@ pub fn split_proto_field<'py>(
                 )))
             }
         }
-        if at > data.len() {
+        if at > end {
             return Err(invalid(format!(
-                "protobuf field at byte {field_start} runs past the {} byte message",
-                data.len()
+                "protobuf field at byte {field_start} runs past the {end} byte data"
             )));
         }
         if key >> 3 == u64::from(field_number) {
@@ -544,12 +575,12 @@ pub fn split_proto_field<'py>(
                     "protobuf field {field_number} is not length-delimited"
                 )));
             }
-            found = Some((value_start, at));
+            found.push((value_start, at));
         } else {
             rest.extend_from_slice(&data[field_start..at]);
         }
     }
-    Ok((PyBytes::new(py, &rest), found))
+    Ok((rest, found))
 }
 
 /// Reads a protobuf varint at `*at`, advancing past it.

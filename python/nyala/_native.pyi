@@ -205,6 +205,9 @@ class PartitionRouter:
 # --- consensus (pyext/src/consensus.rs) ---------------------------------------------------
 
 def split_proto_field(data: bytes, field_number: int) -> tuple[bytes, tuple[int, int] | None]: ...
+def split_proto_repeated(
+    data: Buffer, field_number: int
+) -> tuple[bytes, list[tuple[int, int]]]: ...
 
 @final
 class EntryBatch:

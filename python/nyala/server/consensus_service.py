@@ -108,7 +108,7 @@ class ConsensusService(ServiceBase, consensus_pb2_grpc.ConsensusServiceServicer)
             yield answers
 
     def serve_peer_batches(
-        self, batches: AsyncIterator[consensus_pb2.ConsensusBatchRequestPB]
+        self, batches: AsyncIterator[wire.PeerBatch]
     ) -> AsyncIterator[consensus_pb2.ConsensusBatchResponsePB]:
         """Answers one peer's consensus batches (whose ``dest_uuid`` the caller checks), from
         ConsensusPeerStream or from the peer channel (``peer_channel``)."""

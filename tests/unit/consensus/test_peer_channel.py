@@ -20,10 +20,11 @@ from nyala.consensus.runtime.peer_channel import (
     PeerChannelServer,
     _FrameConnection,
     batch_request_frame,
+    split_batch_request,
 )
 from nyala.consensus.runtime.peer_streams import PeerStreams
 from nyala.consensus.runtime.wire import WireRequest, request_bytes
-from nyala.errors import TabletNotFoundError
+from nyala.errors import InvalidArgumentError, TabletNotFoundError
 from nyala.rpc import RpcServer
 from nyala.rpc.settings import RpcSettings
 
@@ -101,6 +102,41 @@ def test_a_frame_encoded_by_hand_is_the_batch_protobuf_reads(count: int) -> None
     assert batch.caller_uuid == CLIENT
     assert list(batch.call_ids) == call_ids
     assert list(batch.requests) == requests
+
+
+@pytest.mark.parametrize("count", [0, 1, 300])
+def test_a_server_splits_a_frame_as_protobuf_parses_it(count: int) -> None:
+    """What a follower does with a frame read into the connection's buffer: the requests
+    copied out of it, with the fields and call ids protobuf would read (unknown fields
+    kept out of the requests, a request field repeated any number of times)."""
+    call_ids = [2**k % (2**64 - 1) + k for k in range(count)]
+    requests = [bytes([k % 256]) * (k * 7 % 1000) for k in range(count)]
+    frame = b"".join(batch_request_frame(SERVER, CLIENT, call_ids, list(requests)))
+    buffer = bytearray(frame[4:])
+    batch = split_batch_request(memoryview(buffer))
+    buffer[:] = bytes(len(buffer))  # the connection reuses its buffer: nothing points into it
+    assert (batch.dest_uuid, list(batch.call_ids), batch.requests) == (SERVER, call_ids, requests)
+    parsed = consensus_pb2.ConsensusBatchRequestPB.FromString(frame[4:])
+    unknown = b"\x2a\x03abc"  # field 5, length-delimited: a later version's field
+    again = split_batch_request(parsed.SerializeToString() + unknown)
+    assert (again.dest_uuid, list(again.call_ids), again.requests) == (SERVER, call_ids, requests)
+
+
+def test_a_frame_that_does_not_split_is_refused() -> None:
+    frame = b"".join(batch_request_frame(SERVER, CLIENT, [1, 2], [b"one", b"two"]))[4:]
+    one_id = consensus_pb2.ConsensusBatchRequestPB(
+        dest_uuid=SERVER, call_ids=[1], requests=[b"one", b"two"]
+    ).SerializeToString()
+    for damaged, message in [
+        (frame[:-1], "runs past"),
+        (b"\x1a\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff", "varint"),
+        (b"\x1b", "wire type 3"),
+        (b"\x18\x01", "not length-delimited"),  # the requests field as a varint
+        (b"\x0a\x02\xff\xfe", "is not a ConsensusBatchRequestPB"),  # dest_uuid not UTF-8
+        (one_id, "2 requests and 1 call ids"),
+    ]:
+        with pytest.raises(InvalidArgumentError, match=message):
+            split_batch_request(damaged)
 
 
 def test_large_entry_batches_are_framed_in_place_small_ones_joined() -> None:

@@ -36,13 +36,14 @@ import logging
 import ssl
 import struct
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any, TypeVar
 
 from google.protobuf.message import DecodeError, Message
 
+from nyala import _native
 from nyala._proto import consensus_pb2
-from nyala.consensus.runtime.wire import WireRequest, request_size
+from nyala.consensus.runtime.wire import PeerBatch, WireRequest, request_size
 from nyala.errors import InvalidArgumentError, NetworkError, NotAuthorizedError, NyalaError
 from nyala.rpc.credentials import not_a_server, peer_server_name
 from nyala.rpc.errors import error_to_pb
@@ -71,7 +72,7 @@ def frame_bytes_max(message_bytes_max: int) -> int:
 
 
 ServeBatches = Callable[
-    [AsyncIterator[consensus_pb2.ConsensusBatchRequestPB]],
+    [AsyncIterator[PeerBatch]],
     AsyncIterator[consensus_pb2.ConsensusBatchResponsePB],
 ]
 """Answers one peer's batches (``ConsensusService.serve_peer_batches``)."""
@@ -82,6 +83,40 @@ _DEST_UUID_FIELD = 1
 _CALLER_UUID_FIELD = 2
 _REQUEST_FIELD = 3
 _CALL_IDS_FIELD = 4  # packed
+
+
+class SplitBatch:
+    """A received ``ConsensusBatchRequestPB`` split here rather than parsed by protobuf: its
+    own fields parsed, and each request copied once out of the frame (whose buffer the
+    connection reuses). Protobuf copied the whole frame into its message, then each request
+    again when it was read."""
+
+    __slots__ = ("_header", "requests")
+
+    def __init__(self, header: consensus_pb2.ConsensusBatchRequestPB, requests: list[bytes]):
+        self._header = header
+        self.requests = requests
+
+    @property
+    def dest_uuid(self) -> str:
+        return self._header.dest_uuid
+
+    @property
+    def call_ids(self) -> Sequence[int]:
+        return self._header.call_ids
+
+
+def split_batch_request(frame: bytes | memoryview) -> SplitBatch:
+    """The ``ConsensusBatchRequestPB`` in ``frame``; ``InvalidArgumentError`` if it is not
+    one, or if its requests and call ids do not pair up."""
+    rest, ranges = _native.split_proto_repeated(frame, _REQUEST_FIELD)
+    header = _parse(consensus_pb2.ConsensusBatchRequestPB, rest)
+    if len(header.call_ids) != len(ranges):
+        raise InvalidArgumentError(
+            f"a peer channel batch has {len(ranges)} requests and {len(header.call_ids)} call ids"
+        )
+    view = memoryview(frame)
+    return SplitBatch(header, [bytes(view[start:end]) for start, end in ranges])
 
 
 def batch_request_frame(
@@ -233,15 +268,14 @@ class PeerChannelServer:
         finally:
             connection.close()
 
-    async def _batches(
-        self, connection: _FrameConnection
-    ) -> AsyncIterator[consensus_pb2.ConsensusBatchRequestPB]:
+    async def _batches(self, connection: _FrameConnection) -> AsyncIterator[PeerBatch]:
         while True:
             data = await connection.next_frame()
             if data is None:
                 return
-            # Parsed (copied) before the next frame is asked for, which may reuse its buffer.
-            batch = _parse(consensus_pb2.ConsensusBatchRequestPB, data)
+            # Split (its requests copied out) before the next frame is asked for, which may
+            # reuse its buffer.
+            batch = split_batch_request(data)
             del data
             check_dest_uuid(batch.dest_uuid, self.server_uuid)
             yield batch

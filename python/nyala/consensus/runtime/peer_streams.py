@@ -348,7 +348,7 @@ class PeerStreams:
 
     async def serve(
         self,
-        batches: AsyncIterator[consensus_pb2.ConsensusBatchRequestPB],
+        batches: AsyncIterator[wire.PeerBatch],
         route: Callable[[str], UpdateTarget],
         decode_batch: wire.BatchDecoder,
     ) -> AsyncIterator[consensus_pb2.ConsensusBatchResponsePB]:
@@ -411,7 +411,7 @@ class _ServedStream:
         self._room = asyncio.Event()
         self.failure: BaseException | None = None
 
-    async def read(self, batches: AsyncIterator[consensus_pb2.ConsensusBatchRequestPB]) -> None:
+    async def read(self, batches: AsyncIterator[wire.PeerBatch]) -> None:
         """Hands every request to its tablet as it arrives; waits (and so stops reading: gRPC
         flow control holds the sender back) while too many are unanswered."""
         try:

@@ -30,7 +30,7 @@ What the proto does not carry, and how each side recovers it:
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Protocol, TypeAlias, cast
 
 from nyala import _native
@@ -120,6 +120,20 @@ class ReceivedAppendRequest:
     @property
     def dest_uuid(self) -> str:
         return self.header.dest_uuid
+
+
+class PeerBatch(Protocol):
+    """A ``ConsensusBatchRequestPB`` as a server serves it: parsed by protobuf (from
+    ConsensusPeerStream), or split by the peer channel (``peer_channel.SplitBatch``)."""
+
+    @property
+    def dest_uuid(self) -> str: ...
+
+    @property
+    def call_ids(self) -> Sequence[int]: ...
+
+    @property
+    def requests(self) -> Sequence[bytes]: ...
 
 
 #: An UpdateConsensus request as a server receives it: parsed by protobuf, or split by
