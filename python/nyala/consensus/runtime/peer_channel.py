@@ -320,7 +320,6 @@ class _FrameConnection(asyncio.BufferedProtocol):
         self._paused = False
         self._writable = asyncio.Event()
         self._writable.set()
-        self._tls = False  # asyncio's TLS transport: see ``write_frame``
         self._closed = False
 
     # --- protocol callbacks ---------------------------------------------------------------
@@ -328,7 +327,6 @@ class _FrameConnection(asyncio.BufferedProtocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self._transport = transport
-        self._tls = transport.get_extra_info("ssl_object") is not None
         self._connected(self)
 
     def get_buffer(self, sizehint: int) -> memoryview:
@@ -465,8 +463,6 @@ class _FrameConnection(asyncio.BufferedProtocol):
         head = _LENGTH.pack(len(data))
         if len(data) <= _JOIN_BYTES_MAX:
             self._transport.write(head + data)
-        elif self._tls:
-            self._transport.writelines((head, data))  # encrypted and sent in one go
         else:
             self._transport.write(head)
             self._transport.write(data)

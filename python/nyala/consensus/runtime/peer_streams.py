@@ -236,20 +236,11 @@ class PeerStreams:
             peer.over_channel = True
             log.info("consensus to %s at %s goes over its peer channel", peer.uuid, peer.address)
             answers = answers_of(reader, frame_bytes_max(self._settings.message_bytes_max))
-            # Over TLS a frame's pieces go to the transport in one call: each call encrypts
-            # and sends on its own (asyncio's TLS transport), which cost the leader's loop more
-            # than the pieces' joining would. A plain transport joins what it is given in one
-            # call (a copy), so there each piece goes on its own.
-            tls = writer.get_extra_info("ssl_object") is not None
 
             async def send(call_ids: list[int], requests: list[wire.WireRequest]) -> None:
                 # Framed as it is encoded; entry batches go from where they lie.
-                pieces = batch_request_frame(peer.uuid, self.uuid, call_ids, requests)
-                if tls:
-                    writer.writelines(pieces)
-                else:
-                    for piece in pieces:
-                        writer.write(piece)
+                for piece in batch_request_frame(peer.uuid, self.uuid, call_ids, requests):
+                    writer.write(piece)
                 await writer.drain()
 
             try:
