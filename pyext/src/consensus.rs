@@ -42,6 +42,12 @@ type ControlEntry<'py> = (u64, u64, u8, Bound<'py, PyBytes>);
 /// What `split_proto_field` returns: the message without the field, and the field's range.
 type SplitField<'py> = (Bound<'py, PyBytes>, Option<(usize, usize)>);
 
+/// A byte range `start..end` of a message.
+type Span = (usize, usize);
+
+/// What `split_proto_repeated` returns: the message without the field, and every range of it.
+type SplitRepeated<'py> = (Bound<'py, PyBytes>, Vec<Span>);
+
 /// What `append_replicated` returns to Python.
 type AppendOutcomeTuple = (bool, OpIdTuple, u64, Option<u64>, u64);
 
@@ -516,7 +522,7 @@ pub fn split_proto_repeated<'py>(
     py: Python<'py>,
     data: &Bound<'py, PyAny>,
     field_number: u32,
-) -> PyResult<(Bound<'py, PyBytes>, Vec<(usize, usize)>)> {
+) -> PyResult<SplitRepeated<'py>> {
     let buffer = PyBuffer::<u8>::get(data)?;
     if !buffer.is_c_contiguous() {
         return Err(invalid(
@@ -532,7 +538,7 @@ pub fn split_proto_repeated<'py>(
 }
 
 /// The fields of `data` other than `field_number`, and the ranges of that field's values.
-fn split_fields(data: &[u8], field_number: u32) -> PyResult<(Vec<u8>, Vec<(usize, usize)>)> {
+fn split_fields(data: &[u8], field_number: u32) -> PyResult<(Vec<u8>, Vec<Span>)> {
     let end = data.len();
     let mut rest = Vec::new();
     let mut found = Vec::new();
