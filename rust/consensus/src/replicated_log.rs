@@ -203,6 +203,9 @@ impl ReplicatedLog {
             .map(|(index, payload)| EntryRef::new(term, index, entry_type, payload.as_ref()))
             .collect();
         let frame_bytes = |entry: &EntryRef<'_>| ENTRY_HEADER_BYTES + entry.payload.len();
+        // Every batch is encoded (and so checked) before the first is appended: an entry the
+        // encoding refuses leaves the log as it was, not with the proposals before it.
+        let mut batches = Vec::new();
         let mut start = 0;
         while start < entries.len() {
             let mut end = start + 1;
@@ -211,16 +214,18 @@ impl ReplicatedLog {
                 size += frame_bytes(&entries[end]);
                 end += 1;
             }
-            let batch = EntryBatch::encode(&entries[start..end])?;
+            batches.push((start..end, EntryBatch::encode(&entries[start..end])?));
+            start = end;
+        }
+        for (positions, batch) in batches {
             // The WAL queues the batch's frames themselves rather than a copy of them.
             let (storage, range) = batch.shared_frames(0..batch.len());
             let ticket = self
                 .wal
-                .append_shared(&entries[start..end], storage, range)?;
+                .append_shared(&entries[positions], storage, range)?;
             debug_assert_eq!(ticket.last_index, batch.last_op_id().index);
             state.last_ticket = ticket.ticket;
             self.cache_appended(&mut state, &batch, 0);
-            start = end;
         }
         Ok(self.wal.last_op_id())
     }

@@ -93,7 +93,9 @@ class SplitBatch:
 
     __slots__ = ("_header", "requests")
 
-    def __init__(self, header: consensus_pb2.ConsensusBatchRequestPB, requests: list[bytes]):
+    def __init__(
+        self, header: consensus_pb2.ConsensusBatchRequestPB, requests: list[bytes]
+    ) -> None:
         self._header = header
         self.requests = requests
 
