@@ -11,7 +11,7 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use nyala_common::{OpId, OpIndex, Term};
-use nyala_wal::format::ENTRY_HEADER_BYTES;
+use nyala_wal::format::{entries_payload_len, ENTRY_HEADER_BYTES};
 use nyala_wal::{EntryRef, EntryType};
 
 use crate::error::BatchError;
@@ -79,11 +79,7 @@ impl EntryBatch {
 
     /// Encodes `entries` (contiguous, terms not decreasing, at least one).
     pub fn encode(entries: &[EntryRef<'_>]) -> Result<EntryBatch, BatchError> {
-        let payload_bytes = entries
-            .iter()
-            .map(|e| ENTRY_HEADER_BYTES + e.payload.len())
-            .sum();
-        let mut builder = BatchBuilder::with_capacity(payload_bytes);
+        let mut builder = BatchBuilder::with_capacity(entries_payload_len(entries));
         for entry in entries {
             builder.push(*entry)?;
         }

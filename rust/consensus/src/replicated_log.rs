@@ -18,7 +18,6 @@ use std::path::Path;
 use std::time::Duration;
 
 use nyala_common::{OpId, OpIndex, Term};
-use nyala_wal::format::ENTRY_HEADER_BYTES;
 use nyala_wal::{EntryRef, EntryType, Log, LogOptions, Ticket};
 use parking_lot::Mutex;
 
@@ -202,16 +201,15 @@ impl ReplicatedLog {
             .zip(payloads)
             .map(|(index, payload)| EntryRef::new(term, index, entry_type, payload.as_ref()))
             .collect();
-        let frame_bytes = |entry: &EntryRef<'_>| ENTRY_HEADER_BYTES + entry.payload.len();
         // Every batch is encoded (and so checked) before the first is appended: an entry the
         // encoding refuses leaves the log as it was, not with the proposals before it.
         let mut batches = Vec::new();
         let mut start = 0;
         while start < entries.len() {
             let mut end = start + 1;
-            let mut size = BATCH_HEADER_BYTES + frame_bytes(&entries[start]);
-            while end < entries.len() && size + frame_bytes(&entries[end]) <= batch_bytes_max {
-                size += frame_bytes(&entries[end]);
+            let mut size = BATCH_HEADER_BYTES + entries[start].frame_bytes();
+            while end < entries.len() && size + entries[end].frame_bytes() <= batch_bytes_max {
+                size += entries[end].frame_bytes();
                 end += 1;
             }
             batches.push((start..end, EntryBatch::encode(&entries[start..end])?));

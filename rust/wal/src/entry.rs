@@ -51,6 +51,11 @@ impl<'a> EntryRef<'a> {
             payload,
         }
     }
+
+    /// Bytes the entry takes framed (its header and payload), in a segment or a batch.
+    pub const fn frame_bytes(&self) -> usize {
+        crate::format::ENTRY_HEADER_BYTES + self.payload.len()
+    }
 }
 
 /// An entry read back from the log, owning its payload.

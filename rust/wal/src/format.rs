@@ -186,10 +186,7 @@ pub fn shared_entries(
 
 /// Bytes `entries` take framed as a batch payload (entry headers and payloads).
 pub fn entries_payload_len(entries: &[EntryRef<'_>]) -> usize {
-    entries
-        .iter()
-        .map(|e| ENTRY_HEADER_BYTES + e.payload.len())
-        .sum()
+    entries.iter().map(EntryRef::frame_bytes).sum()
 }
 
 /// Frames entries into one batch payload. Callers validate lengths first.

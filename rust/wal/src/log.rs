@@ -544,7 +544,7 @@ fn validate_batch(entries: &[EntryRef<'_>]) -> Result<()> {
         }
     }
     for e in entries {
-        frame_bytes += (format::ENTRY_HEADER_BYTES + e.payload.len()) as u64;
+        frame_bytes += e.frame_bytes() as u64;
     }
     if frame_bytes > u64::from(u32::MAX) {
         return Err(WalError::InvalidArgument("batch larger than 4 GiB".into()));

@@ -37,7 +37,7 @@ import ssl
 import struct
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from google.protobuf.message import DecodeError, Message
 
@@ -85,27 +85,15 @@ _REQUEST_FIELD = 3
 _CALL_IDS_FIELD = 4  # packed
 
 
-class SplitBatch:
+class SplitBatch(NamedTuple):
     """A received ``ConsensusBatchRequestPB`` split here rather than parsed by protobuf: its
     own fields parsed, and each request copied once out of the frame (whose buffer the
     connection reuses). Protobuf copied the whole frame into its message, then each request
     again when it was read."""
 
-    __slots__ = ("_header", "requests")
-
-    def __init__(
-        self, header: consensus_pb2.ConsensusBatchRequestPB, requests: list[bytes]
-    ) -> None:
-        self._header = header
-        self.requests = requests
-
-    @property
-    def dest_uuid(self) -> str:
-        return self._header.dest_uuid
-
-    @property
-    def call_ids(self) -> Sequence[int]:
-        return self._header.call_ids
+    dest_uuid: str
+    call_ids: Sequence[int]
+    requests: list[bytes]
 
 
 def split_batch_request(frame: bytes | memoryview) -> SplitBatch:
@@ -118,7 +106,8 @@ def split_batch_request(frame: bytes | memoryview) -> SplitBatch:
             f"a peer channel batch has {len(ranges)} requests and {len(header.call_ids)} call ids"
         )
     view = memoryview(frame)
-    return SplitBatch(header, [bytes(view[start:end]) for start, end in ranges])
+    requests = [bytes(view[start:end]) for start, end in ranges]
+    return SplitBatch(header.dest_uuid, header.call_ids, requests)
 
 
 def batch_request_frame(
