@@ -63,7 +63,7 @@ from nyala.consensus.messages import (
     VoteResponse,
 )
 from nyala.consensus.runtime.cmeta_store import FileCmetaStore
-from nyala.consensus.sim_cluster import SimCluster, describe_config
+from nyala.consensus.sim_cluster import SimCluster
 from nyala.consensus.types import EntryKind, decode_config
 from nyala.errors import CasFailedError, NyalaError
 
@@ -165,7 +165,7 @@ def describe_entry(entry: LogEntry) -> str:
     if entry.kind is EntryKind.WRITE:
         return f"{entry.op_id} WRITE {entry.payload.decode()}"
     if entry.kind is EntryKind.CONFIG_CHANGE:
-        return f"{entry.op_id} CONFIG {describe_config(decode_config(entry.payload))}"
+        return f"{entry.op_id} CONFIG {decode_config(entry.payload).describe()}"
     return f"{entry.op_id} NO_OP"
 
 
@@ -423,14 +423,14 @@ class Runner:
                 out.append(f"{uuid} DOWN last={node.log.last_op_id()}")
                 continue
             s = node.core.status()
-            pending = f" pending={describe_config(s.pending_config)}" if s.pending_config else ""
+            pending = f" pending={s.pending_config.describe()}" if s.pending_config else ""
             transfer = f" transfer->{s.transfer_target}" if s.transfer_target else ""
             quiesced = " quiesced" if node.core.quiesced else ""
             out.append(
                 f"{uuid} {s.role.value} term={s.term} leader={s.leader_uuid or '-'} "
                 f"vote={s.voted_for or '-'} last={s.last_op_id} durable={s.durable_index} "
                 f"commit={s.commit_index} applied={s.last_applied} "
-                f"config={describe_config(s.committed_config)}{pending}{transfer}{quiesced}"
+                f"config={s.committed_config.describe()}{pending}{transfer}{quiesced}"
             )
         return out
 

@@ -280,7 +280,7 @@ class SimCluster:
             case LogTruncated(from_index):
                 self.events.append(f"{node.uuid}: log truncated from index {from_index}")
             case ConfigCommitted(config):
-                self.events.append(f"{node.uuid}: config committed {describe_config(config)}")
+                self.events.append(f"{node.uuid}: config committed {config.describe()}")
             case ReadReady(read_id, index):
                 node.reads[read_id] = index
                 self.events.append(f"{node.uuid}: read {read_id} ready at index {index}")
@@ -308,14 +308,3 @@ class SimCluster:
             if n.core is not None and n.core.role.value == "LEADER"
         ]
         return [uuid for _, uuid in sorted(found)]
-
-
-def describe_config(config: RaftConfig) -> str:
-    """``[a b c(NV,promote)]@index``."""
-    parts = []
-    for p in config.peers:
-        tags = [] if p.is_voter else ["NV"]
-        tags += ["promote"] if p.promote else []
-        tags += ["replace"] if p.replace else []
-        parts.append(p.uuid + (f"({','.join(tags)})" if tags else ""))
-    return f"[{' '.join(parts)}]@{config.opid_index}"

@@ -117,6 +117,16 @@ class RaftConfig:
         """The same peers, introduced at log index ``index``."""
         return replace(self, opid_index=index)
 
+    def describe(self) -> str:
+        """``[a b c(NV,promote)]@index``: for logs and scenario traces."""
+        parts = []
+        for p in self.peers:
+            tags = [] if p.is_voter else ["NV"]
+            tags += ["promote"] if p.promote else []
+            tags += ["replace"] if p.replace else []
+            parts.append(p.uuid + (f"({','.join(tags)})" if tags else ""))
+        return f"[{' '.join(parts)}]@{self.opid_index}"
+
 
 def config_to_dict(config: RaftConfig) -> dict[str, Any]:
     """The JSON-ready form of a config (layout documented in ``nyala.consensus.metadata``)."""

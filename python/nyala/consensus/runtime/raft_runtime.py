@@ -58,7 +58,7 @@ from nyala.consensus.metadata import CmetaStore, ConsensusMetadata
 from nyala.consensus.options import RaftOptions
 from nyala.consensus.progress import PeerHealth
 from nyala.consensus.runtime.transport import Transport
-from nyala.consensus.types import OpId, Role
+from nyala.consensus.types import OpId, RaftConfig, Role
 from nyala.errors import (
     AbortedError,
     IllegalStateError,
@@ -197,6 +197,10 @@ class RaftRuntime:
         self._on_apply = on_apply
         self._on_role_change = on_role_change
         self._on_config_committed = on_config_committed
+        self._group_id = group_id
+        # The appended, uncommitted config last logged (config changes are rare: each is
+        # logged at INFO where it is appended and where it commits).
+        self._logged_pending: RaftConfig | None = None
         # Auto-vivification: sends StartTabletCopy to a follower (must not block).
         self.on_start_copy = on_start_copy
         # Called (on the event loop) when what a server heartbeat would say of this replica
@@ -546,6 +550,17 @@ class RaftRuntime:
             self.core.on_log_durable(durable)
         self._reported_durable = durable  # a truncation may lower it
         effects = self.core.drain_effects()
+        pending_config = self.core.pending_config
+        if pending_config is not self._logged_pending:
+            self._logged_pending = pending_config
+            if pending_config is not None:
+                log.info(
+                    "%s on %s: config %s appended in term %d",
+                    self._group_id,
+                    self.uuid,
+                    pending_config.describe(),
+                    self.core.term,
+                )
         pending = self._store.pending
         if pending is not None and self._writing is None and self._group is None:
             self._store.pending = None  # not running (no writer to hand it to): write it here
@@ -642,6 +657,12 @@ class RaftRuntime:
                 if self._on_role_change is not None:
                     self._on_role_change(effect)
             case ConfigCommitted():
+                log.info(
+                    "%s on %s: config %s committed",
+                    self._group_id,
+                    self.uuid,
+                    effect.config.describe(),
+                )
                 if self._on_config_committed is not None:
                     self._on_config_committed(effect)
             case ReadReady():
