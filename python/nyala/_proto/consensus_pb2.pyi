@@ -823,6 +823,8 @@ class ConsensusBatchRequestPB(_message.Message):
     CALLER_UUID_FIELD_NUMBER: _builtins.int
     REQUESTS_FIELD_NUMBER: _builtins.int
     CALL_IDS_FIELD_NUMBER: _builtins.int
+    VOTES_FIELD_NUMBER: _builtins.int
+    VOTE_CALL_IDS_FIELD_NUMBER: _builtins.int
     dest_uuid: _builtins.str
     caller_uuid: _builtins.str
     """The sending server."""
@@ -836,6 +838,14 @@ class ConsensusBatchRequestPB(_message.Message):
     def call_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
         """One per request, echoed with its answer."""
 
+    @_builtins.property
+    def votes(self) -> _containers.RepeatedCompositeFieldContainer[Global___VoteRequestPB]:
+        """RequestVotes and pre-votes of any tablet (docs/consensus.md, "Votes on the peer
+        streams"), each answered in the response's `vote_responses` with its `vote_call_ids`.
+        """
+
+    @_builtins.property
+    def vote_call_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
     def __init__(
         self,
         *,
@@ -843,10 +853,12 @@ class ConsensusBatchRequestPB(_message.Message):
         caller_uuid: _builtins.str = ...,
         requests: _abc.Iterable[_builtins.bytes] | None = ...,
         call_ids: _abc.Iterable[_builtins.int] | None = ...,
+        votes: _abc.Iterable[Global___VoteRequestPB] | None = ...,
+        vote_call_ids: _abc.Iterable[_builtins.int] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["call_ids", b"call_ids", "caller_uuid", b"caller_uuid", "dest_uuid", b"dest_uuid", "requests", b"requests"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["call_ids", b"call_ids", "caller_uuid", b"caller_uuid", "dest_uuid", b"dest_uuid", "requests", b"requests", "vote_call_ids", b"vote_call_ids", "votes", b"votes"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -859,6 +871,8 @@ class ConsensusBatchResponsePB(_message.Message):
     ERROR_FIELD_NUMBER: _builtins.int
     RESPONSES_FIELD_NUMBER: _builtins.int
     CALL_IDS_FIELD_NUMBER: _builtins.int
+    VOTE_RESPONSES_FIELD_NUMBER: _builtins.int
+    VOTE_CALL_IDS_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def error(self) -> _common_pb2.ErrorPB:
         """Set when the whole batch is refused (wrong server); answers then are empty."""
@@ -871,16 +885,24 @@ class ConsensusBatchResponsePB(_message.Message):
 
     @_builtins.property
     def call_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    @_builtins.property
+    def vote_responses(self) -> _containers.RepeatedCompositeFieldContainer[Global___VoteResponsePB]:
+        """Answers to votes (a refusal is its answer's `error`), as they became ready."""
+
+    @_builtins.property
+    def vote_call_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
     def __init__(
         self,
         *,
         error: _common_pb2.ErrorPB | None = ...,
         responses: _abc.Iterable[Global___ConsensusResponsePB] | None = ...,
         call_ids: _abc.Iterable[_builtins.int] | None = ...,
+        vote_responses: _abc.Iterable[Global___VoteResponsePB] | None = ...,
+        vote_call_ids: _abc.Iterable[_builtins.int] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["call_ids", b"call_ids", "error", b"error", "responses", b"responses"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["call_ids", b"call_ids", "error", b"error", "responses", b"responses", "vote_call_ids", b"vote_call_ids", "vote_responses", b"vote_responses"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

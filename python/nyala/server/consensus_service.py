@@ -24,7 +24,7 @@ from nyala.consensus.runtime.wal_log import WalEntryBatch
 from nyala.consensus.types import MemberType
 from nyala.errors import InvalidArgumentError, TabletNotRunningError
 from nyala.rpc import Context, RpcMetrics, ServiceBase, unary
-from nyala.rpc.service import bidi_stream
+from nyala.rpc.service import bidi_stream, check_dest_uuid
 from nyala.server.convert import config_to_pb, peer_from_pb
 from nyala.server.server_heartbeats import ServerHeartbeats
 from nyala.tablet import TabletManager
@@ -119,7 +119,11 @@ class ConsensusService(ServiceBase, consensus_pb2_grpc.ConsensusServiceServicer)
         def route(tablet_id: str) -> GrpcTransport:
             return self._raft(tablet_id)[2]
 
-        return streams.serve(batches, route, _decode_batch)
+        async def vote(request: consensus_pb2.VoteRequestPB) -> consensus_pb2.VoteResponsePB:
+            check_dest_uuid(request.dest_uuid, self.server_uuid)  # as RequestVote's is
+            return await self._vote(request)
+
+        return streams.serve(batches, route, _decode_batch, vote)
 
     @unary(consensus_pb2.PeerChannelResponsePB)
     async def GetPeerChannel(
@@ -135,6 +139,11 @@ class ConsensusService(ServiceBase, consensus_pb2_grpc.ConsensusServiceServicer)
         request: consensus_pb2.VoteRequestPB,
         context: Context[consensus_pb2.VoteRequestPB, consensus_pb2.VoteResponsePB],
     ) -> consensus_pb2.VoteResponsePB:
+        return await self._vote(request)
+
+    async def _vote(self, request: consensus_pb2.VoteRequestPB) -> consensus_pb2.VoteResponsePB:
+        """A vote request's answer, asked by RequestVote or on a peer's consensus stream
+        (where servers send theirs)."""
         replica = self._tablets.lookup(request.tablet_id)
         if replica is not None and replica.superblock.data_state in VOTING_DATA_STATES:
             # Tombstoned voting (seed 000): no Raft runs, cmeta and last-logged OpId answer.

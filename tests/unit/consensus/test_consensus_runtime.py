@@ -260,7 +260,9 @@ class ConsensusServicer(consensus_pb2_grpc.ConsensusServiceServicer):  # type: i
         self.channel: PeerChannelServer | None = None  # the peer channel, when served
 
     def serve_batches(self, batches: AsyncIterator[Any]) -> AsyncIterator[Any]:
-        return self.streams.serve(batches, lambda _tablet: self.transport, self.decode_batch)
+        return self.streams.serve(
+            batches, lambda _tablet: self.transport, self.decode_batch, self.transport.handle_vote
+        )
 
     async def GetPeerChannel(self, _request: Any, _context: Any) -> Any:
         port = 0 if self.channel is None else self.channel.port
@@ -269,13 +271,8 @@ class ConsensusServicer(consensus_pb2_grpc.ConsensusServiceServicer):  # type: i
     async def ConsensusPeerStream(
         self, requests: AsyncIterator[Any], _context: Any
     ) -> AsyncIterator[Any]:
-        async for answers in self.streams.serve(
-            requests, lambda _tablet: self.transport, self.decode_batch
-        ):
+        async for answers in self.serve_batches(requests):
             yield answers
-
-    async def RequestVote(self, request: Any, _context: Any) -> Any:
-        return await self.transport.handle_vote(request)
 
     async def RunLeaderElection(self, _request: Any, _context: Any) -> Any:
         assert self.runtime is not None

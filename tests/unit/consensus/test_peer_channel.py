@@ -22,7 +22,7 @@ from nyala.consensus.runtime.peer_channel import (
     batch_request_frame,
     split_batch_request,
 )
-from nyala.consensus.runtime.peer_streams import PeerStreams
+from nyala.consensus.runtime.peer_streams import PeerStreams, PeerStreamsOptions
 from nyala.consensus.runtime.wire import WireRequest, request_bytes
 from nyala.errors import InvalidArgumentError, TabletNotFoundError
 from nyala.rpc import RpcServer
@@ -61,6 +61,27 @@ def _no_tablets(tablet_id: str) -> Any:
     raise TabletNotFoundError(f"tablet {tablet_id} is not here")
 
 
+#: The tablet whose votes ``_vote`` grants (every other is not here).
+VOTING = "v" * 32
+
+
+def _vote_request(tablet_id: str, term: int = 3) -> consensus_pb2.VoteRequestPB:
+    return consensus_pb2.VoteRequestPB(
+        dest_uuid=SERVER, tablet_id=tablet_id, candidate_uuid=CLIENT, candidate_term=term
+    )
+
+
+async def _vote(request: consensus_pb2.VoteRequestPB) -> consensus_pb2.VoteResponsePB:
+    """A voter that grants ``VOTING``'s votes after a turn of the loop (as a real one waits
+    for its core) and refuses every other tablet's as not here."""
+    await asyncio.sleep(0)
+    if request.tablet_id != VOTING:
+        _no_tablets(request.tablet_id)
+    return consensus_pb2.VoteResponsePB(
+        responder_uuid=SERVER, responder_term=request.candidate_term, vote_granted=True
+    )
+
+
 async def _with_channel(
     body: Callable[[PeerChannelServer, PeerStreams], Awaitable[None]],
 ) -> None:
@@ -74,7 +95,7 @@ async def _with_channel(
     def serve(
         batches: AsyncIterator[consensus_pb2.ConsensusBatchRequestPB],
     ) -> AsyncIterator[consensus_pb2.ConsensusBatchResponsePB]:
-        return streams.serve(batches, _no_tablets, lambda _data: None)
+        return streams.serve(batches, _no_tablets, lambda _data: None, _vote)
 
     channel = PeerChannelServer(SERVER, serve, frame_bytes_max=FRAME_MAX)
     await channel.start("127.0.0.1", 0)
@@ -90,11 +111,20 @@ async def _connect(channel: PeerChannelServer) -> tuple[asyncio.StreamReader, An
     return await asyncio.open_connection("127.0.0.1", channel.port)
 
 
+def _votes(count: int) -> list[tuple[int, bytes]]:
+    """``count`` (call id, serialized vote request) pairs, ids counting down from 2**63."""
+    return [
+        (2**63 - k, _vote_request(f"{k:032d}", term=k + 1).SerializeToString())
+        for k in range(count)
+    ]
+
+
 @pytest.mark.parametrize("count", [0, 1, 300])
 def test_a_frame_encoded_by_hand_is_the_batch_protobuf_reads(count: int) -> None:
     call_ids = [2**k % (2**64 - 1) + k for k in range(count)]
     requests = [bytes([k % 256]) * (k * 7 % 1000) for k in range(count)]
-    frame = b"".join(batch_request_frame(SERVER, CLIENT, call_ids, list(requests)))
+    votes = _votes(count // 2)
+    frame = b"".join(batch_request_frame(SERVER, CLIENT, call_ids, list(requests), votes))
     (length,) = struct.unpack(">I", frame[:4])
     assert length == len(frame) - 4
     batch = consensus_pb2.ConsensusBatchRequestPB.FromString(frame[4:])
@@ -102,6 +132,8 @@ def test_a_frame_encoded_by_hand_is_the_batch_protobuf_reads(count: int) -> None
     assert batch.caller_uuid == CLIENT
     assert list(batch.call_ids) == call_ids
     assert list(batch.requests) == requests
+    assert list(batch.vote_call_ids) == [call_id for call_id, _ in votes]
+    assert [vote.SerializeToString() for vote in batch.votes] == [vote for _, vote in votes]
 
 
 @pytest.mark.parametrize("count", [0, 1, 300])
@@ -111,15 +143,19 @@ def test_a_server_splits_a_frame_as_protobuf_parses_it(count: int) -> None:
     kept out of the requests, a request field repeated any number of times)."""
     call_ids = [2**k % (2**64 - 1) + k for k in range(count)]
     requests = [bytes([k % 256]) * (k * 7 % 1000) for k in range(count)]
-    frame = b"".join(batch_request_frame(SERVER, CLIENT, call_ids, list(requests)))
+    votes = _votes(count // 2)
+    frame = b"".join(batch_request_frame(SERVER, CLIENT, call_ids, list(requests), votes))
     buffer = bytearray(frame[4:])
     batch = split_batch_request(memoryview(buffer))
     buffer[:] = bytes(len(buffer))  # the connection reuses its buffer: nothing points into it
     assert (batch.dest_uuid, list(batch.call_ids), batch.requests) == (SERVER, call_ids, requests)
+    assert list(batch.vote_call_ids) == [call_id for call_id, _ in votes]
+    assert [vote.SerializeToString() for vote in batch.votes] == [vote for _, vote in votes]
     parsed = consensus_pb2.ConsensusBatchRequestPB.FromString(frame[4:])
-    unknown = b"\x2a\x03abc"  # field 5, length-delimited: a later version's field
+    unknown = b"\x3a\x03abc"  # field 7, length-delimited: a later version's field
     again = split_batch_request(parsed.SerializeToString() + unknown)
     assert (again.dest_uuid, list(again.call_ids), again.requests) == (SERVER, call_ids, requests)
+    assert list(again.votes) == list(parsed.votes)
 
 
 def test_a_frame_that_does_not_split_is_refused() -> None:
@@ -134,6 +170,12 @@ def test_a_frame_that_does_not_split_is_refused() -> None:
         (b"\x18\x01", "not length-delimited"),  # the requests field as a varint
         (b"\x0a\x02\xff\xfe", "is not a ConsensusBatchRequestPB"),  # dest_uuid not UTF-8
         (one_id, "2 requests and 1 call ids"),
+        (
+            consensus_pb2.ConsensusBatchRequestPB(
+                dest_uuid=SERVER, votes=[_vote_request(VOTING)], vote_call_ids=[1, 2]
+            ).SerializeToString(),
+            "1 votes and 2 vote call ids",
+        ),
     ]:
         with pytest.raises(InvalidArgumentError, match=message):
             split_batch_request(damaged)
@@ -353,10 +395,14 @@ class _Announcer(consensus_pb2_grpc.ConsensusServiceServicer):  # type: ignore[m
     """A server's GetPeerChannel and ConsensusPeerStream over a real ``PeerStreams.serve``
     with no tablets; ``port`` is what it announces."""
 
-    def __init__(self, streams: PeerStreams) -> None:
+    def __init__(self, streams: PeerStreams, route: Callable[[str], Any] = _no_tablets) -> None:
         self.streams = streams
+        self.route = route
         self.port = 0
         self.grpc_streams = 0
+
+    def serve(self, batches: AsyncIterator[Any]) -> AsyncIterator[Any]:
+        return self.streams.serve(batches, self.route, lambda _data: None, _vote)
 
     async def GetPeerChannel(self, request: Any, _context: Any) -> Any:
         return consensus_pb2.PeerChannelResponsePB(port=self.port)
@@ -365,13 +411,19 @@ class _Announcer(consensus_pb2_grpc.ConsensusServiceServicer):  # type: ignore[m
         self, requests: AsyncIterator[Any], _context: Any
     ) -> AsyncIterator[Any]:
         self.grpc_streams += 1
-        async for answers in self.streams.serve(requests, _no_tablets, lambda _data: None):
+        async for answers in self.serve(requests):
             yield answers
 
 
 async def _send(streams: PeerStreams, address: str, tablet_id: str) -> Any:
     answered: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
     streams.send(SERVER, address, _request(tablet_id), answered.set_result)
+    return await asyncio.wait_for(answered, WAIT_S)
+
+
+async def _send_vote(streams: PeerStreams, address: str, tablet_id: str) -> Any:
+    answered: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+    streams.send_vote(SERVER, address, _vote_request(tablet_id), answered.set_result)
     return await asyncio.wait_for(answered, WAIT_S)
 
 
@@ -401,6 +453,12 @@ def test_the_client_uses_an_announced_channel_and_falls_back_to_grpc_without_one
             assert client.connections() == {"channel": 1, "grpc": 0}
             assert client.requests_sent == {"channel": 1, "grpc": 0}
             assert announcer.grpc_streams == 0
+            # Votes go the same way, and are answered, granted or refused, on it.
+            granted = await _send_vote(client, server.address, VOTING)
+            assert (granted.vote_granted, granted.responder_term) == (True, 3)
+            refused = await _send_vote(client, server.address, "a" * 32)
+            assert refused.error.code == common_pb2.TABLET_NOT_FOUND
+            assert client.votes_sent == {"channel": 2, "grpc": 0}
 
             # The channel goes away: the next connection, told there is no channel now, is
             # the gRPC stream (a request sent while the old one broke may be lost, and its
@@ -411,6 +469,9 @@ def test_the_client_uses_an_announced_channel_and_falls_back_to_grpc_without_one
             assert answer.error.code == common_pb2.TABLET_NOT_FOUND
             assert client.connections() == {"channel": 0, "grpc": 1}
             assert announcer.grpc_streams == 1
+            granted = await _send_vote(client, server.address, VOTING)
+            assert granted.vote_granted
+            assert client.votes_sent == {"channel": 2, "grpc": 1}
 
             # A channel announced but unreachable: the gRPC stream carries the batches.
             await server.stop(0)
@@ -436,3 +497,55 @@ def channel_port_nobody_listens_on() -> int:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
     return port
+
+
+class _Unanswered:
+    """A tablet whose AppendEntries are taken and never answered: a follower whose disk does
+    not come back."""
+
+    def __init__(self) -> None:
+        self.taken = 0
+
+    def submit_update(self, pb: Any, decode_batch: Any) -> None:
+        self.taken += 1
+
+    def answer_update(self, pending: Any, reply: Any) -> None:
+        pass
+
+
+def test_votes_go_while_appends_wait_for_answers() -> None:
+    """A peer holds as many AppendEntries unanswered as it may: the next waits in the queue,
+    but a vote request does not wait behind it (an election must not wait for a slow disk)."""
+
+    async def scenario() -> None:
+        served = PeerStreams(SERVER)
+        tablet = _Unanswered()
+        announcer = _Announcer(served, route=lambda _tablet_id: tablet)
+        channel = PeerChannelServer(SERVER, announcer.serve, frame_bytes_max=FRAME_MAX)
+        server = RpcServer("127.0.0.1:0", RpcSettings())
+        server.add_service(consensus_pb2_grpc.add_ConsensusServiceServicer_to_server, announcer)
+        await server.start()
+        announcer.port = await channel.start("127.0.0.1", 0)
+        client = PeerStreams(CLIENT, options=PeerStreamsOptions(unanswered_requests_max=1))
+        runners = [asyncio.create_task(served.run()), asyncio.create_task(client.run())]
+        await asyncio.sleep(0)
+        try:
+            appended: list[Any] = []
+            for tablet_id in ("a" * 32, "b" * 32):  # the second, once the first is written
+                client.send(SERVER, server.address, _request(tablet_id), appended.append)
+                while tablet.taken == 0:
+                    await asyncio.sleep(0.01)
+            granted = await _send_vote(client, server.address, VOTING)
+            assert granted.vote_granted
+            assert appended == []
+            assert tablet.taken == 1  # the second is still queued at the client
+            assert client.requests_sent == {"channel": 1, "grpc": 0}
+            assert client.votes_sent == {"channel": 1, "grpc": 0}
+        finally:
+            for runner in runners:
+                runner.cancel()
+            await asyncio.gather(*runners, return_exceptions=True)
+            channel.close()
+            await server.stop(0)
+
+    asyncio.run(asyncio.wait_for(scenario(), WAIT_S * 2))

@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from nyala._proto import consensus_pb2
-from nyala.consensus import EntryBatch, OpId, RaftOptions
+from nyala.consensus import EntryBatch, OpId
 from nyala.consensus.messages import AppendRequest, AppendResponse, AppendStatus, Message
 from nyala.consensus.runtime import wire
 from nyala.consensus.runtime.transport import GrpcTransport, GrpcTransportOptions
@@ -158,12 +158,3 @@ def test_a_failed_status_goes_at_once_without_waiting_for_durability() -> None:
         assert the_answer(r).status is AppendStatus.LOG_MISMATCH
 
     with_a_received_heartbeat(scenario)
-
-
-def test_a_vote_answer_is_awaited_as_long_as_a_first_election_can_last() -> None:
-    """A candidate counts a vote until its election timer fires; a deadline shorter than
-    the longest first timeout throws away grants that a busy voter (hundreds of elections
-    at once in a mass failover) sends late, and the candidate then waits out its timer."""
-    raft = RaftOptions()
-    longest_ms = raft.election_timeout_base_ms * (1.0 + raft.election_jitter_fraction)
-    assert GrpcTransportOptions().vote_timeout_ms >= longest_ms

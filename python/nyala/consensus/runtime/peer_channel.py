@@ -83,6 +83,8 @@ _DEST_UUID_FIELD = 1
 _CALLER_UUID_FIELD = 2
 _REQUEST_FIELD = 3
 _CALL_IDS_FIELD = 4  # packed
+_VOTES_FIELD = 5
+_VOTE_CALL_IDS_FIELD = 6  # packed
 
 
 class SplitBatch(NamedTuple):
@@ -94,6 +96,8 @@ class SplitBatch(NamedTuple):
     dest_uuid: str
     call_ids: Sequence[int]
     requests: list[bytes]
+    votes: Sequence[consensus_pb2.VoteRequestPB]
+    vote_call_ids: Sequence[int]
 
 
 def split_batch_request(frame: bytes | memoryview) -> SplitBatch:
@@ -107,17 +111,28 @@ def split_batch_request(frame: bytes | memoryview) -> SplitBatch:
         )
     view = memoryview(frame)
     requests = [bytes(view[start:end]) for start, end in ranges]
-    return SplitBatch(header.dest_uuid, header.call_ids, requests)
+    if len(header.vote_call_ids) != len(header.votes):
+        raise InvalidArgumentError(
+            f"a peer channel batch has {len(header.votes)} votes and "
+            f"{len(header.vote_call_ids)} vote call ids"
+        )
+    return SplitBatch(
+        header.dest_uuid, header.call_ids, requests, header.votes, header.vote_call_ids
+    )
 
 
 def batch_request_frame(
-    dest_uuid: str, caller_uuid: str, call_ids: list[int], requests: list[WireRequest]
+    dest_uuid: str,
+    caller_uuid: str,
+    call_ids: list[int],
+    requests: list[WireRequest],
+    votes: Sequence[tuple[int, bytes]] = (),
 ) -> list[bytes | memoryview]:
-    """One frame holding the ``ConsensusBatchRequestPB`` of these requests, encoded here
-    rather than by protobuf (which copied every request twice, and framing it a third time),
-    as the pieces to write in order: the small ones joined, and each AppendEntries' batch of
-    ``_IN_PLACE_BYTES_MIN`` or more in place, so that its bytes are copied only by the
-    socket write."""
+    """One frame holding the ``ConsensusBatchRequestPB`` of these requests and of ``votes``
+    (call id, serialized ``VoteRequestPB``), encoded here rather than by protobuf (which
+    copied every request twice, and framing it a third time), as the pieces to write in
+    order: the small ones joined, and each AppendEntries' batch of ``_IN_PLACE_BYTES_MIN`` or
+    more in place, so that its bytes are copied only by the socket write."""
     dest, caller = dest_uuid.encode(), caller_uuid.encode()
     ids = b"".join(varint(call_id) for call_id in call_ids)
     pieces: list[bytes | memoryview] = []
@@ -140,6 +155,11 @@ def batch_request_frame(
         pieces += (b"".join(small), body)
         small = []
     small += (length_delimited_head(_CALL_IDS_FIELD, len(ids)), ids)
+    if votes:
+        for _, vote in votes:
+            small += (length_delimited_head(_VOTES_FIELD, len(vote)), vote)
+        vote_ids = b"".join(varint(call_id) for call_id, _ in votes)
+        small += (length_delimited_head(_VOTE_CALL_IDS_FIELD, len(vote_ids)), vote_ids)
     pieces.append(b"".join(small))
     length = sum(len(piece) if isinstance(piece, bytes) else piece.nbytes for piece in pieces)
     pieces[0] = _LENGTH.pack(length) + pieces[0]

@@ -58,8 +58,13 @@ log = logging.getLogger(__name__)
 
 Answer = consensus_pb2.ConsensusResponsePB | BaseException
 OnAnswer = Callable[[Answer], None]
-# Writes one batch: its requests' call ids and the serialized requests.
-_SendBatch: TypeAlias = Callable[[list[int], list[wire.WireRequest]], Awaitable[None]]
+VoteAnswer = consensus_pb2.VoteResponsePB | BaseException
+OnVoteAnswer = Callable[[VoteAnswer], None]
+#: Answers one vote request on the serving side (``ConsensusService``'s RequestVote).
+HandleVote = Callable[[consensus_pb2.VoteRequestPB], Awaitable[consensus_pb2.VoteResponsePB]]
+_Votes: TypeAlias = list[tuple[int, consensus_pb2.VoteRequestPB]]
+# Writes one batch: its requests' call ids, the serialized requests, and its votes.
+_SendBatch: TypeAlias = Callable[[list[int], list[wire.WireRequest], _Votes], Awaitable[None]]
 _StreamCall: TypeAlias = (
     "grpc.aio.StreamStreamCall[consensus_pb2.ConsensusBatchRequestPB, "
     "consensus_pb2.ConsensusBatchResponsePB]"
@@ -107,8 +112,10 @@ class _Peer:
     uuid: str
     address: str
     queue: deque[tuple[int, wire.WireRequest]] = field(default_factory=deque)
+    votes: deque[tuple[int, consensus_pb2.VoteRequestPB]] = field(default_factory=deque)
     ready: asyncio.Event = field(default_factory=asyncio.Event)
     waiting: dict[int, OnAnswer] = field(default_factory=dict)  # call id -> callback
+    vote_waiting: dict[int, OnVoteAnswer] = field(default_factory=dict)
     task: asyncio.Task[None] | None = None
     over_channel: bool = False  # the current connection is the peer channel, not gRPC
 
@@ -135,6 +142,7 @@ class PeerStreams:
         # Batches and requests written, by transport: "channel" or "grpc".
         self.batches_sent = {"channel": 0, "grpc": 0}
         self.requests_sent = {"channel": 0, "grpc": 0}
+        self.votes_sent = {"channel": 0, "grpc": 0}
         self.channel_fallbacks = 0  # a peer announced a channel that could not be reached
         self._tls_context: ssl.SSLContext | None = None
 
@@ -161,17 +169,11 @@ class PeerStreams:
     ) -> None:
         """Queues a serialized ``ConsensusRequestPB`` for ``dest_uuid`` at ``address``;
         ``on_answer`` gets its ``ConsensusResponsePB``, or the error that lost it."""
-        group = self._group
-        if group is None:
+        peer = self._peer(dest_uuid, address)
+        if peer is None:
             self.requests_dropped += 1
             on_answer(ServiceUnavailableError("the consensus streams are not running"))
             return
-        peer = self._peers.get(dest_uuid)
-        if peer is None or peer.address != address:
-            if peer is not None:
-                self._retire(peer)
-            peer = self._peers[dest_uuid] = _Peer(dest_uuid, address)
-            peer.task = group.create_task(self._stream_loop(peer), name=f"peer-{dest_uuid}")
         if len(peer.queue) >= self._opts.queue_requests_max:
             self.requests_dropped += 1
             on_answer(ServiceUnavailableError(f"queue to {dest_uuid} is full"))
@@ -180,6 +182,41 @@ class PeerStreams:
         peer.waiting[call_id] = on_answer
         peer.queue.append((call_id, request))
         peer.ready.set()  # the writer wakes next turn: this turn's sends go out together
+
+    def send_vote(
+        self,
+        dest_uuid: str,
+        address: str,
+        request: consensus_pb2.VoteRequestPB,
+        on_answer: OnVoteAnswer,
+    ) -> None:
+        """Queues a vote request (or pre-vote) for ``dest_uuid`` at ``address``, to go in the
+        next batch ahead of its AppendEntries; ``on_answer`` gets its ``VoteResponsePB``, or
+        the error that lost it. A failover sends hundreds at once to each survivor: one unary
+        RPC each cost the survivors the CPU their elections were waiting for."""
+        peer = self._peer(dest_uuid, address)
+        if peer is None or len(peer.votes) >= self._opts.queue_requests_max:
+            self.requests_dropped += 1
+            on_answer(ServiceUnavailableError(f"cannot queue a vote request to {dest_uuid}"))
+            return
+        call_id = next(self._call_ids)
+        peer.vote_waiting[call_id] = on_answer
+        peer.votes.append((call_id, request))
+        peer.ready.set()
+
+    def _peer(self, dest_uuid: str, address: str) -> _Peer | None:
+        """The destination's queue and stream (started here when new, restarted when it moved
+        to ``address``); None when the streams are not running."""
+        group = self._group
+        if group is None:
+            return None
+        peer = self._peers.get(dest_uuid)
+        if peer is None or peer.address != address:
+            if peer is not None:
+                self._retire(peer)
+            peer = self._peers[dest_uuid] = _Peer(dest_uuid, address)
+            peer.task = group.create_task(self._stream_loop(peer), name=f"peer-{dest_uuid}")
+        return peer
 
     def _channel_tls(self) -> ssl.SSLContext | None:
         """The client side of the channels' mutual TLS (None on an insecure cluster), made
@@ -201,7 +238,6 @@ class PeerStreams:
         if peer.task is not None:
             peer.task.cancel()
         self._fail_waiting(peer, NetworkError(f"{peer.uuid} moved from {peer.address}"))
-        peer.queue.clear()
 
     def proxy(self, address: str, peer_uuid: str) -> ServerProxy:
         """The server's one channel to ``peer_uuid`` at ``address`` (closed when ``run`` ends):
@@ -237,9 +273,12 @@ class PeerStreams:
             log.info("consensus to %s at %s goes over its peer channel", peer.uuid, peer.address)
             answers = answers_of(reader, frame_bytes_max(self._settings.message_bytes_max))
 
-            async def send(call_ids: list[int], requests: list[wire.WireRequest]) -> None:
+            async def send(
+                call_ids: list[int], requests: list[wire.WireRequest], votes: _Votes
+            ) -> None:
                 # Framed as it is encoded; entry batches go from where they lie.
-                for piece in batch_request_frame(peer.uuid, self.uuid, call_ids, requests):
+                encoded = [(call_id, vote.SerializeToString()) for call_id, vote in votes]
+                for piece in batch_request_frame(peer.uuid, self.uuid, call_ids, requests, encoded):
                     writer.write(piece)
                 await writer.drain()
 
@@ -256,12 +295,16 @@ class PeerStreams:
             timeout=self._opts.stream_lifetime_ms / 1000
         )
 
-        async def write(call_ids: list[int], requests: list[wire.WireRequest]) -> None:
+        async def write(
+            call_ids: list[int], requests: list[wire.WireRequest], votes: _Votes
+        ) -> None:
             batch = consensus_pb2.ConsensusBatchRequestPB(
                 dest_uuid=peer.uuid,
                 caller_uuid=self.uuid,
                 requests=[wire.request_bytes(r) for r in requests],
                 call_ids=call_ids,
+                votes=[vote for _, vote in votes],
+                vote_call_ids=[call_id for call_id, _ in votes],
             )
             await call.write(batch)
 
@@ -307,19 +350,26 @@ class PeerStreams:
 
     async def _write(self, peer: _Peer, send: _SendBatch) -> None:
         """Writes what is queued for ``peer``, a batch (up to ``batch_bytes_max``) at a time,
-        with ``send(call_ids, requests)``."""
+        with ``send(call_ids, requests, votes)``: every vote queued, then AppendEntries while
+        fewer than ``unanswered_requests_max`` are unanswered (votes are few and small, and
+        are not held back by a follower's slow disk)."""
         bytes_max = self._opts.batch_bytes_max
         unanswered_max = self._opts.unanswered_requests_max
         while True:
-            if not peer.queue or len(peer.waiting) - len(peer.queue) >= unanswered_max:
+            appends_held = not peer.queue or len(peer.waiting) - len(peer.queue) >= unanswered_max
+            if appends_held and not peer.votes:
                 peer.ready.clear()
                 await peer.ready.wait()
                 continue
+            votes: _Votes = list(peer.votes)
+            peer.votes.clear()
             call_ids: list[int] = []
             requests: list[wire.WireRequest] = []
             size = 0
-            while peer.queue and (
-                size == 0 or size + wire.request_size(peer.queue[0][1]) <= bytes_max
+            while (
+                not appends_held
+                and peer.queue
+                and (size == 0 or size + wire.request_size(peer.queue[0][1]) <= bytes_max)
             ):
                 call_id, request = peer.queue.popleft()
                 requests.append(request)
@@ -328,7 +378,8 @@ class PeerStreams:
             transport = "channel" if peer.over_channel else "grpc"
             self.batches_sent[transport] += 1
             self.requests_sent[transport] += len(call_ids)
-            await send(call_ids, requests)
+            self.votes_sent[transport] += len(votes)
+            await send(call_ids, requests, votes)
 
     async def _read(
         self, peer: _Peer, answers: AsyncIterable[consensus_pb2.ConsensusBatchResponsePB]
@@ -340,6 +391,10 @@ class PeerStreams:
                 on_answer = peer.waiting.pop(call_id, None)
                 if on_answer is not None:
                     on_answer(response)
+            for call_id, vote in zip(answer.vote_call_ids, answer.vote_responses, strict=True):
+                on_vote = peer.vote_waiting.pop(call_id, None)
+                if on_vote is not None:
+                    on_vote(vote)
             if peer.queue:
                 peer.ready.set()  # answers free room for more unanswered requests
         raise NetworkError(f"the stream to {peer.uuid} ended")
@@ -351,22 +406,23 @@ class PeerStreams:
         batches: AsyncIterator[wire.PeerBatch],
         route: Callable[[str], UpdateTarget],
         decode_batch: wire.BatchDecoder,
+        vote: HandleVote,
     ) -> AsyncIterator[consensus_pb2.ConsensusBatchResponsePB]:
         """Answers one peer's ConsensusPeerStream (whose batches' ``dest_uuid`` the RPC layer
         checked): ``route`` finds a tablet's transport, or raises the refusal that becomes that
-        request's answer."""
+        request's answer; ``vote`` answers a vote request, or raises its refusal."""
         group = self._group
         if group is None:
             raise ServiceUnavailableError(f"server {self.uuid} is not serving consensus")
-        stream = _ServedStream(route, decode_batch, self._opts.unanswered_requests_max)
+        stream = _ServedStream(route, decode_batch, vote, group, self._opts.unanswered_requests_max)
         reader = group.create_task(stream.read(batches))
         try:
             while True:
                 await stream.wake.wait()
                 stream.wake.clear()
-                if stream.ready:
+                if stream.ready or stream.ready_votes:
                     yield stream.take_answers()
-                if reader.done() and not stream.unanswered and not stream.ready:
+                if reader.done() and not (stream.unanswered or stream.ready or stream.ready_votes):
                     if stream.failure is not None:
                         raise stream.failure
                     return
@@ -377,10 +433,14 @@ class PeerStreams:
     def _fail_waiting(self, peer: _Peer, error: BaseException) -> None:
         """Everything written or queued to ``peer`` is lost: its callbacks learn why."""
         waiting, peer.waiting = peer.waiting, {}
+        vote_waiting, peer.vote_waiting = peer.vote_waiting, {}
         peer.queue.clear()
-        self.requests_dropped += len(waiting)
+        peer.votes.clear()
+        self.requests_dropped += len(waiting) + len(vote_waiting)
         for on_answer in waiting.values():
             on_answer(error)
+        for on_vote in vote_waiting.values():
+            on_vote(error)
 
 
 def _first_error(errors: tuple[BaseException, ...]) -> BaseException:
@@ -399,12 +459,17 @@ class _ServedStream:
         self,
         route: Callable[[str], UpdateTarget],
         decode_batch: wire.BatchDecoder,
+        vote: HandleVote,
+        group: asyncio.TaskGroup,
         unanswered_max: int,
     ) -> None:
         self._route = route
         self._decode_batch = decode_batch
+        self._vote = vote
+        self._group = group  # runs each vote's handler (it waits for the core's answer)
         self._unanswered_max = unanswered_max
         self.ready: deque[tuple[int, consensus_pb2.ConsensusResponsePB]] = deque()
+        self.ready_votes: deque[tuple[int, consensus_pb2.VoteResponsePB]] = deque()
         self.unanswered = 0
         self.closed = False
         self.wake = asyncio.Event()
@@ -416,6 +481,9 @@ class _ServedStream:
         flow control holds the sender back) while too many are unanswered."""
         try:
             async for batch in batches:
+                for call_id, vote in zip(batch.vote_call_ids, batch.votes, strict=True):
+                    self.unanswered += 1
+                    self._group.create_task(self._answer_vote(call_id, vote))
                 for call_id, data in zip(batch.call_ids, batch.requests, strict=True):
                     while self.unanswered >= self._unanswered_max:
                         self._room.clear()
@@ -436,6 +504,19 @@ class _ServedStream:
             return
         self.unanswered += 1
         target.answer_update(pending, functools.partial(self._settled, call_id))
+
+    async def _answer_vote(self, call_id: int, request: consensus_pb2.VoteRequestPB) -> None:
+        try:
+            answer = await self._vote(request)
+        except Exception as exc:  # the refusal is the answer (a task of the server's group)
+            if not isinstance(exc, NyalaError):
+                log.warning("vote request for %s failed: %r", request.tablet_id, exc)
+            answer = consensus_pb2.VoteResponsePB(error=error_to_pb(exc))
+        self.unanswered -= 1
+        self._room.set()
+        if not self.closed:
+            self.ready_votes.append((call_id, answer))
+            self.wake.set()
 
     def _settled(
         self, call_id: int, answer: consensus_pb2.ConsensusResponsePB | NyalaError
@@ -459,4 +540,8 @@ class _ServedStream:
             call_id, answer = self.ready.popleft()
             batch.call_ids.append(call_id)
             batch.responses.append(answer)
+        while self.ready_votes:
+            call_id, vote = self.ready_votes.popleft()
+            batch.vote_call_ids.append(call_id)
+            batch.vote_responses.append(vote)
         return batch

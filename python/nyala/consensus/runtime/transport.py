@@ -1,7 +1,7 @@
 """How replicas of one tablet reach each other: the ``Transport`` protocol the ``RaftRuntime``
 drives, an in-memory network (benchmarks and tests of the runtime), and the gRPC transport
-(``GrpcTransport``: AppendEntries on the server's one stream per peer server, ``PeerStreams``;
-unary ``RequestVote`` and ``RunLeaderElection``; plus the reply routing the server's
+(``GrpcTransport``: AppendEntries and vote requests on the server's one stream per peer
+server, ``PeerStreams``; unary ``RunLeaderElection``; plus the reply routing the server's
 ``ConsensusService`` handlers use). Delivery is best effort: Raft tolerates loss, duplication is
 not produced.
 
@@ -151,10 +151,8 @@ class InMemoryTransport:
 class GrpcTransportOptions:
     """Limits of the gRPC transport, with their units."""
 
-    # RequestVote / RunLeaderElection deadline. An answer is of use until the candidate's
-    # election timer fires (up to 1.25 × the 1.5 s base). In a mass failover each survivor
-    # gets hundreds of vote requests at once and answers took up to a second; a 1 s deadline
-    # threw grants away on their way, and the candidate waited out its timer.
+    # RunLeaderElection deadline. (Vote requests go on the peer streams, which have no
+    # deadline per request: an answer comes, or the stream breaks.)
     vote_timeout_ms: int = 2_000
     reply_timeout_ms: int = 5_000  # how long a server handler waits for the core's answer
 
@@ -289,8 +287,9 @@ class GrpcTransport:
     Client half (``send``): AppendEntries go to the peer's server on the one stream this
     server keeps to it (``PeerStreams``, shared by every tablet; a transport without a server
     runs a private one); each answer comes back to a callback that knows its request's
-    heartbeat ``seq`` (the wire does not carry it). Votes and leadership-transfer nudges are
-    unary calls. Failed calls lose their messages; Raft retries.
+    heartbeat ``seq`` (the wire does not carry it). Vote requests go on the same stream;
+    leadership-transfer nudges are unary calls. Failed calls lose their messages; Raft
+    retries.
 
     Server half (``submit_update`` then ``answer_update``, or ``handle_update``;
     ``handle_vote``): the server's ConsensusService hands a request in and gets the core's
@@ -375,7 +374,7 @@ class GrpcTransport:
             case AppendRequest():
                 self._push(message)
             case VoteRequest():
-                group.create_task(self._request_vote(message))
+                self._request_vote(message)
             case TimeoutNow():
                 group.create_task(self._run_leader_election(message))
             case AppendResponse() | VoteResponse():
@@ -437,23 +436,25 @@ class GrpcTransport:
             self._proxies[(address, peer_uuid)] = proxy
         return proxy
 
-    async def _request_vote(self, request: VoteRequest) -> None:
+    def _request_vote(self, request: VoteRequest) -> None:
+        """Sends a vote request on the server's stream to the voter's server (with every
+        other tablet's votes and AppendEntries to it); its answer, or nothing if it is lost,
+        comes back to the core."""
         address = self._addresses(request.dest)
-        if address is None:
+        streams = self._streams
+        if address is None or streams is None:
             self.messages_dropped += 1
             return
-        proxy = self._proxy(address, request.dest)
-        try:
-            pb = await proxy.call(
-                proxy.consensus.RequestVote,
-                wire.vote_request_to_pb(request, self.tablet_id),
-                timeout_ms=self._opts.vote_timeout_ms,
-            )
-        except NyalaError as e:
-            log.debug("vote request to %s failed: %r", request.dest, e)
-            self.messages_dropped += 1
-            return
-        self._inbound(wire.vote_response_from_pb(pb, request))
+
+        def answered(answer: consensus_pb2.VoteResponsePB | BaseException) -> None:
+            if isinstance(answer, BaseException) or answer.HasField("error"):
+                log.debug("vote request to %s failed: %r", request.dest, answer)
+                self.messages_dropped += 1
+                return
+            self._inbound(wire.vote_response_from_pb(answer, request))
+
+        pb = wire.vote_request_to_pb(request, self.tablet_id)
+        streams.send_vote(request.dest, address, pb, answered)
 
     async def _run_leader_election(self, message: TimeoutNow) -> None:
         address = self._addresses(message.dest)

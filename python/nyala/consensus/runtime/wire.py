@@ -135,6 +135,12 @@ class PeerBatch(Protocol):
     @property
     def requests(self) -> Sequence[bytes]: ...
 
+    @property
+    def votes(self) -> Sequence[consensus_pb2.VoteRequestPB]: ...
+
+    @property
+    def vote_call_ids(self) -> Sequence[int]: ...
+
 
 #: An UpdateConsensus request as a server receives it: parsed by protobuf, or split by
 #: ``append_request_from_wire`` (for each request of a ConsensusPeerStream batch).
