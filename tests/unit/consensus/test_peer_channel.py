@@ -505,9 +505,11 @@ class _Unanswered:
 
     def __init__(self) -> None:
         self.taken = 0
+        self.first_taken = asyncio.Event()
 
     def submit_update(self, pb: Any, decode_batch: Any) -> None:
         self.taken += 1
+        self.first_taken.set()
 
     def answer_update(self, pending: Any, reply: Any) -> None:
         pass
@@ -533,8 +535,7 @@ def test_votes_go_while_appends_wait_for_answers() -> None:
             appended: list[Any] = []
             for tablet_id in ("a" * 32, "b" * 32):  # the second, once the first is written
                 client.send(SERVER, server.address, _request(tablet_id), appended.append)
-                while tablet.taken == 0:
-                    await asyncio.sleep(0.01)
+                await tablet.first_taken.wait()
             granted = await _send_vote(client, server.address, VOTING)
             assert granted.vote_granted
             assert appended == []
