@@ -97,6 +97,8 @@ class _Election:
     pre: bool
     granted: set[str] = field(default_factory=set)
     denied: set[str] = field(default_factory=set)
+    # A voter denied for another reason than LEADER_IS_ALIVE (``_check_election``).
+    denied_otherwise: bool = False
 
 
 @dataclass(slots=True)
@@ -201,6 +203,9 @@ class RaftCore:
         # AppendEntries after which this replica had everything that leader had committed.
         self._caught_up: tuple[int, str, int, int] | None = None
         self._failed_elections = 0
+        # A pre-election lost only to voters that still heard the leader was retried soon,
+        # once, since a leader was last heard or this replica last led (``_check_election``).
+        self._lease_retried = False
         self._election: _Election | None = None
         self._election_deadline_ms = 0
         self._reset_election_timer()
@@ -475,6 +480,7 @@ class RaftCore:
             progress.last_ack_ms = progress.last_contact_ms = now_ms
         else:
             self._last_leader_contact_ms = now_ms
+            self._lease_retried = False
             self._caught_up = (self._term, server, self._commit_index, now_ms)
 
     def not_vouched(self) -> None:
@@ -784,6 +790,7 @@ class RaftCore:
                 election.granted.add(resp.src)
         else:
             election.denied.add(resp.src)
+            election.denied_otherwise |= resp.denial is not VoteDenial.LEADER_IS_ALIVE
         self._check_election()
 
     def _on_timeout_now(self, msg: TimeoutNow) -> None:
@@ -832,10 +839,25 @@ class RaftCore:
             else:
                 self._become_leader()
         elif len(election.denied & voters) >= config.majority():
-            self._failed_elections += 1
             self._election = None
             self._set_role(self._passive_role(), None)
-            self._reset_election_timer()
+            if election.pre and not election.denied_otherwise and not self._lease_retried:
+                # The voters still heard the leader: each heard it last a little later than
+                # this replica did (this one waited the minimum timeout since its own last
+                # contact), by at most about a heartbeat interval (the leader's last
+                # heartbeats, or its server's, reached the followers at different moments).
+                # Backing off a doubled timeout would cost a failover a whole extra timeout
+                # (with vote requests on the peer streams they arrive within milliseconds,
+                # before such a voter's own minimum has passed); one retry after a heartbeat
+                # interval finds the lease over if the leader is gone. Only once: a replica
+                # cut off from a leader its peers still hear backs off as usual.
+                self._lease_retried = True
+                slot_ms = self._opts.election_jitter_range_ms
+                snooze = self._opts.heartbeat_interval_ms + self._rng.uniform(0, slot_ms / 2)
+                self._reset_election_timer(snooze_ms=int(snooze))
+            else:
+                self._failed_elections += 1
+                self._reset_election_timer()
 
     def _can_campaign(self) -> bool:
         # A VOTER of the committed config may campaign even if an uncommitted config demotes
@@ -889,6 +911,7 @@ class RaftCore:
         self._idle_rounds = 0
         self._election = None
         self._failed_elections = 0
+        self._lease_retried = False
         self._own_term_committed = False
         self._transfer = None
         self._progress = {}
@@ -942,6 +965,7 @@ class RaftCore:
             self._set_role(self._role, req.src)
         contact_ms = self._last_leader_contact_ms = self._clock.now_ms()
         self._failed_elections = 0
+        self._lease_retried = False
         self._reset_election_timer()
         result = self._log.append_replicated(req.preceding, req.entries, self._commit_index)
         if result.truncated_from is not None:
