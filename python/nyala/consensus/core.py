@@ -730,6 +730,17 @@ class RaftCore:
             self._voted_for = req.src
             self._meta_dirty = True
             self._reset_election_timer()
+        elif self._role is not Role.LEADER:
+            # The pre-candidate granted here campaigns as soon as it has a majority: its vote
+            # request follows within a round trip. A pre-election of this replica's own in the
+            # meantime would be granted by it if it is still pre-campaigning and ranks behind
+            # (``_yields_pre_vote``), both would campaign for the same term, split it, and
+            # back off a doubled timeout: with hundreds of groups failing over, some timers
+            # always fall that close. So this replica's own campaign waits a heartbeat
+            # interval at least (safety does not depend on it; a pre-candidate that never
+            # follows up delays it by that much).
+            hold_until = self._clock.now_ms() + self._opts.heartbeat_interval_ms
+            self._election_deadline_ms = max(self._election_deadline_ms, hold_until)
         self._send(VoteResponse(self.uuid, req.src, req.term, True, req.pre_election))
 
     def _vote_denial(self, req: VoteRequest) -> VoteDenial | None:
