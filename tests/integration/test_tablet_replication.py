@@ -133,6 +133,13 @@ def test_leader_sigkill_loses_no_acknowledged_row_and_the_victim_catches_up(
     sent = new_leader.metric_by_label("nyala_consensus_peer_batches_sent_total", "transport")
     assert sent["channel"] > 0, sent
     assert sent["grpc"] == 0, sent
+    # Its election's pre-vote and vote requests went that way too, none as a unary RPC.
+    votes = new_leader.metric_by_label("nyala_consensus_peer_votes_sent_total", "transport")
+    assert votes["channel"] >= 2, votes
+    assert votes["grpc"] == 0, votes
+    for server in cluster.tservers:
+        calls = server.metric_by_label("nyala_rpc_requests_total", "method")
+        assert not any("RequestVote" in method for method in calls), calls
 
 
 def test_a_follower_killed_with_a_batch_in_flight_catches_up_without_waiting_out_a_timeout(

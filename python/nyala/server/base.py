@@ -387,6 +387,13 @@ class ServerBase:
             ("transport",),
             lambda: self._by_transport(lambda streams: streams.batches_sent),
         )
+        self.metrics.observed_counter(
+            "nyala_consensus_peer_votes_sent_total",
+            "Vote requests (pre-votes included) sent to peer servers in consensus batches, by "
+            "transport",
+            ("transport",),
+            lambda: self._by_transport(lambda streams: streams.votes_sent),
+        )
         self.metrics.gauge(
             "nyala_consensus_peer_connections",
             "Peer servers this server sends consensus to, by the transport it now uses",
