@@ -104,6 +104,13 @@ def cstate(ts: ServerProcess) -> Any:
         return proxy.call(proxy.consensus.GetConsensusState, request).tablets[0].cstate
 
 
+def last_logged(ts: ServerProcess) -> tuple[int, int]:
+    request = consensus_pb2.GetConsensusStateRequestPB(dest_uuid=ts.uuid, tablet_ids=[TABLET])
+    with ts.proxy() as proxy:
+        op = proxy.call(proxy.consensus.GetConsensusState, request).tablets[0].last_logged
+    return op.term, op.index
+
+
 def data_state(ts: ServerProcess) -> str:
     request = tserver_admin_pb2.ListTabletsRequestPB(dest_uuid=ts.uuid)
     with ts.proxy() as proxy:
@@ -211,6 +218,17 @@ def test_start_copy_to_a_live_replica_that_can_catch_up_is_refused(cluster: Mini
     assert copy_jobs(follower) == []
     assert data_state(follower) == "TABLET_DATA_READY"
     write_rows(cluster, 500, 10, 1)
+
+    # A caller whose log starts just past the follower's last entry holds every entry the
+    # follower lacks, but not that last entry: an AppendEntries must name its term, so only
+    # a copy catches the follower up (a leader whose WAL was GC'd just after a copy it served
+    # asked for another again and again while the target refused).
+    wait_for("the follower caught up", lambda: last_logged(follower) == last_logged(leader))
+    last = last_logged(follower)
+    start_copy(follower, leader, term, first_index=last[1] + 1, seen=last)
+    wait_for("the copy", lambda: [j for j in copy_jobs(follower) if j.state == "SUCCEEDED"])
+    wait_for("the copy's replica running", lambda: data_state(follower) == "TABLET_DATA_READY")
+    write_rows(cluster, 510, 10, 2)
 
 
 def test_replica_added_after_wal_gc_is_copied_promoted_and_serves(cluster4: MiniCluster) -> None:

@@ -373,8 +373,9 @@ class StartTabletCopyRequestPB(_message.Message):
     leader must not overwrite newer data.
     """
     caller_log_first_index: _builtins.int
-    """The first index still in the caller's WAL: a running replica whose log reaches it can be
-    caught up from the log, and is not copied (ILLEGAL_STATE).
+    """The first index still in the caller's WAL: a running replica whose last entry is at or
+    past it can be caught up from the log, and is not copied (ILLEGAL_STATE). One whose last
+    entry is just before it cannot (an AppendEntries names its preceding entry's term).
     """
     @_builtins.property
     def copy_peer_addr(self) -> _common_pb2.HostPortPB: ...

@@ -225,8 +225,13 @@ class TabletCopyJobs:
                 f"tablet {replica.tablet_id}: caller term {caller_term} is below this replica's "
                 f"term {current_term} / last-logged {last_logged}; refusing a stale copy"
             )
+        # The caller can catch a running replica up from its log only if that log still holds
+        # the replica's last entry: an AppendEntries names the entry before its first by term,
+        # and the term of an entry the caller GC'd is gone with it. So a replica whose last
+        # entry is just before the caller's first is copied (a leader that GC'd it right after
+        # serving a copy would otherwise ask again and again, and be refused every time).
         running = state is DataState.READY and replica.state is TabletState.RUNNING
-        if running and last_logged.index + 1 >= caller_first_index:
+        if running and last_logged.index >= caller_first_index:
             raise IllegalStateError(
                 f"tablet {replica.tablet_id} is running with ops up to {last_logged.index}; the "
                 f"caller's log starts at {caller_first_index}, so it can be caught up from it"
