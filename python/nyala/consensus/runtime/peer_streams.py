@@ -35,7 +35,7 @@ import ssl
 from collections import deque
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeAlias
+from typing import Any, Protocol, TypeAlias, TypeVar
 
 import grpc
 
@@ -63,6 +63,9 @@ OnVoteAnswer = Callable[[VoteAnswer], None]
 #: Answers one vote request on the serving side (``ConsensusService``'s RequestVote).
 HandleVote = Callable[[consensus_pb2.VoteRequestPB], Awaitable[consensus_pb2.VoteResponsePB]]
 _Votes: TypeAlias = list[tuple[int, consensus_pb2.VoteRequestPB]]
+_Item = TypeVar("_Item")
+_Reply = TypeVar("_Reply")
+_OnReply: TypeAlias = Callable[[_Reply | BaseException], None]
 # Writes one batch: its requests' call ids, the serialized requests, and its votes.
 _SendBatch: TypeAlias = Callable[[list[int], list[wire.WireRequest], _Votes], Awaitable[None]]
 _StreamCall: TypeAlias = (
@@ -169,19 +172,7 @@ class PeerStreams:
     ) -> None:
         """Queues a serialized ``ConsensusRequestPB`` for ``dest_uuid`` at ``address``;
         ``on_answer`` gets its ``ConsensusResponsePB``, or the error that lost it."""
-        peer = self._peer(dest_uuid, address)
-        if peer is None:
-            self.requests_dropped += 1
-            on_answer(ServiceUnavailableError("the consensus streams are not running"))
-            return
-        if len(peer.queue) >= self._opts.queue_requests_max:
-            self.requests_dropped += 1
-            on_answer(ServiceUnavailableError(f"queue to {dest_uuid} is full"))
-            return
-        call_id = next(self._call_ids)
-        peer.waiting[call_id] = on_answer
-        peer.queue.append((call_id, request))
-        peer.ready.set()  # the writer wakes next turn: this turn's sends go out together
+        self._queue(dest_uuid, address, lambda p: (p.queue, p.waiting), request, on_answer)
 
     def send_vote(
         self,
@@ -194,15 +185,32 @@ class PeerStreams:
         next batch ahead of its AppendEntries; ``on_answer`` gets its ``VoteResponsePB``, or
         the error that lost it. A failover sends hundreds at once to each survivor: one unary
         RPC each cost the survivors the CPU their elections were waiting for."""
+        self._queue(dest_uuid, address, lambda p: (p.votes, p.vote_waiting), request, on_answer)
+
+    def _queue(
+        self,
+        dest_uuid: str,
+        address: str,
+        queues: Callable[[_Peer], tuple[deque[tuple[int, _Item]], dict[int, _OnReply[_Reply]]]],
+        item: _Item,
+        on_answer: _OnReply[_Reply],
+    ) -> None:
+        """Queues ``item`` in the destination's queue that ``queues`` picks (with the dict of
+        callbacks waiting for those answers), or tells ``on_answer`` why it cannot."""
         peer = self._peer(dest_uuid, address)
-        if peer is None or len(peer.votes) >= self._opts.queue_requests_max:
-            self.requests_dropped += 1
-            on_answer(ServiceUnavailableError(f"cannot queue a vote request to {dest_uuid}"))
-            return
-        call_id = next(self._call_ids)
-        peer.vote_waiting[call_id] = on_answer
-        peer.votes.append((call_id, request))
-        peer.ready.set()
+        if peer is None:
+            why = "the consensus streams are not running"
+        else:
+            queue, waiting = queues(peer)
+            if len(queue) < self._opts.queue_requests_max:
+                call_id = next(self._call_ids)
+                waiting[call_id] = on_answer
+                queue.append((call_id, item))
+                peer.ready.set()  # the writer wakes next turn: this turn's sends go out together
+                return
+            why = f"queue to {dest_uuid} is full"
+        self.requests_dropped += 1
+        on_answer(ServiceUnavailableError(why))
 
     def _peer(self, dest_uuid: str, address: str) -> _Peer | None:
         """The destination's queue and stream (started here when new, restarted when it moved
