@@ -1,7 +1,8 @@
 """One consensus stream per pair of servers, shared by every tablet.
 
 Each tablet's ``GrpcTransport`` hands its outbound AppendEntries (heartbeats included) here,
-already serialized, with a callback for the answer. ``PeerStreams`` keeps one long-lived
+already serialized, with a callback for the answer, and its vote requests (``send_vote``),
+which go ahead of the AppendEntries in the next batch. ``PeerStreams`` keeps one long-lived
 ``ConsensusPeerStream`` to each destination server and writes everything queued for it during
 an event-loop turn as one ``ConsensusBatchRequestPB``; the destination answers each request
 when it is durable, its answers gathered per turn the same way, matched to their callbacks by
