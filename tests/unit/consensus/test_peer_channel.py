@@ -15,6 +15,8 @@ from typing import Any
 import pytest
 
 from nyala._proto import common_pb2, consensus_pb2, consensus_pb2_grpc
+from nyala.consensus import OpId
+from nyala.consensus.messages import Message, VoteRequest, VoteResponse
 from nyala.consensus.runtime.peer_channel import (
     MAGIC,
     PeerChannelServer,
@@ -23,6 +25,7 @@ from nyala.consensus.runtime.peer_channel import (
     split_batch_request,
 )
 from nyala.consensus.runtime.peer_streams import PeerStreams, PeerStreamsOptions
+from nyala.consensus.runtime.transport import GrpcTransport
 from nyala.consensus.runtime.wire import WireRequest, request_bytes
 from nyala.errors import InvalidArgumentError, TabletNotFoundError
 from nyala.rpc import RpcServer
@@ -61,8 +64,10 @@ def _no_tablets(tablet_id: str) -> Any:
     raise TabletNotFoundError(f"tablet {tablet_id} is not here")
 
 
-#: The tablet whose votes ``_vote`` grants (every other is not here).
+#: The tablet whose votes ``_vote`` grants, and the one whose answers no core can read (every
+#: other is not here).
 VOTING = "v" * 32
+GARBLED = "g" * 32
 
 
 def _vote_request(tablet_id: str, term: int = 3) -> consensus_pb2.VoteRequestPB:
@@ -75,6 +80,9 @@ async def _vote(request: consensus_pb2.VoteRequestPB) -> consensus_pb2.VoteRespo
     """A voter that grants ``VOTING``'s votes after a turn of the loop (as a real one waits
     for its core) and refuses every other tablet's as not here."""
     await asyncio.sleep(0)
+    if request.tablet_id == GARBLED:  # a denial code that means nothing to a vote
+        error = consensus_pb2.ConsensusErrorPB(code=consensus_pb2.PRECEDING_ENTRY_DIDNT_MATCH)
+        return consensus_pb2.VoteResponsePB(responder_uuid=SERVER, consensus_error=error)
     if request.tablet_id != VOTING:
         _no_tablets(request.tablet_id)
     return consensus_pb2.VoteResponsePB(
@@ -542,6 +550,61 @@ def test_votes_go_while_appends_wait_for_answers() -> None:
             assert tablet.taken == 1  # the second is still queued at the client
             assert client.requests_sent == {"channel": 1, "grpc": 0}
             assert client.votes_sent == {"channel": 1, "grpc": 0}
+        finally:
+            for runner in runners:
+                runner.cancel()
+            await asyncio.gather(*runners, return_exceptions=True)
+            channel.close()
+            await server.stop(0)
+
+    asyncio.run(asyncio.wait_for(scenario(), WAIT_S * 2))
+
+
+def test_a_candidates_transport_delivers_only_the_vote_answers_its_core_can_use() -> None:
+    """A tablet's transport sends its core's vote requests on the server's streams: a granted
+    vote reaches the core; a refusal, or an answer the core cannot read, is dropped there and
+    leaves the stream to the voter's server working for the next one."""
+
+    async def scenario() -> None:
+        served = PeerStreams(SERVER)
+        announcer = _Announcer(served)
+        channel = PeerChannelServer(SERVER, announcer.serve, frame_bytes_max=FRAME_MAX)
+        server = RpcServer("127.0.0.1:0", RpcSettings())
+        server.add_service(consensus_pb2_grpc.add_ConsensusServiceServicer_to_server, announcer)
+        await server.start()
+        announcer.port = await channel.start("127.0.0.1", 0)
+        client = PeerStreams(CLIENT)
+        addresses = {SERVER: server.address}
+        delivered: dict[str, list[Message]] = {t: [] for t in (VOTING, GARBLED, "n" * 32)}
+        transports = {
+            tablet_id: GrpcTransport(CLIENT, tablet_id, addresses.get, peer_streams=client)
+            for tablet_id in delivered
+        }
+        arrived = asyncio.Event()
+
+        def deliver_to(tablet_id: str) -> Callable[[Message], None]:
+            def deliver(message: Message) -> None:
+                delivered[tablet_id].append(message)
+                arrived.set()
+
+            return deliver
+
+        runners = [asyncio.create_task(served.run()), asyncio.create_task(client.run())]
+        runners += [asyncio.create_task(transports[t].run(deliver_to(t))) for t in delivered]
+        await asyncio.sleep(0)
+        try:
+            for tablet_id in (GARBLED, "n" * 32, VOTING):  # the usable answer last
+                request = VoteRequest(CLIENT, SERVER, 3, OpId(1, 7), pre_election=True)
+                transports[tablet_id].send(request)
+            await arrived.wait()
+            (granted,) = delivered[VOTING]
+            assert isinstance(granted, VoteResponse)
+            assert (granted.src, granted.dest, granted.granted) == (SERVER, CLIENT, True)
+            assert granted.pre_election
+            assert delivered[GARBLED] == delivered["n" * 32] == []
+            assert transports[GARBLED].messages_dropped == 1
+            assert transports["n" * 32].messages_dropped == 1
+            assert client.votes_sent == {"channel": 3, "grpc": 0}
         finally:
             for runner in runners:
                 runner.cancel()

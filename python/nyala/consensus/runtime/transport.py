@@ -34,8 +34,9 @@ from nyala.consensus.messages import (
 )
 from nyala.consensus.runtime import wire
 from nyala.consensus.runtime.peer_streams import PeerStreams
-from nyala.errors import NyalaError, ServiceUnavailableError
+from nyala.errors import NetworkError, NyalaError, ServiceUnavailableError
 from nyala.rpc.channel import ServerProxy
+from nyala.rpc.errors import raise_for_response
 from nyala.rpc.settings import RpcSettings
 
 log = logging.getLogger(__name__)
@@ -447,11 +448,16 @@ class GrpcTransport:
             return
 
         def answered(answer: consensus_pb2.VoteResponsePB | BaseException) -> None:
-            if isinstance(answer, BaseException) or answer.HasField("error"):
-                log.debug("vote request to %s failed: %r", request.dest, answer)
+            try:
+                if isinstance(answer, BaseException):  # lost with its stream
+                    raise NetworkError(f"vote request lost: {answer!r}")
+                raise_for_response(answer)  # refused
+                response = wire.vote_response_from_pb(answer, request)  # or unreadable
+            except NyalaError as e:
+                log.debug("vote request to %s failed: %r", request.dest, e)
                 self.messages_dropped += 1
                 return
-            self._inbound(wire.vote_response_from_pb(answer, request))
+            self._inbound(response)
 
         pb = wire.vote_request_to_pb(request, self.tablet_id)
         streams.send_vote(request.dest, address, pb, answered)
