@@ -6,6 +6,7 @@ is in ``test_consensus_runtime.py`` (``test_replicates_over_grpc_streams``, chan
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import socket
 import struct
@@ -507,6 +508,37 @@ def channel_port_nobody_listens_on() -> int:
     return port
 
 
+@contextlib.asynccontextmanager
+async def _announcing_server(route: Callable[[str], Any] = _no_tablets) -> AsyncIterator[Any]:
+    """A server's RPC port announcing its peer channel, both answered by one real
+    ``PeerStreams.serve`` (run here) with ``route`` for its tablets; yields the RPC server."""
+    served = PeerStreams(SERVER)
+    announcer = _Announcer(served, route)
+    channel = PeerChannelServer(SERVER, announcer.serve, frame_bytes_max=FRAME_MAX)
+    server = RpcServer("127.0.0.1:0", RpcSettings())
+    server.add_service(consensus_pb2_grpc.add_ConsensusServiceServicer_to_server, announcer)
+    await server.start()
+    announcer.port = await channel.start("127.0.0.1", 0)
+    try:
+        async with _running(served):
+            yield server
+    finally:
+        channel.close()
+        await server.stop(0)
+
+
+@contextlib.asynccontextmanager
+async def _running(streams: PeerStreams) -> AsyncIterator[PeerStreams]:
+    """``streams.run()`` for the length of the block."""
+    runner = asyncio.create_task(streams.run())
+    await asyncio.sleep(0)
+    try:
+        yield streams
+    finally:
+        runner.cancel()
+        await asyncio.gather(runner, return_exceptions=True)
+
+
 class _Unanswered:
     """A tablet whose AppendEntries are taken and never answered: a follower whose disk does
     not come back."""
@@ -528,18 +560,9 @@ def test_votes_go_while_appends_wait_for_answers() -> None:
     but a vote request does not wait behind it (an election must not wait for a slow disk)."""
 
     async def scenario() -> None:
-        served = PeerStreams(SERVER)
         tablet = _Unanswered()
-        announcer = _Announcer(served, route=lambda _tablet_id: tablet)
-        channel = PeerChannelServer(SERVER, announcer.serve, frame_bytes_max=FRAME_MAX)
-        server = RpcServer("127.0.0.1:0", RpcSettings())
-        server.add_service(consensus_pb2_grpc.add_ConsensusServiceServicer_to_server, announcer)
-        await server.start()
-        announcer.port = await channel.start("127.0.0.1", 0)
         client = PeerStreams(CLIENT, options=PeerStreamsOptions(unanswered_requests_max=1))
-        runners = [asyncio.create_task(served.run()), asyncio.create_task(client.run())]
-        await asyncio.sleep(0)
-        try:
+        async with _announcing_server(lambda _tablet_id: tablet) as server, _running(client):
             appended: list[Any] = []
             for tablet_id in ("a" * 32, "b" * 32):  # the second, once the first is written
                 client.send(SERVER, server.address, _request(tablet_id), appended.append)
@@ -550,12 +573,6 @@ def test_votes_go_while_appends_wait_for_answers() -> None:
             assert tablet.taken == 1  # the second is still queued at the client
             assert client.requests_sent == {"channel": 1, "grpc": 0}
             assert client.votes_sent == {"channel": 1, "grpc": 0}
-        finally:
-            for runner in runners:
-                runner.cancel()
-            await asyncio.gather(*runners, return_exceptions=True)
-            channel.close()
-            await server.stop(0)
 
     asyncio.run(asyncio.wait_for(scenario(), WAIT_S * 2))
 
@@ -566,20 +583,8 @@ def test_a_candidates_transport_delivers_only_the_vote_answers_its_core_can_use(
     leaves the stream to the voter's server working for the next one."""
 
     async def scenario() -> None:
-        served = PeerStreams(SERVER)
-        announcer = _Announcer(served)
-        channel = PeerChannelServer(SERVER, announcer.serve, frame_bytes_max=FRAME_MAX)
-        server = RpcServer("127.0.0.1:0", RpcSettings())
-        server.add_service(consensus_pb2_grpc.add_ConsensusServiceServicer_to_server, announcer)
-        await server.start()
-        announcer.port = await channel.start("127.0.0.1", 0)
         client = PeerStreams(CLIENT)
-        addresses = {SERVER: server.address}
         delivered: dict[str, list[Message]] = {t: [] for t in (VOTING, GARBLED, "n" * 32)}
-        transports = {
-            tablet_id: GrpcTransport(CLIENT, tablet_id, addresses.get, peer_streams=client)
-            for tablet_id in delivered
-        }
         arrived = asyncio.Event()
 
         def deliver_to(tablet_id: str) -> Callable[[Message], None]:
@@ -589,10 +594,14 @@ def test_a_candidates_transport_delivers_only_the_vote_answers_its_core_can_use(
 
             return deliver
 
-        runners = [asyncio.create_task(served.run()), asyncio.create_task(client.run())]
-        runners += [asyncio.create_task(transports[t].run(deliver_to(t))) for t in delivered]
-        await asyncio.sleep(0)
-        try:
+        async with _announcing_server() as server, _running(client):
+            addresses = {SERVER: server.address}
+            transports = {
+                tablet_id: GrpcTransport(CLIENT, tablet_id, addresses.get, peer_streams=client)
+                for tablet_id in delivered
+            }
+            runners = [asyncio.create_task(transports[t].run(deliver_to(t))) for t in delivered]
+            await asyncio.sleep(0)
             for tablet_id in (GARBLED, "n" * 32, VOTING):  # the usable answer last
                 request = VoteRequest(CLIENT, SERVER, 3, OpId(1, 7), pre_election=True)
                 transports[tablet_id].send(request)
@@ -605,11 +614,8 @@ def test_a_candidates_transport_delivers_only_the_vote_answers_its_core_can_use(
             assert transports[GARBLED].messages_dropped == 1
             assert transports["n" * 32].messages_dropped == 1
             assert client.votes_sent == {"channel": 3, "grpc": 0}
-        finally:
             for runner in runners:
                 runner.cancel()
             await asyncio.gather(*runners, return_exceptions=True)
-            channel.close()
-            await server.stop(0)
 
     asyncio.run(asyncio.wait_for(scenario(), WAIT_S * 2))
