@@ -34,7 +34,7 @@ from nyala.consensus.messages import (
 )
 from nyala.consensus.runtime import wire
 from nyala.consensus.runtime.peer_streams import PeerStreams
-from nyala.errors import NetworkError, NyalaError, ServiceUnavailableError
+from nyala.errors import NyalaError, ServiceUnavailableError
 from nyala.rpc.channel import ServerProxy
 from nyala.rpc.errors import raise_for_response
 from nyala.rpc.settings import RpcSettings
@@ -154,7 +154,7 @@ class GrpcTransportOptions:
 
     # RunLeaderElection deadline. (Vote requests go on the peer streams, which have no
     # deadline per request: an answer comes, or the stream breaks.)
-    vote_timeout_ms: int = 2_000
+    election_nudge_timeout_ms: int = 2_000
     reply_timeout_ms: int = 5_000  # how long a server handler waits for the core's answer
 
 
@@ -448,19 +448,23 @@ class GrpcTransport:
             return
 
         def answered(answer: consensus_pb2.VoteResponsePB | BaseException) -> None:
+            if isinstance(answer, BaseException):  # lost with its stream
+                self._vote_lost(request, answer)
+                return
             try:
-                if isinstance(answer, BaseException):  # lost with its stream
-                    raise NetworkError(f"vote request lost: {answer!r}")
                 raise_for_response(answer)  # refused
                 response = wire.vote_response_from_pb(answer, request)  # or unreadable
             except NyalaError as e:
-                log.debug("vote request to %s failed: %r", request.dest, e)
-                self.messages_dropped += 1
+                self._vote_lost(request, e)
                 return
             self._inbound(response)
 
         pb = wire.vote_request_to_pb(request, self.tablet_id)
         streams.send_vote(request.dest, address, pb, answered)
+
+    def _vote_lost(self, request: VoteRequest, why: BaseException) -> None:
+        log.debug("vote request to %s failed: %r", request.dest, why)
+        self.messages_dropped += 1
 
     async def _run_leader_election(self, message: TimeoutNow) -> None:
         address = self._addresses(message.dest)
@@ -472,7 +476,7 @@ class GrpcTransport:
             await proxy.call(
                 proxy.consensus.RunLeaderElection,
                 wire.timeout_now_to_pb(message, self.tablet_id),
-                timeout_ms=self._opts.vote_timeout_ms,
+                timeout_ms=self._opts.election_nudge_timeout_ms,
             )
         except NyalaError as e:
             log.debug("leadership transfer nudge to %s failed: %r", message.dest, e)
