@@ -13,6 +13,7 @@ mod errors;
 mod partition;
 mod pools;
 mod storage;
+mod tls;
 mod wal;
 mod wal_inspect;
 
@@ -28,5 +29,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     consensus::register(m)?;
     pools::register(m)?;
     copy::register(m)?;
+    tls::register(m)?;
     Ok(())
 }

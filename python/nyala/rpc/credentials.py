@@ -15,8 +15,10 @@ from pathlib import Path
 
 import grpc
 
+from nyala import _native
 from nyala.errors import InvalidArgumentError
 from nyala.rpc.errors import split_host_port
+from nyala.rpc.tls_socket import tls_config
 from nyala.security.files import TlsSettings, write_private
 from nyala.security.identity import Identity, Role, server_dns_name
 
@@ -37,20 +39,11 @@ def server_credentials(tls: TlsSettings) -> grpc.ServerCredentials:
     )
 
 
-def socket_tls_context(tls: TlsSettings, *, server: bool) -> ssl.SSLContext:
-    """The same mutual TLS for a plain socket (the consensus peer channel): this side shows
-    its certificate and requires one of the CA from the other; a client checks the name it
-    is given (``peer_server_name``)."""
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER if server else ssl.PROTOCOL_TLS_CLIENT)
-    context.minimum_version = ssl.TLSVersion.TLSv1_2
-    context.verify_mode = ssl.CERT_REQUIRED
-    context.load_verify_locations(cadata=tls.ca_pem.decode())
-    with tempfile.TemporaryDirectory() as scratch:  # the ssl module loads keys from files
-        cert, key = Path(scratch) / "cert.pem", Path(scratch) / "key.pem"
-        write_private(cert, tls.cert_pem)
-        write_private(key, tls.key_pem)
-        context.load_cert_chain(cert, key)
-    return context
+def channel_tls_config(tls: TlsSettings, *, server: bool) -> _native.TlsConfig:
+    """The same mutual TLS for the consensus peer channel (``rpc.tls_socket``): this side
+    shows its certificate and requires one of the CA from the other; a client checks the
+    name it is given (``peer_server_name``)."""
+    return tls_config(tls.ca_pem, tls.cert_pem, tls.key_pem, server=server)
 
 
 def peer_server_name(server_uuid: str) -> str:

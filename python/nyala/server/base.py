@@ -28,7 +28,7 @@ from nyala.consensus.runtime.transport import GrpcTransport
 from nyala.consensus.runtime.wal_log import WalLogOptions
 from nyala.errors import NyalaError
 from nyala.rpc import HttpResponse, HttpServer, RpcMetrics, RpcServer
-from nyala.rpc.credentials import socket_tls_context
+from nyala.rpc.credentials import channel_tls_config
 from nyala.rpc.errors import join_host_port, split_host_port
 from nyala.rpc.http import HttpRequest, Route
 from nyala.rpc.settings import MIB
@@ -175,7 +175,7 @@ class ServerBase:
             self.uuid,
             consensus.serve_peer_batches,
             frame_bytes_max=frame_bytes_max(s.rpc_message_bytes_max),
-            tls=None if tls is None else socket_tls_context(tls, server=True),
+            tls=None if tls is None else channel_tls_config(tls, server=True),
         )
         host = split_host_port(s.rpc_bind)[0]
         port = await channel.start(host, s.consensus_peer_channel_port)

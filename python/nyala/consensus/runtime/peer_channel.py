@@ -33,7 +33,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import ssl
+import socket
 import struct
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -49,6 +49,7 @@ from nyala.rpc.credentials import not_a_server, peer_server_name
 from nyala.rpc.errors import error_to_pb
 from nyala.rpc.pb_fields import length_delimited_head, varint
 from nyala.rpc.service import check_dest_uuid
+from nyala.rpc.tls_socket import SocketTlsTransport, tls_handshake
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +61,9 @@ _LENGTH = struct.Struct(">I")
 _JOIN_BYTES_MAX = 256 * 1024
 # A request's entry batch this large is written from where it lies (one more send, no copy).
 _IN_PLACE_BYTES_MIN = 64 * 1024
+
+#: How long a dialler has to complete a secure channel's handshake.
+HANDSHAKE_TIMEOUT_S = 10.0
 
 #: Room over a peer's largest gRPC message for the batch around it.
 _FRAME_SLACK_BYTES = 64 * 1024
@@ -213,13 +217,14 @@ class PeerChannelServer:
         serve: ServeBatches,
         *,
         frame_bytes_max: int,
-        tls: ssl.SSLContext | None = None,
+        tls: _native.TlsConfig | None = None,
     ) -> None:
         self.server_uuid = server_uuid
         self._serve = serve
         self._frame_bytes_max = frame_bytes_max
-        self._ssl = tls  # the server side of mutual TLS (rpc.credentials.socket_tls_context)
+        self._tls = tls  # the server side of mutual TLS (rpc.credentials.channel_tls_config)
         self._server: asyncio.Server | None = None
+        self._listener: socket.socket | None = None  # a secure channel's (it accepts itself)
         self._connections: set[asyncio.Task[None]] = set()
         self.port = 0
         self.connections_refused = 0  # wrong magic, oversized frame, unparseable batch
@@ -227,13 +232,20 @@ class PeerChannelServer:
     async def start(self, host: str, port: int) -> int:
         """Listens on ``host``:``port`` (0: any free port); returns the port."""
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(
-            lambda: _FrameConnection(self._frame_bytes_max, self._connected),
-            host,
-            port,
-            ssl=self._ssl,
-        )
-        self.port = self._server.sockets[0].getsockname()[1]
+        if self._tls is None:
+            self._server = await loop.create_server(
+                lambda: _FrameConnection(self._frame_bytes_max, self._connected), host, port
+            )
+            self.port = self._server.sockets[0].getsockname()[1]
+            return self.port
+        # TLS by the extension (rpc.tls_socket), not asyncio's TLS transport: this server
+        # accepts and shakes hands itself.
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        listener = socket.create_server((host, port), family=family)
+        listener.setblocking(False)
+        self._listener = listener
+        self.port = listener.getsockname()[1]
+        self._track(loop.create_task(self._accept(listener)))
         return self.port
 
     def close(self) -> None:
@@ -244,12 +256,44 @@ class PeerChannelServer:
             self._server = None
         for task in list(self._connections):
             task.cancel()
+        if self._listener is not None:
+            self._listener.close()
+            self._listener = None
         self.port = 0
 
-    def _connected(self, connection: _FrameConnection) -> None:
-        task = asyncio.get_running_loop().create_task(self._handle(connection))
+    def _track(self, task: asyncio.Task[None]) -> None:
         self._connections.add(task)
         task.add_done_callback(self._connections.discard)
+
+    def _connected(self, connection: _FrameConnection) -> None:
+        self._track(asyncio.get_running_loop().create_task(self._handle(connection)))
+
+    async def _accept(self, listener: socket.socket) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                sock, _ = await loop.sock_accept(listener)
+            except OSError as exc:  # out of descriptors, say: the next accept may succeed
+                log.warning("peer channel: accept failed: %s", exc)
+                await asyncio.sleep(0.1)
+                continue
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self._track(loop.create_task(self._shake_hands(sock)))
+
+    async def _shake_hands(self, sock: socket.socket) -> None:
+        assert self._tls is not None
+        try:
+            async with asyncio.timeout(HANDSHAKE_TIMEOUT_S):
+                session = await tls_handshake(sock, self._tls)
+        except (OSError, TimeoutError) as exc:  # ConnectionError: the TLS handshake failed
+            log.debug("peer channel: handshake on %s failed: %r", sock, exc)
+            sock.close()
+            return
+        except BaseException:
+            sock.close()
+            raise
+        connection = _FrameConnection(self._frame_bytes_max, self._connected)
+        SocketTlsTransport(asyncio.get_running_loop(), sock, session, connection)
 
     async def _handle(self, connection: _FrameConnection) -> None:
         peer = connection.get_extra_info("peername")
@@ -260,7 +304,7 @@ class PeerChannelServer:
                 log.warning("peer channel: %s did not open with the channel's magic; closed", peer)
                 return
             try:
-                if self._ssl is not None:
+                if self._tls is not None:
                     why = not_a_server(connection.get_extra_info("peercert"))
                     if why is not None:
                         raise NotAuthorizedError(f"the peer channel {why} ({peer})")
@@ -274,7 +318,7 @@ class PeerChannelServer:
                 refusal = consensus_pb2.ConsensusBatchResponsePB(error=error_to_pb(exc))
                 connection.write_frame(refusal.SerializeToString())
                 await connection.drain()
-        except (ConnectionError, ssl.SSLError):
+        except ConnectionError:  # the TLS session's failures included
             pass  # the peer went away; what it was owed is lost, as on a broken stream
         finally:
             connection.close()
@@ -501,21 +545,54 @@ async def open_peer_channel(
     port: int,
     *,
     timeout_ms: int,
-    tls: ssl.SSLContext | None = None,
+    tls: _native.TlsConfig | None = None,
     server_uuid: str = "",
 ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
     """Connects to a peer's channel (with ``tls``, checking its certificate names
     ``server_uuid``) and writes the magic; raises ``NetworkError``."""
-    name = peer_server_name(server_uuid) if tls is not None else None
     try:
         async with asyncio.timeout(timeout_ms / 1000):
-            reader, writer = await asyncio.open_connection(
-                host, port, ssl=tls, server_hostname=name
-            )
-    except (OSError, TimeoutError) as exc:  # ssl.SSLError included
+            if tls is None:
+                reader, writer = await asyncio.open_connection(host, port)
+            else:
+                reader, writer = await _open_tls(host, port, tls, peer_server_name(server_uuid))
+    except (OSError, TimeoutError) as exc:  # ConnectionError: the TLS handshake failed
         raise NetworkError(f"cannot connect to the peer channel at {host}:{port}: {exc}") from None
     writer.write(MAGIC)
     return reader, writer
+
+
+async def _open_tls(
+    host: str, port: int, tls: _native.TlsConfig, server_name: str
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A stream over the extension's TLS (``rpc.tls_socket``), the dialler's side."""
+    loop = asyncio.get_running_loop()
+    failure: OSError = OSError(f"no address for {host}")
+    for family, kind, proto, _, address in await loop.getaddrinfo(
+        host, port, type=socket.SOCK_STREAM
+    ):
+        sock = socket.socket(family, kind, proto)
+        try:
+            sock.setblocking(False)
+            await loop.sock_connect(sock, address)
+        except OSError as exc:
+            sock.close()
+            failure = exc
+            continue
+        except BaseException:
+            sock.close()
+            raise
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            session = await tls_handshake(sock, tls, server_hostname=server_name)
+        except BaseException:
+            sock.close()
+            raise
+        reader = asyncio.StreamReader(loop=loop)
+        protocol = asyncio.StreamReaderProtocol(reader, loop=loop)
+        transport = SocketTlsTransport(loop, sock, session, protocol)
+        return reader, asyncio.StreamWriter(transport, protocol, reader, loop)
+    raise failure
 
 
 async def answers_of(

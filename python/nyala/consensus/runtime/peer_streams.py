@@ -32,7 +32,6 @@ import contextlib
 import functools
 import itertools
 import logging
-import ssl
 from collections import deque
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -40,6 +39,7 @@ from typing import Any, Protocol, TypeAlias, TypeVar
 
 import grpc
 
+from nyala import _native
 from nyala._proto import consensus_pb2
 from nyala.consensus.runtime import wire
 from nyala.consensus.runtime.peer_channel import (
@@ -51,7 +51,7 @@ from nyala.consensus.runtime.peer_channel import (
 )
 from nyala.errors import NetworkError, NotSupportedError, NyalaError, ServiceUnavailableError
 from nyala.rpc.channel import ServerProxy
-from nyala.rpc.credentials import socket_tls_context
+from nyala.rpc.credentials import channel_tls_config
 from nyala.rpc.errors import error_to_pb, raise_for_response, split_host_port
 from nyala.rpc.settings import RpcSettings
 
@@ -148,7 +148,7 @@ class PeerStreams:
         self.requests_sent = {"channel": 0, "grpc": 0}
         self.votes_sent = {"channel": 0, "grpc": 0}
         self.channel_fallbacks = 0  # a peer announced a channel that could not be reached
-        self._tls_context: ssl.SSLContext | None = None
+        self._tls_config: _native.TlsConfig | None = None
 
     async def run(self) -> None:
         """Serves until cancelled; then fails what is still waiting and closes the channels."""
@@ -227,15 +227,15 @@ class PeerStreams:
             peer.task = group.create_task(self._stream_loop(peer), name=f"peer-{dest_uuid}")
         return peer
 
-    def _channel_tls(self) -> ssl.SSLContext | None:
+    def _channel_tls(self) -> _native.TlsConfig | None:
         """The client side of the channels' mutual TLS (None on an insecure cluster), made
         once: loading the CA and the key is most of a connection's setup."""
         tls = self._settings.tls
         if tls is None:
             return None
-        if self._tls_context is None:
-            self._tls_context = socket_tls_context(tls, server=False)
-        return self._tls_context
+        if self._tls_config is None:
+            self._tls_config = channel_tls_config(tls, server=False)
+        return self._tls_config
 
     def connections(self) -> dict[str, int]:
         """Peers whose current connection is the channel, and those on the gRPC stream."""

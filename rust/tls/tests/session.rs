@@ -1,0 +1,240 @@
+//! Sessions on both ends of a socket pair, driven in one thread: the handshake's checks, and
+//! data through in both directions in pieces larger and smaller than a record.
+
+use std::os::fd::AsRawFd;
+use std::os::unix::net::UnixStream;
+
+use nyala_tls::{Progress, Received, Session, TlsConfig, TlsError};
+
+fn data(name: &str) -> Vec<u8> {
+    let path = format!("{}/tests/data/{name}", env!("CARGO_MANIFEST_DIR"));
+    std::fs::read(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
+}
+
+fn server_config() -> TlsConfig {
+    TlsConfig::server(&data("ca.pem"), &data("server.pem"), &data("server.key")).unwrap()
+}
+
+fn client_config(cert: &str) -> TlsConfig {
+    TlsConfig::client(
+        &data("ca.pem"),
+        &data(&format!("{cert}.pem")),
+        &data(&format!("{cert}.key")),
+    )
+    .unwrap()
+}
+
+struct Pair {
+    server: Session,
+    client: Session,
+    _sockets: (UnixStream, UnixStream),
+}
+
+fn pair(client: TlsConfig, server_name: &str) -> Pair {
+    let (a, b) = UnixStream::pair().unwrap();
+    a.set_nonblocking(true).unwrap();
+    b.set_nonblocking(true).unwrap();
+    let server = Session::new(&server_config(), a.as_raw_fd(), None).unwrap();
+    let client = Session::new(&client, b.as_raw_fd(), Some(server_name)).unwrap();
+    Pair {
+        server,
+        client,
+        _sockets: (a, b),
+    }
+}
+
+/// Steps both handshakes until both are done or one fails.
+fn shake(p: &mut Pair) -> (Result<(), TlsError>, Result<(), TlsError>) {
+    let (mut server_done, mut client_done) = (None, None);
+    for _ in 0..100 {
+        if client_done.is_none() {
+            match p.client.handshake() {
+                Ok(Progress::Done) => client_done = Some(Ok(())),
+                Ok(_) => {}
+                Err(e) => client_done = Some(Err(e)),
+            }
+        }
+        if server_done.is_none() {
+            match p.server.handshake() {
+                Ok(Progress::Done) => server_done = Some(Ok(())),
+                Ok(_) => {}
+                Err(e) => server_done = Some(Err(e)),
+            }
+        }
+        if server_done.is_some() && client_done.is_some() {
+            break;
+        }
+    }
+    (
+        server_done.expect("server handshake stuck"),
+        client_done.expect("client handshake stuck"),
+    )
+}
+
+/// Moves `message` from `from` to `to`, in `piece`-byte writes and reads into a buffer of
+/// `buffer` bytes, flushing when the socket fills; returns what `to` received.
+fn transfer(
+    from: &mut Session,
+    to: &mut Session,
+    message: &[u8],
+    piece: usize,
+    buffer: usize,
+) -> Vec<u8> {
+    let mut got = Vec::new();
+    let mut out = vec![0u8; buffer];
+    let mut sent = 0;
+    let mut unsent = 0;
+    while got.len() < message.len() {
+        if unsent > 0 {
+            unsent = from.flush().unwrap();
+        } else if sent < message.len() {
+            let end = (sent + piece).min(message.len());
+            unsent = from.send(&message[sent..end]).unwrap();
+            sent = end;
+        }
+        loop {
+            match to.recv_into(&mut out).unwrap() {
+                Received::Data(n) => got.extend_from_slice(&out[..n]),
+                Received::WouldBlock => break,
+                Received::Eof => panic!("unexpected end after {} bytes", got.len()),
+            }
+        }
+    }
+    got
+}
+
+#[test]
+fn data_goes_both_ways_in_pieces_of_every_size() {
+    let mut p = pair(client_config("client"), "srv.server.nyala");
+    let (server, client) = shake(&mut p);
+    server.unwrap();
+    client.unwrap();
+    assert!(
+        p.client.cipher().unwrap().contains("AES_128_GCM"),
+        "{:?}",
+        p.client.cipher()
+    );
+    let message: Vec<u8> = (0..3_000_000u32)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 24) as u8)
+        .collect();
+    for (piece, buffer) in [
+        (1_000_000, 256 * 1024),
+        (100_000, 7),
+        (16_385, 100_000),
+        (1, 4096),
+    ] {
+        let message = &message[..if piece == 1 { 5_000 } else { message.len() }];
+        assert_eq!(
+            transfer(&mut p.client, &mut p.server, message, piece, buffer),
+            message
+        );
+        assert_eq!(
+            transfer(&mut p.server, &mut p.client, message, piece, buffer),
+            message
+        );
+    }
+    // Each side sees the other's certificate.
+    assert_eq!(
+        p.server.peer_certificate().unwrap(),
+        pem_der(&data("client.pem"))
+    );
+    assert_eq!(
+        p.client.peer_certificate().unwrap(),
+        pem_der(&data("server.pem"))
+    );
+}
+
+fn pem_der(pem: &[u8]) -> Vec<u8> {
+    use rustls::pki_types::pem::PemObject;
+    rustls::pki_types::CertificateDer::from_pem_slice(pem)
+        .unwrap()
+        .to_vec()
+}
+
+#[test]
+fn a_client_certificate_of_another_ca_is_refused() {
+    let mut p = pair(client_config("stranger"), "srv.server.nyala");
+    let (server, _client) = shake(&mut p);
+    let err = server
+        .expect_err("the server accepted a stranger")
+        .to_string();
+    assert!(
+        err.contains("UnknownIssuer") || err.contains("issuer"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_server_certificate_for_another_name_is_refused() {
+    let mut p = pair(client_config("client"), "someone-else.server.nyala");
+    let (_server, client) = shake(&mut p);
+    let err = client
+        .expect_err("the client accepted the wrong server")
+        .to_string();
+    assert!(
+        err.contains("NotValidForName") || err.contains("name"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_clean_close_and_a_cut_connection_both_end_the_stream() {
+    let mut p = pair(client_config("client"), "srv.server.nyala");
+    let (s, c) = shake(&mut p);
+    s.unwrap();
+    c.unwrap();
+    assert_eq!(
+        transfer(&mut p.client, &mut p.server, b"last words", 100, 100),
+        b"last words"
+    );
+    p.client.close_notify();
+    let mut out = [0u8; 64];
+    assert_eq!(p.server.recv_into(&mut out).unwrap(), Received::Eof);
+
+    let (a, b) = UnixStream::pair().unwrap();
+    a.set_nonblocking(true).unwrap();
+    b.set_nonblocking(true).unwrap();
+    let mut p = Pair {
+        server: Session::new(&server_config(), a.as_raw_fd(), None).unwrap(),
+        client: Session::new(
+            &client_config("client"),
+            b.as_raw_fd(),
+            Some("srv.server.nyala"),
+        )
+        .unwrap(),
+        _sockets: (a.try_clone().unwrap(), b.try_clone().unwrap()),
+    };
+    let (s, c) = shake(&mut p);
+    s.unwrap();
+    c.unwrap();
+    b.shutdown(std::net::Shutdown::Both).unwrap(); // no close_notify
+    assert_eq!(p.server.recv_into(&mut out).unwrap(), Received::Eof);
+}
+
+#[test]
+fn plaintext_is_not_a_handshake() {
+    let (a, mut b) = UnixStream::pair().unwrap();
+    a.set_nonblocking(true).unwrap();
+    let mut server = Session::new(&server_config(), a.as_raw_fd(), None).unwrap();
+    use std::io::Write;
+    b.write_all(b"NYPC\x00\x00\x00\x01 and a frame that is not TLS")
+        .unwrap();
+    let err = server
+        .handshake()
+        .expect_err("plaintext passed as a handshake");
+    assert!(matches!(err, TlsError::Tls(_)), "{err}");
+}
+
+#[test]
+fn bad_configuration_is_refused_with_what_is_wrong() {
+    let err = TlsConfig::server(b"not a pem", &data("server.pem"), &data("server.key"))
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(err.contains("CA"), "{err}");
+    let err = TlsConfig::client(&data("ca.pem"), &data("client.pem"), b"")
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(err.contains("private key"), "{err}");
+}
