@@ -129,6 +129,12 @@ impl PyTlsSession {
         py.detach(|| self.inner.flush()).map_err(session_error)
     }
 
+    /// Whether decrypted plaintext waits in the session, which the socket's readiness does
+    /// not show (read it without waiting).
+    fn has_buffered(&self) -> bool {
+        self.inner.has_buffered()
+    }
+
     /// Whether records still wait to be written.
     fn wants_write(&self) -> bool {
         self.inner.wants_write()

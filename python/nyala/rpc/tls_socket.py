@@ -255,6 +255,9 @@ class SocketTlsTransport(asyncio.Transport):
         except OSError as exc:
             self._finish(exc)
             return
+        if self._reading and self._session.has_buffered():
+            # Records that had come were decrypted on the way (rustls takes them first).
+            self._loop.call_soon(self._on_readable)
         if self._unsent:
             self._add_writer()
             if not self._writing_paused and self._unsent > _HIGH_WATER:

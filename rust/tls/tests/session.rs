@@ -27,7 +27,7 @@ fn client_config(cert: &str) -> TlsConfig {
 struct Pair {
     server: Session,
     client: Session,
-    _sockets: (UnixStream, UnixStream),
+    sockets: (UnixStream, UnixStream),
 }
 
 fn pair(client: TlsConfig, server_name: &str) -> Pair {
@@ -39,11 +39,12 @@ fn pair(client: TlsConfig, server_name: &str) -> Pair {
     Pair {
         server,
         client,
-        _sockets: (a, b),
+        sockets: (a, b),
     }
 }
 
-/// Steps both handshakes until both are done or one fails.
+/// Steps both handshakes until both are done or one fails; a side that fails closes its
+/// socket, as the channel does.
 fn shake(p: &mut Pair) -> (Result<(), TlsError>, Result<(), TlsError>) {
     let (mut server_done, mut client_done) = (None, None);
     for _ in 0..100 {
@@ -51,14 +52,20 @@ fn shake(p: &mut Pair) -> (Result<(), TlsError>, Result<(), TlsError>) {
             match p.client.handshake() {
                 Ok(Progress::Done) => client_done = Some(Ok(())),
                 Ok(_) => {}
-                Err(e) => client_done = Some(Err(e)),
+                Err(e) => {
+                    client_done = Some(Err(e));
+                    p.sockets.1.shutdown(std::net::Shutdown::Both).unwrap();
+                }
             }
         }
         if server_done.is_none() {
             match p.server.handshake() {
                 Ok(Progress::Done) => server_done = Some(Ok(())),
                 Ok(_) => {}
-                Err(e) => server_done = Some(Err(e)),
+                Err(e) => {
+                    server_done = Some(Err(e));
+                    p.sockets.0.shutdown(std::net::Shutdown::Both).unwrap();
+                }
             }
         }
         if server_done.is_some() && client_done.is_some() {
@@ -202,7 +209,7 @@ fn a_clean_close_and_a_cut_connection_both_end_the_stream() {
             Some("srv.server.nyala"),
         )
         .unwrap(),
-        _sockets: (a.try_clone().unwrap(), b.try_clone().unwrap()),
+        sockets: (a.try_clone().unwrap(), b.try_clone().unwrap()),
     };
     let (s, c) = shake(&mut p);
     s.unwrap();
@@ -237,4 +244,26 @@ fn bad_configuration_is_refused_with_what_is_wrong() {
         .unwrap()
         .to_string();
     assert!(err.contains("private key"), "{err}");
+}
+
+#[test]
+fn data_that_comes_with_the_last_handshake_flight_waits_for_the_reader() {
+    let mut p = pair(client_config("client"), "srv.server.nyala");
+    // TLS 1.3: the client is done first, and writes at once.
+    let mut client_done = false;
+    for _ in 0..100 {
+        if p.client.handshake().unwrap() == Progress::Done {
+            client_done = true;
+            break;
+        }
+        assert_eq!(p.server.handshake().unwrap(), Progress::WantRead);
+    }
+    assert!(client_done);
+    assert_eq!(p.client.send(b"right behind the Finished").unwrap(), 0);
+    assert_eq!(p.server.handshake().unwrap(), Progress::Done);
+    let mut out = [0u8; 100];
+    let Received::Data(n) = p.server.recv_into(&mut out).unwrap() else {
+        panic!("the data was lost")
+    };
+    assert_eq!(&out[..n], b"right behind the Finished");
 }
