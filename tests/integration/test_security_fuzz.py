@@ -156,12 +156,25 @@ def _cut_tls_handshake(addr: str) -> None:
 def test_garbage_and_cut_handshakes_leave_servers_running(cluster: MiniCluster) -> None:
     rng = random.Random(7)
     http2_preface = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
-    for server in [*cluster.masters, *cluster.tservers]:
-        _raw(server.rpc_addr, http2_preface)  # plaintext gRPC
-        _raw(server.rpc_addr, b"\x16\x03\x01\xff\xff" + rng.randbytes(512))  # a lying record
-        _raw(server.rpc_addr, rng.randbytes(4096))
-        _raw(server.rpc_addr, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
-        _cut_tls_handshake(server.rpc_addr)
+    # The RPC ports, and the tablet servers' consensus peer channels (their TLS is the
+    # extension's, not gRPC's: the only port a tserver listens on besides RPC and HTTP).
+    targets = [server.rpc_addr for server in [*cluster.masters, *cluster.tservers]]
+    for ts in cluster.tservers:
+        (channel,) = ts.listening_ports() - {ts.rpc_port, ts.http_port}
+        targets.append(f"127.0.0.1:{channel}")
+    for addr in targets:
+        _raw(addr, http2_preface)  # plaintext gRPC
+        _raw(addr, b"\x16\x03\x01\xff\xff" + rng.randbytes(512))  # a lying record
+        _raw(addr, b"\x16\x03\x01\x00\x40" + rng.randbytes(64))  # a record of noise
+        _raw(addr, rng.randbytes(4096))
+        _raw(addr, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        _cut_tls_handshake(addr)
     for server in [*cluster.masters, *cluster.tservers]:
         assert server.is_running(), f"{server.name} died: {server.log_tail()}"
         server.wait_ready(10)
+    # Replication still works: a write is acknowledged (by a majority, over the channels).
+    assert cluster.security is not None
+    with nyala.connect(cluster.master_addrs, credentials=cluster.security.admin_dir) as client:
+        table = client.table("fuzzed")
+        assert table.upsert({"id": [990_001], "v": ["after the garbage"]}).ok
+        assert (990_001, "after the garbage") in _snapshot(cluster)

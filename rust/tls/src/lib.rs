@@ -2,20 +2,20 @@
 //!
 //! The consensus peer channel of a secure cluster carries most of a replicated write's bytes
 //! between servers, under mutual TLS. Python's `ssl` module does one record (16 KiB at
-//! most) per call, with two `read`s from the socket for each record it receives and one
-//! `write` for each it sends, and the event loop runs Python around every call. Here a
-//! `Session` reads the socket in large chunks, decrypts every whole record that came, and
-//! hands the caller as much plaintext as its buffer takes; and it encrypts all that it is
-//! given in one call, writing the records with one `writev`. The socket stays the caller's:
-//! a session borrows its descriptor, and the caller's event loop waits for it to be readable
-//! or writable as the session asks.
+//! most) per call, through memory buffers, and the event loop runs Python around every call.
+//! Here a `Session` (on rustls's unbuffered API) reads the socket in large chunks, decrypts
+//! every whole record where it was read and copies the plaintext once, into the caller's
+//! buffer, as much as that takes; and it encrypts all it is given, in one call, into one
+//! buffer that it writes from. The socket stays the caller's: a session borrows its
+//! descriptor, and the caller's event loop waits for it to be readable or writable as the
+//! session asks.
 //!
 //! Both sides show a certificate of the cluster CA and check the other's against it (the
 //! client also checks that the server's names `server_name`); TLS 1.3 only; no session
 //! resumption (a channel lives as long as its two servers do). Which nyala identity a peer
 //! certificate carries is the caller's business (`peer_certificate`).
 
-use std::io::{self, IoSlice, Read, Write};
+use std::io::{self, Read, Write};
 use std::os::fd::RawFd;
 use std::sync::Arc;
 
@@ -31,6 +31,8 @@ use rustls::{ClientConfig, CommonState, RootCertStore, ServerConfig, SupportedCi
 
 /// Bytes read from the socket in one call (several records' worth).
 const READ_CHUNK_BYTES: usize = 256 * 1024;
+/// The outgoing buffer kept once written (a larger one, grown for a large frame, is freed).
+const OUTGOING_KEEP_BYTES: usize = 4 << 20;
 /// A TLS record's largest size on the wire (16 KiB of data, its header, tag and padding).
 const MAX_RECORD_BYTES: usize = 16 * 1024 + 2048 + 5;
 
@@ -46,6 +48,8 @@ pub enum TlsError {
     ClosedInHandshake,
     #[error("the TLS session failed earlier")]
     Failed,
+    #[error("TLS: {0}")]
+    State(&'static str),
 }
 
 /// One side's configuration: its certificate chain and key, and the CA it checks peers
@@ -177,16 +181,6 @@ impl Write for Fd {
         Ok(n as usize)
     }
 
-    fn write_vectored(&mut self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
-        let count = bufs.len().min(1024) as libc::c_int; // IOV_MAX
-                                                         // SAFETY: IoSlice is ABI-compatible with iovec, and each slice is valid for reads.
-        let n = unsafe { libc::writev(self.0, bufs.as_ptr().cast(), count) };
-        if n < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(n as usize)
-    }
-
     fn flush(&mut self) -> io::Result<()> {
         Ok(())
     }
@@ -254,7 +248,7 @@ impl Outgoing {
                     return Ok(());
                 }
                 Err(Some(required)) if required > want => want = required,
-                Err(_) => return Err(TlsError::Config("TLS could not encode a record".into())),
+                Err(_) => return Err(TlsError::State("a record could not be encoded")),
             }
         }
     }
@@ -377,7 +371,7 @@ fn act<Data>(
             }
             Step::Traffic
         }
-        _ => return Err(TlsError::Config("early data is not accepted".into())),
+        _ => return Err(TlsError::State("early data is not accepted")),
     };
     Ok(step)
 }
@@ -654,8 +648,8 @@ impl Session {
             close,
             absorb: true,
         };
-        let mut result = Err(TlsError::Config(
-            "TLS did not become ready to encrypt".into(),
+        let mut result = Err(TlsError::State(
+            "the session did not become ready to encrypt",
         ));
         for _ in 0..64 {
             match self.process(&mut job) {
@@ -664,7 +658,7 @@ impl Session {
                     break;
                 }
                 Ok(Step::NeedRead) => {
-                    result = Err(TlsError::Config("the handshake is not done".into()));
+                    result = Err(TlsError::State("the handshake is not done"));
                     break;
                 }
                 Ok(Step::Closed) => {
@@ -733,6 +727,14 @@ impl Session {
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => return Err(e.into()),
             }
+        }
+        if self.outgoing.buf.len() > OUTGOING_KEEP_BYTES {
+            // A large frame's room, not kept for every frame after it.
+            self.outgoing = Outgoing {
+                buf: Vec::new(),
+                start: 0,
+                end: 0,
+            };
         }
         Ok(false)
     }

@@ -121,16 +121,23 @@ fn data_goes_both_ways_in_pieces_of_every_size() {
         "{:?}",
         p.client.cipher()
     );
-    let message: Vec<u8> = (0..3_000_000u32)
+    let message: Vec<u8> = (0..6_000_000u32)
         .map(|i| (i.wrapping_mul(2_654_435_761) >> 24) as u8)
         .collect();
     for (piece, buffer) in [
+        (6_000_000, 256 * 1024), // one frame larger than the outgoing room kept
         (1_000_000, 256 * 1024),
         (100_000, 7),
         (16_385, 100_000),
         (1, 4096),
     ] {
-        let message = &message[..if piece == 1 { 5_000 } else { message.len() }];
+        // Tiny pieces or a tiny buffer: a shorter message.
+        let len = match (piece, buffer) {
+            (1, _) => 5_000,
+            (_, 7) => 300_000,
+            _ => message.len(),
+        };
+        let message = &message[..len];
         assert_eq!(
             transfer(&mut p.client, &mut p.server, message, piece, buffer),
             message
@@ -266,4 +273,36 @@ fn data_that_comes_with_the_last_handshake_flight_waits_for_the_reader() {
         panic!("the data was lost")
     };
     assert_eq!(&out[..n], b"right behind the Finished");
+}
+
+#[test]
+fn a_send_while_records_wait_unread_keeps_them_in_order() {
+    let mut p = pair(client_config("client"), "srv.server.nyala");
+    let (s, c) = shake(&mut p);
+    s.unwrap();
+    c.unwrap();
+    let message: Vec<u8> = (0..100_000u32).map(|i| (i % 251) as u8).collect();
+    assert_eq!(p.server.send(&message).unwrap(), 0);
+    // The client takes a little; whole records stay unread, in its buffer.
+    let mut small = [0u8; 1000];
+    let Received::Data(first) = p.client.recv_into(&mut small).unwrap() else {
+        panic!("nothing came")
+    };
+    // rustls decrypts what waits before it encrypts: the send must still go out...
+    assert_eq!(p.client.send(b"meanwhile").unwrap(), 0);
+    let mut out = [0u8; 64];
+    let Received::Data(n) = p.server.recv_into(&mut out).unwrap() else {
+        panic!("the send was lost")
+    };
+    assert_eq!(&out[..n], b"meanwhile");
+    // ...and what was waiting is read after it, whole and in order.
+    let mut got = small[..first].to_vec();
+    let mut big = vec![0u8; 7_000];
+    while got.len() < message.len() {
+        match p.client.recv_into(&mut big).unwrap() {
+            Received::Data(n) => got.extend_from_slice(&big[..n]),
+            other => panic!("{other:?} after {} bytes", got.len()),
+        }
+    }
+    assert_eq!(got, message);
 }

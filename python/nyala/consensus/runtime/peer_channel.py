@@ -17,7 +17,8 @@ The wire, on one connection:
 On a secure cluster the connection is mutual TLS with the cluster CA, as every RPC is: the
 dialler checks that the server's certificate names the peer's UUID, and the server that the
 dialler's names a server (the role ``ConsensusPeerStream`` requires); a dialler without such a
-certificate gets one ``NOT_AUTHORIZED`` answer and the connection closes.
+certificate gets one ``NOT_AUTHORIZED`` answer and the connection closes. The TLS is the
+extension's (``rpc.tls_socket``), not asyncio's: the server accepts and shakes hands itself.
 
 The server checks each batch's ``dest_uuid``. A refused stream gets one answer whose ``error``
 is set, then the connection closes, as ``ConsensusPeerStream`` ends. The server also closes a
