@@ -297,6 +297,22 @@ impl Job<'_> {
     }
 }
 
+/// The room an encoding that failed needs (None: more room would not help).
+fn encode_room(e: EncodeError) -> Option<usize> {
+    match e {
+        EncodeError::InsufficientSize(e) => Some(e.required_size),
+        _ => None,
+    }
+}
+
+/// The room an encryption that failed needs (None: more room would not help).
+fn encrypt_room(e: EncryptError) -> Option<usize> {
+    match e {
+        EncryptError::InsufficientSize(e) => Some(e.required_size),
+        _ => None,
+    }
+}
+
 /// Bytes of ciphertext `data` becomes (its records' headers and tags included).
 fn sealed_len(data: usize) -> usize {
     let records = data.div_ceil(16 * 1024).max(1);
@@ -338,11 +354,7 @@ fn act<Data>(
         }
         ConnectionState::PeerClosed | ConnectionState::Closed => Step::Closed,
         ConnectionState::EncodeTlsData(mut encode) => {
-            outgoing.append(4096, |buf| match encode.encode(buf) {
-                Ok(n) => Ok(n),
-                Err(EncodeError::InsufficientSize(e)) => Err(Some(e.required_size)),
-                Err(_) => Err(None),
-            })?;
+            outgoing.append(4096, |buf| encode.encode(buf).map_err(encode_room))?;
             Step::Again
         }
         ConnectionState::TransmitTlsData(transmit) => {
@@ -354,19 +366,13 @@ fn act<Data>(
         ConnectionState::WriteTraffic(mut write) => {
             if let Some(data) = job.send.take() {
                 outgoing.append(sealed_len(data.len()), |buf| {
-                    match write.encrypt(data, buf) {
-                        Ok(n) => Ok(n),
-                        Err(EncryptError::InsufficientSize(e)) => Err(Some(e.required_size)),
-                        Err(_) => Err(None),
-                    }
+                    write.encrypt(data, buf).map_err(encrypt_room)
                 })?;
             }
             if job.close {
                 job.close = false;
-                outgoing.append(256, |buf| match write.queue_close_notify(buf) {
-                    Ok(n) => Ok(n),
-                    Err(EncryptError::InsufficientSize(e)) => Err(Some(e.required_size)),
-                    Err(_) => Err(None),
+                outgoing.append(256, |buf| {
+                    write.queue_close_notify(buf).map_err(encrypt_room)
                 })?;
             }
             Step::Traffic
@@ -380,11 +386,7 @@ fn act<Data>(
 fn encode_alert<Data>(status: UnbufferedStatus<'_, '_, Data>, outgoing: &mut Outgoing) -> bool {
     match status.state {
         Ok(ConnectionState::EncodeTlsData(mut encode)) => outgoing
-            .append(64, |buf| match encode.encode(buf) {
-                Ok(n) => Ok(n),
-                Err(EncodeError::InsufficientSize(e)) => Err(Some(e.required_size)),
-                Err(_) => Err(None),
-            })
+            .append(64, |buf| encode.encode(buf).map_err(encode_room))
             .is_ok(),
         _ => false,
     }

@@ -46,28 +46,23 @@ fn pair(client: TlsConfig, server_name: &str) -> Pair {
 /// Steps both handshakes until both are done or one fails; a side that fails closes its
 /// socket, as the channel does.
 fn shake(p: &mut Pair) -> (Result<(), TlsError>, Result<(), TlsError>) {
+    fn step(session: &mut Session, socket: &UnixStream, done: &mut Option<Result<(), TlsError>>) {
+        if done.is_some() {
+            return;
+        }
+        match session.handshake() {
+            Ok(Progress::Done) => *done = Some(Ok(())),
+            Ok(_) => {}
+            Err(e) => {
+                *done = Some(Err(e));
+                socket.shutdown(std::net::Shutdown::Both).unwrap();
+            }
+        }
+    }
     let (mut server_done, mut client_done) = (None, None);
     for _ in 0..100 {
-        if client_done.is_none() {
-            match p.client.handshake() {
-                Ok(Progress::Done) => client_done = Some(Ok(())),
-                Ok(_) => {}
-                Err(e) => {
-                    client_done = Some(Err(e));
-                    p.sockets.1.shutdown(std::net::Shutdown::Both).unwrap();
-                }
-            }
-        }
-        if server_done.is_none() {
-            match p.server.handshake() {
-                Ok(Progress::Done) => server_done = Some(Ok(())),
-                Ok(_) => {}
-                Err(e) => {
-                    server_done = Some(Err(e));
-                    p.sockets.0.shutdown(std::net::Shutdown::Both).unwrap();
-                }
-            }
-        }
+        step(&mut p.client, &p.sockets.1, &mut client_done);
+        step(&mut p.server, &p.sockets.0, &mut server_done);
         if server_done.is_some() && client_done.is_some() {
             break;
         }
@@ -165,30 +160,26 @@ fn pem_der(pem: &[u8]) -> Vec<u8> {
         .to_vec()
 }
 
+/// The error of the side (`server_side` or the client) that refuses the other's certificate.
+fn refusal(client: &str, server_name: &str, server_side: bool) -> String {
+    let mut p = pair(client_config(client), server_name);
+    let (server, client) = shake(&mut p);
+    let refused = if server_side { server } else { client };
+    refused
+        .expect_err("the certificate was accepted")
+        .to_string()
+}
+
 #[test]
 fn a_client_certificate_of_another_ca_is_refused() {
-    let mut p = pair(client_config("stranger"), "srv.server.nyala");
-    let (server, _client) = shake(&mut p);
-    let err = server
-        .expect_err("the server accepted a stranger")
-        .to_string();
-    assert!(
-        err.contains("UnknownIssuer") || err.contains("issuer"),
-        "{err}"
-    );
+    let err = refusal("stranger", "srv.server.nyala", true);
+    assert!(err.contains("UnknownIssuer"), "{err}");
 }
 
 #[test]
 fn a_server_certificate_for_another_name_is_refused() {
-    let mut p = pair(client_config("client"), "someone-else.server.nyala");
-    let (_server, client) = shake(&mut p);
-    let err = client
-        .expect_err("the client accepted the wrong server")
-        .to_string();
-    assert!(
-        err.contains("NotValidForName") || err.contains("name"),
-        "{err}"
-    );
+    let err = refusal("client", "someone-else.server.nyala", false);
+    assert!(err.contains("not valid for name"), "{err}");
 }
 
 #[test]
