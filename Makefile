@@ -153,7 +153,8 @@ wheel: $(STAMPS)/wheel-deps
 	# The sdist's files carry one fixed old mtime, so Cargo would take a cached build of our own
 	# crates (made from older sources) as fresh; drop those (dependencies stay cached).
 	cargo clean --quiet --profile wheel --target $(shell rustc -vV | sed -n "s/^host: //p") \
-		-p nyala-common -p nyala-wal -p nyala-storage -p nyala-consensus -p nyala-pyext
+		-p nyala-common -p nyala-wal -p nyala-storage -p nyala-consensus -p nyala-copy -p nyala-tls \
+		-p nyala-pyext
 	maturin build --sdist --zig --compatibility manylinux_2_28 --auditwheel check --out dist
 	$(PY) scripts/check_wheel.py dist
 
