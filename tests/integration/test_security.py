@@ -12,6 +12,7 @@ import json
 import socket
 import ssl
 import struct
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -259,6 +260,69 @@ def test_consensus_between_secure_servers_goes_over_the_peer_channel_under_mutua
     assert answer is not None
     assert not answer.HasField("error"), answer
     assert answer.responses[0].error.code == common_pb2.TABLET_NOT_FOUND
+
+
+@pytest.mark.slow
+def test_a_secure_leader_killed_under_a_writer_rejoins_over_the_channels_tls() -> None:
+    """SIGKILL the leader while a writer runs; the others elect over the channel (votes go
+    there too), the writer goes on, and the restarted server rejoins: with a third server
+    killed next, writes commit only if the restarted one takes its appends, over TLS."""
+    gen = _secure_cluster(3)
+    cluster = next(gen)
+    try:
+        assert cluster.security is not None
+        credentials = cluster.security.admin_dir
+        with nyala.connect(cluster.master_addrs, credentials=credentials) as client:
+            table = client.create_table("killed", SCHEMA, replicas=3)
+            tablet_id = table.tablets()[0].tablet_id
+            acknowledged: list[int] = []
+            stop = threading.Event()
+
+            def write() -> None:
+                key = 0
+                while not stop.is_set():
+                    ids = list(range(key, key + 200))
+                    key += 200
+                    if table.upsert({"id": ids, "v": ["w"] * len(ids)}).ok:
+                        acknowledged.extend(ids)
+
+            writer = threading.Thread(target=write)
+            writer.start()
+            try:
+                time.sleep(1.5)
+                leader = cluster.leader_of(tablet_id)
+                others = [ts for ts in cluster.tservers if ts is not leader]
+                dialled_before = _channel_dials(others, leader)
+                leader.kill()
+                time.sleep(1.0)
+                leader.restart()
+                before = len(acknowledged)
+                wait_until(lambda: len(acknowledged) > before + 2_000, timeout_s=30)
+            finally:
+                stop.set()
+                writer.join()
+            third = next(ts for ts in cluster.tservers if ts is not leader and ts.is_running())
+            third.kill()
+            # Two of three left, one of them the restarted server: this commits only through it.
+            assert table.upsert({"id": [-1], "v": ["after"]}).ok
+            rows = table.scan().to_arrow()
+            assert set(acknowledged) | {-1} <= set(rows.column("id").to_pylist())
+            third.restart()
+        # The restarted server was dialled again over its channel (a new port, TLS).
+        assert _channel_dials(others, leader) > dialled_before
+    finally:
+        next(gen, None)  # the cluster's shutdown (and its logs on a failure)
+
+
+def _channel_dials(servers: list[ServerProcess], peer: ServerProcess) -> int:
+    """How many times ``servers`` opened their peer channel to ``peer`` (their logs)."""
+    line = f"consensus to {peer.uuid} at "
+    return sum(
+        1
+        for ts in servers
+        for text in ts.log_path.read_text().splitlines()
+        if line in text and "goes over its peer channel" in text
+    )
 
 
 def test_a_tablet_copy_between_secure_servers_goes_over_tls_without_a_data_channel(
