@@ -53,13 +53,18 @@ async def tls_handshake(
 ) -> _native.TlsSession:
     """Completes the handshake on a connected socket (non-blocking from here on) and returns
     its ``_native.TlsSession``; a client checks the server's certificate names
-    ``server_hostname``. Raises ``ConnectionError`` (or ``OSError``) as the handshake fails;
-    the socket is then the caller's to close. The caller bounds how long it may take."""
+    ``server_hostname``. Raises ``ConnectionError`` (or ``OSError``) as the handshake fails,
+    and closes the socket then (also when cancelled: the caller bounds how long it may
+    take)."""
     loop = asyncio.get_running_loop()
-    sock.setblocking(False)
-    session = _native.TlsSession(config, sock.fileno(), server_hostname)
-    while (step := session.handshake()) != _DONE:
-        await _ready(loop, sock, write=step != _WANT_READ)
+    try:
+        sock.setblocking(False)
+        session = _native.TlsSession(config, sock.fileno(), server_hostname)
+        while (step := session.handshake()) != _DONE:
+            await _ready(loop, sock, write=step != _WANT_READ)
+    except BaseException:
+        sock.close()
+        raise
     return session
 
 

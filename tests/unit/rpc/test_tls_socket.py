@@ -84,11 +84,7 @@ async def _serve(server_tls: _native.TlsConfig, handle: Handler) -> tuple[int, a
     async def run() -> None:
         with listener:
             sock, _ = await loop.sock_accept(listener)
-        try:
-            session = await tls_handshake(sock, server_tls)
-        except BaseException:
-            sock.close()
-            raise
+        session = await tls_handshake(sock, server_tls)
         collector = _Collector()
         transport = SocketTlsTransport(loop, sock, session, collector)
         await asyncio.sleep(0)  # connection_made
@@ -104,11 +100,7 @@ async def _dial(
     sock = socket.socket()
     sock.setblocking(False)
     await loop.sock_connect(sock, ("127.0.0.1", port))
-    try:
-        session = await tls_handshake(sock, client_tls, server_hostname=name)
-    except BaseException:
-        sock.close()
-        raise
+    session = await tls_handshake(sock, client_tls, server_hostname=name)
     reader = asyncio.StreamReader()
     protocol = asyncio.StreamReaderProtocol(reader)
     transport = SocketTlsTransport(loop, sock, session, protocol)

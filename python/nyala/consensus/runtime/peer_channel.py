@@ -287,12 +287,8 @@ class PeerChannelServer:
             async with asyncio.timeout(HANDSHAKE_TIMEOUT_S):
                 session = await tls_handshake(sock, self._tls)
         except (OSError, TimeoutError) as exc:  # ConnectionError: the TLS handshake failed
-            log.debug("peer channel: handshake on %s failed: %r", sock, exc)
-            sock.close()
+            log.debug("peer channel: handshake on %s failed: %r", sock, exc)  # socket closed
             return
-        except BaseException:
-            sock.close()
-            raise
         connection = _FrameConnection(self._frame_bytes_max, self._connected)
         SocketTlsTransport(asyncio.get_running_loop(), sock, session, connection)
 
@@ -576,6 +572,7 @@ async def _open_tls(
         try:
             sock.setblocking(False)
             await loop.sock_connect(sock, address)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         except OSError as exc:
             sock.close()
             failure = exc
@@ -583,12 +580,7 @@ async def _open_tls(
         except BaseException:
             sock.close()
             raise
-        try:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            session = await tls_handshake(sock, tls, server_hostname=server_name)
-        except BaseException:
-            sock.close()
-            raise
+        session = await tls_handshake(sock, tls, server_hostname=server_name)  # closes on failure
         reader = asyncio.StreamReader(loop=loop)
         protocol = asyncio.StreamReaderProtocol(reader, loop=loop)
         transport = SocketTlsTransport(loop, sock, session, protocol)
