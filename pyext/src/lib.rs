@@ -10,6 +10,7 @@ mod checksum;
 mod consensus;
 mod copy;
 mod errors;
+mod gil;
 mod partition;
 mod pools;
 mod storage;

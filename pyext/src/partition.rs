@@ -5,20 +5,28 @@
 
 use std::sync::Arc;
 
-use arrow::array::{Array, ArrayData, RecordBatch, UInt32Array};
-use arrow::datatypes::DataType;
+use arrow::array::{
+    Array, ArrayData, ArrayRef, BinaryBuilder, BooleanBuilder, Float64Builder, Int16Builder,
+    Int32Builder, Int64Builder, Int8Builder, RecordBatch, StringBuilder, UInt32Array, UInt8Array,
+};
+use arrow::datatypes::{DataType, Field, Schema as ArrowSchema};
 use arrow::pyarrow::PyArrowType;
+use nyala_storage::ops::OP_COLUMN;
 use nyala_storage::partition::{hash64, HashLevel, PartitionRouter as Router};
-use nyala_storage::{encode_ipc, StorageError};
+use nyala_storage::{encode_ipc, DataType as ColumnType, StorageError};
 use pyo3::prelude::*;
-use pyo3::types::PyBytes;
+use pyo3::types::{PyBool, PyBytes, PyFloat, PyInt, PyList, PyString};
 
 use crate::errors::to_py;
+use crate::storage::{schema_from_py, SchemaTuple};
 
 /// A hash level as Python passes it: (column names, buckets, seed).
 type HashLevelTuple = (Vec<String>, u32, u32);
 /// One partition's rows as Python gets them: (partition, original row positions, IPC bytes).
 type SliceTuple<'py> = (u32, PyArrowType<ArrayData>, Bound<'py, PyBytes>);
+/// `split_small_rows`' answer: (partition, row positions, IPC bytes) per request, and the
+/// positions of the rows no partition covers.
+type SmallSplit<'py> = (Vec<(u32, Vec<u32>, Bound<'py, PyBytes>)>, Vec<u32>);
 /// Threads that encode one batch's requests at most (the client is one of many processes).
 const SPLIT_THREADS_MAX: usize = 4;
 
@@ -136,11 +144,11 @@ impl PartitionRouter {
                 }
             },
         };
-        let split = py
-            .detach(move || {
-                router.split_requests(&batch.0, rows_max, bytes_max, threads, selection.as_ref())
-            })
-            .map_err(to_py)?;
+        let small = crate::gil::is_small(&batch.0);
+        let split = crate::gil::detach_unless(py, small, move || {
+            router.split_requests(&batch.0, rows_max, bytes_max, threads, selection.as_ref())
+        })
+        .map_err(to_py)?;
         let requests = split
             .requests
             .into_iter()
@@ -150,6 +158,74 @@ impl PartitionRouter {
             })
             .collect();
         Ok((requests, PyArrowType(split.unrouted.into_data())))
+    }
+
+    /// A few rows given as Python lists, cut into write requests without pyarrow: the path of
+    /// a write of one or a few rows, whose pyarrow conversions each gave up the GIL and so
+    /// cost a thread switch per call when many threads write (docs/performance.md). Works
+    /// with the GIL held.
+    ///
+    /// `columns` are `(name, values)` in the table's column order, each `values` a list of
+    /// the same length holding `None` or values of exactly the column's Python type: `int`
+    /// for the integer types (in range), `float` for `double`, `bool`, `str` for strings and
+    /// varchars, `bytes` for binary. Every row gets op code `op`. Returns
+    /// `split_requests`' `(requests, unrouted)`, row positions as lists, or None when a value
+    /// is not of those types, a column is of another type (float, timestamp, date, decimal)
+    /// or not in `schema`, or a row breaks a rule of `check_op_batch`: the caller then takes
+    /// the general path, which converts what it can and reports the rest row by row.
+    #[pyo3(signature = (schema, columns, op, rows_max, bytes_max))]
+    fn split_small_rows<'py>(
+        &self,
+        py: Python<'py>,
+        schema: SchemaTuple,
+        columns: Vec<(String, Bound<'py, PyList>)>,
+        op: u8,
+        rows_max: usize,
+        bytes_max: usize,
+    ) -> PyResult<Option<SmallSplit<'py>>> {
+        let schema = schema_from_py(py, schema)?;
+        let rows = columns.first().map_or(0, |(_, values)| values.len());
+        let mut fields = Vec::with_capacity(columns.len() + 1);
+        let mut arrays: Vec<ArrayRef> = Vec::with_capacity(columns.len() + 1);
+        for (name, values) in &columns {
+            let Some(column) = schema.columns().iter().find(|c| &c.name == name) else {
+                return Ok(None);
+            };
+            if values.len() != rows {
+                return Ok(None);
+            }
+            let Some(array) = array_of(column.data_type, values)? else {
+                return Ok(None);
+            };
+            fields.push(Field::new(name.as_str(), array.data_type().clone(), true));
+            arrays.push(array);
+        }
+        fields.push(Field::new(OP_COLUMN, DataType::UInt8, true));
+        arrays.push(Arc::new(UInt8Array::from(vec![op; rows])));
+        let batch = RecordBatch::try_new(Arc::new(ArrowSchema::new(fields)), arrays)
+            .map_err(|e| to_py(StorageError::invalid(format!("cannot build rows: {e}"))))?;
+        if !nyala_storage::ops::check_op_batch(&batch, &schema)
+            .map_err(to_py)?
+            .is_empty()
+        {
+            return Ok(None);
+        }
+        let split = self
+            .router
+            .split_requests(&batch, rows_max, bytes_max, 1, None)
+            .map_err(to_py)?;
+        let requests = split
+            .requests
+            .into_iter()
+            .map(|r| {
+                (
+                    r.partition,
+                    r.rows.values().to_vec(),
+                    PyBytes::new(py, &r.ipc),
+                )
+            })
+            .collect();
+        Ok(Some((requests, split.unrouted.values().to_vec())))
     }
 
     /// The batch split per partition: (partition index, original row positions as a pyarrow
@@ -175,4 +251,90 @@ impl PartitionRouter {
             .map(|(p, rows, ipc)| (p, PyArrowType(rows.into_data()), PyBytes::new(py, &ipc)))
             .collect())
     }
+}
+
+/// `values` as an Arrow array of `data_type`, or None if one of them is not exactly of the
+/// Python type that column takes here (`split_small_rows`), or out of its range.
+fn array_of(data_type: ColumnType, values: &Bound<'_, PyList>) -> PyResult<Option<ArrayRef>> {
+    macro_rules! ints {
+        ($builder:ty, $native:ty) => {{
+            let mut builder = <$builder>::with_capacity(values.len());
+            for value in values.iter() {
+                if value.is_none() {
+                    builder.append_null();
+                } else if value.is_exact_instance_of::<PyInt>() {
+                    match value.extract::<$native>() {
+                        Ok(v) => builder.append_value(v),
+                        Err(_) => return Ok(None), // out of range
+                    }
+                } else {
+                    return Ok(None);
+                }
+            }
+            Arc::new(builder.finish()) as ArrayRef
+        }};
+    }
+    let array = match data_type {
+        ColumnType::Int8 => ints!(Int8Builder, i8),
+        ColumnType::Int16 => ints!(Int16Builder, i16),
+        ColumnType::Int32 => ints!(Int32Builder, i32),
+        ColumnType::Int64 => ints!(Int64Builder, i64),
+        ColumnType::Double => {
+            let mut builder = Float64Builder::with_capacity(values.len());
+            for value in values.iter() {
+                if value.is_none() {
+                    builder.append_null();
+                } else if value.is_exact_instance_of::<PyFloat>() {
+                    builder.append_value(value.extract::<f64>()?);
+                } else {
+                    return Ok(None);
+                }
+            }
+            Arc::new(builder.finish())
+        }
+        ColumnType::Bool => {
+            let mut builder = BooleanBuilder::with_capacity(values.len());
+            for value in values.iter() {
+                if value.is_none() {
+                    builder.append_null();
+                } else if value.is_exact_instance_of::<PyBool>() {
+                    builder.append_value(value.extract::<bool>()?);
+                } else {
+                    return Ok(None);
+                }
+            }
+            Arc::new(builder.finish())
+        }
+        ColumnType::String | ColumnType::Varchar(_) => {
+            let mut builder = StringBuilder::with_capacity(values.len(), 64 * values.len());
+            for value in values.iter() {
+                if value.is_none() {
+                    builder.append_null();
+                } else if value.is_exact_instance_of::<PyString>() {
+                    match value.cast::<PyString>()?.to_str() {
+                        Ok(text) => builder.append_value(text),
+                        Err(_) => return Ok(None), // not UTF-8 (a lone surrogate)
+                    }
+                } else {
+                    return Ok(None);
+                }
+            }
+            Arc::new(builder.finish())
+        }
+        ColumnType::Binary => {
+            let mut builder = BinaryBuilder::with_capacity(values.len(), 64 * values.len());
+            for value in values.iter() {
+                if value.is_none() {
+                    builder.append_null();
+                } else if value.is_exact_instance_of::<PyBytes>() {
+                    builder.append_value(value.cast::<PyBytes>()?.as_bytes());
+                } else {
+                    return Ok(None);
+                }
+            }
+            Arc::new(builder.finish())
+        }
+        _ => return Ok(None),
+    };
+    Ok(Some(array))
 }

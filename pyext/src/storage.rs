@@ -27,9 +27,9 @@ use crate::consensus::PyReplicatedLog;
 use crate::errors::to_py;
 
 /// One column as Python passes it: (id, name, type name, nullable, default or None).
-type ColumnTuple = (u32, String, String, bool, Option<Py<PyAny>>);
+pub(crate) type ColumnTuple = (u32, String, String, bool, Option<Py<PyAny>>);
 /// A schema as Python passes it: (columns, key column count, version, next column id).
-type SchemaTuple = (Vec<ColumnTuple>, usize, u32, u32);
+pub(crate) type SchemaTuple = (Vec<ColumnTuple>, usize, u32, u32);
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<StorageEngine>()?;
@@ -51,9 +51,11 @@ fn check_op_batch(
     schema: SchemaTuple,
 ) -> PyResult<Vec<(usize, u8, String)>> {
     let schema = schema_from_py(py, schema)?;
-    let problems = py
-        .detach(move || nyala_storage::ops::check_op_batch(&batch.0, &schema))
-        .map_err(to_py)?;
+    let small = crate::gil::is_small(&batch.0);
+    let problems = crate::gil::detach_unless(py, small, move || {
+        nyala_storage::ops::check_op_batch(&batch.0, &schema)
+    })
+    .map_err(to_py)?;
     Ok(problems
         .into_iter()
         .map(|p| (p.row, p.status as u8, p.message))
@@ -684,7 +686,7 @@ fn status_bytes<'py>(
     PyBytes::new(py, &raw)
 }
 
-fn schema_from_py(py: Python<'_>, schema: SchemaTuple) -> PyResult<Schema> {
+pub(crate) fn schema_from_py(py: Python<'_>, schema: SchemaTuple) -> PyResult<Schema> {
     let (columns, key_count, version, next_column_id) = schema;
     let mut parsed = Vec::with_capacity(columns.len());
     for (id, name, type_name, nullable, default) in columns {

@@ -201,6 +201,14 @@ class PartitionRouter:
         threads: int = 0,
         selection: object | None = None,
     ) -> tuple[list[tuple[int, object, bytes]], object]: ...
+    def split_small_rows(
+        self,
+        schema: _NativeSchema,
+        columns: list[tuple[str, list[object]]],
+        op: int,
+        rows_max: int,
+        bytes_max: int,
+    ) -> tuple[list[tuple[int, list[int], bytes]], list[int]] | None: ...
 
 # --- consensus (pyext/src/consensus.rs) ---------------------------------------------------
 

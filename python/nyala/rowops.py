@@ -186,7 +186,7 @@ def prepare_op_batch(
     present = batch.schema.names
     if len(set(present)) != len(present):
         raise InvalidArgumentError(f"the rows name a column twice: {present}")
-    _check_columns(set(present), schema, only_deletes, has_updates, ignore_extra_columns)
+    check_columns(set(present), schema, only_deletes, has_updates, ignore_extra_columns)
     names: list[str] = []
     arrays: list[pa.Array] = []
     problems: dict[int, RowProblem] = {}
@@ -225,7 +225,7 @@ def make_op_batch(
     return prepared.batch
 
 
-def _check_columns(
+def check_columns(
     present: set[str],
     schema: Schema,
     only_deletes: bool,

@@ -60,6 +60,7 @@ def connect(
     admin_timeout_ms: int = ADMIN_TIMEOUT_MS,
     unreachable_fail_ms: int | None = None,
     credentials: str | os.PathLike[str] | None = None,
+    write_channel: bool = True,
 ) -> Client:
     """A client of the cluster whose masters are ``masters`` (``"h1:p,h2:p"`` or a list).
     Finds the leader master now, so a wrong address fails here with a clear error.
@@ -67,13 +68,17 @@ def connect(
     master could be reached at all for this long, instead of retrying until ``timeout_ms``.
     ``credentials``: the directory of this client's certificate for a secure cluster
     (``ca.pem``, ``client.pem``, ``client.key``; default ``$NYALA_CREDENTIALS``, else none:
-    plaintext, which a secure cluster refuses)."""
+    plaintext, which a secure cluster refuses).
+    ``write_channel``: send writes on the tablet servers' peer channels where they serve them
+    (an insecure cluster's), a plain TCP connection that costs a fraction of a gRPC call;
+    False sends them over gRPC (``nyala.client.write_pipe``)."""
     client = Client(
         masters,
         timeout_ms=timeout_ms,
         admin_timeout_ms=admin_timeout_ms,
         unreachable_fail_ms=unreachable_fail_ms,
         credentials=credentials,
+        write_channel=write_channel,
     )
     try:
         client._masters.discover(time.monotonic() + timeout_ms / 1000)
@@ -94,6 +99,7 @@ class Client:
         admin_timeout_ms: int = ADMIN_TIMEOUT_MS,
         unreachable_fail_ms: int | None = None,
         credentials: str | os.PathLike[str] | None = None,
+        write_channel: bool = True,
     ) -> None:
         self.master_addrs = parse_masters(masters)
         self.timeout_ms = timeout_ms
@@ -111,7 +117,12 @@ class Client:
         self._executor = ThreadPoolExecutor(WRITE_THREADS, thread_name_prefix="nyala-write")
         self._observed = ObservedTimestamp()
         self._writer = Writer(
-            self._cache, self._pool, self._executor, timeout_ms=timeout_ms, observed=self._observed
+            self._cache,
+            self._pool,
+            self._executor,
+            timeout_ms=timeout_ms,
+            observed=self._observed,
+            channel=write_channel,
         )
         self.admin = Admin(self)
 
@@ -124,6 +135,7 @@ class Client:
     def close(self) -> None:
         """Releases threads and channels."""
         self._executor.shutdown(wait=True)
+        self._writer.close()
         self._pool.close()
 
     @property

@@ -106,8 +106,13 @@ class Table:
                 parts.append(part)
             return WriteResult.concat(parts)
         info = self._current_info()
+        kind = OpType.parse(op)
+        if type(data) is dict and not ignore_extra_columns:  # one row or a few, say
+            small = self._client._writer.write_small(info, data, kind, timeout_ms=timeout_ms)
+            if small is not None:
+                return small.check()
         prepared = prepare_op_batch(
-            data, OpType.parse(op), info.schema, ignore_extra_columns=ignore_extra_columns
+            data, kind, info.schema, ignore_extra_columns=ignore_extra_columns
         )
         return self._client._writer.write(info, prepared, timeout_ms=timeout_ms).check()
 

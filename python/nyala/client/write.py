@@ -41,7 +41,7 @@ import time
 import uuid
 import weakref
 from collections import deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -54,7 +54,7 @@ from nyala._proto import common_pb2, tserver_pb2
 from nyala.client.meta_cache import MetaCache, Replica, TableInfo, TabletLocation
 from nyala.client.rpc import Backoff, ChannelPool, ObservedTimestamp
 from nyala.client.write_pipe import WritePipe
-from nyala.rowops import OP_COLUMN, OpType, PreparedRows
+from nyala.rowops import OP_COLUMN, OpType, PreparedRows, check_columns, prepare_op_batch
 from nyala.rpc.errors import error_to_pb
 from nyala.schema import Schema
 
@@ -63,6 +63,10 @@ from nyala.schema import Schema
 #: fsync). Any valid row (``nyala._native.ROW_BYTES_MAX``) fits in one request.
 WRITE_REQUEST_ROWS_MAX = 256 * 1024
 WRITE_REQUEST_BYTES_MAX = 16 * 1024 * 1024
+#: A write of at most this many rows, given as a dict of lists, goes by ``Writer.write_small``.
+SMALL_WRITE_ROWS_MAX = 64
+_SHAPES_MAX = 1024  # request shapes the writer keeps for small writes
+_NO_ROWS = np.zeros(0, dtype=np.int64)
 
 #: The reason of a row no tablet covers.
 NO_TABLET_MESSAGE = "no tablet covers the row's key (it falls between the table's range partitions)"
@@ -247,7 +251,7 @@ class WriteResult:
     def __init__(
         self,
         outcomes: _Outcomes,
-        source: pa.RecordBatch,
+        source: pa.RecordBatch | None,
         key: list[str],
         retry_with: _Retry | None = None,
         converted: pa.RecordBatch | None = None,
@@ -261,8 +265,11 @@ class WriteResult:
         #: The write's hybrid timestamp (the latest of its tablets' if it spanned several; 0
         #: if no tablet answered): a snapshot scan at it or later sees every applied row.
         self.timestamp = outcomes.timestamp
-        failed = _positions(outcomes.state, RowOutcome.FAILED)
-        unknown = _positions(outcomes.state, RowOutcome.UNKNOWN)
+        if outcomes.reasons:  # every row failed or unknown has its reason
+            failed = _positions(outcomes.state, RowOutcome.FAILED)
+            unknown = _positions(outcomes.state, RowOutcome.UNKNOWN)
+        else:
+            failed = unknown = _NO_ROWS
         self.row_errors = self._errors(failed)
         self.unknown = self._errors(unknown)
         self.failed_rows = _take(source, failed)
@@ -411,6 +418,9 @@ class WriteResult:
         converted (as given where they did not)."""
         if not self._key:
             return []
+        # Kept whenever a row failed or is unknown (Writer._finish).
+        assert self._converted is not None, "rows kept"
+        assert self._source is not None, "rows kept"
         taken = pa.array(positions, pa.int64())
         keys: list[dict[str, Any]] = self._converted.select(self._key).take(taken).to_pylist()
         if any(None in k.values() for k in keys):
@@ -469,6 +479,13 @@ class _Retry:
         )
 
 
+#: A result's rows (as given, as converted), or a function making them (``Writer._finish``).
+_Sources = (
+    tuple[pa.RecordBatch | None, pa.RecordBatch | None]
+    | Callable[[], tuple[pa.RecordBatch, pa.RecordBatch]]
+)
+
+
 class Writer:
     """Writes op batches of any table through one client's channels and caches."""
 
@@ -480,6 +497,7 @@ class Writer:
         *,
         timeout_ms: int,
         observed: ObservedTimestamp | None = None,
+        channel: bool = True,
     ) -> None:
         self.cache = cache
         self.pool = pool
@@ -489,6 +507,9 @@ class Writer:
         self.requests = RequestTracker()
         self._pipes: dict[str, WritePipe] = {}
         self._pipes_lock = threading.Lock()
+        # Calls on the servers' peer channels (write_pipe), never on a secure cluster's.
+        self._channel = channel and pool.settings.tls is None
+        self._shapes: dict[tuple[str, int, tuple[str, ...], OpType], _Shape] = {}
 
     def write(
         self, info: TableInfo, prepared: PreparedRows, *, timeout_ms: int | None = None
@@ -505,17 +526,90 @@ class Writer:
         sources = (prepared.input, prepared.batch)
         return self._finish(info, per_tablet, outcomes, sources, info.schema.key, timeout_ms)
 
+    def write_small(
+        self,
+        info: TableInfo,
+        data: dict[str, Any],
+        op: OpType,
+        *,
+        timeout_ms: int | None = None,
+    ) -> WriteResult | None:
+        """``write`` for a few rows given as a dict of lists, without pyarrow: the rows are
+        converted, checked, routed and encoded in one native call (``split_small_rows``),
+        whose pyarrow counterparts each gave up the GIL and so cost a thread switch when many
+        threads write (docs/performance.md, "Small writes from many threads"). The rows as
+        pyarrow batches are built only if the result needs them (a row failed or is
+        unknown). Returns None, having sent nothing, for input this path does not take
+        (more than ``SMALL_WRITE_ROWS_MAX`` rows, values other than lists of plain Python
+        values, a row that does not convert or breaks a rule, a row no tablet covers): the
+        caller then takes ``prepare_op_batch`` and ``write``. Raises what ``prepare_op_batch``
+        raises for the columns."""
+        columns = list(data.values())
+        if not columns or any(type(values) is not list for values in columns):
+            return None
+        rows = len(columns[0])
+        if not 0 < rows <= SMALL_WRITE_ROWS_MAX or OP_COLUMN in data:
+            return None
+        schema = info.schema
+        names = tuple(data)
+        shape = self._shape(info, names, op)
+        given = [(c.name, data[c.name]) for c in schema.columns if c.name in data]
+        locations = self.cache.locations(info)
+        split = locations.router.split_small_rows(
+            schema.to_native(), given, int(op), WRITE_REQUEST_ROWS_MAX, WRITE_REQUEST_BYTES_MAX
+        )
+        if split is None or split[1]:
+            return None
+        per_tablet: dict[str, list[_Request]] = {}
+        for partition, positions, ops in split[0]:
+            tablet_id = locations.tablets[partition].tablet_id
+            request = _Request(
+                tablet_id,
+                self.requests.new(),
+                ops,
+                np.array(positions, dtype=np.uint32),
+                shape,
+                schema.version,
+                authz_token=locations.authz_token,
+            )
+            weakref.finalize(request, self.requests.done, request.seq_no)
+            per_tablet.setdefault(tablet_id, []).append(request)
+
+        def sources() -> tuple[pa.RecordBatch, pa.RecordBatch]:
+            prepared = prepare_op_batch(data, op, schema)
+            return prepared.input, prepared.batch
+
+        return self._finish(info, per_tablet, _Outcomes(rows), sources, schema.key, timeout_ms)
+
+    def _shape(self, info: TableInfo, names: tuple[str, ...], op: OpType) -> _Shape:
+        """The shape of a small write's requests; raises ``prepare_op_batch``'s errors for
+        columns the table lacks or the rows must carry."""
+        key = (info.table_id, info.schema.version, names, op)
+        shape = self._shapes.get(key)
+        if shape is None:
+            schema = info.schema
+            only_deletes = op.is_delete
+            has_updates = op in (OpType.UPDATE, OpType.UPDATE_IGNORE)
+            check_columns(set(names), schema, only_deletes, has_updates, False)
+            columns = tuple((c.name, c.arrow_type) for c in schema.columns if c.name in names)
+            shape = _Shape(columns, has_updates, only_deletes)
+            if len(self._shapes) >= _SHAPES_MAX:
+                self._shapes.clear()
+            self._shapes[key] = shape
+        return shape
+
     def _finish(
         self,
         info: TableInfo,
         per_tablet: dict[str, list[_Request]],
         outcomes: _Outcomes,
-        sources: tuple[pa.RecordBatch, pa.RecordBatch],
+        sources: _Sources,
         key: list[str],
         timeout_ms: int | None,
     ) -> WriteResult:
         """Sends ``per_tablet``'s requests and assembles the result over ``sources`` (the
-        caller's rows as given, and as converted to the table's types)."""
+        caller's rows as given, and as converted to the table's types; a function making
+        them, called only if the result needs them)."""
         deadline = time.monotonic() + (timeout_ms or self.timeout_ms) / 1000
         settled: list[_Settled] = []
         if len(per_tablet) == 1:
@@ -535,6 +629,9 @@ class Writer:
         for request in (s.request for s in settled if not s.pending):
             self.requests.done(request.seq_no)
         retry = _Retry(self, info, pending) if pending else None
+        if callable(sources):
+            needed = bool(outcomes.reasons) or retry is not None
+            sources = sources() if needed else (None, None)
         source, converted = sources
         return WriteResult(outcomes, source, key, retry, converted)
 
@@ -724,8 +821,16 @@ class Writer:
             with self._pipes_lock:
                 pipe = self._pipes.get(addr)
                 if pipe is None:
-                    pipe = self._pipes[addr] = WritePipe(self.pool.get(addr))
+                    pipe = WritePipe(self.pool.get(addr), channel=self._channel)
+                    self._pipes[addr] = pipe
         return pipe
+
+    def close(self) -> None:
+        """Closes the pipes' connections."""
+        with self._pipes_lock:
+            pipes, self._pipes = list(self._pipes.values()), {}
+        for pipe in pipes:
+            pipe.close()
 
     def _tablet(self, info: TableInfo, tablet_id: str) -> TabletLocation:
         for tablet in self.cache.locations(info).tablets:

@@ -14,8 +14,21 @@ fails exactly the writes it carried. Retrying and redirecting stay with the call
 (``Writer._send``), which resends the same bytes under the same request id, so exactly-once is
 unchanged.
 
-The pipe has no thread of its own: the writer whose request finds the pipe idle starts the call,
-and the gRPC completion callback answers the waiters and starts the next call.
+The pipe has no thread of its own. A call is made, blocking, in the thread of one of the writers
+it carries: the writer whose request finds the pipe idle makes it at once; when a call ends, its
+maker answers the writers it carried and hands the writes queued meanwhile to the first of them,
+whose thread wakes and makes the next call. (A sync gRPC channel's ``future()`` started a polling
+thread whenever the channel had no call in flight; a blocking call needs none.) That writer may
+wait past its own deadline for the call it makes, which runs until the latest of its writes'.
+
+On an insecure cluster the calls go on the tablet server's peer channel (``WRITE_MAGIC``,
+``nyala.consensus.runtime.peer_channel``): a length-prefixed ``WriteMultiRequestPB`` on a plain
+TCP connection and its ``WriteMultiResponsePB`` back, which costs both ends a fraction of a gRPC
+call (docs/performance.md). The port is asked with ``GetPeerChannel`` before each connection. A
+server that serves no channel, a secure cluster, or a connection that cannot be made sends the
+writes over gRPC instead; nothing has been sent then, so nothing is duplicated or lost. A call
+cut after it was sent fails its writes with ``NetworkError`` (their outcome unknown; the writer
+retries them under the same request ids, as for a gRPC call that broke).
 
 A write's rows (``ops``, megabytes under a bulk load) are never put into a protobuf message: the
 pipe serializes the rest of the ``WriteRequestPB`` and joins the rows after it as field ``ops``
@@ -24,6 +37,7 @@ pipe serializes the rest of the ``WriteRequestPB`` and joins the rows after it a
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 from collections import deque
@@ -32,12 +46,13 @@ from dataclasses import dataclass, field
 from typing import TypeAlias, TypeVar
 
 import grpc
-from google.protobuf.message import Message
+from google.protobuf.message import DecodeError, Message
 
 from nyala import errors
-from nyala._proto import tserver_pb2
+from nyala._proto import consensus_pb2, tserver_pb2
 from nyala.client.rpc import Stubs
-from nyala.rpc.errors import error_from_grpc, error_from_pb
+from nyala.rpc.channel_wire import LENGTH, WRITE_MAGIC
+from nyala.rpc.errors import error_from_grpc, error_from_pb, split_host_port
 from nyala.rpc.pb_fields import length_delimited_head
 
 #: Calls to one server in flight at once; more writes wait and go together in the next call
@@ -53,50 +68,38 @@ _OPS_FIELD = tserver_pb2.WriteRequestPB.DESCRIPTOR.fields_by_name["ops"].number
 _REQUESTS_FIELD = tserver_pb2.WriteMultiRequestPB.DESCRIPTOR.fields_by_name["requests"].number
 _Response = TypeVar("_Response", bound=Message)
 
-# A call in flight: Write (one write) or WriteMulti (several). Quoted: ``grpc.Future`` is
-# generic only to the type checker.
-_Call: TypeAlias = (
-    "grpc.Future[tserver_pb2.WriteResponsePB] | grpc.Future[tserver_pb2.WriteMultiResponsePB]"
-    " | _Completed"
-)
+_Answer: TypeAlias = "tserver_pb2.WriteResponsePB | tserver_pb2.WriteMultiResponsePB"
+#: A call in flight, or to make: returns its answer or its failure.
+_Call: TypeAlias = "Callable[[], tuple[_Answer | None, BaseException | None]]"
 
-
-class _Completed:
-    """A blocking call made at once, read back like a finished future (``result()``)."""
-
-    def __init__(self, call: Callable[[], tserver_pb2.WriteResponsePB]) -> None:
-        self._response: tserver_pb2.WriteResponsePB | None = None
-        self._error: BaseException | None = None
-        try:
-            self._response = call()
-        except Exception as exc:  # raised again by result(), as a future would
-            self._error = exc
-
-    def result(self) -> tserver_pb2.WriteResponsePB:
-        if self._error is not None:
-            raise self._error
-        assert self._response is not None, "a call that did not raise answered"
-        return self._response
+#: After a server could not be reached on its channel (or serves none), its writes go over gRPC
+#: for this long before the channel is tried again.
+CHANNEL_RETRY_S = 10.0
+# A request this large is sent as two pieces (its length, then itself) rather than joined.
+_JOIN_BYTES_MAX = 256 * 1024
 
 
 @dataclass(eq=False)
 class _Pending:
-    """One write waiting for its answer."""
+    """One write waiting for its answer, or for a call to make (``leads``)."""
 
     dest_uuid: str
     head: bytes  # the serialized WriteRequestPB without ``ops``
     ops: bytes
     deadline: float  # time.monotonic()
-    done: threading.Event = field(default_factory=threading.Event)
+    wake: threading.Event = field(default_factory=threading.Event)
+    settled: bool = False
     response: tserver_pb2.WriteResponsePB | None = None
     error: BaseException | None = None
     abandoned: bool = False  # its caller stopped waiting before it was sent
+    leads: tuple[list[_Pending], _Call] | None = None  # a call for this writer's thread
 
     def settle(
         self, response: tserver_pb2.WriteResponsePB | None, error: BaseException | None
     ) -> None:
         self.response, self.error = response, error
-        self.done.set()
+        self.settled = True
+        self.wake.set()
 
 
 class WritePipe:
@@ -106,6 +109,7 @@ class WritePipe:
         self,
         stubs: Stubs,
         *,
+        channel: bool = True,
         inflight_calls_max: int = INFLIGHT_CALLS_MAX,
         call_requests_max: int = CALL_REQUESTS_MAX,
         call_bytes_max: int = CALL_BYTES_MAX,
@@ -121,6 +125,8 @@ class WritePipe:
         self._write_multi = _serialized_call(
             stubs.channel, "WriteMulti", tserver_pb2.WriteMultiResponsePB
         )
+        #: The server's peer channel, when this pipe may use it (an insecure cluster).
+        self.channel = WriteChannel(stubs) if channel else None
         self._lock = threading.Lock()
         self._queue: deque[_Pending] = deque()
         self._inflight = 0
@@ -146,23 +152,33 @@ class WritePipe:
         with self._lock:
             self._queue.append(pending)
             batch = self._take_locked()
-        if batch == [pending]:
-            self._call_inline(pending)
-        elif batch:
-            self._start(batch)
-        if not pending.done.wait(timeout_ms / 1000):
+            call = self._start_locked(batch) if batch else None
+        if call is not None:
+            self._make_call(batch, call)
+        while not pending.settled:
+            woken = pending.wake.wait(max(0.0, pending.deadline - time.monotonic()))
             with self._lock:
-                if not pending.done.is_set():
+                led, pending.leads = pending.leads, None
+                pending.wake.clear()
+                if led is None and not woken and not pending.settled:
                     pending.abandoned = True  # if still queued, it is never sent
-            if not pending.done.is_set():
-                raise errors.TimedOutError(
-                    f"write to {self.stubs.addr} not answered within {timeout_ms} ms "
-                    "(its outcome is unknown)"
-                )
+                    break
+            if led:  # handed the next call: answered even past this write's deadline
+                self._make_call(*led)
+        if not pending.settled:
+            raise errors.TimedOutError(
+                f"write to {self.stubs.addr} not answered within {timeout_ms} ms "
+                "(its outcome is unknown)"
+            )
         if pending.error is not None:
             raise pending.error
         assert pending.response is not None, "settled with a response or an error"
         return pending.response
+
+    def close(self) -> None:
+        """Closes the channel's connections (a call in flight fails)."""
+        if self.channel is not None:
+            self.channel.close()
 
     def _take_locked(self) -> list[_Pending]:
         """The writes for the next call, if a call may start now (the lock is held)."""
@@ -187,58 +203,74 @@ class WritePipe:
             self.writes_sent += len(batch)
         return batch
 
-    def _call_inline(self, pending: _Pending) -> None:
-        """Sends a write that found the pipe idle and alone as a blocking call in its caller's
-        thread. A sync channel's ``future()`` starts a polling thread whenever the channel has
-        no call in flight and stops it when the call ends, so a lone writer paid a thread start
-        per write (docs/performance.md); calls queued meanwhile still go as futures."""
-        timeout_s = max(0.001, pending.deadline - time.monotonic())
-        request = b"".join(_request_parts(pending))
-        self._finish([pending], _Completed(lambda: self._write(request, timeout=timeout_s)), None)
+    def _start_locked(self, batch: list[_Pending]) -> _Call:
+        """The call carrying ``batch`` (the lock is held). On an idle channel connection it is
+        sent now, so it travels while the call before it is answered; otherwise it is made,
+        connection and all, by whoever reads its answer."""
+        if self.channel is not None:
+            timeout_s = _timeout_s(batch)
+            try:
+                sent = self.channel.send_on_idle(_multi_request(batch), timeout_s)
+            except errors.NyalaError as exc:
+                failure: BaseException = exc
+                return lambda: (None, failure)
+            if sent is not None:
+                channel = self.channel
+                return lambda: self._answer(lambda: channel.receive(sent))
+        return lambda: self._answer(lambda: self._call(batch))
 
-    def _start(self, batch: list[_Pending]) -> None:
-        timeout_s = max(0.001, max(p.deadline for p in batch) - time.monotonic())
-        call: _Call
+    def _make_call(self, batch: list[_Pending], call: _Call) -> None:
+        """Reads the answer of ``call`` (carrying ``batch``) in this thread, starts the next
+        call with the writes queued meanwhile and hands it to the first of them, then answers
+        ``batch``'s writes (module doc)."""
         try:
-            if len(batch) == 1:
-                call = self._write.future(b"".join(_request_parts(batch[0])), timeout=timeout_s)
-            else:
-                multi = tserver_pb2.WriteMultiRequestPB(dest_uuid=batch[0].dest_uuid)
-                parts = [multi.SerializeToString()]
-                for p in batch:
-                    sub = _request_parts(p)
-                    parts.append(length_delimited_head(_REQUESTS_FIELD, sum(map(len, sub))))
-                    parts += sub
-                call = self._write_multi.future(b"".join(parts), timeout=timeout_s)
-        except Exception as exc:  # e.g. the channel is closed: fails only this batch
-            self._finish(batch, None, exc)
-            return
-        call.add_done_callback(lambda done: self._finish(batch, done, None))
+            answer, failure = call()
+        except BaseException as exc:  # interrupted: the call's outcome is unknown
+            self._hand_on()
+            self._settle(batch, None, errors.NetworkError(f"write call interrupted: {exc!r}"))
+            raise
+        self._hand_on()
+        self._settle(batch, answer, failure)
 
-    def _finish(
-        self, batch: list[_Pending], call: _Call | None, failure: BaseException | None
-    ) -> None:
-        try:
-            self._settle(batch, call, failure)
-        finally:
-            with self._lock:
-                self._inflight -= 1
-                following = self._take_locked()
+    def _hand_on(self) -> None:
+        with self._lock:
+            self._inflight -= 1
+            following = self._take_locked()
             if following:
-                self._start(following)
+                following[0].leads = (following, self._start_locked(following))
+                following[0].wake.set()
+
+    def _answer(self, call: Callable[[], _Answer]) -> tuple[_Answer | None, BaseException | None]:
+        """``call``'s answer, or its failure as a ``nyala.errors`` exception."""
+        try:
+            return call(), None
+        except grpc.RpcError as err:
+            return None, error_from_grpc(err, target=self.stubs.addr)
+        except errors.NyalaError as exc:
+            return None, exc
+        except Exception as exc:  # a bug in the transport: the writes may have gone out
+            return None, errors.NetworkError(f"write call to {self.stubs.addr} failed: {exc!r}")
+
+    def _call(self, batch: list[_Pending]) -> _Answer:
+        """Makes the call carrying ``batch``: on the channel if it can take it, else over
+        gRPC."""
+        timeout_s = _timeout_s(batch)
+        if self.channel is not None and self.channel.usable(batch[0].dest_uuid, timeout_s):
+            try:
+                sent = self.channel.send(_multi_request(batch), timeout_s)
+            except _NotSent:
+                pass  # over gRPC, below
+            else:
+                return self.channel.receive(sent)
+        if len(batch) == 1:
+            return self._write(b"".join(_request_parts(batch[0])), timeout=timeout_s)
+        return self._write_multi(_multi_request(batch), timeout=timeout_s)
 
     def _settle(
-        self, batch: list[_Pending], call: _Call | None, failure: BaseException | None
+        self, batch: list[_Pending], response: _Answer | None, failure: BaseException | None
     ) -> None:
-        if failure is None:
-            assert call is not None, "a call that did not fail to start"
-            try:
-                response = call.result()
-            except grpc.RpcError as err:
-                failure = error_from_grpc(err, target=self.stubs.addr)
-            except Exception as exc:  # cancelled, or a bug in the transport
-                failure = errors.NetworkError(f"write call to {self.stubs.addr} failed: {exc}")
-        if failure is not None:
+        if failure is not None or response is None:
+            failure = failure or errors.NetworkError(f"no answer from {self.stubs.addr}")
             for p in batch:
                 p.settle(None, failure)
             return
@@ -264,6 +296,209 @@ class WritePipe:
                 p.settle(sub, None)
 
 
+@dataclass(frozen=True)
+class _Sent:
+    """A call sent on a channel connection, its answer not read yet."""
+
+    sock: socket.socket
+    deadline: float  # time.monotonic()
+    timeout_s: float
+
+
+def _timeout_s(batch: list[_Pending]) -> float:
+    """A call's timeout: until the latest deadline of the writes it carries."""
+    return max(0.001, max(p.deadline for p in batch) - time.monotonic())
+
+
+class _NotSent(Exception):
+    """The channel could not take a call (no connection could be made): nothing was sent."""
+
+
+class WriteChannel:
+    """Write calls on a tablet server's peer channel (module doc): blocking, one call per
+    connection at a time; idle connections are kept for the next call."""
+
+    def __init__(self, stubs: Stubs) -> None:
+        self.stubs = stubs
+        self._host = split_host_port(stubs.addr)[0]
+        self._lock = threading.Lock()
+        self._idle: list[socket.socket] = []
+        self._port = 0  # the channel's port, once asked (0: not known)
+        self._retry_at = 0.0  # time.monotonic() before which the channel is not tried
+        self._closed = False
+        #: Calls made here, and connections opened (for tests and benchmarks).
+        self.calls = 0
+        self.connections = 0
+
+    def usable(self, dest_uuid: str, timeout_s: float) -> bool:
+        """True if a call may go here: a connection is idle, or the server's channel port is
+        known or could be asked now. False while a refusal or failure is recent."""
+        with self._lock:
+            if self._idle or self._port:
+                return True
+            if self._closed or time.monotonic() < self._retry_at:
+                return False
+        try:
+            answer = self.stubs.call(
+                self.stubs.consensus.GetPeerChannel,
+                consensus_pb2.PeerChannelRequestPB(dest_uuid=dest_uuid),
+                int(min(timeout_s, CHANNEL_RETRY_S) * 1000),
+            )
+        except errors.NyalaError:  # unreachable, not this server, or one without the method
+            answer = consensus_pb2.PeerChannelResponsePB()
+        with self._lock:
+            self._port = answer.port
+            if not answer.port:
+                self._retry_at = time.monotonic() + CHANNEL_RETRY_S
+            return bool(answer.port)
+
+    def send(self, request: bytes, timeout_s: float) -> _Sent:
+        """Sends ``request`` (a serialized ``WriteMultiRequestPB``) on a connection, opened if
+        none is idle; read its answer with ``receive``. Raises ``_NotSent`` if no connection
+        could be made, ``NetworkError`` if the connection broke while sending."""
+        return self._send(self._connection(timeout_s), request, timeout_s)
+
+    def send_on_idle(self, request: bytes, timeout_s: float) -> _Sent | None:
+        """``send`` if a connection is idle (None if not: nothing sent)."""
+        sock = self._idle_connection()
+        return None if sock is None else self._send(sock, request, timeout_s)
+
+    def receive(self, sent: _Sent) -> tserver_pb2.WriteMultiResponsePB:
+        """The answer of a call ``send`` sent. Raises ``TimedOutError`` after its timeout and
+        ``NetworkError`` if the connection broke (the connection is then dropped; the outcome
+        of both is unknown)."""
+        done = False
+        try:
+            (length,) = LENGTH.unpack(_receive(sent.sock, LENGTH.size, sent.deadline))
+            data = _receive(sent.sock, length, sent.deadline)
+            done = True
+        except TimeoutError:
+            raise errors.TimedOutError(
+                f"write call to {self.stubs.addr} not answered within {sent.timeout_s * 1000:.0f}"
+                " ms (its outcome is unknown)"
+            ) from None
+        except OSError as exc:
+            raise errors.NetworkError(
+                f"the write channel to {self.stubs.addr} broke: {exc!r} (the outcome is unknown)"
+            ) from None
+        finally:
+            self._release(sent.sock, done)
+        try:
+            return tserver_pb2.WriteMultiResponsePB.FromString(data)
+        except DecodeError:
+            raise errors.NetworkError(
+                f"{self.stubs.addr} answered a write call with {len(data)} bytes that do not "
+                "parse (the outcome is unknown)"
+            ) from None
+
+    def _send(self, sock: socket.socket, request: bytes, timeout_s: float) -> _Sent:
+        try:
+            sock.settimeout(timeout_s)
+            head = LENGTH.pack(len(request))
+            if len(request) <= _JOIN_BYTES_MAX:
+                sock.sendall(head + request)
+            else:
+                sock.sendall(head)
+                sock.sendall(request)
+        except OSError as exc:  # a timeout included: part of it may have gone
+            self._release(sock, False)
+            raise errors.NetworkError(
+                f"the write channel to {self.stubs.addr} broke while sending: {exc!r} (the "
+                "outcome is unknown)"
+            ) from None
+        return _Sent(sock, time.monotonic() + timeout_s, timeout_s)
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            idle, self._idle = self._idle, []
+        for sock in idle:
+            sock.close()
+
+    def _idle_connection(self) -> socket.socket | None:
+        with self._lock:
+            while self._idle:
+                sock = self._idle.pop()
+                if _alive(sock):
+                    return sock
+                sock.close()  # the server ended it (restarted, say): its port may differ now
+                self._port = 0
+        return None
+
+    def _connection(self, timeout_s: float) -> socket.socket:
+        sock = self._idle_connection()
+        if sock is not None:
+            return sock
+        with self._lock:
+            port, closed = self._port, self._closed
+        if closed or not port:
+            raise _NotSent()
+        try:
+            sock = socket.create_connection((self._host, port), timeout=min(timeout_s, 5.0))
+        except OSError:
+            with self._lock:
+                self._port = 0  # asked again after the pause: the server may have moved it
+                self._retry_at = time.monotonic() + CHANNEL_RETRY_S
+            raise _NotSent() from None
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            sock.sendall(WRITE_MAGIC)
+        except OSError:
+            sock.close()
+            raise _NotSent() from None
+        with self._lock:
+            self.connections += 1
+        return sock
+
+    def _release(self, sock: socket.socket, reusable: bool) -> None:
+        with self._lock:
+            self.calls += 1
+            if reusable and not self._closed:
+                self._idle.append(sock)
+                return
+            if not reusable:
+                self._port = 0  # asked again: a broken connection may mean a moved server
+        sock.close()
+
+
+def _alive(sock: socket.socket) -> bool:
+    """True if an idle connection is still open (no end and nothing unasked waits on it)."""
+    try:
+        sock.setblocking(False)  # a socket with a timeout would wait for readability first
+        sock.recv(1, socket.MSG_PEEK)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+    return False  # ended, or bytes no call asked for wait on it
+
+
+def _receive(sock: socket.socket, length: int, deadline: float) -> bytes:
+    """Exactly ``length`` bytes from ``sock`` by ``deadline`` (``TimeoutError`` after it,
+    ``ConnectionResetError`` if the connection ends first)."""
+    buffer = bytearray(length)
+    view = memoryview(buffer)
+    got = 0
+    while got < length:
+        sock.settimeout(max(0.001, deadline - time.monotonic()))
+        n = sock.recv_into(view[got:])
+        if n == 0:
+            raise ConnectionResetError("the server closed the write channel inside an answer")
+        got += n
+    return bytes(buffer)
+
+
+def _multi_request(batch: list[_Pending]) -> bytes:
+    """The serialized ``WriteMultiRequestPB`` carrying ``batch``."""
+    multi = tserver_pb2.WriteMultiRequestPB(dest_uuid=batch[0].dest_uuid)
+    parts = [multi.SerializeToString()]
+    for p in batch:
+        sub = _request_parts(p)
+        parts.append(length_delimited_head(_REQUESTS_FIELD, sum(map(len, sub))))
+        parts += sub
+    return b"".join(parts)
+
+
 def _serialized_call(
     channel: grpc.Channel, method: str, response_type: type[_Response]
 ) -> grpc.UnaryUnaryMultiCallable[bytes, _Response]:
@@ -283,4 +518,11 @@ def _request_parts(pending: _Pending) -> list[bytes]:
     return [pending.head, length_delimited_head(_OPS_FIELD, len(pending.ops)), pending.ops]
 
 
-__all__ = ["CALL_BYTES_MAX", "CALL_REQUESTS_MAX", "INFLIGHT_CALLS_MAX", "WritePipe"]
+__all__ = [
+    "CALL_BYTES_MAX",
+    "CALL_REQUESTS_MAX",
+    "CHANNEL_RETRY_S",
+    "INFLIGHT_CALLS_MAX",
+    "WriteChannel",
+    "WritePipe",
+]

@@ -22,7 +22,7 @@ from nyala.common.clock import HybridClock, RealClock
 from nyala.common.metrics import MetricsRegistry
 from nyala.common.process import gc_pauses, resident_bytes
 from nyala.consensus.options import RaftOptions
-from nyala.consensus.runtime.peer_channel import PeerChannelServer, frame_bytes_max
+from nyala.consensus.runtime.peer_channel import PeerChannelServer, ServeWrite, frame_bytes_max
 from nyala.consensus.runtime.peer_streams import PeerStreams, PeerStreamsOptions
 from nyala.consensus.runtime.transport import GrpcTransport
 from nyala.consensus.runtime.wal_log import WalLogOptions
@@ -164,9 +164,12 @@ class ServerBase:
         )
         self._base_tasks.append(tasks.create_task(self.peer_streams.run(), name="peer-streams"))
 
-    async def _start_peer_channel(self, consensus: ConsensusService) -> None:
+    async def _start_peer_channel(
+        self, consensus: ConsensusService, serve_write: ServeWrite | None = None
+    ) -> None:
         """Serves the peer channel on the RPC host (mutual TLS on a secure server), unless it
-        is off: peers then use ConsensusPeerStream."""
+        is off: peers then use ConsensusPeerStream. With ``serve_write`` an insecure server
+        also takes its clients' writes there (``peer_channel``)."""
         s = self.server_settings
         tls = s.rpc_settings().tls
         if not s.consensus_peer_channel or (tls is not None and not tls.cert_pem):
@@ -176,6 +179,7 @@ class ServerBase:
             consensus.serve_peer_batches,
             frame_bytes_max=frame_bytes_max(s.rpc_message_bytes_max),
             tls=None if tls is None else channel_tls_config(tls, server=True),
+            serve_write=serve_write if tls is None else None,
         )
         host = split_host_port(s.rpc_bind)[0]
         port = await channel.start(host, s.consensus_peer_channel_port)

@@ -194,6 +194,7 @@ class TabletServer(ServerBase):
         self._heartbeat_task: asyncio.Task[None] | None = None
         self._heartbeater: Heartbeater | None = None
         self._security: SecurityUpdates | None = None  # a secure server's keys and revocations
+        self._tablet_service: TabletService | None = None  # built with the RPC server
         self._quarantine_task: asyncio.Task[None] | None = None
         self._copy_tasks: list[asyncio.Task[None]] = []
         self.scanners = ScannerRegistry(settings.scanner_ttl_ms)
@@ -243,7 +244,8 @@ class TabletServer(ServerBase):
         # answers learns its port, not that there is none (it would then keep to the gRPC
         # stream for that stream's whole life).
         assert self._consensus is not None
-        await self._start_peer_channel(self._consensus)
+        assert self._tablet_service is not None
+        await self._start_peer_channel(self._consensus, self._tablet_service.serve_write_frame)
         try:
             await self._start_listening(self.rpc, self.http)
         except BaseException:
@@ -317,19 +319,18 @@ class TabletServer(ServerBase):
             self._security = SecurityUpdates(TokenVerifier(), Revocations())
         revocations = None if self._security is None else self._security.revocations
         server = RpcServer(self.settings.rpc_bind, self.settings.rpc_settings(), revocations)
-        server.add_service(
-            tserver_pb2_grpc.add_TabletServiceServicer_to_server,
-            TabletService(
-                self.uuid,
-                self._rpc_metrics,
-                self._started_s,
-                self.tablets,
-                self.scanners,
-                self.settings.scan_batch_bytes_max,
-                self.memory.admit_write,
-                self._authorizer(),
-            ),
+        self._tablet_service = TabletService(
+            self.uuid,
+            self._rpc_metrics,
+            self._started_s,
+            self.tablets,
+            self.scanners,
+            self.settings.scan_batch_bytes_max,
+            self.memory.admit_write,
+            self._authorizer(),
         )
+        add_tablet_service = tserver_pb2_grpc.add_TabletServiceServicer_to_server
+        server.add_service(add_tablet_service, self._tablet_service)
         self._consensus = ConsensusService(
             self.uuid,
             self._rpc_metrics,

@@ -15,9 +15,10 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
-from typing import Any
+from typing import Any, cast
 
 import pyarrow as pa
+from google.protobuf.message import DecodeError
 
 from nyala._proto import (
     common_pb2,
@@ -252,6 +253,20 @@ class TabletService(ServiceBase, tserver_pb2_grpc.TabletServiceServicer):
             except NyalaError as exc:
                 response.responses.add().error.CopyFrom(error_to_pb(exc))
         return response
+
+    async def serve_write_frame(self, frame: bytes | memoryview) -> bytes:
+        """A ``WriteMulti`` call that came on the peer channel (``peer_channel.WRITE_MAGIC``):
+        the serialized request in, the serialized answer out, with the gRPC method's checks,
+        answers and metrics. Only an insecure server takes calls there: nothing here checks
+        the caller, as the guard of a secure server's gRPC methods does."""
+        try:
+            request = tserver_pb2.WriteMultiRequestPB.FromString(frame)  # type: ignore[arg-type]
+        except DecodeError:
+            self.rpc_metrics.record("WriteMulti", "INVALID_ARGUMENT", 0.0)
+            refusal = InvalidArgumentError(f"a write frame of {len(frame)} bytes does not parse")
+            return tserver_pb2.WriteMultiResponsePB(error=error_to_pb(refusal)).SerializeToString()
+        response = await self.WriteMulti(request, cast(Any, None))  # it reads no context
+        return response.SerializeToString()
 
     async def _write_tablet(
         self, tablet_id: str, subs: list[tserver_pb2.WriteRequestPB]

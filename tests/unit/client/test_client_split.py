@@ -244,3 +244,77 @@ def test_one_tablet_sends_the_batch_whole_and_bad_input_is_refused() -> None:
     with pytest.raises(InvalidArgumentError, match="nulls"):
         hashed.split_requests(with_null_key, 10, 1 << 20)
     assert OP_COLUMN in batch.schema.names
+
+
+# --- split_small_rows: a few rows from Python lists, without pyarrow -----------------------
+
+#: The columns ``split_small_rows`` takes (the others send a write down the general path).
+SMALL_COLUMNS = ["id", "name", "small", "f", "s", "b", "flag", "i8", "i16"]
+
+
+def small_columns(rows: list[dict[str, Any]]) -> list[tuple[str, list[Any]]]:
+    return [(name, [r[name] for r in rows]) for name in SMALL_COLUMNS]
+
+
+@pytest.mark.parametrize("spec_index", range(len(SPECS)))
+@settings(max_examples=25, deadline=None)
+@given(rows=st.lists(row_strategy, min_size=1, max_size=20), rows_max=st.integers(1, 30))
+def test_small_rows_split_into_the_same_requests_as_their_op_batch(
+    spec_index: int, rows: list[dict[str, Any]], rows_max: int
+) -> None:
+    # Plain Python values: what a caller of Table.upsert({"id": [1], ...}) passes.
+    rows = [{**r, "f": None if r["f"] is None else float(r["f"])} for r in rows]
+    _, _, native = router(SPECS[spec_index])
+    split = native.split_small_rows(SCHEMA.to_native(), small_columns(rows), 3, rows_max, 1 << 30)
+    assert split is not None
+    pieces, unrouted = split
+    assert unrouted == []
+    given_rows = {name: values for name, values in small_columns(rows)}
+    batch = make_op_batch(given_rows, "upsert", SCHEMA)
+    expected, _ = native.split_requests(batch, rows_max, 1 << 30, 1)
+    assert len(pieces) == len(expected)
+    for (partition, positions, ipc), (partition_e, positions_e, ipc_e) in zip(
+        pieces, expected, strict=True
+    ):
+        assert partition == partition_e
+        assert positions == pa.array(positions_e).to_pylist()
+        assert ipc == ipc_e  # byte for byte what the general path sends
+
+
+BASE_ROW = {"id": 1, "name": "n", "small": 2, "f": 1.5, "s": "s", "b": b"b", "flag": True}
+
+
+@pytest.mark.parametrize(
+    ("column", "value"),
+    [
+        ("id", True),  # a bool is an int to Python, not to the table
+        ("id", 1.0),  # a float in an integer column
+        ("id", 2**63),  # out of int64's range
+        ("small", 2**31),  # out of int32's range
+        ("i8", 128),
+        ("f", 1),  # an int in a double column: pyarrow's conversion decides
+        ("s", b"bytes"),  # bytes in a string column
+        ("b", "text"),  # text in a binary column
+        ("flag", 1),
+        ("s", "\ud800"),  # a lone surrogate is not UTF-8
+        ("id", np.int64(5)),  # numpy's scalars: the general path converts them
+        ("id", None),  # a null key breaks a rule: the general path reports the row
+        ("s", "x" * (65 * 1024)),  # a cell over the limit, likewise
+    ],
+)
+def test_values_the_small_path_does_not_take_send_the_write_down_the_general_path(
+    column: str, value: Any
+) -> None:
+    _, _, native = router(SPECS[0])
+    row = BASE_ROW | {"i8": 1, "i16": 1, column: value}
+    assert native.split_small_rows(SCHEMA.to_native(), small_columns([row]), 3, 10, 1 << 30) is None
+
+
+def test_columns_the_small_path_does_not_take_send_the_write_down_the_general_path() -> None:
+    _, _, native = router(SPECS[0])
+    native_schema = SCHEMA.to_native()
+    columns = small_columns([BASE_ROW | {"i8": 1, "i16": 1}])
+    for extra in (("f32", [1.5]), ("ts", [5]), ("nope", [1])):
+        assert native.split_small_rows(native_schema, [*columns, extra], 3, 10, 1 << 30) is None
+    uneven = [(name, values * (2 if name == "s" else 1)) for name, values in columns]
+    assert native.split_small_rows(native_schema, uneven, 3, 10, 1 << 30) is None

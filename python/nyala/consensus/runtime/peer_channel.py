@@ -25,8 +25,16 @@ is set, then the connection closes, as ``ConsensusPeerStream`` ends. The server 
 connection whose magic is wrong, whose frame is longer than ``frame_bytes_max``, or whose
 batch does not parse (logged; nothing else is touched).
 
+A tablet server's clients send their writes on the same port (issue 28: one transport, not
+two). Such a connection opens with ``WRITE_MAGIC`` instead; then the client writes frames of
+serialized ``WriteMultiRequestPB`` and the server answers each with a frame of
+``WriteMultiResponsePB``, in order, one at a time (the server reads the next request once it
+has answered the last). Only an insecure server serves them: a secure one closes such a
+connection, and its clients keep to gRPC, whose calls carry the user's identity to the
+authorization guard (docs/security.md).
+
 This module owns the listening socket and the connections' tasks; what a batch means is
-``PeerStreams.serve``'s business.
+``PeerStreams.serve``'s business, what a write means ``ServeWrite``'s.
 """
 
 from __future__ import annotations
@@ -35,9 +43,8 @@ import asyncio
 import contextlib
 import logging
 import socket
-import struct
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, NamedTuple, TypeVar
 
 from google.protobuf.message import DecodeError, Message
@@ -46,6 +53,7 @@ from nyala import _native
 from nyala._proto import consensus_pb2
 from nyala.consensus.runtime.wire import PeerBatch, WireRequest, request_size
 from nyala.errors import InvalidArgumentError, NetworkError, NotAuthorizedError, NyalaError
+from nyala.rpc.channel_wire import LENGTH, MAGIC, WRITE_MAGIC
 from nyala.rpc.credentials import not_a_server, peer_server_name
 from nyala.rpc.errors import error_to_pb
 from nyala.rpc.pb_fields import length_delimited_head, varint
@@ -54,9 +62,6 @@ from nyala.rpc.tls_socket import SocketTlsTransport, tls_handshake
 
 log = logging.getLogger(__name__)
 
-#: What a dialler writes first: the channel's name and its version.
-MAGIC = b"NYPC\x00\x00\x00\x01"
-_LENGTH = struct.Struct(">I")
 # Frames up to this size are written as one buffer (one send); larger ones as two, which
 # saves copying the batch.
 _JOIN_BYTES_MAX = 256 * 1024
@@ -81,6 +86,10 @@ ServeBatches = Callable[
     AsyncIterator[consensus_pb2.ConsensusBatchResponsePB],
 ]
 """Answers one peer's batches (``ConsensusService.serve_peer_batches``)."""
+
+ServeWrite = Callable[[bytes | memoryview], Awaitable[bytes]]
+"""Answers one client call: a serialized ``WriteMultiRequestPB`` in, its serialized
+``WriteMultiResponsePB`` out, every failure an answer (``TabletService.serve_write_frame``)."""
 
 
 # Field numbers of ConsensusBatchRequestPB.
@@ -167,7 +176,7 @@ def batch_request_frame(
         small += (length_delimited_head(_VOTE_CALL_IDS_FIELD, len(vote_ids)), vote_ids)
     pieces.append(b"".join(small))
     length = sum(len(piece) if isinstance(piece, bytes) else piece.nbytes for piece in pieces)
-    pieces[0] = _LENGTH.pack(length) + pieces[0]
+    pieces[0] = LENGTH.pack(length) + pieces[0]
     return pieces
 
 
@@ -178,12 +187,12 @@ async def read_frame(reader: asyncio.StreamReader, frame_bytes_max: int) -> byte
     ``InvalidArgumentError`` for a frame over ``frame_bytes_max``.
     """
     try:
-        head = await reader.readexactly(_LENGTH.size)
+        head = await reader.readexactly(LENGTH.size)
     except asyncio.IncompleteReadError as exc:
         if not exc.partial:
             return None
         raise NetworkError("the peer channel ended inside a frame's length") from None
-    (length,) = _LENGTH.unpack(head)
+    (length,) = LENGTH.unpack(head)
     if length > frame_bytes_max:
         raise InvalidArgumentError(
             f"peer channel frame of {length} bytes, over the limit of {frame_bytes_max}"
@@ -219,9 +228,13 @@ class PeerChannelServer:
         *,
         frame_bytes_max: int,
         tls: _native.TlsConfig | None = None,
+        serve_write: ServeWrite | None = None,
     ) -> None:
+        if serve_write is not None and tls is not None:
+            raise ValueError("a secure channel serves no client writes (module docstring)")
         self.server_uuid = server_uuid
         self._serve = serve
+        self._serve_write = serve_write
         self._frame_bytes_max = frame_bytes_max
         self._tls = tls  # the server side of mutual TLS (rpc.credentials.channel_tls_config)
         self._server: asyncio.Server | None = None
@@ -229,6 +242,7 @@ class PeerChannelServer:
         self._connections: set[asyncio.Task[None]] = set()
         self.port = 0
         self.connections_refused = 0  # wrong magic, oversized frame, unparseable batch
+        self.write_calls = 0  # client calls answered (WRITE_MAGIC connections)
 
     async def start(self, host: str, port: int) -> int:
         """Listens on ``host``:``port`` (0: any free port); returns the port."""
@@ -296,6 +310,9 @@ class PeerChannelServer:
         peer = connection.get_extra_info("peername")
         try:
             hello = await connection.next_frame()
+            if hello is not None and self._serve_write is not None and bytes(hello) == WRITE_MAGIC:
+                await self._answer_writes(connection, self._serve_write)
+                return
             if hello is None or bytes(hello) != MAGIC:
                 self.connections_refused += 1
                 log.warning("peer channel: %s did not open with the channel's magic; closed", peer)
@@ -319,6 +336,24 @@ class PeerChannelServer:
             pass  # the peer went away; what it was owed is lost, as on a broken stream
         finally:
             connection.close()
+
+    async def _answer_writes(self, connection: _FrameConnection, serve: ServeWrite) -> None:
+        """Answers a client's write calls, each before the next is read, until it closes (or
+        sends a frame over the limit: closed, as a peer's would be)."""
+        while True:
+            try:
+                frame = await connection.next_frame()
+            except InvalidArgumentError as exc:
+                self.connections_refused += 1
+                log.warning("peer channel: closed a client's connection: %s", exc)
+                return
+            if frame is None:
+                return
+            answer = await serve(frame)
+            del frame  # a large one is a view of the connection's buffer
+            self.write_calls += 1
+            connection.write_frame(answer)
+            await connection.drain()
 
     async def _batches(self, connection: _FrameConnection) -> AsyncIterator[PeerBatch]:
         while True:
@@ -434,19 +469,19 @@ class _FrameConnection(asyncio.BufferedProtocol):
             self._push(bytes(data[: len(MAGIC)]))
             self._magic_seen = True
             pos = len(MAGIC)
-        while end - pos >= _LENGTH.size:
-            (length,) = _LENGTH.unpack_from(self._scratch, pos)
+        while end - pos >= LENGTH.size:
+            (length,) = LENGTH.unpack_from(self._scratch, pos)
             if length > self._frame_bytes_max:
                 raise InvalidArgumentError(
                     f"peer channel frame of {length} bytes, over the limit of "
                     f"{self._frame_bytes_max}"
                 )
-            start = pos + _LENGTH.size
+            start = pos + LENGTH.size
             if end - start >= length:  # whole
                 self._push(bytes(data[start : start + length]))
                 pos = start + length
                 continue
-            if _LENGTH.size + length > len(self._scratch):  # large: read the rest in place
+            if LENGTH.size + length > len(self._scratch):  # large: read the rest in place
                 if self._big_lent or len(self._big) < length:
                     # A frame handed out may still be read from the old one: a new one.
                     self._big = bytearray(length)
@@ -512,7 +547,7 @@ class _FrameConnection(asyncio.BufferedProtocol):
         """Queues one frame of ``data`` (the caller drains)."""
         if self._transport is None or self._closed:
             return
-        head = _LENGTH.pack(len(data))
+        head = LENGTH.pack(len(data))
         if len(data) <= _JOIN_BYTES_MAX:
             self._transport.write(head + data)
         else:
