@@ -8,6 +8,7 @@ from __future__ import annotations
 import socket
 import struct
 import threading
+from collections.abc import Iterator
 
 import grpc
 import pytest
@@ -25,7 +26,7 @@ ROWS_PER_WRITER = 60
 
 
 @pytest.fixture(scope="module")
-def cluster() -> MiniCluster:
+def cluster() -> Iterator[MiniCluster]:
     with MiniCluster(
         1, num_masters=1, master_flags=fast_master_flags(), tserver_flags=FAST_TSERVER_FLAGS
     ) as started:
@@ -103,6 +104,7 @@ def test_a_restarted_server_is_dialled_again_and_nothing_is_lost(cluster: MiniCl
 
 
 def _channel_port(server: ServerProcess) -> int:
+    assert server.uuid is not None
     with grpc.insecure_channel(server.rpc_addr) as channel:
         answer = consensus_pb2_grpc.ConsensusServiceStub(channel).GetPeerChannel(
             consensus_pb2.PeerChannelRequestPB(dest_uuid=server.uuid), timeout=10
