@@ -37,6 +37,7 @@ from nyala._proto import (
 )
 from nyala.cli import main
 from nyala.consensus.runtime.peer_channel import MAGIC
+from nyala.rowops import encode, make_op_batch
 from nyala.rpc import BlockingServerProxy
 from nyala.rpc.errors import raise_for_response
 from nyala.rpc.settings import RpcSettings
@@ -574,11 +575,13 @@ def test_privileges_decide_who_reads_and_writes(authz_cluster: MiniCluster) -> N
     with nyala.connect(masters, credentials=alice) as owner:
         owned = owner.create_table("owned", SCHEMA, replicas=1)
         assert owned.insert({"id": [1, 2], "v": ["a", "b"]}).ok  # the owner has ALL
+        assert _channel_calls(owner) > 0  # on the tablet server's channel, under TLS
         with nyala.connect(masters, credentials=bob) as other:
             with pytest.raises(errors.NotAuthorizedError, match="SELECT"):
                 other.table("owned").scan().to_arrow()
             with pytest.raises(errors.NotAuthorizedError, match="INSERT"):
                 other.table("owned").insert({"id": [3]})
+            assert _channel_calls(other) > 0  # refused there, as over gRPC
             with pytest.raises(errors.NotAuthorizedError, match="lacks"):
                 other.delete_table("owned")
             with pytest.raises(errors.NotAuthorizedError, match="owner"):
@@ -708,6 +711,12 @@ def test_grant_and_revoke_on_the_command_line(authz_cluster: MiniCluster) -> Non
 # --- users (nyala user add/remove/list) -------------------------------------------------------
 
 
+def _channel_calls(client: nyala.Client) -> int:
+    """Write calls ``client`` made on the tablet servers' channels."""
+    pipes = client._writer._pipes.values()
+    return sum(p.channel.calls for p in pipes if p.channel is not None)
+
+
 def _refused_within(action: Callable[[], object], seconds: float) -> str:
     """Calls ``action`` until it is refused as unauthenticated (the reason is returned), at
     most ``seconds``. (A raw streaming call raises gRPC's error, not nyala's.)"""
@@ -768,6 +777,27 @@ def test_a_removed_user_is_refused_everywhere_and_can_be_added_again(
             dest_uuid=ts.uuid or "",
             new_scan=tserver_pb2.NewScanRequestPB(tablet_id=tablet_id, authz_token=token),
         )
+        # A write on gina's channel connection to the tablet server, bypassing the master.
+        pipe = gina._writer.pipe(ts.rpc_addr)
+        ops = encode(make_op_batch({"id": [2], "v": ["b"]}, "upsert", table.schema)).to_pybytes()
+        seq_nos = iter(range(1_000_000, 2_000_000))
+
+        def channel_write() -> object:
+            seq_no = next(seq_nos)
+            request = tserver_pb2.WriteRequestPB(
+                dest_uuid=ts.uuid or "",
+                tablet_id=tablet_id,
+                schema_version=table.schema.version,
+                authz_token=token,
+                request_id=common_pb2.RequestIdPB(
+                    client_id=gina.client_id, seq_no=seq_no, first_incomplete_seq_no=seq_no
+                ),
+            )
+            return pipe.write(request, ops, 10_000)
+
+        channel_write()
+        assert pipe.channel is not None
+        calls_before = pipe.channel.calls
         with proxy:
             _scan(proxy, scan)  # gina's open connection to the tablet server works
             for name in ("gina", "hank"):
@@ -780,6 +810,9 @@ def test_a_removed_user_is_refused_everywhere_and_can_be_added_again(
             with pytest.raises(errors.NotAuthenticatedError, match="revoked"):
                 hank.list_tables()
             assert "revoked" in _refused_within(lambda: _scan(proxy, scan), 1.0)
+            # Her channel connection too: each write there is checked as a gRPC call is.
+            assert "revoked" in _refused_within(channel_write, 1.0)
+            assert pipe.channel.calls > calls_before
     finally:
         gina.close()
         hank.close()
@@ -792,8 +825,9 @@ def test_a_removed_user_is_refused_everywhere_and_can_be_added_again(
     readded = runner.invoke(main, ["user", "add", "gina", "--out", str(new_dir)])
     assert readded.exit_code == 0, readded.stderr
     with nyala.connect(masters, credentials=new_dir) as client:
-        # Her table and privileges belong to her name, as in Kudu.
-        assert client.table("ginas").scan().to_arrow().num_rows == 1
+        # Her table and privileges belong to her name, as in Kudu (row 2 came on her
+        # channel connection before the removal).
+        assert client.table("ginas").scan().to_arrow().num_rows == 2
     with (
         pytest.raises(errors.NotAuthenticatedError, match="revoked"),
         nyala.connect(masters, credentials=gina_dir) as old,

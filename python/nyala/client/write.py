@@ -55,6 +55,7 @@ from nyala.client.meta_cache import MetaCache, Replica, TableInfo, TabletLocatio
 from nyala.client.rpc import Backoff, ChannelPool, ObservedTimestamp
 from nyala.client.write_pipe import WritePipe
 from nyala.rowops import OP_COLUMN, OpType, PreparedRows, check_columns, prepare_op_batch
+from nyala.rpc.credentials import channel_tls_config
 from nyala.rpc.errors import error_to_pb
 from nyala.schema import Schema
 
@@ -507,8 +508,13 @@ class Writer:
         self.requests = RequestTracker()
         self._pipes: dict[str, WritePipe] = {}
         self._pipes_lock = threading.Lock()
-        # Calls on the servers' peer channels (write_pipe), never on a secure cluster's.
-        self._channel = channel and pool.settings.tls is None
+        # Calls on the servers' peer channels (write_pipe); on a secure cluster with this
+        # client's certificate, loaded once.
+        tls = pool.settings.tls
+        self._channel = channel and (tls is None or bool(tls.cert_pem))
+        self._channel_tls = None
+        if self._channel and tls is not None:
+            self._channel_tls = channel_tls_config(tls, server=False)
         self._shapes: dict[tuple[str, int, tuple[str, ...], OpType], _Shape] = {}
 
     def write(
@@ -821,7 +827,8 @@ class Writer:
             with self._pipes_lock:
                 pipe = self._pipes.get(addr)
                 if pipe is None:
-                    pipe = WritePipe(self.pool.get(addr), channel=self._channel)
+                    stubs = self.pool.get(addr)
+                    pipe = WritePipe(stubs, channel=self._channel, tls=self._channel_tls)
                     self._pipes[addr] = pipe
         return pipe
 

@@ -21,14 +21,17 @@ whose thread wakes and makes the next call. (A sync gRPC channel's ``future()`` 
 thread whenever the channel had no call in flight; a blocking call needs none.) That writer may
 wait past its own deadline for the call it makes, which runs until the latest of its writes'.
 
-On an insecure cluster the calls go on the tablet server's peer channel (``WRITE_MAGIC``,
-``nyala.consensus.runtime.peer_channel``): a length-prefixed ``WriteMultiRequestPB`` on a plain
-TCP connection and its ``WriteMultiResponsePB`` back, which costs both ends a fraction of a gRPC
-call (docs/performance.md). The port is asked with ``GetPeerChannel`` before each connection. A
-server that serves no channel, a secure cluster, or a connection that cannot be made sends the
-writes over gRPC instead; nothing has been sent then, so nothing is duplicated or lost. A call
-cut after it was sent fails its writes with ``NetworkError`` (their outcome unknown; the writer
-retries them under the same request ids, as for a gRPC call that broke).
+The calls go on the tablet server's peer channel (``WRITE_MAGIC``,
+``nyala.consensus.runtime.peer_channel``): a length-prefixed ``WriteMultiRequestPB`` on a TCP
+connection and its ``WriteMultiResponsePB`` back, which costs both ends a fraction of a gRPC
+call (docs/performance.md). On a secure cluster the connection is mutual TLS (the extension's,
+``rpc.tls_socket``) with this client's certificate, and the server checks each call as it
+checks the gRPC method's. The port is asked with ``GetPeerChannel`` before each connection. A
+server that serves no channel, or a connection that cannot be made (a handshake refused
+included), sends the writes over gRPC instead; nothing has been sent then, so nothing is
+duplicated or lost. A call cut after it was sent fails its writes with ``NetworkError`` (their
+outcome unknown; the writer retries them under the same request ids, as for a gRPC call that
+broke).
 
 A write's rows (``ops``, megabytes under a bulk load) are never put into a protobuf message: the
 pipe serializes the rest of the ``WriteRequestPB`` and joins the rows after it as field ``ops``
@@ -37,6 +40,7 @@ pipe serializes the rest of the ``WriteRequestPB`` and joins the rows after it a
 
 from __future__ import annotations
 
+import select
 import socket
 import threading
 import time
@@ -48,10 +52,11 @@ from typing import TypeAlias, TypeVar
 import grpc
 from google.protobuf.message import DecodeError, Message
 
-from nyala import errors
+from nyala import _native, errors
 from nyala._proto import consensus_pb2, tserver_pb2
 from nyala.client.rpc import Stubs
 from nyala.rpc.channel_wire import LENGTH, WRITE_MAGIC
+from nyala.rpc.credentials import peer_server_name
 from nyala.rpc.errors import error_from_grpc, error_from_pb, split_host_port
 from nyala.rpc.pb_fields import length_delimited_head
 
@@ -77,6 +82,10 @@ _Call: TypeAlias = "Callable[[], tuple[_Answer | None, BaseException | None]]"
 CHANNEL_RETRY_S = 10.0
 # A request this large is sent as two pieces (its length, then itself) rather than joined.
 _JOIN_BYTES_MAX = 256 * 1024
+#: How long a connection to a channel (and its TLS handshake) may take at most.
+CONNECT_TIMEOUT_S = 5.0
+# TlsSession.handshake's answers.
+_HANDSHAKE_DONE, _HANDSHAKE_WANT_READ = 0, 1
 
 
 @dataclass(eq=False)
@@ -110,6 +119,7 @@ class WritePipe:
         stubs: Stubs,
         *,
         channel: bool = True,
+        tls: _native.TlsConfig | None = None,
         inflight_calls_max: int = INFLIGHT_CALLS_MAX,
         call_requests_max: int = CALL_REQUESTS_MAX,
         call_bytes_max: int = CALL_BYTES_MAX,
@@ -125,8 +135,9 @@ class WritePipe:
         self._write_multi = _serialized_call(
             stubs.channel, "WriteMulti", tserver_pb2.WriteMultiResponsePB
         )
-        #: The server's peer channel, when this pipe may use it (an insecure cluster).
-        self.channel = WriteChannel(stubs) if channel else None
+        #: The server's peer channel, unless this pipe may not use it (``tls``: a secure
+        #: cluster's, this client's certificate).
+        self.channel = WriteChannel(stubs, tls) if channel else None
         self._lock = threading.Lock()
         self._queue: deque[_Pending] = deque()
         self._inflight = 0
@@ -300,7 +311,7 @@ class WritePipe:
 class _Sent:
     """A call sent on a channel connection, its answer not read yet."""
 
-    sock: socket.socket
+    connection: _Connection
     deadline: float  # time.monotonic()
     timeout_s: float
 
@@ -316,14 +327,18 @@ class _NotSent(Exception):
 
 class WriteChannel:
     """Write calls on a tablet server's peer channel (module doc): blocking, one call per
-    connection at a time; idle connections are kept for the next call."""
+    connection at a time; idle connections are kept for the next call. With ``tls`` (a
+    secure cluster) each connection is mutual TLS, the server's certificate checked to name
+    the server the port was asked of."""
 
-    def __init__(self, stubs: Stubs) -> None:
+    def __init__(self, stubs: Stubs, tls: _native.TlsConfig | None = None) -> None:
         self.stubs = stubs
+        self._tls = tls
         self._host = split_host_port(stubs.addr)[0]
         self._lock = threading.Lock()
-        self._idle: list[socket.socket] = []
+        self._idle: list[_Connection] = []
         self._port = 0  # the channel's port, once asked (0: not known)
+        self._server_uuid = ""  # of the server the port was asked of
         self._retry_at = 0.0  # time.monotonic() before which the channel is not tried
         self._closed = False
         #: Calls made here, and connections opened (for tests and benchmarks).
@@ -347,7 +362,7 @@ class WriteChannel:
         except errors.NyalaError:  # unreachable, not this server, or one without the method
             answer = consensus_pb2.PeerChannelResponsePB()
         with self._lock:
-            self._port = answer.port
+            self._port, self._server_uuid = answer.port, dest_uuid
             if not answer.port:
                 self._retry_at = time.monotonic() + CHANNEL_RETRY_S
             return bool(answer.port)
@@ -360,8 +375,8 @@ class WriteChannel:
 
     def send_on_idle(self, request: bytes, timeout_s: float) -> _Sent | None:
         """``send`` if a connection is idle (None if not: nothing sent)."""
-        sock = self._idle_connection()
-        return None if sock is None else self._send(sock, request, timeout_s)
+        connection = self._idle_connection()
+        return None if connection is None else self._send(connection, request, timeout_s)
 
     def receive(self, sent: _Sent) -> tserver_pb2.WriteMultiResponsePB:
         """The answer of a call ``send`` sent. Raises ``TimedOutError`` after its timeout and
@@ -369,20 +384,20 @@ class WriteChannel:
         of both is unknown)."""
         done = False
         try:
-            (length,) = LENGTH.unpack(_receive(sent.sock, LENGTH.size, sent.deadline))
-            data = _receive(sent.sock, length, sent.deadline)
+            (length,) = LENGTH.unpack(sent.connection.receive(LENGTH.size, sent.deadline))
+            data = sent.connection.receive(length, sent.deadline)
             done = True
         except TimeoutError:
             raise errors.TimedOutError(
                 f"write call to {self.stubs.addr} not answered within {sent.timeout_s * 1000:.0f}"
                 " ms (its outcome is unknown)"
             ) from None
-        except OSError as exc:
+        except OSError as exc:  # a failed TLS session's ConnectionError included
             raise errors.NetworkError(
                 f"the write channel to {self.stubs.addr} broke: {exc!r} (the outcome is unknown)"
             ) from None
         finally:
-            self._release(sent.sock, done)
+            self._release(sent.connection, done)
         try:
             return tserver_pb2.WriteMultiResponsePB.FromString(data)
         except DecodeError:
@@ -391,101 +406,169 @@ class WriteChannel:
                 "parse (the outcome is unknown)"
             ) from None
 
-    def _send(self, sock: socket.socket, request: bytes, timeout_s: float) -> _Sent:
+    def _send(self, connection: _Connection, request: bytes, timeout_s: float) -> _Sent:
+        deadline = time.monotonic() + timeout_s
         try:
-            sock.settimeout(timeout_s)
             head = LENGTH.pack(len(request))
             if len(request) <= _JOIN_BYTES_MAX:
-                sock.sendall(head + request)
+                connection.send(head + request, deadline)
             else:
-                sock.sendall(head)
-                sock.sendall(request)
+                connection.send(head, deadline)
+                connection.send(request, deadline)
         except OSError as exc:  # a timeout included: part of it may have gone
-            self._release(sock, False)
+            self._release(connection, False)
             raise errors.NetworkError(
                 f"the write channel to {self.stubs.addr} broke while sending: {exc!r} (the "
                 "outcome is unknown)"
             ) from None
-        return _Sent(sock, time.monotonic() + timeout_s, timeout_s)
+        return _Sent(connection, deadline, timeout_s)
 
     def close(self) -> None:
         with self._lock:
             self._closed = True
             idle, self._idle = self._idle, []
-        for sock in idle:
-            sock.close()
+        for connection in idle:
+            connection.close()
 
-    def _idle_connection(self) -> socket.socket | None:
+    def _idle_connection(self) -> _Connection | None:
         with self._lock:
             while self._idle:
-                sock = self._idle.pop()
-                if _alive(sock):
-                    return sock
-                sock.close()  # the server ended it (restarted, say): its port may differ now
+                connection = self._idle.pop()
+                if connection.alive():
+                    return connection
+                connection.close()  # the server ended it (restarted, say): its port may differ
                 self._port = 0
         return None
 
-    def _connection(self, timeout_s: float) -> socket.socket:
-        sock = self._idle_connection()
-        if sock is not None:
-            return sock
+    def _connection(self, timeout_s: float) -> _Connection:
+        connection = self._idle_connection()
+        if connection is not None:
+            return connection
         with self._lock:
-            port, closed = self._port, self._closed
+            port, server_uuid, closed = self._port, self._server_uuid, self._closed
         if closed or not port:
             raise _NotSent()
+        deadline = time.monotonic() + min(timeout_s, CONNECT_TIMEOUT_S)
         try:
-            sock = socket.create_connection((self._host, port), timeout=min(timeout_s, 5.0))
+            sock = socket.create_connection((self._host, port), timeout=deadline - time.monotonic())
         except OSError:
-            with self._lock:
-                self._port = 0  # asked again after the pause: the server may have moved it
-                self._retry_at = time.monotonic() + CHANNEL_RETRY_S
+            self._pause()
             raise _NotSent() from None
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            sock.sendall(WRITE_MAGIC)
-        except OSError:
+            connection = _Connection.open(sock, self._tls, server_uuid, deadline)
+            connection.send(WRITE_MAGIC, deadline)
+        except OSError:  # a refused handshake's ConnectionError, or a timeout
             sock.close()
+            self._pause()
             raise _NotSent() from None
         with self._lock:
             self.connections += 1
-        return sock
+        return connection
 
-    def _release(self, sock: socket.socket, reusable: bool) -> None:
+    def _pause(self) -> None:
+        """After a failed connection: over gRPC for a while, then the port asked again (the
+        server may have moved it)."""
+        with self._lock:
+            self._port = 0
+            self._retry_at = time.monotonic() + CHANNEL_RETRY_S
+
+    def _release(self, connection: _Connection, reusable: bool) -> None:
         with self._lock:
             self.calls += 1
             if reusable and not self._closed:
-                self._idle.append(sock)
+                self._idle.append(connection)
                 return
             if not reusable:
                 self._port = 0  # asked again: a broken connection may mean a moved server
-        sock.close()
+        connection.close()
 
 
-def _alive(sock: socket.socket) -> bool:
-    """True if an idle connection is still open (no end and nothing unasked waits on it)."""
-    try:
-        sock.setblocking(False)  # a socket with a timeout would wait for readability first
-        sock.recv(1, socket.MSG_PEEK)
-    except BlockingIOError:
-        return True
-    except OSError:
-        return False
-    return False  # ended, or bytes no call asked for wait on it
+class _Connection:
+    """One connection to a channel, used by one call at a time: a plain socket, or the
+    extension's TLS session over it (``rpc.tls_socket``; the socket then non-blocking, its
+    readiness awaited with ``poll``)."""
 
+    def __init__(self, sock: socket.socket, session: _native.TlsSession | None) -> None:
+        self.sock = sock
+        self.session = session
 
-def _receive(sock: socket.socket, length: int, deadline: float) -> bytes:
-    """Exactly ``length`` bytes from ``sock`` by ``deadline`` (``TimeoutError`` after it,
-    ``ConnectionResetError`` if the connection ends first)."""
-    buffer = bytearray(length)
-    view = memoryview(buffer)
-    got = 0
-    while got < length:
-        sock.settimeout(max(0.001, deadline - time.monotonic()))
-        n = sock.recv_into(view[got:])
-        if n == 0:
-            raise ConnectionResetError("the server closed the write channel inside an answer")
-        got += n
-    return bytes(buffer)
+    @classmethod
+    def open(
+        cls,
+        sock: socket.socket,
+        tls: _native.TlsConfig | None,
+        server_uuid: str,
+        deadline: float,
+    ) -> _Connection:
+        """Over connected ``sock``: plain, or after a TLS handshake checking that the server's
+        certificate names ``server_uuid`` (``ConnectionError`` if it fails)."""
+        if tls is None:
+            return cls(sock, None)
+        sock.setblocking(False)
+        session = _native.TlsSession(tls, sock.fileno(), peer_server_name(server_uuid))
+        connection = cls(sock, session)
+        while (step := session.handshake()) != _HANDSHAKE_DONE:
+            connection._wait(write=step != _HANDSHAKE_WANT_READ, deadline=deadline)
+        return connection
+
+    def send(self, data: bytes, deadline: float) -> None:
+        """All of ``data``, by ``deadline`` (``TimeoutError``)."""
+        if self.session is None:
+            self.sock.settimeout(max(0.001, deadline - time.monotonic()))
+            self.sock.sendall(data)
+            return
+        unsent = self.session.send(data)
+        while unsent:
+            self._wait(write=True, deadline=deadline)
+            unsent = self.session.flush()
+
+    def receive(self, length: int, deadline: float) -> bytes:
+        """Exactly ``length`` bytes, by ``deadline`` (``TimeoutError`` after it,
+        ``ConnectionResetError`` if the connection ends first)."""
+        buffer = bytearray(length)
+        view = memoryview(buffer)
+        got = 0
+        while got < length:
+            n = self._recv_into(view[got:], deadline)
+            if n == 0:
+                raise ConnectionResetError("the server closed the write channel inside an answer")
+            got += n
+        return bytes(buffer)
+
+    def alive(self) -> bool:
+        """True if this idle connection is still open (no end and nothing unasked waits on
+        it)."""
+        if self.session is not None and self.session.has_buffered():
+            return False
+        try:
+            self.sock.setblocking(False)  # with a timeout it would wait for readability first
+            self.sock.recv(1, socket.MSG_PEEK)
+        except BlockingIOError:
+            return True
+        except OSError:
+            return False
+        return False  # ended, or bytes no call asked for wait on it
+
+    def close(self) -> None:
+        self.sock.close()
+
+    def _recv_into(self, view: memoryview, deadline: float) -> int:
+        if self.session is None:
+            self.sock.settimeout(max(0.001, deadline - time.monotonic()))
+            return self.sock.recv_into(view)
+        while (n := self.session.recv_into(view)) < 0:
+            self._wait(write=False, deadline=deadline)
+        return n
+
+    def _wait(self, *, write: bool, deadline: float) -> None:
+        remaining_ms = (deadline - time.monotonic()) * 1000
+        if remaining_ms <= 0:
+            raise TimeoutError("the write channel's deadline passed")
+        poller = select.poll()
+        poller.register(self.sock.fileno(), select.POLLOUT if write else select.POLLIN)
+        if not poller.poll(remaining_ms):
+            raise TimeoutError("the write channel's deadline passed")
 
 
 def _multi_request(batch: list[_Pending]) -> bytes:

@@ -27,7 +27,7 @@ from typing import Any, TypeAlias, cast
 import grpc
 from cryptography import x509
 
-from nyala.errors import InvalidArgumentError
+from nyala.errors import InvalidArgumentError, NotAuthenticatedError, NotAuthorizedError
 from nyala.rpc.registration import HandlerStandIn
 from nyala.security.identity import Identity, Kind, Role
 
@@ -81,7 +81,9 @@ METHOD_ROLES: dict[str, Role] = {
     "ConsensusService.GetConsensusState": Role.ADMIN,
     "ConsensusService.ServerHeartbeat": Role.SERVER,
     "ConsensusService.ConsensusPeerStream": Role.SERVER,
-    "ConsensusService.GetPeerChannel": Role.SERVER,
+    # Its port is where a user's client sends writes too (TabletService.WriteMulti's checks
+    # apply there); consensus batches on it still need a server's certificate.
+    "ConsensusService.GetPeerChannel": Role.USER,
     "ConsensusService.UpdateConsensus": Role.SERVER,
     "ConsensusService.RequestVote": Role.SERVER,
     # nyala.TabletServerAdminService
@@ -106,6 +108,44 @@ _caller: contextvars.ContextVar[Identity | None] = contextvars.ContextVar(
 def current_caller() -> Identity | None:
     """The identity of the caller of the RPC being handled (None on an insecure server)."""
     return _caller.get()
+
+
+def channel_caller(peercert: object, method_path: str, revocations: Revocations | None) -> Identity:
+    """The caller of ``method_path`` on a peer channel connection, from its verified peer
+    certificate (``rpc.tls_socket.peercert_of``'s shape), checked as the guard checks a gRPC
+    call: a nyala identity, not revoked (else ``NotAuthenticatedError``, as gRPC's
+    UNAUTHENTICATED), with the method's role (else ``NotAuthorizedError``, as
+    PERMISSION_DENIED). Set the caller for the handler with ``set_current_caller``."""
+    caller = None
+    alt_names = peercert.get("subjectAltName", ()) if isinstance(peercert, dict) else ()
+    for kind, value in alt_names:
+        if kind == "URI":
+            try:
+                caller = Identity.from_uri(value)
+                break
+            except InvalidArgumentError:
+                continue
+    if caller is None:
+        raise NotAuthenticatedError(
+            f"{method_path} needs a certificate of this cluster naming a nyala identity"
+        )
+    if revocations is not None:
+        not_before_ms = peercert.get("not_before_ms") if isinstance(peercert, dict) else None
+        revoked = revocations.refused(caller, not_before_ms)
+        if revoked is not None:
+            raise NotAuthenticatedError(revoked)
+    role = required_role(method_path)
+    if caller.role < role:
+        raise NotAuthorizedError(
+            f"{method_path} needs the {role.name} role; {caller} has {caller.role.name}"
+        )
+    return caller
+
+
+def set_current_caller(caller: Identity) -> None:
+    """Makes ``caller`` what ``current_caller`` returns in this task (a peer channel's
+    connection, whose calls the guard does not see)."""
+    _caller.set(caller)
 
 
 def required_role(method_path: str) -> Role:

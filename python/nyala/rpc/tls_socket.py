@@ -86,17 +86,19 @@ async def _ready(loop: asyncio.AbstractEventLoop, sock: socket.socket, *, write:
 
 def peercert_of(der: bytes | None) -> dict[str, Any] | None:
     """A peer certificate (DER) in the shape ``ssl.SSLSocket.getpeercert`` gives: its subject
-    alternative names, which is what the channel's checks read."""
+    alternative names, which is what the channel's checks read; plus ``not_before_ms``, the
+    start of its validity in Unix ms (what a check of revoked users reads)."""
     if der is None:
         return None
     cert = x509.load_der_x509_certificate(der)
+    not_before_ms = int(cert.not_valid_before_utc.timestamp() * 1000)
     try:
         sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     except x509.ExtensionNotFound:
-        return {"subjectAltName": ()}
+        return {"subjectAltName": (), "not_before_ms": not_before_ms}
     names = [("DNS", name) for name in sans.get_values_for_type(x509.DNSName)]
     names += [("URI", uri) for uri in sans.get_values_for_type(x509.UniformResourceIdentifier)]
-    return {"subjectAltName": tuple(names)}
+    return {"subjectAltName": tuple(names), "not_before_ms": not_before_ms}
 
 
 class SocketTlsTransport(asyncio.Transport):

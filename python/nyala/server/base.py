@@ -168,8 +168,8 @@ class ServerBase:
         self, consensus: ConsensusService, serve_write: ServeWrite | None = None
     ) -> None:
         """Serves the peer channel on the RPC host (mutual TLS on a secure server), unless it
-        is off: peers then use ConsensusPeerStream. With ``serve_write`` an insecure server
-        also takes its clients' writes there (``peer_channel``)."""
+        is off: peers then use ConsensusPeerStream. With ``serve_write`` it also takes clients'
+        writes there (``peer_channel``)."""
         s = self.server_settings
         tls = s.rpc_settings().tls
         if not s.consensus_peer_channel or (tls is not None and not tls.cert_pem):
@@ -179,7 +179,7 @@ class ServerBase:
             consensus.serve_peer_batches,
             frame_bytes_max=frame_bytes_max(s.rpc_message_bytes_max),
             tls=None if tls is None else channel_tls_config(tls, server=True),
-            serve_write=serve_write if tls is None else None,
+            serve_write=serve_write,
         )
         host = split_host_port(s.rpc_bind)[0]
         port = await channel.start(host, s.consensus_peer_channel_port)

@@ -328,6 +328,7 @@ class TabletServer(ServerBase):
             self.settings.scan_batch_bytes_max,
             self.memory.admit_write,
             self._authorizer(),
+            revocations,
         )
         add_tablet_service = tserver_pb2_grpc.add_TabletServiceServicer_to_server
         server.add_service(add_tablet_service, self._tablet_service)

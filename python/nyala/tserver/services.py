@@ -31,6 +31,7 @@ from nyala._proto.metadata_pb2 import TabletDataState
 from nyala.common.clock import HybridClock
 from nyala.errors import InvalidArgumentError, NyalaError
 from nyala.rpc import Context, RpcMetrics, ServiceBase, server_stream, unary
+from nyala.rpc.auth import Revocations, channel_caller, set_current_caller
 from nyala.rpc.errors import error_to_pb
 from nyala.rpc.schema_pb import schema_from_pb
 from nyala.rpc.service import check_dest_uuid
@@ -162,6 +163,10 @@ _SNAPSHOT_MODES = {
 }
 
 
+#: ``WriteMulti``'s path, whose role a write on the peer channel needs.
+WRITE_MULTI_PATH = "/nyala.TabletService/WriteMulti"
+
+
 class TabletService(ServiceBase, tserver_pb2_grpc.TabletServiceServicer):
     """Client-facing service: liveness, writes and scans through tablet leaders."""
 
@@ -175,8 +180,10 @@ class TabletService(ServiceBase, tserver_pb2_grpc.TabletServiceServicer):
         scan_batch_bytes_max: int = SCAN_BATCH_BYTES_MAX_DEFAULT,
         admit_write: Callable[[int], None] | None = None,
         authz: TabletAuthorizer | None = None,
+        revocations: Revocations | None = None,
     ) -> None:
         super().__init__(server_uuid, metrics)
+        self._revocations = revocations  # removed users (a secure server), for the channel
         # Counts a write's bytes against the memory limit or refuses it (retriable).
         self._admit_write = admit_write
         self._started_s = started_s  # time.monotonic() when the server started serving
@@ -254,17 +261,28 @@ class TabletService(ServiceBase, tserver_pb2_grpc.TabletServiceServicer):
                 response.responses.add().error.CopyFrom(error_to_pb(exc))
         return response
 
-    async def serve_write_frame(self, frame: bytes | memoryview) -> bytes:
+    async def serve_write_frame(
+        self, frame: bytes | memoryview, peercert: dict[str, Any] | None
+    ) -> bytes:
         """A ``WriteMulti`` call that came on the peer channel (``peer_channel.WRITE_MAGIC``):
         the serialized request in, the serialized answer out, with the gRPC method's checks,
-        answers and metrics. Only an insecure server takes calls there: nothing here checks
-        the caller, as the guard of a secure server's gRPC methods does."""
+        answers and metrics. On a secure server the caller is who ``peercert`` (its verified
+        certificate) names, checked as the guard checks the gRPC method's callers."""
+        if self._authz is not None:  # a secure server
+            try:
+                caller = channel_caller(peercert, WRITE_MULTI_PATH, self._revocations)
+            except NyalaError as exc:
+                refusal = tserver_pb2.WriteMultiResponsePB(error=error_to_pb(exc))
+                code = common_pb2.ErrorCode.Name(refusal.error.code)
+                self.rpc_metrics.record("WriteMulti", code, 0.0)
+                return refusal.SerializeToString()
+            set_current_caller(caller)
         try:
             request = tserver_pb2.WriteMultiRequestPB.FromString(frame)  # type: ignore[arg-type]
         except DecodeError:
             self.rpc_metrics.record("WriteMulti", "INVALID_ARGUMENT", 0.0)
-            refusal = InvalidArgumentError(f"a write frame of {len(frame)} bytes does not parse")
-            return tserver_pb2.WriteMultiResponsePB(error=error_to_pb(refusal)).SerializeToString()
+            garbled = InvalidArgumentError(f"a write frame of {len(frame)} bytes does not parse")
+            return tserver_pb2.WriteMultiResponsePB(error=error_to_pb(garbled)).SerializeToString()
         response = await self.WriteMulti(request, cast(Any, None))  # it reads no context
         return response.SerializeToString()
 

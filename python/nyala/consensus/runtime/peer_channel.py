@@ -29,9 +29,9 @@ A tablet server's clients send their writes on the same port (issue 28: one tran
 two). Such a connection opens with ``WRITE_MAGIC`` instead; then the client writes frames of
 serialized ``WriteMultiRequestPB`` and the server answers each with a frame of
 ``WriteMultiResponsePB``, in order, one at a time (the server reads the next request once it
-has answered the last). Only an insecure server serves them: a secure one closes such a
-connection, and its clients keep to gRPC, whose calls carry the user's identity to the
-authorization guard (docs/security.md).
+has answered the last). On a secure cluster the connection is the same mutual TLS, with the
+user's certificate in the client's place; ``ServeWrite`` is given the certificate and checks
+each call as the guard of the gRPC method would (``rpc.auth.channel_caller``).
 
 This module owns the listening socket and the connections' tasks; what a batch means is
 ``PeerStreams.serve``'s business, what a write means ``ServeWrite``'s.
@@ -87,8 +87,9 @@ ServeBatches = Callable[
 ]
 """Answers one peer's batches (``ConsensusService.serve_peer_batches``)."""
 
-ServeWrite = Callable[[bytes | memoryview], Awaitable[bytes]]
-"""Answers one client call: a serialized ``WriteMultiRequestPB`` in, its serialized
+ServeWrite = Callable[[bytes | memoryview, dict[str, Any] | None], Awaitable[bytes]]
+"""Answers one client call: a serialized ``WriteMultiRequestPB`` and the caller's verified
+certificate (``rpc.tls_socket.peercert_of``; None on an insecure channel) in, its serialized
 ``WriteMultiResponsePB`` out, every failure an answer (``TabletService.serve_write_frame``)."""
 
 
@@ -230,8 +231,6 @@ class PeerChannelServer:
         tls: _native.TlsConfig | None = None,
         serve_write: ServeWrite | None = None,
     ) -> None:
-        if serve_write is not None and tls is not None:
-            raise ValueError("a secure channel serves no client writes (module docstring)")
         self.server_uuid = server_uuid
         self._serve = serve
         self._serve_write = serve_write
@@ -340,6 +339,7 @@ class PeerChannelServer:
     async def _answer_writes(self, connection: _FrameConnection, serve: ServeWrite) -> None:
         """Answers a client's write calls, each before the next is read, until it closes (or
         sends a frame over the limit: closed, as a peer's would be)."""
+        peercert = None if self._tls is None else connection.get_extra_info("peercert")
         while True:
             try:
                 frame = await connection.next_frame()
@@ -349,7 +349,7 @@ class PeerChannelServer:
                 return
             if frame is None:
                 return
-            answer = await serve(frame)
+            answer = await serve(frame, peercert)
             del frame  # a large one is a view of the connection's buffer
             self.write_calls += 1
             connection.write_frame(answer)
