@@ -215,10 +215,11 @@ class WritePipe:
         return batch
 
     def _start_locked(self, batch: list[_Pending]) -> _Call:
-        """The call carrying ``batch`` (the lock is held). On an idle channel connection it is
-        sent now, so it travels while the call before it is answered; otherwise it is made,
-        connection and all, by whoever reads its answer."""
-        if self.channel is not None:
+        """The call carrying ``batch`` (the lock is held). A small one on an idle channel
+        connection is sent now, so it travels while the call before it is answered; otherwise
+        it is made, connection and all, by whoever reads its answer (a large one is not sent
+        with the lock held: writers queueing would wait for its bytes)."""
+        if self.channel is not None and sum(len(p.ops) for p in batch) <= _JOIN_BYTES_MAX:
             timeout_s = _timeout_s(batch)
             try:
                 sent = self.channel.send_on_idle(_multi_request(batch), timeout_s)
