@@ -254,18 +254,20 @@ impl PartitionRouter {
 }
 
 /// `values` as an Arrow array of `data_type`, or None if one of them is not exactly of the
-/// Python type that column takes here (`split_small_rows`), or out of its range.
+/// Python type that column takes here (`split_small_rows`), or does not convert (out of range,
+/// text that is not UTF-8).
 fn array_of(data_type: ColumnType, values: &Bound<'_, PyList>) -> PyResult<Option<ArrayRef>> {
-    macro_rules! ints {
-        ($builder:ty, $native:ty) => {{
-            let mut builder = <$builder>::with_capacity(values.len());
+    let n = values.len();
+    macro_rules! array {
+        ($builder:expr, $python:ty, $native:ty) => {{
+            let mut builder = $builder;
             for value in values.iter() {
                 if value.is_none() {
                     builder.append_null();
-                } else if value.is_exact_instance_of::<PyInt>() {
+                } else if value.is_exact_instance_of::<$python>() {
                     match value.extract::<$native>() {
                         Ok(v) => builder.append_value(v),
-                        Err(_) => return Ok(None), // out of range
+                        Err(_) => return Ok(None),
                     }
                 } else {
                     return Ok(None);
@@ -275,65 +277,16 @@ fn array_of(data_type: ColumnType, values: &Bound<'_, PyList>) -> PyResult<Optio
         }};
     }
     let array = match data_type {
-        ColumnType::Int8 => ints!(Int8Builder, i8),
-        ColumnType::Int16 => ints!(Int16Builder, i16),
-        ColumnType::Int32 => ints!(Int32Builder, i32),
-        ColumnType::Int64 => ints!(Int64Builder, i64),
-        ColumnType::Double => {
-            let mut builder = Float64Builder::with_capacity(values.len());
-            for value in values.iter() {
-                if value.is_none() {
-                    builder.append_null();
-                } else if value.is_exact_instance_of::<PyFloat>() {
-                    builder.append_value(value.extract::<f64>()?);
-                } else {
-                    return Ok(None);
-                }
-            }
-            Arc::new(builder.finish())
-        }
-        ColumnType::Bool => {
-            let mut builder = BooleanBuilder::with_capacity(values.len());
-            for value in values.iter() {
-                if value.is_none() {
-                    builder.append_null();
-                } else if value.is_exact_instance_of::<PyBool>() {
-                    builder.append_value(value.extract::<bool>()?);
-                } else {
-                    return Ok(None);
-                }
-            }
-            Arc::new(builder.finish())
-        }
+        ColumnType::Int8 => array!(Int8Builder::with_capacity(n), PyInt, i8),
+        ColumnType::Int16 => array!(Int16Builder::with_capacity(n), PyInt, i16),
+        ColumnType::Int32 => array!(Int32Builder::with_capacity(n), PyInt, i32),
+        ColumnType::Int64 => array!(Int64Builder::with_capacity(n), PyInt, i64),
+        ColumnType::Double => array!(Float64Builder::with_capacity(n), PyFloat, f64),
+        ColumnType::Bool => array!(BooleanBuilder::with_capacity(n), PyBool, bool),
         ColumnType::String | ColumnType::Varchar(_) => {
-            let mut builder = StringBuilder::with_capacity(values.len(), 64 * values.len());
-            for value in values.iter() {
-                if value.is_none() {
-                    builder.append_null();
-                } else if value.is_exact_instance_of::<PyString>() {
-                    match value.cast::<PyString>()?.to_str() {
-                        Ok(text) => builder.append_value(text),
-                        Err(_) => return Ok(None), // not UTF-8 (a lone surrogate)
-                    }
-                } else {
-                    return Ok(None);
-                }
-            }
-            Arc::new(builder.finish())
+            array!(StringBuilder::with_capacity(n, 64 * n), PyString, &str)
         }
-        ColumnType::Binary => {
-            let mut builder = BinaryBuilder::with_capacity(values.len(), 64 * values.len());
-            for value in values.iter() {
-                if value.is_none() {
-                    builder.append_null();
-                } else if value.is_exact_instance_of::<PyBytes>() {
-                    builder.append_value(value.cast::<PyBytes>()?.as_bytes());
-                } else {
-                    return Ok(None);
-                }
-            }
-            Arc::new(builder.finish())
-        }
+        ColumnType::Binary => array!(BinaryBuilder::with_capacity(n, 64 * n), PyBytes, &[u8]),
         _ => return Ok(None),
     };
     Ok(Some(array))
