@@ -103,6 +103,46 @@ def test_a_user_with_a_certificate_writes_and_scans_over_tls(
         assert t.scan().to_arrow().num_rows >= 4
 
 
+def test_writes_large_and_small_go_on_the_channel_under_tls(
+    cluster: MiniCluster, security: ClusterSecurity
+) -> None:
+    """A bulk load's calls (megabytes each, more than a socket takes at once) and single rows
+    from many threads, all on the tablet servers' channels under the extension's TLS; every
+    row stored once, as written."""
+    alice = security.credentials("alice")
+    with nyala.connect(cluster.master_addrs, credentials=security.admin_dir) as admin:
+        admin.create_table(
+            "channel_tls", SCHEMA, partitioning=nyala.HashPartitioning(["id"], buckets=3)
+        )
+        admin.grant("channel_tls", "alice", "insert")
+    with nyala.connect(cluster.master_addrs, credentials=alice) as client:
+        table = client.table("channel_tls")
+        bulk = list(range(200_000))
+        table.insert({"id": bulk, "v": [f"{k:040d}" for k in bulk]}).raise_for_errors()
+        singles = [[1_000_000 + k * 100 + i for i in range(100)] for k in range(8)]
+
+        def single_rows(keys: list[int]) -> None:
+            for key in keys:
+                table.insert({"id": [key], "v": [f"{key:040d}"]}).raise_for_errors()
+
+        threads = [threading.Thread(target=single_rows, args=(keys,)) for keys in singles]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=120)
+        assert _channel_calls(client) > 0
+        assert all(
+            p.channel is not None and p.channel.connections > 0
+            for p in client._writer._pipes.values()
+        )
+    with nyala.connect(cluster.master_addrs, credentials=security.admin_dir) as admin:
+        rows = admin.table("channel_tls").scan().to_arrow()
+    ids = rows.column("id").to_pylist()
+    written = bulk + [key for keys in singles for key in keys]
+    assert sorted(ids) == written
+    assert rows.column("v").to_pylist() == [f"{k:040d}" for k in ids]
+
+
 def test_a_client_without_credentials_is_refused(cluster: MiniCluster, table: str) -> None:
     with pytest.raises(errors.NotAuthenticatedError, match="pass credentials"):
         nyala.connect(cluster.master_addrs, timeout_ms=5_000)
