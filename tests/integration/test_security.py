@@ -36,9 +36,9 @@ from nyala._proto import (
     tserver_pb2,
 )
 from nyala.cli import main
-from nyala.consensus.runtime.peer_channel import MAGIC
 from nyala.rowops import encode, make_op_batch
 from nyala.rpc import BlockingServerProxy
+from nyala.rpc.channel_wire import MAGIC
 from nyala.rpc.errors import raise_for_response
 from nyala.rpc.settings import RpcSettings
 from nyala.security import files, identity, pki
