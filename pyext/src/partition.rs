@@ -1,7 +1,9 @@
 //! Bindings for the partition router (`nyala._native.PartitionRouter`, `partition_hash64`).
 //!
 //! Batches cross as pyarrow objects through the Arrow C data interface (zero-copy); routing,
-//! splitting and IPC encoding run with the GIL released.
+//! splitting and IPC encoding run with the GIL released, except for small batches
+//! (`crate::gil`). `split_small_rows` takes a few rows as Python lists instead, and keeps the
+//! GIL.
 
 use std::sync::Arc;
 

@@ -3,7 +3,7 @@
 //! Schemas cross as plain tuples (the typed Python side is `nyala.schema`), batches cross as
 //! pyarrow objects through the Arrow C data interface (zero-copy), and op-batch IPC bytes are
 //! copied once into an Arrow buffer. Every call that touches disk or loops over rows releases
-//! the GIL.
+//! the GIL, except `check_op_batch` on a small batch (`crate::gil`).
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
