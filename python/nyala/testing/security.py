@@ -8,7 +8,9 @@ from __future__ import annotations
 import datetime
 from pathlib import Path
 
+from nyala import _native
 from nyala.rpc.settings import RpcSettings
+from nyala.rpc.tls_socket import tls_config
 from nyala.security import files, pki
 from nyala.security.identity import Identity, Kind
 
@@ -85,3 +87,18 @@ class ClusterSecurity:
             not_before=not_before,
         )
         return directory
+
+
+def issue_tls_config(
+    ca: pki.ClusterCa,
+    identity: Identity,
+    *,
+    server: bool,
+    trust: pki.ClusterCa | None = None,
+) -> _native.TlsConfig:
+    """One side's configuration for the extension's TLS (``rpc.tls_socket``), with a fresh
+    key and a certificate ``ca`` issues to ``identity`` (valid an hour); it trusts ``trust``'s
+    certificates (default ``ca``'s). For tests that shake hands without a cluster."""
+    key = pki.new_key()
+    cert = ca.issue(identity, key.public_key(), validity_s=3600)
+    return tls_config((trust or ca).cert_pem, pki.cert_pem(cert), pki.key_pem(key), server=server)

@@ -17,36 +17,18 @@ import pytest
 
 from nyala import _native
 from nyala.client.write_pipe import _Connection
-from nyala.rpc.tls_socket import tls_config
 from nyala.security import pki
 from nyala.security.identity import Identity, Kind
+from nyala.testing.security import issue_tls_config
 
-SERVER_UUID = "5" * 32
+SERVER_UUID = "5" * 32  # what the ``server_tls`` fixture's certificate names (conftest)
 PAYLOAD_BYTES = 24 * 1024 * 1024  # well over what loopback socket buffers hold
 DEADLINE_S = 30.0
 
 
-def _credentials(ca: pki.ClusterCa, identity: Identity) -> tuple[bytes, bytes]:
-    key = pki.new_key()
-    cert = ca.issue(identity, key.public_key(), validity_s=3600)
-    return pki.cert_pem(cert), pki.key_pem(key)
-
-
-@pytest.fixture(scope="module")
-def ca() -> pki.ClusterCa:
-    return pki.ClusterCa.create()
-
-
-@pytest.fixture(scope="module")
-def server_tls(ca: pki.ClusterCa) -> _native.TlsConfig:
-    cert, key = _credentials(ca, Identity(Kind.SERVER, SERVER_UUID))
-    return tls_config(ca.cert_pem, cert, key, server=True)
-
-
 @pytest.fixture(scope="module")
 def client_tls(ca: pki.ClusterCa) -> _native.TlsConfig:
-    cert, key = _credentials(ca, Identity(Kind.USER, "alice"))
-    return tls_config(ca.cert_pem, cert, key, server=False)
+    return issue_tls_config(ca, Identity(Kind.USER, "alice"), server=False)
 
 
 @pytest.fixture

@@ -12,35 +12,18 @@ from collections.abc import Awaitable, Callable
 import pytest
 
 from nyala import _native
-from nyala.rpc.tls_socket import SocketTlsTransport, tls_config, tls_handshake
+from nyala.rpc.tls_socket import SocketTlsTransport, tls_handshake
 from nyala.security import pki
 from nyala.security.identity import Identity, Kind, server_dns_name
+from nyala.testing.security import issue_tls_config
 
-SERVER_UUID = "5" * 32
-
-
-def _credentials(ca: pki.ClusterCa, identity: Identity) -> tuple[bytes, bytes]:
-    key = pki.new_key()
-    cert = ca.issue(identity, key.public_key(), validity_s=3600)
-    return pki.cert_pem(cert), pki.key_pem(key)
-
-
-@pytest.fixture(scope="module")
-def ca() -> pki.ClusterCa:
-    return pki.ClusterCa.create()
-
-
-@pytest.fixture(scope="module")
-def server_tls(ca: pki.ClusterCa) -> _native.TlsConfig:
-    cert, key = _credentials(ca, Identity(Kind.SERVER, SERVER_UUID))
-    return tls_config(ca.cert_pem, cert, key, server=True)
+SERVER_UUID = "5" * 32  # what the ``server_tls`` fixture's certificate names (conftest)
 
 
 def _client_tls(
     ca: pki.ClusterCa, identity: Identity, trust: pki.ClusterCa | None = None
 ) -> _native.TlsConfig:
-    cert, key = _credentials(ca, identity)
-    return tls_config((trust or ca).cert_pem, cert, key, server=False)
+    return issue_tls_config(ca, identity, server=False, trust=trust)
 
 
 class _Collector(asyncio.BufferedProtocol):
