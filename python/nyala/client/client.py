@@ -70,8 +70,8 @@ def connect(
     (``ca.pem``, ``client.pem``, ``client.key``; default ``$NYALA_CREDENTIALS``, else none:
     plaintext, which a secure cluster refuses).
     ``write_channel``: send writes on the tablet servers' peer channels where they serve them
-    (an insecure cluster's), a plain TCP connection that costs a fraction of a gRPC call;
-    False sends them over gRPC (``nyala.client.write_pipe``)."""
+    (TLS with this client's certificate on a secure cluster), which costs a fraction of a gRPC
+    call; False sends them over gRPC (``nyala.client.write_pipe``)."""
     client = Client(
         masters,
         timeout_ms=timeout_ms,
