@@ -107,10 +107,7 @@ fn transfer(
 
 #[test]
 fn data_goes_both_ways_in_pieces_of_every_size() {
-    let mut p = pair(client_config("client"), "srv.server.nyala");
-    let (server, client) = shake(&mut p);
-    server.unwrap();
-    client.unwrap();
+    let mut p = connected();
     assert!(
         p.client.cipher().unwrap().contains("AES_128_GCM"),
         "{:?}",
@@ -184,10 +181,7 @@ fn a_server_certificate_for_another_name_is_refused() {
 
 #[test]
 fn a_clean_close_and_a_cut_connection_both_end_the_stream() {
-    let mut p = pair(client_config("client"), "srv.server.nyala");
-    let (s, c) = shake(&mut p);
-    s.unwrap();
-    c.unwrap();
+    let mut p = connected();
     assert_eq!(
         transfer(&mut p.client, &mut p.server, b"last words", 100, 100),
         b"last words"
@@ -196,23 +190,8 @@ fn a_clean_close_and_a_cut_connection_both_end_the_stream() {
     let mut out = [0u8; 64];
     assert_eq!(p.server.recv_into(&mut out).unwrap(), Received::Eof);
 
-    let (a, b) = UnixStream::pair().unwrap();
-    a.set_nonblocking(true).unwrap();
-    b.set_nonblocking(true).unwrap();
-    let mut p = Pair {
-        server: Session::new(&server_config(), a.as_raw_fd(), None).unwrap(),
-        client: Session::new(
-            &client_config("client"),
-            b.as_raw_fd(),
-            Some("srv.server.nyala"),
-        )
-        .unwrap(),
-        sockets: (a.try_clone().unwrap(), b.try_clone().unwrap()),
-    };
-    let (s, c) = shake(&mut p);
-    s.unwrap();
-    c.unwrap();
-    b.shutdown(std::net::Shutdown::Both).unwrap(); // no close_notify
+    let mut p = connected();
+    p.sockets.1.shutdown(std::net::Shutdown::Both).unwrap(); // no close_notify
     assert_eq!(p.server.recv_into(&mut out).unwrap(), Received::Eof);
 }
 
@@ -268,10 +247,7 @@ fn data_that_comes_with_the_last_handshake_flight_waits_for_the_reader() {
 
 #[test]
 fn a_send_while_records_wait_unread_keeps_them_in_order() {
-    let mut p = pair(client_config("client"), "srv.server.nyala");
-    let (s, c) = shake(&mut p);
-    s.unwrap();
-    c.unwrap();
+    let mut p = connected();
     let message: Vec<u8> = (0..100_000u32).map(|i| (i % 251) as u8).collect();
     assert_eq!(p.server.send(&message).unwrap(), 0);
     // The client takes a little; whole records stay unread, in its buffer.
@@ -296,4 +272,14 @@ fn a_send_while_records_wait_unread_keeps_them_in_order() {
         }
     }
     assert_eq!(got, message);
+}
+
+/// A pair whose handshake is done (the client's certificate a user's, the server's named
+/// `srv.server.nyala`).
+fn connected() -> Pair {
+    let mut p = pair(client_config("client"), "srv.server.nyala");
+    let (server, client) = shake(&mut p);
+    server.unwrap();
+    client.unwrap();
+    p
 }
