@@ -336,6 +336,7 @@ class Schema:
         self._version = version
         highest = max((c.id for c in numbered if c.id is not None), default=-1) + 1
         self._next_column_id = max(highest, next_column_id or 0)
+        self._native: NativeSchema | None = None  # to_native's answer, made once
         self._validate()
 
     def _validate(self) -> None:
@@ -451,12 +452,15 @@ class Schema:
     # --- native form -----------------------------------------------------------------------
 
     def to_native(self) -> NativeSchema:
-        """The tuple form ``nyala._native`` takes."""
-        columns = [
-            (int(c.id or 0), c.name, c.type, c.nullable, _native_default(c.type, c.default))
-            for c in self._columns
-        ]
-        return (columns, self._key_count, self._version, self._next_column_id)
+        """The tuple form ``nyala._native`` takes (made once: a write of one row passes it on
+        every call; do not change it)."""
+        if self._native is None:
+            columns = [
+                (int(c.id or 0), c.name, c.type, c.nullable, _native_default(c.type, c.default))
+                for c in self._columns
+            ]
+            self._native = (columns, self._key_count, self._version, self._next_column_id)
+        return self._native
 
     @classmethod
     def from_native(cls, native: NativeSchema) -> Schema:

@@ -51,7 +51,13 @@ import pyarrow as pa
 
 from nyala import errors
 from nyala._proto import common_pb2, tserver_pb2
-from nyala.client.meta_cache import MetaCache, Replica, TableInfo, TabletLocation
+from nyala.client.meta_cache import (
+    MetaCache,
+    Replica,
+    TableInfo,
+    TableLocations,
+    TabletLocation,
+)
 from nyala.client.rpc import Backoff, ChannelPool, ObservedTimestamp
 from nyala.client.write_pipe import WritePipe
 from nyala.rowops import OP_COLUMN, OpType, PreparedRows, check_columns, prepare_op_batch
@@ -568,18 +574,8 @@ class Writer:
             return None
         per_tablet: dict[str, list[_Request]] = {}
         for partition, positions, ops in split[0]:
-            tablet_id = locations.tablets[partition].tablet_id
-            request = _Request(
-                tablet_id,
-                self.requests.new(),
-                ops,
-                np.array(positions, dtype=np.uint32),
-                shape,
-                schema.version,
-                authz_token=locations.authz_token,
-            )
-            weakref.finalize(request, self.requests.done, request.seq_no)
-            per_tablet.setdefault(tablet_id, []).append(request)
+            at = np.array(positions, dtype=np.uint32)
+            self._add_request(per_tablet, locations, partition, at, ops, shape, info)
 
         def sources() -> tuple[pa.RecordBatch, pa.RecordBatch]:
             prepared = prepare_op_batch(data, op, schema)
@@ -674,21 +670,36 @@ class Writer:
             outcomes.set(gaps.tolist(), RowOutcome.FAILED, "NOT_FOUND", NO_TABLET_MESSAGE)
         shape = _shape(prepared)
         for partition, positions, ops in pieces:
-            tablet = locations.tablets[partition]
-            rows = np.asarray(positions)
-            request = _Request(
-                tablet.tablet_id,
-                self.requests.new(),
-                ops,
-                rows,
-                shape,
-                info.schema.version,
-                authz_token=locations.authz_token,
+            self._add_request(
+                per_tablet, locations, partition, np.asarray(positions), ops, shape, info
             )
-            # Released when no result holds it any more (answered, or dropped unretried).
-            weakref.finalize(request, self.requests.done, request.seq_no)
-            per_tablet.setdefault(tablet.tablet_id, []).append(request)
         return per_tablet
+
+    def _add_request(
+        self,
+        per_tablet: dict[str, list[_Request]],
+        locations: TableLocations,
+        partition: int,
+        positions: np.ndarray[Any, Any],
+        ops: bytes,
+        shape: _Shape,
+        info: TableInfo,
+    ) -> None:
+        """A request for ``ops`` (the caller's rows at ``positions``) to ``partition``'s
+        tablet, under a new sequence number, added to that tablet's list in ``per_tablet``."""
+        tablet_id = locations.tablets[partition].tablet_id
+        request = _Request(
+            tablet_id,
+            self.requests.new(),
+            ops,
+            positions,
+            shape,
+            info.schema.version,
+            authz_token=locations.authz_token,
+        )
+        # Released when no result holds it any more (answered, or dropped unretried).
+        weakref.finalize(request, self.requests.done, request.seq_no)
+        per_tablet.setdefault(tablet_id, []).append(request)
 
     def _send_all(
         self, info: TableInfo, requests: list[_Request], deadline: float
