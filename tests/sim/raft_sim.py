@@ -142,12 +142,20 @@ class Simulation:
     """One seeded run."""
 
     def __init__(
-        self, seed: int, *, voters: int = 3, config_changes: bool = False, quiesce: bool = False
+        self,
+        seed: int,
+        *,
+        voters: int = 3,
+        config_changes: bool = False,
+        quiesce: bool = False,
+        commit_notice_delay_ms: int = 0,
     ) -> None:
         self.seed = seed
         self.rng = random.Random(seed)
         uuids = [f"r{i}" for i in range(voters)]
         options = QUIESCING_OPTIONS if quiesce else SIM_OPTIONS
+        options = dataclasses.replace(options, commit_notice_delay_ms=commit_notice_delay_ms)
+        self.commit_notice_delay_ms = commit_notice_delay_ms
         self.cluster = SimCluster(uuids, options=options, seed=seed)
         self.quiesce = quiesce
         self.next_server_heartbeat_ms = 0
@@ -179,7 +187,8 @@ class Simulation:
             raise InvariantViolation(
                 f"seed={self.seed} step={self.step_count} (replay: Simulation({self.seed}, "
                 f"voters={len([n for n in self.cluster.nodes])}, "
-                f"config_changes={self.config_changes}, quiesce={self.quiesce})): {e}"
+                f"config_changes={self.config_changes}, quiesce={self.quiesce}, "
+                f"commit_notice_delay_ms={self.commit_notice_delay_ms})): {e}"
             ) from e
 
     def _check_reads(self) -> None:

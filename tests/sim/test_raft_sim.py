@@ -36,6 +36,19 @@ def test_quiescing_membership_changes(seed: int) -> None:
     Simulation(4000 + seed, voters=3, config_changes=True, quiesce=True).run(DEFAULT_STEPS)
 
 
+@pytest.mark.parametrize("seed", DEFAULT_SEEDS)
+def test_delayed_commit_notices(seed: int) -> None:
+    # The tablet server's setting: followers learn a commit index from the next batch, or
+    # from a notice once the delay has passed.
+    Simulation(
+        5000 + seed,
+        voters=3 + 2 * (seed % 2),
+        config_changes=seed % 2 == 0,
+        quiesce=seed % 3 == 0,
+        commit_notice_delay_ms=30,
+    ).run(DEFAULT_STEPS)
+
+
 @pytest.mark.sim
 @pytest.mark.parametrize("seed", range(100, 140))
 def test_long_runs(seed: int) -> None:
@@ -54,3 +67,15 @@ def test_long_quiescing_runs(seed: int) -> None:
     Simulation(seed, voters=3 + 2 * (seed % 2), config_changes=seed % 2 == 0, quiesce=True).run(
         20_000
     )
+
+
+@pytest.mark.sim
+@pytest.mark.parametrize("seed", range(700, 730))
+def test_long_delayed_commit_notice_runs(seed: int) -> None:
+    Simulation(
+        seed,
+        voters=3 + 2 * (seed % 2),
+        config_changes=seed % 2 == 0,
+        quiesce=seed % 3 == 0,
+        commit_notice_delay_ms=5 + seed % 60,
+    ).run(20_000)

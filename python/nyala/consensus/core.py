@@ -216,6 +216,8 @@ class RaftCore:
         self._progress: dict[str, PeerProgress] = {}
         self._seq = 0
         self._next_heartbeat_ms = 0
+        # When idle followers are told the commit index (``RaftOptions.commit_notice_delay_ms``).
+        self._commit_notice_ms: int | None = None
         self._own_term_committed = False
         self._transfer: _Transfer | None = None
         self._reads: list[_PendingRead] = []
@@ -328,6 +330,8 @@ class RaftCore:
             return None
         if self._role is Role.LEADER:
             deadlines = [] if self._quiesced else [self._next_heartbeat_ms]
+            if self._commit_notice_ms is not None:
+                deadlines.append(self._commit_notice_ms)
             if self._transfer is not None:
                 deadlines.append(self._transfer.deadline_ms)
             return min(deadlines, default=None)
@@ -360,6 +364,8 @@ class RaftCore:
         self._check_running()
         now = self._clock.now_ms()
         if self._role is Role.LEADER:
+            if self._commit_notice_ms is not None and now >= self._commit_notice_ms:
+                self._notice_commit()
             if not self._quiesced and now >= self._next_heartbeat_ms:
                 self._heartbeat_round(now)
             if self._transfer is not None and now >= self._transfer.deadline_ms:
@@ -925,6 +931,7 @@ class RaftCore:
         self._lease_retried = False
         self._own_term_committed = False
         self._transfer = None
+        self._commit_notice_ms = None
         self._progress = {}
         self._seq = 0
         self._set_role(Role.LEADER, self.uuid)
@@ -940,6 +947,7 @@ class RaftCore:
         self._reads = []
         self._progress = {}
         self._transfer = None
+        self._commit_notice_ms = None
         self._own_term_committed = False
 
     def _passive_role(self) -> Role:
@@ -1081,13 +1089,26 @@ class RaftCore:
             if read.index is None:
                 read.index = self._commit_index
         self._check_reads()
+        notice_delay_ms = self._opts.commit_notice_delay_ms
         for progress in self._progress.values():
             if not progress.inflight:
-                self._send_heartbeat(progress)  # tell followers the new commit index now
+                if not notice_delay_ms:
+                    self._send_heartbeat(progress)  # tell followers the new commit index now
+                elif self._commit_notice_ms is None:
+                    self._commit_notice_ms = self._clock.now_ms() + notice_delay_ms
             self._maybe_promote(progress)
         committed = self._committed_config
         if not committed.is_voter(self.uuid) and committed.voters() and self._transfer is None:
             self.transfer_leadership()  # a leader outside its committed config hands over
+
+    def _notice_commit(self) -> None:
+        """Tells each idle follower the commit index, unless something sent since did (a
+        follower with a batch in flight hears it with that batch's answer's successor)."""
+        self._commit_notice_ms = None
+        for progress in self._progress.values():
+            told = min(self._commit_index, progress.match_index)
+            if not progress.inflight and progress.commit_sent < told:
+                self._send_heartbeat(progress)
 
     def _durable_index_of(self, uuid: str) -> int:
         if uuid == self.uuid:
@@ -1161,6 +1182,7 @@ class RaftCore:
                     self._seq,
                 )
             )
+            progress.commit_sent = max(progress.commit_sent, self._commit_index)
             if batch is None:
                 progress.sent(after, 0, now)
                 return True
@@ -1177,6 +1199,8 @@ class RaftCore:
             self._need_copy(progress)  # its match point was GC'd
             return
         preceding = OpId(match_term, progress.match_index)
+        committed = min(self._commit_index, progress.match_index)
+        progress.commit_sent = max(progress.commit_sent, committed)
         self._send(
             AppendRequest(
                 self.uuid,
@@ -1184,7 +1208,7 @@ class RaftCore:
                 self._term,
                 preceding,
                 None,
-                min(self._commit_index, progress.match_index),
+                committed,
                 self._seq,
                 quiesce,
             )

@@ -54,6 +54,8 @@ class PeerProgress:
     # The follower's last entry as its latest LOG_MISMATCH answer gave it; None after any other
     # answer (unknown) or a TABLET_NOT_FOUND (no log). A StartTabletCopy carries it.
     reported_last: OpId | None = None
+    # The highest commit index sent to it (what it may apply once it has the entries).
+    commit_sent: int = 0
 
     def sent(self, last_index: int, size_bytes: int, now_ms: int) -> None:
         """A batch ending at ``last_index`` went out."""
@@ -91,6 +93,7 @@ class PeerProgress:
     def start_copy(self, next_index: int) -> None:
         """Copy mode: the follower's log is about to be replaced, so nothing known of it holds."""
         self.copy_needed = True
+        self.commit_sent = 0
         self.next_index = next_index
         self.match_index = 0
         self.durable_index = 0

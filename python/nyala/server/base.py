@@ -75,6 +75,9 @@ class ServerBase:
 
     #: Batches in flight to each follower (None: the Raft core's default).
     PEER_INFLIGHT_BATCHES_MAX: ClassVar[int | None] = None
+    #: ``RaftOptions.commit_notice_delay_ms`` (0: followers are told a new commit index at
+    #: once).
+    COMMIT_NOTICE_DELAY_MS: ClassVar[int] = 0
     #: Whether a replica whose Raft or WAL fails ends the server (the master, which cannot
     #: serve without its sys catalog) or only goes FAILED (a tablet server's other replicas
     #: keep serving).
@@ -275,6 +278,7 @@ class ServerBase:
             quiesce_after_idle_heartbeats=s.raft_quiesce_after_idle_heartbeats,
             unanswered_resend_after_ms=s.consensus_rpc_timeout_ms,
         )
+        options = dataclasses.replace(options, commit_notice_delay_ms=self.COMMIT_NOTICE_DELAY_MS)
         if self.PEER_INFLIGHT_BATCHES_MAX is None:
             return options
         return dataclasses.replace(

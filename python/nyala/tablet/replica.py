@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import dataclasses
 import enum
 import functools
@@ -548,7 +549,13 @@ class TabletReplica:
             try:
                 with applier.collecting():
                     futures = runtime.propose_many(payloads)
-                    await asyncio.wait(futures)
+                    # Awaited one by one, not with ``asyncio.wait`` (one more event-loop turn
+                    # per write): they resolve in index order, from one pass of the runtime,
+                    # so once the first is done the rest usually are too.
+                    for future in futures:
+                        if not future.done():
+                            with contextlib.suppress(Exception):  # read below, per write
+                                await future
                     for slot, future in zip(slots, futures, strict=True):
                         error = future.exception()
                         if error is None:

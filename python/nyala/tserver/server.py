@@ -181,6 +181,10 @@ class TabletServer(ServerBase):
     # One batch out per follower: what is proposed meanwhile rides in the next one (measured:
     # about 40 % less server CPU per single-row write, docs/performance.md).
     PEER_INFLIGHT_BATCHES_MAX = 1
+    # A follower learns a new commit index from the next batch, or within this long: a lone
+    # writer's every write cost each follower, and the leader, one more exchange (issue 28,
+    # docs/performance.md). Bounds how far an idle follower's applied state lags.
+    COMMIT_NOTICE_DELAY_MS = 5
     ROLE = "tserver"
 
     def __init__(self, settings: TabletServerSettings) -> None:

@@ -233,13 +233,23 @@ class TabletService(ServiceBase, tserver_pb2_grpc.TabletServiceServicer):
                 continue
             by_tablet.setdefault(sub.tablet_id, []).append(i)
         groups = list(by_tablet.items())
-        answers = await asyncio.gather(
-            *(
-                self._write_tablet(tablet_id, [subs[i] for i in slots])
-                for tablet_id, slots in groups
-            ),
-            return_exceptions=True,
-        )
+        answers: list[list[WriteOutcome | Exception] | BaseException]
+        if len(groups) == 1:
+            # One tablet (every single-row write): awaited in this task. A gather ran it as a
+            # task of its own, two more event-loop turns on the write's path.
+            tablet_id, slots = groups[0]
+            try:
+                answers = [await self._write_tablet(tablet_id, [subs[i] for i in slots])]
+            except Exception as exc:
+                answers = [exc]
+        else:
+            answers = await asyncio.gather(
+                *(
+                    self._write_tablet(tablet_id, [subs[i] for i in slots])
+                    for tablet_id, slots in groups
+                ),
+                return_exceptions=True,
+            )
         for (_, slots), answer in zip(groups, answers, strict=True):
             if isinstance(answer, BaseException):
                 if not isinstance(answer, Exception):
