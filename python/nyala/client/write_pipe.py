@@ -215,20 +215,7 @@ class WritePipe:
         return batch
 
     def _start_locked(self, batch: list[_Pending]) -> _Call:
-        """The call carrying ``batch`` (the lock is held). A small one on an idle channel
-        connection is sent now, so it travels while the call before it is answered; otherwise
-        it is made, connection and all, by whoever reads its answer (a large one is not sent
-        with the lock held: writers queueing would wait for its bytes)."""
-        if self.channel is not None and sum(len(p.ops) for p in batch) <= _JOIN_BYTES_MAX:
-            timeout_s = _timeout_s(batch)
-            try:
-                sent = self.channel.send_on_idle(_multi_request(batch), timeout_s)
-            except errors.NyalaError as exc:
-                failure: BaseException = exc
-                return lambda: (None, failure)
-            if sent is not None:
-                channel = self.channel
-                return lambda: self._answer(lambda: channel.receive(sent))
+        """The call carrying ``batch`` (the lock is held), to be made outside the lock."""
         return lambda: self._answer(lambda: self._call(batch))
 
     def _make_call(self, batch: list[_Pending], call: _Call) -> None:
@@ -248,9 +235,16 @@ class WritePipe:
         with self._lock:
             self._inflight -= 1
             following = self._take_locked()
-            if following:
-                following[0].leads = (following, self._start_locked(following))
-                following[0].wake.set()
+            if not following:
+                return
+            presend = _Presend()
+            # Set under the lock: a writer that wakes (its deadline passed, say) sees either
+            # no call to make or this one, never neither once it was taken from the queue.
+            following[0].leads = (following, lambda: presend.call(self, following))
+        # Sent after the lock is released: a send may give up the CPU, and writers queueing
+        # meanwhile would have waited for the lock, each at the cost of a thread switch.
+        presend.send(self, following)
+        following[0].wake.set()
 
     def _answer(self, call: Callable[[], _Answer]) -> tuple[_Answer | None, BaseException | None]:
         """``call``'s answer, or its failure as a ``nyala.errors`` exception."""
@@ -483,6 +477,39 @@ class WriteChannel:
             if not reusable:
                 self._port = 0  # asked again: a broken connection may mean a moved server
         connection.close()
+
+
+class _Presend:
+    """The next call, started by the thread whose call just ended (``WritePipe._hand_on``):
+    a small one is sent at once on an idle channel connection, so that it travels while that
+    thread answers its own writers; the writer it is handed to reads the answer, or makes the
+    whole call if it was not sent."""
+
+    def __init__(self) -> None:
+        self._done = threading.Event()  # ``send`` has returned
+        self._sent: _Sent | None = None
+        self._failure: BaseException | None = None
+
+    def send(self, pipe: WritePipe, batch: list[_Pending]) -> None:
+        channel = pipe.channel
+        try:
+            if channel is not None and sum(len(p.ops) for p in batch) <= _JOIN_BYTES_MAX:
+                self._sent = channel.send_on_idle(_multi_request(batch), _timeout_s(batch))
+        except errors.NyalaError as exc:
+            self._failure = exc
+        finally:
+            self._done.set()
+
+    def call(
+        self, pipe: WritePipe, batch: list[_Pending]
+    ) -> tuple[_Answer | None, BaseException | None]:
+        self._done.wait()  # set before the writer is woken, unless it woke on its own
+        if self._failure is not None:
+            return None, self._failure
+        sent, channel = self._sent, pipe.channel
+        if sent is not None and channel is not None:
+            return pipe._answer(lambda: channel.receive(sent))
+        return pipe._answer(lambda: pipe._call(batch))
 
 
 class _Connection:
