@@ -24,16 +24,21 @@ The server's time splits further by difference between the phases:
   them;
 * ``fsync`` = server(three replicas) - server(three replicas, no fsync).
 
+Each phase also takes the CPU time per write (user + system, from ``/proc``) of this process
+(``client_cpu_us``), of the leader's tablet server (``leader_cpu_us``) and of the three tablet
+servers together (``servers_cpu_us``).
+
 Baseline in the same run: ``Ping`` of the leader from one thread (a round trip with nothing
 behind it). The last line is one JSON object with ``baseline_ping_ms``, ``p50_ms_rf1``,
-``p50_ms_rf3``, and per phase the means ``total_ms``, ``client_ms``, ``rpc_ms``, ``server_ms``,
-plus ``local_ms``, ``replication_ms`` and ``fsync_ms``.
+``p50_ms_rf3``, and per phase the means ``total_ms``, ``client_ms``, ``rpc_ms``, ``server_ms``
+and the CPU figures, plus ``local_ms``, ``replication_ms`` and ``fsync_ms``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import threading
 import time
@@ -100,6 +105,19 @@ def _handler_seconds(ts: ServerProcess) -> tuple[float, int]:
     return total, count
 
 
+def _pid(server: ServerProcess) -> int:
+    if server.pid is None:
+        raise RuntimeError(f"{server.name} is not running")
+    return server.pid
+
+
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far."""
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _phase(
     cluster: MiniCluster, table: Any, seconds: float, timer: _SendTimer, base: int
 ) -> dict[str, float]:
@@ -109,6 +127,8 @@ def _phase(
         table.upsert({"id": [base - 1 - i], "payload": [PAYLOAD]}).raise_for_errors()
     timer.take()
     sum0, count0 = _handler_seconds(leader)
+    pids = [os.getpid(), *(_pid(ts) for ts in (leader, *cluster.tservers))]
+    cpu0 = [_cpu_s(pid) for pid in pids]
     totals: list[float] = []
     sends: list[float] = []
     stop = time.perf_counter() + seconds
@@ -119,6 +139,7 @@ def _phase(
         totals.append(time.perf_counter() - began)
         sends.append(timer.take())
         key += 1
+    cpu1 = [_cpu_s(pid) for pid in pids]
     sum1, count1 = _handler_seconds(leader)
     if cluster.leader_of(tablet_id) is not leader:
         raise RuntimeError("the leader changed during the phase: run again")
@@ -133,6 +154,11 @@ def _phase(
         "rpc_ms": round((send_s - server_s) * 1000, 3),
         "server_ms": round(server_s * 1000, 3),
         "handler_calls_per_write": round((count1 - count0) / max(1, writes), 3),
+        "client_cpu_us": round((cpu1[0] - cpu0[0]) / writes * 1e6),
+        "leader_cpu_us": round((cpu1[1] - cpu0[1]) / writes * 1e6),
+        "servers_cpu_us": round(
+            sum(b - a for a, b in zip(cpu0[2:], cpu1[2:], strict=True)) / writes * 1e6
+        ),
     }
 
 
@@ -186,7 +212,9 @@ def main() -> None:
         p = result[name]
         print(
             f"{name:>13}: total {p['total_ms']} ms (p50 {p['p50_ms']}) = client {p['client_ms']}"
-            f" + rpc {p['rpc_ms']} + server {p['server_ms']} ms; {p['writes']} writes"
+            f" + rpc {p['rpc_ms']} + server {p['server_ms']} ms; {p['writes']} writes; CPU per"
+            f" write: client {p['client_cpu_us']} us, servers {p['servers_cpu_us']} us (leader"
+            f" {p['leader_cpu_us']})"
         )
     print(
         f"server: local {result['local_ms']} ms, replication +{result['replication_ms']} ms,"

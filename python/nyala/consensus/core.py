@@ -1102,8 +1102,9 @@ class RaftCore:
             self.transfer_leadership()  # a leader outside its committed config hands over
 
     def _notice_commit(self) -> None:
-        """Tells each idle follower the commit index, unless something sent since did (a
-        follower with a batch in flight hears it with that batch's answer's successor)."""
+        """Tells each idle follower the commit index, unless a batch sent since did. A follower
+        with a batch in flight is left out, as it is when the notice goes at once: it hears
+        the commit index from the next batch, or from the next heartbeat round."""
         self._commit_notice_ms = None
         for progress in self._progress.values():
             told = min(self._commit_index, progress.match_index)
