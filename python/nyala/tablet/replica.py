@@ -549,9 +549,9 @@ class TabletReplica:
             try:
                 with applier.collecting():
                     futures = runtime.propose_many(payloads)
-                    # Awaited one by one, not with ``asyncio.wait`` (one more event-loop turn
-                    # per write): they resolve in index order, from one pass of the runtime,
-                    # so once the first is done the rest usually are too.
+                    # Awaited one by one: ``asyncio.wait``'s own waiter took one more
+                    # event-loop turn. They resolve in index order, in one pass of the
+                    # runtime, so once the first is done the rest usually are too.
                     for future in futures:
                         if not future.done():
                             with contextlib.suppress(Exception):  # read below, per write

@@ -3,7 +3,8 @@
 At 0 (the default, Kudu's and etcd's behaviour) a commit that finds a follower with nothing in
 flight sends it an empty AppendEntries at once. The tablet server sets a delay: the next batch
 carries the commit index anyway, and a lone writer's every write cost each follower, and the
-leader, one more exchange (issue 28). Within the delay an idle follower still hears it."""
+leader, one more exchange (issue 28). Once the delay has passed, an idle follower that no
+batch told hears it."""
 
 from __future__ import annotations
 
