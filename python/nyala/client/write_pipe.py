@@ -40,6 +40,8 @@ pipe serializes the rest of the ``WriteRequestPB`` and joins the rows after it a
 
 from __future__ import annotations
 
+import _thread
+import contextlib
 import select
 import socket
 import threading
@@ -88,6 +90,38 @@ CONNECT_TIMEOUT_S = 5.0
 _HANDSHAKE_DONE, _HANDSHAKE_WANT_READ = 0, 1
 
 
+class _Wake:
+    """What a writer's thread waits on: an event with ``threading.Event``'s ``set``,
+    ``wait`` and ``clear``, made of a flag and one lock, which a waiter blocks on until
+    ``set`` releases it. ``Event.wait`` is a condition variable written in Python, with a
+    lock of its own; with 64 writers each woken once per write, that cost showed
+    (docs/performance.md)."""
+
+    __slots__ = ("_lock", "_set")
+
+    def __init__(self) -> None:
+        self._lock = _thread.allocate_lock()
+        self._lock.acquire()
+        self._set = False
+
+    def set(self) -> None:
+        self._set = True
+        with contextlib.suppress(RuntimeError):  # released already: set before
+            self._lock.release()
+
+    def wait(self, timeout: float) -> bool:
+        """True once set (at once if it is), False after ``timeout`` seconds."""
+        if self._set:
+            return True
+        # Once taken, the lock stays taken: the flag says it is set until ``clear``.
+        return self._lock.acquire(timeout=timeout) or self._set
+
+    def clear(self) -> None:
+        if self._set:
+            self._set = False
+            self._lock.acquire(blocking=False)
+
+
 @dataclass(eq=False)
 class _Pending:
     """One write waiting for its answer, or for a call to make (``leads``)."""
@@ -96,7 +130,7 @@ class _Pending:
     head: bytes  # the serialized WriteRequestPB without ``ops``
     ops: bytes
     deadline: float  # time.monotonic()
-    wake: threading.Event = field(default_factory=threading.Event)
+    wake: _Wake = field(default_factory=_Wake)
     settled: bool = False
     response: tserver_pb2.WriteResponsePB | None = None
     error: BaseException | None = None
@@ -514,12 +548,19 @@ class _Presend:
 
 class _Connection:
     """One connection to a channel, used by one call at a time: a plain socket, or the
-    extension's TLS session over it (``rpc.tls_socket``; the socket then non-blocking, its
-    readiness awaited with ``poll``)."""
+    extension's TLS session over it (``rpc.tls_socket``). The socket is non-blocking and its
+    readiness awaited with ``poll``, so that a plain call costs four system calls: the idle
+    check, the send, one poll and one read for the whole answer. With a socket timeout,
+    CPython switched the socket's mode and polled before every send and read: eleven."""
+
+    #: What a plain connection reads at once: a whole answer, length and body, as a rule.
+    READ_BYTES = 16 * 1024
 
     def __init__(self, sock: socket.socket, session: _native.TlsSession | None) -> None:
+        sock.setblocking(False)
         self.sock = sock
         self.session = session
+        self._buffered = bytearray()  # a plain connection's bytes read and not yet asked for
 
     @classmethod
     def open(
@@ -533,7 +574,6 @@ class _Connection:
         certificate names ``server_uuid`` (``ConnectionError`` if it fails)."""
         if tls is None:
             return cls(sock, None)
-        sock.setblocking(False)
         session = _native.TlsSession(tls, sock.fileno(), peer_server_name(server_uuid))
         connection = cls(sock, session)
         while (step := session.handshake()) != _HANDSHAKE_DONE:
@@ -543,8 +583,12 @@ class _Connection:
     def send(self, data: bytes, deadline: float) -> None:
         """All of ``data``, by ``deadline`` (``TimeoutError``)."""
         if self.session is None:
-            self.sock.settimeout(max(0.001, deadline - time.monotonic()))
-            self.sock.sendall(data)
+            view = memoryview(data)
+            while view:
+                try:
+                    view = view[self.sock.send(view) :]
+                except BlockingIOError:
+                    self._wait(write=True, deadline=deadline)
             return
         unsent = self.session.send(data)
         while unsent:
@@ -554,23 +598,33 @@ class _Connection:
     def receive(self, length: int, deadline: float) -> bytes:
         """Exactly ``length`` bytes, by ``deadline`` (``TimeoutError`` after it,
         ``ConnectionResetError`` if the connection ends first)."""
-        buffer = bytearray(length)
+        buffered = self._buffered
+        if len(buffered) >= length:  # read with what came before it
+            out = bytes(buffered[:length])
+            del buffered[:length]
+            return out
+        # A plain connection reads what has come, past ``length`` too (an answer's body with
+        # its length); TLS reads only what it is asked for.
+        room = length if self.session is not None else max(length, self.READ_BYTES)
+        buffer = bytearray(room)
+        buffer[: len(buffered)] = buffered
+        got = len(buffered)
+        buffered.clear()
         view = memoryview(buffer)
-        got = 0
         while got < length:
             n = self._recv_into(view[got:], deadline)
             if n == 0:
                 raise ConnectionResetError("the server closed the write channel inside an answer")
             got += n
-        return bytes(buffer)
+        buffered += view[length:got]
+        return bytes(view[:length])
 
     def alive(self) -> bool:
         """True if this idle connection is still open (no end and nothing unasked waits on
         it)."""
-        if self.session is not None and self.session.has_buffered():
+        if self._buffered or (self.session is not None and self.session.has_buffered()):
             return False
         try:
-            self.sock.setblocking(False)  # with a timeout it would wait for readability first
             self.sock.recv(1, socket.MSG_PEEK)
         except BlockingIOError:
             return True
@@ -583,8 +637,12 @@ class _Connection:
 
     def _recv_into(self, view: memoryview, deadline: float) -> int:
         if self.session is None:
-            self.sock.settimeout(max(0.001, deadline - time.monotonic()))
-            return self.sock.recv_into(view)
+            while True:  # polled first: an answer has rarely come yet when it is asked for
+                self._wait(write=False, deadline=deadline)
+                try:
+                    return self.sock.recv_into(view)
+                except BlockingIOError:
+                    continue
         while (n := self.session.recv_into(view)) < 0:
             self._wait(write=False, deadline=deadline)
         return n

@@ -15,7 +15,7 @@ import pytest
 from nyala import errors
 from nyala._proto import common_pb2, tserver_pb2, tserver_pb2_grpc
 from nyala.client.rpc import ChannelPool
-from nyala.client.write_pipe import WritePipe
+from nyala.client.write_pipe import WritePipe, _Wake
 
 UUID = "0123456789abcdef0123456789abcdef"
 LEADER = "f" * 32
@@ -282,3 +282,24 @@ def test_a_write_not_answered_in_time_times_out_and_a_queued_one_is_never_sent(
     assert held.join()[0].op_id.index == 2
     assert pipe.write(*_request("ok-after", 4), 5_000).op_id.index == 4
     assert all("ok-queued" not in c for c in servicer.calls)
+
+
+def test_a_writers_wake_up_behaves_as_an_event() -> None:
+    wake = _Wake()
+    began = time.monotonic()
+    assert not wake.wait(0.05)  # not set: waits out its timeout
+    assert time.monotonic() - began >= 0.04
+    wake.set()
+    wake.set()  # twice is harmless
+    assert wake.wait(0)
+    assert wake.wait(0)  # stays set until cleared
+    wake.clear()
+    wake.clear()
+    assert not wake.wait(0.01)
+    woken: list[bool] = []
+    waiter = threading.Thread(target=lambda: woken.append(wake.wait(10)))
+    waiter.start()
+    time.sleep(0.05)
+    wake.set()  # from another thread, while it waits
+    waiter.join(10)
+    assert woken == [True]
