@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import time
 
@@ -38,6 +37,7 @@ import pyarrow as pa
 import nyala
 from nyala.rowops import prepare_op_batch
 from nyala.testing import MiniCluster
+from nyala.testing.procstat import cpu_seconds, faulted_bytes
 
 RAFT_FLAGS = ["--heartbeat-interval-ms", "200"]
 COLUMNS = 10
@@ -103,28 +103,6 @@ def encode_seconds(table: nyala.Table, rows: pa.Table) -> float:
     if sum(len(positions) for _, positions, _ in requests) != rows.num_rows:  # type: ignore[arg-type,misc]
         raise SystemExit("bench: the requests do not hold every row once")
     return elapsed
-
-
-def cpu_seconds(pids: list[int]) -> float:
-    """User + system CPU seconds the processes ``pids`` used so far (Linux /proc)."""
-    ticks = os.sysconf("SC_CLK_TCK")
-    total = 0
-    for pid in pids:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14, 15)
-    return total / ticks
-
-
-def faulted_bytes(pids: list[int]) -> int:
-    """Memory the processes ``pids`` touched for the first time so far (minor faults × page
-    size), which the kernel zero-fills: docs/performance.md, "Copies and first-touched
-    memory"."""
-    faults = 0
-    for pid in pids:
-        with open(f"/proc/{pid}/stat") as f:
-            faults += int(f.read().rsplit(")", 1)[1].split()[7])  # minflt (field 10)
-    return faults * os.sysconf("SC_PAGE_SIZE")
 
 
 def main() -> None:

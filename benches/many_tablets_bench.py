@@ -45,16 +45,10 @@ from nyala.partition import HashPartitioning
 from nyala.schema import Schema
 from nyala.testing import MiniCluster
 from nyala.testing.mini_cluster import ServerProcess
+from nyala.testing.procstat import cpu_seconds
 
 SCHEMA = Schema.parse("id:int64, v:string?", key=["id"])
-CLOCK_TICKS_PER_S = os.sysconf("SC_CLK_TCK")
 CREATE_TIMEOUT_S = 1_800.0
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of a process so far."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS_PER_S
 
 
 def status_field(pid: int, name: str) -> int:
@@ -112,11 +106,11 @@ def idle(cluster: MiniCluster, idle_s: float) -> tuple[float, int, float, float,
     file descriptors) over an idle period."""
     pids = [pid_of(s) for s in cluster.tservers]
     terms_before = term_sum(cluster)
-    cpu_before = [cpu_seconds(p) for p in pids]
+    cpu_before = [cpu_seconds([p]) for p in pids]
     start = time.monotonic()
     time.sleep(idle_s)
     elapsed = time.monotonic() - start
-    cpu = max((cpu_seconds(p) - b) / elapsed for p, b in zip(pids, cpu_before, strict=True))
+    cpu = max((cpu_seconds([p]) - b) / elapsed for p, b in zip(pids, cpu_before, strict=True))
     threads = max(status_field(p, "Threads") for p in pids)
     rss_mib = max(status_field(p, "VmRSS") for p in pids) / 1024
     fds = max(len(os.listdir(f"/proc/{p}/fd")) for p in pids)

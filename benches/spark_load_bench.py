@@ -191,26 +191,6 @@ def machine_cpu_s() -> float:
     return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
 
 
-def process_cpu_s(pids: list[int]) -> float:
-    """User + system CPU seconds the processes ``pids`` used so far."""
-    total = 0
-    for pid in pids:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        total += int(fields[11]) + int(fields[12])
-    return total / os.sysconf("SC_CLK_TCK")
-
-
-def process_faulted_bytes(pids: list[int]) -> int:
-    """Bytes of memory the processes ``pids`` touched for the first time so far (minor page
-    faults × page size): memory they took on, which the kernel zero-fills."""
-    faults = 0
-    for pid in pids:
-        with open(f"/proc/{pid}/stat") as f:
-            faults += int(f.read().rsplit(")", 1)[1].split()[7])  # minflt
-    return faults * os.sysconf("SC_PAGE_SIZE")
-
-
 def run(rows: int, tservers: int) -> dict[str, Any]:
     spark = make_session()
     register_baselines(spark)
@@ -274,6 +254,7 @@ def nyala_figures(spark: Any, df: Any, rows: int, tservers: int, tmp: str) -> di
     from nyala.partition import HashPartitioning
     from nyala.schema import Schema
     from nyala.testing import MiniCluster
+    from nyala.testing.procstat import cpu_seconds, faulted_bytes
 
     nyala.spark.register(spark)
     with MiniCluster(tservers, num_masters=1) as cluster:
@@ -293,12 +274,12 @@ def nyala_figures(spark: Any, df: Any, rows: int, tservers: int, tmp: str) -> di
         # load's figure and report it on its own.
         first_job_s = timed(lambda: nyala_write(bench_frame(spark, 2000), masters, WARM_UP_TABLE))
         pids = [p for p in (cluster.tserver(i).pid for i in range(tservers)) if p is not None]
-        machine_before, servers_before = machine_cpu_s(), process_cpu_s(pids)
-        faulted_before = process_faulted_bytes(pids)
+        machine_before, servers_before = machine_cpu_s(), cpu_seconds(pids)
+        faulted_before = faulted_bytes(pids)
         load_s = timed(lambda: nyala_write(df, masters, TABLE))
         machine_us = (machine_cpu_s() - machine_before) / rows * 1e6
-        servers_us = (process_cpu_s(pids) - servers_before) / rows * 1e6
-        faulted_per_row = (process_faulted_bytes(pids) - faulted_before) / rows
+        servers_us = (cpu_seconds(pids) - servers_before) / rows * 1e6
+        faulted_per_row = (faulted_bytes(pids) - faulted_before) / rows
         table = (
             spark.read.format("nyala")
             .option("nyala.masters", masters)

@@ -52,7 +52,6 @@ import asyncio
 import contextlib
 import itertools
 import json
-import os
 import statistics
 import threading
 import time
@@ -69,6 +68,7 @@ from nyala.rowops import encode, make_op_batch
 from nyala.rpc import ServerProxy
 from nyala.schema import Column, Schema
 from nyala.testing import MiniCluster
+from nyala.testing.procstat import cpu_seconds
 
 SCHEMA = Schema([Column("id", "int64"), Column("payload", "string")], ["id"])
 WRITERS = 64
@@ -106,16 +106,6 @@ async def _pings(proxy: ServerProxy, uuid: str, clients: int, seconds: float) ->
     return count / (time.perf_counter() - started)
 
 
-def _cpu_s(pids: list[int]) -> float:
-    """User + system CPU seconds the processes ``pids`` used so far (Linux /proc)."""
-    total_ticks = 0
-    for pid in pids:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        total_ticks += int(fields[11]) + int(fields[12])  # utime, stime
-    return total_ticks / os.sysconf("SC_CLK_TCK")
-
-
 class CpuMeter:
     """CPU time of the server processes and of this client over one phase: what an op costs,
     which a busy machine's scheduling does not change (unlike ops/s)."""
@@ -124,19 +114,21 @@ class CpuMeter:
         self.pids = [ts.pid for ts in cluster.tservers if ts.pid is not None]
 
     def start(self) -> None:
-        self._servers = _cpu_s(self.pids)
-        self._each = [_cpu_s([pid]) for pid in self.pids]
+        self._servers = cpu_seconds(self.pids)
+        self._each = [cpu_seconds([pid]) for pid in self.pids]
         self._client = time.process_time()
 
     def per_server_us(self, ops: int) -> list[float]:
         """Each server's CPU µs per op since ``start``, busiest first (the leader, for a
         phase that writes to one tablet)."""
-        spent = [_cpu_s([pid]) - before for pid, before in zip(self.pids, self._each, strict=True)]
+        spent = [
+            cpu_seconds([pid]) - before for pid, before in zip(self.pids, self._each, strict=True)
+        ]
         return sorted((round(s * 1e6 / max(1, ops), 3) for s in spent), reverse=True)
 
     def per_op_ms(self, ops: int) -> tuple[float, float]:
         """(server CPU ms per op, client CPU ms per op) since ``start``."""
-        servers = _cpu_s(self.pids) - self._servers
+        servers = cpu_seconds(self.pids) - self._servers
         client = time.process_time() - self._client
         return servers * 1000 / max(1, ops), client * 1000 / max(1, ops)
 

@@ -50,6 +50,7 @@ from nyala.client.write import Writer
 from nyala.schema import Column, Schema
 from nyala.testing import MiniCluster
 from nyala.testing.mini_cluster import ServerProcess
+from nyala.testing.procstat import cpu_seconds
 
 SCHEMA = Schema([Column("id", "int64"), Column("payload", "string")], ["id"])
 PAYLOAD = "x" * 92
@@ -111,13 +112,6 @@ def _pid(server: ServerProcess) -> int:
     return server.pid
 
 
-def _cpu_s(pid: int) -> float:
-    """User + system CPU seconds of process ``pid`` so far."""
-    with open(f"/proc/{pid}/stat") as stat:
-        fields = stat.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def _phase(
     cluster: MiniCluster, table: Any, seconds: float, timer: _SendTimer, base: int
 ) -> dict[str, float]:
@@ -128,7 +122,7 @@ def _phase(
     timer.take()
     sum0, count0 = _handler_seconds(leader)
     pids = [os.getpid(), *(_pid(ts) for ts in (leader, *cluster.tservers))]
-    cpu0 = [_cpu_s(pid) for pid in pids]
+    cpu0 = [cpu_seconds([pid]) for pid in pids]
     totals: list[float] = []
     sends: list[float] = []
     stop = time.perf_counter() + seconds
@@ -139,7 +133,7 @@ def _phase(
         totals.append(time.perf_counter() - began)
         sends.append(timer.take())
         key += 1
-    cpu1 = [_cpu_s(pid) for pid in pids]
+    cpu1 = [cpu_seconds([pid]) for pid in pids]
     sum1, count1 = _handler_seconds(leader)
     if cluster.leader_of(tablet_id) is not leader:
         raise RuntimeError("the leader changed during the phase: run again")
