@@ -197,9 +197,8 @@ class WritePipe:
         with self._lock:
             self._queue.append(pending)
             batch = self._take_locked()
-            call = self._start_locked(batch) if batch else None
-        if call is not None:
-            self._make_call(batch, call)
+        if batch:  # the pipe was idle: this thread makes the call
+            self._make_call(batch, lambda: self._answer(lambda: self._call(batch)))
         while not pending.settled:
             woken = pending.wake.wait(max(0.0, pending.deadline - time.monotonic()))
             with self._lock:
@@ -247,10 +246,6 @@ class WritePipe:
             self.calls_sent += 1
             self.writes_sent += len(batch)
         return batch
-
-    def _start_locked(self, batch: list[_Pending]) -> _Call:
-        """The call carrying ``batch`` (the lock is held), to be made outside the lock."""
-        return lambda: self._answer(lambda: self._call(batch))
 
     def _make_call(self, batch: list[_Pending], call: _Call) -> None:
         """Reads the answer of ``call`` (carrying ``batch``) in this thread, starts the next
