@@ -7,13 +7,16 @@
 //! per entry except for NO_OP and CONFIG_CHANGE entries when asked.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use nyala_common::OpId;
-use nyala_consensus::{ConsensusError, EntryBatch, ReplicatedLog, ReplicatedLogOptions};
+use nyala_consensus::{
+    AnswerSink, ConsensusError, DurableAnswer, EntryBatch, ReplicatedLog, ReplicatedLogOptions,
+};
 use nyala_wal::{AnchorId, EntryType, LogOptions, SyncPolicy};
 use pyo3::buffer::PyBuffer;
-use pyo3::exceptions::PyBaseException;
+use pyo3::exceptions::{PyBaseException, PyConnectionResetError, PyOSError};
 use pyo3::prelude::*;
 use pyo3::pybacked::PyBackedBytes;
 use pyo3::types::{PyBytes, PyDict};
@@ -28,6 +31,8 @@ const WAIT_SLICE_MS: u64 = 100;
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyEntryBatch>()?;
     m.add_class::<PyReplicatedLog>()?;
+    m.add_class::<PyAnswerSink>()?;
+    m.add_class::<PyDurableAnswer>()?;
     m.add_function(wrap_pyfunction!(split_proto_field, m)?)?;
     m.add_function(wrap_pyfunction!(split_proto_repeated, m)?)?;
     Ok(())
@@ -324,6 +329,36 @@ impl PyReplicatedLog {
         op_tuple(self.log.last_op_id())
     }
 
+    /// FAULT INJECTION, tests only: the next `count` syncs of the WAL fail with `errno`.
+    fn _inject_sync_failures(&self, count: u32, errno: i32) {
+        self.log
+            .wal()
+            .fault_injection()
+            .fail_next_syncs(count, errno);
+    }
+
+    /// FAULT INJECTION, tests only: the next `count` syncs of the WAL first sleep `delay_s`.
+    fn _inject_sync_delays(&self, count: u32, delay_s: f64) {
+        self.log
+            .wal()
+            .fault_injection()
+            .delay_next_syncs(count, Duration::from_secs_f64(delay_s.max(0.0)));
+    }
+
+    /// Writes `frame` to `sink` once everything appended so far is durable, from the WAL
+    /// committer whose sync made it so (at once if it is); the handle takes it back.
+    fn answer_when_durable(
+        &self,
+        py: Python<'_>,
+        sink: &PyAnswerSink,
+        frame: PyBackedBytes,
+    ) -> PyDurableAnswer {
+        let sink = Arc::clone(&sink.sink);
+        let frame = frame.to_vec();
+        let answer = py.detach(|| self.log.answer_when_durable(sink, frame));
+        PyDurableAnswer { answer }
+    }
+
     fn term_at(&self, index: u64) -> Option<u64> {
         self.log.term_at(index)
     }
@@ -606,4 +641,91 @@ fn take_varint(data: &[u8], at: &mut usize) -> PyResult<u64> {
         }
     }
     Err(invalid(format!("protobuf varint too long at byte {}", *at)))
+}
+
+/// The follower's side of a peer channel connection (`nyala_consensus::AnswerSink`): frames
+/// written from the event loop and from WAL committers, in order, never interleaved.
+#[pyclass(frozen, name = "AnswerSink", module = "nyala._native")]
+pub struct PyAnswerSink {
+    sink: Arc<AnswerSink>,
+}
+
+fn sink_error(err: std::io::Error) -> PyErr {
+    match err.kind() {
+        std::io::ErrorKind::NotConnected
+        | std::io::ErrorKind::BrokenPipe
+        | std::io::ErrorKind::ConnectionReset => PyConnectionResetError::new_err(err.to_string()),
+        _ => PyOSError::new_err(err.to_string()),
+    }
+}
+
+#[pymethods]
+impl PyAnswerSink {
+    /// A sink writing to a duplicate of the connected socket `fd`.
+    #[new]
+    fn new(fd: i32) -> PyResult<Self> {
+        let sink = AnswerSink::new(fd).map_err(sink_error)?;
+        Ok(PyAnswerSink {
+            sink: Arc::new(sink),
+        })
+    }
+
+    /// Writes one frame after what is pending; returns the bytes still pending.
+    fn write_frame(&self, py: Python<'_>, data: PyBackedBytes) -> PyResult<usize> {
+        py.detach(|| self.sink.write_frame(&data))
+            .map_err(sink_error)
+    }
+
+    /// Sends what is pending; returns what is still pending.
+    fn flush(&self, py: Python<'_>) -> PyResult<usize> {
+        py.detach(|| self.sink.flush()).map_err(sink_error)
+    }
+
+    fn pending(&self) -> usize {
+        self.sink.pending()
+    }
+
+    /// The duplicate descriptor (watch it for writability while bytes are pending), or
+    /// None once closed.
+    fn fileno(&self) -> Option<i32> {
+        self.sink.fd()
+    }
+
+    /// Readable once a committer left bytes pending; ``drain_wake`` clears it.
+    fn wake_fd(&self) -> i32 {
+        self.sink.wake_fd()
+    }
+
+    fn drain_wake(&self) {
+        self.sink.drain_wake();
+    }
+
+    /// Closes the duplicate descriptor and drops what is pending.
+    fn close(&self) {
+        self.sink.close();
+    }
+
+    #[getter]
+    fn closed(&self) -> bool {
+        self.sink.is_closed()
+    }
+}
+
+/// An answer handed to ``ReplicatedLog.answer_when_durable``.
+#[pyclass(frozen, name = "DurableAnswer", module = "nyala._native")]
+pub struct PyDurableAnswer {
+    answer: DurableAnswer,
+}
+
+#[pymethods]
+impl PyDurableAnswer {
+    /// Takes the answer back: True if the log has not written it and never will.
+    fn cancel(&self) -> bool {
+        self.answer.cancel()
+    }
+
+    /// Whether the log wrote it.
+    fn sent(&self) -> bool {
+        self.answer.sent()
+    }
 }

@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator, Callable
 
 import grpc
 
+from nyala import _native
 from nyala._proto import common_pb2, consensus_pb2, consensus_pb2_grpc, metadata_pb2
 from nyala.consensus.membership import ChangeType, ConfigChange
 from nyala.consensus.runtime import RaftRuntime, wire
@@ -108,10 +109,11 @@ class ConsensusService(ServiceBase, consensus_pb2_grpc.ConsensusServiceServicer)
             yield answers
 
     def serve_peer_batches(
-        self, batches: AsyncIterator[wire.PeerBatch]
+        self, batches: AsyncIterator[wire.PeerBatch], sink: _native.AnswerSink | None = None
     ) -> AsyncIterator[consensus_pb2.ConsensusBatchResponsePB]:
         """Answers one peer's consensus batches (whose ``dest_uuid`` the caller checks), from
-        ConsensusPeerStream or from the peer channel (``peer_channel``)."""
+        ConsensusPeerStream or from the peer channel (``peer_channel``, which may give its
+        connection's ``sink`` for tablets to write answers to themselves)."""
         streams = self._peer_streams()
         if streams is None:
             raise TabletNotRunningError(f"server {self.server_uuid} runs no consensus yet")
@@ -123,7 +125,7 @@ class ConsensusService(ServiceBase, consensus_pb2_grpc.ConsensusServiceServicer)
             check_dest_uuid(request.dest_uuid, self.server_uuid)  # as RequestVote's is
             return await self._vote(request)
 
-        return streams.serve(batches, route, _decode_batch, vote)
+        return streams.serve(batches, route, _decode_batch, vote, sink)
 
     @unary(consensus_pb2.PeerChannelResponsePB)
     async def GetPeerChannel(

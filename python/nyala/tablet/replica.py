@@ -367,6 +367,7 @@ class TabletReplica:
         if isinstance(transport, GrpcTransport):
             transport.timestamps = self._leader_timestamps
             transport.on_timestamps = self._on_leader_timestamps
+            transport.answer_when_durable = self.wal.answer_when_durable
         runtime.start(task_group)
         self.runtime = runtime
         self.transport = transport

@@ -7,11 +7,13 @@
 //! decisions belong to the Python core (`nyala.consensus`); this crate knows nothing of
 //! Python and never interprets WRITE payloads.
 
+mod answer_sink;
 mod entry_batch;
 mod error;
 mod log_cache;
 mod replicated_log;
 
+pub use answer_sink::AnswerSink;
 pub use entry_batch::{
     BatchBuilder, BatchStorage, EntryBatch, EntryMeta, BATCH_FORMAT_VERSION, BATCH_HEADER_BYTES,
     BATCH_MAGIC,
@@ -19,5 +21,6 @@ pub use entry_batch::{
 pub use error::{BatchError, ConsensusError, Result};
 pub use log_cache::{CacheStats, LogCache};
 pub use replicated_log::{
-    AppendOutcome, ConfigEntry, ReplicatedLog, ReplicatedLogOptions, CACHE_BYTES_MAX_DEFAULT,
+    AppendOutcome, ConfigEntry, DurableAnswer, ReplicatedLog, ReplicatedLogOptions,
+    CACHE_BYTES_MAX_DEFAULT,
 };

@@ -15,12 +15,15 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use nyala_common::{OpId, OpIndex, Term};
 use nyala_wal::{EntryRef, EntryType, Log, LogOptions, Ticket};
 use parking_lot::Mutex;
 
+use crate::answer_sink::AnswerSink;
 use crate::entry_batch::{BatchBuilder, EntryBatch, BATCH_HEADER_BYTES};
 use crate::error::{ConsensusError, Result};
 use crate::log_cache::{CacheStats, LogCache};
@@ -96,6 +99,29 @@ pub struct ReplicatedLog {
     floor: Mutex<Option<TruncationFloor>>,
 }
 
+const ANSWER_PENDING: u8 = 0;
+const ANSWER_SENT: u8 = 1;
+const ANSWER_DROPPED: u8 = 2;
+
+/// An answer handed to `ReplicatedLog::answer_when_durable`.
+#[derive(Debug)]
+pub struct DurableAnswer {
+    state: Arc<AtomicU8>,
+}
+
+impl DurableAnswer {
+    /// Takes the answer back: true if the log has not written it and now never will (it was
+    /// still waiting, or the log failed or closed first), false if it went.
+    pub fn cancel(&self) -> bool {
+        self.state.swap(ANSWER_DROPPED, Ordering::AcqRel) != ANSWER_SENT
+    }
+
+    /// Whether the log wrote it to its sink.
+    pub fn sent(&self) -> bool {
+        self.state.load(Ordering::Acquire) == ANSWER_SENT
+    }
+}
+
 impl ReplicatedLog {
     /// Opens (recovering) the WAL in `dir` and indexes its config entries.
     pub fn open(
@@ -138,6 +164,24 @@ impl ReplicatedLog {
     }
 
     /// The WAL underneath (anchors, GC, metrics, close).
+    /// Writes `frame` to `sink` on the WAL committer whose sync makes everything appended so
+    /// far durable (at once if it is): a follower's answer to an AppendEntries, whose content
+    /// is known when the entries are appended, goes out when they are durable without
+    /// waiting for the event loop to wake up and learn it. The handle takes it back.
+    pub fn answer_when_durable(&self, sink: Arc<AnswerSink>, frame: Vec<u8>) -> DurableAnswer {
+        let state = Arc::new(AtomicU8::new(ANSWER_PENDING));
+        let shared = Arc::clone(&state);
+        self.wal.after_durable(Box::new(move |durable| {
+            let next = if durable { ANSWER_SENT } else { ANSWER_DROPPED };
+            let taken =
+                shared.compare_exchange(ANSWER_PENDING, next, Ordering::AcqRel, Ordering::Acquire);
+            if taken.is_ok() && durable {
+                sink.write_frame_from_thread(&frame);
+            }
+        }));
+        DurableAnswer { state }
+    }
+
     pub fn wal(&self) -> &Log {
         &self.wal
     }

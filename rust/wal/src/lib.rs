@@ -46,7 +46,7 @@ pub use faults::FaultInjection;
 pub use gc::GcReport;
 pub use log::{AnchorId, Log};
 pub use metrics::{MetricsSnapshot, HISTOGRAM_BUCKETS};
-pub use notify::Notifier;
+pub use notify::{EventFd, Notifier};
 pub use options::{
     LogOptions, SyncPolicy, INITIAL_PREALLOCATION_BYTES_DEFAULT, QUEUE_BYTES_MAX_DEFAULT,
     SEGMENT_SIZE_BYTES_DEFAULT, SYNCS_IN_FLIGHT_LIMIT, SYNCS_IN_FLIGHT_MAX_DEFAULT,
@@ -57,4 +57,4 @@ pub use pools::{
 };
 pub use reader::EntryIter;
 pub use segment::{parse_segment_name, segment_file_name, Preallocation};
-pub use shared::{AppendTicket, Ticket};
+pub use shared::{AfterDurable, AppendTicket, Ticket};

@@ -40,7 +40,7 @@ use crate::reader::{self, EntryIter};
 use crate::recovery;
 use crate::segment::{self, Preallocation, SegmentFile};
 use crate::shared::{
-    Anchors, AppendTicket, DataPosition, GroupProfile, Queue, Shared, Ticket,
+    AfterDurable, Anchors, AppendTicket, DataPosition, GroupProfile, Queue, Shared, Ticket,
     ARENA_PAYLOAD_BYTES_MAX,
 };
 
@@ -106,6 +106,7 @@ impl Log {
             gc_lock: Mutex::new(()),
             metrics: Metrics::default(),
             notify,
+            after_durable: Mutex::new(VecDeque::new()),
             options,
         });
         let active = finish_recovery(
@@ -265,6 +266,27 @@ impl Log {
         let ticket = queue.push_entries(entries, payload);
         self.committers.wake(queue);
         Ok(ticket)
+    }
+
+    /// Runs `work(true)` on the committer that makes everything queued so far durable (at
+    /// once, on this thread, if it is already), or `work(false)` if the log fails or closes
+    /// first. For work that must follow the durability of appends without waiting for the
+    /// caller's own wake-up, e.g. a follower's answer to its leader (the work runs on a
+    /// commit job's thread: it must be short and must not block).
+    pub fn after_durable(&self, work: AfterDurable) {
+        let ticket = self.shared.lock_queue().next_ticket - 1;
+        let mut waiting = self.shared.after_durable.lock();
+        let durable = self.shared.durable_ticket.load(Ordering::Acquire) >= ticket;
+        let ended =
+            self.shared.failed.load(Ordering::SeqCst) || self.closed.load(Ordering::Acquire);
+        if durable || ended {
+            drop(waiting);
+            work(durable);
+            return;
+        }
+        // In ticket order (a caller that took its ticket later may have come first).
+        let at = waiting.partition_point(|(t, _)| *t <= ticket);
+        waiting.insert(at, (ticket, work));
     }
 
     /// Blocks until the append (or truncation) with `ticket`, and everything before it, is
@@ -464,6 +486,9 @@ impl Log {
         self.committers.wait_stopped();
         self.committers.finish();
         self.background.drain();
+        // Nothing becomes durable any more: the rest learns it did not.
+        let durable = self.shared.durable_ticket.load(Ordering::Acquire);
+        self.shared.run_after_durable(durable, true);
         if self.committers.panicked() || self.background.panicked() {
             return Err(WalError::Failed {
                 kind: ErrorKind::IllegalState,

@@ -19,12 +19,12 @@ use parking_lot::Mutex;
 
 /// The notification descriptor (non-blocking, close-on-exec).
 #[derive(Debug)]
-pub(crate) struct EventFd {
+pub struct EventFd {
     fd: OwnedFd,
 }
 
 impl EventFd {
-    pub(crate) fn new() -> io::Result<Self> {
+    pub fn new() -> io::Result<Self> {
         // SAFETY: eventfd has no memory-safety preconditions; the result is checked.
         let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
         if fd < 0 {
@@ -38,7 +38,7 @@ impl EventFd {
 
     /// Wakes the watcher. A full counter (2^64-2 pending wake-ups) cannot happen in practice;
     /// EAGAIN would only mean a wake-up is already pending, which is all we need.
-    pub(crate) fn signal(&self) {
+    pub fn signal(&self) {
         let one: u64 = 1;
         // SAFETY: writes 8 bytes from a live local into our own descriptor.
         unsafe {
@@ -47,7 +47,7 @@ impl EventFd {
     }
 
     /// Clears pending wake-ups (called by the watcher before it looks at the durable point).
-    pub(crate) fn drain(&self) {
+    pub fn drain(&self) {
         let mut value: u64 = 0;
         // SAFETY: reads 8 bytes into a live local; non-blocking, so EAGAIN just means empty.
         unsafe {
@@ -55,7 +55,7 @@ impl EventFd {
         }
     }
 
-    pub(crate) fn raw_fd(&self) -> RawFd {
+    pub fn raw_fd(&self) -> RawFd {
         self.fd.as_raw_fd()
     }
 }
@@ -116,7 +116,7 @@ impl LogNotify {
     }
 
     /// Wakes the watcher; the caller changed what the watcher looks at before this.
-    pub(crate) fn signal(&self) {
+    pub fn signal(&self) {
         match self {
             LogNotify::Own(fd) => fd.signal(),
             LogNotify::Shared {
@@ -137,7 +137,7 @@ impl LogNotify {
     }
 
     /// Clears this log's pending wake-up (the watcher calls it before it looks).
-    pub(crate) fn drain(&self) {
+    pub fn drain(&self) {
         match self {
             LogNotify::Own(fd) => fd.drain(),
             LogNotify::Shared { queued, .. } => {
@@ -147,7 +147,7 @@ impl LogNotify {
         }
     }
 
-    pub(crate) fn raw_fd(&self) -> RawFd {
+    pub fn raw_fd(&self) -> RawFd {
         match self {
             LogNotify::Own(fd) => fd.raw_fd(),
             LogNotify::Shared { notifier, .. } => notifier.fd(),

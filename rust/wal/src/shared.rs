@@ -266,7 +266,13 @@ pub(crate) struct Shared {
     pub gc_lock: Mutex<()>,
     pub metrics: Metrics,
     pub notify: LogNotify,
+    /// What to run once a ticket is durable (`Log::after_durable`), in ticket order.
+    pub after_durable: Mutex<VecDeque<(Ticket, AfterDurable)>>,
 }
+
+/// Work handed to the log to run on the committer that makes its ticket durable: called
+/// with `true` then, or with `false` if the log fails or closes first.
+pub type AfterDurable = Box<dyn FnOnce(bool) + Send>;
 
 /// Groups committed and bytes written when `fresh_segment_preallocation` last decided, and
 /// what it decided.
@@ -389,7 +395,31 @@ impl Shared {
         unsafe {
             parking_lot_core::unpark_filter(self.durable_key(), filter, |_| DEFAULT_UNPARK_TOKEN)
         };
+        // Before the event loop's signal: what waits here is on a peer's critical path.
+        self.run_after_durable(durable, failed);
         self.notify.signal();
+    }
+
+    /// Runs the `after_durable` work whose tickets are durable now (with `true`), and once
+    /// the log failed the rest too (with `false`).
+    pub(crate) fn run_after_durable(&self, durable: Ticket, failed: bool) {
+        let due: Vec<(Ticket, AfterDurable)> = {
+            let mut waiting = self.after_durable.lock();
+            if waiting.is_empty() {
+                return;
+            }
+            let mut due = Vec::new();
+            while let Some(&(ticket, _)) = waiting.front() {
+                if ticket > durable && !failed {
+                    break;
+                }
+                due.extend(waiting.pop_front());
+            }
+            due
+        };
+        for (ticket, work) in due {
+            work(ticket <= durable);
+        }
     }
 
     /// Where threads waiting for a ticket park, each with its ticket as the park token, so a

@@ -519,3 +519,51 @@ fn parked_waiters_wake_for_their_own_tickets_and_all_on_failure() {
     }
     assert_eq!(log.durable_index(), 4);
 }
+
+/// What `after_durable` reports, and on which thread, sent back over a channel.
+fn after_durable_probe(log: &Log) -> std::sync::mpsc::Receiver<(bool, std::thread::ThreadId)> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    log.after_durable(Box::new(move |durable| {
+        tx.send((durable, std::thread::current().id())).unwrap();
+    }));
+    rx
+}
+
+#[test]
+fn after_durable_runs_on_the_committer_once_the_sync_returned() {
+    let dir = scratch_dir();
+    let (options, faults) = pipelined(64 << 10, 1);
+    let log = Log::open(dir.path(), "t", options).unwrap();
+    // Nothing queued: everything is durable, so it runs at once, on this thread.
+    let (durable, thread) = after_durable_probe(&log).try_recv().unwrap();
+    assert!(durable);
+    assert_eq!(thread, std::thread::current().id());
+
+    faults.delay_next_syncs(1, Duration::from_millis(300));
+    let first = log.append(&[entry(1, 1).as_ref()]).unwrap();
+    let probe = after_durable_probe(&log);
+    // Not before the sync returned; then on the committer, with the append durable.
+    assert!(probe.recv_timeout(Duration::from_millis(100)).is_err());
+    let (durable, thread) = probe.recv_timeout(Duration::from_secs(10)).unwrap();
+    assert!(durable);
+    assert_ne!(thread, std::thread::current().id());
+    assert!(log.durable_ticket() >= first.ticket);
+    assert_eq!(log.durable_index(), 1);
+}
+
+#[test]
+fn after_durable_learns_of_a_failed_sync() {
+    let dir = scratch_dir();
+    let (options, faults) = pipelined(64 << 10, 1);
+    let log = Log::open(dir.path(), "t", options).unwrap();
+    faults.delay_next_syncs(1, Duration::from_millis(200));
+    faults.fail_next_syncs(1, libc::EIO);
+    log.append(&[entry(1, 1).as_ref()]).unwrap();
+    let probe = after_durable_probe(&log);
+    let (durable, _) = probe.recv_timeout(Duration::from_secs(10)).unwrap();
+    assert!(!durable);
+    // Once failed, at once.
+    let (durable, _) = after_durable_probe(&log).try_recv().unwrap();
+    assert!(!durable);
+    assert!(log.close().is_err());
+}

@@ -259,9 +259,13 @@ class ConsensusServicer(consensus_pb2_grpc.ConsensusServiceServicer):  # type: i
         self.runtime: RaftRuntime | None = None
         self.channel: PeerChannelServer | None = None  # the peer channel, when served
 
-    def serve_batches(self, batches: AsyncIterator[Any]) -> AsyncIterator[Any]:
+    def serve_batches(self, batches: AsyncIterator[Any], sink: Any = None) -> AsyncIterator[Any]:
         return self.streams.serve(
-            batches, lambda _tablet: self.transport, self.decode_batch, self.transport.handle_vote
+            batches,
+            lambda _tablet: self.transport,
+            self.decode_batch,
+            self.transport.handle_vote,
+            sink,
         )
 
     async def GetPeerChannel(self, _request: Any, _context: Any) -> Any:
@@ -314,6 +318,8 @@ def test_replicates_over_grpc_streams(tmp_path: Path, channel: bool) -> None:
                     bootstrap_cmeta(store, config)
                     log = wal_log_module.WalLog(tmp_path / uuid, uuid)
                     logs.append(log)
+                    # Answers on the peer channel go from the WAL committer (AnswerHandoff).
+                    servicers[uuid].transport.answer_when_durable = log.answer_when_durable
                     runtime = RaftRuntime(
                         uuid,
                         log,

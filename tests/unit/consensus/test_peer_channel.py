@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from nyala import _native
 from nyala._proto import common_pb2, consensus_pb2, consensus_pb2_grpc
 from nyala.consensus import OpId
 from nyala.consensus.messages import Message, VoteRequest, VoteResponse
@@ -103,8 +104,9 @@ async def _with_channel(
 
     def serve(
         batches: AsyncIterator[consensus_pb2.ConsensusBatchRequestPB],
+        sink: _native.AnswerSink | None = None,
     ) -> AsyncIterator[consensus_pb2.ConsensusBatchResponsePB]:
-        return streams.serve(batches, _no_tablets, lambda _data: None, _vote)
+        return streams.serve(batches, _no_tablets, lambda _data: None, _vote, sink)
 
     channel = PeerChannelServer(SERVER, serve, frame_bytes_max=FRAME_MAX)
     await channel.start("127.0.0.1", 0)
@@ -410,8 +412,8 @@ class _Announcer(consensus_pb2_grpc.ConsensusServiceServicer):  # type: ignore[m
         self.port = 0
         self.grpc_streams = 0
 
-    def serve(self, batches: AsyncIterator[Any]) -> AsyncIterator[Any]:
-        return self.streams.serve(batches, self.route, lambda _data: None, _vote)
+    def serve(self, batches: AsyncIterator[Any], sink: Any = None) -> AsyncIterator[Any]:
+        return self.streams.serve(batches, self.route, lambda _data: None, _vote, sink)
 
     async def GetPeerChannel(self, request: Any, _context: Any) -> Any:
         return consensus_pb2.PeerChannelResponsePB(port=self.port)
@@ -551,7 +553,7 @@ class _Unanswered:
         self.taken += 1
         self.first_taken.set()
 
-    def answer_update(self, pending: Any, reply: Any) -> None:
+    def answer_update(self, pending: Any, reply: Any, handoff: Any = None) -> None:
         pass
 
 

@@ -65,6 +65,9 @@ log = logging.getLogger(__name__)
 # Frames up to this size are written as one buffer (one send); larger ones as two, which
 # saves copying the batch.
 _JOIN_BYTES_MAX = 256 * 1024
+# Bytes waiting in a connection's answer sink at which its writers wait for room (asyncio's
+# transports pause their protocol at 64 KiB).
+_SINK_PENDING_BYTES_MAX = 64 * 1024
 # A request's entry batch this large is written from where it lies (one more send, no copy).
 _IN_PLACE_BYTES_MIN = 64 * 1024
 
@@ -82,10 +85,11 @@ def frame_bytes_max(message_bytes_max: int) -> int:
 
 
 ServeBatches = Callable[
-    [AsyncIterator[PeerBatch]],
+    [AsyncIterator[PeerBatch], "_native.AnswerSink | None"],
     AsyncIterator[consensus_pb2.ConsensusBatchResponsePB],
 ]
-"""Answers one peer's batches (``ConsensusService.serve_peer_batches``)."""
+"""Answers one peer's batches (``ConsensusService.serve_peer_batches``); given the
+connection's sink, tablets may write some answers there themselves."""
 
 ServeWrite = Callable[[bytes | memoryview, dict[str, Any] | None], Awaitable[bytes]]
 """Answers one client call: a serialized ``WriteMultiRequestPB`` and the caller's verified
@@ -321,7 +325,10 @@ class PeerChannelServer:
                     why = not_a_server(connection.get_extra_info("peercert"))
                     if why is not None:
                         raise NotAuthorizedError(f"the peer channel {why} ({peer})")
-                async for answers in self._serve(self._batches(connection)):
+                # A plain connection's writes go through a sink that WAL committers write
+                # answers to as well; a secure one's through its TLS session.
+                sink = connection.take_writes() if self._tls is None else None
+                async for answers in self._serve(self._batches(connection), sink):
                     connection.write_frame(answers.SerializeToString())
                     await connection.drain()
             except NyalaError as exc:
@@ -408,6 +415,8 @@ class _FrameConnection(asyncio.BufferedProtocol):
         self._writable = asyncio.Event()
         self._writable.set()
         self._closed = False
+        self._sink: _native.AnswerSink | None = None  # takes every write once made
+        self._sink_watched: int | None = None  # the sink's descriptor, watched for room
 
     # --- protocol callbacks ---------------------------------------------------------------
 
@@ -448,6 +457,7 @@ class _FrameConnection(asyncio.BufferedProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._closed = True
+        self._drop_sink()
         self._end(exc or ConnectionResetError("the peer channel connection was lost"))
         self._writable.set()  # a writer waiting for room learns of it in drain
 
@@ -547,6 +557,17 @@ class _FrameConnection(asyncio.BufferedProtocol):
         """Queues one frame of ``data`` (the caller drains)."""
         if self._transport is None or self._closed:
             return
+        sink = self._sink
+        if sink is not None:
+            try:
+                pending = sink.write_frame(data)
+            except OSError as exc:  # the connection broke
+                log.debug("peer channel: write failed: %r", exc)
+                self._transport.abort()
+                return
+            if pending:
+                self._flush_sink()
+            return
         head = LENGTH.pack(len(data))
         if len(data) <= _JOIN_BYTES_MAX:
             self._transport.write(head + data)
@@ -564,8 +585,76 @@ class _FrameConnection(asyncio.BufferedProtocol):
         return None if self._transport is None else self._transport.get_extra_info(name)
 
     def close(self) -> None:
+        self._drop_sink()
         if self._transport is not None:
             self._transport.close()
+
+    # --- the native sink ------------------------------------------------------------------
+
+    def take_writes(self) -> _native.AnswerSink | None:
+        """Moves this connection's writes to a native sink (``AnswerSink``), which WAL
+        committers write answers to as well (``peer_streams.AnswerHandoff``); returns it, or
+        None on a connection without a socket of its own (TLS) or once closed. Frames from
+        both stay whole and in order; what the socket does not take waits in the sink, and
+        this connection flushes it when the socket has room."""
+        transport = self._transport
+        if transport is None or self._closed or self._sink is not None:
+            return self._sink
+        sock = transport.get_extra_info("socket")
+        if sock is None:
+            return None
+        try:
+            sink = _native.AnswerSink(sock.fileno())
+        except OSError as exc:  # out of descriptors: the event loop writes, as before
+            log.warning("peer channel: no answer sink: %s", exc)
+            return None
+        asyncio.get_running_loop().add_reader(sink.wake_fd(), self._sink_woken)
+        self._sink = sink
+        return sink
+
+    def _sink_woken(self) -> None:
+        """A committer left bytes pending in the sink."""
+        if self._sink is not None:
+            self._sink.drain_wake()
+            self._flush_sink()
+
+    def _flush_sink(self) -> None:
+        """Sends what the sink holds; watches its socket for room while some is left, and
+        holds writers back (``drain``) while much is."""
+        sink = self._sink
+        if sink is None:
+            return
+        try:
+            pending = sink.flush()
+        except OSError as exc:
+            log.debug("peer channel: write failed: %r", exc)
+            if self._transport is not None:
+                self._transport.abort()
+            return
+        loop = asyncio.get_running_loop()
+        fd = sink.fileno()
+        if pending and fd is not None:
+            if self._sink_watched is None:
+                loop.add_writer(fd, self._flush_sink)
+                self._sink_watched = fd
+            if pending > _SINK_PENDING_BYTES_MAX:
+                self._writable.clear()
+            return
+        if self._sink_watched is not None:
+            loop.remove_writer(self._sink_watched)
+            self._sink_watched = None
+        self._writable.set()
+
+    def _drop_sink(self) -> None:
+        sink, self._sink = self._sink, None
+        if sink is None:
+            return
+        loop = asyncio.get_running_loop()
+        if self._sink_watched is not None:
+            loop.remove_writer(self._sink_watched)
+            self._sink_watched = None
+        loop.remove_reader(sink.wake_fd())
+        sink.close()
 
 
 class _CleanEnd(Exception):

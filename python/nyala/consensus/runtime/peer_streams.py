@@ -103,10 +103,52 @@ class UpdateTarget(Protocol):
         self,
         pending: Any,
         reply: Callable[[consensus_pb2.ConsensusResponsePB | NyalaError], None],
+        handoff: AnswerHandoff | None = None,
     ) -> None:
         """Calls ``reply`` with the answer once what the request appended is durable, or with
-        the error that kept the tablet from answering."""
+        the error that kept the tablet from answering; or, given ``handoff``, may hand the
+        answer to its log to write once durable (``AnswerHandoff.send``)."""
         ...
+
+
+AnswerWhenDurable: TypeAlias = Callable[[_native.AnswerSink, bytes], _native.DurableAnswer]
+"""A log's ``answer_when_durable``: writes the frame to the sink once what was appended so
+far is durable, from the thread that made it so."""
+
+
+class AnswerHandoff:
+    """One served request whose answer its tablet may hand to its log, to be written to the
+    connection by the WAL committer whose sync makes the request's entries durable: the
+    answer goes out without waiting for the event loop to wake up, learn of the sync and
+    build it (docs/performance.md, "A follower's answer from the committer"). Only a stream
+    on a plain peer channel connection has a sink to write to."""
+
+    __slots__ = ("_call_id", "_stream")
+
+    def __init__(self, stream: _ServedStream, call_id: int) -> None:
+        self._stream = stream
+        self._call_id = call_id
+
+    def send(
+        self, answer: consensus_pb2.ConsensusResponsePB, answer_when_durable: AnswerWhenDurable
+    ) -> _native.DurableAnswer | None:
+        """Hands ``answer`` (what it says once the request's entries are durable) to the log;
+        the request no longer counts as unanswered. None if the stream has ended."""
+        stream = self._stream
+        sink = stream.sink
+        if stream.closed or sink is None:
+            return None
+        batch = consensus_pb2.ConsensusBatchResponsePB(call_ids=[self._call_id], responses=[answer])
+        handed = answer_when_durable(sink, batch.SerializeToString())
+        stream.handed_off()
+        return handed
+
+    def late(self, answer: consensus_pb2.ConsensusResponsePB | NyalaError) -> None:
+        """The answer the log did not write after all (taken back when it took too long),
+        sent from the event loop instead."""
+        if isinstance(answer, NyalaError):
+            answer = consensus_pb2.ConsensusResponsePB(error=error_to_pb(answer))
+        self._stream._answer(self._call_id, answer)
 
 
 @dataclass(slots=True)
@@ -416,14 +458,19 @@ class PeerStreams:
         route: Callable[[str], UpdateTarget],
         decode_batch: wire.BatchDecoder,
         vote: HandleVote,
+        sink: _native.AnswerSink | None = None,
     ) -> AsyncIterator[consensus_pb2.ConsensusBatchResponsePB]:
         """Answers one peer's ConsensusPeerStream (whose batches' ``dest_uuid`` the RPC layer
         checked): ``route`` finds a tablet's transport, or raises the refusal that becomes that
-        request's answer; ``vote`` answers a vote request, or raises its refusal."""
+        request's answer; ``vote`` answers a vote request, or raises its refusal. Given the
+        connection's ``sink``, tablets may write answers there themselves (``AnswerHandoff``);
+        the answers yielded are the rest."""
         group = self._group
         if group is None:
             raise ServiceUnavailableError(f"server {self.uuid} is not serving consensus")
-        stream = _ServedStream(route, decode_batch, vote, group, self._opts.unanswered_requests_max)
+        stream = _ServedStream(
+            route, decode_batch, vote, group, self._opts.unanswered_requests_max, sink
+        )
         reader = group.create_task(stream.read(batches))
         try:
             while True:
@@ -471,7 +518,9 @@ class _ServedStream:
         vote: HandleVote,
         group: asyncio.TaskGroup,
         unanswered_max: int,
+        sink: _native.AnswerSink | None = None,
     ) -> None:
+        self.sink = sink
         self._route = route
         self._decode_batch = decode_batch
         self._vote = vote
@@ -480,6 +529,7 @@ class _ServedStream:
         self.ready: deque[tuple[int, consensus_pb2.ConsensusResponsePB]] = deque()
         self.ready_votes: deque[tuple[int, consensus_pb2.VoteResponsePB]] = deque()
         self.unanswered = 0
+        self.reading_done = False
         self.closed = False
         self.wake = asyncio.Event()
         self._room = asyncio.Event()
@@ -501,6 +551,7 @@ class _ServedStream:
         except Exception as exc:  # ends the stream after the answers already due
             self.failure = exc
         finally:
+            self.reading_done = True
             self.wake.set()
 
     def _submit(self, call_id: int, data: bytes) -> None:
@@ -512,7 +563,15 @@ class _ServedStream:
             self._answer(call_id, consensus_pb2.ConsensusResponsePB(error=error_to_pb(exc)))
             return
         self.unanswered += 1
-        target.answer_update(pending, functools.partial(self._settled, call_id))
+        handoff = None if self.sink is None else AnswerHandoff(self, call_id)
+        target.answer_update(pending, functools.partial(self._settled, call_id), handoff)
+
+    def handed_off(self) -> None:
+        """A request's answer went to its log to write (``AnswerHandoff.send``)."""
+        self.unanswered -= 1
+        self._room.set()
+        if self.reading_done and not self.unanswered:
+            self.wake.set()  # the stream may end
 
     async def _answer_vote(self, call_id: int, request: consensus_pb2.VoteRequestPB) -> None:
         try:

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
+from nyala import _native
 from nyala._proto import common_pb2, consensus_pb2
 from nyala.consensus.messages import (
     AppendRequest,
@@ -33,7 +34,7 @@ from nyala.consensus.messages import (
     VoteResponse,
 )
 from nyala.consensus.runtime import wire
-from nyala.consensus.runtime.peer_streams import PeerStreams
+from nyala.consensus.runtime.peer_streams import AnswerHandoff, AnswerWhenDurable, PeerStreams
 from nyala.errors import NyalaError, ServiceUnavailableError
 from nyala.rpc.channel import ServerProxy
 from nyala.rpc.errors import raise_for_response
@@ -209,14 +210,29 @@ class _UpdateAnswer:
     answer, the durability of what it appended (within another ``reply_timeout_ms``; then the
     answer says what is durable)."""
 
-    __slots__ = ("_answer", "_durable", "_pending", "_reply", "_timer", "_transport")
+    __slots__ = (
+        "_answer",
+        "_durable",
+        "_handed",
+        "_handoff",
+        "_pending",
+        "_reply",
+        "_timer",
+        "_transport",
+    )
 
     def __init__(
-        self, transport: GrpcTransport, pending: _PendingAppend, reply: UpdateReply
+        self,
+        transport: GrpcTransport,
+        pending: _PendingAppend,
+        reply: UpdateReply,
+        handoff: AnswerHandoff | None,
     ) -> None:
         self._transport = transport
-        self._pending = pending
+        self._pending: _PendingAppend | None = pending
         self._reply: UpdateReply | None = reply
+        self._handoff = handoff
+        self._handed: _native.DurableAnswer | None = None
         self._answer: AppendResponse | None = None
         self._durable: asyncio.Future[None] | None = None
         self._timer = self._arm()
@@ -235,6 +251,7 @@ class _UpdateAnswer:
 
     def _answered(self, future: asyncio.Future[AppendResponse]) -> None:
         transport = self._transport
+        assert self._pending is not None
         transport._append_waiters.pop(self._pending.request.seq, None)
         if self._reply is None:
             return  # timed out already
@@ -250,10 +267,28 @@ class _UpdateAnswer:
             self._finish_durable(answer, watch)
             return
         self._answer = answer
+        if self._hand_off(answer):
+            return
         self._timer.cancel()
         self._timer = self._arm()  # the second wait: for durability
         self._durable = watch.reached(answer.last_received.index)
         self._durable.add_done_callback(self._made_durable)
+
+    def _hand_off(self, answer: AppendResponse) -> bool:
+        """Hands the answer to the log, to go from the committer once durable; the timer
+        armed for the core's answer stays, to take it back if the sync takes that long."""
+        handoff = self._handoff
+        answer_when_durable = self._transport.answer_when_durable
+        if handoff is None or answer_when_durable is None:
+            return False
+        durable = dataclasses.replace(answer, durable_index=answer.last_received.index)
+        handed = handoff.send(wire.append_response_to_pb(durable), answer_when_durable)
+        if handed is None:
+            return False
+        self._handed = handed
+        self._reply = handoff.late  # if taken back: no longer counted as unanswered
+        self._pending = None  # its entries need not stay in memory until the timer
+        return True
 
     def _made_durable(self, _: asyncio.Future[None]) -> None:
         answer = self._answer
@@ -267,8 +302,13 @@ class _UpdateAnswer:
     def _timed_out(self) -> None:
         if self._reply is None:
             return
+        handed = self._handed
+        if handed is not None and not handed.cancel():
+            self._reply = None  # the log wrote it
+            return
         answer = self._answer
         if answer is None:  # the core never answered
+            assert self._pending is not None
             self._transport._append_waiters.pop(self._pending.request.seq, None)
             self._pending.answer.cancel()
             self._finish(
@@ -344,6 +384,9 @@ class GrpcTransport:
         # told (leader's term, its clock, its safe time, its commit index) of each request.
         self.timestamps: Callable[[int], tuple[int, int]] | None = None
         self.on_timestamps: Callable[[int, int, int, int], None] | None = None
+        # The log's ``answer_when_durable`` (set by a replica on a WAL): answers to requests
+        # served with an ``AnswerHandoff`` then go from the committer that makes them durable.
+        self.answer_when_durable: AnswerWhenDurable | None = None
 
     # --- Transport ------------------------------------------------------------------------
 
@@ -529,13 +572,15 @@ class GrpcTransport:
             raise answer
         return answer
 
-    def answer_update(self, pending: _PendingAppend, reply: UpdateReply) -> None:
+    def answer_update(
+        self, pending: _PendingAppend, reply: UpdateReply, handoff: AnswerHandoff | None = None
+    ) -> None:
         """Calls ``reply`` with the ``ConsensusResponsePB`` of a submitted AppendEntries once
         what it appended is durable (or ``reply_timeout_ms`` passed: then with what is
         durable), or with the error that kept the core from answering. Callbacks and timer
         handles only, no task: a server with thousands of replicas receives thousands of
         AppendEntries a second, and a task per request was a third of its event loop."""
-        _UpdateAnswer(self, pending, reply)
+        _UpdateAnswer(self, pending, reply, handoff)
 
     async def handle_vote(self, pb: consensus_pb2.VoteRequestPB) -> consensus_pb2.VoteResponsePB:
         """Steps a RequestVote and returns the ``VoteResponsePB``."""

@@ -248,6 +248,13 @@ class WalLog:
         """OpId of the last entry, durable or not (``MIN_OP_ID`` when empty)."""
         return OpId(*self._log.last_op_id())
 
+    def answer_when_durable(self, sink: _native.AnswerSink, frame: bytes) -> _native.DurableAnswer:
+        """Writes ``frame`` to ``sink`` from the WAL committer whose sync makes everything
+        appended so far durable (at once if it is): a follower's answer to an AppendEntries
+        goes out as soon as its entries are durable, without waiting for this event loop to
+        learn it. ``cancel`` on the handle takes it back unless it went."""
+        return self._log.answer_when_durable(sink, frame)
+
     def durable_index(self) -> int:
         """Every entry up to here is synced and still in the log."""
         return self._log.durable_index()

@@ -1,0 +1,158 @@
+"""A follower's answer written by the WAL committer whose sync makes its entries durable.
+
+``ReplicatedLog.answer_when_durable`` hands a frame to the log, which writes it to an
+``AnswerSink`` (the follower's side of a plain peer channel connection) once everything
+appended before is durable. ``GrpcTransport`` hands an AppendEntries' answer over that way
+when the request came with an ``AnswerHandoff``, and takes it back if the sync outlasts the
+reply timeout. Real WALs on disk, real sockets; the syncs are slowed or failed by the WAL's
+fault injection, and the test plays the Raft core (as ``test_transport_answers`` does).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import select
+import socket
+import time
+from pathlib import Path
+
+from nyala import _native
+from nyala._proto import consensus_pb2
+from nyala.consensus import OpId
+from nyala.consensus.messages import AppendRequest, AppendResponse, AppendStatus, Message
+from nyala.consensus.runtime import wire
+from nyala.consensus.runtime.peer_streams import _ServedStream
+from nyala.consensus.runtime.transport import GrpcTransport, GrpcTransportOptions
+from nyala.consensus.runtime.wal_log import WalLog
+from nyala.consensus.types import EntryKind
+from nyala.rpc.channel_wire import LENGTH
+
+TABLET = "t" * 32
+REPLY_TIMEOUT_MS = 300
+
+
+def _frames(sock: socket.socket, wait_s: float) -> list[bytes]:
+    """The whole frames that arrive on ``sock`` within ``wait_s``."""
+    data = b""
+    deadline = time.monotonic() + wait_s
+    while (left := deadline - time.monotonic()) > 0:
+        if select.select([sock], [], [], left)[0]:
+            data += sock.recv(1 << 16)
+    frames = []
+    while data:
+        (length,) = LENGTH.unpack_from(data)
+        frames.append(data[LENGTH.size : LENGTH.size + length])
+        data = data[LENGTH.size + length :]
+    return frames
+
+
+def _appended(log: WalLog, delay_s: float) -> None:
+    """One entry appended while the next sync sleeps ``delay_s``."""
+    log.native._inject_sync_delays(1, delay_s)
+    log.append(1, EntryKind.NO_OP, b"")
+
+
+def test_the_log_writes_a_handed_answer_once_its_sync_returned(tmp_path: Path) -> None:
+    ours, theirs = socket.socketpair()
+    log = WalLog(tmp_path, TABLET)
+    try:
+        sink = _native.AnswerSink(ours.fileno())
+        now = log.answer_when_durable(sink, b"nothing pending")
+        assert now.sent()  # nothing was waiting: written at once
+        assert _frames(theirs, 0.1) == [b"nothing pending"]
+
+        _appended(log, 0.6)
+        handed = log.answer_when_durable(sink, b"answer")
+        assert _frames(theirs, 0.3) == []  # the sync has not returned
+        assert not handed.sent()
+        assert _frames(theirs, 5.0 - 0.3) == [b"answer"]
+        assert handed.sent()
+        assert not handed.cancel()  # too late to take back
+        assert log.durable_index() == 1
+    finally:
+        log.close()
+        ours.close()
+        theirs.close()
+
+
+def test_a_failed_sync_never_writes_the_answer(tmp_path: Path) -> None:
+    ours, theirs = socket.socketpair()
+    log = WalLog(tmp_path, TABLET)
+    try:
+        sink = _native.AnswerSink(ours.fileno())
+        log.native._inject_sync_delays(1, 0.3)
+        log.native._inject_sync_failures(1, errno.EIO)
+        log.append(1, EntryKind.NO_OP, b"")
+        handed = log.answer_when_durable(sink, b"answer")
+        assert _frames(theirs, 1.0) == []
+        assert log.failure() is not None
+        assert not handed.sent()
+        assert handed.cancel()  # the loop answers instead, with what is durable
+    finally:
+        ours.close()
+        theirs.close()
+
+
+def _ok(request: AppendRequest, last: int) -> AppendResponse:
+    """The core's OK answer to ``request``, its entries not yet durable."""
+    return AppendResponse("b", "a", 1, AppendStatus.OK, OpId(1, last), 0, seq=request.seq)
+
+
+def _scenario(tmp_path: Path, sync_delay_s: float) -> tuple[list[bytes], _ServedStream]:
+    """Replica "b" receives an AppendEntries on a stream with a sink; the test's core appends
+    its entry (the sync slowed by ``sync_delay_s``) and answers OK. Returns the frames on the
+    connection within ``REPLY_TIMEOUT_MS`` plus a second, and the stream."""
+    ours, theirs = socket.socketpair()
+    log = WalLog(tmp_path, TABLET)
+
+    async def main() -> _ServedStream:
+        transport = GrpcTransport(
+            "b", TABLET, {}.get, options=GrpcTransportOptions(reply_timeout_ms=REPLY_TIMEOUT_MS)
+        )
+        transport.answer_when_durable = log.answer_when_durable
+        delivered: list[Message] = []
+        async with asyncio.TaskGroup() as group:
+            runner = group.create_task(transport.run(delivered.append))
+            await asyncio.sleep(0)
+            sink = _native.AnswerSink(ours.fileno())
+            stream = _ServedStream(lambda _: transport, None, None, group, 8, sink)  # type: ignore[arg-type]
+            heartbeat = AppendRequest("a", "b", 1, OpId(1, 0), None, 0, 0)
+            stream._submit(7, wire.append_request_to_pb(heartbeat, TABLET).SerializeToString())
+            (request,) = delivered
+            assert isinstance(request, AppendRequest)
+            _appended(log, sync_delay_s)
+            transport.send(_ok(request, last=1))
+            for _ in range(3):
+                await asyncio.sleep(0)
+            assert stream.unanswered == 0  # handed over (or answered)
+            await asyncio.sleep(REPLY_TIMEOUT_MS / 1000 + 0.2)
+            runner.cancel()
+        return stream
+
+    try:
+        stream = asyncio.run(main())
+        return _frames(theirs, 1.0), stream
+    finally:
+        log.close()
+        ours.close()
+        theirs.close()
+
+
+def test_a_followers_answer_goes_from_the_committer(tmp_path: Path) -> None:
+    frames, stream = _scenario(tmp_path, sync_delay_s=0.05)
+    (frame,) = frames
+    batch = consensus_pb2.ConsensusBatchResponsePB.FromString(frame)
+    assert list(batch.call_ids) == [7]
+    answer = wire.append_response_from_pb(batch.responses[0], dest="a", seq=0)
+    assert answer.status is AppendStatus.OK
+    assert answer.durable_index == 1  # durable when it went
+    assert not stream.ready  # nothing left for the event loop to send
+
+
+def test_a_sync_slower_than_the_reply_timeout_takes_the_answer_back(tmp_path: Path) -> None:
+    frames, stream = _scenario(tmp_path, sync_delay_s=REPLY_TIMEOUT_MS / 1000 + 0.5)
+    assert frames == []  # the committer did not write it once the sync returned
+    ((call_id, answer),) = stream.ready  # the event loop's answer, as before
+    assert call_id == 7
+    assert wire.append_response_from_pb(answer, dest="a", seq=0).durable_index == 0
