@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -136,6 +137,9 @@ class Applier:
             through, outcomes, alter = self._storage.apply_committed(
                 self._log, after, last_index, APPLY_READ_BYTES_MAX
             )
+            if not self._collectors:  # nobody waits for these outcomes (a follower's case)
+                self._count_applied(outcomes)
+                outcomes = []
             for (
                 index,
                 effect,
@@ -179,6 +183,17 @@ class Applier:
                 self._on_alter_schema(index, version, doc)
                 self._keep(WriteOutcome(index, None))
                 self.applied_index = after = index
+
+    def _count_applied(self, outcomes: list[Any]) -> None:
+        """Counts the rows and bytes of applied writes without building their outcomes: what
+        ``apply`` does when no proposer may collect one (a follower), one entry per
+        single-row write."""
+        for _index, effect, statuses, failed, _m, _c, _s, _w, size, _stamp in outcomes:
+            if effect == _APPLIED:
+                self.rows_written += len(statuses) - failed
+                self.bytes_written += size
+                if failed:
+                    self._count_failures(np.frombuffer(statuses, np.uint8))
 
     def _keep(self, outcome: WriteOutcome, index: int | None = None) -> None:
         """Keeps ``outcome`` as the answer for op ``index`` (its own by default) if a proposer

@@ -89,3 +89,21 @@ def test_a_range_is_applied_once_across_calls_and_restarts_above_storage(
     again = Applier(log, engine)
     again.apply(1, 50)
     assert again.applied_index == 50
+
+
+def test_without_a_collector_the_counts_are_kept_and_no_outcome(
+    parts: tuple[WalLog, StorageEngine],
+) -> None:
+    """A follower's applier: nobody collects outcomes, so none is built, but the rows and
+    bytes written and the failures by code count as on the leader."""
+    log, engine = parts
+    applier = Applier(log, engine, None)
+    log.append(1, EntryKind.WRITE, encode_write_entry(None, 0, _ops([1, 2])))
+    log.append(1, EntryKind.WRITE, encode_write_entry(None, 0, _ops([2, 3])))
+    applier.apply(1, 2)
+    assert applier.applied_index == 2
+    assert (applier.rows_written, applier.rows_failed) == (3, 1)
+    assert applier.rows_failed_by_code == {"ALREADY_PRESENT": 1}
+    assert applier.bytes_written > 0
+    assert applier.take_outcome(1) is None and applier.take_outcome(2) is None
+    assert sorted(engine.scan().column("id").to_pylist()) == [1, 2, 3]
