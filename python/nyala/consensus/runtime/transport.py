@@ -208,7 +208,9 @@ class _UpdateAnswer:
     """One received AppendEntries on its way to its answer (``GrpcTransport.answer_update``):
     first the core's answer (within ``reply_timeout_ms``, or the error), then, for an OK
     answer, the durability of what it appended (within another ``reply_timeout_ms``; then the
-    answer says what is durable)."""
+    answer says what is durable). Given an ``AnswerHandoff`` and a log that takes answers, an
+    OK answer not yet durable goes to the log instead, which writes it once durable; the
+    first timer then takes it back if the log has not written it by then."""
 
     __slots__ = (
         "_answer",
