@@ -17,7 +17,8 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
-/// The notification descriptor (non-blocking, close-on-exec).
+/// The notification descriptor (non-blocking, close-on-exec); also what a consensus
+/// `AnswerSink` wakes its owner with.
 #[derive(Debug)]
 pub struct EventFd {
     fd: OwnedFd,
@@ -116,7 +117,7 @@ impl LogNotify {
     }
 
     /// Wakes the watcher; the caller changed what the watcher looks at before this.
-    pub fn signal(&self) {
+    pub(crate) fn signal(&self) {
         match self {
             LogNotify::Own(fd) => fd.signal(),
             LogNotify::Shared {
@@ -137,7 +138,7 @@ impl LogNotify {
     }
 
     /// Clears this log's pending wake-up (the watcher calls it before it looks).
-    pub fn drain(&self) {
+    pub(crate) fn drain(&self) {
         match self {
             LogNotify::Own(fd) => fd.drain(),
             LogNotify::Shared { queued, .. } => {
@@ -147,7 +148,7 @@ impl LogNotify {
         }
     }
 
-    pub fn raw_fd(&self) -> RawFd {
+    pub(crate) fn raw_fd(&self) -> RawFd {
         match self {
             LogNotify::Own(fd) => fd.raw_fd(),
             LogNotify::Shared { notifier, .. } => notifier.fd(),
