@@ -105,5 +105,6 @@ def test_without_a_collector_the_counts_are_kept_and_no_outcome(
     assert (applier.rows_written, applier.rows_failed) == (3, 1)
     assert applier.rows_failed_by_code == {"ALREADY_PRESENT": 1}
     assert applier.bytes_written > 0
-    assert applier.take_outcome(1) is None and applier.take_outcome(2) is None
+    assert applier.take_outcome(1) is None
+    assert applier.take_outcome(2) is None
     assert sorted(engine.scan().column("id").to_pylist()) == [1, 2, 3]
