@@ -621,3 +621,50 @@ def test_a_candidates_transport_delivers_only_the_vote_answers_its_core_can_use(
             await asyncio.gather(*runners, return_exceptions=True)
 
     asyncio.run(asyncio.wait_for(scenario(), WAIT_S * 2))
+
+
+def test_a_connections_sink_holds_what_the_socket_does_not_take_until_it_has_room() -> None:
+    """Once a plain connection's writes go through its sink (``take_writes``), frames the
+    socket cannot take wait in the sink, ``drain`` holds the writer back, and the event loop
+    sends the rest when the reader makes room: every frame arrives whole and in order."""
+    frames = [bytes([i % 251]) * (64 << 10) for i in range(64)]  # 4 MiB, more than a socket holds
+
+    async def run() -> None:
+        loop = asyncio.get_running_loop()
+        ours, theirs = socket.socketpair()
+        connection = _FrameConnection(FRAME_MAX, lambda _: None)
+        await loop.connect_accepted_socket(lambda: connection, ours)
+        sink = connection.take_writes()
+        assert sink is not None
+        theirs.setblocking(False)
+        written = asyncio.Event()
+
+        async def write_all() -> None:
+            for frame in frames:
+                connection.write_frame(frame)
+                await connection.drain()
+            written.set()
+
+        writer = asyncio.create_task(write_all())
+        await asyncio.sleep(0.2)
+        assert not written.is_set()  # held back: the reader has not read
+        assert sink.pending() > 0
+        received = bytearray()
+        expected = sum(4 + len(f) for f in frames)
+        while len(received) < expected:
+            try:
+                received += await loop.sock_recv(theirs, 1 << 20)
+            except BlockingIOError:
+                await asyncio.sleep(0.001)
+        await asyncio.wait_for(writer, 5)
+        assert sink.pending() == 0
+        at = 0
+        for frame in frames:
+            (length,) = struct.unpack_from(">I", received, at)
+            assert bytes(received[at + 4 : at + 4 + length]) == frame
+            at += 4 + length
+        connection.close()
+        assert sink.closed
+        theirs.close()
+
+    asyncio.run(asyncio.wait_for(run(), WAIT_S))
