@@ -137,19 +137,19 @@ class Applier:
             through, outcomes, alter = self._storage.apply_committed(
                 self._log, after, last_index, APPLY_READ_BYTES_MAX
             )
+            self._count_applied(outcomes)
             if not self._collectors:  # nobody waits for these outcomes (a follower's case)
-                self._count_applied(outcomes)
                 outcomes = []
             for (
                 index,
                 effect,
                 statuses,
-                failed,
+                _failed,
                 message,
                 client,
                 seq,
                 _watermark,
-                size,
+                _size,
                 stamp,
             ) in outcomes:
                 outcome: WriteOutcome
@@ -157,10 +157,6 @@ class Applier:
                     assert statuses is not None
                     result = ApplyResult(np.frombuffer(statuses, np.uint8))
                     outcome = WriteOutcome(index, result, timestamp=stamp)
-                    self.rows_written += len(statuses) - failed
-                    self.bytes_written += size
-                    if failed:
-                        self._count_failures(np.frombuffer(statuses, np.uint8))
                 elif effect == _REFUSED:
                     # A malformed batch is refused whole, the same way on every replica (the
                     # engine validates before it changes anything): the replicas stay alike.
@@ -185,9 +181,8 @@ class Applier:
                 self.applied_index = after = index
 
     def _count_applied(self, outcomes: list[Any]) -> None:
-        """Counts the rows and bytes of applied writes without building their outcomes: what
-        ``apply`` does when no proposer may collect one (a follower), one entry per
-        single-row write."""
+        """Counts the rows and bytes of applied writes, and their failures by code: all that
+        ``apply`` does with an outcome when no proposer may collect it (a follower)."""
         for _index, effect, statuses, failed, _m, _c, _s, _w, size, _stamp in outcomes:
             if effect == _APPLIED:
                 self.rows_written += len(statuses) - failed
