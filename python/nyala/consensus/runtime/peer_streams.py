@@ -146,9 +146,7 @@ class AnswerHandoff:
     def late(self, answer: consensus_pb2.ConsensusResponsePB | NyalaError) -> None:
         """The answer the log did not write after all (taken back when it took too long),
         sent from the event loop instead."""
-        if isinstance(answer, NyalaError):
-            answer = consensus_pb2.ConsensusResponsePB(error=error_to_pb(answer))
-        self._stream._answer(self._call_id, answer)
+        self._stream._reply(self._call_id, answer)
 
 
 @dataclass(slots=True)
@@ -568,8 +566,7 @@ class _ServedStream:
 
     def handed_off(self) -> None:
         """A request's answer went to its log to write (``AnswerHandoff.send``)."""
-        self.unanswered -= 1
-        self._room.set()
+        self._release()
         if self.reading_done and not self.unanswered:
             self.wake.set()  # the stream may end
 
@@ -580,8 +577,7 @@ class _ServedStream:
             if not isinstance(exc, NyalaError):
                 log.warning("vote request for %s failed: %r", request.tablet_id, exc)
             answer = consensus_pb2.VoteResponsePB(error=error_to_pb(exc))
-        self.unanswered -= 1
-        self._room.set()
+        self._release()
         if not self.closed:
             self.ready_votes.append((call_id, answer))
             self.wake.set()
@@ -589,8 +585,16 @@ class _ServedStream:
     def _settled(
         self, call_id: int, answer: consensus_pb2.ConsensusResponsePB | NyalaError
     ) -> None:
+        self._release()
+        self._reply(call_id, answer)
+
+    def _release(self) -> None:
+        """One request no longer counts as unanswered: reading may go on."""
         self.unanswered -= 1
         self._room.set()
+
+    def _reply(self, call_id: int, answer: consensus_pb2.ConsensusResponsePB | NyalaError) -> None:
+        """Queues the answer to send, an error as its refusal."""
         if isinstance(answer, NyalaError):
             answer = consensus_pb2.ConsensusResponsePB(error=error_to_pb(answer))
         self._answer(call_id, answer)
