@@ -566,7 +566,7 @@ class _FrameConnection(asyncio.BufferedProtocol):
                 self._transport.abort()
                 return
             if pending:
-                self._flush_sink()
+                self._watch_sink(sink, pending)
             return
         head = LENGTH.pack(len(data))
         if len(data) <= _JOIN_BYTES_MAX:
@@ -619,8 +619,7 @@ class _FrameConnection(asyncio.BufferedProtocol):
             self._flush_sink()
 
     def _flush_sink(self) -> None:
-        """Sends what the sink holds; watches its socket for room while some is left, and
-        holds writers back (``drain``) while much is."""
+        """Sends what the sink holds: once its socket has room, or a committer left bytes."""
         sink = self._sink
         if sink is None:
             return
@@ -631,6 +630,11 @@ class _FrameConnection(asyncio.BufferedProtocol):
             if self._transport is not None:
                 self._transport.abort()
             return
+        self._watch_sink(sink, pending)
+
+    def _watch_sink(self, sink: _native.AnswerSink, pending: int) -> None:
+        """With ``pending`` bytes left in the sink: watches its socket for room (and holds
+        writers back while much is left); with none, stops watching."""
         loop = asyncio.get_running_loop()
         fd = sink.fileno()
         if pending and fd is not None:
