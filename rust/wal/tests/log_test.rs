@@ -267,8 +267,13 @@ fn a_new_log_prepares_segments_ahead_once_its_groups_are_known() {
     }
     let m = log.metrics();
     assert!(m.segments_created >= 4, "{m:?}");
-    // Only the first segment, prepared at open, was fallocated.
-    assert_eq!(m.segments_zero_filled, m.segments_created - 1, "{m:?}");
+    // At most the first segment asked for ahead was fallocated: it is prepared before the
+    // log has 64 groups to judge by, unless the background gets to it only after that (then
+    // it is zero-filled too; seen once in a clean-clone run, with a roll-over that waited).
+    assert!(
+        m.segments_zero_filled + 1 >= m.segments_created,
+        "more than one segment fallocated: {m:?}"
+    );
     log.close().unwrap();
 }
 
