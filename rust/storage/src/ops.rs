@@ -4,6 +4,7 @@
 //! Decoding never trusts its input: the IPC bytes, the column set, the types, the op codes and
 //! nulls are all checked before anything is applied, and every problem is `InvalidArgument`.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use arrow::array::{
@@ -15,6 +16,7 @@ use arrow::datatypes::{
     DataType as ArrowType, Decimal128Type, DecimalType, Field, Schema as ArrowSchema, SchemaRef,
     TimeUnit,
 };
+use arrow::error::ArrowError;
 use arrow::ipc::reader::StreamDecoder;
 use arrow::ipc::writer::StreamWriter;
 
@@ -451,11 +453,37 @@ fn without_nulls(column: &ArrayRef) -> Result<ArrayRef> {
     Ok(arrow::array::make_array(data))
 }
 
+/// One message of an IPC stream: its header, and where its body lies.
+struct IpcMessage<'a> {
+    header: IpcHeader<'a>,
+    meta: std::ops::Range<usize>,
+    body: std::ops::Range<usize>,
+}
+
+enum IpcHeader<'a> {
+    /// A schema message whose bytes were converted before (`IPC_SCHEMAS`).
+    KnownSchema(SchemaRef),
+    /// Any other message, its flatbuffer verified.
+    Verified(arrow::ipc::Message<'a>),
+}
+
+/// Schemas already converted from their IPC message, by the message's bytes, with its body
+/// length. A client sends the same few schemas over and over (one per table and set of
+/// columns), and every write entry carries its schema: verifying its flatbuffer (twice, with
+/// the stream decoder's) and converting it was most of the decoding of a one-row entry.
+/// Emptied when full.
+type SchemaCache = HashMap<Vec<u8>, (SchemaRef, u64)>;
+static IPC_SCHEMAS: std::sync::LazyLock<parking_lot::Mutex<SchemaCache>> =
+    std::sync::LazyLock::new(Default::default);
+const IPC_SCHEMAS_MAX: usize = 256;
+
 /// Walks the IPC stream's framing and checks that every message fits the bytes and every
 /// buffer of a record or dictionary batch lies inside its message body, before arrow's decoder
-/// (which assumes as much) sees them.
-fn check_framing(data: &[u8]) -> Result<()> {
+/// (which assumes as much) sees them. Returns the messages, and whether they (with the
+/// end-of-stream marker, if any) take up all of `data`.
+fn check_framing(data: &[u8]) -> Result<(Vec<IpcMessage<'_>>, bool)> {
     let bad = |what: String| StorageError::invalid(format!("malformed Arrow IPC op batch: {what}"));
+    let mut messages = Vec::with_capacity(2);
     let mut at = 0usize;
     loop {
         let word = |at: usize| -> Result<u32> {
@@ -470,16 +498,27 @@ fn check_framing(data: &[u8]) -> Result<()> {
             at += 4;
         }
         if meta_len == 0 {
-            return Ok(()); // end-of-stream marker
+            return Ok((messages, at == data.len())); // end-of-stream marker
         }
         let meta_end = at
             .checked_add(meta_len as usize)
             .filter(|end| *end <= data.len())
             .ok_or_else(|| bad(format!("message at byte {at} runs past the end")))?;
-        let message = arrow::ipc::root_as_message(&data[at..meta_end])
-            .map_err(|e| bad(format!("message at byte {at}: {e}")))?;
-        let body_len =
-            u64::try_from(message.bodyLength()).map_err(|_| bad("negative body length".into()))?;
+        let known = if messages.is_empty() {
+            IPC_SCHEMAS.lock().get(&data[at..meta_end]).cloned()
+        } else {
+            None
+        };
+        let (header, body_len) = match known {
+            Some((schema, body_len)) => (IpcHeader::KnownSchema(schema), body_len),
+            None => {
+                let message = arrow::ipc::root_as_message(&data[at..meta_end])
+                    .map_err(|e| bad(format!("message at byte {at}: {e}")))?;
+                let body_len = u64::try_from(message.bodyLength())
+                    .map_err(|_| bad("negative body length".into()))?;
+                (IpcHeader::Verified(message), body_len)
+            }
+        };
         let body_end = (meta_end as u64)
             .checked_add(body_len)
             .filter(|end| *end <= data.len() as u64)
@@ -488,35 +527,48 @@ fn check_framing(data: &[u8]) -> Result<()> {
                     "body of the message at byte {at} runs past the end"
                 ))
             })?;
-        let batch = message
-            .header_as_record_batch()
-            .or_else(|| message.header_as_dictionary_batch().and_then(|d| d.data()));
-        if let Some(buffers) = batch.and_then(|b| b.buffers()) {
-            for buffer in buffers.iter() {
-                // The format pads every buffer to 8 bytes; arrow asserts it when typing data.
-                let aligned = buffer.offset() % 8 == 0;
-                let fits = aligned
-                    && u64::try_from(buffer.offset())
-                        .ok()
-                        .zip(u64::try_from(buffer.length()).ok())
-                        .and_then(|(offset, length)| offset.checked_add(length))
-                        .is_some_and(|end| end <= body_len);
-                if !fits {
-                    return Err(bad(format!(
-                        "a buffer lies outside the message at byte {at}"
-                    )));
+        if let IpcHeader::Verified(message) = &header {
+            let batch = message
+                .header_as_record_batch()
+                .or_else(|| message.header_as_dictionary_batch().and_then(|d| d.data()));
+            if let Some(buffers) = batch.and_then(|b| b.buffers()) {
+                for buffer in buffers.iter() {
+                    // The format pads every buffer to 8 bytes; arrow asserts it when typing data.
+                    let aligned = buffer.offset() % 8 == 0;
+                    let fits = aligned
+                        && u64::try_from(buffer.offset())
+                            .ok()
+                            .zip(u64::try_from(buffer.length()).ok())
+                            .and_then(|(offset, length)| offset.checked_add(length))
+                            .is_some_and(|end| end <= body_len);
+                    if !fits {
+                        return Err(bad(format!(
+                            "a buffer lies outside the message at byte {at}"
+                        )));
+                    }
                 }
             }
         }
+        messages.push(IpcMessage {
+            header,
+            meta: at..meta_end,
+            body: meta_end..body_end as usize,
+        });
         at = body_end as usize;
         if at == data.len() {
-            return Ok(()); // a stream may end without the marker
+            return Ok((messages, true)); // a stream may end without the marker
         }
     }
 }
 
 fn decode_one(data: Buffer) -> Result<RecordBatch> {
-    check_framing(data.as_slice())?;
+    let (messages, whole) = check_framing(data.as_slice())?;
+    if whole {
+        if let Some(batch) = decode_schema_and_batch(&data, &messages)? {
+            return Ok(batch);
+        }
+    }
+    drop(messages);
     let mut decoder = StreamDecoder::new();
     let mut buffer = data;
     let mut batch = None;
@@ -536,6 +588,47 @@ fn decode_one(data: Buffer) -> Result<RecordBatch> {
         .finish()
         .map_err(|e| StorageError::invalid(format!("truncated Arrow IPC op batch: {e}")))?;
     batch.ok_or_else(|| StorageError::invalid("Arrow IPC op batch holds no record batch"))
+}
+
+/// The common stream, a schema and one record batch, decoded as the stream decoder would,
+/// with the schema converted once for all the entries that carry it. `None` for any other
+/// stream (dictionaries, more messages), which the stream decoder takes, with its errors.
+fn decode_schema_and_batch(
+    data: &Buffer,
+    messages: &[IpcMessage<'_>],
+) -> Result<Option<RecordBatch>> {
+    let [first, second] = messages else {
+        return Ok(None);
+    };
+    let IpcHeader::Verified(batch_message) = &second.header else {
+        return Ok(None);
+    };
+    let Some(batch) = batch_message.header_as_record_batch() else {
+        return Ok(None);
+    };
+    let bad = |e: ArrowError| StorageError::invalid(format!("malformed Arrow IPC op batch: {e}"));
+    let schema = match &first.header {
+        IpcHeader::KnownSchema(schema) => Arc::clone(schema),
+        IpcHeader::Verified(message) => {
+            let Some(fb) = message.header_as_schema() else {
+                return Ok(None);
+            };
+            let schema = Arc::new(arrow::ipc::convert::try_fb_to_schema(fb).map_err(bad)?);
+            let body_len = (first.body.end - first.body.start) as u64;
+            let mut schemas = IPC_SCHEMAS.lock();
+            if schemas.len() >= IPC_SCHEMAS_MAX {
+                schemas.clear();
+            }
+            let key = data.as_slice()[first.meta.clone()].to_vec();
+            schemas.insert(key, (Arc::clone(&schema), body_len));
+            schema
+        }
+    };
+    let body = data.slice_with_length(second.body.start, second.body.len());
+    let version = batch_message.version();
+    arrow::ipc::reader::read_record_batch(&body, batch, schema, &HashMap::new(), None, &version)
+        .map(Some)
+        .map_err(bad)
 }
 
 /// The Arrow schema of stored rows: the table's fields, with non-key fields nullable because

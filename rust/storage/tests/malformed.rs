@@ -168,3 +168,38 @@ proptest! {
         }
     }
 }
+
+/// The usual stream (a schema, one record batch) is decoded with its schema converted once
+/// and then looked up by its bytes: the batch is the one arrow's stream reader gives, the
+/// first time and every time after, and a damaged batch after a known schema is still refused.
+#[test]
+fn a_known_schema_decodes_as_the_stream_reader_does() {
+    let s = schema();
+    let rows: Vec<_> = (0..5)
+        .map(|i| (Upsert, i, Some(i * 3), Some("v")))
+        .collect();
+    let bytes = encode_ipc(&batch(&rows)).unwrap();
+    let expected = arrow::ipc::reader::StreamReader::try_new(std::io::Cursor::new(&bytes), None)
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap();
+    let wanted = OpBatch::from_record_batch(&expected, &s).unwrap();
+    for _ in 0..3 {
+        let decoded = OpBatch::decode_ipc(Buffer::from_vec(bytes.clone()), &s).unwrap();
+        assert_eq!(decoded.len(), 5);
+        // All but `held_bytes` (the last field): decoded bytes are held, a batch is not.
+        let fields = |b: &OpBatch| {
+            format!("{b:?}")
+                .split("held_bytes")
+                .next()
+                .unwrap()
+                .to_owned()
+        };
+        assert_eq!(fields(&decoded), fields(&wanted));
+    }
+    // The last message (the batch's buffers) cut short, its schema known by now.
+    let mut damaged = bytes.clone();
+    damaged.truncate(bytes.len() - 16);
+    invalid(OpBatch::decode_ipc(Buffer::from_vec(damaged), &s));
+}
