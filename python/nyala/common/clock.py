@@ -117,7 +117,10 @@ class HybridClock:
         """Moves the clock past ``seen`` (a timestamp from a client or another server).
         ``ValueError`` if ``seen`` is further ahead of the wall clock than the clock error
         allows (a broken or hostile clock must not pull this server into the future)."""
-        if seen <= 0:
+        if seen <= self._last:
+            # Already past it (and so not ahead): every write that carries the timestamp of
+            # the client's previous answer. ``_last`` only rises; a stale read takes the
+            # slow path below.
             return
         self.check_not_ahead(seen)
         with self._lock:

@@ -67,6 +67,20 @@ class AppendRequest:
     # the leader's commit index stops its election timer (see ``RaftCore`` "Quiescence").
     quiesce: bool = False
 
+    def with_seq(self, seq: int) -> AppendRequest:
+        """This request with another ``seq``: what ``dataclasses.replace`` makes, at a fifth
+        of its cost (a follower's transport stamps every request it receives)."""
+        return AppendRequest(
+            self.src,
+            self.dest,
+            self.term,
+            self.preceding,
+            self.entries,
+            self.committed_index,
+            seq,
+            self.quiesce,
+        )
+
 
 @dataclass(frozen=True, slots=True)
 class AppendResponse:

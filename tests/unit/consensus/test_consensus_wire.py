@@ -234,3 +234,19 @@ def test_wal_log_batches_cross_the_wire_as_native_bytes(tmp_path: Any) -> None:
             result = f.append_replicated(received.preceding, received.entries, 0)
             assert result.matched
             assert f.last_op_id() == OpId(1, 6)
+
+
+def test_a_request_with_another_seq_keeps_every_other_field() -> None:
+    # ``with_seq`` lists the fields by hand (for speed): one added to ``AppendRequest`` and
+    # not to it would be lost, or fail here.
+    import dataclasses
+
+    request = AppendRequest("a", "b", 7, OpId(6, 40), None, 39, 5, quiesce=True)
+    assert request.with_seq(9) == dataclasses.replace(request, seq=9)
+    assert len(dataclasses.fields(AppendRequest)) == 8, "with_seq must name every field"
+
+
+def test_a_response_to_pb_may_carry_another_durable_index() -> None:
+    answer = AppendResponse("b", "a", 3, AppendStatus.OK, OpId(3, 12), 10, 0)
+    assert wire.append_response_to_pb(answer).status.last_durable_idx == 10
+    assert wire.append_response_to_pb(answer, durable_index=12).status.last_durable_idx == 12

@@ -13,7 +13,6 @@ and ends by cancellation (STYLE.md 15).
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import functools
 import itertools
 import logging
@@ -283,8 +282,8 @@ class _UpdateAnswer:
         answer_when_durable = self._transport.answer_when_durable
         if handoff is None or answer_when_durable is None:
             return False
-        durable = dataclasses.replace(answer, durable_index=answer.last_received.index)
-        handed = handoff.send(wire.append_response_to_pb(durable), answer_when_durable)
+        frame = wire.append_response_to_pb(answer, durable_index=answer.last_received.index)
+        handed = handoff.send(frame, answer_when_durable)
         if handed is None:
             return False
         self._handed = handed
@@ -299,7 +298,7 @@ class _UpdateAnswer:
 
     def _finish_durable(self, answer: AppendResponse, watch: _DurableWatch) -> None:
         durable = min(watch.index, answer.last_received.index)
-        self._finish(wire.append_response_to_pb(dataclasses.replace(answer, durable_index=durable)))
+        self._finish(wire.append_response_to_pb(answer, durable_index=durable))
 
     def _timed_out(self) -> None:
         if self._reply is None:
@@ -605,7 +604,7 @@ class GrpcTransport:
         from the core's unsolicited durability acks (which carry ``seq`` 0)."""
         deliver = self._require_deliver()
         stamp = next(self._stamps)
-        request = dataclasses.replace(request, seq=stamp)
+        request = request.with_seq(stamp)
         future: asyncio.Future[AppendResponse] = asyncio.get_running_loop().create_future()
         self._append_waiters[stamp] = future
         deliver(request)

@@ -315,11 +315,14 @@ def _check_batch_header(pb: consensus_pb2.ConsensusRequestPB, batch: EntryBatch)
         )
 
 
-def append_response_to_pb(response: AppendResponse) -> consensus_pb2.ConsensusResponsePB:
-    """The ``ConsensusResponsePB`` of a follower's answer."""
+def append_response_to_pb(
+    response: AppendResponse, durable_index: int | None = None
+) -> consensus_pb2.ConsensusResponsePB:
+    """The ``ConsensusResponsePB`` of a follower's answer, its durable index replaced by
+    ``durable_index`` when given (the transport's answers: what the log has made durable)."""
     status = consensus_pb2.ConsensusStatusPB(
         last_received=op_id_to_pb(response.last_received),
-        last_durable_idx=response.durable_index,
+        last_durable_idx=response.durable_index if durable_index is None else durable_index,
     )
     if response.status is AppendStatus.LOG_MISMATCH:
         status.last_received_current_leader.CopyFrom(
