@@ -359,6 +359,12 @@ impl PyReplicatedLog {
         PyDurableAnswer { answer }
     }
 
+    /// While `quiet`, the WAL's durable changes do not signal its notifier (failures do);
+    /// turning it off signals once (`nyala_wal::Log::set_quiet_durability`).
+    fn set_quiet_durability(&self, quiet: bool) {
+        self.log.wal().set_quiet_durability(quiet);
+    }
+
     fn term_at(&self, index: u64) -> Option<u64> {
         self.log.term_at(index)
     }

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import enum
 import json
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from nyala.errors import CorruptionError, InvalidArgumentError
@@ -87,11 +87,14 @@ class RaftConfig:
 
     peers: tuple[RaftPeer, ...]
     opid_index: int = NO_OPID_INDEX  # NO_OPID_INDEX for the bootstrap config
+    # Worked out once: a leader counts its voters at every answer it gets.
+    _voters: tuple[str, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         uuids = [p.uuid for p in self.peers]
         if len(uuids) != len(set(uuids)):
             raise InvalidArgumentError(f"config lists a peer twice: {uuids}")
+        object.__setattr__(self, "_voters", tuple(p.uuid for p in self.peers if p.is_voter))
 
     def peer(self, uuid: str) -> RaftPeer | None:
         """The peer with ``uuid``, or None."""
@@ -102,7 +105,7 @@ class RaftConfig:
 
     def voters(self) -> tuple[str, ...]:
         """UUIDs of the VOTERs, in config order."""
-        return tuple(p.uuid for p in self.peers if p.is_voter)
+        return self._voters
 
     def is_voter(self, uuid: str) -> bool:
         """Whether ``uuid`` is a VOTER of this config."""
@@ -111,7 +114,7 @@ class RaftConfig:
 
     def majority(self) -> int:
         """How many VOTERs make a majority."""
-        return len(self.voters()) // 2 + 1
+        return len(self._voters) // 2 + 1
 
     def with_opid_index(self, index: int) -> RaftConfig:
         """The same peers, introduced at log index ``index``."""

@@ -107,6 +107,7 @@ impl Log {
             metrics: Metrics::default(),
             notify,
             after_durable: Mutex::new(VecDeque::new()),
+            quiet_durability: AtomicBool::new(false),
             options,
         });
         let active = finish_recovery(
@@ -287,6 +288,18 @@ impl Log {
         // In ticket order (a caller that took its ticket later may have come first).
         let at = waiting.partition_point(|(t, _)| *t <= ticket);
         waiting.insert(at, (ticket, work));
+    }
+
+    /// While `quiet`, a durable change does not signal the log's notifier (a failure still
+    /// does): for an owner that has nothing to do when its appends become durable, e.g. a
+    /// follower whose answers go from the committer (`after_durable`), which would otherwise
+    /// be woken once per sync for nothing. Turning it off signals once, so the owner catches
+    /// up with what changed meanwhile.
+    pub fn set_quiet_durability(&self, quiet: bool) {
+        let was = self.shared.quiet_durability.swap(quiet, Ordering::AcqRel);
+        if was && !quiet {
+            self.shared.notify.signal();
+        }
     }
 
     /// Blocks until the append (or truncation) with `ticket`, and everything before it, is

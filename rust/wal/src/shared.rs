@@ -268,6 +268,8 @@ pub(crate) struct Shared {
     pub notify: LogNotify,
     /// What to run once a ticket is durable (`Log::after_durable`), in ticket order.
     pub after_durable: Mutex<VecDeque<(Ticket, AfterDurable)>>,
+    /// Durable changes do not signal `notify` (`Log::set_quiet_durability`); a failure does.
+    pub quiet_durability: AtomicBool,
 }
 
 /// Work handed to the log to run on the committer that makes its ticket durable: called
@@ -397,7 +399,9 @@ impl Shared {
         };
         // Before the event loop's signal: what waits here is on a peer's critical path.
         self.run_after_durable(durable, failed);
-        self.notify.signal();
+        if failed || !self.quiet_durability.load(Ordering::Acquire) {
+            self.notify.signal();
+        }
     }
 
     /// Runs the `after_durable` work whose tickets are durable now (with `true`), and once

@@ -11,6 +11,7 @@ fault injection, and the test plays the Raft core (as ``test_transport_answers``
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import select
 import socket
@@ -26,6 +27,7 @@ from nyala.consensus.runtime.peer_streams import _ServedStream
 from nyala.consensus.runtime.transport import GrpcTransport, GrpcTransportOptions
 from nyala.consensus.runtime.wal_log import WalLog
 from nyala.consensus.types import EntryKind
+from nyala.errors import DiskError
 from nyala.rpc.channel_wire import LENGTH
 
 TABLET = "t" * 32
@@ -156,3 +158,103 @@ def test_a_sync_slower_than_the_reply_timeout_takes_the_answer_back(tmp_path: Pa
     ((call_id, answer),) = stream.ready  # the event loop's answer, as before
     assert call_id == 7
     assert wire.append_response_from_pb(answer, dest="a", seq=0).durable_index == 0
+
+
+def test_a_quiet_log_does_not_signal_its_syncs_and_signals_once_turned_loud(
+    tmp_path: Path,
+) -> None:
+    log = WalLog(tmp_path, TABLET)
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        signals: list[int] = []
+
+        def signalled() -> None:
+            log.drain_notifications()
+            signals.append(log.durable_index())
+
+        stop = log.watch_durability(loop, signalled)
+        try:
+            await asyncio.sleep(0.05)
+            signals.clear()  # the call made when watching starts
+            log.set_quiet_durability(True)
+            for _ in range(3):
+                log.append(1, EntryKind.NO_OP, b"")
+                await asyncio.to_thread(log.wait_durable, 5.0)
+            await asyncio.sleep(0.1)
+            assert signals == []  # three syncs, no wake-up
+            assert log.durable_index() == 3
+            log.set_quiet_durability(False)  # catches up once
+            await asyncio.sleep(0.1)
+            assert signals == [3]
+            log.append(1, EntryKind.NO_OP, b"")
+            await asyncio.to_thread(log.wait_durable, 5.0)
+            await asyncio.sleep(0.1)
+            assert signals[-1] == 4  # loud again: every sync signals
+            log.set_quiet_durability(True)
+            before = len(signals)
+            log.native._inject_sync_failures(1, errno.EIO)
+            log.append(1, EntryKind.NO_OP, b"")
+            await asyncio.sleep(0.3)
+            assert log.failure() is not None
+            assert len(signals) > before  # a failure signals even while quiet
+        finally:
+            stop()
+
+    asyncio.run(main())
+    with contextlib.suppress(DiskError):  # the log failed, as the test made it
+        log.close()
+
+
+def test_a_follower_keeps_its_log_quiet_unless_an_answer_waits_for_the_watch(
+    tmp_path: Path,
+) -> None:
+    """A follower whose answers go from the committer keeps its log quiet; an answer on a
+    connection without a sink waits for the core's durability ack, which needs the log's
+    signal: the log is loud until that answer is done. A leader's log is never quiet."""
+    log = WalLog(tmp_path, TABLET)
+    said: list[bool] = []
+
+    def quiet(value: bool) -> None:
+        said.append(value)
+        log.set_quiet_durability(value)
+
+    async def main() -> None:
+        transport = GrpcTransport(
+            "b", TABLET, {}.get, options=GrpcTransportOptions(reply_timeout_ms=5000)
+        )
+        transport.answer_when_durable = log.answer_when_durable
+        transport.quiet_durability = quiet
+        delivered: list[Message] = []
+        async with asyncio.TaskGroup() as group:
+            runner = group.create_task(transport.run(delivered.append))
+            await asyncio.sleep(0)
+            transport.role_is_follower(True)
+            assert said == [True]
+            # No sink (a TLS connection, the gRPC stream): the answer waits for the watch.
+            stream = _ServedStream(lambda _: transport, None, None, group, 8, None)  # type: ignore[arg-type]
+            heartbeat = AppendRequest("a", "b", 1, OpId(1, 0), None, 0, 0)
+            stream._submit(7, wire.append_request_to_pb(heartbeat, TABLET).SerializeToString())
+            (request,) = delivered
+            assert isinstance(request, AppendRequest)
+            log.append(1, EntryKind.NO_OP, b"")
+            transport.send(_ok(request, last=1))
+            await asyncio.sleep(0)
+            assert said == [True, False]  # loud while the answer waits
+            assert not stream.ready
+            # The core, told of the sync, acks it: the watch moves and the answer goes.
+            transport.send(AppendResponse("b", "a", 1, AppendStatus.OK, OpId(1, 1), 1))
+            for _ in range(3):
+                await asyncio.sleep(0)
+            ((call_id, answer),) = stream.ready
+            assert call_id == 7
+            assert wire.append_response_from_pb(answer, dest="a", seq=0).durable_index == 1
+            assert said == [True, False, True]  # nothing waits: quiet again
+            transport.role_is_follower(False)  # a candidate, a leader
+            assert said == [True, False, True, False]
+            runner.cancel()
+
+    try:
+        asyncio.run(main())
+    finally:
+        log.close()

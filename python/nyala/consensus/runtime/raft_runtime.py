@@ -69,6 +69,9 @@ from nyala.errors import (
 
 log = logging.getLogger(__name__)
 
+# Roles that follow a leader: their answers may go from the log's committer.
+_FOLLOWING = (Role.FOLLOWER, Role.LEARNER)
+
 
 class DurabilityNotifier(Protocol):
     """What the runtime needs from a log whose appends become durable asynchronously."""
@@ -198,6 +201,11 @@ class RaftRuntime:
         )
         self._log = log
         self._transport = transport
+        # A transport that keeps a follower's log quiet (``GrpcTransport.role_is_follower``)
+        # is told after every pass whether the replica follows a leader.
+        self._role_is_follower: Callable[[bool], None] | None = getattr(
+            transport, "role_is_follower", None
+        )
         self._notifier = notifier
         self._opts = options or RuntimeOptions()
         self._on_apply = on_apply
@@ -581,6 +589,8 @@ class RaftRuntime:
                 self._execute_one(effect)
         self._check_timer()
         self._note_liveness()
+        if self._role_is_follower is not None:
+            self._role_is_follower(self.core.role in _FOLLOWING)
 
     def liveness_signature(self) -> tuple[int, int, str | None] | None:
         """What a server heartbeat says of this replica: (term, commit index, leader) while

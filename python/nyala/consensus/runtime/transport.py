@@ -272,6 +272,7 @@ class _UpdateAnswer:
             return
         self._timer.cancel()
         self._timer = self._arm()  # the second wait: for durability
+        transport._watch_wanted(1)  # the log must tell the core of its syncs meanwhile
         self._durable = watch.reached(answer.last_received.index)
         self._durable.add_done_callback(self._made_durable)
 
@@ -292,6 +293,7 @@ class _UpdateAnswer:
         return True
 
     def _made_durable(self, _: asyncio.Future[None]) -> None:
+        self._transport._watch_wanted(-1)  # reached, or cancelled by the timer
         answer = self._answer
         if self._reply is not None and answer is not None:
             self._finish_durable(answer, self._transport._durable_watch(answer.dest))
@@ -388,6 +390,40 @@ class GrpcTransport:
         # The log's ``answer_when_durable`` (set by a replica on a WAL): answers to requests
         # served with an ``AnswerHandoff`` then go from the committer that makes them durable.
         self.answer_when_durable: AnswerWhenDurable | None = None
+        # The log's ``set_quiet_durability`` (set with it): a follower whose answers all go
+        # from the committer keeps its log quiet, and is not woken by every sync for nothing.
+        self.quiet_durability: Callable[[bool], None] | None = None
+        self._follower = False  # as the runtime last said (``role_is_follower``)
+        self._watching = 0  # answers waiting for the watch, which the core's acks move
+        self._quiet = False
+
+    # --- quiet durability --------------------------------------------------------------------
+
+    def role_is_follower(self, follower: bool) -> None:
+        """The runtime says whether its replica follows a leader now (after every pass)."""
+        if follower is not self._follower:
+            self._follower = follower
+            self._update_quiet()
+
+    def _watch_wanted(self, delta: int) -> None:
+        """An answer starts (+1) or stops (-1) waiting for the watch: while any does, the
+        log signals its syncs, so that the core learns of them and its acks move the watch."""
+        self._watching += delta
+        self._update_quiet()
+
+    def _update_quiet(self) -> None:
+        # A leader or a candidate acts on its syncs; an answer waiting for the watch needs the
+        # core to hear of them. Without a log that writes answers there is nothing to gain.
+        quiet = (
+            self._follower
+            and not self._watching
+            and self.answer_when_durable is not None
+            and self.quiet_durability is not None
+        )
+        if quiet is not self._quiet:
+            self._quiet = quiet
+            if self.quiet_durability is not None:
+                self.quiet_durability(quiet)
 
     # --- Transport ------------------------------------------------------------------------
 

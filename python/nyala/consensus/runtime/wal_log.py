@@ -255,6 +255,13 @@ class WalLog:
         learn it. ``cancel`` on the handle takes it back unless it went."""
         return self._log.answer_when_durable(sink, frame)
 
+    def set_quiet_durability(self, quiet: bool) -> None:
+        """While ``quiet``, the log's syncs do not signal its watcher (its failure does);
+        turning it off signals once, to catch up. For a follower whose answers all go from
+        the committer (``answer_when_durable``): it has nothing to do when a sync returns,
+        and being woken for it cost each follower a turn of its event loop per write."""
+        self._log.set_quiet_durability(quiet)
+
     def durable_index(self) -> int:
         """Every entry up to here is synced and still in the log."""
         return self._log.durable_index()
