@@ -360,7 +360,8 @@ impl PyReplicatedLog {
     }
 
     /// While `quiet`, the WAL's durable changes do not signal its notifier (failures do);
-    /// turning it off signals once (`nyala_wal::Log::set_quiet_durability`).
+    /// turning it off signals once if a change went unsignalled
+    /// (`nyala_wal::Log::set_quiet_durability`).
     fn set_quiet_durability(&self, quiet: bool) {
         self.log.wal().set_quiet_durability(quiet);
     }

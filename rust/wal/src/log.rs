@@ -108,6 +108,7 @@ impl Log {
             notify,
             after_durable: Mutex::new(VecDeque::new()),
             quiet_durability: AtomicBool::new(false),
+            durability_untold: AtomicBool::new(false),
             options,
         });
         let active = finish_recovery(
@@ -293,12 +294,14 @@ impl Log {
     /// While `quiet`, a durable change does not signal the log's notifier (a failure still
     /// does): for an owner that has nothing to do when its appends become durable, e.g. a
     /// follower whose answers go from the committer (`after_durable`), which would otherwise
-    /// be woken once per sync for nothing. Turning it off signals once, so the owner catches
-    /// up with what changed meanwhile.
+    /// be woken once per sync for nothing. Turning it off signals once if a change went
+    /// unsignalled meanwhile, so the owner catches up (and only then: an owner that turns it
+    /// off and on around each answer is not woken more than by the syncs).
     pub fn set_quiet_durability(&self, quiet: bool) {
-        let was = self.shared.quiet_durability.swap(quiet, Ordering::AcqRel);
-        if was && !quiet {
-            self.shared.notify.signal();
+        let shared = &self.shared;
+        shared.quiet_durability.store(quiet, Ordering::SeqCst);
+        if !quiet && shared.durability_untold.swap(false, Ordering::SeqCst) {
+            shared.notify.signal();
         }
     }
 

@@ -270,6 +270,8 @@ pub(crate) struct Shared {
     pub after_durable: Mutex<VecDeque<(Ticket, AfterDurable)>>,
     /// Durable changes do not signal `notify` (`Log::set_quiet_durability`); a failure does.
     pub quiet_durability: AtomicBool,
+    /// A durable change was not signalled while quiet: turning loud signals it.
+    pub durability_untold: AtomicBool,
 }
 
 /// Work handed to the log to run on the committer that makes its ticket durable: called
@@ -399,8 +401,15 @@ impl Shared {
         };
         // Before the event loop's signal: what waits here is on a peer's critical path.
         self.run_after_durable(durable, failed);
-        if failed || !self.quiet_durability.load(Ordering::Acquire) {
+        if failed || !self.quiet_durability.load(Ordering::SeqCst) {
             self.notify.signal();
+        } else {
+            // Marked, then checked again: either this sees the log turned loud meanwhile, or
+            // `set_quiet_durability` sees the mark (both may: one signal too many).
+            self.durability_untold.store(true, Ordering::SeqCst);
+            if !self.quiet_durability.load(Ordering::SeqCst) {
+                self.notify.signal();
+            }
         }
     }
 

@@ -191,6 +191,11 @@ def test_a_quiet_log_does_not_signal_its_syncs_and_signals_once_turned_loud(
             await asyncio.to_thread(log.wait_durable, 5.0)
             await asyncio.sleep(0.1)
             assert signals[-1] == 4  # loud again: every sync signals
+            told = len(signals)
+            log.set_quiet_durability(True)
+            log.set_quiet_durability(False)  # nothing went untold meanwhile: no signal
+            await asyncio.sleep(0.1)
+            assert len(signals) == told
             log.set_quiet_durability(True)
             before = len(signals)
             log.native._inject_sync_failures(1, errno.EIO)
