@@ -471,11 +471,13 @@ enum IpcHeader<'a> {
 /// length. A client sends the same few schemas over and over (one per table and set of
 /// columns), and every write entry carries its schema: verifying its flatbuffer (twice, with
 /// the stream decoder's) and converting it was most of the decoding of a one-row entry.
-/// Emptied when full.
+/// Emptied when full; a schema message over `IPC_SCHEMA_BYTES_MAX` (a large custom metadata,
+/// say) is not kept, so the cache holds at most 16 MiB of keys.
 type SchemaCache = HashMap<Vec<u8>, (SchemaRef, u64)>;
 static IPC_SCHEMAS: std::sync::LazyLock<parking_lot::Mutex<SchemaCache>> =
     std::sync::LazyLock::new(Default::default);
 const IPC_SCHEMAS_MAX: usize = 256;
+const IPC_SCHEMA_BYTES_MAX: usize = 64 * 1024;
 
 /// Walks the IPC stream's framing and checks that every message fits the bytes and every
 /// buffer of a record or dictionary batch lies inside its message body, before arrow's decoder
@@ -614,13 +616,15 @@ fn decode_schema_and_batch(
                 return Ok(None);
             };
             let schema = Arc::new(arrow::ipc::convert::try_fb_to_schema(fb).map_err(bad)?);
-            let body_len = (first.body.end - first.body.start) as u64;
-            let mut schemas = IPC_SCHEMAS.lock();
-            if schemas.len() >= IPC_SCHEMAS_MAX {
-                schemas.clear();
+            if first.meta.len() <= IPC_SCHEMA_BYTES_MAX {
+                let body_len = first.body.len() as u64;
+                let key = data.as_slice()[first.meta.clone()].to_vec();
+                let mut schemas = IPC_SCHEMAS.lock();
+                if schemas.len() >= IPC_SCHEMAS_MAX {
+                    schemas.clear();
+                }
+                schemas.insert(key, (Arc::clone(&schema), body_len));
             }
-            let key = data.as_slice()[first.meta.clone()].to_vec();
-            schemas.insert(key, (Arc::clone(&schema), body_len));
             schema
         }
     };

@@ -203,3 +203,26 @@ fn a_known_schema_decodes_as_the_stream_reader_does() {
     damaged.truncate(bytes.len() - 16);
     invalid(OpBatch::decode_ipc(Buffer::from_vec(damaged), &s));
 }
+
+/// A schema too large to keep (here, 100 KB of custom metadata) decodes the same every time
+/// without being kept.
+#[test]
+fn a_large_schema_decodes_without_being_kept() {
+    let s = schema();
+    let rows = batch(&[(Upsert, 1, Some(2), Some("x"))]);
+    let metadata: std::collections::HashMap<String, String> =
+        [("note".to_owned(), "m".repeat(100_000))]
+            .into_iter()
+            .collect();
+    let with_metadata = RecordBatch::try_new(
+        Arc::new(rows.schema().as_ref().clone().with_metadata(metadata)),
+        rows.columns().to_vec(),
+    )
+    .unwrap();
+    let bytes = encode_ipc(&with_metadata).unwrap();
+    assert!(bytes.len() > 100_000);
+    for _ in 0..2 {
+        let decoded = OpBatch::decode_ipc(Buffer::from_vec(bytes.clone()), &s).unwrap();
+        assert_eq!(decoded.len(), 1);
+    }
+}
