@@ -530,10 +530,18 @@ pub(crate) fn put_varint(out: &mut Vec<u8>, mut value: u64) {
 
 /// `data[start..end]` of a Python `bytes`, which it keeps alive (a received message whose
 /// entries field becomes a batch without being copied out).
-struct ByteRange {
+pub(crate) struct ByteRange {
     data: PyBackedBytes,
     start: usize,
     end: usize,
+}
+
+impl ByteRange {
+    /// `data[start..end]`; the caller checked the range lies within `data`.
+    pub(crate) fn new(data: PyBackedBytes, start: usize, end: usize) -> Self {
+        debug_assert!(start <= end && end <= data.len());
+        ByteRange { data, start, end }
+    }
 }
 
 impl AsRef<[u8]> for ByteRange {
@@ -654,7 +662,7 @@ fn take_varint(data: &[u8], at: &mut usize) -> PyResult<u64> {
 /// written from the event loop and from WAL committers, in order, never interleaved.
 #[pyclass(frozen, name = "AnswerSink", module = "nyala._native")]
 pub struct PyAnswerSink {
-    sink: Arc<AnswerSink>,
+    pub(crate) sink: Arc<AnswerSink>,
 }
 
 fn sink_error(err: std::io::Error) -> PyErr {
@@ -722,6 +730,12 @@ impl PyAnswerSink {
 #[pyclass(frozen, name = "DurableAnswer", module = "nyala._native")]
 pub struct PyDurableAnswer {
     answer: DurableAnswer,
+}
+
+impl PyDurableAnswer {
+    pub(crate) fn new(answer: DurableAnswer) -> Self {
+        PyDurableAnswer { answer }
+    }
 }
 
 #[pymethods]

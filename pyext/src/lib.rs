@@ -10,6 +10,7 @@ mod checksum;
 mod consensus;
 mod copy;
 mod errors;
+mod follow;
 mod gil;
 mod partition;
 mod pools;
@@ -28,6 +29,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     storage::register(m)?;
     partition::register(m)?;
     consensus::register(m)?;
+    follow::register(m)?;
     pools::register(m)?;
     copy::register(m)?;
     tls::register(m)?;

@@ -1017,6 +1017,36 @@ class RaftCore:
             )
         )
 
+    def follows(self, term: int, leader: str) -> bool:
+        """Whether this replica follows ``leader`` in ``term`` (a follower or a learner of
+        that term that knows it as its leader): an AppendEntries from it in that term is
+        handled by ``_on_append_request`` alone."""
+        return (
+            self._term == term
+            and self._leader == leader
+            and (self._role is Role.FOLLOWER or self._role is Role.LEARNER)
+        )
+
+    def appended_from_leader(self, last_received: OpId, committed_index: int) -> None:
+        """The runtime appended an AppendEntries of the leader this replica ``follows``
+        itself (``RaftRuntime.follow_leader``): its entries, none a config change, came
+        right after the log's last entry, and their answer went to the log to write once
+        they are durable. Does what ``_on_append_request`` does after such an append, the
+        answer apart."""
+        self._check_running()
+        contact_ms = self._last_leader_contact_ms = self._clock.now_ms()
+        self._failed_elections = 0
+        self._lease_retried = False
+        self._reset_election_timer()
+        self._leader_match = max(self._leader_match, last_received.index)
+        self._advance_commit(min(committed_index, last_received.index))
+        if self._commit_index >= committed_index and self._leader is not None:
+            self._caught_up = (self._term, self._leader, committed_index, contact_ms)
+        self._quiesced = False  # the request did not ask for it
+        durable = min(self._log.durable_index(), self._leader_match)
+        self._reported_durable = max(self._reported_durable, durable)
+        self._flush_meta()
+
     def _has_everything(self, leader_commit_index: int) -> bool:
         """Follower: the log matches the leader's through its end, which is committed here up
         to the leader's commit index (what a quiescing leader's last heartbeat asks)."""

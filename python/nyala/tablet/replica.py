@@ -368,6 +368,7 @@ class TabletReplica:
             transport.timestamps = self._leader_timestamps
             transport.on_timestamps = self._on_leader_timestamps
             transport.answer_when_durable = self.wal.answer_when_durable
+            transport.native_log = self.wal.native
             transport.quiet_durability = self.wal.set_quiet_durability
         # A runtime before this one (stopped) may have left the log quiet.
         self.wal.set_quiet_durability(False)

@@ -320,6 +320,8 @@ def test_replicates_over_grpc_streams(tmp_path: Path, channel: bool) -> None:
                     logs.append(log)
                     # Answers on the peer channel go from the WAL committer (AnswerHandoff).
                     servicers[uuid].transport.answer_when_durable = log.answer_when_durable
+                    # ... and on the peer channel a leader's entries are appended natively.
+                    servicers[uuid].transport.native_log = log.native
                     runtime = RaftRuntime(
                         uuid,
                         log,
@@ -355,6 +357,10 @@ def test_replicates_over_grpc_streams(tmp_path: Path, channel: bool) -> None:
                 used, unused = ("channel", "grpc") if channel else ("grpc", "channel")
                 assert sent[used] > 0, sent
                 assert sent[unused] == 0, sent
+                # Followers appended the leaders' entries natively only on the channel (the
+                # gRPC stream has no sink for the committer to answer on).
+                followed = sum(s.transport.appends_followed for s in servicers.values())
+                assert (followed > 0) is channel, followed
                 for runtime in runtimes:
                     runtime.stop()
                 for task in stream_tasks:

@@ -110,6 +110,17 @@ class UpdateTarget(Protocol):
         answer to its log to write once durable (``AnswerHandoff.send``)."""
         ...
 
+    def follow_append(
+        self,
+        parsed: _native.ParsedAppend,
+        sink: _native.AnswerSink,
+        call_id: int,
+        late: Callable[[int, consensus_pb2.ConsensusResponsePB], None],
+    ) -> bool:
+        """Appends the request and hands its answer to the log to write to ``sink`` if the
+        replica may take it that way; False if it did nothing (``submit_update`` then)."""
+        ...
+
 
 AnswerWhenDurable: TypeAlias = Callable[[_native.AnswerSink, bytes], _native.DurableAnswer]
 """A log's ``answer_when_durable``: writes the frame to the sink once what was appended so
@@ -553,6 +564,19 @@ class _ServedStream:
             self.wake.set()
 
     def _submit(self, call_id: int, data: bytes) -> None:
+        sink = self.sink
+        if sink is not None:
+            # The common request, entries from a leader followed now, needs no Python per
+            # request beyond this: appended and answered by the extension.
+            parsed = _native.parse_append_request(data)
+            if parsed is not None:
+                try:
+                    target = self._route(parsed.tablet_id)
+                except NyalaError as exc:
+                    self._answer(call_id, consensus_pb2.ConsensusResponsePB(error=error_to_pb(exc)))
+                    return
+                if target.follow_append(parsed, sink, call_id, self._answer):
+                    return
         try:
             received = wire.append_request_from_wire(data)
             target = self._route(received.tablet_id)

@@ -206,6 +206,10 @@ class RaftRuntime:
         self._role_is_follower: Callable[[bool], None] | None = getattr(
             transport, "role_is_follower", None
         )
+        # A transport that appends its leader's entries itself (``GrpcTransport
+        # .follow_append``) asks ``follow_leader`` first.
+        if hasattr(transport, "follow_leader"):
+            transport.follow_leader = self.follow_leader
         self._notifier = notifier
         self._opts = options or RuntimeOptions()
         self._on_apply = on_apply
@@ -356,6 +360,51 @@ class RaftRuntime:
             return  # stopped: a down replica loses what is sent to it
         self._inbox.append(message)
         self._schedule_pump()
+
+    def follow_leader(
+        self, term: int, leader: str, append: Callable[[], OpId | None], committed_index: int
+    ) -> bool:
+        """An AppendEntries from ``leader`` in ``term`` that the transport can append itself
+        (its entries come right after the log's last, none is a config change, and its answer
+        goes to the log to write once they are durable): if this replica follows that leader
+        in that term and nothing waits to reach its core first (no inbound message queued,
+        no consensus metadata being written, whose effects are held), calls ``append`` (the
+        last entry appended, or None if the log's last entry was not the preceding one after
+        all: nothing was done), tells the core and executes what it produced. Returns
+        whether it was appended; if not, the transport hands the request in as usual
+        (``deliver``). The core's own step does the same from a parsed request, a Python
+        object per request, a future for its answer and a turn of the event loop later."""
+        core = self.core
+        if (
+            self._inbox
+            or self._loop is None
+            or self._failure is not None
+            or self._writing is not None
+            or self._held
+            or self._store.pending is not None
+            or not core.follows(term, leader)
+        ):
+            return False
+        try:
+            last = append()
+        except Exception as e:  # the log failed: nothing was appended or handed over
+            self._fail(e)
+            return False
+        if last is None:
+            return False
+        try:
+            core.appended_from_leader(last, committed_index)
+            self._execute()
+        except Exception as e:  # the core failed: the replica must restart
+            self._fail(e)
+        return True
+
+    def _fail(self, error: Exception) -> None:
+        """The core or the log failed outside a pass: the tick loop raises ``error``."""
+        if self._failure is None:
+            self._failure = error
+            self._fail_waiters(error)
+        self._timer_moved.set()
 
     async def propose(self, payload: bytes) -> OpId:
         """Replicates a WRITE; returns its OpId once COMMITTED. ``NotLeaderError`` if this

@@ -16,10 +16,11 @@ import asyncio
 import functools
 import itertools
 import logging
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol, TypeVar
+from typing import Protocol, TypeAlias, TypeVar
 
 from nyala import _native
 from nyala._proto import common_pb2, consensus_pb2
@@ -34,6 +35,7 @@ from nyala.consensus.messages import (
 )
 from nyala.consensus.runtime import wire
 from nyala.consensus.runtime.peer_streams import AnswerHandoff, AnswerWhenDurable, PeerStreams
+from nyala.consensus.types import OpId
 from nyala.errors import NyalaError, ServiceUnavailableError
 from nyala.rpc.channel import ServerProxy
 from nyala.rpc.errors import raise_for_response
@@ -156,6 +158,25 @@ class GrpcTransportOptions:
     # deadline per request: an answer comes, or the stream breaks.)
     election_nudge_timeout_ms: int = 2_000
     reply_timeout_ms: int = 5_000  # how long a server handler waits for the core's answer
+
+
+#: How often the answers ``follow_append`` handed to the log are looked at.
+_HANDED_CHECK_S = 0.1
+
+FollowLeader: TypeAlias = Callable[[int, str, Callable[[], OpId | None], int], bool]
+"""``RaftRuntime.follow_leader``: (term, leader, append, committed index) -> appended."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Handed:
+    """An answer ``follow_append`` handed to the log, until written or taken back."""
+
+    deadline: float  # time.monotonic()
+    answer: _native.DurableAnswer
+    call_id: int
+    last: OpId
+    term: int
+    late: Callable[[int, consensus_pb2.ConsensusResponsePB], None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -393,6 +414,16 @@ class GrpcTransport:
         # The log's ``set_quiet_durability`` (set with it): a follower whose answers all go
         # from the committer keeps its log quiet, and is not woken by every sync for nothing.
         self.quiet_durability: Callable[[bool], None] | None = None
+        # The native log (set with ``answer_when_durable``) and the runtime's
+        # ``follow_leader`` (set by the runtime): with both, ``follow_append`` appends a
+        # leader's entries without handing the request to the core.
+        self.native_log: _native.ReplicatedLog | None = None
+        self.follow_leader: FollowLeader | None = None
+        # Answers ``follow_append`` handed to the log, oldest first, until written or taken
+        # back (``_check_handed``): (deadline, handle, call id, last index, late reply).
+        self._handed: deque[_Handed] = deque()
+        self._handed_timer: asyncio.TimerHandle | None = None
+        self.appends_followed = 0  # requests ``follow_append`` appended (tests, benches)
         self._follower = False  # as the runtime last said (``role_is_follower``)
         self._watching = 0  # answers waiting for the watch, which the core's acks move
         self._quiet = False
@@ -425,6 +456,83 @@ class GrpcTransport:
             if self.quiet_durability is not None:
                 self.quiet_durability(quiet)
 
+    # --- a leader's entries appended here ----------------------------------------------------
+
+    def follow_append(
+        self,
+        parsed: _native.ParsedAppend,
+        sink: _native.AnswerSink,
+        call_id: int,
+        late: Callable[[int, consensus_pb2.ConsensusResponsePB], None],
+    ) -> bool:
+        """Appends a received AppendEntries (``_native.parse_append_request``: entries, no
+        config change, a header that agrees with them) and hands its answer to the log to
+        write to ``sink`` once durable, if the runtime says this replica follows its sender
+        in its term and its core has nothing else to take first (``RaftRuntime
+        .follow_leader``), and the log's last entry is the one before them. Returns whether
+        it did; if not, nothing was done and the request goes the usual way
+        (``submit_update``). An answer the log has not written within ``reply_timeout_ms``
+        is taken back and given to ``late`` with what is durable then, as
+        ``_UpdateAnswer`` does."""
+        follow, log = self.follow_leader, self.native_log
+        if (
+            follow is None
+            or log is None
+            or self.answer_when_durable is None
+            or parsed.dest_uuid != self.uuid
+        ):
+            return False
+        term = parsed.caller_term
+        handed: list[_native.DurableAnswer] = []
+
+        def append() -> OpId | None:
+            answer = parsed.append(log, sink, call_id, self.uuid, term)
+            if answer is None:
+                return None
+            handed.append(answer)
+            return OpId(*parsed.last)
+
+        if self.on_timestamps is not None and parsed.leader_timestamp:
+            self.on_timestamps(
+                term, parsed.leader_timestamp, parsed.safe_timestamp, parsed.committed_index
+            )
+        if not follow(term, parsed.caller_uuid, append, parsed.committed_index):
+            return False
+        self.appends_followed += 1
+        if handed:
+            deadline = time.monotonic() + self._opts.reply_timeout_ms / 1000
+            last = OpId(*parsed.last)
+            self._handed.append(_Handed(deadline, handed[0], call_id, last, term, late))
+            if self._handed_timer is None:
+                self._arm_handed()
+        return True
+
+    def _arm_handed(self) -> None:
+        # Soon, not at the oldest deadline: the answers written meanwhile are forgotten in
+        # a pass every ``_HANDED_CHECK_S``, which keeps the queue to that much traffic.
+        wait_s = min(self._handed[0].deadline - time.monotonic(), _HANDED_CHECK_S)
+        self._handed_timer = asyncio.get_running_loop().call_later(
+            max(0.0, wait_s), self._check_handed
+        )
+
+    def _check_handed(self) -> None:
+        """Forgets the handed answers the log wrote; takes back those it has not written by
+        their deadline and answers them from the event loop with what is durable (a sync
+        that hangs still gets the leader an answer, as ``_UpdateAnswer`` does)."""
+        self._handed_timer = None
+        now = time.monotonic()
+        handed = self._handed
+        while handed and (handed[0].answer.sent() or handed[0].deadline <= now):
+            one = handed.popleft()
+            if one.answer.sent() or not one.answer.cancel():
+                continue  # the log wrote it
+            log = self.native_log
+            durable = 0 if log is None else min(log.durable_index(), one.last.index)
+            response = AppendResponse(self.uuid, "", one.term, AppendStatus.OK, one.last, durable)
+            one.late(one.call_id, wire.append_response_to_pb(response))
+        if handed:
+            self._arm_handed()
+
     # --- Transport ------------------------------------------------------------------------
 
     async def run(self, deliver: Deliver) -> None:
@@ -441,6 +549,10 @@ class GrpcTransport:
             self._group = None
             self._deliver = None
             self._streams = self._shared_streams
+            if self._handed_timer is not None:
+                self._handed_timer.cancel()
+                self._handed_timer = None
+            self._handed.clear()  # the log writes them if it makes them durable
             proxies, self._proxies = self._proxies, {}
             for proxy in proxies.values():
                 await proxy.close()
