@@ -1141,6 +1141,30 @@ class RaftCore:
             if not progress.inflight and progress.commit_sent < told:
                 self._send_heartbeat(progress)
 
+    def awaits_own_durability(self) -> bool:
+        """Leader: whether its commit index waits for its own log to become durable (it would
+        move, were the log durable through its last entry). Otherwise its syncs change
+        nothing until a follower answers, and that answer's step reads the log's durable
+        index itself: the runtime need not be told of each sync. Any other role: False."""
+        if self._role is not Role.LEADER:
+            return False
+        last = self._log.last_op_id().index
+        durable = self._log.durable_index()
+        if durable >= last or last <= self._commit_index:
+            return False
+        config = self.active_config
+        if not config.is_voter(self.uuid):
+            return False  # its own log does not count
+        others = sorted(
+            (self._durable_index_of(voter) for voter in config.voters() if voter != self.uuid),
+            reverse=True,
+        )
+        # The majority-th highest durable index, counting this log at its last entry: the
+        # others' (majority - 1)-th highest, or its own last if that is lower.
+        needed = config.majority() - 1
+        reached = last if needed == 0 else min(last, others[needed - 1]) if others else 0
+        return reached > max(durable, self._commit_index)
+
     def _durable_index_of(self, uuid: str) -> int:
         if uuid == self.uuid:
             return self._log.durable_index()

@@ -20,9 +20,17 @@ from pathlib import Path
 
 from nyala import _native
 from nyala._proto import consensus_pb2
-from nyala.consensus import OpId
-from nyala.consensus.messages import AppendRequest, AppendResponse, AppendStatus, Message
-from nyala.consensus.runtime import wire
+from nyala.common.clock import RealClock
+from nyala.consensus import OpId, RaftConfig, RaftOptions, RaftPeer, Role, bootstrap_cmeta
+from nyala.consensus.messages import (
+    AppendRequest,
+    AppendResponse,
+    AppendStatus,
+    Message,
+    VoteResponse,
+)
+from nyala.consensus.runtime import RaftRuntime, RuntimeOptions, wire
+from nyala.consensus.runtime.cmeta_store import FileCmetaStore
 from nyala.consensus.runtime.peer_streams import _ServedStream
 from nyala.consensus.runtime.transport import GrpcTransport, GrpcTransportOptions
 from nyala.consensus.runtime.wal_log import WalLog
@@ -234,7 +242,7 @@ def test_a_follower_keeps_its_log_quiet_unless_an_answer_waits_for_the_watch(
         async with asyncio.TaskGroup() as group:
             runner = group.create_task(transport.run(delivered.append))
             await asyncio.sleep(0)
-            transport.role_is_follower(True)
+            transport.syncs_unwatched(True)
             assert said == [True]
             # No sink (a TLS connection, the gRPC stream): the answer waits for the watch.
             stream = _ServedStream(lambda _: transport, None, None, group, 8, None)  # type: ignore[arg-type]
@@ -255,9 +263,94 @@ def test_a_follower_keeps_its_log_quiet_unless_an_answer_waits_for_the_watch(
             assert call_id == 7
             assert wire.append_response_from_pb(answer, dest="a", seq=0).durable_index == 1
             assert said == [True, False, True]  # nothing waits: quiet again
-            transport.role_is_follower(False)  # a candidate, a leader
+            transport.syncs_unwatched(False)  # a candidate, a leader waiting for its log
             assert said == [True, False, True, False]
             runner.cancel()
+
+    try:
+        asyncio.run(main())
+    finally:
+        log.close()
+
+
+def test_a_leader_whose_follower_answered_first_hears_of_its_own_sync(tmp_path: Path) -> None:
+    """A leader's log is quiet while its commit does not wait for it, loud while it does
+    (``RaftCore.awaits_own_durability``): an entry a follower acknowledged before the
+    leader's own sync returned commits when that sync returns, not at the next heartbeat.
+    Leader "a" runs; its followers b and c are played by the test (c stays silent)."""
+    log = WalLog(tmp_path / "wal", "a")
+    store = FileCmetaStore(tmp_path / "cmeta")
+    bootstrap_cmeta(store, RaftConfig(tuple(RaftPeer(u, f"{u}:1") for u in "abc")))
+    said: list[bool] = []
+
+    class Peers:
+        """The runtime's transport: keeps what it sends, and the log quiet when told so."""
+
+        def __init__(self) -> None:
+            self.sent: list[Message] = []
+
+        async def run(self, deliver: object) -> None:
+            await asyncio.get_running_loop().create_future()
+
+        def send(self, message: Message) -> None:
+            self.sent.append(message)
+
+        def syncs_unwatched(self, unwatched: bool) -> None:
+            if not said or said[-1] is not unwatched:
+                said.append(unwatched)
+                log.set_quiet_durability(unwatched)
+
+    peers = Peers()
+    runtime = RaftRuntime(
+        "a",
+        log,
+        store,
+        peers,
+        RealClock(),
+        notifier=log,
+        # No heartbeat (so no timer pass) within the test: only the log's signal commits.
+        raft_options=RaftOptions(heartbeat_interval_ms=20_000),
+        options=RuntimeOptions(timer_slack_ms=5),
+    )
+
+    def answer_appends() -> None:
+        """b acknowledges, durable, everything sent to it so far."""
+        for message in list(peers.sent):
+            if isinstance(message, AppendRequest) and message.dest == "b":
+                last = message.entries.last_op_id if message.entries else message.preceding
+                runtime.deliver(
+                    AppendResponse(
+                        "b", "a", message.term, AppendStatus.OK, last, last.index, seq=message.seq
+                    )
+                )
+        peers.sent.clear()
+
+    async def main() -> None:
+        async with asyncio.TaskGroup() as group:
+            runtime.start(group)
+            await asyncio.sleep(0.01)
+            runtime.campaign()
+            for pre in (True, False):
+                await asyncio.sleep(0.05)
+                term = runtime.core.term + (1 if pre else 0)
+                runtime.deliver(VoteResponse("b", "a", term, True, pre))
+            await asyncio.sleep(0.05)
+            assert runtime.role is Role.LEADER
+            await asyncio.to_thread(log.wait_durable, 5.0)
+            answer_appends()  # the no-op
+            await asyncio.sleep(0.05)
+            assert runtime.core.commit_index == 1
+            assert said[-1] is True  # nothing waits for the leader's log: quiet
+            log.native._inject_sync_delays(1, 0.3)
+            proposal = asyncio.ensure_future(runtime.propose(b"row"))
+            await asyncio.sleep(0.05)
+            answer_appends()  # b's answer comes while the leader's sync sleeps
+            await asyncio.sleep(0.05)
+            assert not proposal.done()
+            assert said[-1] is False  # the commit waits for the leader's own log: loud
+            async with asyncio.timeout(2.0):
+                assert (await proposal).index == 2
+            runtime.stop()
 
     try:
         asyncio.run(main())

@@ -20,6 +20,7 @@ from nyala.consensus import (
 )
 from nyala.consensus.messages import AppendRequest, VoteRequest, VoteResponse
 from nyala.consensus.metadata import ConsensusMetadata
+from nyala.consensus.sim_cluster import SimCluster
 from nyala.consensus.types import MIN_OP_ID, OpId, Role
 from nyala.errors import DiskFullError, IllegalStateError, NotLeaderError, WrongServerUuidError
 
@@ -170,3 +171,28 @@ def test_status_says_since_when_a_leader_leads() -> None:
     assert core.status().leader_since_ms == elected_at
     core.step_down()
     assert core.status().leader_since_ms is None
+
+
+def test_a_leader_awaits_its_own_log_only_while_a_majority_acknowledged_more() -> None:
+    """``awaits_own_durability`` (the runtime keeps a leader's log quiet unless it holds):
+    true exactly while the commit index would move were the leader's own log durable."""
+    cluster = SimCluster(["a", "b", "c"])
+    cluster.elect("a")
+    cluster.deliver_all()
+    leader_node = cluster.node("a")
+    leader = leader_node.running()
+    assert not leader.awaits_own_durability()  # everything committed
+    leader_node.auto_sync = False
+    index = leader.propose(b"row").index
+    cluster.process(leader_node)
+    assert not leader.awaits_own_durability()  # nobody acknowledged it yet
+    cluster.partition([["a", "b"], ["c"]])  # b's answer alone makes a majority with a's log
+    cluster.deliver_all()  # the batch to b, which syncs at once, and its answer
+    assert leader.commit_index < index  # the leader's own log holds it back
+    assert leader.awaits_own_durability()
+    cluster.sync("a")
+    assert leader.commit_index == index
+    assert not leader.awaits_own_durability()
+    cluster.heal()
+    for uuid in ("b", "c"):
+        assert not cluster.node(uuid).running().awaits_own_durability()  # followers: never

@@ -201,10 +201,10 @@ class RaftRuntime:
         )
         self._log = log
         self._transport = transport
-        # A transport that keeps a follower's log quiet (``GrpcTransport.role_is_follower``)
-        # is told after every pass whether the replica follows a leader.
-        self._role_is_follower: Callable[[bool], None] | None = getattr(
-            transport, "role_is_follower", None
+        # A transport that keeps the log quiet (``GrpcTransport.syncs_unwatched``) is told
+        # after every pass whether the core can do without hearing of each sync.
+        self._syncs_unwatched: Callable[[bool], None] | None = getattr(
+            transport, "syncs_unwatched", None
         )
         # A transport that appends its leader's entries itself (``GrpcTransport
         # .follow_append``) asks ``follow_leader`` first.
@@ -638,8 +638,12 @@ class RaftRuntime:
                 self._execute_one(effect)
         self._check_timer()
         self._note_liveness()
-        if self._role_is_follower is not None:
-            self._role_is_follower(self.core.role in _FOLLOWING)
+        if self._syncs_unwatched is not None:
+            core = self.core
+            role = core.role
+            self._syncs_unwatched(
+                role in _FOLLOWING or (role is Role.LEADER and not core.awaits_own_durability())
+            )
 
     def liveness_signature(self) -> tuple[int, int, str | None] | None:
         """What a server heartbeat says of this replica: (term, commit index, leader) while

@@ -424,16 +424,18 @@ class GrpcTransport:
         self._handed: deque[_Handed] = deque()
         self._handed_timer: asyncio.TimerHandle | None = None
         self.appends_followed = 0  # requests ``follow_append`` appended (tests, benches)
-        self._follower = False  # as the runtime last said (``role_is_follower``)
+        self._syncs_unwatched = False  # as the runtime last said (``syncs_unwatched``)
         self._watching = 0  # answers waiting for the watch, which the core's acks move
         self._quiet = False
 
     # --- quiet durability --------------------------------------------------------------------
 
-    def role_is_follower(self, follower: bool) -> None:
-        """The runtime says whether its replica follows a leader now (after every pass)."""
-        if follower is not self._follower:
-            self._follower = follower
+    def syncs_unwatched(self, unwatched: bool) -> None:
+        """The runtime says (after every pass) whether its core can do without hearing of
+        each sync of the log: a follower (its answers say what is durable), or a leader whose
+        commit index does not wait for its own log (``RaftCore.awaits_own_durability``)."""
+        if unwatched is not self._syncs_unwatched:
+            self._syncs_unwatched = unwatched
             self._update_quiet()
 
     def _watch_wanted(self, delta: int) -> None:
@@ -443,10 +445,11 @@ class GrpcTransport:
         self._update_quiet()
 
     def _update_quiet(self) -> None:
-        # A leader or a candidate acts on its syncs; an answer waiting for the watch needs the
-        # core to hear of them. Without a log that writes answers there is nothing to gain.
+        # A candidate, or a leader whose commit waits for its own log, acts on its syncs; an
+        # answer waiting for the watch needs the core to hear of them. Without a log that
+        # writes answers there is nothing to gain.
         quiet = (
-            self._follower
+            self._syncs_unwatched
             and not self._watching
             and self.answer_when_durable is not None
             and self.quiet_durability is not None
