@@ -683,14 +683,19 @@ def test_the_first_request_of_a_turn_is_written_at_once_the_rest_together() -> N
             sent = dict(client.requests_sent)
             batches = dict(client.batches_sent)
             answers: list[Any] = []
+            all_answered = asyncio.Event()
+
+            def answered(answer: Any) -> None:
+                answers.append(answer)
+                if len(answers) == 3:
+                    all_answered.set()
+
             for tablet_id in ("b" * 32, "c" * 32, "d" * 32):
-                client.send(SERVER, server.address, _request(tablet_id), answers.append)
+                client.send(SERVER, server.address, _request(tablet_id), answered)
                 if tablet_id == "b" * 32:
                     assert client.requests_sent["channel"] == sent["channel"] + 1  # written
             assert client.requests_sent["channel"] == sent["channel"] + 1  # two still queued
-            async with asyncio.timeout(WAIT_S):
-                while len(answers) < 3:
-                    await asyncio.sleep(0.005)
+            await asyncio.wait_for(all_answered.wait(), WAIT_S)
             assert client.requests_sent["channel"] == sent["channel"] + 3
             assert client.batches_sent["channel"] == batches["channel"] + 2  # 1, then 2
             assert all(a.error.code == common_pb2.TABLET_NOT_FOUND for a in answers)
