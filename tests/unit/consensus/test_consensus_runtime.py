@@ -185,32 +185,6 @@ def test_elects_a_leader_and_commits_concurrent_proposals(
     asyncio.run(scenario())
 
 
-def test_an_idle_leader_appends_a_proposal_at_once_a_busy_one_gathers_them(
-    tmp_path: Path, make_log: LogFactory
-) -> None:
-    """With nothing in flight a proposal reaches the core (and the log) in the proposing
-    call, not a turn of the event loop later; while one waits for its commit, the proposals
-    of a turn go together in the next pass (one batch per follower)."""
-
-    async def scenario() -> None:
-        async with cluster_of_three(tmp_path, make_log) as cluster:
-            leader = await cluster.leader()
-            await eventually(lambda: leader.core.commit_index == leader._log.last_op_id().index)
-            await asyncio.sleep(0.05)  # nothing in flight
-            before = leader._log.last_op_id().index
-            first = leader.propose_many([b"lone"])
-            assert leader._log.last_op_id().index == before + 1  # appended in the call
-            second = leader.propose_many([b"two"])
-            third = leader.propose_many([b"three"])
-            assert leader._log.last_op_id().index == before + 1  # waiting for the next pass
-            await asyncio.sleep(0)
-            assert leader._log.last_op_id().index == before + 3  # together
-            ops = await asyncio.gather(*first, *second, *third)
-            assert [op.index for op in ops] == [before + 1, before + 2, before + 3]
-
-    asyncio.run(scenario())
-
-
 def test_survives_a_leader_crash(tmp_path: Path, make_log: LogFactory) -> None:
     async def scenario() -> None:
         async with cluster_of_three(tmp_path, make_log) as cluster:

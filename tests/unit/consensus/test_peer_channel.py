@@ -668,36 +668,3 @@ def test_a_connections_sink_holds_what_the_socket_does_not_take_until_it_has_roo
         theirs.close()
 
     asyncio.run(asyncio.wait_for(run(), WAIT_S))
-
-
-def test_the_first_request_of_a_turn_is_written_at_once_the_rest_together() -> None:
-    """On a channel whose writer waits for work, a request is framed and written in the
-    ``send`` call that queues it (a lone write's AppendEntries leaves without waiting for a
-    turn of the event loop); the others queued in the same turn go in one batch next turn."""
-
-    async def scenario() -> None:
-        client = PeerStreams(CLIENT)
-        async with _announcing_server() as server, _running(client):
-            await _send(client, server.address, "a" * 32)  # connected, and idle again
-            await asyncio.sleep(0.05)
-            sent = dict(client.requests_sent)
-            batches = dict(client.batches_sent)
-            answers: list[Any] = []
-            all_answered = asyncio.Event()
-
-            def answered(answer: Any) -> None:
-                answers.append(answer)
-                if len(answers) == 3:
-                    all_answered.set()
-
-            for tablet_id in ("b" * 32, "c" * 32, "d" * 32):
-                client.send(SERVER, server.address, _request(tablet_id), answered)
-                if tablet_id == "b" * 32:
-                    assert client.requests_sent["channel"] == sent["channel"] + 1  # written
-            assert client.requests_sent["channel"] == sent["channel"] + 1  # two still queued
-            await asyncio.wait_for(all_answered.wait(), WAIT_S)
-            assert client.requests_sent["channel"] == sent["channel"] + 3
-            assert client.batches_sent["channel"] == batches["channel"] + 2  # 1, then 2
-            assert all(a.error.code == common_pb2.TABLET_NOT_FOUND for a in answers)
-
-    asyncio.run(asyncio.wait_for(scenario(), WAIT_S * 2))

@@ -173,10 +173,6 @@ class _Peer:
     vote_waiting: dict[int, OnVoteAnswer] = field(default_factory=dict)
     task: asyncio.Task[None] | None = None
     over_channel: bool = False  # the current connection is the peer channel, not gRPC
-    # The writer waits for something to send (``_write``), and the connection's
-    # synchronous writer (a channel's): the first request of a turn goes at once.
-    idle: bool = False
-    write_now: Callable[[], bool] | None = None
 
 
 class PeerStreams:
@@ -262,12 +258,7 @@ class PeerStreams:
                 call_id = next(self._call_ids)
                 waiting[call_id] = on_answer
                 queue.append((call_id, item))
-                if peer.idle and peer.write_now is not None:
-                    # The first of this turn goes now; the writer wakes next turn for the
-                    # rest, which go out together.
-                    peer.idle = False
-                    peer.write_now()
-                peer.ready.set()
+                peer.ready.set()  # the writer wakes next turn: this turn's sends go out together
                 return
             why = f"queue to {dest_uuid} is full"
         self.requests_dropped += 1
@@ -342,41 +333,20 @@ class PeerStreams:
             log.info("consensus to %s at %s goes over its peer channel", peer.uuid, peer.address)
             answers = answers_of(reader, frame_bytes_max(self._settings.message_bytes_max))
 
-            def write_batch(
+            async def send(
                 call_ids: list[int], requests: list[wire.WireRequest], votes: _Votes
             ) -> None:
                 # Framed as it is encoded; entry batches go from where they lie.
                 encoded = [(call_id, vote.SerializeToString()) for call_id, vote in votes]
                 for piece in batch_request_frame(peer.uuid, self.uuid, call_ids, requests, encoded):
                     writer.write(piece)
-
-            async def send(
-                call_ids: list[int], requests: list[wire.WireRequest], votes: _Votes
-            ) -> None:
-                write_batch(call_ids, requests, votes)
                 await writer.drain()
 
-            def write_now() -> bool:
-                """Writes what is queued now, if the socket takes it without waiting."""
-                if writer.transport.get_write_buffer_size() or writer.is_closing():
-                    return False
-                batch = self._take(peer)
-                if batch is None:
-                    return False
-                try:
-                    write_batch(*batch)
-                except Exception as exc:  # the connection broke: its reader ends the stream
-                    log.debug("write to %s failed: %r", peer.uuid, exc)
-                return True
-
-            peer.write_now = write_now
             try:
                 async with asyncio.TaskGroup() as group:
                     group.create_task(self._write(peer, send))
                     group.create_task(self._read(peer, answers))
             finally:
-                peer.write_now = None
-                peer.idle = False
                 close_quietly(writer)
             return
         peer.over_channel = False
@@ -443,44 +413,33 @@ class PeerStreams:
         with ``send(call_ids, requests, votes)``: every vote queued, then AppendEntries while
         fewer than ``unanswered_requests_max`` are unanswered (votes are few and small, and
         are not held back by a follower's slow disk)."""
-        while True:
-            batch = self._take(peer)
-            if batch is None:
-                peer.ready.clear()
-                peer.idle = True
-                try:
-                    await peer.ready.wait()
-                finally:
-                    peer.idle = False
-                continue
-            await send(*batch)
-
-    def _take(self, peer: _Peer) -> tuple[list[int], list[wire.WireRequest], _Votes] | None:
-        """The next batch for ``peer`` (counted as sent), or None if nothing may go now."""
-        unanswered_max = self._opts.unanswered_requests_max
-        appends_held = not peer.queue or len(peer.waiting) - len(peer.queue) >= unanswered_max
-        if appends_held and not peer.votes:
-            return None
         bytes_max = self._opts.batch_bytes_max
-        votes: _Votes = list(peer.votes)
-        peer.votes.clear()
-        call_ids: list[int] = []
-        requests: list[wire.WireRequest] = []
-        size = 0
-        while (
-            not appends_held
-            and peer.queue
-            and (size == 0 or size + wire.request_size(peer.queue[0][1]) <= bytes_max)
-        ):
-            call_id, request = peer.queue.popleft()
-            requests.append(request)
-            call_ids.append(call_id)
-            size += wire.request_size(request)
-        transport = "channel" if peer.over_channel else "grpc"
-        self.batches_sent[transport] += 1
-        self.requests_sent[transport] += len(call_ids)
-        self.votes_sent[transport] += len(votes)
-        return call_ids, requests, votes
+        unanswered_max = self._opts.unanswered_requests_max
+        while True:
+            appends_held = not peer.queue or len(peer.waiting) - len(peer.queue) >= unanswered_max
+            if appends_held and not peer.votes:
+                peer.ready.clear()
+                await peer.ready.wait()
+                continue
+            votes: _Votes = list(peer.votes)
+            peer.votes.clear()
+            call_ids: list[int] = []
+            requests: list[wire.WireRequest] = []
+            size = 0
+            while (
+                not appends_held
+                and peer.queue
+                and (size == 0 or size + wire.request_size(peer.queue[0][1]) <= bytes_max)
+            ):
+                call_id, request = peer.queue.popleft()
+                requests.append(request)
+                call_ids.append(call_id)
+                size += wire.request_size(request)
+            transport = "channel" if peer.over_channel else "grpc"
+            self.batches_sent[transport] += 1
+            self.requests_sent[transport] += len(call_ids)
+            self.votes_sent[transport] += len(votes)
+            await send(call_ids, requests, votes)
 
     async def _read(
         self, peer: _Peer, answers: AsyncIterable[consensus_pb2.ConsensusBatchResponsePB]

@@ -237,7 +237,6 @@ class RaftRuntime:
         # Proposals of this loop turn, handed to the core together by the next pump.
         self._proposals: list[tuple[bytes, asyncio.Future[OpId]]] = []
         self._pump_scheduled = False
-        self._executing = False  # inside ``_execute``: a proposal made now waits for a pump
         self._reported_durable = log.durable_index()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._task: asyncio.Task[None] | None = None
@@ -414,7 +413,7 @@ class RaftRuntime:
         loop = self._require_running()
         future: asyncio.Future[OpId] = loop.create_future()
         self._proposals.append((payload, future))
-        self._propose_soon()
+        self._schedule_pump()
         return await future
 
     def propose_many(self, payloads: list[bytes]) -> list[asyncio.Future[OpId]]:
@@ -424,18 +423,8 @@ class RaftRuntime:
         loop = self._require_running()
         futures: list[asyncio.Future[OpId]] = [loop.create_future() for _ in payloads]
         self._proposals.extend(zip(payloads, futures, strict=True))
-        self._propose_soon()
+        self._schedule_pump()
         return futures
-
-    def _propose_soon(self) -> None:
-        """Hands the queued proposals to the core now if nothing is in flight (no proposal
-        waits for its commit, no pass is running or scheduled): a lone writer's entry then
-        leaves in this turn of the event loop, not the next. Under load they wait for the
-        next pass, which takes all of this turn's together (one batch per follower)."""
-        if self._commits or self._pump_scheduled or self._executing or self._inbox:
-            self._schedule_pump()
-        else:
-            self._pump()
 
     async def read_index(self) -> int:
         """A linearizable read point: once leadership is confirmed by a majority after this
@@ -619,13 +608,6 @@ class RaftRuntime:
             commits.append((op_id.index, op_id.term, future))
 
     def _execute(self) -> None:
-        executing, self._executing = self._executing, True
-        try:
-            self._execute_pass()
-        finally:
-            self._executing = executing
-
-    def _execute_pass(self) -> None:
         durable = self._log.durable_index()
         if durable > self._reported_durable:
             self.core.on_log_durable(durable)
@@ -723,7 +705,6 @@ class RaftRuntime:
             self._write_cmeta()  # a newer state: what is held waits for it too
             return
         held, self._held = self._held, deque()
-        executing, self._executing = self._executing, True
         try:
             for effect in held:
                 self._execute_one(effect)
@@ -732,8 +713,6 @@ class RaftRuntime:
             self._failure = e
             self._fail_waiters(e)
             self._timer_moved.set()
-        finally:
-            self._executing = executing
 
     def _execute_one(self, effect: Effect) -> None:
         match effect:
