@@ -227,15 +227,24 @@ def test_a_sync_slower_than_the_reply_timeout_takes_the_native_answer_back(
             return True
 
         transport.follow_leader = follow
+        stamps: list[tuple[int, int, int, int]] = []
+        transport.on_timestamps = lambda *args: stamps.append(args)
         async with asyncio.TaskGroup() as group:
             runner = group.create_task(transport.run(lambda _: None))
             await asyncio.sleep(0)
             sink = _native.AnswerSink(ours.fileno())
-            parsed = _native.parse_append_request(_wire(_request(leader)))
+            elsewhere = AppendRequest(
+                LEADER, "c" * 32, 3, OpId(0, 0), _request(leader).entries, 0, 0
+            )
+            misrouted = _native.parse_append_request(_wire(elsewhere))
+            assert misrouted is not None
+            assert not transport.follow_append(misrouted, sink, 8, lambda *a: late.append(a))
+            parsed = _native.parse_append_request(_wire(_request(leader), timestamps=(77, 66)))
             assert parsed is not None
             follower.native._inject_sync_delays(1, 1.0)
             assert transport.follow_append(parsed, sink, 9, lambda *a: late.append(a))
             assert transport.appends_followed == 1
+            assert stamps == [(3, 77, 66, 0)]  # the leader's clock and safe time, once
             await asyncio.sleep(0.6)
             runner.cancel()
 

@@ -493,12 +493,14 @@ class GrpcTransport:
             if answer is None:
                 return None
             handed.append(answer)
+            # The leader's clock and safe time, before the core commits and applies (as
+            # ``submit_update`` gives them before the core steps the request).
+            if self.on_timestamps is not None and parsed.leader_timestamp:
+                self.on_timestamps(
+                    term, parsed.leader_timestamp, parsed.safe_timestamp, parsed.committed_index
+                )
             return OpId(*parsed.last)
 
-        if self.on_timestamps is not None and parsed.leader_timestamp:
-            self.on_timestamps(
-                term, parsed.leader_timestamp, parsed.safe_timestamp, parsed.committed_index
-            )
         if not follow(term, parsed.caller_uuid, append, parsed.committed_index):
             return False
         self.appends_followed += 1
