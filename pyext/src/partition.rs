@@ -49,10 +49,6 @@ fn partition_hash64(data: &[u8], seed: u32) -> u64 {
 #[pyclass(frozen, module = "nyala._native")]
 pub struct PartitionRouter {
     router: Arc<Router>,
-    /// The schema `split_small_rows` was last given, as the Python object and parsed: a
-    /// client passes the same object (`Schema.to_native()`, made once) with every row it
-    /// writes, and converting it was a fifth of that call.
-    last_schema: std::sync::Mutex<Option<(Py<PyAny>, Arc<nyala_storage::Schema>)>>,
 }
 
 #[pymethods]
@@ -76,7 +72,6 @@ impl PartitionRouter {
         let router = Router::new(levels, range_columns, starts, ends).map_err(to_py)?;
         Ok(PartitionRouter {
             router: Arc::new(router),
-            last_schema: std::sync::Mutex::new(None),
         })
     }
 
@@ -184,13 +179,13 @@ impl PartitionRouter {
     fn split_small_rows<'py>(
         &self,
         py: Python<'py>,
-        schema: &Bound<'py, PyAny>,
+        schema: SchemaTuple,
         columns: Vec<(String, Bound<'py, PyList>)>,
         op: u8,
         rows_max: usize,
         bytes_max: usize,
     ) -> PyResult<Option<SmallSplit<'py>>> {
-        let schema = self.schema_of(py, schema)?;
+        let schema = schema_from_py(py, schema)?;
         let rows = columns.first().map_or(0, |(_, values)| values.len());
         let mut fields = Vec::with_capacity(columns.len() + 1);
         let mut arrays: Vec<ArrayRef> = Vec::with_capacity(columns.len() + 1);
@@ -297,23 +292,4 @@ fn array_of(data_type: ColumnType, values: &Bound<'_, PyList>) -> PyResult<Optio
         _ => return Ok(None),
     };
     Ok(Some(array))
-}
-
-impl PartitionRouter {
-    /// `schema` (a `SchemaTuple`) parsed: the one parsed last if it is the same object.
-    fn schema_of(
-        &self,
-        py: Python<'_>,
-        schema: &Bound<'_, PyAny>,
-    ) -> PyResult<Arc<nyala_storage::Schema>> {
-        let mut last = self.last_schema.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some((object, parsed)) = last.as_ref() {
-            if object.bind(py).is(schema) {
-                return Ok(Arc::clone(parsed));
-            }
-        }
-        let parsed = Arc::new(schema_from_py(py, schema.extract::<SchemaTuple>()?)?);
-        *last = Some((schema.clone().unbind(), Arc::clone(&parsed)));
-        Ok(parsed)
-    }
 }

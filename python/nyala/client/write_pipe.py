@@ -41,6 +41,7 @@ pipe serializes the rest of the ``WriteRequestPB`` and joins the rows after it a
 from __future__ import annotations
 
 import _thread
+import contextlib
 import select
 import socket
 import threading
@@ -105,12 +106,8 @@ class _Wake:
 
     def set(self) -> None:
         self._set = True
-        # Not contextlib.suppress: a context manager made per wake-up, 64 writers each woken
-        # once per write, under the GIL.
-        try:
+        with contextlib.suppress(RuntimeError):  # released already: set before
             self._lock.release()
-        except RuntimeError:  # released already: set before
-            return
 
     def wait(self, timeout: float) -> bool:
         """True once set (at once if it is), False after ``timeout`` seconds."""

@@ -318,24 +318,3 @@ def test_columns_the_small_path_does_not_take_send_the_write_down_the_general_pa
         assert native.split_small_rows(native_schema, [*columns, extra], 3, 10, 1 << 30) is None
     uneven = [(name, values * (2 if name == "s" else 1)) for name, values in columns]
     assert native.split_small_rows(native_schema, uneven, 3, 10, 1 << 30) is None
-
-
-def test_a_router_reparses_a_schema_given_as_another_object() -> None:
-    """The router keeps the schema it was last given (the same object comes with every
-    small write); another object, such as a table's schema after ALTER, is parsed anew."""
-    _, _, native = router(SPECS[0])
-    columns = small_columns([BASE_ROW | {"i8": 1, "i16": 1}])
-    first = native.split_small_rows(SCHEMA.to_native(), columns, 3, 10, 1 << 30)
-    assert first is not None
-    again = native.split_small_rows(SCHEMA.to_native(), columns, 3, 10, 1 << 30)
-    assert again == first
-    # The same columns, "s" now a binary column: its text no longer converts.
-    cols, key_count, version, next_id = SCHEMA.to_native()
-    altered = (
-        [(i, n, "binary" if n == "s" else t, nul, d) for i, n, t, nul, d in cols],
-        key_count,
-        version + 1,
-        next_id,
-    )
-    assert native.split_small_rows(altered, columns, 3, 10, 1 << 30) is None
-    assert native.split_small_rows(SCHEMA.to_native(), columns, 3, 10, 1 << 30) == first
