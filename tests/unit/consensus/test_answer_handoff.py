@@ -13,10 +13,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
-import select
 import socket
-import time
 from pathlib import Path
+
+from socket_frames import frames_within
 
 from nyala import _native
 from nyala._proto import consensus_pb2
@@ -36,25 +36,9 @@ from nyala.consensus.runtime.transport import GrpcTransport, GrpcTransportOption
 from nyala.consensus.runtime.wal_log import WalLog
 from nyala.consensus.types import EntryKind
 from nyala.errors import DiskError
-from nyala.rpc.channel_wire import LENGTH
 
 TABLET = "t" * 32
 REPLY_TIMEOUT_MS = 300
-
-
-def _frames(sock: socket.socket, wait_s: float) -> list[bytes]:
-    """The whole frames that arrive on ``sock`` within ``wait_s``."""
-    data = b""
-    deadline = time.monotonic() + wait_s
-    while (left := deadline - time.monotonic()) > 0:
-        if select.select([sock], [], [], left)[0]:
-            data += sock.recv(1 << 16)
-    frames = []
-    while data:
-        (length,) = LENGTH.unpack_from(data)
-        frames.append(data[LENGTH.size : LENGTH.size + length])
-        data = data[LENGTH.size + length :]
-    return frames
 
 
 def _appended(log: WalLog, delay_s: float) -> None:
@@ -70,13 +54,13 @@ def test_the_log_writes_a_handed_answer_once_its_sync_returned(tmp_path: Path) -
         sink = _native.AnswerSink(ours.fileno())
         now = log.answer_when_durable(sink, b"nothing pending")
         assert now.sent()  # nothing was waiting: written at once
-        assert _frames(theirs, 0.1) == [b"nothing pending"]
+        assert frames_within(theirs, 0.1) == [b"nothing pending"]
 
         _appended(log, 0.6)
         handed = log.answer_when_durable(sink, b"answer")
-        assert _frames(theirs, 0.3) == []  # the sync has not returned
+        assert frames_within(theirs, 0.3) == []  # the sync has not returned
         assert not handed.sent()
-        assert _frames(theirs, 5.0 - 0.3) == [b"answer"]
+        assert frames_within(theirs, 5.0 - 0.3) == [b"answer"]
         assert handed.sent()
         assert not handed.cancel()  # too late to take back
         assert log.durable_index() == 1
@@ -95,7 +79,7 @@ def test_a_failed_sync_never_writes_the_answer(tmp_path: Path) -> None:
         log.native._inject_sync_failures(1, errno.EIO)
         log.append(1, EntryKind.NO_OP, b"")
         handed = log.answer_when_durable(sink, b"answer")
-        assert _frames(theirs, 1.0) == []
+        assert frames_within(theirs, 1.0) == []
         assert log.failure() is not None
         assert not handed.sent()
         assert handed.cancel()  # the loop answers instead, with what is durable
@@ -142,7 +126,7 @@ def _scenario(tmp_path: Path, sync_delay_s: float) -> tuple[list[bytes], _Served
 
     try:
         stream = asyncio.run(main())
-        return _frames(theirs, 1.0), stream
+        return frames_within(theirs, 1.0), stream
     finally:
         log.close()
         ours.close()

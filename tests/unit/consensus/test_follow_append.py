@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import random
-import select
 import socket
-import time
 from pathlib import Path
 
 import pytest
+from socket_frames import frames_within
 
 from nyala import _native
 from nyala._proto import consensus_pb2
@@ -28,25 +27,9 @@ from nyala.consensus.runtime.cmeta_store import FileCmetaStore
 from nyala.consensus.runtime.transport import GrpcTransport, GrpcTransportOptions
 from nyala.consensus.runtime.wal_log import WalEntryBatch, WalLog
 from nyala.consensus.types import EntryKind, encode_config
-from nyala.rpc.channel_wire import LENGTH
 
 TABLET = "t" * 32
 LEADER, FOLLOWER = "a" * 32, "b" * 32
-
-
-def _frames(sock: socket.socket, wait_s: float) -> list[bytes]:
-    """The whole frames that arrive on ``sock`` within ``wait_s``."""
-    data = b""
-    deadline = time.monotonic() + wait_s
-    while (left := deadline - time.monotonic()) > 0:
-        if select.select([sock], [], [], left)[0]:
-            data += sock.recv(1 << 16)
-    frames = []
-    while data:
-        (length,) = LENGTH.unpack_from(data)
-        frames.append(data[LENGTH.size : LENGTH.size + length])
-        data = data[LENGTH.size + length :]
-    return frames
 
 
 def _leader_log(root: Path, payloads: list[bytes], kind: EntryKind = EntryKind.WRITE) -> WalLog:
@@ -153,7 +136,7 @@ def test_the_native_append_answers_as_the_transport_would(tmp_path: Path) -> Non
         handed = parsed.append(follower.native, sink, 7, FOLLOWER, 3)
         assert handed is not None
         assert follower.last_op_id() == OpId(3, 3)
-        (frame,) = _frames(theirs, 2.0)
+        (frame,) = frames_within(theirs, 2.0)
         assert handed.sent()
         assert follower.durable_index() == 3
         ok = AppendResponse(FOLLOWER, LEADER, 3, AppendStatus.OK, OpId(3, 3), 0)
@@ -194,7 +177,7 @@ def test_an_append_that_does_not_follow_the_logs_last_entry_does_nothing(tmp_pat
         assert first is not None
         assert first.append(follower.native, sink, 3, FOLLOWER, 3) is None  # an overlap
         assert follower.last_op_id() == OpId(2, 1)
-        assert _frames(theirs, 0.3) == []
+        assert frames_within(theirs, 0.3) == []
     finally:
         leader.close()
         follower.close()
@@ -250,7 +233,7 @@ def test_a_sync_slower_than_the_reply_timeout_takes_the_native_answer_back(
 
     try:
         asyncio.run(main())
-        assert _frames(theirs, 1.2) == []  # taken back: the committer writes nothing
+        assert frames_within(theirs, 1.2) == []  # taken back: the committer writes nothing
         ((call_id, answer),) = late
         assert call_id == 9
         response = wire.append_response_from_pb(answer, dest=LEADER, seq=0)

@@ -111,15 +111,16 @@ class UpdateTarget(Protocol):
         ...
 
     def follow_append(
-        self,
-        parsed: _native.ParsedAppend,
-        sink: _native.AnswerSink,
-        call_id: int,
-        late: Callable[[int, consensus_pb2.ConsensusResponsePB], None],
+        self, parsed: _native.ParsedAppend, sink: _native.AnswerSink, call_id: int, late: LateAnswer
     ) -> bool:
         """Appends the request and hands its answer to the log to write to ``sink`` if the
         replica may take it that way; False if it did nothing (``submit_update`` then)."""
         ...
+
+
+LateAnswer: TypeAlias = Callable[[int, consensus_pb2.ConsensusResponsePB], None]
+"""Sends the answer to a request (by call id) from the event loop: one its tablet handed to
+its log and took back (``GrpcTransport.follow_append``)."""
 
 
 AnswerWhenDurable: TypeAlias = Callable[[_native.AnswerSink, bytes], _native.DurableAnswer]

@@ -34,7 +34,12 @@ from nyala.consensus.messages import (
     VoteResponse,
 )
 from nyala.consensus.runtime import wire
-from nyala.consensus.runtime.peer_streams import AnswerHandoff, AnswerWhenDurable, PeerStreams
+from nyala.consensus.runtime.peer_streams import (
+    AnswerHandoff,
+    AnswerWhenDurable,
+    LateAnswer,
+    PeerStreams,
+)
 from nyala.consensus.types import OpId
 from nyala.errors import NyalaError, ServiceUnavailableError
 from nyala.rpc.channel import ServerProxy
@@ -176,7 +181,7 @@ class _Handed:
     call_id: int
     last: OpId
     term: int
-    late: Callable[[int, consensus_pb2.ConsensusResponsePB], None]
+    late: LateAnswer
 
 
 @dataclass(frozen=True, slots=True)
@@ -462,11 +467,7 @@ class GrpcTransport:
     # --- a leader's entries appended here ----------------------------------------------------
 
     def follow_append(
-        self,
-        parsed: _native.ParsedAppend,
-        sink: _native.AnswerSink,
-        call_id: int,
-        late: Callable[[int, consensus_pb2.ConsensusResponsePB], None],
+        self, parsed: _native.ParsedAppend, sink: _native.AnswerSink, call_id: int, late: LateAnswer
     ) -> bool:
         """Appends a received AppendEntries (``_native.parse_append_request``: entries, no
         config change, a header that agrees with them) and hands its answer to the log to
