@@ -982,10 +982,7 @@ class RaftCore:
             self._leader_match = 0
             self._reported_durable = 0
             self._set_role(self._role, req.src)
-        contact_ms = self._last_leader_contact_ms = self._clock.now_ms()
-        self._failed_elections = 0
-        self._lease_retried = False
-        self._reset_election_timer()
+        contact_ms = self._heard_from_leader()
         result = self._log.append_replicated(req.preceding, req.entries, self._commit_index)
         if result.truncated_from is not None:
             self._on_truncated(result.truncated_from)
@@ -995,16 +992,12 @@ class RaftCore:
             return
         if req.entries is not None:
             self._adopt_config_entries(req.entries.config_entries(), result.last_received.index)
-        self._leader_match = max(self._leader_match, result.last_received.index)
-        self._advance_commit(min(req.committed_index, result.last_received.index))
-        if self._commit_index >= req.committed_index:
-            self._caught_up = (self._term, req.src, req.committed_index, contact_ms)
+        self._matched_through(result.last_received, req.src, req.committed_index, contact_ms)
         quiesced = req.quiesce and self._has_everything(req.committed_index)
         if quiesced and not self._quiesced:
             self._quiesced_since_ms = contact_ms
         self._quiesced = quiesced
-        durable = min(self._log.durable_index(), self._leader_match)
-        self._reported_durable = max(self._reported_durable, durable)
+        durable = self._note_durable()
         self._send(
             AppendResponse(
                 self.uuid,
@@ -1034,18 +1027,37 @@ class RaftCore:
         they are durable. Does what ``_on_append_request`` does after such an append, the
         answer apart."""
         self._check_running()
+        leader = self._leader
+        assert leader is not None, "a replica that follows knows its leader"
+        contact_ms = self._heard_from_leader()
+        self._matched_through(last_received, leader, committed_index, contact_ms)
+        self._quiesced = False  # the request did not ask for it
+        self._note_durable()
+        self._flush_meta()
+
+    def _heard_from_leader(self) -> int:
+        """The current leader was heard from now (returned): no election for a while."""
         contact_ms = self._last_leader_contact_ms = self._clock.now_ms()
         self._failed_elections = 0
         self._lease_retried = False
         self._reset_election_timer()
+        return contact_ms
+
+    def _matched_through(
+        self, last_received: OpId, leader: str, committed_index: int, contact_ms: int
+    ) -> None:
+        """The log matches ``leader``'s through ``last_received``, whose commit index is
+        ``committed_index``: commits what both say is committed."""
         self._leader_match = max(self._leader_match, last_received.index)
         self._advance_commit(min(committed_index, last_received.index))
-        if self._commit_index >= committed_index and self._leader is not None:
-            self._caught_up = (self._term, self._leader, committed_index, contact_ms)
-        self._quiesced = False  # the request did not ask for it
+        if self._commit_index >= committed_index:
+            self._caught_up = (self._term, leader, committed_index, contact_ms)
+
+    def _note_durable(self) -> int:
+        """What this replica can tell its leader is durable now, noted as told."""
         durable = min(self._log.durable_index(), self._leader_match)
         self._reported_durable = max(self._reported_durable, durable)
-        self._flush_meta()
+        return durable
 
     def _has_everything(self, leader_commit_index: int) -> bool:
         """Follower: the log matches the leader's through its end, which is committed here up

@@ -257,10 +257,10 @@ class WalLog:
 
     def set_quiet_durability(self, quiet: bool) -> None:
         """While ``quiet``, the log's syncs do not signal its watcher (its failure does);
-        turning it off signals once if one went unsignalled, to catch up. For a follower
-        whose answers all go from
-        the committer (``answer_when_durable``): it has nothing to do when a sync returns,
-        and being woken for it cost each follower a turn of its event loop per write."""
+        turning it off signals once if one went unsignalled, to catch up. For a replica with
+        nothing to do when a sync returns (a follower whose answers go from the committer,
+        ``answer_when_durable``; a leader whose commit does not wait for its own log): being
+        woken for it cost a turn of its event loop per write."""
         self._log.set_quiet_durability(quiet)
 
     def durable_index(self) -> int:
