@@ -256,55 +256,74 @@ impl Fields {
         let mut fields = Fields::default();
         let mut at = 0;
         while at < data.len() {
-            let key = varint(data, &mut at)?;
-            let (number, wire) = (key >> 3, key & 7);
-            match wire {
-                VARINT => {
-                    let value = varint(data, &mut at)?;
-                    match number {
-                        CALLER_TERM => fields.caller_term = non_negative(value)?,
-                        COMMITTED_INDEX => fields.committed_index = non_negative(value)?,
-                        ENTRY_COUNT => fields.entry_count = value as u32,
-                        QUIESCE => fields.quiesce = value != 0,
-                        _ => {}
-                    }
+            match next_field(data, &mut at)? {
+                (CALLER_TERM, Value::Int(v)) => fields.caller_term = non_negative(v)?,
+                (COMMITTED_INDEX, Value::Int(v)) => fields.committed_index = non_negative(v)?,
+                (ENTRY_COUNT, Value::Int(v)) => fields.entry_count = v as u32,
+                (QUIESCE, Value::Int(v)) => fields.quiesce = v != 0,
+                (LEADER_TIMESTAMP, Value::Fixed(v)) => fields.leader_timestamp = v,
+                (SAFE_TIMESTAMP, Value::Fixed(v)) => fields.safe_timestamp = v,
+                (DEST_UUID, Value::Bytes(range)) => fields.dest_uuid = Some(range),
+                (TABLET_ID, Value::Bytes(range)) => fields.tablet_id = Some(range),
+                (CALLER_UUID, Value::Bytes(range)) => fields.caller_uuid = Some(range),
+                (ENTRIES, Value::Bytes(range)) => fields.entries = Some(range),
+                (PRECEDING_ID, Value::Bytes((from, to))) => {
+                    once(&mut fields.preceding_id, op_id(&data[from..to])?)?;
                 }
-                FIXED64 => {
-                    let bytes: [u8; 8] = data.get(at..at + 8)?.try_into().ok()?;
-                    at += 8;
-                    let value = u64::from_le_bytes(bytes);
-                    match number {
-                        LEADER_TIMESTAMP => fields.leader_timestamp = value,
-                        SAFE_TIMESTAMP => fields.safe_timestamp = value,
-                        _ => {}
-                    }
+                (FIRST_ENTRY_ID, Value::Bytes((from, to))) => {
+                    once(&mut fields.first_entry_id, op_id(&data[from..to])?)?;
                 }
-                FIXED32 => {
-                    data.get(at..at + 4)?;
-                    at += 4;
+                (LAST_ENTRY_ID, Value::Bytes((from, to))) => {
+                    once(&mut fields.last_entry_id, op_id(&data[from..to])?)?;
                 }
-                LEN => {
-                    let len = usize::try_from(varint(data, &mut at)?).ok()?;
-                    let end = at.checked_add(len).filter(|&end| end <= data.len())?;
-                    let range = Some((at, end));
-                    let value = &data[at..end];
-                    match number {
-                        DEST_UUID => fields.dest_uuid = range,
-                        TABLET_ID => fields.tablet_id = range,
-                        CALLER_UUID => fields.caller_uuid = range,
-                        ENTRIES => fields.entries = range,
-                        PRECEDING_ID => once(&mut fields.preceding_id, op_id(value)?)?,
-                        FIRST_ENTRY_ID => once(&mut fields.first_entry_id, op_id(value)?)?,
-                        LAST_ENTRY_ID => once(&mut fields.last_entry_id, op_id(value)?)?,
-                        _ => {}
-                    }
-                    at = end;
-                }
-                _ => return None, // groups: not in this message
+                // A known field of an unexpected wire type: protobuf refuses the message.
+                (
+                    CALLER_TERM | COMMITTED_INDEX | ENTRY_COUNT | QUIESCE | LEADER_TIMESTAMP
+                    | SAFE_TIMESTAMP | DEST_UUID | TABLET_ID | CALLER_UUID | ENTRIES | PRECEDING_ID
+                    | FIRST_ENTRY_ID | LAST_ENTRY_ID,
+                    _,
+                ) => return None,
+                _ => {} // a field this path does not read
             }
         }
         Some(fields)
     }
+}
+
+/// One field's value: a varint, a fixed-width integer (64 bits; 32-bit ones read as their
+/// value too), or the range of a length-delimited field's bytes in the message.
+enum Value {
+    Int(u64),
+    Fixed(u64),
+    Bytes((usize, usize)),
+}
+
+/// The field at `*at` (its number and value), advancing past it; None if it is malformed
+/// or a group (no field of these messages is one).
+fn next_field(data: &[u8], at: &mut usize) -> Option<(u64, Value)> {
+    let key = varint(data, at)?;
+    let value = match key & 7 {
+        VARINT => Value::Int(varint(data, at)?),
+        FIXED64 => {
+            let bytes: [u8; 8] = data.get(*at..at.checked_add(8)?)?.try_into().ok()?;
+            *at += 8;
+            Value::Fixed(u64::from_le_bytes(bytes))
+        }
+        FIXED32 => {
+            let bytes: [u8; 4] = data.get(*at..at.checked_add(4)?)?.try_into().ok()?;
+            *at += 4;
+            Value::Fixed(u64::from(u32::from_le_bytes(bytes)))
+        }
+        LEN => {
+            let len = usize::try_from(varint(data, at)?).ok()?;
+            let end = at.checked_add(len).filter(|&end| end <= data.len())?;
+            let range = (*at, end);
+            *at = end;
+            Value::Bytes(range)
+        }
+        _ => return None,
+    };
+    Some((key >> 3, value))
 }
 
 /// Sets a message field read once; None if it was already set.
@@ -320,23 +339,11 @@ fn once(slot: &mut Option<OpId>, value: OpId) -> Option<()> {
 fn op_id(data: &[u8]) -> Option<OpId> {
     let (mut term, mut index, mut at) = (0, 0, 0);
     while at < data.len() {
-        let key = varint(data, &mut at)?;
-        match key & 7 {
-            VARINT => {
-                let value = non_negative(varint(data, &mut at)?)?;
-                match key >> 3 {
-                    1 => term = value,
-                    2 => index = value,
-                    _ => {}
-                }
-            }
-            FIXED64 => at = at.checked_add(8).filter(|&end| end <= data.len())?,
-            FIXED32 => at = at.checked_add(4).filter(|&end| end <= data.len())?,
-            LEN => {
-                let len = usize::try_from(varint(data, &mut at)?).ok()?;
-                at = at.checked_add(len).filter(|&end| end <= data.len())?;
-            }
-            _ => return None,
+        match next_field(data, &mut at)? {
+            (1, Value::Int(v)) => term = non_negative(v)?,
+            (2, Value::Int(v)) => index = non_negative(v)?,
+            (1 | 2, _) => return None,
+            _ => {}
         }
     }
     Some(OpId::new(term, index))

@@ -109,6 +109,12 @@ def test_what_the_native_path_does_not_take_parses_to_none(tmp_path: Path) -> No
         assert _native.parse_append_request(edited(committed_index=-5)) is None
         for cut in (1, 7, len(good) // 2, len(good) - 1):
             assert _native.parse_append_request(good[:cut]) is None
+        # caller_term (4) as a length-delimited field: left to protobuf.
+        assert _native.parse_append_request(good + b"\x22\x00") is None
+        # leader_timestamp (15, fixed64) as a varint: likewise.
+        assert _native.parse_append_request(good + b"\x78\x00") is None
+        # A field this path does not read (99, a varint) is skipped.
+        assert _native.parse_append_request(good + b"\x98\x06\x01") is not None
         assert _native.parse_append_request(b"") is None
         assert _native.parse_append_request(b"\xff" * 40) is None
         # Damage anywhere never raises: the request is taken whole or left to protobuf.
