@@ -504,13 +504,11 @@ class GrpcTransport:
 
         if not follow(term, parsed.caller_uuid, append, parsed.committed_index):
             return False
-        self.appends_followed += 1
-        if handed:
-            deadline = time.monotonic() + self._opts.reply_timeout_ms / 1000
-            last = OpId(*parsed.last)
-            self._handed.append(_Handed(deadline, handed[0], call_id, last, term, late))
-            if self._handed_timer is None:
-                self._arm_handed()
+        self.appends_followed += 1  # appended: ``append`` handed the answer over
+        deadline = time.monotonic() + self._opts.reply_timeout_ms / 1000
+        self._handed.append(_Handed(deadline, handed[0], call_id, OpId(*parsed.last), term, late))
+        if self._handed_timer is None:
+            self._arm_handed()
         return True
 
     def _arm_handed(self) -> None:
