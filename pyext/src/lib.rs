@@ -16,6 +16,7 @@ mod partition;
 mod pools;
 mod storage;
 mod tls;
+mod wake;
 mod wal;
 mod wal_inspect;
 
@@ -33,5 +34,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     pools::register(m)?;
     copy::register(m)?;
     tls::register(m)?;
+    wake::register(m)?;
     Ok(())
 }

@@ -40,8 +40,6 @@ pipe serializes the rest of the ``WriteRequestPB`` and joins the rows after it a
 
 from __future__ import annotations
 
-import _thread
-import contextlib
 import select
 import socket
 import threading
@@ -65,6 +63,12 @@ from nyala.rpc.pb_fields import length_delimited_head
 #: Calls to one server in flight at once; more writes wait and go together in the next call
 #: (1 measured better than 2: larger calls, less CPU per write, docs/performance.md).
 INFLIGHT_CALLS_MAX = 1
+#: Writers whose answers came are woken one at a time, each as the previous one waits in the
+#: pipe again (module doc). A writer that returned within ``RETURN_GAP_S`` of its previous
+#: write is expected back and leaves the next one asleep when it returns, while a call is in
+#: flight and a writer was woken within ``RELAY_LAG_S``; otherwise it wakes the next itself.
+RETURN_GAP_S = 0.001
+RELAY_LAG_S = 0.001
 #: Most writes one call carries.
 CALL_REQUESTS_MAX = 1024
 #: Most row bytes one call carries (a single larger write still goes, alone); well under the
@@ -90,38 +94,6 @@ CONNECT_TIMEOUT_S = 5.0
 _HANDSHAKE_DONE, _HANDSHAKE_WANT_READ = 0, 1
 
 
-class _Wake:
-    """What a writer's thread waits on: an event with ``threading.Event``'s ``set``,
-    ``wait`` and ``clear``, made of a flag and one lock, which a waiter blocks on until
-    ``set`` releases it. ``Event.wait`` is a condition variable written in Python, with a
-    lock of its own; with 64 writers each woken once per write, that cost showed
-    (docs/performance.md)."""
-
-    __slots__ = ("_lock", "_set")
-
-    def __init__(self) -> None:
-        self._lock = _thread.allocate_lock()
-        self._lock.acquire()
-        self._set = False
-
-    def set(self) -> None:
-        self._set = True
-        with contextlib.suppress(RuntimeError):  # released already: set before
-            self._lock.release()
-
-    def wait(self, timeout: float) -> bool:
-        """True once set (at once if it is), False after ``timeout`` seconds."""
-        if self._set:
-            return True
-        # Once taken, the lock stays taken: the flag says it is set until ``clear``.
-        return self._lock.acquire(timeout=timeout) or self._set
-
-    def clear(self) -> None:
-        if self._set:
-            self._set = False
-            self._lock.acquire(blocking=False)
-
-
 @dataclass(eq=False)
 class _Pending:
     """One write waiting for its answer, or for a call to make (``leads``)."""
@@ -130,8 +102,9 @@ class _Pending:
     head: bytes  # the serialized WriteRequestPB without ``ops``
     ops: bytes
     deadline: float  # time.monotonic()
-    wake: _Wake = field(default_factory=_Wake)
+    wake: _native.Wake = field(default_factory=_native.Wake)
     settled: bool = False
+    left: bool = False  # its writer returned (a relay skips it)
     response: tserver_pb2.WriteResponsePB | None = None
     error: BaseException | None = None
     abandoned: bool = False  # its caller stopped waiting before it was sent
@@ -143,6 +116,11 @@ class _Pending:
         self.response, self.error = response, error
         self.settled = True
         self.wake.set()
+
+    def settle_asleep(self, response: tserver_pb2.WriteResponsePB) -> None:
+        """Settles it without waking its writer (a relay does, ``WritePipe._relay_target``)."""
+        self.response, self.error = response, None
+        self.settled = True
 
 
 class WritePipe:
@@ -175,6 +153,10 @@ class WritePipe:
         self._lock = threading.Lock()
         self._queue: deque[_Pending] = deque()
         self._inflight = 0
+        # Writers whose answers came, not woken yet: woken one at a time (module doc).
+        self._asleep: deque[_Pending] = deque()
+        self._relayed_at = 0.0  # time.monotonic() of the last relay
+        self._local = threading.local()  # per writer thread: when it last returned
         #: Calls sent and writes they carried (for tests and benchmarks).
         self.calls_sent = 0
         self.writes_sent = 0
@@ -194,21 +176,35 @@ class WritePipe:
             ops,
             time.monotonic() + timeout_ms / 1000,
         )
+        local = self._local
+        left_at = getattr(local, "left_at", None)
+        # A thread that came back within RETURN_GAP_S of its last write is likely to come
+        # back again: its next return leaves the relay to its next wait.
+        returns_fast = left_at is not None and time.monotonic() - left_at < RETURN_GAP_S
         with self._lock:
             self._queue.append(pending)
             batch = self._take_locked()
-        if batch:  # the pipe was idle: this thread makes the call
-            self._make_call(batch, lambda: self._answer(lambda: self._call(batch)))
-        while not pending.settled:
-            woken = pending.wake.wait(max(0.0, pending.deadline - time.monotonic()))
-            with self._lock:
-                led, pending.leads = pending.leads, None
-                pending.wake.clear()
-                if led is None and not woken and not pending.settled:
-                    pending.abandoned = True  # if still queued, it is never sent
-                    break
-            if led:  # handed the next call: answered even past this write's deadline
-                self._make_call(*led)
+        try:
+            if batch:  # the pipe was idle: this thread makes the call
+                self._make_call(batch, lambda: self._answer(lambda: self._call(batch)), pending)
+            while not pending.settled:
+                relay = self._relay_target()
+                woken = pending.wake.wait(
+                    max(0.0, pending.deadline - time.monotonic()),
+                    None if relay is None else relay.wake,
+                )
+                with self._lock:
+                    led, pending.leads = pending.leads, None
+                    pending.wake.clear()
+                    if led is None and not woken and not pending.settled:
+                        pending.abandoned = True  # if still queued, it is never sent
+                        break
+                if led:  # handed the next call: answered even past this write's deadline
+                    self._make_call(*led, pending)
+        finally:
+            pending.left = True
+            self._relay_on_leave(returns_fast)
+            local.left_at = time.monotonic()
         if not pending.settled:
             raise errors.TimedOutError(
                 f"write to {self.stubs.addr} not answered within {timeout_ms} ms "
@@ -247,10 +243,13 @@ class WritePipe:
             self.writes_sent += len(batch)
         return batch
 
-    def _make_call(self, batch: list[_Pending], call: _Call) -> None:
+    def _make_call(self, batch: list[_Pending], call: _Call, own: _Pending) -> None:
         """Reads the answer of ``call`` (carrying ``batch``) in this thread, starts the next
         call with the writes queued meanwhile and hands it to the first of them, then answers
-        ``batch``'s writes (module doc)."""
+        ``batch``'s writes (module doc). ``own`` is this thread's write."""
+        relay = self._relay_target()  # this thread waits for the answer: one writer runs
+        if relay is not None:
+            relay.wake.set()
         try:
             answer, failure = call()
         except BaseException as exc:  # interrupted: the call's outcome is unknown
@@ -258,7 +257,36 @@ class WritePipe:
             self._settle(batch, None, errors.NetworkError(f"write call interrupted: {exc!r}"))
             raise
         self._hand_on()
-        self._settle(batch, answer, failure)
+        self._settle(batch, answer, failure, own)
+
+    def _relay_target(self) -> _Pending | None:
+        """The writer to wake as this thread blocks: the first answered one still asleep."""
+        with self._lock:
+            asleep = self._asleep
+            while asleep:
+                head = asleep.popleft()
+                if not head.left:
+                    self._relayed_at = time.monotonic()
+                    return head
+        return None
+
+    def _relay_on_leave(self, returns_fast: bool) -> None:
+        """A writer returns to its caller: it wakes the next answered writer, unless it is
+        likely to wait in the pipe again soon (``returns_fast``) and wake one then, a call is
+        in flight or queued (whose maker wakes one when it starts the next call or returns),
+        and the last relay is recent (the relays are not stalled)."""
+        with self._lock:
+            if not self._asleep:
+                return
+            if (
+                returns_fast
+                and (self._inflight or self._queue)
+                and time.monotonic() - self._relayed_at < RELAY_LAG_S
+            ):
+                return
+        relay = self._relay_target()
+        if relay is not None:
+            relay.wake.set()
 
     def _hand_on(self) -> None:
         with self._lock:
@@ -302,7 +330,11 @@ class WritePipe:
         return self._write_multi(_multi_request(batch), timeout=timeout_s)
 
     def _settle(
-        self, batch: list[_Pending], response: _Answer | None, failure: BaseException | None
+        self,
+        batch: list[_Pending],
+        response: _Answer | None,
+        failure: BaseException | None,
+        own: _Pending | None = None,
     ) -> None:
         if failure is not None or response is None:
             failure = failure or errors.NetworkError(f"no answer from {self.stubs.addr}")
@@ -324,11 +356,17 @@ class WritePipe:
             for p in batch:
                 p.settle(None, error)
             return
+        asleep: list[_Pending] = []
         for p, sub in zip(batch, response.responses, strict=True):
             if sub.HasField("error"):
                 p.settle(None, error_from_pb(sub.error))
-            else:
+            elif p is own:
                 p.settle(sub, None)
+            else:
+                p.settle_asleep(sub)
+                asleep.append(p)
+        with self._lock:
+            self._asleep.extend(asleep)
 
 
 @dataclass(frozen=True)

@@ -12,10 +12,10 @@ from typing import Any
 import grpc
 import pytest
 
-from nyala import errors
+from nyala import _native, errors
 from nyala._proto import common_pb2, tserver_pb2, tserver_pb2_grpc
 from nyala.client.rpc import ChannelPool
-from nyala.client.write_pipe import WritePipe, _Wake
+from nyala.client.write_pipe import WritePipe
 
 UUID = "0123456789abcdef0123456789abcdef"
 LEADER = "f" * 32
@@ -285,7 +285,7 @@ def test_a_write_not_answered_in_time_times_out_and_a_queued_one_is_never_sent(
 
 
 def test_a_writers_wake_up_behaves_as_an_event() -> None:
-    wake = _Wake()
+    wake = _native.Wake()
     began = time.monotonic()
     assert not wake.wait(0.05)  # not set: waits out its timeout
     assert time.monotonic() - began >= 0.04
@@ -303,3 +303,67 @@ def test_a_writers_wake_up_behaves_as_an_event() -> None:
     wake.set()  # from another thread, while it waits
     waiter.join(10)
     assert woken == [True]
+
+
+def test_a_wait_wakes_its_relay_first_and_checks_its_timeout() -> None:
+    wake, relay = _native.Wake(), _native.Wake()
+    assert not wake.wait(0.01, relay)  # nobody sets it: the timeout
+    assert relay.is_set()  # set before this thread slept
+    assert relay.wait(0)
+    wake.set()
+    other = _native.Wake()
+    assert wake.wait(0, other)  # set already: still wakes the relay
+    assert other.is_set()
+    for bad in (-1.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="a wait of"):
+            wake.wait(bad)
+
+
+def test_writers_that_each_write_once_are_all_answered_at_once(
+    server: tuple[_Server, str], pool: ChannelPool
+) -> None:
+    """Answered writers are woken one at a time, each by the one before it (module doc).
+    Writers that return for good must still wake the rest: none waits out its deadline
+    (10 s)."""
+    servicer, addr = server
+    pipe = WritePipe(pool.get(addr), inflight_calls_max=1)
+    first = _hold_first_call(servicer, pipe, _request("ok-first", 1))
+    later = _Writers(pipe, [_request(f"ok-{i}", 10 + i) for i in range(20)])
+    _wait_queued(pipe, 20)
+    began = time.monotonic()
+    servicer.gate.set()
+    assert first.join()[0].op_id.index == 1
+    assert [a.op_id.index for a in later.join()] == [10 + i for i in range(20)]
+    assert time.monotonic() - began < 5
+    assert [len(c) for c in servicer.calls] == [1, 20]
+    assert not pipe._asleep
+
+
+def test_writers_in_a_loop_that_stop_are_all_answered(
+    server: tuple[_Server, str], pool: ChannelPool
+) -> None:
+    """Writers writing back to back (each expected back, so it leaves the relay to its next
+    wait) that then stop: the last ones' answers still reach them well before their
+    deadline (10 s)."""
+    _, addr = server
+    pipe = WritePipe(pool.get(addr), inflight_calls_max=1)
+    took: list[float] = []
+    lock = threading.Lock()
+
+    def loop(base: int) -> None:
+        for k in range(30):
+            began = time.monotonic()
+            assert pipe.write(*_request(f"ok-{base}", base + k), 10_000).op_id.index == base + k
+            with lock:
+                took.append(time.monotonic() - began)
+
+    threads = [threading.Thread(target=loop, args=(1000 * t,)) for t in range(12)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert len(took) == 12 * 30
+    assert max(took) < 5
+    assert pipe.writes_sent == 12 * 30
+    assert pipe.calls_sent < 12 * 30  # they shared calls
+    assert not pipe._asleep
