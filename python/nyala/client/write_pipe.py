@@ -21,6 +21,16 @@ whose thread wakes and makes the next call. (A sync gRPC channel's ``future()`` 
 thread whenever the channel had no call in flight; a blocking call needs none.) That writer may
 wait past its own deadline for the call it makes, which runs until the latest of its writes'.
 
+The writers a call answered are woken one at a time (``_native.Wake``): each is woken by a thread
+that is about to wait in the pipe (the previous writer, back with its next write, or a call's
+maker), after that thread gave up the GIL, so that the woken one finds the GIL free. Woken all at
+once, each thread woke twice (from its wait, then again when the GIL came free): 64 writers cost
+four thread switches per write, most of the client's kernel time (docs/performance.md, "Writer
+threads that take turns"). A writer that returns to its caller wakes the next one itself unless
+it came back within ``RETURN_GAP_S`` last time, a call is in flight (whose maker wakes one when
+it starts the next call or returns) and a writer was woken within ``RELAY_LAG_S``: an answered
+writer waits at most until a thread next waits in the pipe or the call in flight ends.
+
 The calls go on the tablet server's peer channel (``WRITE_MAGIC``,
 ``nyala.consensus.runtime.peer_channel``): a length-prefixed ``WriteMultiRequestPB`` on a TCP
 connection and its ``WriteMultiResponsePB`` back, which costs both ends a fraction of a gRPC
