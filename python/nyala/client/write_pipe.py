@@ -29,7 +29,7 @@ four thread switches per write, most of the client's kernel time (docs/performan
 threads that take turns"). A writer that returns to its caller wakes the next one itself unless
 it came back within ``RETURN_GAP_S`` last time, a call is in flight (whose maker wakes one when
 it starts the next call or returns) and a writer was woken within ``RELAY_LAG_S``: an answered
-writer waits at most until a thread next waits in the pipe or the call in flight ends.
+writer waits at most until a thread next waits in the pipe, or a call starts or ends.
 
 The calls go on the tablet server's peer channel (``WRITE_MAGIC``,
 ``nyala.consensus.runtime.peer_channel``): a length-prefixed ``WriteMultiRequestPB`` on a TCP
