@@ -71,10 +71,13 @@ impl Wake {
             return Ok(true);
         }
         let mut relay = relay.as_ref().map(|r| r.get());
-        // Capped at a day: Instant + Duration must not overflow.
-        let deadline = Instant::now() + Duration::from_secs_f64(timeout.min(86_400.0));
+        // None: too far to represent, as good as never.
+        let deadline = Duration::try_from_secs_f64(timeout)
+            .ok()
+            .and_then(|d| Instant::now().checked_add(d));
         loop {
-            let slice_end = deadline.min(Instant::now() + SIGNAL_CHECK);
+            let check_at = Instant::now() + SIGNAL_CHECK;
+            let slice_end = deadline.map_or(check_at, |d| d.min(check_at));
             let set = py.detach(|| {
                 if let Some(relay) = relay.take() {
                     relay.raise();
@@ -87,7 +90,7 @@ impl Wake {
                 }
                 *flag
             });
-            if set || Instant::now() >= deadline {
+            if set || deadline.is_some_and(|d| Instant::now() >= d) {
                 return Ok(set);
             }
             py.check_signals()?;

@@ -3,6 +3,7 @@ one call, each write gets its own answer or error, and a failed call fails only 
 
 from __future__ import annotations
 
+import signal
 import threading
 import time
 from collections.abc import Iterator
@@ -317,6 +318,31 @@ def test_a_wait_wakes_its_relay_first_and_checks_its_timeout() -> None:
     for bad in (-1.0, float("nan"), float("inf")):
         with pytest.raises(ValueError, match="a wait of"):
             wake.wait(bad)
+    wake.clear()
+    threading.Timer(0.2, wake.set).start()
+    assert wake.wait(1e300)  # too far to represent: as good as never, until set
+
+
+class _Interrupted(Exception):
+    pass
+
+
+def test_a_wait_is_interrupted_by_a_signal() -> None:
+    """A writer waiting in the pipe can be stopped with Ctrl-C: the wait checks signals."""
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise _Interrupted
+
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.2)
+        began = time.monotonic()
+        with pytest.raises(_Interrupted):
+            _native.Wake().wait(30)
+        assert time.monotonic() - began < 5
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 def test_writers_that_each_write_once_are_all_answered_at_once(
