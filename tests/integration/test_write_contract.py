@@ -15,6 +15,7 @@ rows. 3 masters, 3 tservers, a table of 4 tablets with a gap between its ranges.
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import time
 from collections.abc import Iterator
@@ -308,6 +309,19 @@ def test_lost_leader_leaves_its_rows_unknown_and_retry_applies_them_once(
             unknown = {e.row for e in result.unknown}
             assert unknown == lost_rows, "exactly the lost leader's rows are unknown"
             assert not result.row_errors
+            # The unknown rows' requests stay outstanding while a result can retry them; a
+            # result dropped unretried releases its own (the servers then forget them). At
+            # once: a new leader comes after ~3 s.
+            requests = client._writer.requests
+            held = requests.outstanding
+            assert held >= 1
+            lost_ids = [int(ids[r]) for r in sorted(lost_rows)[:5]]
+            with pytest.raises(errors.PartialWriteError) as again:
+                table.insert({"id": lost_ids, "v": ["x"] * 5}, timeout_ms=300)
+            assert requests.outstanding > held
+            del again
+            gc.collect()
+            assert requests.outstanding == held
             # Every unknown row belongs to the lost tablet; every other row was applied.
             # (A scan waits 2 s at most for the lost leader, then reads a new one.)
             scan = table.scan(columns=["id"], attempt_timeout_ms=2_000, timeout_ms=60_000)
@@ -322,6 +336,7 @@ def test_lost_leader_leaves_its_rows_unknown_and_retry_applies_them_once(
         settled = result.retry(timeout_ms=60_000)
         assert settled.ok, settled.row_errors[:3]
         assert settled.applied == len(ids)
+        assert client._writer.requests.outstanding == 0  # every request answered
         got = table.scan(columns=["id"]).to_arrow().column("id").to_pylist()
         assert sorted(got) == sorted(ids.tolist())
         if fault == "kill":

@@ -614,18 +614,24 @@ class Writer:
         them, called only if the result needs them)."""
         deadline = time.monotonic() + (timeout_ms or self.timeout_ms) / 1000
         settled: list[_Settled] = []
-        if len(per_tablet) == 1:
-            # Sent from the caller's thread: concurrent callers then meet in the write pipe
-            # (their writes coalesce) instead of queueing for the executor's few threads.
-            settled = self._send_all(info, next(iter(per_tablet.values())), deadline)
-        elif per_tablet:
-            futures: list[Future[list[_Settled]]] = [
-                self.executor.submit(self._send_all, info, requests, deadline)
-                for requests in per_tablet.values()
-            ]
-            for future in futures:
-                settled.extend(future.result())
+        try:
+            if len(per_tablet) == 1:
+                # Sent from the caller's thread: concurrent callers then meet in the write pipe
+                # (their writes coalesce) instead of queueing for the executor's few threads.
+                settled = self._send_all(info, next(iter(per_tablet.values())), deadline)
+            elif per_tablet:
+                futures: list[Future[list[_Settled]]] = [
+                    self.executor.submit(self._send_all, info, requests, deadline)
+                    for requests in per_tablet.values()
+                ]
+                for future in futures:
+                    settled.extend(future.result())
+        except BaseException:
+            for requests in per_tablet.values():
+                self._release_when_dropped(requests)
+            raise
         pending = [s.request for s in settled if s.pending]
+        self._release_when_dropped(pending)
         for one in settled:
             self._record(one, outcomes)
         for request in (s.request for s in settled if not s.pending):
@@ -697,9 +703,14 @@ class Writer:
             info.schema.version,
             authz_token=locations.authz_token,
         )
-        # Released when no result holds it any more (answered, or dropped unretried).
-        weakref.finalize(request, self.requests.done, request.seq_no)
         per_tablet.setdefault(tablet_id, []).append(request)
+
+    def _release_when_dropped(self, requests: list[_Request]) -> None:
+        """Requests that may be sent again (a result's ``retry()``) stay outstanding until no
+        result holds them any more. Answered ones are released at once (``_finish``): a
+        finalizer for each request cost a few microseconds of every small write."""
+        for request in requests:
+            weakref.finalize(request, self.requests.done, request.seq_no)
 
     def _send_all(
         self, info: TableInfo, requests: list[_Request], deadline: float
