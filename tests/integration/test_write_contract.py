@@ -309,19 +309,7 @@ def test_lost_leader_leaves_its_rows_unknown_and_retry_applies_them_once(
             unknown = {e.row for e in result.unknown}
             assert unknown == lost_rows, "exactly the lost leader's rows are unknown"
             assert not result.row_errors
-            # The unknown rows' requests stay outstanding while a result can retry them; a
-            # result dropped unretried releases its own (the servers then forget them). At
-            # once: a new leader comes after ~3 s.
-            requests = client._writer.requests
-            held = requests.outstanding
-            assert held >= 1
-            lost_ids = [int(ids[r]) for r in sorted(lost_rows)[:5]]
-            with pytest.raises(errors.PartialWriteError) as again:
-                table.insert({"id": lost_ids, "v": ["x"] * 5}, timeout_ms=300)
-            assert requests.outstanding > held
-            del again
-            gc.collect()
-            assert requests.outstanding == held
+            assert client._writer.requests.outstanding >= 1  # held for the retry
             # Every unknown row belongs to the lost tablet; every other row was applied.
             # (A scan waits 2 s at most for the lost leader, then reads a new one.)
             scan = table.scan(columns=["id"], attempt_timeout_ms=2_000, timeout_ms=60_000)
@@ -341,6 +329,32 @@ def test_lost_leader_leaves_its_rows_unknown_and_retry_applies_them_once(
         assert sorted(got) == sorted(ids.tolist())
         if fault == "kill":
             victim.restart()
+
+
+def test_a_dropped_result_releases_its_unknown_requests() -> None:
+    """A request whose outcome is unknown stays outstanding (its sequence number, the floor
+    below which the servers forget outcomes) while a result may retry it, and is released
+    once the result is dropped unretried; answered requests are released at once."""
+    with (
+        logs_on_failure(MiniCluster(1, num_masters=1)) as mini,
+        nyala.connect(mini.master_addrs, timeout_ms=30_000) as client,
+    ):
+        table = client.create_table("dropped", SCHEMA, replicas=1)
+        requests = client._writer.requests
+        assert table.insert({"id": [1], "v": ["a"]}).ok
+        assert requests.outstanding == 0
+        server = mini.tservers[0]
+        server.pause()
+        try:
+            with pytest.raises(errors.PartialWriteError) as raised:
+                table.insert({"id": [2, 3], "v": ["b", "c"]}, timeout_ms=300)
+            assert raised.value.result.unknown
+            assert requests.outstanding == 1
+            del raised
+            gc.collect()
+            assert requests.outstanding == 0
+        finally:
+            server.resume()
 
 
 # --- schema evolution ----------------------------------------------------------------------
