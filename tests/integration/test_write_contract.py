@@ -34,7 +34,7 @@ import nyala
 from nyala import errors
 from nyala._proto import consensus_pb2
 from nyala.cli import main
-from nyala.client.write import RowOutcome
+from nyala.client.write import RowOutcome, Writer
 from nyala.rowops import OpType
 from nyala.testing import MiniCluster, logs_on_failure
 from nyala.testing.mini_cluster import FAST_TSERVER_FLAGS, ServerProcess, fast_master_flags
@@ -355,6 +355,42 @@ def test_a_dropped_result_releases_its_unknown_requests() -> None:
             assert requests.outstanding == 0
         finally:
             server.resume()
+
+
+class _Stopped(BaseException):
+    """An interruption (Ctrl-C, say) in the middle of making a write's requests."""
+
+
+def test_a_write_stopped_before_sending_releases_its_requests(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Requests made for a write that is interrupted before sending any are released at once
+    (they are never sent): none stays outstanding, through either write path."""
+    with (
+        logs_on_failure(MiniCluster(1, num_masters=1)) as mini,
+        nyala.connect(mini.master_addrs, timeout_ms=30_000) as client,
+    ):
+        table = client.create_table("stopped", SCHEMA, partitioning=PARTITIONING, replicas=1)
+        requests = client._writer.requests
+        ids = list(range(0, 40)) + list(range(2000, 2040))  # every tablet
+        add_request = Writer._add_request
+        made = [0]
+
+        def stopped_at_the_second(self: Writer, *args: Any, **kwargs: Any) -> None:
+            made[0] += 1
+            if made[0] == 2:
+                raise _Stopped
+            add_request(self, *args, **kwargs)
+
+        monkeypatch.setattr(Writer, "_add_request", stopped_at_the_second)
+        small = {"id": ids, "v": [f"v{i}" for i in ids]}  # Writer.write_small
+        large = pa.table(small)  # Writer.write
+        for data in (small, large):
+            made[0] = 0
+            with pytest.raises(_Stopped):
+                table.insert(data)
+            assert made[0] == 2
+            assert requests.outstanding == 0
 
 
 # --- schema evolution ----------------------------------------------------------------------

@@ -573,9 +573,13 @@ class Writer:
         if split is None or split[1]:
             return None
         per_tablet: dict[str, list[_Request]] = {}
-        for partition, positions, ops in split[0]:
-            at = np.array(positions, dtype=np.uint32)
-            self._add_request(per_tablet, locations, partition, at, ops, shape, info)
+        try:
+            for partition, positions, ops in split[0]:
+                at = np.array(positions, dtype=np.uint32)
+                self._add_request(per_tablet, locations, partition, at, ops, shape, info)
+        except BaseException:
+            self._never_sent(per_tablet)
+            raise
 
         def sources() -> tuple[pa.RecordBatch, pa.RecordBatch]:
             prepared = prepare_op_batch(data, op, schema)
@@ -675,10 +679,14 @@ class Writer:
             outcomes.row_failures = True
             outcomes.set(gaps.tolist(), RowOutcome.FAILED, "NOT_FOUND", NO_TABLET_MESSAGE)
         shape = _shape(prepared)
-        for partition, positions, ops in pieces:
-            self._add_request(
-                per_tablet, locations, partition, np.asarray(positions), ops, shape, info
-            )
+        try:
+            for partition, positions, ops in pieces:
+                self._add_request(
+                    per_tablet, locations, partition, np.asarray(positions), ops, shape, info
+                )
+        except BaseException:  # interrupted: nothing was sent
+            self._never_sent(per_tablet)
+            raise
         return per_tablet
 
     def _add_request(
@@ -704,6 +712,12 @@ class Writer:
             authz_token=locations.authz_token,
         )
         per_tablet.setdefault(tablet_id, []).append(request)
+
+    def _never_sent(self, per_tablet: dict[str, list[_Request]]) -> None:
+        """Releases requests made for a write that stopped before sending them."""
+        for requests in per_tablet.values():
+            for request in requests:
+                self.requests.done(request.seq_no)
 
     def _release_when_dropped(self, requests: list[_Request]) -> None:
         """Requests that may be sent again (a result's ``retry()``) stay outstanding until no
