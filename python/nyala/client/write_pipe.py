@@ -272,12 +272,15 @@ class WritePipe:
     def _relay_target(self) -> _Pending | None:
         """The writer to wake as this thread blocks: the first answered one still asleep."""
         with self._lock:
-            asleep = self._asleep
-            while asleep:
-                head = asleep.popleft()
-                if not head.left:
-                    self._relayed_at = time.monotonic()
-                    return head
+            return self._pop_asleep_locked()
+
+    def _pop_asleep_locked(self) -> _Pending | None:
+        asleep = self._asleep
+        while asleep:
+            head = asleep.popleft()
+            if not head.left:
+                self._relayed_at = time.monotonic()
+                return head
         return None
 
     def _relay_on_leave(self, returns_fast: bool) -> None:
@@ -286,15 +289,13 @@ class WritePipe:
         in flight or queued (whose maker wakes one when it starts the next call or returns),
         and the last relay is recent (the relays are not stalled)."""
         with self._lock:
-            if not self._asleep:
-                return
-            if (
+            if not self._asleep or (
                 returns_fast
                 and (self._inflight or self._queue)
                 and time.monotonic() - self._relayed_at < RELAY_LAG_S
             ):
                 return
-        relay = self._relay_target()
+            relay = self._pop_asleep_locked()
         if relay is not None:
             relay.wake.set()
 
