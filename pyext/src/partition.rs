@@ -7,6 +7,8 @@
 
 use std::sync::Arc;
 
+use parking_lot::Mutex;
+
 use arrow::array::{
     Array, ArrayData, ArrayRef, BinaryBuilder, BooleanBuilder, Float64Builder, Int16Builder,
     Int32Builder, Int64Builder, Int8Builder, RecordBatch, StringBuilder, UInt32Array, UInt8Array,
@@ -14,13 +16,13 @@ use arrow::array::{
 use arrow::datatypes::{DataType, Field, Schema as ArrowSchema};
 use arrow::pyarrow::PyArrowType;
 use nyala_storage::ops::OP_COLUMN;
-use nyala_storage::partition::{hash64, HashLevel, PartitionRouter as Router};
-use nyala_storage::{encode_ipc, DataType as ColumnType, StorageError};
+use nyala_storage::partition::{hash64, HashLevel, PartitionRouter as Router, StreamEncoder};
+use nyala_storage::{encode_ipc, DataType as ColumnType, Schema, StorageError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyFloat, PyInt, PyList, PyString};
 
 use crate::errors::to_py;
-use crate::storage::{schema_from_py, SchemaTuple};
+use crate::storage::schema_from_py;
 
 /// A hash level as Python passes it: (column names, buckets, seed).
 type HashLevelTuple = (Vec<String>, u32, u32);
@@ -49,6 +51,29 @@ fn partition_hash64(data: &[u8], seed: u32) -> u64 {
 #[pyclass(frozen, module = "nyala._native")]
 pub struct PartitionRouter {
     router: Arc<Router>,
+    /// What `split_small_rows` keeps from one call to the next.
+    small: Mutex<SmallRows>,
+}
+
+/// The table schema last given to `split_small_rows` (the very tuple, held so that its
+/// identity means the same schema) parsed, and the encoder of its requests.
+#[derive(Default)]
+struct SmallRows {
+    schema: Option<(Py<PyAny>, Schema)>,
+    encoder: StreamEncoder,
+}
+
+/// `schema` (a `SchemaTuple`) parsed, or the one `kept` if it is the same object.
+fn parsed_schema<'a>(
+    kept: &'a mut Option<(Py<PyAny>, Schema)>,
+    schema: &Bound<'_, PyAny>,
+) -> PyResult<&'a Schema> {
+    let known = matches!(kept, Some((tuple, _)) if tuple.is(schema));
+    if !known {
+        let parsed = schema_from_py(schema.py(), schema.extract()?)?;
+        *kept = Some((schema.clone().unbind(), parsed));
+    }
+    Ok(&kept.as_ref().expect("parsed above").1)
 }
 
 #[pymethods]
@@ -72,6 +97,7 @@ impl PartitionRouter {
         let router = Router::new(levels, range_columns, starts, ends).map_err(to_py)?;
         Ok(PartitionRouter {
             router: Arc::new(router),
+            small: Mutex::default(),
         })
     }
 
@@ -175,17 +201,30 @@ impl PartitionRouter {
     /// is not of those types, a column is of another type (float, timestamp, date, decimal)
     /// or not in `schema`, or a row breaks a rule of `check_op_batch`: the caller then takes
     /// the general path, which converts what it can and reports the rest row by row.
+    ///
+    /// The router keeps the last `schema` parsed (the tuple `Schema.to_native` keeps, so the
+    /// same object means the same schema) and its last stream encoder (the schema's encoded
+    /// message and the writer's buffers): building those was half the cost of a one-row call.
     #[pyo3(signature = (schema, columns, op, rows_max, bytes_max))]
     fn split_small_rows<'py>(
         &self,
         py: Python<'py>,
-        schema: SchemaTuple,
+        schema: &Bound<'py, PyAny>,
         columns: Vec<(String, Bound<'py, PyList>)>,
         op: u8,
         rows_max: usize,
         bytes_max: usize,
     ) -> PyResult<Option<SmallSplit<'py>>> {
-        let schema = schema_from_py(py, schema)?;
+        // Another thread in here (between two steps that may let the GIL go) has the kept
+        // state: this call parses and encodes afresh.
+        let mut fresh = SmallRows::default();
+        let mut kept = self.small.try_lock();
+        let small = kept.as_deref_mut().unwrap_or(&mut fresh);
+        let SmallRows {
+            schema: kept_schema,
+            encoder,
+        } = small;
+        let schema = parsed_schema(kept_schema, schema)?;
         let rows = columns.first().map_or(0, |(_, values)| values.len());
         let mut fields = Vec::with_capacity(columns.len() + 1);
         let mut arrays: Vec<ArrayRef> = Vec::with_capacity(columns.len() + 1);
@@ -206,7 +245,7 @@ impl PartitionRouter {
         arrays.push(Arc::new(UInt8Array::from(vec![op; rows])));
         let batch = RecordBatch::try_new(Arc::new(ArrowSchema::new(fields)), arrays)
             .map_err(|e| to_py(StorageError::invalid(format!("cannot build rows: {e}"))))?;
-        if !nyala_storage::ops::check_op_batch(&batch, &schema)
+        if !nyala_storage::ops::check_op_batch(&batch, schema)
             .map_err(to_py)?
             .is_empty()
         {
@@ -214,7 +253,7 @@ impl PartitionRouter {
         }
         let split = self
             .router
-            .split_requests(&batch, rows_max, bytes_max, 1, None)
+            .split_requests_with(&batch, rows_max, bytes_max, encoder)
             .map_err(to_py)?;
         let requests = split
             .requests

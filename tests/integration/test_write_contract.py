@@ -81,9 +81,10 @@ def client(cluster: MiniCluster) -> Iterator[nyala.Client]:
 class Contract:
     """One table and its model: writes a batch, then checks outcomes and contents."""
 
-    def __init__(self, client: nyala.Client, name: str) -> None:
-        self.table = client.create_table(name, SCHEMA, partitioning=PARTITIONING, replicas=3)
-        assert len(self.table.tablets()) == 4
+    def __init__(self, client: nyala.Client, name: str, *, tablets: int = 4) -> None:
+        partitioning = PARTITIONING if tablets > 1 else None
+        self.table = client.create_table(name, SCHEMA, partitioning=partitioning, replicas=3)
+        assert len(self.table.tablets()) == tablets
         self.model = Model()
         self.calls = 0
 
@@ -141,6 +142,65 @@ def test_table_writes_report_every_row(
         assert error.key == {"id": rows[error.row].id}
     assert result.applied + len(result.row_errors) + len(result.unknown) == len(rows)
     api_table.check(rows, outcomes, codes)
+
+
+@pytest.fixture(scope="module")
+def one_tablet_table(client: nyala.Client) -> Contract:
+    return Contract(client, "contract_one_tablet", tablets=1)
+
+
+@PROPERTY
+@given(specs=SPECS, op=st.sampled_from([OpType.INSERT, OpType.UPSERT]), partitioned=st.booleans())
+def test_writes_of_a_few_rows_as_lists_report_every_row(
+    api_table: Contract,
+    one_tablet_table: Contract,
+    specs: list[RowSpec],
+    op: OpType,
+    partitioned: bool,
+) -> None:
+    """The rows as a dict of lists (``Writer.write_small``; its one-tablet shortcut when the
+    table has one tablet): the same contract, and the failed rows' values come back."""
+    contract = api_table if partitioned else one_tablet_table
+    if not partitioned:  # its one tablet covers every key: no row falls between ranges
+        specs = [RowSpec(Kind.GOOD, s.choice) if s.kind is Kind.GAP else s for s in specs]
+    rows = contract.rows(op, specs)
+    given = rows_table(rows).to_pydict()
+    result = _result_of(lambda: contract.table.write(given, op))
+    assert result.rows == len(rows)
+    assert result.applied + len(result.row_errors) + len(result.unknown) == len(rows)
+    for error in result.row_errors:
+        assert error.key == {"id": rows[error.row].id}
+    failed = [rows[e.row].id for e in result.row_errors]
+    got = [] if result.failed_rows is None else result.failed_rows.column("id").to_pylist()
+    assert got == failed
+    if result.ok:
+        assert result.timestamp > 0
+        assert (result.outcomes == RowOutcome.APPLIED).all()
+    codes = {e.row: e.code for e in result.row_errors}
+    contract.check(rows, outcome_names(result.outcomes), codes)
+
+
+def test_a_few_rows_to_one_tablet_come_back_row_by_row(client: nyala.Client) -> None:
+    """The one-tablet shortcut of ``Writer.write_small``: a duplicate among the rows is a row
+    error naming its key and keeping its values; a write all applied has its timestamp."""
+    table = client.create_table("few_rows", SCHEMA, replicas=3)
+    first = table.insert({"id": [1, 2], "v": ["a", "b"]})
+    assert first.ok
+    assert first.applied == 2
+    assert first.timestamp > 0
+    again = table.insert({"id": [2, 3], "v": ["c", "d"]})
+    assert [(e.row, e.code, dict(e.key)) for e in again.row_errors] == [
+        (0, "ALREADY_PRESENT", {"id": 2})
+    ]
+    assert again.applied == 1
+    assert not again.unknown
+    assert again.failed_rows is not None
+    assert again.failed_rows.select(["id", "v"]).to_pylist() == [{"id": 2, "v": "c"}]
+    assert outcome_names(again.outcomes) == ["failed", "applied"]
+    assert again.timestamp >= first.timestamp
+    assert client._writer.requests.outstanding == 0
+    got = table.scan(columns=["id", "v"]).to_arrow().sort_by("id").to_pylist()
+    assert got == [{"id": 1, "v": "a"}, {"id": 2, "v": "b"}, {"id": 3, "v": "d"}]
 
 
 @pytest.fixture(scope="module")

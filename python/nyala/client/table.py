@@ -96,7 +96,8 @@ class Table:
         counting from the stream's first row. If a chunk ends with rows unknown,
         ``PartialWriteError`` is raised for it (``exc.result`` covers that chunk; the chunks
         before it are applied, the rest of the stream is not read)."""
-        if is_arrow_stream(data):
+        small = type(data) is dict and not ignore_extra_columns  # one row or a few, say
+        if not small and is_arrow_stream(data):
             parts = []
             for chunk in stream_chunks(data, STREAM_WRITE_ROWS_MAX):
                 part = self.write(
@@ -107,10 +108,10 @@ class Table:
             return WriteResult.concat(parts)
         info = self._current_info()
         kind = OpType.parse(op)
-        if type(data) is dict and not ignore_extra_columns:  # one row or a few, say
-            small = self._client._writer.write_small(info, data, kind, timeout_ms=timeout_ms)
-            if small is not None:
-                return small.check()
+        if small:
+            result = self._client._writer.write_small(info, data, kind, timeout_ms=timeout_ms)
+            if result is not None:
+                return result.check()
         prepared = prepare_op_batch(
             data, kind, info.schema, ignore_extra_columns=ignore_extra_columns
         )

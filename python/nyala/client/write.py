@@ -75,6 +75,16 @@ SMALL_WRITE_ROWS_MAX = 64
 _SHAPES_MAX = 1024  # request shapes the writer keeps for small writes
 _NO_ROWS = np.zeros(0, dtype=np.int64)
 
+
+def _row_range(rows: int) -> np.ndarray[Any, Any]:
+    positions = np.arange(rows, dtype=np.uint32)
+    positions.setflags(write=False)  # shared by every request of that many rows
+    return positions
+
+
+#: The positions of a small write's rows when they all go to one tablet (0, 1, ... in order).
+_ROWS = tuple(_row_range(n) for n in range(SMALL_WRITE_ROWS_MAX + 1))
+
 #: The reason of a row no tablet covers.
 NO_TABLET_MESSAGE = "no tablet covers the row's key (it falls between the table's range partitions)"
 
@@ -302,6 +312,24 @@ class WriteResult:
         return cls(outcomes, rows, key)
 
     @classmethod
+    def all_applied(cls, rows: int, timestamp: int, key: list[str]) -> WriteResult:
+        """A result in which all ``rows`` rows were applied at ``timestamp`` (a small write
+        that one answer settled: nothing failed, so no row needs keeping)."""
+        result = cls.__new__(cls)
+        outcomes = _Outcomes(rows)
+        outcomes.timestamp = timestamp
+        result._outcomes = outcomes
+        result._source = result._converted = None
+        result._key = key
+        result._retry_with = None
+        result.rows = rows
+        result.timestamp = timestamp
+        result.row_errors = []
+        result.unknown = []
+        result.failed_rows = result.unknown_rows = None
+        return result
+
+    @classmethod
     def concat(cls, parts: Sequence[WriteResult]) -> WriteResult:
         """One result over the rows of ``parts`` in order (the chunks of a streamed write):
         row positions count from the first part's first row; only rows that failed or are
@@ -521,7 +549,9 @@ class Writer:
         self._channel_tls = None
         if self._channel and tls is not None:
             self._channel_tls = channel_tls_config(tls, server=False)
-        self._shapes: dict[tuple[str, int, tuple[str, ...], OpType], _Shape] = {}
+        self._shapes: dict[
+            tuple[str, int, tuple[str, ...], OpType], tuple[_Shape, tuple[str, ...]]
+        ] = {}
 
     def write(
         self, info: TableInfo, prepared: PreparedRows, *, timeout_ms: int | None = None
@@ -551,58 +581,89 @@ class Writer:
         whose pyarrow counterparts each gave up the GIL and so cost a thread switch when many
         threads write (docs/performance.md, "Small writes from many threads"). The rows as
         pyarrow batches are built only if the result needs them (a row failed or is
-        unknown). Returns None, having sent nothing, for input this path does not take
+        unknown); rows that all go to one tablet are sent from here, and a write that one
+        answer settles whole makes its result without the general assembly. Returns None,
+        having sent nothing, for input this path does not take
         (more than ``SMALL_WRITE_ROWS_MAX`` rows, values other than lists of plain Python
         values, a row that does not convert or breaks a rule, a row no tablet covers): the
         caller then takes ``prepare_op_batch`` and ``write``. Raises what ``prepare_op_batch``
         raises for the columns."""
-        columns = list(data.values())
-        if not columns or any(type(values) is not list for values in columns):
-            return None
-        rows = len(columns[0])
+        rows = -1
+        for values in data.values():
+            if type(values) is not list:
+                return None
+            rows = len(values)
         if not 0 < rows <= SMALL_WRITE_ROWS_MAX or OP_COLUMN in data:
             return None
         schema = info.schema
-        names = tuple(data)
-        shape = self._shape(info, names, op)
-        given = [(c.name, data[c.name]) for c in schema.columns if c.name in data]
+        shape, order = self._shape(info, tuple(data), op)
+        given = [(name, data[name]) for name in order]
         locations = self.cache.locations(info)
         split = locations.router.split_small_rows(
             schema.to_native(), given, int(op), WRITE_REQUEST_ROWS_MAX, WRITE_REQUEST_BYTES_MAX
         )
         if split is None or split[1]:
             return None
-        per_tablet: dict[str, list[_Request]] = {}
-        try:
-            for partition, positions, ops in split[0]:
-                at = np.array(positions, dtype=np.uint32)
-                self._add_request(per_tablet, locations, partition, at, ops, shape, info)
-        except BaseException:
-            self._never_sent(per_tablet)
-            raise
 
         def sources() -> tuple[pa.RecordBatch, pa.RecordBatch]:
             prepared = prepare_op_batch(data, op, schema)
             return prepared.input, prepared.batch
 
+        pieces = split[0]
+        if len(pieces) == 1:  # one tablet: the rows in order, and no thread but the caller's
+            partition, _, ops = pieces[0]
+            request = _Request(
+                locations.tablets[partition].tablet_id,
+                self.requests.new(),
+                ops,
+                _ROWS[rows],
+                shape,
+                schema.version,
+                authz_token=locations.authz_token,
+            )
+            deadline = time.monotonic() + (timeout_ms or self.timeout_ms) / 1000
+            try:
+                response = self._send(info, request, deadline)
+            except errors.NyalaError as exc:
+                settled = _failed(request, exc)
+            except BaseException:
+                self._release_when_dropped([request])
+                raise
+            else:
+                if not response.per_row_errors:
+                    self.requests.done(request.seq_no)
+                    return WriteResult.all_applied(rows, response.timestamp, schema.key)
+                settled = _Settled(request, response=response)
+            return self._assemble(info, [settled], _Outcomes(rows), sources, schema.key)
+        per_tablet: dict[str, list[_Request]] = {}
+        try:
+            for partition, positions, ops in pieces:
+                at = np.array(positions, dtype=np.uint32)
+                self._add_request(per_tablet, locations, partition, at, ops, shape, info)
+        except BaseException:
+            self._never_sent(per_tablet)
+            raise
         return self._finish(info, per_tablet, _Outcomes(rows), sources, schema.key, timeout_ms)
 
-    def _shape(self, info: TableInfo, names: tuple[str, ...], op: OpType) -> _Shape:
-        """The shape of a small write's requests; raises ``prepare_op_batch``'s errors for
-        columns the table lacks or the rows must carry."""
+    def _shape(
+        self, info: TableInfo, names: tuple[str, ...], op: OpType
+    ) -> tuple[_Shape, tuple[str, ...]]:
+        """The shape of a small write's requests, and ``names`` in the table's column order;
+        raises ``prepare_op_batch``'s errors for columns the table lacks or the rows must
+        carry."""
         key = (info.table_id, info.schema.version, names, op)
-        shape = self._shapes.get(key)
-        if shape is None:
+        known = self._shapes.get(key)
+        if known is None:
             schema = info.schema
             only_deletes = op.is_delete
             has_updates = op in (OpType.UPDATE, OpType.UPDATE_IGNORE)
             check_columns(set(names), schema, only_deletes, has_updates, False)
             columns = tuple((c.name, c.arrow_type) for c in schema.columns if c.name in names)
-            shape = _Shape(columns, has_updates, only_deletes)
+            known = (_Shape(columns, has_updates, only_deletes), tuple(n for n, _ in columns))
             if len(self._shapes) >= _SHAPES_MAX:
                 self._shapes.clear()
-            self._shapes[key] = shape
-        return shape
+            self._shapes[key] = known
+        return known
 
     def _finish(
         self,
@@ -634,6 +695,18 @@ class Writer:
             for requests in per_tablet.values():
                 self._release_when_dropped(requests)
             raise
+        return self._assemble(info, settled, outcomes, sources, key)
+
+    def _assemble(
+        self,
+        info: TableInfo,
+        settled: list[_Settled],
+        outcomes: _Outcomes,
+        sources: _Sources,
+        key: list[str],
+    ) -> WriteResult:
+        """The result of a write whose requests are ``settled``; releases the answered ones
+        (and holds the others for ``WriteResult.retry``)."""
         pending = [s.request for s in settled if s.pending]
         self._release_when_dropped(pending)
         for one in settled:
@@ -739,16 +812,8 @@ class Writer:
                 continue
             try:
                 settled.append(_Settled(request, response=self._send(info, request, deadline)))
-            except _TabletDropped as exc:
-                settled.append(_Settled(request, error=exc, dropped=True))
-            except errors.InvalidArgumentError as exc:
-                # Refused whole at apply (deterministically) or before proposing: final.
-                settled.append(_Settled(request, error=exc, pending=request.maybe_sent))
             except errors.NyalaError as exc:
-                answered = not errors.is_retriable(exc)
-                settled.append(
-                    _Settled(request, error=exc, pending=not answered or request.maybe_sent)
-                )
+                settled.append(_failed(request, exc))
             blocked = settled[-1].pending
         return settled
 
@@ -899,6 +964,17 @@ class _TabletDropped(errors.NotFoundError):
 
 _UPDATES = frozenset({int(OpType.UPDATE), int(OpType.UPDATE_IGNORE)})
 _DELETES = frozenset({int(OpType.DELETE), int(OpType.DELETE_IGNORE)})
+
+
+def _failed(request: _Request, exc: errors.NyalaError) -> _Settled:
+    """The outcome of ``request`` whose sending ended with ``exc``."""
+    if isinstance(exc, _TabletDropped):
+        return _Settled(request, error=exc, dropped=True)
+    if isinstance(exc, errors.InvalidArgumentError):
+        # Refused whole at apply (deterministically) or before proposing: final.
+        return _Settled(request, error=exc, pending=request.maybe_sent)
+    answered = not errors.is_retriable(exc)
+    return _Settled(request, error=exc, pending=not answered or request.maybe_sent)
 
 
 def _shape(prepared: PreparedRows) -> _Shape:

@@ -16,7 +16,7 @@ use arrow::array::{Array, ArrayRef, AsArray, RecordBatch, RecordBatchOptions, UI
 use arrow::compute::take_record_batch;
 use arrow::datatypes::{
     DataType as ArrowType, Date32Type, Decimal128Type, Int16Type, Int32Type, Int64Type, Int8Type,
-    TimestampMicrosecondType,
+    SchemaRef, TimestampMicrosecondType,
 };
 use arrow::ipc::writer::StreamWriter;
 
@@ -298,17 +298,7 @@ impl PartitionRouter {
         threads: usize,
         selection: Option<&UInt32Array>,
     ) -> Result<SplitRequests> {
-        if rows_max == 0 || bytes_max == 0 {
-            return Err(StorageError::invalid("request limits must be positive"));
-        }
-        let (positions, unrouted) = self.positions(batch, selection)?;
-        let sizes = (batch_bytes(batch) > bytes_max).then(|| row_sizes(batch));
-        let mut pieces: Vec<(u32, UInt32Array)> = Vec::new();
-        for (partition, rows) in positions.into_iter().enumerate() {
-            for piece in cut(&rows, rows_max, bytes_max, sizes.as_deref()) {
-                pieces.push((partition as u32, UInt32Array::from(piece.to_vec())));
-            }
-        }
+        let (pieces, unrouted) = self.pieces(batch, rows_max, bytes_max, selection)?;
         let whole = pieces.len() == 1 && pieces[0].1.len() == batch.num_rows();
         let encode = |rows: &UInt32Array| -> Result<Vec<u8>> {
             if whole {
@@ -351,6 +341,61 @@ impl PartitionRouter {
             requests,
             unrouted: UInt32Array::from(unrouted),
         })
+    }
+
+    /// `split_requests` for a few rows on the caller's thread, encoding through `encoder`
+    /// (which keeps the encoded schema and the writer's buffers from one call to the next).
+    pub fn split_requests_with(
+        &self,
+        batch: &RecordBatch,
+        rows_max: usize,
+        bytes_max: usize,
+        encoder: &mut StreamEncoder,
+    ) -> Result<SplitRequests> {
+        let (pieces, unrouted) = self.pieces(batch, rows_max, bytes_max, None)?;
+        let mut requests = Vec::with_capacity(pieces.len());
+        for (partition, rows) in pieces {
+            let ipc = if rows.len() == batch.num_rows() {
+                encoder.encode(batch)?
+            } else {
+                let part = take_record_batch(batch, &rows)
+                    .map_err(|e| StorageError::invalid(format!("cannot split batch: {e}")))?;
+                encoder.encode(&part)?
+            };
+            requests.push(EncodedRequest {
+                partition,
+                rows,
+                ipc,
+            });
+        }
+        Ok(SplitRequests {
+            requests,
+            unrouted: UInt32Array::from(unrouted),
+        })
+    }
+
+    /// The requests' rows (`split_requests`): (partition, positions) per request, and the
+    /// positions no partition covers.
+    #[allow(clippy::type_complexity)]
+    fn pieces(
+        &self,
+        batch: &RecordBatch,
+        rows_max: usize,
+        bytes_max: usize,
+        selection: Option<&UInt32Array>,
+    ) -> Result<(Vec<(u32, UInt32Array)>, Vec<u32>)> {
+        if rows_max == 0 || bytes_max == 0 {
+            return Err(StorageError::invalid("request limits must be positive"));
+        }
+        let (positions, unrouted) = self.positions(batch, selection)?;
+        let sizes = (batch_bytes(batch) > bytes_max).then(|| row_sizes(batch));
+        let mut pieces: Vec<(u32, UInt32Array)> = Vec::new();
+        for (partition, rows) in positions.into_iter().enumerate() {
+            for piece in cut(&rows, rows_max, bytes_max, sizes.as_deref()) {
+                pieces.push((partition as u32, UInt32Array::from(piece.to_vec())));
+            }
+        }
+        Ok((pieces, unrouted))
     }
 
     /// Each partition's row positions, ascending, and the positions no partition covers. Only
@@ -659,6 +704,48 @@ fn encode_stream(batch: &RecordBatch) -> Result<Vec<u8>> {
     Ok(out)
 }
 
+/// Encodes batches as Arrow IPC streams (the bytes `encode_stream` makes), keeping the last
+/// schema's encoded message and the writer's buffers: a stream of one or a few rows otherwise
+/// spends most of its time building the schema's flatbuffer and allocating (a write of one
+/// row from Python, `split_requests_with`).
+#[derive(Default)]
+pub struct StreamEncoder {
+    /// The schema, its writer (holding the encoded schema message, then the last batch) and
+    /// the length of that message.
+    state: Option<(SchemaRef, StreamWriter<Vec<u8>>, usize)>,
+}
+
+/// The end of a stream: a continuation marker and a zero length (`StreamWriter::finish`).
+const STREAM_END: [u8; 8] = [0xff, 0xff, 0xff, 0xff, 0, 0, 0, 0];
+
+impl StreamEncoder {
+    /// `batch` as one IPC stream: schema, batch, end.
+    pub fn encode(&mut self, batch: &RecordBatch) -> Result<Vec<u8>> {
+        let invalid = |e: arrow::error::ArrowError| {
+            StorageError::invalid(format!("cannot encode batch: {e}"))
+        };
+        let schema = batch.schema();
+        let same = matches!(&self.state, Some((known, _, _)) if **known == *schema);
+        if !same {
+            let writer =
+                StreamWriter::try_new(Vec::with_capacity(4096), &schema).map_err(invalid)?;
+            let header = writer.get_ref().len();
+            self.state = Some((schema, writer, header));
+        }
+        let (_, writer, header) = self.state.as_mut().expect("made above");
+        writer.get_mut().truncate(*header);
+        if let Err(e) = writer.write(batch) {
+            self.state = None; // whatever it left in its buffer is not to be reused
+            return Err(invalid(e));
+        }
+        let written = writer.get_ref();
+        let mut out = Vec::with_capacity(written.len() + STREAM_END.len());
+        out.extend_from_slice(written);
+        out.extend_from_slice(&STREAM_END);
+        Ok(out)
+    }
+}
+
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
@@ -719,6 +806,43 @@ mod tests {
             seed: 0,
         };
         PartitionRouter::new(vec![level], vec!["name".into()], starts, ends).unwrap()
+    }
+
+    #[test]
+    fn the_reusing_encoder_makes_the_same_streams() {
+        let names = |n: i64| (0..n).map(|i| format!("n{i}")).collect::<Vec<_>>();
+        let one = batch(vec![7], names(1));
+        let three = batch(vec![1, 2, 3], names(3));
+        let other = RecordBatch::try_new(
+            Arc::new(Schema::new(vec![Field::new("x", DataType::Int64, true)])),
+            vec![Arc::new(Int64Array::from(vec![Some(5), None]))],
+        )
+        .unwrap();
+        let mut encoder = StreamEncoder::default();
+        // Larger, smaller, another schema and back: each stream is encode_stream's, and reads.
+        for input in [&three, &one, &one, &other, &three, &one] {
+            let encoded = encoder.encode(input).unwrap();
+            assert_eq!(encoded, encode_stream(input).unwrap());
+            let mut reader =
+                arrow::ipc::reader::StreamReader::try_new(std::io::Cursor::new(encoded), None)
+                    .unwrap();
+            assert_eq!(&reader.next().unwrap().unwrap(), input);
+            assert!(reader.next().is_none());
+        }
+        // Split through it, one row per request: the same requests as split_requests makes.
+        let r = router();
+        let input = batch((0..40).collect(), (0..40).map(|i| format!("{i}")).collect());
+        let with = r
+            .split_requests_with(&input, 3, 1 << 20, &mut encoder)
+            .unwrap();
+        let plain = r.split_requests(&input, 3, 1 << 20, 1, None).unwrap();
+        assert_eq!(with.requests.len(), plain.requests.len());
+        for (a, b) in with.requests.iter().zip(&plain.requests) {
+            assert_eq!(
+                (a.partition, &a.rows, &a.ipc),
+                (b.partition, &b.rows, &b.ipc)
+            );
+        }
     }
 
     #[test]
