@@ -12,6 +12,7 @@ import pyarrow as pa
 
 import nyala
 from nyala.testing import MiniCluster, logs_on_failure
+from nyala.tserver.memory import default_memory_limit_bytes
 
 SCHEMA = nyala.Schema.parse("id:int64, a:int64, s:string", key=["id"])
 # An idle tserver's own ~110 MiB counts against the limit (nyala.tserver.memory): soft limit
@@ -67,3 +68,17 @@ def test_a_load_over_the_memory_limit_is_flushed_refused_retried_and_kept() -> N
     assert _sum(lines, 'nyala_memory_limit_bytes{threshold="hard"}') == 3 * LIMIT_BYTES
     assert any(line.startswith('nyala_memory_tracked_bytes{kind="MemRowSet"}') for line in lines)
     assert _sum(lines, "nyala_flushes_total{") > 0  # flushed under pressure
+
+
+def test_the_servers_of_a_mini_cluster_share_the_machines_memory() -> None:
+    """Each tablet server of a MiniCluster gets an equal share of the default limit (80 % of
+    the machine), unless its flags name one: together they stay within the machine."""
+    share = default_memory_limit_bytes() // 3
+    own = [[], [], ["--memory-limit-bytes", str(10**9)]]
+    with logs_on_failure(MiniCluster(3, num_masters=1, each_tserver_flags=own)) as cluster:
+        limits = []
+        for server in cluster.tservers:
+            url = f"http://{server.http_addr}/metrics"
+            lines = urllib.request.urlopen(url, timeout=30).read().decode().splitlines()
+            limits.append(_sum(lines, 'nyala_memory_limit_bytes{threshold="hard"}'))
+    assert limits == [share, share, 10**9]

@@ -39,6 +39,7 @@ from nyala.rpc.ports import free_loopback_ports
 from nyala.rpc.settings import RpcSettings
 from nyala.schema import Schema
 from nyala.testing.security import ClusterSecurity
+from nyala.tserver.memory import default_memory_limit_bytes
 
 LOOPBACK = "127.0.0.1"
 # Starts of a new server whose free port was taken by someone else before it could bind.
@@ -310,6 +311,11 @@ class MiniCluster:
     ``base_dir/security``, every server with ``--security-dir`` (mutual TLS, roles checked),
     tablet servers enrolling with a join credential, and the test process an admin
     (``security.admin_dir`` for ``nyala.connect(credentials=...)``).
+
+    The tablet servers share this machine: unless its flags say otherwise, each gets an equal
+    share of the default memory limit (``--memory-limit-bytes``; 80 % of the machine for a
+    server alone). With the whole default each, three servers under a heavy load held more
+    than the machine has before any refused a write, and the kernel killed one.
     """
 
     def __init__(
@@ -549,14 +555,12 @@ class MiniCluster:
         index = len(self.tservers)
         security = self._security_flags(f"tserver-{index}")
         own = self.each_tserver_flags[index] if index < len(self.each_tserver_flags) else []
+        args = [*self.tserver_flags, *masters, *security, *own, *flags]
+        if not any(a.split("=", 1)[0] == MEMORY_LIMIT_FLAG for a in args):
+            share = default_memory_limit_bytes() // max(1, self._num_tservers)
+            args += [MEMORY_LIMIT_FLAG, str(share)]
         ts = ServerProcess(
-            "tserver",
-            index,
-            self.base_dir,
-            rpc_port,
-            http_port,
-            [*self.tserver_flags, *masters, *security, *own, *flags],
-            self.rpc_settings,
+            "tserver", index, self.base_dir, rpc_port, http_port, args, self.rpc_settings
         )
         self.tservers.append(ts)
         return ts
@@ -618,6 +622,9 @@ FAST_RAFT_FLAGS: tuple[str, ...] = (
     "3",
 )
 #: Tserver settings for tests with masters: fast Raft, a master heartbeat every 200 ms.
+#: A tablet server's memory limit (MiniCluster gives each its share of the machine's).
+MEMORY_LIMIT_FLAG = "--memory-limit-bytes"
+
 FAST_TSERVER_FLAGS: tuple[str, ...] = (*FAST_RAFT_FLAGS, "--master-heartbeat-interval-ms", "200")
 
 
