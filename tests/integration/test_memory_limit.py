@@ -11,8 +11,8 @@ import numpy as np
 import pyarrow as pa
 
 import nyala
+from nyala.common.process import default_memory_limit_bytes
 from nyala.testing import MiniCluster, logs_on_failure
-from nyala.tserver.memory import default_memory_limit_bytes
 
 SCHEMA = nyala.Schema.parse("id:int64, a:int64, s:string", key=["id"])
 # An idle tserver's own ~110 MiB counts against the limit (nyala.tserver.memory): soft limit

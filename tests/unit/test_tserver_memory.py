@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import pytest
 
-from nyala.common.process import machine_memory_bytes, trim_heap
+from nyala.common.process import (
+    MEMORY_LIMIT_FRACTION_DEFAULT,
+    machine_memory_bytes,
+    trim_heap,
+)
 from nyala.errors import ServiceUnavailableError
 from nyala.tserver.memory import (
-    MEMORY_LIMIT_FRACTION_DEFAULT,
     MemoryTracker,
     MemoryUsage,
     ReplicaBytes,

@@ -198,3 +198,18 @@ def machine_memory_bytes() -> int:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError):
         return 0
+
+
+#: Share of the machine's memory that a tablet server's ``memory_limit_bytes = 0`` means
+#: (Kudu: 80 %; ``nyala.tserver.memory``).
+MEMORY_LIMIT_FRACTION_DEFAULT = 0.8
+#: Used when the machine's memory cannot be read.
+MEMORY_LIMIT_BYTES_FALLBACK = 4 << 30
+
+
+def default_memory_limit_bytes() -> int:
+    """The memory limit of a tablet server not told otherwise: a fraction of the machine."""
+    machine = machine_memory_bytes()
+    if machine <= 0:
+        return MEMORY_LIMIT_BYTES_FALLBACK
+    return int(machine * MEMORY_LIMIT_FRACTION_DEFAULT)

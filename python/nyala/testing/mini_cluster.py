@@ -32,14 +32,13 @@ from pathlib import Path
 from typing import IO
 
 from nyala._proto import consensus_pb2, master_pb2, metadata_pb2, tserver_admin_pb2, tserver_pb2
-from nyala.common.process import PARENT_PID_ENV
+from nyala.common.process import PARENT_PID_ENV, default_memory_limit_bytes
 from nyala.errors import NyalaError, TimedOutError
 from nyala.rpc import BlockingServerProxy, join_host_port
 from nyala.rpc.ports import free_loopback_ports
 from nyala.rpc.settings import RpcSettings
 from nyala.schema import Schema
 from nyala.testing.security import ClusterSecurity
-from nyala.tserver.memory import default_memory_limit_bytes
 
 LOOPBACK = "127.0.0.1"
 # Starts of a new server whose free port was taken by someone else before it could bind.

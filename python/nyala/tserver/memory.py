@@ -27,21 +27,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 
-from nyala.common.process import machine_memory_bytes
+from nyala.common.process import default_memory_limit_bytes
 from nyala.errors import ServiceUnavailableError
-
-#: Share of the machine's memory that ``memory_limit_bytes = 0`` means (Kudu: 80 %).
-MEMORY_LIMIT_FRACTION_DEFAULT = 0.8
-#: Used when the machine's memory cannot be read.
-MEMORY_LIMIT_BYTES_FALLBACK = 4 << 30
-
-
-def default_memory_limit_bytes() -> int:
-    """The memory limit of a tablet server not told otherwise: a fraction of the machine."""
-    machine = machine_memory_bytes()
-    if machine <= 0:
-        return MEMORY_LIMIT_BYTES_FALLBACK
-    return int(machine * MEMORY_LIMIT_FRACTION_DEFAULT)
 
 
 @dataclass(frozen=True, slots=True)
