@@ -315,19 +315,9 @@ class WriteResult:
     def all_applied(cls, rows: int, timestamp: int, key: list[str]) -> WriteResult:
         """A result in which all ``rows`` rows were applied at ``timestamp`` (a small write
         that one answer settled: nothing failed, so no row needs keeping)."""
-        result = cls.__new__(cls)
         outcomes = _Outcomes(rows)
         outcomes.timestamp = timestamp
-        result._outcomes = outcomes
-        result._source = result._converted = None
-        result._key = key
-        result._retry_with = None
-        result.rows = rows
-        result.timestamp = timestamp
-        result.row_errors = []
-        result.unknown = []
-        result.failed_rows = result.unknown_rows = None
-        return result
+        return cls(outcomes, None, key)
 
     @classmethod
     def concat(cls, parts: Sequence[WriteResult]) -> WriteResult:
@@ -612,18 +602,9 @@ class Writer:
         pieces = split[0]
         if len(pieces) == 1:  # one tablet: the rows in order, and no thread but the caller's
             partition, _, ops = pieces[0]
-            request = _Request(
-                locations.tablets[partition].tablet_id,
-                self.requests.new(),
-                ops,
-                _ROWS[rows],
-                shape,
-                schema.version,
-                authz_token=locations.authz_token,
-            )
-            deadline = time.monotonic() + (timeout_ms or self.timeout_ms) / 1000
+            request = self._new_request(locations, partition, _ROWS[rows], ops, shape, info)
             try:
-                response = self._send(info, request, deadline)
+                response = self._send(info, request, self._deadline(timeout_ms))
             except errors.NyalaError as exc:
                 settled = _failed(request, exc)
             except BaseException:
@@ -677,7 +658,7 @@ class Writer:
         """Sends ``per_tablet``'s requests and assembles the result over ``sources`` (the
         caller's rows as given, and as converted to the table's types; a function making
         them, called only if the result needs them)."""
-        deadline = time.monotonic() + (timeout_ms or self.timeout_ms) / 1000
+        deadline = self._deadline(timeout_ms)
         settled: list[_Settled] = []
         try:
             if len(per_tablet) == 1:
@@ -772,11 +753,23 @@ class Writer:
         shape: _Shape,
         info: TableInfo,
     ) -> None:
+        """``_new_request``, added to its tablet's list in ``per_tablet``."""
+        request = self._new_request(locations, partition, positions, ops, shape, info)
+        per_tablet.setdefault(request.tablet_id, []).append(request)
+
+    def _new_request(
+        self,
+        locations: TableLocations,
+        partition: int,
+        positions: np.ndarray[Any, Any],
+        ops: bytes,
+        shape: _Shape,
+        info: TableInfo,
+    ) -> _Request:
         """A request for ``ops`` (the caller's rows at ``positions``) to ``partition``'s
-        tablet, under a new sequence number, added to that tablet's list in ``per_tablet``."""
-        tablet_id = locations.tablets[partition].tablet_id
-        request = _Request(
-            tablet_id,
+        tablet, under a new sequence number."""
+        return _Request(
+            locations.tablets[partition].tablet_id,
             self.requests.new(),
             ops,
             positions,
@@ -784,7 +777,11 @@ class Writer:
             info.schema.version,
             authz_token=locations.authz_token,
         )
-        per_tablet.setdefault(tablet_id, []).append(request)
+
+    def _deadline(self, timeout_ms: int | None) -> float:
+        """When a write given ``timeout_ms`` (None: the client's) gives up, on the monotonic
+        clock."""
+        return time.monotonic() + (timeout_ms or self.timeout_ms) / 1000
 
     def _never_sent(self, per_tablet: dict[str, list[_Request]]) -> None:
         """Releases requests made for a write that stopped before sending them."""
