@@ -602,7 +602,8 @@ class Writer:
         pieces = split[0]
         if len(pieces) == 1:  # one tablet: the rows in order, and no thread but the caller's
             partition, _, ops = pieces[0]
-            request = self._new_request(locations, partition, _ROWS[rows], ops, shape, info)
+            at = _ROWS[rows]
+            request = self._add_request({}, locations, partition, at, ops, shape, info)
             try:
                 response = self._send(info, request, self._deadline(timeout_ms))
             except errors.NyalaError as exc:
@@ -752,23 +753,10 @@ class Writer:
         ops: bytes,
         shape: _Shape,
         info: TableInfo,
-    ) -> None:
-        """``_new_request``, added to its tablet's list in ``per_tablet``."""
-        request = self._new_request(locations, partition, positions, ops, shape, info)
-        per_tablet.setdefault(request.tablet_id, []).append(request)
-
-    def _new_request(
-        self,
-        locations: TableLocations,
-        partition: int,
-        positions: np.ndarray[Any, Any],
-        ops: bytes,
-        shape: _Shape,
-        info: TableInfo,
     ) -> _Request:
         """A request for ``ops`` (the caller's rows at ``positions``) to ``partition``'s
-        tablet, under a new sequence number."""
-        return _Request(
+        tablet, under a new sequence number, added to that tablet's list in ``per_tablet``."""
+        request = _Request(
             locations.tablets[partition].tablet_id,
             self.requests.new(),
             ops,
@@ -777,6 +765,8 @@ class Writer:
             info.schema.version,
             authz_token=locations.authz_token,
         )
+        per_tablet.setdefault(request.tablet_id, []).append(request)
+        return request
 
     def _deadline(self, timeout_ms: int | None) -> float:
         """When a write given ``timeout_ms`` (None: the client's) gives up, on the monotonic
