@@ -519,14 +519,7 @@ impl PyReplicatedLog {
     }
 }
 
-/// Appends `value` as a protobuf base-128 varint.
-pub(crate) fn put_varint(out: &mut Vec<u8>, mut value: u64) {
-    while value >= 0x80 {
-        out.push((value as u8) | 0x80);
-        value >>= 7;
-    }
-    out.push(value as u8);
-}
+pub(crate) use nyala_consensus::wire::put_varint;
 
 /// `data[start..end]` of a Python `bytes`, which it keeps alive (a received message whose
 /// entries field becomes a batch without being copied out).

@@ -12,6 +12,7 @@ mod copy;
 mod errors;
 mod follow;
 mod gil;
+mod lead;
 mod partition;
 mod pools;
 mod storage;
@@ -31,6 +32,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     partition::register(m)?;
     consensus::register(m)?;
     follow::register(m)?;
+    lead::register(m)?;
     pools::register(m)?;
     copy::register(m)?;
     tls::register(m)?;

@@ -282,6 +282,30 @@ class ParsedAppend:
         responder_term: int,
     ) -> DurableAnswer | None: ...
 
+# --- the leader's AppendEntries (pyext/src/lead.rs) ---------------------------------------
+
+def append_request_head(
+    dest_uuid: str,
+    tablet_id: str,
+    caller_uuid: str,
+    term: int,
+    preceding: tuple[int, int],
+    committed_index: int,
+    last_appended_index: int,
+    quiesce: bool,
+    entries: EntryBatch | None,
+    leader_timestamp: int,
+    safe_timestamp: int,
+) -> bytes: ...
+def batch_request_frame(
+    dest_uuid: str,
+    caller_uuid: str,
+    call_ids: Sequence[int],
+    requests: Sequence[bytes | tuple[bytes, memoryview]],
+    votes: Sequence[tuple[int, bytes]],
+    in_place_min: int,
+) -> list[bytes | memoryview]: ...
+
 @final
 class ReplicatedLog:
     def __new__(

@@ -12,6 +12,7 @@ mod entry_batch;
 mod error;
 mod log_cache;
 mod replicated_log;
+pub mod wire;
 
 pub use answer_sink::AnswerSink;
 pub use entry_batch::{

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from log_conformance import BIG_BYTES, RaftLogConformance
 
 from nyala.consensus.log import RaftLog
@@ -244,6 +246,66 @@ def test_a_request_serialized_with_its_entries_equals_the_protobuf_message(log: 
         if entries is not None:
             assert isinstance(received.entries, WalEntryBatch)
             assert received.entries.to_wire() == entries.to_wire()
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    uuids=st.tuples(st.text(max_size=40), st.text(max_size=40), st.text(max_size=40)),
+    numbers=st.lists(st.integers(0, 2**63 - 1), min_size=6, max_size=6),
+    timestamps=st.tuples(st.integers(0, 2**64 - 1), st.integers(0, 2**64 - 1)),
+    quiesce=st.booleans(),
+    payloads=st.lists(st.integers(0, 3000), max_size=4),
+)
+def test_a_native_request_head_is_the_message_protobuf_builds(
+    tmp_path_factory: pytest.TempPathFactory,
+    uuids: tuple[str, str, str],
+    numbers: list[int],
+    timestamps: tuple[int, int],
+    quiesce: bool,
+    payloads: list[int],
+) -> None:
+    """``append_request_parts`` (the head by the extension) gives, for any field values,
+    with entries or without, the message protobuf builds from the same request, its
+    entries starting at a multiple of 8 bytes."""
+    from nyala._proto import consensus_pb2
+    from nyala.consensus.messages import AppendRequest
+    from nyala.consensus.runtime import wire
+
+    dest, tablet_id, caller = uuids
+    term, preceding_term, preceding_index, committed, last_appended, entry_term = numbers
+    entries = None
+    if payloads:
+        wal = WalLog(tmp_path_factory.mktemp("wal"), TABLET_ID, WalLogOptions(sync="none"))
+        with wal:
+            for size in payloads:
+                wal.append(entry_term % 1000 + 1, EntryKind.WRITE, b"p" * size)
+            entries = wal.read_batch(0, BIG_BYTES)
+    request = AppendRequest(
+        caller,
+        dest,
+        term,
+        OpId(preceding_term, preceding_index),
+        entries,
+        committed,
+        0,
+        quiesce,
+    )
+    parts = wire.append_request_parts(
+        request, tablet_id, last_appended_index=last_appended, timestamps=timestamps
+    )
+    serialized = wire.request_bytes(parts)
+    expected = wire.append_request_to_pb(request, tablet_id, last_appended_index=last_appended)
+    expected.leader_timestamp, expected.safe_timestamp = timestamps
+    got = consensus_pb2.ConsensusRequestPB.FromString(serialized)
+    assert not got.entries_alignment.strip(b"\0")
+    got.ClearField("entries_alignment")
+    assert got == expected
+    if entries is None:
+        assert parts == expected.SerializeToString()
+    else:
+        assert isinstance(parts, tuple)
+        assert len(parts[0]) % 8 == 0  # the batch's bytes follow the head
+        assert parts[1].obj is entries.native
 
 
 def test_received_requests_are_split_without_parsing_the_entries() -> None:

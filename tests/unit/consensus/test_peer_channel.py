@@ -14,6 +14,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from nyala import _native
 from nyala._proto import common_pb2, consensus_pb2, consensus_pb2_grpc
@@ -209,6 +211,52 @@ def test_large_entry_batches_are_framed_in_place_small_ones_joined() -> None:
     batch = consensus_pb2.ConsensusBatchRequestPB.FromString(frame[4:])
     assert list(batch.requests) == [request_bytes(r) for r in requests]
     assert list(batch.call_ids) == [1, 2, 3, 4]
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    uuids=st.tuples(st.text(max_size=40), st.text(max_size=40)),
+    requests=st.lists(
+        st.one_of(
+            st.binary(max_size=40),
+            st.tuples(st.binary(max_size=40), st.sampled_from([0, 1, 100, 70_000])),
+        ),
+        max_size=5,
+    ),
+    call_ids=st.lists(st.integers(0, 2**64 - 1), min_size=5, max_size=5),
+    votes=st.lists(st.tuples(st.integers(0, 2**64 - 1), st.integers(0, 2**40)), max_size=3),
+)
+def test_a_frame_is_the_batch_protobuf_reads(
+    uuids: tuple[str, str],
+    requests: list[bytes | tuple[bytes, int]],
+    call_ids: list[int],
+    votes: list[tuple[int, int]],
+) -> None:
+    """Whatever the batch holds (no request, empty ones, bodies on either side of the
+    in-place size, several votes, call ids of every size), the native frame is its length
+    and then the ``ConsensusBatchRequestPB`` protobuf builds from the same fields."""
+    dest, caller = uuids
+    wire_requests: list[WireRequest] = [
+        r if isinstance(r, bytes) else (r[0], memoryview(bytes([7]) * r[1])) for r in requests
+    ]
+    ids = call_ids[: len(requests)]
+    encoded_votes = [(i, _vote_request("t" * 32, term).SerializeToString()) for i, term in votes]
+    pieces = batch_request_frame(dest, caller, ids, wire_requests, encoded_votes)
+    frame = b"".join(pieces)
+    (length,) = struct.unpack(">I", frame[:4])
+    assert length == len(frame) - 4
+    expected = consensus_pb2.ConsensusBatchRequestPB(
+        dest_uuid=dest,
+        caller_uuid=caller,
+        requests=[request_bytes(r) for r in wire_requests],
+        call_ids=ids,
+        votes=[_vote_request("t" * 32, term) for _, term in votes],
+        vote_call_ids=[i for i, _ in votes],
+    )
+    assert frame[4:] == expected.SerializeToString()
+    in_place = [r[1] for r in wire_requests if isinstance(r, tuple) and r[1].nbytes >= 64 * 1024]
+    assert [p for p in pieces if isinstance(p, memoryview)] == in_place
+    assert all(any(p is body for p in pieces) for body in in_place)
 
 
 def test_batches_are_answered_on_the_connection_request_by_request() -> None:

@@ -51,12 +51,11 @@ from google.protobuf.message import DecodeError, Message
 
 from nyala import _native
 from nyala._proto import consensus_pb2
-from nyala.consensus.runtime.wire import PeerBatch, WireRequest, request_size
+from nyala.consensus.runtime.wire import PeerBatch, WireRequest
 from nyala.errors import InvalidArgumentError, NetworkError, NotAuthorizedError, NyalaError
 from nyala.rpc.channel_wire import LENGTH, MAGIC, WRITE_MAGIC
 from nyala.rpc.credentials import not_a_server, peer_server_name
 from nyala.rpc.errors import error_to_pb
-from nyala.rpc.pb_fields import length_delimited_head, varint
 from nyala.rpc.service import check_dest_uuid
 from nyala.rpc.tls_socket import SocketTlsTransport, tls_handshake
 
@@ -97,13 +96,8 @@ certificate (``rpc.tls_socket.peercert_of``; None on an insecure channel) in, it
 ``WriteMultiResponsePB`` out, every failure an answer (``TabletService.serve_write_frame``)."""
 
 
-# Field numbers of ConsensusBatchRequestPB.
-_DEST_UUID_FIELD = 1
-_CALLER_UUID_FIELD = 2
+# The field number of ConsensusBatchRequestPB.requests.
 _REQUEST_FIELD = 3
-_CALL_IDS_FIELD = 4  # packed
-_VOTES_FIELD = 5
-_VOTE_CALL_IDS_FIELD = 6  # packed
 
 
 class SplitBatch(NamedTuple):
@@ -148,41 +142,14 @@ def batch_request_frame(
     votes: Sequence[tuple[int, bytes]] = (),
 ) -> list[bytes | memoryview]:
     """One frame holding the ``ConsensusBatchRequestPB`` of these requests and of ``votes``
-    (call id, serialized ``VoteRequestPB``), encoded here rather than by protobuf (which
-    copied every request twice, and framing it a third time), as the pieces to write in
-    order: the small ones joined, and each AppendEntries' batch of ``_IN_PLACE_BYTES_MIN`` or
-    more in place, so that its bytes are copied only by the socket write."""
-    dest, caller = dest_uuid.encode(), caller_uuid.encode()
-    ids = b"".join(varint(call_id) for call_id in call_ids)
-    pieces: list[bytes | memoryview] = []
-    small: list[bytes | memoryview] = [
-        length_delimited_head(_DEST_UUID_FIELD, len(dest)),
-        dest,
-        length_delimited_head(_CALLER_UUID_FIELD, len(caller)),
-        caller,
-    ]
-    for request in requests:
-        small.append(length_delimited_head(_REQUEST_FIELD, request_size(request)))
-        if isinstance(request, bytes):
-            small.append(request)
-            continue
-        head, body = request
-        small.append(head)
-        if body.nbytes < _IN_PLACE_BYTES_MIN:
-            small.append(body)
-            continue
-        pieces += (b"".join(small), body)
-        small = []
-    small += (length_delimited_head(_CALL_IDS_FIELD, len(ids)), ids)
-    if votes:
-        for _, vote in votes:
-            small += (length_delimited_head(_VOTES_FIELD, len(vote)), vote)
-        vote_ids = b"".join(varint(call_id) for call_id, _ in votes)
-        small += (length_delimited_head(_VOTE_CALL_IDS_FIELD, len(vote_ids)), vote_ids)
-    pieces.append(b"".join(small))
-    length = sum(len(piece) if isinstance(piece, bytes) else piece.nbytes for piece in pieces)
-    pieces[0] = LENGTH.pack(length) + pieces[0]
-    return pieces
+    (call id, serialized ``VoteRequestPB``), encoded by the extension
+    (``_native.batch_request_frame``) rather than by protobuf (which copied every request
+    twice, and framing it a third time), as the pieces to write in order: the small ones
+    joined, and each AppendEntries' batch of ``_IN_PLACE_BYTES_MIN`` or more in place, so
+    that its bytes are copied only by the socket write."""
+    return _native.batch_request_frame(
+        dest_uuid, caller_uuid, call_ids, requests, votes, _IN_PLACE_BYTES_MIN
+    )
 
 
 async def read_frame(reader: asyncio.StreamReader, frame_bytes_max: int) -> bytes | None:
