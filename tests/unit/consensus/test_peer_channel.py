@@ -26,12 +26,13 @@ from nyala.consensus.runtime.peer_channel import (
     PeerChannelServer,
     _FrameConnection,
     batch_request_frame,
+    open_peer_channel,
     split_batch_request,
 )
 from nyala.consensus.runtime.peer_streams import PeerStreams, PeerStreamsOptions
 from nyala.consensus.runtime.transport import GrpcTransport
 from nyala.consensus.runtime.wire import WireRequest, request_bytes
-from nyala.errors import InvalidArgumentError, TabletNotFoundError
+from nyala.errors import InvalidArgumentError, NetworkError, NotAuthorizedError, TabletNotFoundError
 from nyala.rpc import RpcServer
 from nyala.rpc.settings import RpcSettings
 
@@ -257,6 +258,97 @@ def test_a_frame_is_the_batch_protobuf_reads(
     in_place = [r[1] for r in wire_requests if isinstance(r, tuple) and r[1].nbytes >= 64 * 1024]
     assert [p for p in pieces if isinstance(p, memoryview)] == in_place
     assert all(any(p is body for p in pieces) for body in in_place)
+
+
+def _answer_batch(*call_ids: int) -> bytes:
+    answer = consensus_pb2.ConsensusBatchResponsePB(call_ids=call_ids)
+    for call_id in call_ids:
+        answer.responses.add(responder_uuid=SERVER, responder_term=call_id)
+    return answer.SerializeToString()
+
+
+async def _dial_scripted(
+    script: Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]],
+) -> tuple[list[consensus_pb2.ConsensusBatchResponsePB], BaseException]:
+    """Dials a server that reads the magic and then runs ``script``; returns the answer
+    batches the dialler's connection was handed and why the connection ended."""
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        assert await reader.readexactly(len(MAGIC)) == MAGIC
+        await script(reader, writer)
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    answers: list[consensus_pb2.ConsensusBatchResponsePB] = []
+
+    def take(answer: consensus_pb2.ConsensusBatchResponsePB) -> None:
+        if answer.HasField("error"):
+            raise NotAuthorizedError(answer.error.message)
+        answers.append(answer)
+
+    try:
+        connection = await open_peer_channel(
+            "127.0.0.1", port, timeout_ms=5000, on_answers=take, frame_bytes_max=FRAME_MAX
+        )
+        try:
+            async with asyncio.timeout(WAIT_S):
+                await connection.wait_ended()
+        except Exception as exc:
+            return answers, exc
+        finally:
+            connection.close()
+        raise AssertionError("wait_ended returned")
+    finally:
+        server.close()
+
+
+def test_a_dialler_is_handed_every_answer_however_the_bytes_arrive() -> None:
+    """Answer frames split at every byte, and several in one read, each reach the dialler's
+    callback whole and in order; the peer closing the connection then ends it with a
+    ``NetworkError``."""
+    frames = b"".join(_frame(_answer_batch(*ids)) for ids in [(1,), (2, 3), (), (4,)])
+
+    async def script(_: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        # A byte at a time, then in pieces of 7 (a frame and the start of the next in one
+        # read), then everything in one write.
+        for size in (1, 7, len(frames)):
+            for i in range(0, len(frames), size):
+                writer.write(frames[i : i + size])
+                await writer.drain()
+                await asyncio.sleep(0.001)
+        writer.close()
+
+    answers, why = asyncio.run(_dial_scripted(script))
+    assert [list(a.call_ids) for a in answers] == [[1], [2, 3], [], [4]] * 3
+    assert [r.responder_term for r in answers[1].responses] == [2, 3]
+    assert isinstance(why, NetworkError)
+
+
+def test_a_dialler_ends_its_connection_on_a_refusal_or_an_oversized_frame() -> None:
+    """What the callback raises for a refused stream ends the connection with that error,
+    and so does a frame over the limit; the answers before either were handed over and
+    nothing after them is."""
+
+    async def refused(_: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        refusal = consensus_pb2.ConsensusBatchResponsePB()
+        refusal.error.message = "not a server"
+        writer.write(_frame(_answer_batch(1)) + _frame(refusal.SerializeToString()))
+        writer.write(_frame(_answer_batch(2)))
+        await writer.drain()
+        await asyncio.sleep(WAIT_S)
+
+    async def oversized(_: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(_frame(_answer_batch(1)) + struct.pack(">I", FRAME_MAX + 1))
+        await writer.drain()
+        await asyncio.sleep(WAIT_S)
+
+    answers, why = asyncio.run(_dial_scripted(refused))
+    assert [list(a.call_ids) for a in answers] == [[1]]
+    assert isinstance(why, NotAuthorizedError)
+    answers, why = asyncio.run(_dial_scripted(oversized))
+    assert [list(a.call_ids) for a in answers] == [[1]]
+    assert isinstance(why, InvalidArgumentError)
+    assert "over the limit" in str(why)
 
 
 def test_batches_are_answered_on_the_connection_request_by_request() -> None:

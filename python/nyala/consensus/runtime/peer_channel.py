@@ -152,31 +152,6 @@ def batch_request_frame(
     )
 
 
-async def read_frame(reader: asyncio.StreamReader, frame_bytes_max: int) -> bytes | None:
-    """The next frame's bytes, or None at a clean end of the connection (between frames).
-
-    Raises ``NetworkError`` for a connection that ended inside a frame and
-    ``InvalidArgumentError`` for a frame over ``frame_bytes_max``.
-    """
-    try:
-        head = await reader.readexactly(LENGTH.size)
-    except asyncio.IncompleteReadError as exc:
-        if not exc.partial:
-            return None
-        raise NetworkError("the peer channel ended inside a frame's length") from None
-    (length,) = LENGTH.unpack(head)
-    if length > frame_bytes_max:
-        raise InvalidArgumentError(
-            f"peer channel frame of {length} bytes, over the limit of {frame_bytes_max}"
-        )
-    try:
-        return await reader.readexactly(length)
-    except asyncio.IncompleteReadError as exc:
-        raise NetworkError(
-            f"the peer channel ended {len(exc.partial)} bytes into a frame of {length}"
-        ) from None
-
-
 _Message = TypeVar("_Message", bound=Message)
 
 
@@ -632,32 +607,149 @@ class _CleanEnd(Exception):
     """The peer closed the connection between frames."""
 
 
+OnAnswers = Callable[[consensus_pb2.ConsensusBatchResponsePB], None]
+"""Takes one answer batch of a peer (``PeerStreams``); raising ends the connection."""
+
+
+class DiallerConnection(asyncio.Protocol):
+    """The dialler's side of one peer channel connection: writes request frames, and hands
+    each answer batch, parsed, to ``on_answers`` in the transport's own callback, as soon as
+    its frame is whole. A stream reader and a reading task cost every answer two reads, a
+    task's wake-up and one more event-loop turn before its callbacks ran (on a leader, one
+    turn more between a follower's answer and the commit)."""
+
+    def __init__(self, frame_bytes_max: int, on_answers: OnAnswers) -> None:
+        self._frame_bytes_max = frame_bytes_max
+        self._on_answers = on_answers
+        self._transport: asyncio.BaseTransport | None = None
+        self._buffer = bytearray()
+        self._writable = asyncio.Event()
+        self._writable.set()
+        self._ended: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    # --- asyncio.Protocol -----------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = transport  # may be told twice (``_open_tls``): the same transport
+
+    def data_received(self, data: bytes) -> None:
+        if self._ended.done():
+            return  # ended by an earlier frame: the rest is not read
+        buffer = self._buffer
+        buffer += data
+        pos = 0
+        try:
+            while len(buffer) - pos >= LENGTH.size:
+                (length,) = LENGTH.unpack_from(buffer, pos)
+                if length > self._frame_bytes_max:
+                    raise InvalidArgumentError(
+                        f"peer channel frame of {length} bytes, over the limit of "
+                        f"{self._frame_bytes_max}"
+                    )
+                start = pos + LENGTH.size
+                if len(buffer) - start < length:
+                    break
+                with memoryview(buffer) as view:  # released before the buffer is cut
+                    frame = bytes(view[start : start + length])
+                answer = _parse(consensus_pb2.ConsensusBatchResponsePB, frame)
+                pos = start + length
+                self._on_answers(answer)
+        except Exception as exc:  # a bad frame, or a refusal the callback raised
+            self._end(exc)
+            return
+        del buffer[:pos]
+
+    def eof_received(self) -> bool:
+        self._end(NetworkError("the peer channel ended"))
+        return False  # the transport closes itself
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._end(exc or NetworkError("the peer channel connection was lost"))
+        self._writable.set()  # a writer waiting for room learns of it in drain
+
+    def pause_writing(self) -> None:
+        self._writable.clear()
+
+    def resume_writing(self) -> None:
+        self._writable.set()
+
+    # --- the dialler's side ---------------------------------------------------------------
+
+    def write(self, pieces: Sequence[bytes | memoryview]) -> None:
+        """Queues a frame's pieces, in order (the caller drains)."""
+        transport = self._transport
+        if transport is None or self._ended.done():
+            return  # ``drain`` raises why
+        assert isinstance(transport, asyncio.WriteTransport)
+        for piece in pieces:
+            transport.write(piece)
+
+    async def drain(self) -> None:
+        """Waits until the transport has room for more; raises why the connection ended."""
+        await self._writable.wait()
+        if self._ended.done():
+            self._ended.result()  # raises
+
+    async def wait_ended(self) -> None:
+        """Returns never: raises why the connection ended (``NetworkError`` when the peer
+        closed it, the error of a frame that was refused)."""
+        await asyncio.shield(self._ended)
+
+    def close(self) -> None:
+        """Closes the connection whatever state it is in."""
+        if self._transport is not None:
+            with contextlib.suppress(Exception):
+                self._transport.close()
+        self._end(NetworkError("the peer channel connection was closed"))
+
+    def _end(self, why: BaseException) -> None:
+        if not self._ended.done():
+            self._ended.set_exception(why)
+            self._ended.exception()  # marked retrieved: no one may be waiting yet
+            if self._transport is not None:
+                self._transport.close()
+
+
 async def open_peer_channel(
     host: str,
     port: int,
     *,
     timeout_ms: int,
+    on_answers: OnAnswers,
+    frame_bytes_max: int,
     tls: _native.TlsConfig | None = None,
     server_uuid: str = "",
-) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+) -> DiallerConnection:
     """Connects to a peer's channel (with ``tls``, checking its certificate names
-    ``server_uuid``) and writes the magic; raises ``NetworkError``."""
+    ``server_uuid``) and writes the magic; each answer batch then goes to ``on_answers``.
+    Raises ``NetworkError``."""
+    loop = asyncio.get_running_loop()
+
+    def connection() -> DiallerConnection:
+        return DiallerConnection(frame_bytes_max, on_answers)
+
     try:
         async with asyncio.timeout(timeout_ms / 1000):
             if tls is None:
-                reader, writer = await asyncio.open_connection(host, port)
+                _, dialled = await loop.create_connection(connection, host, port)
             else:
-                reader, writer = await _open_tls(host, port, tls, peer_server_name(server_uuid))
+                dialled = await _open_tls(
+                    host, port, tls, peer_server_name(server_uuid), connection
+                )
     except (OSError, TimeoutError) as exc:  # ConnectionError: the TLS handshake failed
         raise NetworkError(f"cannot connect to the peer channel at {host}:{port}: {exc}") from None
-    writer.write(MAGIC)
-    return reader, writer
+    dialled.write((MAGIC,))
+    return dialled
 
 
 async def _open_tls(
-    host: str, port: int, tls: _native.TlsConfig, server_name: str
-) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-    """A stream over the extension's TLS (``rpc.tls_socket``), the dialler's side."""
+    host: str,
+    port: int,
+    tls: _native.TlsConfig,
+    server_name: str,
+    connection: Callable[[], DiallerConnection],
+) -> DiallerConnection:
+    """A connection over the extension's TLS (``rpc.tls_socket``), the dialler's side."""
     loop = asyncio.get_running_loop()
     failure: OSError = OSError(f"no address for {host}")
     for family, kind, proto, _, address in await loop.getaddrinfo(
@@ -676,25 +768,8 @@ async def _open_tls(
             sock.close()
             raise
         session = await tls_handshake(sock, tls, server_hostname=server_name)  # closes on failure
-        reader = asyncio.StreamReader(loop=loop)
-        protocol = asyncio.StreamReaderProtocol(reader, loop=loop)
-        transport = SocketTlsTransport(loop, sock, session, protocol)
-        return reader, asyncio.StreamWriter(transport, protocol, reader, loop)
+        protocol = connection()
+        # The transport tells the protocol on the next turn; it takes writes at once.
+        protocol.connection_made(SocketTlsTransport(loop, sock, session, protocol))
+        return protocol
     raise failure
-
-
-async def answers_of(
-    reader: asyncio.StreamReader, frame_bytes_max: int
-) -> AsyncIterator[consensus_pb2.ConsensusBatchResponsePB]:
-    """The answer batches a peer writes on its channel, until it ends the connection."""
-    while True:
-        data = await read_frame(reader, frame_bytes_max)
-        if data is None:
-            return
-        yield _parse(consensus_pb2.ConsensusBatchResponsePB, data)
-
-
-def close_quietly(writer: asyncio.StreamWriter) -> None:
-    """Closes a channel connection whatever state it is in."""
-    with contextlib.suppress(Exception):
-        writer.close()

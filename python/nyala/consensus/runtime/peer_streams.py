@@ -43,9 +43,8 @@ from nyala import _native
 from nyala._proto import consensus_pb2
 from nyala.consensus.runtime import wire
 from nyala.consensus.runtime.peer_channel import (
-    answers_of,
+    DiallerConnection,
     batch_request_frame,
-    close_quietly,
     frame_bytes_max,
     open_peer_channel,
 )
@@ -329,26 +328,26 @@ class PeerStreams:
         """One connection's life: writes and reads until it fails (which always raises)."""
         channel = await self._open_channel(peer) if self._opts.use_channel else None
         if channel is not None:
-            reader, writer = channel
             peer.over_channel = True
             log.info("consensus to %s at %s goes over its peer channel", peer.uuid, peer.address)
-            answers = answers_of(reader, frame_bytes_max(self._settings.message_bytes_max))
 
             async def send(
                 call_ids: list[int], requests: list[wire.WireRequest], votes: _Votes
             ) -> None:
                 # Framed as it is encoded; entry batches go from where they lie.
                 encoded = [(call_id, vote.SerializeToString()) for call_id, vote in votes]
-                for piece in batch_request_frame(peer.uuid, self.uuid, call_ids, requests, encoded):
-                    writer.write(piece)
-                await writer.drain()
+                frame = batch_request_frame(peer.uuid, self.uuid, call_ids, requests, encoded)
+                channel.write(frame)
+                await channel.drain()
 
             try:
                 async with asyncio.TaskGroup() as group:
                     group.create_task(self._write(peer, send))
-                    group.create_task(self._read(peer, answers))
+                    # The answers go to ``_take_answers`` as they come; this ends with the
+                    # connection.
+                    group.create_task(channel.wait_ended())
             finally:
-                close_quietly(writer)
+                channel.close()
             return
         peer.over_channel = False
         proxy = self.proxy(peer.address, peer.uuid)
@@ -376,9 +375,7 @@ class PeerStreams:
         finally:
             call.cancel()
 
-    async def _open_channel(
-        self, peer: _Peer
-    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter] | None:
+    async def _open_channel(self, peer: _Peer) -> DiallerConnection | None:
         """A connection to ``peer``'s channel (``peer_channel``), or None if it serves none or
         cannot be reached there (the gRPC stream then carries the batches). Raises if the peer
         cannot be asked: its stream would fail the same way."""
@@ -401,6 +398,8 @@ class PeerStreams:
                 host,
                 answer.port,
                 timeout_ms=timeout_ms,
+                on_answers=functools.partial(self._take_answers, peer),
+                frame_bytes_max=frame_bytes_max(self._settings.message_bytes_max),
                 tls=self._channel_tls(),
                 server_uuid=peer.uuid,
             )
@@ -446,19 +445,24 @@ class PeerStreams:
         self, peer: _Peer, answers: AsyncIterable[consensus_pb2.ConsensusBatchResponsePB]
     ) -> None:
         async for answer in answers:
-            if answer.HasField("error"):
-                raise_for_response(answer)  # the whole stream was refused
-            for call_id, response in zip(answer.call_ids, answer.responses, strict=True):
-                on_answer = peer.waiting.pop(call_id, None)
-                if on_answer is not None:
-                    on_answer(response)
-            for call_id, vote in zip(answer.vote_call_ids, answer.vote_responses, strict=True):
-                on_vote = peer.vote_waiting.pop(call_id, None)
-                if on_vote is not None:
-                    on_vote(vote)
-            if peer.queue:
-                peer.ready.set()  # answers free room for more unanswered requests
+            self._take_answers(peer, answer)
         raise NetworkError(f"the stream to {peer.uuid} ended")
+
+    def _take_answers(self, peer: _Peer, answer: consensus_pb2.ConsensusBatchResponsePB) -> None:
+        """Hands one answer batch of ``peer`` to the callbacks of what it answers; raises if
+        the whole stream was refused."""
+        if answer.HasField("error"):
+            raise_for_response(answer)
+        for call_id, response in zip(answer.call_ids, answer.responses, strict=True):
+            on_answer = peer.waiting.pop(call_id, None)
+            if on_answer is not None:
+                on_answer(response)
+        for call_id, vote in zip(answer.vote_call_ids, answer.vote_responses, strict=True):
+            on_vote = peer.vote_waiting.pop(call_id, None)
+            if on_vote is not None:
+                on_vote(vote)
+        if peer.queue:
+            peer.ready.set()  # answers free room for more unanswered requests
 
     # --- serving the peers' streams --------------------------------------------------------
 
