@@ -519,7 +519,7 @@ impl PyReplicatedLog {
     }
 }
 
-pub(crate) use nyala_consensus::wire::put_varint;
+pub(crate) use nyala_common::proto::put_varint;
 
 /// `data[start..end]` of a Python `bytes`, which it keeps alive (a received message whose
 /// entries field becomes a batch without being copied out).

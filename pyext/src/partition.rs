@@ -17,6 +17,7 @@ use arrow::datatypes::{DataType, Field, Schema as ArrowSchema};
 use arrow::pyarrow::PyArrowType;
 use nyala_storage::ops::OP_COLUMN;
 use nyala_storage::partition::{hash64, HashLevel, PartitionRouter as Router, StreamEncoder};
+use nyala_storage::write_request::WriteRequestHead;
 use nyala_storage::{encode_ipc, DataType as ColumnType, Schema, StorageError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyFloat, PyInt, PyList, PyString};
@@ -37,7 +38,38 @@ const SPLIT_THREADS_MAX: usize = 4;
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PartitionRouter>()?;
     m.add_function(wrap_pyfunction!(partition_hash64, m)?)?;
+    m.add_function(wrap_pyfunction!(write_request_head, m)?)?;
     Ok(())
+}
+
+/// A client's serialized `WriteRequestPB` without its rows
+/// (`nyala_storage::write_request::write_request_head`); the caller appends `ops`.
+#[pyfunction]
+#[allow(clippy::too_many_arguments)]
+fn write_request_head<'py>(
+    py: Python<'py>,
+    dest_uuid: &str,
+    tablet_id: &str,
+    client_id: &str,
+    seq_no: i64,
+    first_incomplete_seq_no: i64,
+    attempt_no: u32,
+    schema_version: u32,
+    authz_token: &[u8],
+    propagated_timestamp: u64,
+) -> Bound<'py, PyBytes> {
+    let head = nyala_storage::write_request::write_request_head(&WriteRequestHead {
+        dest_uuid,
+        tablet_id,
+        client_id,
+        seq_no,
+        first_incomplete_seq_no,
+        attempt_no,
+        schema_version,
+        authz_token,
+        propagated_timestamp,
+    });
+    PyBytes::new(py, &head)
 }
 
 /// The partitioning hash of `data` (docs/partitioning.md).

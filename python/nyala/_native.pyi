@@ -179,6 +179,17 @@ class StorageEngine:
 # --- partition (pyext/src/partition.rs) ---------------------------------------------------
 
 def partition_hash64(data: bytes, seed: int = 0) -> int: ...
+def write_request_head(
+    dest_uuid: str,
+    tablet_id: str,
+    client_id: str,
+    seq_no: int,
+    first_incomplete_seq_no: int,
+    attempt_no: int,
+    schema_version: int,
+    authz_token: bytes,
+    propagated_timestamp: int,
+) -> bytes: ...
 
 @final
 class PartitionRouter:

@@ -180,12 +180,14 @@ class WritePipe:
         then unknown)."""
         if request.ops:
             raise errors.InvalidArgumentError("the rows of a write go in ops, not in its request")
-        pending = _Pending(
-            request.dest_uuid,
-            request.SerializeToString(),
-            ops,
-            time.monotonic() + timeout_ms / 1000,
-        )
+        return self.write_encoded(request.dest_uuid, request.SerializeToString(), ops, timeout_ms)
+
+    def write_encoded(
+        self, dest_uuid: str, head: bytes, ops: bytes, timeout_ms: int
+    ) -> tserver_pb2.WriteResponsePB:
+        """``write`` of a request already serialized, without its ``ops`` (``head``, for
+        server ``dest_uuid``: ``_native.write_request_head``)."""
+        pending = _Pending(dest_uuid, head, ops, time.monotonic() + timeout_ms / 1000)
         local = self._local
         left_at = getattr(local, "left_at", None)
         # A thread that came back within RETURN_GAP_S of its last write is likely to come

@@ -6,6 +6,7 @@
 
 pub mod error;
 pub mod ids;
+pub mod proto;
 pub mod thread_pool;
 
 pub use error::{Classify, ErrorKind};

@@ -6,6 +6,9 @@
 //! field-number order), so a receiver cannot tell the two apart; the Python tests parse them
 //! back with protobuf.
 
+use nyala_common::proto::{
+    put_bytes, put_fixed64, put_len_head, put_tag, put_uint, put_varint, varint_len, VARINT,
+};
 use nyala_common::OpId;
 
 // Field numbers of ConsensusRequestPB.
@@ -32,11 +35,6 @@ const BATCH_REQUESTS: u64 = 3;
 const BATCH_CALL_IDS: u64 = 4; // packed
 const BATCH_VOTES: u64 = 5;
 const BATCH_VOTE_CALL_IDS: u64 = 6; // packed
-
-// Wire types.
-const VARINT: u64 = 0;
-const FIXED64: u64 = 1;
-const LEN: u64 = 2;
 
 /// Where the entries start in a serialized request is made a multiple of this
 /// (`entries_alignment` in consensus.proto), so a follower keeps aligned Arrow buffers.
@@ -68,49 +66,6 @@ pub struct AppendHead<'a> {
     pub safe_timestamp: u64,
 }
 
-/// Appends `value` as a protobuf base-128 varint.
-pub fn put_varint(out: &mut Vec<u8>, mut value: u64) {
-    while value >= 0x80 {
-        out.push((value as u8) | 0x80);
-        value >>= 7;
-    }
-    out.push(value as u8);
-}
-
-fn varint_len(value: u64) -> usize {
-    (64 - (value | 1).leading_zeros() as usize).div_ceil(7)
-}
-
-fn put_tag(out: &mut Vec<u8>, field: u64, wire_type: u64) {
-    put_varint(out, (field << 3) | wire_type);
-}
-
-fn put_uint(out: &mut Vec<u8>, field: u64, value: u64) {
-    if value != 0 {
-        put_tag(out, field, VARINT);
-        put_varint(out, value);
-    }
-}
-
-fn put_str(out: &mut Vec<u8>, field: u64, value: &[u8]) {
-    if !value.is_empty() {
-        put_len_head(out, field, value.len());
-        out.extend_from_slice(value);
-    }
-}
-
-fn put_len_head(out: &mut Vec<u8>, field: u64, len: usize) {
-    put_tag(out, field, LEN);
-    put_varint(out, len as u64);
-}
-
-fn put_fixed64(out: &mut Vec<u8>, field: u64, value: u64) {
-    if value != 0 {
-        put_tag(out, field, FIXED64);
-        out.extend_from_slice(&value.to_le_bytes());
-    }
-}
-
 /// A set `OpIdPB` field: present even when both of its own fields are zero.
 fn put_op_id(out: &mut Vec<u8>, field: u64, op_id: OpId) {
     let term_len = if op_id.term != 0 {
@@ -138,9 +93,9 @@ pub fn append_request_head(head: &AppendHead<'_>) -> Vec<u8> {
     let mut out = Vec::with_capacity(
         160 + head.dest_uuid.len() + head.tablet_id.len() + head.caller_uuid.len(),
     );
-    put_str(&mut out, DEST_UUID, head.dest_uuid.as_bytes());
-    put_str(&mut out, TABLET_ID, head.tablet_id.as_bytes());
-    put_str(&mut out, CALLER_UUID, head.caller_uuid.as_bytes());
+    put_bytes(&mut out, DEST_UUID, head.dest_uuid.as_bytes());
+    put_bytes(&mut out, TABLET_ID, head.tablet_id.as_bytes());
+    put_bytes(&mut out, CALLER_UUID, head.caller_uuid.as_bytes());
     put_uint(&mut out, CALLER_TERM, head.term);
     put_op_id(&mut out, PRECEDING_ID, head.preceding);
     put_uint(&mut out, COMMITTED_INDEX, head.committed_index);
@@ -211,8 +166,8 @@ pub fn batch_request_frame(
     let mut pieces = Vec::new();
     let mut built = Vec::with_capacity(256);
     built.extend_from_slice(&[0; 4]); // the length, filled in last
-    put_str(&mut built, BATCH_DEST_UUID, dest_uuid.as_bytes());
-    put_str(&mut built, BATCH_CALLER_UUID, caller_uuid.as_bytes());
+    put_bytes(&mut built, BATCH_DEST_UUID, dest_uuid.as_bytes());
+    put_bytes(&mut built, BATCH_CALLER_UUID, caller_uuid.as_bytes());
     for (i, request) in requests.iter().enumerate() {
         // A repeated bytes field: every element is written, empty ones too.
         put_len_head(
@@ -288,15 +243,6 @@ mod tests {
     }
 
     #[test]
-    fn varints_take_the_bytes_they_need() {
-        for value in [0, 1, 127, 128, 16_383, 16_384, u64::MAX >> 1, u64::MAX] {
-            let mut out = Vec::new();
-            put_varint(&mut out, value);
-            assert_eq!(out.len(), varint_len(value), "{value}");
-        }
-    }
-
-    #[test]
     fn the_entries_start_aligned_for_every_header_length() {
         for size in [1, 127, 128, 300, 70_000] {
             let entries = EntriesHead {
@@ -320,9 +266,9 @@ mod tests {
     fn a_heartbeat_is_the_whole_request() {
         let bytes = append_request_head(&head(None, "tablet"));
         let mut expected = Vec::new();
-        put_str(&mut expected, DEST_UUID, b"follower");
-        put_str(&mut expected, TABLET_ID, b"tablet");
-        put_str(&mut expected, CALLER_UUID, b"leader");
+        put_bytes(&mut expected, DEST_UUID, b"follower");
+        put_bytes(&mut expected, TABLET_ID, b"tablet");
+        put_bytes(&mut expected, CALLER_UUID, b"leader");
         expected.extend_from_slice(&[4 << 3, 3, (5 << 3) | 2, 4, 1 << 3, 3, 2 << 3, 99]);
         expected.extend_from_slice(&[6 << 3, 98]);
         expected.push(15 << 3 | 1);

@@ -22,6 +22,7 @@ pub mod requests;
 pub mod scan;
 pub mod schema;
 pub mod write_entry;
+pub mod write_request;
 
 pub use diff::IS_DELETED_COLUMN;
 pub use engine::{

@@ -12,11 +12,13 @@ from typing import Any
 
 import grpc
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from nyala import _native, errors
 from nyala._proto import common_pb2, tserver_pb2, tserver_pb2_grpc
 from nyala.client.rpc import ChannelPool
-from nyala.client.write_pipe import WritePipe
+from nyala.client.write_pipe import WritePipe, _Pending, _request_parts
 
 UUID = "0123456789abcdef0123456789abcdef"
 LEADER = "f" * 32
@@ -393,3 +395,56 @@ def test_writers_in_a_loop_that_stop_are_all_answered(
     assert pipe.writes_sent == 12 * 30
     assert pipe.calls_sent < 12 * 30  # they shared calls
     assert not pipe._asleep
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    names=st.tuples(st.text(max_size=40), st.text(max_size=40), st.text(max_size=40)),
+    seq=st.tuples(st.integers(-(2**63), 2**63 - 1), st.integers(-(2**63), 2**63 - 1)),
+    small=st.tuples(st.integers(0, 2**32 - 1), st.integers(0, 2**32 - 1)),
+    authz_token=st.binary(max_size=300),
+    timestamp=st.integers(0, 2**64 - 1),
+    ops=st.binary(max_size=200),
+)
+def test_a_native_write_request_head_is_the_message_protobuf_builds(
+    names: tuple[str, str, str],
+    seq: tuple[int, int],
+    small: tuple[int, int],
+    authz_token: bytes,
+    timestamp: int,
+    ops: bytes,
+) -> None:
+    """``_native.write_request_head`` (what the client sends, its rows appended as ``ops``)
+    is, for any field values, the ``WriteRequestPB`` protobuf serializes from the same
+    fields."""
+    dest_uuid, tablet_id, client_id = names
+    seq_no, first_incomplete = seq
+    attempt_no, schema_version = small
+    expected = tserver_pb2.WriteRequestPB(
+        dest_uuid=dest_uuid,
+        tablet_id=tablet_id,
+        request_id=common_pb2.RequestIdPB(
+            client_id=client_id,
+            seq_no=seq_no,
+            first_incomplete_seq_no=first_incomplete,
+            attempt_no=attempt_no,
+        ),
+        schema_version=schema_version,
+        authz_token=authz_token,
+        propagated_timestamp=timestamp,
+    )
+    head = _native.write_request_head(
+        dest_uuid,
+        tablet_id,
+        client_id,
+        seq_no,
+        first_incomplete,
+        attempt_no,
+        schema_version,
+        authz_token,
+        timestamp,
+    )
+    assert head == expected.SerializeToString()
+    sent = b"".join(_request_parts(_Pending(dest_uuid, head, ops, 0.0)))
+    expected.ops = ops
+    assert tserver_pb2.WriteRequestPB.FromString(sent) == expected
