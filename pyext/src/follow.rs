@@ -16,7 +16,9 @@
 
 use std::sync::Arc;
 
+use nyala_common::proto::{FIXED64, LEN, VARINT};
 use nyala_common::OpId;
+use nyala_consensus::wire::request_fields::*;
 use nyala_consensus::EntryBatch;
 use nyala_wal::EntryType;
 use pyo3::prelude::*;
@@ -31,25 +33,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     Ok(())
 }
 
-// Field numbers of ConsensusRequestPB (proto/nyala/consensus.proto).
-const DEST_UUID: u64 = 1;
-const TABLET_ID: u64 = 2;
-const CALLER_UUID: u64 = 3;
-const CALLER_TERM: u64 = 4;
-const PRECEDING_ID: u64 = 5;
-const COMMITTED_INDEX: u64 = 6;
-const ENTRIES: u64 = 9;
-const ENTRY_COUNT: u64 = 10;
-const FIRST_ENTRY_ID: u64 = 11;
-const LAST_ENTRY_ID: u64 = 12;
-const QUIESCE: u64 = 14;
-const LEADER_TIMESTAMP: u64 = 15;
-const SAFE_TIMESTAMP: u64 = 16;
-
-/// Wire types.
-const VARINT: u64 = 0;
-const FIXED64: u64 = 1;
-const LEN: u64 = 2;
+/// Wire type of fixed32 fields (the others are `nyala_common::proto`'s).
 const FIXED32: u64 = 5;
 
 /// A received AppendEntries that may take the native path (module doc).

@@ -11,22 +11,26 @@ use nyala_common::proto::{
 };
 use nyala_common::OpId;
 
-// Field numbers of ConsensusRequestPB.
-const DEST_UUID: u64 = 1;
-const TABLET_ID: u64 = 2;
-const CALLER_UUID: u64 = 3;
-const CALLER_TERM: u64 = 4;
-const PRECEDING_ID: u64 = 5;
-const COMMITTED_INDEX: u64 = 6;
-const LAST_IDX_APPENDED_TO_LEADER: u64 = 8;
-const ENTRIES: u64 = 9;
-const ENTRY_COUNT: u64 = 10;
-const FIRST_ENTRY_ID: u64 = 11;
-const LAST_ENTRY_ID: u64 = 12;
-const ENTRIES_ALIGNMENT_FIELD: u64 = 13;
-const QUIESCE: u64 = 14;
-const LEADER_TIMESTAMP: u64 = 15;
-const SAFE_TIMESTAMP: u64 = 16;
+/// Field numbers of ConsensusRequestPB (proto/nyala/consensus.proto), for its writer here and
+/// its reader in the extension (a follower's native receive).
+pub mod request_fields {
+    pub const DEST_UUID: u64 = 1;
+    pub const TABLET_ID: u64 = 2;
+    pub const CALLER_UUID: u64 = 3;
+    pub const CALLER_TERM: u64 = 4;
+    pub const PRECEDING_ID: u64 = 5;
+    pub const COMMITTED_INDEX: u64 = 6;
+    pub const LAST_IDX_APPENDED_TO_LEADER: u64 = 8;
+    pub const ENTRIES: u64 = 9;
+    pub const ENTRY_COUNT: u64 = 10;
+    pub const FIRST_ENTRY_ID: u64 = 11;
+    pub const LAST_ENTRY_ID: u64 = 12;
+    pub const ENTRIES_ALIGNMENT: u64 = 13;
+    pub const QUIESCE: u64 = 14;
+    pub const LEADER_TIMESTAMP: u64 = 15;
+    pub const SAFE_TIMESTAMP: u64 = 16;
+}
+use request_fields::*;
 
 // Field numbers of ConsensusBatchRequestPB.
 const BATCH_DEST_UUID: u64 = 1;
@@ -129,7 +133,7 @@ pub fn append_request_head(head: &AppendHead<'_>) -> Vec<u8> {
         } else {
             pad + ENTRIES_ALIGNMENT - 2
         };
-        put_len_head(&mut out, ENTRIES_ALIGNMENT_FIELD, zeros);
+        put_len_head(&mut out, request_fields::ENTRIES_ALIGNMENT, zeros);
         out.resize(out.len() + zeros, 0);
     }
     put_len_head(&mut out, ENTRIES, entries.size);
