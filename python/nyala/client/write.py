@@ -851,8 +851,8 @@ class Writer:
                 self.cache.invalidate(info.table_id)
                 backoff.sleep()
                 continue
-            # The WriteRequestPB without its rows, encoded by the extension: through
-            # protobuf's messages it was a tenth of a one-row write's client CPU.
+            # The WriteRequestPB without its rows, encoded by the extension: building and
+            # serializing protobuf's messages was most of this method's own time per write.
             head = _native.write_request_head(
                 replica.uuid,
                 request.tablet_id,
