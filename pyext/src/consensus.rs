@@ -519,8 +519,6 @@ impl PyReplicatedLog {
     }
 }
 
-pub(crate) use nyala_common::proto::put_varint;
-
 /// `data[start..end]` of a Python `bytes`, which it keeps alive (a received message whose
 /// entries field becomes a batch without being copied out).
 pub(crate) struct ByteRange {

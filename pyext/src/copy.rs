@@ -29,8 +29,8 @@ use pyo3::buffer::PyBuffer;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
-use crate::consensus::put_varint;
 use crate::errors::to_py;
+use nyala_common::proto::put_len_head;
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyCopyFile>()?;
@@ -265,8 +265,7 @@ impl PyCopyFile {
         let sized: Vec<u8> = prefix.call1((0u32, len))?.extract()?;
         let mut head = Vec::with_capacity(sized.len() + 20);
         head.extend_from_slice(&sized);
-        put_varint(&mut head, (u64::from(field_number) << 3) | 2);
-        put_varint(&mut head, len as u64);
+        put_len_head(&mut head, u64::from(field_number), len);
         let data_at = head.len();
         bytes_filled(py, data_at + len, |out| {
             let data = out as usize + data_at;

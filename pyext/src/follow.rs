@@ -16,7 +16,9 @@
 
 use std::sync::Arc;
 
-use nyala_common::proto::{FIXED64, LEN, VARINT};
+use nyala_common::proto::{
+    put_bytes, put_message, put_op_id, put_packed, put_uint, FIXED64, LEN, VARINT,
+};
 use nyala_common::OpId;
 use nyala_consensus::wire::request_fields::*;
 use nyala_consensus::EntryBatch;
@@ -24,7 +26,7 @@ use nyala_wal::EntryType;
 use pyo3::prelude::*;
 use pyo3::pybacked::PyBackedBytes;
 
-use crate::consensus::{put_varint, ByteRange, PyAnswerSink, PyDurableAnswer, PyReplicatedLog};
+use crate::consensus::{ByteRange, PyAnswerSink, PyDurableAnswer, PyReplicatedLog};
 use crate::errors::to_py;
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -119,45 +121,18 @@ impl PyParsedAppend {
 /// The serialized `ConsensusBatchResponsePB` answering one request with `OK`: what
 /// `wire.append_response_to_pb` and the transport's hand-off build in Python.
 fn answer_frame(call_id: u64, responder: &str, term: u64, last: OpId) -> Vec<u8> {
-    let mut op_id = Vec::with_capacity(24);
-    if last.term != 0 {
-        put_varint(&mut op_id, 1 << 3);
-        put_varint(&mut op_id, last.term);
-    }
-    if last.index != 0 {
-        put_varint(&mut op_id, 2 << 3);
-        put_varint(&mut op_id, last.index);
-    }
-    let mut status = Vec::with_capacity(40);
-    put_varint(&mut status, (1 << 3) | LEN); // last_received
-    put_varint(&mut status, op_id.len() as u64);
-    status.extend_from_slice(&op_id);
-    if last.index != 0 {
-        put_varint(&mut status, 4 << 3); // last_durable_idx: the answer waits for it
-        put_varint(&mut status, last.index);
-    }
-    let mut response = Vec::with_capacity(80 + responder.len());
-    if !responder.is_empty() {
-        put_varint(&mut response, (1 << 3) | LEN);
-        put_varint(&mut response, responder.len() as u64);
-        response.extend_from_slice(responder.as_bytes());
-    }
-    if term != 0 {
-        put_varint(&mut response, 2 << 3);
-        put_varint(&mut response, term);
-    }
-    put_varint(&mut response, (3 << 3) | LEN);
-    put_varint(&mut response, status.len() as u64);
-    response.extend_from_slice(&status);
-    let mut ids = Vec::with_capacity(10);
-    put_varint(&mut ids, call_id);
-    let mut frame = Vec::with_capacity(response.len() + ids.len() + 8);
-    put_varint(&mut frame, (2 << 3) | LEN); // responses
-    put_varint(&mut frame, response.len() as u64);
-    frame.extend_from_slice(&response);
-    put_varint(&mut frame, (3 << 3) | LEN); // call_ids, packed
-    put_varint(&mut frame, ids.len() as u64);
-    frame.extend_from_slice(&ids);
+    let mut frame = Vec::with_capacity(96 + responder.len());
+    put_message(&mut frame, 2, |response| {
+        // ConsensusResponsePB
+        put_bytes(response, 1, responder.as_bytes());
+        put_uint(response, 2, term);
+        put_message(response, 3, |status| {
+            // ConsensusStatusPB: last_received, and last_durable_idx (the answer waits for it)
+            put_op_id(status, 1, last);
+            put_uint(status, 4, last.index);
+        });
+    });
+    put_packed(&mut frame, 3, std::iter::once(call_id)); // call_ids
     frame
 }
 

@@ -4,6 +4,8 @@
 //! the tag and the value otherwise. Callers write fields in field-number order, as protobuf
 //! does, so the bytes are the ones it would produce.
 
+use crate::OpId;
+
 /// Wire type of varint fields.
 pub const VARINT: u64 = 0;
 /// Wire type of fixed64 fields.
@@ -65,6 +67,45 @@ pub fn put_fixed64(out: &mut Vec<u8>, field: u64, value: u64) {
     }
 }
 
+/// A set message field (present even when empty), its fields written by `fields`. Its
+/// length is written after them: in the byte kept for it, or in as many as it needs (a
+/// message of 128 bytes or more moves its bytes once).
+pub fn put_message(out: &mut Vec<u8>, field: u64, fields: impl FnOnce(&mut Vec<u8>)) {
+    put_tag(out, field, LEN);
+    let at = out.len();
+    out.push(0);
+    fields(out);
+    let len = out.len() - at - 1;
+    if len < 0x80 {
+        out[at] = len as u8;
+    } else {
+        let mut head = Vec::with_capacity(10);
+        put_varint(&mut head, len as u64);
+        out.splice(at..at + 1, head);
+    }
+}
+
+/// A set `OpIdPB` field (proto/nyala/common.proto): present even when both of its own fields
+/// are zero.
+pub fn put_op_id(out: &mut Vec<u8>, field: u64, op_id: OpId) {
+    put_message(out, field, |out| {
+        put_uint(out, 1, op_id.term);
+        put_uint(out, 2, op_id.index);
+    });
+}
+
+/// A packed repeated varint field (left out when empty, as protobuf does).
+pub fn put_packed(out: &mut Vec<u8>, field: u64, values: impl Iterator<Item = u64> + Clone) {
+    let len: usize = values.clone().map(varint_len).sum();
+    if len == 0 {
+        return;
+    }
+    put_len_head(out, field, len);
+    for value in values {
+        put_varint(out, value);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -93,5 +134,23 @@ mod tests {
         assert_eq!(out.len(), 1 + 10);
         put_fixed64(&mut out, 16, 1);
         assert_eq!(&out[11..], [0x81, 0x01, 1, 0, 0, 0, 0, 0, 0, 0]);
+    }
+
+    #[test]
+    fn a_message_is_its_fields_behind_their_length() {
+        let mut out = Vec::new();
+        put_op_id(&mut out, 5, OpId::new(0, 0));
+        assert_eq!(out, [(5 << 3) | 2, 0]);
+        out.clear();
+        put_op_id(&mut out, 5, OpId::new(3, 300));
+        assert_eq!(out, [(5 << 3) | 2, 5, 1 << 3, 3, 2 << 3, 0xac, 0x02]);
+        out.clear();
+        let long = vec![b'x'; 200];
+        put_message(&mut out, 1, |out| put_bytes(out, 2, &long));
+        assert_eq!(
+            out[..6],
+            [(1 << 3) | 2, 0xcb, 0x01, (2 << 3) | 2, 0xc8, 0x01]
+        );
+        assert_eq!(out.len(), 6 + 200);
     }
 }

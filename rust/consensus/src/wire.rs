@@ -7,7 +7,8 @@
 //! back with protobuf.
 
 use nyala_common::proto::{
-    put_bytes, put_fixed64, put_len_head, put_tag, put_uint, put_varint, varint_len, VARINT,
+    put_bytes, put_fixed64, put_len_head, put_op_id, put_packed, put_tag, put_uint, varint_len,
+    VARINT,
 };
 use nyala_common::OpId;
 
@@ -68,23 +69,6 @@ pub struct AppendHead<'a> {
     pub entries: Option<EntriesHead>,
     pub leader_timestamp: u64,
     pub safe_timestamp: u64,
-}
-
-/// A set `OpIdPB` field: present even when both of its own fields are zero.
-fn put_op_id(out: &mut Vec<u8>, field: u64, op_id: OpId) {
-    let term_len = if op_id.term != 0 {
-        1 + varint_len(op_id.term)
-    } else {
-        0
-    };
-    let index_len = if op_id.index != 0 {
-        1 + varint_len(op_id.index)
-    } else {
-        0
-    };
-    put_len_head(out, field, term_len + index_len);
-    put_uint(out, 1, op_id.term);
-    put_uint(out, 2, op_id.index);
 }
 
 /// The serialized `ConsensusRequestPB` of `head` without its entries' bytes: with entries,
@@ -212,18 +196,6 @@ pub fn batch_request_frame(
     let length = u32::try_from(total - 4).expect("a peer channel frame is under 4 GiB");
     first[..4].copy_from_slice(&length.to_be_bytes());
     pieces
-}
-
-/// A packed repeated varint field (left out when empty, as protobuf does).
-fn put_packed(out: &mut Vec<u8>, field: u64, values: impl Iterator<Item = u64> + Clone) {
-    let len: usize = values.clone().map(varint_len).sum();
-    if len == 0 {
-        return;
-    }
-    put_len_head(out, field, len);
-    for value in values {
-        put_varint(out, value);
-    }
 }
 
 #[cfg(test)]

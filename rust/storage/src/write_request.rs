@@ -4,7 +4,7 @@
 //! by the caller (protobuf parses a message followed by one more field as the message with
 //! that field). The bytes are what protobuf serializes for the same fields.
 
-use nyala_common::proto::{put_bytes, put_fixed64, put_int64, put_len_head, put_uint, varint_len};
+use nyala_common::proto::{put_bytes, put_fixed64, put_int64, put_message, put_uint};
 
 // Field numbers of WriteRequestPB.
 const DEST_UUID: u64 = 1;
@@ -34,14 +34,6 @@ pub struct WriteRequestHead<'a> {
     pub propagated_timestamp: u64,
 }
 
-fn int64_len(field_tag_len: usize, value: i64) -> usize {
-    if value == 0 {
-        0
-    } else {
-        field_tag_len + varint_len(value as u64)
-    }
-}
-
 /// The serialized `WriteRequestPB` of `head`, without `ops` (its `request_id` always set).
 pub fn write_request_head(head: &WriteRequestHead<'_>) -> Vec<u8> {
     let mut out = Vec::with_capacity(
@@ -52,23 +44,12 @@ pub fn write_request_head(head: &WriteRequestHead<'_>) -> Vec<u8> {
     );
     put_bytes(&mut out, DEST_UUID, head.dest_uuid.as_bytes());
     put_bytes(&mut out, TABLET_ID, head.tablet_id.as_bytes());
-    let client_id = head.client_id.len();
-    let request_id_len = if client_id == 0 {
-        0
-    } else {
-        1 + varint_len(client_id as u64) + client_id
-    } + int64_len(1, head.seq_no)
-        + int64_len(1, head.first_incomplete_seq_no)
-        + int64_len(1, i64::from(head.attempt_no));
-    put_len_head(&mut out, REQUEST_ID, request_id_len);
-    put_bytes(&mut out, CLIENT_ID, head.client_id.as_bytes());
-    put_int64(&mut out, SEQ_NO, head.seq_no);
-    put_int64(
-        &mut out,
-        FIRST_INCOMPLETE_SEQ_NO,
-        head.first_incomplete_seq_no,
-    );
-    put_uint(&mut out, ATTEMPT_NO, u64::from(head.attempt_no));
+    put_message(&mut out, REQUEST_ID, |out| {
+        put_bytes(out, CLIENT_ID, head.client_id.as_bytes());
+        put_int64(out, SEQ_NO, head.seq_no);
+        put_int64(out, FIRST_INCOMPLETE_SEQ_NO, head.first_incomplete_seq_no);
+        put_uint(out, ATTEMPT_NO, u64::from(head.attempt_no));
+    });
     put_uint(&mut out, SCHEMA_VERSION, u64::from(head.schema_version));
     put_bytes(&mut out, AUTHZ_TOKEN, head.authz_token);
     put_fixed64(&mut out, PROPAGATED_TIMESTAMP, head.propagated_timestamp);
