@@ -643,20 +643,25 @@ impl DiskRowSet {
     }
 
     /// Every row version of this rowset as the schema's columns at `columns`, then `__ts` and
-    /// `__deleted`, in (key ascending, timestamp descending) order, as one batch (what
-    /// compaction merges).
-    pub fn read_versions(&self, schema: &Schema, columns: &[usize]) -> Result<RecordBatch> {
-        let out = versions_schema(schema, columns);
-        let Some(plan) = self.plan_read(schema, columns, &[], true, true)? else {
-            return Ok(RecordBatch::new_empty(out));
+    /// `__deleted`, in (key ascending, timestamp descending) order (what compaction merges),
+    /// decoded a row group at a time as the stream is pulled; the stream holds the rowset.
+    pub fn stream_versions(
+        self: &Arc<Self>,
+        schema: &Schema,
+        columns: &[usize],
+    ) -> Result<RowSetStream> {
+        let (reader, layout) = match self.plan_read(schema, columns, &[], true, true)? {
+            Some(plan) => (
+                Some(self.reader(&plan.wanted, &plan.filters, Some(plan.groups), None)?),
+                Some(plan.layout),
+            ),
+            None => (None, None),
         };
-        let raw = self.read_groups(&plan.wanted, &plan.filters, plan.groups, None)?;
-        let batches: Vec<RecordBatch> = raw
-            .into_iter()
-            .map(|b| plan.layout.apply(b))
-            .collect::<Result<_>>()?;
-        arrow::compute::concat_batches(&out, &batches)
-            .map_err(|e| StorageError::arrow_internal(&self.path.display().to_string(), e))
+        Ok(RowSetStream {
+            rowset: self.clone(),
+            reader,
+            layout,
+        })
     }
 
     /// Per key, the version visible at `snapshot_ts` (None: the newest), as the schema's
@@ -671,19 +676,7 @@ impl DiskRowSet {
         snapshot_ts: Option<u64>,
         with_deleted: bool,
     ) -> Result<impl Iterator<Item = Result<RecordBatch>> + Send + 'static> {
-        let plan = self.plan_read(schema, columns, &[], true, true)?;
-        let (reader, layout) = match plan {
-            Some(plan) => (
-                Some(self.reader(&plan.wanted, &plan.filters, Some(plan.groups), None)?),
-                Some(plan.layout),
-            ),
-            None => (None, None),
-        };
-        let stream = RowSetStream {
-            rowset: self.clone(),
-            reader,
-            layout,
-        };
+        let stream = self.stream_versions(schema, columns)?;
         let mut visible = VisibleVersions {
             key_count: schema.key_count(),
             snapshot_ts,

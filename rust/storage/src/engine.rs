@@ -25,7 +25,7 @@ use crate::manifest::{self, Manifest, RowSetEntry};
 use crate::memrowset::{MemRowSet, Presence};
 use crate::ops::{OpBatch, RowStatus};
 use crate::requests::RequestIndex;
-use crate::scan::{merge_versions, ScanCursor, ScanPlan, ScanResult, ScanSpec, Source};
+use crate::scan::{ScanCursor, ScanPlan, ScanResult, ScanSpec, Source, VersionsMerge};
 use crate::schema::Schema;
 
 /// A step of flush or compaction at which tests inject a crash or an I/O failure.
@@ -873,15 +873,24 @@ impl Shared {
         };
         self.fault(FaultPoint::BeforeRowSetWrite)?;
         let columns: Vec<usize> = (0..schema.columns().len()).collect();
-        let mut loaded = Vec::with_capacity(inputs.len());
-        for rowset in inputs.iter().rev() {
-            loaded.push(rowset.read_versions(&schema, &columns)?);
-        }
-        let key_positions: Vec<usize> = (0..schema.key_count()).collect();
-        let merged = merge_versions(&loaded, &key_positions, mark, READ_BATCH_ROWS)?;
+        // Streamed: each rowset read a row group at a time as the merge reaches it, and the
+        // output written a chunk at a time, so a compaction's memory does not grow with the
+        // versions it merges (all of them were loaded at once before: with history of a hot
+        // key set, gigabytes, docs/performance.md "Compaction in bounded memory").
+        let streams = inputs
+            .iter()
+            .rev()
+            .map(|rowset| rowset.stream_versions(&schema, &columns))
+            .collect::<Result<Vec<_>>>()?;
+        let merged = VersionsMerge::new(
+            diskrowset::versions_schema(&schema, &columns),
+            streams,
+            (0..schema.key_count()).collect(),
+            mark,
+            READ_BATCH_ROWS,
+        );
         let expected: usize = inputs.iter().map(|r| r.rows() as usize).sum();
-        drop(loaded);
-        let output = self.write_rowset(id, &schema, expected, merged.into_iter().map(Ok))?;
+        let output = self.write_rowset(id, &schema, expected, merged)?;
         let manifest = {
             let st = self.state.read();
             assert_eq!(

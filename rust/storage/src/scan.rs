@@ -644,52 +644,548 @@ fn gather_picks(
     Ok(out)
 }
 
-/// Merges row versions for compaction. `sources` are newest first, each one batch (columns,
-/// `__ts`, `__deleted`) in (key ascending, timestamp descending) order; the output has the
-/// same layout and order, in batches of at most `chunk_rows` rows. Per key it keeps every
-/// version newer than `ancient_history_mark` and the newest at or before it; of versions with
-/// equal timestamps only the newest (no snapshot can see the others); and no tombstone as the
-/// key's oldest kept version (nothing older is left for it to shadow: every rowset is merged).
+/// Merges row versions for compaction, all in memory (`VersionsMerge` over one batch per
+/// source; for tests).
+#[cfg(test)]
 pub(crate) fn merge_versions(
     sources: &[RecordBatch],
     key_positions: &[usize],
     ancient_history_mark: u64,
     chunk_rows: usize,
 ) -> Result<Vec<RecordBatch>> {
-    let keys = sources_keys(sources, key_positions)?;
-    let ts: Vec<&arrow::array::UInt64Array> = sources
+    let Some(first) = sources.first() else {
+        return Ok(Vec::new());
+    };
+    let streams = sources
         .iter()
-        .map(|s| s.column(s.num_columns() - 2).as_primitive())
+        .map(|s| std::iter::once(Ok(s.clone())))
         .collect();
-    let deleted: Vec<&BooleanArray> = sources.iter().map(deleted_of).collect();
-    let mut cursor = vec![0usize; sources.len()];
-    let mut picks: Vec<(usize, usize)> = Vec::new();
-    while let Some(winner) = smallest(&keys, &cursor) {
-        let key = keys[winner].get(cursor[winner]).to_vec();
-        let start = picks.len();
-        let mut last_ts: Option<u64> = None;
-        let mut below_mark = false;
-        // Newer sources first, each newest first: timestamps descend along the walk.
-        for s in 0..sources.len() {
-            while cursor[s] < keys[s].len() && keys[s].get(cursor[s]) == key.as_slice() {
-                let at = cursor[s];
-                cursor[s] += 1;
-                let version_ts = ts[s].value(at);
-                debug_assert!(last_ts.is_none_or(|t| version_ts <= t), "versions descend");
-                if below_mark || last_ts == Some(version_ts) {
-                    continue;
-                }
-                last_ts = Some(version_ts);
-                below_mark = version_ts <= ancient_history_mark;
-                picks.push((s, at));
-            }
-        }
-        while picks.len() > start && {
-            let (s, at) = picks[picks.len() - 1];
-            deleted[s].value(at)
-        } {
-            picks.pop();
+    VersionsMerge::new(
+        first.schema(),
+        streams,
+        key_positions.to_vec(),
+        ancient_history_mark,
+        chunk_rows,
+    )
+    .collect()
+}
+
+/// Where one source of a `VersionsMerge` stands: its current batch (an index into the
+/// merge's `live` batches), that batch's encoded keys, timestamps and tombstone flags, and
+/// the row it is at. `live` is `usize::MAX` once the source is used up.
+struct VersionSource<I> {
+    batches: I,
+    live: usize,
+    keys: EncodedKeys,
+    ts: arrow::array::UInt64Array,
+    deleted: BooleanArray,
+    at: usize,
+}
+
+impl<I> VersionSource<I> {
+    fn done(&self) -> bool {
+        self.live == usize::MAX
+    }
+
+    fn key(&self) -> &[u8] {
+        self.keys.get(self.at)
+    }
+}
+
+/// Merges row versions for compaction as a stream. Each source is a stream of batches
+/// (columns, `__ts`, `__deleted`) in (key ascending, timestamp descending) order; sources
+/// are given newest first. The output has the same layout and order, in batches of at most
+/// `chunk_rows` rows. Per key it keeps every version newer than `ancient_history_mark` and
+/// the newest at or before it; of versions with equal timestamps only the newest (no
+/// snapshot can see the others); and no tombstone as the key's oldest kept version (nothing
+/// older is left for it to shadow: every rowset is merged).
+///
+/// Memory is bounded by the sources' current batches and one output chunk, whatever the
+/// rowsets hold: a rowset is read a row group at a time as the merge reaches it, and a batch
+/// is let go once no kept version and no source points into it. A key with more versions
+/// than `chunk_rows` goes out over several chunks; only its trailing tombstones are held back
+/// until the key ends (they are dropped if nothing older of the key is kept after them).
+pub(crate) struct VersionsMerge<I> {
+    schema: SchemaRef,
+    sources: Vec<VersionSource<I>>,
+    key_positions: Vec<usize>,
+    mark: u64,
+    chunk_rows: usize,
+    /// Batches that picks or sources point into.
+    live: Vec<RecordBatch>,
+    /// Versions kept, in output order: (index into `live`, row).
+    picks: Vec<(usize, usize)>,
+    /// The key being merged, if one is: the source its walk is at, the last timestamp kept,
+    /// whether a version at or below the mark was kept, and where its picks start.
+    key: Option<Vec<u8>>,
+    walk: usize,
+    last_ts: Option<u64>,
+    below_mark: bool,
+    key_start: usize,
+    started: bool,
+    failed: bool,
+}
+
+impl<I: Iterator<Item = Result<RecordBatch>>> VersionsMerge<I> {
+    pub(crate) fn new(
+        schema: SchemaRef,
+        streams: Vec<I>,
+        key_positions: Vec<usize>,
+        ancient_history_mark: u64,
+        chunk_rows: usize,
+    ) -> Self {
+        let sources = streams
+            .into_iter()
+            .map(|batches| VersionSource {
+                batches,
+                live: usize::MAX,
+                keys: EncodedKeys::default(),
+                ts: arrow::array::UInt64Array::from(Vec::<u64>::new()),
+                deleted: BooleanArray::from(Vec::<bool>::new()),
+                at: 0,
+            })
+            .collect();
+        VersionsMerge {
+            schema,
+            sources,
+            key_positions,
+            mark: ancient_history_mark,
+            chunk_rows: chunk_rows.max(1),
+            live: Vec::new(),
+            picks: Vec::new(),
+            key: None,
+            walk: 0,
+            last_ts: None,
+            below_mark: false,
+            key_start: 0,
+            started: false,
+            failed: false,
         }
     }
-    gather_picks(sources, &picks, chunk_rows, "compaction merge")
+
+    /// Moves source `s` to its next batch with rows (or marks it used up). The batch it
+    /// leaves is let go at once unless a kept version points into it (a long run of
+    /// versions collected as history would otherwise pile up until the next chunk).
+    fn load(&mut self, s: usize) -> Result<()> {
+        let left = self.sources[s].live;
+        if left != usize::MAX && !self.picks.iter().any(|&(b, _)| b == left) {
+            self.live[left] = RecordBatch::new_empty(self.schema.clone());
+        }
+        let source = &mut self.sources[s];
+        source.live = usize::MAX;
+        for batch in source.batches.by_ref() {
+            let batch = batch?;
+            if batch.num_rows() == 0 {
+                continue;
+            }
+            let batch = if batch.schema() == self.schema {
+                batch
+            } else {
+                RecordBatch::try_new(self.schema.clone(), batch.columns().to_vec())
+                    .map_err(|e| StorageError::arrow_internal("compaction merge", e))?
+            };
+            source.keys = batch_keys(&batch, &self.key_positions)?;
+            source.ts = batch.column(batch.num_columns() - 2).as_primitive().clone();
+            source.deleted = deleted_of(&batch).clone();
+            source.at = 0;
+            source.live = self.live.len();
+            self.live.push(batch);
+            return Ok(());
+        }
+        Ok(())
+    }
+
+    fn advance(&mut self, s: usize) -> Result<()> {
+        let source = &mut self.sources[s];
+        source.at += 1;
+        if source.at == source.keys.len() {
+            self.load(s)?;
+        }
+        Ok(())
+    }
+
+    /// The source whose current key is the smallest, the newest of equals.
+    fn smallest(&self) -> Option<usize> {
+        let mut best: Option<usize> = None;
+        for (s, source) in self.sources.iter().enumerate() {
+            if !source.done() && best.is_none_or(|b| source.key() < self.sources[b].key()) {
+                best = Some(s);
+            }
+        }
+        best
+    }
+
+    fn is_tombstone(&self, pick: (usize, usize)) -> bool {
+        deleted_of(&self.live[pick.0]).value(pick.1)
+    }
+
+    /// How many picks are final: all but the current key's trailing tombstones, which go
+    /// only if a version of the key is kept after them.
+    fn final_picks(&self) -> usize {
+        let mut end = self.picks.len();
+        if self.key.is_some() {
+            while end > self.key_start && self.is_tombstone(self.picks[end - 1]) {
+                end -= 1;
+            }
+        }
+        end
+    }
+
+    /// The first `n` picks as a batch; lets go of the batches nothing points into any more.
+    fn emit(&mut self, n: usize) -> Result<RecordBatch> {
+        let mut arrays = Vec::with_capacity(self.schema.fields().len());
+        for c in 0..self.schema.fields().len() {
+            let columns: Vec<&dyn Array> = self.live.iter().map(|b| b.column(c).as_ref()).collect();
+            arrays.push(
+                interleave(&columns, &self.picks[..n])
+                    .map_err(|e| StorageError::arrow_internal("compaction merge", e))?,
+            );
+        }
+        let out = RecordBatch::try_new(self.schema.clone(), arrays)
+            .map_err(|e| StorageError::arrow_internal("compaction merge", e))?;
+        self.picks.drain(..n);
+        self.key_start = self.key_start.saturating_sub(n);
+        // Keep only the batches still pointed into, renumbered in order.
+        let mut used = vec![false; self.live.len()];
+        for &(b, _) in &self.picks {
+            used[b] = true;
+        }
+        for source in &self.sources {
+            if !source.done() {
+                used[source.live] = true;
+            }
+        }
+        let mut renumber = vec![usize::MAX; self.live.len()];
+        let mut kept = Vec::with_capacity(self.live.len());
+        for (b, batch) in std::mem::take(&mut self.live).into_iter().enumerate() {
+            if used[b] {
+                renumber[b] = kept.len();
+                kept.push(batch);
+            }
+        }
+        self.live = kept;
+        for pick in &mut self.picks {
+            pick.0 = renumber[pick.0];
+        }
+        for source in &mut self.sources {
+            if !source.done() {
+                source.live = renumber[source.live];
+            }
+        }
+        Ok(out)
+    }
+
+    /// Walks the current key's versions, newest source first (timestamps descend along the
+    /// walk), for at most `chunk_rows` versions; ends the key when every source is past it.
+    fn walk_key(&mut self) -> Result<()> {
+        let key = self.key.take().expect("a key is being merged");
+        let mut steps = 0;
+        while self.walk < self.sources.len() && steps < self.chunk_rows {
+            let s = self.walk;
+            let source = &self.sources[s];
+            if source.done() || source.key() != key.as_slice() {
+                self.walk += 1;
+                continue;
+            }
+            let (live, at) = (source.live, source.at);
+            let version_ts = source.ts.value(at);
+            debug_assert!(
+                self.last_ts.is_none_or(|t| version_ts <= t),
+                "versions descend"
+            );
+            if !(self.below_mark || self.last_ts == Some(version_ts)) {
+                self.last_ts = Some(version_ts);
+                self.below_mark = version_ts <= self.mark;
+                self.picks.push((live, at));
+            }
+            steps += 1;
+            self.advance(s)?;
+        }
+        if self.walk < self.sources.len() {
+            self.key = Some(key);
+            return Ok(());
+        }
+        while self.picks.len() > self.key_start
+            && self.is_tombstone(self.picks[self.picks.len() - 1])
+        {
+            self.picks.pop();
+        }
+        Ok(())
+    }
+
+    fn step(&mut self) -> Result<Option<RecordBatch>> {
+        loop {
+            let ready = self.final_picks();
+            if ready >= self.chunk_rows {
+                return self.emit(self.chunk_rows).map(Some);
+            }
+            if self.key.is_none() {
+                let Some(winner) = self.smallest() else {
+                    return if self.picks.is_empty() {
+                        Ok(None)
+                    } else {
+                        self.emit(self.picks.len()).map(Some)
+                    };
+                };
+                self.key = Some(self.sources[winner].key().to_vec());
+                self.walk = 0;
+                self.last_ts = None;
+                self.below_mark = false;
+                self.key_start = self.picks.len();
+            }
+            self.walk_key()?;
+        }
+    }
+}
+
+impl<I: Iterator<Item = Result<RecordBatch>>> Iterator for VersionsMerge<I> {
+    type Item = Result<RecordBatch>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.failed {
+            return None;
+        }
+        let result = if self.started {
+            self.step()
+        } else {
+            self.started = true;
+            (0..self.sources.len())
+                .try_for_each(|s| self.load(s))
+                .and_then(|()| self.step())
+        };
+        match result {
+            Ok(batch) => batch.map(Ok),
+            Err(e) => {
+                self.failed = true; // an error ends the stream
+                Some(Err(e))
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use arrow::array::{Int64Array, UInt64Array};
+    use arrow::datatypes::{DataType, Field, Schema as ArrowSchema};
+    use proptest::prelude::*;
+
+    use super::*;
+
+    /// One version: (key, value, ts, deleted).
+    type Version = (i64, i64, u64, bool);
+
+    fn schema() -> SchemaRef {
+        Arc::new(ArrowSchema::new(vec![
+            Field::new("k", DataType::Int64, false),
+            Field::new("v", DataType::Int64, false),
+            Field::new("__ts", DataType::UInt64, false),
+            Field::new("__deleted", DataType::Boolean, false),
+        ]))
+    }
+
+    fn batch(versions: &[Version]) -> RecordBatch {
+        RecordBatch::try_new(
+            schema(),
+            vec![
+                Arc::new(Int64Array::from_iter_values(versions.iter().map(|v| v.0))),
+                Arc::new(Int64Array::from_iter_values(versions.iter().map(|v| v.1))),
+                Arc::new(UInt64Array::from_iter_values(versions.iter().map(|v| v.2))),
+                Arc::new(BooleanArray::from_iter(versions.iter().map(|v| Some(v.3)))),
+            ],
+        )
+        .unwrap()
+    }
+
+    fn rows(batches: &[RecordBatch]) -> Vec<Version> {
+        let mut out = Vec::new();
+        for b in batches {
+            let k = b.column(0).as_primitive::<arrow::datatypes::Int64Type>();
+            let v = b.column(1).as_primitive::<arrow::datatypes::Int64Type>();
+            let ts = b.column(2).as_primitive::<arrow::datatypes::UInt64Type>();
+            let d = b.column(3).as_boolean();
+            for i in 0..b.num_rows() {
+                out.push((k.value(i), v.value(i), ts.value(i), d.value(i)));
+            }
+        }
+        out
+    }
+
+    /// The rule, key by key: every version newer than the mark and the newest at or before
+    /// it, one per timestamp (the newest source's), no tombstone as the oldest kept.
+    fn model(sources: &[Vec<Version>], mark: u64) -> Vec<Version> {
+        let mut keys: Vec<i64> = sources.iter().flatten().map(|v| v.0).collect();
+        keys.sort_unstable();
+        keys.dedup();
+        let mut out = Vec::new();
+        for key in keys {
+            let start = out.len();
+            let (mut last_ts, mut below) = (None, false);
+            for version in sources.iter().flatten().filter(|v| v.0 == key) {
+                if below || last_ts == Some(version.2) {
+                    continue;
+                }
+                last_ts = Some(version.2);
+                below = version.2 <= mark;
+                out.push(*version);
+            }
+            while out.len() > start && out[out.len() - 1].3 {
+                out.pop();
+            }
+        }
+        out
+    }
+
+    /// Sources newest first, each in (key ascending, ts descending) order; a newer source's
+    /// timestamps are never below an older one's (they may meet at the boundary).
+    fn sources() -> impl Strategy<Value = Vec<Vec<Version>>> {
+        prop::collection::vec(
+            prop::collection::vec((0i64..12, 0u64..10, any::<bool>(), any::<i64>()), 0..40),
+            1..5,
+        )
+        .prop_map(|raw| {
+            let n = raw.len() as u64;
+            raw.into_iter()
+                .enumerate()
+                .map(|(i, versions)| {
+                    let base = (n - 1 - i as u64) * 9; // source i spans base..=base+9
+                    let mut out: Vec<Version> = versions
+                        .into_iter()
+                        .map(|(k, t, d, v)| (k, v, base + t, d))
+                        .collect();
+                    out.sort_by(|a, b| a.0.cmp(&b.0).then(b.2.cmp(&a.2)));
+                    out.dedup_by(|a, b| a.0 == b.0 && a.2 == b.2); // one per (key, ts) in a file
+                    out
+                })
+                .collect()
+        })
+    }
+
+    fn merged(
+        sources: &[Vec<Version>],
+        piece_rows: &[usize],
+        mark: u64,
+        chunk_rows: usize,
+    ) -> Vec<RecordBatch> {
+        let streams: Vec<_> = sources
+            .iter()
+            .enumerate()
+            .map(|(i, versions)| {
+                let size = piece_rows[i % piece_rows.len()].max(1);
+                let mut pieces: Vec<Result<RecordBatch>> =
+                    versions.chunks(size).map(|c| Ok(batch(c))).collect();
+                pieces.insert(0, Ok(batch(&[]))); // empty batches are skipped
+                pieces.into_iter()
+            })
+            .collect();
+        VersionsMerge::new(schema(), streams, vec![0], mark, chunk_rows)
+            .collect::<Result<Vec<_>>>()
+            .unwrap()
+    }
+
+    proptest! {
+        #[test]
+        fn a_streamed_merge_keeps_what_the_rule_keeps(
+            sources in sources(),
+            pieces in prop::collection::vec(1usize..6, 1..4),
+            mark in 0u64..45,
+            chunk_rows in 1usize..8,
+        ) {
+            let expected = model(&sources, mark);
+            let whole: Vec<RecordBatch> = sources.iter().map(|s| batch(s)).collect();
+            let at_once = merge_versions(&whole, &[0], mark, 1 << 20).unwrap();
+            prop_assert_eq!(rows(&at_once), expected.clone());
+            let streamed = merged(&sources, &pieces, mark, chunk_rows);
+            prop_assert!(streamed.iter().all(|b| b.num_rows() <= chunk_rows && b.num_rows() > 0));
+            prop_assert_eq!(rows(&streamed), expected);
+        }
+    }
+
+    #[test]
+    fn a_key_with_more_versions_than_a_chunk_keeps_them_all_and_holds_only_batches_in_use() {
+        // One key with 1,000 versions (the newest a tombstone, the oldest too), 7-row
+        // batches, 10-row chunks: the key goes out over many chunks, its oldest tombstone is
+        // dropped, and the merge never holds more than a chunk's worth of batches.
+        let mut versions: Vec<Version> = (0..1000u64)
+            .map(|t| (1, t as i64, 2000 - t, false))
+            .collect();
+        versions[0].3 = true;
+        versions[999].3 = true;
+        let streams = vec![versions
+            .chunks(7)
+            .map(|c| Ok(batch(c)))
+            .collect::<Vec<_>>()
+            .into_iter()];
+        let mut merge = VersionsMerge::new(schema(), streams, vec![0], 0, 10);
+        let mut out = Vec::new();
+        while let Some(b) = merge.next() {
+            let held: usize = merge.live.iter().map(|b| b.num_rows()).sum();
+            assert!(held <= 10 + 2 * 7, "the merge holds {held} rows of input");
+            out.push(b.unwrap());
+        }
+        let got = rows(&out);
+        assert_eq!(got.len(), 999);
+        assert!(
+            got[0].3,
+            "a newest tombstone stays (it shadows what is older)"
+        );
+        assert_eq!(got[998].2, 1002);
+    }
+
+    /// Yields `versions` in `rows`-row batches, recording the most earlier batches still
+    /// held by anyone (the merge) when the next one is asked for.
+    struct Watched {
+        pieces: std::vec::IntoIter<RecordBatch>,
+        given: Vec<std::sync::Weak<dyn Array>>,
+        most_held: std::rc::Rc<std::cell::Cell<usize>>,
+    }
+
+    impl Iterator for Watched {
+        type Item = Result<RecordBatch>;
+
+        fn next(&mut self) -> Option<Self::Item> {
+            let held = self.given.iter().filter(|w| w.strong_count() > 0).count();
+            self.most_held.set(self.most_held.get().max(held));
+            let b = self.pieces.next()?;
+            self.given.push(Arc::downgrade(b.column(0)));
+            Some(Ok(b))
+        }
+    }
+
+    #[test]
+    fn history_collected_in_one_pass_is_let_go_batch_by_batch() {
+        // 10,000 versions of one key in 10-row batches, all but the newest ten at or below
+        // the mark: eleven are kept, and each batch read past is let go at once.
+        let versions: Vec<Version> = (0..10_000u64)
+            .map(|t| (7, t as i64, 20_000 - t, false))
+            .collect();
+        let most_held = std::rc::Rc::new(std::cell::Cell::new(0));
+        let watched = Watched {
+            pieces: versions
+                .chunks(10)
+                .map(batch)
+                .collect::<Vec<_>>()
+                .into_iter(),
+            given: Vec::new(),
+            most_held: most_held.clone(),
+        };
+        let out = VersionsMerge::new(schema(), vec![watched], vec![0], 19_990, 64)
+            .collect::<Result<Vec<_>>>()
+            .unwrap();
+        let got = rows(&out);
+        assert_eq!(got.first().map(|v| v.2), Some(20_000));
+        assert_eq!(
+            got.last().map(|v| v.2),
+            Some(19_990),
+            "the newest at or below the mark"
+        );
+        assert_eq!(got.len(), 11);
+        // The two batches the kept versions are in, and the one being read.
+        assert!(
+            most_held.get() <= 3,
+            "{} batches held at once",
+            most_held.get()
+        );
+    }
 }
