@@ -627,7 +627,19 @@ impl DiskRowSet {
         predicates: &[Predicate],
         limit: Option<usize>,
     ) -> Result<RowSetStream> {
-        let Some(plan) = self.plan_read(schema, columns, predicates, false, false)? else {
+        self.stream_rows(schema, columns, predicates, false, limit)
+    }
+
+    /// `stream`, with `__deleted` (tombstones kept) when `with_deleted`.
+    pub fn stream_rows(
+        self: &Arc<Self>,
+        schema: &Schema,
+        columns: &[usize],
+        predicates: &[Predicate],
+        with_deleted: bool,
+        limit: Option<usize>,
+    ) -> Result<RowSetStream> {
+        let Some(plan) = self.plan_read(schema, columns, predicates, false, with_deleted)? else {
             return Ok(RowSetStream {
                 rowset: self.clone(),
                 reader: None,

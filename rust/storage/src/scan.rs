@@ -329,7 +329,7 @@ impl ScanPlan {
         if group.len() > 1 {
             group.sort_by_key(|(rank, _)| *rank);
             let sources: Vec<Source> = group.into_iter().map(|(_, s)| s).collect();
-            return Ok(Box::new(self.read_merged(sources)?.into_iter().map(Ok)));
+            return self.read_merged(sources);
         }
         let source = group.pop().expect("groups are not empty").1;
         let Source::Disk(rowset) = source else {
@@ -415,9 +415,11 @@ impl ScanPlan {
         )))
     }
 
-    /// Overlapping sources: gather each (key predicates pushed), merge newest-wins, then
-    /// filter by the remaining predicates.
-    fn read_merged(&self, sources: Vec<Source>) -> Result<Vec<RecordBatch>> {
+    /// Overlapping sources: each streamed (key predicates pushed), merged newest-wins as the
+    /// batches are pulled, then filtered by the remaining predicates. What is held at once is
+    /// a batch of each source and one output chunk (each source was read whole before: a
+    /// tablet's full scan held every row of its overlapping rowsets, docs/scans.md).
+    fn read_merged(self: &Arc<Self>, sources: Vec<Source>) -> Result<Batches> {
         let key_predicates: Vec<Predicate> = self
             .spec
             .predicates
@@ -427,80 +429,85 @@ impl ScanPlan {
             })
             .cloned()
             .collect();
-        let mut loaded = Vec::with_capacity(sources.len());
-        for source in sources {
-            let batches = self.gather(source, &key_predicates)?;
-            let schema = output_schema(&self.schema, &self.work, true);
-            let batch = arrow::compute::concat_batches(&schema, &batches)
-                .map_err(|e| StorageError::arrow_internal("scan merge", e))?;
-            loaded.push(batch);
-        }
-        let key_positions = self.key_positions();
-        let merged = merge_sorted(&loaded, &key_positions, true, READ_BATCH_ROWS)?;
-        let mut out = Vec::new();
-        for batch in merged {
-            let masks = self.predicate_masks(&batch, &self.spec.predicates)?;
+        let streams = sources
+            .into_iter()
+            .map(|source| self.gather(source, &key_predicates))
+            .collect::<Result<Vec<_>>>()?;
+        let merge = VersionsMerge::newest(
+            output_schema(&self.schema, &self.work, true),
+            streams,
+            self.key_positions(),
+            READ_BATCH_ROWS,
+        );
+        let plan = self.clone();
+        Ok(Box::new(merge.map(move |batch| {
+            let batch = batch?;
+            let masks = plan.predicate_masks(&batch, &plan.spec.predicates)?;
             let kept = filter_record_batch(&batch, &and_all(masks, batch.num_rows()))
                 .map_err(|e| StorageError::arrow_internal("scan filter", e))?;
-            out.push(self.project(&kept)?);
-        }
-        Ok(out)
+            plan.project(&kept)
+        })))
     }
 
     /// A source's rows within the bounds in the `work` layout plus `__deleted`, filtered by
-    /// `predicates`. In-memory tombstones are kept regardless; callers pass only predicates
-    /// under which dropping a tombstone cannot resurrect an older version.
-    fn gather(&self, source: Source, predicates: &[Predicate]) -> Result<Vec<RecordBatch>> {
+    /// `predicates`, as a stream. In-memory tombstones are kept regardless; callers pass only
+    /// predicates under which dropping a tombstone cannot resurrect an older version.
+    fn gather(self: &Arc<Self>, source: Source, predicates: &[Predicate]) -> Result<Batches> {
         let (lower, upper) = self.bounds();
-        let batches = match source {
-            Source::Mem(rows, _, _) => rows.into_chunks(READ_BATCH_ROWS).collect::<Result<_>>()?,
-            Source::Frozen(mem, _, _) => mem.sorted_batches(
-                &self.work,
-                lower,
-                upper,
-                READ_BATCH_ROWS,
-                self.spec.snapshot_ts,
-            )?,
+        let batches: Batches = match source {
+            Source::Mem(rows, _, _) => Box::new(rows.into_chunks(READ_BATCH_ROWS)),
+            Source::Frozen(mem, _, _) => Box::new(
+                mem.sorted_batches(
+                    &self.work,
+                    lower,
+                    upper,
+                    READ_BATCH_ROWS,
+                    self.spec.snapshot_ts,
+                )?
+                .into_iter()
+                .map(Ok),
+            ),
             Source::Disk(rowset) if rowset.needs_versions(self.spec.snapshot_ts) => {
                 // No predicate pushed: the merge filters after picking versions.
-                let raw = rowset
-                    .stream_visible(&self.schema, &self.work, self.spec.snapshot_ts, true)?
-                    .collect::<Result<Vec<_>>>()?;
-                return self.clip(raw);
+                let stream =
+                    rowset.stream_visible(&self.schema, &self.work, self.spec.snapshot_ts, true)?;
+                return Ok(self.clip_stream(Box::new(stream)));
             }
             Source::Disk(rowset) => {
                 // Pushed into the reader: a tombstone failing a predicate can only shadow rows
                 // that fail it too (key predicates) or is dropped anyway (single source).
-                let raw = rowset.read(&self.schema, &self.work, predicates, true, None)?;
-                return self.clip(raw);
+                let stream =
+                    rowset.stream_rows(&self.schema, &self.work, predicates, true, None)?;
+                return Ok(self.clip_stream(Box::new(stream)));
             }
         };
         if predicates.is_empty() {
             return Ok(batches);
         }
-        batches
-            .into_iter()
-            .map(|batch| {
-                let mut masks = self.predicate_masks(&batch, predicates)?;
-                let pass = and_all(std::mem::take(&mut masks), batch.num_rows());
-                let keep = arrow::compute::or(&pass, deleted_of(&batch)).expect("same length");
-                filter_record_batch(&batch, &keep)
-                    .map_err(|e| StorageError::arrow_internal("scan filter", e))
-            })
-            .collect()
+        let plan = self.clone();
+        let predicates = predicates.to_vec();
+        Ok(Box::new(batches.map(move |batch| {
+            let batch = batch?;
+            let masks = plan.predicate_masks(&batch, &predicates)?;
+            let pass = and_all(masks, batch.num_rows());
+            let keep = arrow::compute::or(&pass, deleted_of(&batch)).expect("same length");
+            filter_record_batch(&batch, &keep)
+                .map_err(|e| StorageError::arrow_internal("scan filter", e))
+        })))
     }
 
-    /// Drops rows outside the key bounds (batches in the `work` layout).
-    fn clip(&self, batches: Vec<RecordBatch>) -> Result<Vec<RecordBatch>> {
+    /// Drops rows outside the key bounds from a stream of batches in the `work` layout.
+    fn clip_stream(self: &Arc<Self>, batches: Batches) -> Batches {
         let (lower, upper) = self.bounds();
         if lower.is_none() && upper.is_none() {
-            return Ok(batches);
+            return batches;
         }
+        let plan = self.clone();
         let key_positions = self.key_positions();
-        batches
-            .into_iter()
-            .map(|batch| clip(batch, &key_positions, lower, upper))
-            .collect()
+        Box::new(batches.map(move |batch| {
+            let (lower, upper) = plan.bounds();
+            clip(batch?, &key_positions, lower, upper)
+        }))
     }
 
     fn predicate_masks(
@@ -562,86 +569,6 @@ fn batch_keys(batch: &RecordBatch, key_positions: &[usize]) -> Result<EncodedKey
         .map(|p| batch.column(*p).clone())
         .collect();
     encode_keys(&columns)
-}
-
-/// Merges key-sorted sources (newest first; each one batch whose last column is `__deleted`)
-/// into key-sorted batches of at most `chunk_rows` rows, keeping each key's newest version.
-/// With `drop_tombstones` a winning tombstone yields no row (and the `__deleted` column is
-/// kept, all false); otherwise winning tombstones are kept so they can shadow older data.
-pub(crate) fn merge_sorted(
-    sources: &[RecordBatch],
-    key_positions: &[usize],
-    drop_tombstones: bool,
-    chunk_rows: usize,
-) -> Result<Vec<RecordBatch>> {
-    let keys = sources_keys(sources, key_positions)?;
-    let deleted: Vec<&BooleanArray> = sources.iter().map(deleted_of).collect();
-    let mut cursor = vec![0usize; sources.len()];
-    let mut picks: Vec<(usize, usize)> = Vec::new();
-    while let Some(winner) = smallest(&keys, &cursor) {
-        let key = keys[winner].get(cursor[winner]);
-        if !(drop_tombstones && deleted[winner].value(cursor[winner])) {
-            picks.push((winner, cursor[winner]));
-        }
-        for s in winner + 1..sources.len() {
-            if cursor[s] < keys[s].len() && keys[s].get(cursor[s]) == key {
-                cursor[s] += 1;
-            }
-        }
-        cursor[winner] += 1;
-    }
-    gather_picks(sources, &picks, chunk_rows, "merge")
-}
-
-/// The encoded keys of each source.
-fn sources_keys(sources: &[RecordBatch], key_positions: &[usize]) -> Result<Vec<EncodedKeys>> {
-    sources
-        .iter()
-        .map(|s| batch_keys(s, key_positions))
-        .collect()
-}
-
-/// The source whose current key (at `cursor`) is the smallest, the newest of equals; None
-/// once every source is used up.
-fn smallest(keys: &[EncodedKeys], cursor: &[usize]) -> Option<usize> {
-    let mut best: Option<usize> = None;
-    for s in 0..keys.len() {
-        if cursor[s] < keys[s].len()
-            && best.is_none_or(|b| keys[s].get(cursor[s]) < keys[b].get(cursor[b]))
-        {
-            best = Some(s);
-        }
-    }
-    best
-}
-
-/// The rows `picks` ((source, row)) of `sources` (all of one schema), in that order, as
-/// batches of at most `chunk_rows` rows.
-fn gather_picks(
-    sources: &[RecordBatch],
-    picks: &[(usize, usize)],
-    chunk_rows: usize,
-    what: &str,
-) -> Result<Vec<RecordBatch>> {
-    let Some(first) = sources.first() else {
-        return Ok(Vec::new());
-    };
-    let schema = first.schema();
-    let mut out = Vec::new();
-    for chunk in picks.chunks(chunk_rows.max(1)) {
-        let mut arrays = Vec::with_capacity(schema.fields().len());
-        for c in 0..schema.fields().len() {
-            let columns: Vec<&dyn Array> = sources.iter().map(|s| s.column(c).as_ref()).collect();
-            arrays.push(
-                interleave(&columns, chunk).map_err(|e| StorageError::arrow_internal(what, e))?,
-            );
-        }
-        out.push(
-            RecordBatch::try_new(schema.clone(), arrays)
-                .map_err(|e| StorageError::arrow_internal(what, e))?,
-        );
-    }
-    Ok(out)
 }
 
 /// Merges row versions for compaction, all in memory (`VersionsMerge` over one batch per
@@ -715,13 +642,18 @@ pub(crate) struct VersionsMerge<I> {
     live: Vec<RecordBatch>,
     /// Versions kept, in output order: (index into `live`, row).
     picks: Vec<(usize, usize)>,
-    /// The key being merged, if one is: the source its walk is at, the last timestamp kept,
-    /// whether a version at or below the mark was kept, and where its picks start.
-    key: Option<Vec<u8>>,
+    /// The key being merged, if one is (`in_key`; the buffer is reused from key to key):
+    /// the source its walk is at, the last timestamp kept, whether a version at or below the
+    /// mark was kept, and where its picks start.
+    key: Vec<u8>,
+    in_key: bool,
     walk: usize,
     last_ts: Option<u64>,
     below_mark: bool,
     key_start: usize,
+    /// Whether the batches carry `__ts` (before `__deleted`); without, every version is
+    /// taken as at the mark (the newest of a key wins, a tombstone winning drops the key).
+    versioned: bool,
     started: bool,
     failed: bool,
 }
@@ -753,14 +685,30 @@ impl<I: Iterator<Item = Result<RecordBatch>>> VersionsMerge<I> {
             chunk_rows: chunk_rows.max(1),
             live: Vec::new(),
             picks: Vec::new(),
-            key: None,
+            key: Vec::new(),
+            in_key: false,
             walk: 0,
             last_ts: None,
             below_mark: false,
             key_start: 0,
+            versioned: true,
             started: false,
             failed: false,
         }
+    }
+
+    /// A merge of sources holding one version per key each (a scan's, the newest visible,
+    /// with `__deleted` last and no `__ts`): per key the newest source's row, and nothing for
+    /// a key whose newest row is a tombstone.
+    pub(crate) fn newest(
+        schema: SchemaRef,
+        streams: Vec<I>,
+        key_positions: Vec<usize>,
+        chunk_rows: usize,
+    ) -> Self {
+        let mut merge = Self::new(schema, streams, key_positions, u64::MAX, chunk_rows);
+        merge.versioned = false;
+        merge
     }
 
     /// Moves source `s` to its next batch with rows (or marks it used up). The batch it
@@ -785,7 +733,9 @@ impl<I: Iterator<Item = Result<RecordBatch>>> VersionsMerge<I> {
                     .map_err(|e| StorageError::arrow_internal("compaction merge", e))?
             };
             source.keys = batch_keys(&batch, &self.key_positions)?;
-            source.ts = batch.column(batch.num_columns() - 2).as_primitive().clone();
+            if self.versioned {
+                source.ts = batch.column(batch.num_columns() - 2).as_primitive().clone();
+            }
             source.deleted = deleted_of(&batch).clone();
             source.at = 0;
             source.live = self.live.len();
@@ -823,7 +773,7 @@ impl<I: Iterator<Item = Result<RecordBatch>>> VersionsMerge<I> {
     /// only if a version of the key is kept after them.
     fn final_picks(&self) -> usize {
         let mut end = self.picks.len();
-        if self.key.is_some() {
+        if self.in_key {
             while end > self.key_start && self.is_tombstone(self.picks[end - 1]) {
                 end -= 1;
             }
@@ -878,7 +828,7 @@ impl<I: Iterator<Item = Result<RecordBatch>>> VersionsMerge<I> {
     /// Walks the current key's versions, newest source first (timestamps descend along the
     /// walk), for at most `chunk_rows` versions; ends the key when every source is past it.
     fn walk_key(&mut self) -> Result<()> {
-        let key = self.key.take().expect("a key is being merged");
+        let key = std::mem::take(&mut self.key); // put back below
         let mut steps = 0;
         while self.walk < self.sources.len() && steps < self.chunk_rows {
             let s = self.walk;
@@ -888,7 +838,11 @@ impl<I: Iterator<Item = Result<RecordBatch>>> VersionsMerge<I> {
                 continue;
             }
             let (live, at) = (source.live, source.at);
-            let version_ts = source.ts.value(at);
+            let version_ts = if self.versioned {
+                source.ts.value(at)
+            } else {
+                0
+            };
             debug_assert!(
                 self.last_ts.is_none_or(|t| version_ts <= t),
                 "versions descend"
@@ -899,12 +853,16 @@ impl<I: Iterator<Item = Result<RecordBatch>>> VersionsMerge<I> {
                 self.picks.push((live, at));
             }
             steps += 1;
-            self.advance(s)?;
+            if let Err(e) = self.advance(s) {
+                self.key = key;
+                return Err(e);
+            }
         }
+        self.key = key;
         if self.walk < self.sources.len() {
-            self.key = Some(key);
             return Ok(());
         }
+        self.in_key = false;
         while self.picks.len() > self.key_start
             && self.is_tombstone(self.picks[self.picks.len() - 1])
         {
@@ -919,7 +877,7 @@ impl<I: Iterator<Item = Result<RecordBatch>>> VersionsMerge<I> {
             if ready >= self.chunk_rows {
                 return self.emit(self.chunk_rows).map(Some);
             }
-            if self.key.is_none() {
+            if !self.in_key {
                 let Some(winner) = self.smallest() else {
                     return if self.picks.is_empty() {
                         Ok(None)
@@ -927,7 +885,9 @@ impl<I: Iterator<Item = Result<RecordBatch>>> VersionsMerge<I> {
                         self.emit(self.picks.len()).map(Some)
                     };
                 };
-                self.key = Some(self.sources[winner].key().to_vec());
+                self.key.clear();
+                self.key.extend_from_slice(self.sources[winner].key());
+                self.in_key = true;
                 self.walk = 0;
                 self.last_ts = None;
                 self.below_mark = false;
@@ -1187,5 +1147,67 @@ mod tests {
             "{} batches held at once",
             most_held.get()
         );
+    }
+
+    fn scan_batch(rows: &[(i64, i64, bool)]) -> RecordBatch {
+        let schema = Arc::new(ArrowSchema::new(vec![
+            Field::new("k", DataType::Int64, false),
+            Field::new("v", DataType::Int64, false),
+            Field::new("__deleted", DataType::Boolean, false),
+        ]));
+        RecordBatch::try_new(
+            schema,
+            vec![
+                Arc::new(Int64Array::from_iter_values(rows.iter().map(|r| r.0))),
+                Arc::new(Int64Array::from_iter_values(rows.iter().map(|r| r.1))),
+                Arc::new(BooleanArray::from_iter(rows.iter().map(|r| Some(r.2)))),
+            ],
+        )
+        .unwrap()
+    }
+
+    proptest! {
+        #[test]
+        fn a_streamed_scan_merge_gives_each_key_its_newest_row(
+            raw in prop::collection::vec(
+                prop::collection::btree_map(0i64..30, (any::<i64>(), any::<bool>()), 0..25),
+                1..5,
+            ),
+            piece in 1usize..6,
+            chunk_rows in 1usize..8,
+        ) {
+            // Sources newest first, one row per key each (a scan's visible rows).
+            let sources: Vec<Vec<(i64, i64, bool)>> = raw
+                .iter()
+                .map(|m| m.iter().map(|(k, (v, d))| (*k, *v, *d)).collect())
+                .collect();
+            let mut expected = Vec::new();
+            for key in 0i64..30 {
+                if let Some(row) = sources.iter().find_map(|s| s.iter().find(|r| r.0 == key)) {
+                    if !row.2 {
+                        expected.push((row.0, row.1));
+                    }
+                }
+            }
+            let schema = scan_batch(&[]).schema();
+            let streams: Vec<_> = sources
+                .iter()
+                .map(|s| s.chunks(piece).map(|c| Ok(scan_batch(c))).collect::<Vec<_>>().into_iter())
+                .collect();
+            let out = VersionsMerge::newest(schema, streams, vec![0], chunk_rows)
+                .collect::<Result<Vec<_>>>()
+                .unwrap();
+            let mut got = Vec::new();
+            for b in &out {
+                prop_assert!(b.num_rows() <= chunk_rows);
+                let k = b.column(0).as_primitive::<arrow::datatypes::Int64Type>();
+                let v = b.column(1).as_primitive::<arrow::datatypes::Int64Type>();
+                prop_assert!(!b.column(2).as_boolean().values().iter().any(|d| d));
+                for i in 0..b.num_rows() {
+                    got.push((k.value(i), v.value(i)));
+                }
+            }
+            prop_assert_eq!(got, expected);
+        }
     }
 }
