@@ -640,6 +640,8 @@ pub(crate) struct VersionsMerge<I> {
     chunk_rows: usize,
     /// Batches that picks or sources point into.
     live: Vec<RecordBatch>,
+    /// How many picks point into each of `live`.
+    live_picks: Vec<usize>,
     /// Versions kept, in output order: (index into `live`, row).
     picks: Vec<(usize, usize)>,
     /// The key being merged, if one is (`in_key`; the buffer is reused from key to key):
@@ -684,6 +686,7 @@ impl<I: Iterator<Item = Result<RecordBatch>>> VersionsMerge<I> {
             mark: ancient_history_mark,
             chunk_rows: chunk_rows.max(1),
             live: Vec::new(),
+            live_picks: Vec::new(),
             picks: Vec::new(),
             key: Vec::new(),
             in_key: false,
@@ -716,7 +719,7 @@ impl<I: Iterator<Item = Result<RecordBatch>>> VersionsMerge<I> {
     /// versions collected as history would otherwise pile up until the next chunk).
     fn load(&mut self, s: usize) -> Result<()> {
         let left = self.sources[s].live;
-        if left != usize::MAX && !self.picks.iter().any(|&(b, _)| b == left) {
+        if left != usize::MAX && self.live_picks[left] == 0 {
             self.live[left] = RecordBatch::new_empty(self.schema.clone());
         }
         let source = &mut self.sources[s];
@@ -740,6 +743,7 @@ impl<I: Iterator<Item = Result<RecordBatch>>> VersionsMerge<I> {
             source.at = 0;
             source.live = self.live.len();
             self.live.push(batch);
+            self.live_picks.push(0);
             return Ok(());
         }
         Ok(())
@@ -796,10 +800,11 @@ impl<I: Iterator<Item = Result<RecordBatch>>> VersionsMerge<I> {
         self.picks.drain(..n);
         self.key_start = self.key_start.saturating_sub(n);
         // Keep only the batches still pointed into, renumbered in order.
-        let mut used = vec![false; self.live.len()];
+        let mut counts = vec![0usize; self.live.len()];
         for &(b, _) in &self.picks {
-            used[b] = true;
+            counts[b] += 1;
         }
+        let mut used: Vec<bool> = counts.iter().map(|&c| c > 0).collect();
         for source in &self.sources {
             if !source.done() {
                 used[source.live] = true;
@@ -807,13 +812,16 @@ impl<I: Iterator<Item = Result<RecordBatch>>> VersionsMerge<I> {
         }
         let mut renumber = vec![usize::MAX; self.live.len()];
         let mut kept = Vec::with_capacity(self.live.len());
+        let mut kept_picks = Vec::with_capacity(self.live.len());
         for (b, batch) in std::mem::take(&mut self.live).into_iter().enumerate() {
             if used[b] {
                 renumber[b] = kept.len();
                 kept.push(batch);
+                kept_picks.push(counts[b]);
             }
         }
         self.live = kept;
+        self.live_picks = kept_picks;
         for pick in &mut self.picks {
             pick.0 = renumber[pick.0];
         }
@@ -828,6 +836,9 @@ impl<I: Iterator<Item = Result<RecordBatch>>> VersionsMerge<I> {
     /// Walks the current key's versions, newest source first (timestamps descend along the
     /// walk), for at most `chunk_rows` versions; ends the key when every source is past it.
     fn walk_key(&mut self) -> Result<()> {
+        if !self.versioned {
+            return self.take_newest();
+        }
         let key = std::mem::take(&mut self.key); // put back below
         let mut steps = 0;
         while self.walk < self.sources.len() && steps < self.chunk_rows {
@@ -851,6 +862,7 @@ impl<I: Iterator<Item = Result<RecordBatch>>> VersionsMerge<I> {
                 self.last_ts = Some(version_ts);
                 self.below_mark = version_ts <= self.mark;
                 self.picks.push((live, at));
+                self.live_picks[live] += 1;
             }
             steps += 1;
             if let Err(e) = self.advance(s) {
@@ -866,8 +878,30 @@ impl<I: Iterator<Item = Result<RecordBatch>>> VersionsMerge<I> {
         while self.picks.len() > self.key_start
             && self.is_tombstone(self.picks[self.picks.len() - 1])
         {
-            self.picks.pop();
+            let (b, _) = self.picks.pop().expect("checked");
+            self.live_picks[b] -= 1;
         }
+        Ok(())
+    }
+
+    /// `walk_key` for sources of one row per key (`newest`): the winner's row is the key's,
+    /// unless it is a tombstone; the other sources holding the key move past it.
+    fn take_newest(&mut self) -> Result<()> {
+        let winner = self.walk;
+        let (live, at) = (self.sources[winner].live, self.sources[winner].at);
+        for s in winner + 1..self.sources.len() {
+            let source = &self.sources[s];
+            if !source.done() && source.key() == self.key.as_slice() {
+                self.advance(s)?;
+            }
+        }
+        if !self.sources[winner].deleted.value(at) {
+            self.picks.push((live, at));
+            self.live_picks[live] += 1;
+        }
+        self.advance(winner)?;
+        self.walk = self.sources.len();
+        self.in_key = false;
         Ok(())
     }
 
@@ -888,7 +922,9 @@ impl<I: Iterator<Item = Result<RecordBatch>>> VersionsMerge<I> {
                 self.key.clear();
                 self.key.extend_from_slice(self.sources[winner].key());
                 self.in_key = true;
-                self.walk = 0;
+                // Sources before the winner (newer) are past this key: `smallest` takes the
+                // newest of equal keys.
+                self.walk = winner;
                 self.last_ts = None;
                 self.below_mark = false;
                 self.key_start = self.picks.len();
