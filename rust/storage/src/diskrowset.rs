@@ -397,19 +397,28 @@ impl DiskRowSet {
         })
     }
 
+    /// The newest version's key and tombstone flag of every key, read a row group at a time:
+    /// a key's older versions (all of a hot key set's history) are not kept, so the index
+    /// holds what the rowset has distinct keys, not versions.
     fn load_key_index(&self) -> Result<KeyIndex> {
         let deleted_at = self.metadata.schema().fields().len() - 1;
         let mut wanted: Vec<usize> = (0..self.key_count).collect();
         wanted.push(deleted_at);
-        let batches = self.read_raw(&wanted, &[], None, None)?;
-        let batch = concat(&batches, &self.path)?;
-        let keys = encode_keys(&batch.columns()[..self.key_count])?;
-        let deleted = batch
-            .column(self.key_count)
-            .as_boolean()
-            .values()
-            .iter()
-            .collect();
+        let mut keys = EncodedKeys::default();
+        let mut deleted = Vec::new();
+        for batch in self.reader(&wanted, &[], None, None)? {
+            let batch = batch
+                .map_err(|e| StorageError::arrow_internal(&self.path.display().to_string(), e))?;
+            let batch_keys = encode_keys(&batch.columns()[..self.key_count])?;
+            let flags = batch.column(self.key_count).as_boolean();
+            for i in 0..batch_keys.len() {
+                let key = batch_keys.get(i);
+                if keys.last() != Some(key) {
+                    keys.push(key); // the first row of a key is its newest version
+                    deleted.push(flags.value(i));
+                }
+            }
+        }
         Ok(KeyIndex { keys, deleted })
     }
 

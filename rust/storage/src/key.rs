@@ -39,6 +39,20 @@ impl EncodedKeys {
     pub fn get(&self, i: usize) -> &[u8] {
         &self.bytes[self.offsets[i]..self.offsets[i + 1]]
     }
+
+    /// The last key, if any.
+    pub fn last(&self) -> Option<&[u8]> {
+        (!self.is_empty()).then(|| self.get(self.len() - 1))
+    }
+
+    /// Appends `key` after the others.
+    pub fn push(&mut self, key: &[u8]) {
+        if self.offsets.is_empty() {
+            self.offsets.push(0);
+        }
+        self.bytes.extend_from_slice(key);
+        self.offsets.push(self.bytes.len());
+    }
 }
 
 /// Encodes the keys of `columns` (the key columns in key order, no nulls).
