@@ -3,8 +3,12 @@
 //! live rowset set with `last_flushed_index`, and pins files for tablet copy.
 //!
 //! Locking: `state` (a short-held `RwLock`) guards the in-memory structures; `maintenance`
-//! serialises flushes, compactions and schema changes, which do their file I/O without holding
-//! `state`, so writes and scans continue while a rowset is written (DESIGN.md §4-§6).
+//! serialises flushes, schema changes and every change of the rowset set on disk (the
+//! manifest), which do their file I/O without holding `state`, so writes and scans continue
+//! while a rowset is written (DESIGN.md §4-§6). `compaction` serialises compactions, which
+//! merge and write their output holding only it, and take `maintenance` to install it: a
+//! long compaction does not hold flushes back (the MemRowSet would grow toward the memory
+//! limit's refusals meanwhile). Lock order: `compaction`, `maintenance`, `requests`, `state`.
 //! Threshold-triggered flushes run on the process-wide flush pool (`flush_pool`), at most one
 //! job per engine; dropping an engine waits for its own flush only.
 
@@ -232,6 +236,7 @@ struct Shared {
     /// to `state` recorded here (`apply_write_entries` applies and records under it).
     requests: Mutex<RequestIndex>,
     maintenance: Mutex<()>,
+    compaction: Mutex<()>,
     worker: Mutex<Worker>,
     /// Signalled when the flush job stops flushing.
     worker_idle: Condvar,
@@ -334,6 +339,7 @@ impl Engine {
             state: RwLock::new(state),
             requests: Mutex::new(requests),
             maintenance: Mutex::new(()),
+            compaction: Mutex::new(()),
             worker: Mutex::new(Worker::default()),
             worker_idle: Condvar::new(),
             background_error: Mutex::new(None),
@@ -539,7 +545,7 @@ impl Engine {
     /// continue meanwhile; replaced files go when no scan or snapshot holds them. The mark
     /// used (never below the previous one) becomes `history_gc_mark`.
     pub fn compact(&self, ancient_history_mark: u64) -> Result<bool> {
-        let _maintenance = self.shared.maintenance.lock();
+        let _compaction = self.shared.compaction.lock();
         self.shared.compact_locked(ancient_history_mark)
     }
 
@@ -583,6 +589,7 @@ impl Engine {
     /// schema first (writes wait for that flush: schema changes are rare), then the new schema
     /// and `last_flushed_index = op_index` are persisted together.
     pub fn alter_schema(&self, next: Schema, op_index: OpIndex) -> Result<()> {
+        let _compaction = self.shared.compaction.lock(); // no compaction's output is older
         let _maintenance = self.shared.maintenance.lock();
         self.shared.flush_frozen_locked()?;
         let requests = self.requests();
@@ -856,7 +863,8 @@ impl Shared {
     }
 
     /// Merges all DiskRowSets into one, collecting history at `ancient_history_mark` (raised
-    /// to the current `history_gc_mark` if below). Caller holds `maintenance`.
+    /// to the current `history_gc_mark` if below). Caller holds `compaction`; flushes go on
+    /// while the output is written, and their rowsets stay after it (they are newer).
     fn compact_locked(&self, ancient_history_mark: u64) -> Result<bool> {
         let started = std::time::Instant::now();
         let (schema, inputs, id, mark) = {
@@ -876,7 +884,7 @@ impl Shared {
         // Streamed: each rowset read a row group at a time as the merge reaches it, and the
         // output written a chunk at a time, so a compaction's memory does not grow with the
         // versions it merges (all of them were loaded at once before: with history of a hot
-        // key set, gigabytes, docs/performance.md "Compaction in bounded memory").
+        // key set, gigabytes, docs/performance.md, "Compaction and merged scans in bounded memory").
         let streams = inputs
             .iter()
             .rev()
@@ -891,22 +899,28 @@ impl Shared {
         );
         let expected: usize = inputs.iter().map(|r| r.rows() as usize).sum();
         let output = self.write_rowset(id, &schema, expected, merged)?;
-        let manifest = {
+        let _maintenance = self.maintenance.lock();
+        let (manifest, flushed) = {
             let st = self.state.read();
-            assert_eq!(
-                st.disk.iter().map(|r| r.id()).collect::<Vec<_>>(),
-                inputs.iter().map(|r| r.id()).collect::<Vec<_>>(),
-                "maintenance lock keeps the rowset set fixed during compaction"
-            );
+            // Only flushes (appending newer rowsets) changed the set meanwhile: compactions
+            // and schema changes wait for `compaction`.
+            let kept = st.disk.len() >= inputs.len()
+                && st.disk.iter().zip(&inputs).all(|(a, b)| a.id() == b.id());
+            if !kept {
+                return Err(StorageError::IllegalState(
+                    "the rowsets a compaction merged changed under it".to_string(),
+                ));
+            }
+            let flushed: Vec<RowSetRef> = st.disk[inputs.len()..].to_vec();
             let mut manifest = st.manifest();
-            manifest.rowsets = output.iter().map(|r| entry_of(r)).collect();
+            manifest.rowsets = output.iter().chain(&flushed).map(|r| entry_of(r)).collect();
             manifest.history_gc_mark = mark;
-            manifest
+            (manifest, flushed)
         };
         manifest.write(&self.dir)?;
         {
             let mut st = self.state.write();
-            st.disk = output.into_iter().collect();
+            st.disk = output.into_iter().chain(flushed).collect();
             st.history_gc_mark = mark;
             let c = &self.counters;
             MaintenanceCounters::record(&c.compactions, &c.compaction_duration_us, started);

@@ -173,3 +173,68 @@ fn torn_manifest_temp_and_damaged_files_are_handled() {
         "{reopened:?}"
     );
 }
+
+/// A flush goes on while a compaction writes its output (it used to wait for the whole
+/// compaction: its MemRowSet grew meanwhile), and the compaction installs its output before
+/// the rowset flushed meanwhile, on disk as in memory.
+#[test]
+fn a_flush_is_not_held_back_by_a_compaction() {
+    use std::sync::mpsc;
+    use std::time::Duration;
+
+    let dir = tempfile::tempdir().unwrap();
+    let armed = Arc::new(AtomicBool::new(false));
+    let (entered, compacting) = mpsc::channel::<()>();
+    let (release, released) = mpsc::channel::<()>();
+    let released = std::sync::Mutex::new(released);
+    let pause = armed.clone();
+    let options = EngineOptions {
+        background_flush: false,
+        fault_injector: Some(Arc::new(move |at| {
+            // The first rowset write once armed is the compaction's: it waits there.
+            if at == FaultPoint::BeforeRowSetWrite && pause.swap(false, Ordering::SeqCst) {
+                entered.send(()).unwrap();
+                released.lock().unwrap().recv().unwrap();
+            }
+            Ok(())
+        })),
+        ..EngineOptions::default()
+    };
+    let engine = Arc::new(Engine::create(dir.path(), schema(), options).unwrap());
+    let log = wal();
+    replay(&engine, &log[..1], 0); // two rowsets to compact
+    engine.flush().unwrap();
+    replay(&engine, &log[..2], 1);
+    engine.flush().unwrap();
+    armed.store(true, Ordering::SeqCst);
+    let compactor = {
+        let engine = engine.clone();
+        std::thread::spawn(move || engine.compact(0).unwrap())
+    };
+    compacting.recv_timeout(Duration::from_secs(30)).unwrap();
+    replay(&engine, &log, 2); // the deletes, in memory
+    let (flushed, flush_done) = mpsc::channel();
+    {
+        let engine = engine.clone();
+        std::thread::spawn(move || flushed.send(engine.flush().unwrap()).unwrap());
+    }
+    let flushed_id = flush_done.recv_timeout(Duration::from_secs(30));
+    release.send(()).unwrap(); // let the compaction go on either way
+    assert!(compactor.join().unwrap(), "the compaction ran");
+    assert!(
+        matches!(flushed_id, Ok(Some(_))),
+        "the flush waited for the compaction: {flushed_id:?}"
+    );
+    let rows = engine.scan(&ScanSpec::default()).unwrap().batches;
+    assert_eq!(ids(&rows), expected());
+    assert_eq!(
+        engine.stats().rowsets,
+        2,
+        "the compaction's output, then the flushed rowset"
+    );
+    drop(engine);
+    let reopened = Engine::open(dir.path(), EngineOptions::default()).unwrap();
+    assert_eq!(reopened.stats().rowsets, 2);
+    let rows = reopened.scan(&ScanSpec::default()).unwrap().batches;
+    assert_eq!(ids(&rows), expected(), "the manifest names both");
+}
