@@ -125,15 +125,20 @@ def _run(script: str, *args: Any) -> dict[str, Any]:
     return figures
 
 
+def _versions(tmp_path: Path, flushes: int, keys: int, rounds: int) -> Path:
+    """A tablet of ``flushes`` rowsets, each with ``rounds`` versions of ``keys`` keys."""
+    tablet = tmp_path / "tablet"
+    _run(_WRITE_VERSIONS, tablet, flushes, keys, rounds)
+    return tablet
+
+
 def test_compacting_millions_of_versions_of_a_few_keys_stays_in_bounded_memory(
     tmp_path: Path,
 ) -> None:
     # 8 rowsets of 1.5 M versions (50,000 keys, thirty versions each): 12 M versions of
     # about 110 bytes, 1.3 GB in memory had they been loaded at once.
     flushes, keys, rounds = 8, 50_000, 30
-    tablet = tmp_path / "tablet"
-    _run(_WRITE_VERSIONS, tablet, flushes, keys, rounds)
-    figures = _run(_COMPACT, tablet)
+    figures = _run(_COMPACT, _versions(tmp_path, flushes, keys, rounds))
     versions = flushes * keys * rounds
     assert (figures["rowsets"], figures["rows"]) == (flushes, versions)
     # Every version is newer than the mark (0): all kept, in one rowset.
@@ -157,7 +162,7 @@ def test_a_full_scan_of_overlapping_rowsets_stays_in_bounded_memory(tmp_path: Pa
         assert (figures["rowsets"], figures["rows"]) == (flushes, flushes * rows), mode
         # A row group being decoded and a batch of each rowset, and one merged chunk: about
         # 115 MiB, the same for 3 M rows as for 13 M; a quarter of the rows' bytes at most
-        # here (1,351 MiB for 6 M rows when each rowset was read whole).
+        # here (1,409 MiB for 6 M rows when each rowset was read whole).
         grown = figures["grown"]
         assert grown < 0.25 * flushes * rows * 110, f"{mode} scan grew by {grown >> 20} MiB"
 
@@ -167,10 +172,8 @@ def test_an_update_of_a_hot_key_set_loads_a_key_index_of_its_keys_not_its_versio
 ) -> None:
     # 2 rowsets of 3 M versions of 50,000 keys: an UPDATE checks that each key is present,
     # in the newest rowset's key index, which used to hold every version's key (3 M).
-    flushes, keys, rounds = 2, 50_000, 60
-    tablet = tmp_path / "tablet"
-    _run(_WRITE_VERSIONS, tablet, flushes, keys, rounds)
-    figures = _run(_UPDATE, tablet)
+    flushes = 2
+    figures = _run(_UPDATE, _versions(tmp_path, flushes, 50_000, 60))
     assert figures["rowsets"] == flushes
     # The index of 50,000 keys and a row group being decoded: about 4 MiB (3 with 100,000
     # versions); 3 M keys with their offsets and flags were several times the limit here.
