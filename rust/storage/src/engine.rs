@@ -884,7 +884,8 @@ impl Shared {
         // Streamed: each rowset read a row group at a time as the merge reaches it, and the
         // output written a chunk at a time, so a compaction's memory does not grow with the
         // versions it merges (all of them were loaded at once before: with history of a hot
-        // key set, gigabytes, docs/performance.md, "Compaction and merged scans in bounded memory").
+        // key set, gigabytes; docs/performance.md, "Compaction and merged scans in bounded
+        // memory").
         let streams = inputs
             .iter()
             .rev()
