@@ -648,19 +648,8 @@ impl DiskRowSet {
         with_deleted: bool,
         limit: Option<usize>,
     ) -> Result<RowSetStream> {
-        let Some(plan) = self.plan_read(schema, columns, predicates, false, with_deleted)? else {
-            return Ok(RowSetStream {
-                rowset: self.clone(),
-                reader: None,
-                layout: None,
-            });
-        };
-        let reader = self.reader(&plan.wanted, &plan.filters, Some(plan.groups), limit)?;
-        Ok(RowSetStream {
-            rowset: self.clone(),
-            reader: Some(reader),
-            layout: Some(plan.layout),
-        })
+        let plan = self.plan_read(schema, columns, predicates, false, with_deleted)?;
+        self.stream_plan(plan, limit)
     }
 
     /// Every row version of this rowset as the schema's columns at `columns`, then `__ts` and
@@ -671,9 +660,19 @@ impl DiskRowSet {
         schema: &Schema,
         columns: &[usize],
     ) -> Result<RowSetStream> {
-        let (reader, layout) = match self.plan_read(schema, columns, &[], true, true)? {
+        let plan = self.plan_read(schema, columns, &[], true, true)?;
+        self.stream_plan(plan, None)
+    }
+
+    /// The stream reading `plan` (None: statistics ruled out every row, an empty stream).
+    fn stream_plan(
+        self: &Arc<Self>,
+        plan: Option<ReadPlan>,
+        limit: Option<usize>,
+    ) -> Result<RowSetStream> {
+        let (reader, layout) = match plan {
             Some(plan) => (
-                Some(self.reader(&plan.wanted, &plan.filters, Some(plan.groups), None)?),
+                Some(self.reader(&plan.wanted, &plan.filters, Some(plan.groups), limit)?),
                 Some(plan.layout),
             ),
             None => (None, None),
