@@ -391,6 +391,19 @@ impl StorageEngine {
             .map_err(to_py)
     }
 
+    /// Merges the run of rowsets the background policy picks (none below `min_rowsets`);
+    /// returns whether it merged anything.
+    fn compact_some(
+        &self,
+        py: Python<'_>,
+        ancient_history_mark: u64,
+        min_rowsets: usize,
+    ) -> PyResult<bool> {
+        let engine = self.engine.clone();
+        py.detach(move || engine.compact_some(ancient_history_mark, min_rowsets))
+            .map_err(to_py)
+    }
+
     /// The rows that differ between the snapshots at `start_ts` and `end_ts`, with an
     /// `is_deleted` column, as a pyarrow Table (other arguments as for `scan`).
     #[pyo3(signature = (start_ts, end_ts, columns = None, predicates = Vec::new(), lower_bound = None, upper_bound = None, limit = None))]
@@ -551,7 +564,7 @@ impl StorageEngine {
 
     /// Counters: mem_rows, mem_bytes, frozen_rows, frozen_bytes, rowsets, disk_rows,
     /// data_bytes, last_applied_index, last_flushed_index, flushes, flush_duration_us,
-    /// compactions, compaction_duration_us.
+    /// compactions, compaction_duration_us, compaction_bytes_written.
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let s = self.engine.stats();
         let d = PyDict::new(py);
@@ -568,6 +581,7 @@ impl StorageEngine {
         d.set_item("flush_duration_us", s.flush_duration_us)?;
         d.set_item("compactions", s.compactions)?;
         d.set_item("compaction_duration_us", s.compaction_duration_us)?;
+        d.set_item("compaction_bytes_written", s.compaction_bytes_written)?;
         Ok(d)
     }
 }

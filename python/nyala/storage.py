@@ -222,7 +222,8 @@ class StorageEngine:
 
     def stats(self) -> dict[str, int]:
         """Counters: mem_rows, mem_bytes, frozen_rows, frozen_bytes (the MemRowSet being
-        flushed), rowsets, disk_rows, indexes."""
+        flushed), rowsets, disk_rows, data_bytes, indexes, flushes and compactions (counts,
+        durations, and compaction_bytes_written)."""
         return dict(self._native.stats())
 
     def background_error(self) -> str | None:
@@ -302,6 +303,14 @@ class StorageEngine:
         tombstone there, with nothing older kept, goes). ``history_gc_mark`` becomes the
         mark (it never moves back). Flush keeps every version."""
         return self._native.compact(ancient_history_mark)
+
+    def compact_some(self, ancient_history_mark: int, min_rowsets: int) -> bool:
+        """The background compaction: merges the run of adjacent rowsets the policy picks
+        (none below ``min_rowsets`` rowsets; all of them when the newer ones add up to the
+        oldest; else the run cheapest per rowset it removes), so a tablet is not rewritten
+        whole every few flushes. History is collected at ``ancient_history_mark`` among the
+        rowsets merged; False if nothing was picked. docs/storage-format.md, "Compaction"."""
+        return self._native.compact_some(ancient_history_mark, min_rowsets)
 
     def alter_schema(self, schema: Schema, op_index: int) -> None:
         """Moves to ``schema`` (the next version) as op ``op_index``."""

@@ -173,6 +173,41 @@ def test_size_triggered_flushes_are_counted() -> None:
         }
 
 
+def test_background_compactions_leave_a_large_old_rowset_alone() -> None:
+    # One large rowset, then a small one per flush round (every 300 ms) and a compaction once
+    # there are 3: the policy merges the small ones among themselves. Merging every rowset
+    # (the policy before) would rewrite the large one each time: at least its bytes per
+    # compaction.
+    flags = [
+        *FAST_TSERVER_FLAGS,
+        "--flush-interval-ms",
+        "300",
+        "--compaction-rowsets-min",
+        "3",
+    ]
+    with LocalCluster(1, 1, master_flags=fast_master_flags(), tserver_flags=flags) as lc:
+        table = lc.client.create_table("c", SCHEMA, replicas=1)
+        ids = np.arange(200_000, dtype=np.int64)
+        assert table.insert({"id": ids, "s": pa.array(ids.astype(str))}).ok
+        _until(lambda: _total(lc, "nyala_data_rowsets", "c") == 1, timeout_s=30)
+        large = _total(lc, "nyala_data_bytes", "c")
+        key = 200_000
+        deadline = time.monotonic() + 90
+        while (compactions := _total(lc, "nyala_compactions_total", "c")) < 6:
+            assert time.monotonic() < deadline, f"{compactions} compactions within 90 s"
+            assert table.insert({"id": [key], "s": ["x"]}).ok
+            key += 1
+            if key == 200_003:  # a tombstone merged without the rowset it hides
+                assert table.delete({"id": [7]}).ok
+            time.sleep(0.35)
+        written = _total(lc, "nyala_compaction_written_bytes_total", "c")
+        compactions = _total(lc, "nyala_compactions_total", "c")
+        assert written < large / 2, f"{compactions} compactions wrote {written} bytes"
+        assert _total(lc, "nyala_data_rowsets", "c") < 3 + 1  # one may be just flushed
+        assert table.scan().count() == key - 1
+        assert table.scan(["id"], where=[("id", "=", 7)]).count() == 0
+
+
 def test_statistics_of_a_missing_table_is_a_json_error() -> None:
     with LocalCluster(1, 1, master_flags=fast_master_flags(), tserver_flags=TSERVER_FLAGS) as lc:
         result = CliRunner(env={"NYALA_MASTERS": lc.masters}).invoke(

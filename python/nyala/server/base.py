@@ -9,6 +9,7 @@ background work; start-up order and shutdown stay theirs to say.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import functools
 import logging
@@ -68,6 +69,8 @@ log = logging.getLogger(__name__)
 #: How often a server purges quarantined replicas past their retention (or while the disk is
 #: short of space).
 QUARANTINE_CHECK_S = 60.0
+# Merges of one replica per compaction round at most (each leaves fewer rowsets).
+COMPACTIONS_PER_ROUND_MAX = 16
 
 
 class ServerBase:
@@ -313,28 +316,62 @@ class ServerBase:
 
     async def _flush_loop(self) -> None:
         """Flushes every running replica's MemRowSet every ``flush_interval_ms`` (bounding
-        WAL replay, and letting WAL GC move on), until the server stops."""
+        WAL replay, and letting WAL GC move on), until the server stops; after each round
+        the compaction loop (a task of its own, so that a long compaction of one replica does
+        not hold back the next replicas' flushes) looks for rowsets to merge."""
         assert self.tablets is not None
+        flushed = asyncio.Event()
+        compactions = asyncio.create_task(self._compaction_loop(flushed), name="compaction")
+        try:
+            while not self._stopping:
+                await asyncio.sleep(self.server_settings.flush_interval_ms / 1000)
+                for replica in self.tablets.replicas():
+                    storage = replica.storage
+                    if storage is None or self._stopping:
+                        continue
+                    if storage.stats()["mem_rows"]:
+                        await self._flush(replica.tablet_id, storage)
+                flushed.set()
+        finally:
+            compactions.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await compactions
+
+    async def _compaction_loop(self, flushed: asyncio.Event) -> None:
+        """After each flush round, merges each replica's rowsets as the storage engine's
+        policy picks (``StorageEngine.compact_some``: nothing below
+        ``compaction_rowsets_min`` rowsets; docs/storage-format.md, "Compaction"), one
+        replica and one merge at a time, until the policy picks nothing more there."""
+        assert self.tablets is not None
+        min_rowsets = self.server_settings.compaction_rowsets_min
+        if not min_rowsets:
+            return
         while not self._stopping:
-            await asyncio.sleep(self.server_settings.flush_interval_ms / 1000)
-            compact_at = self.server_settings.compaction_rowsets_min
+            await flushed.wait()
+            flushed.clear()
             for replica in self.tablets.replicas():
                 storage = replica.storage
-                if storage is None or self._stopping:
-                    continue
-                if storage.stats()["mem_rows"]:
-                    await self._flush(replica.tablet_id, storage)
-                if compact_at and storage.stats()["rowsets"] >= compact_at:
-                    await self._compact(replica.tablet_id, storage, replica.ancient_history_mark())
+                # Each merge leaves fewer rowsets; the bound only guards against a loop.
+                for _ in range(COMPACTIONS_PER_ROUND_MAX):
+                    if storage is None or self._stopping:
+                        break
+                    merged = await self._compact(
+                        replica.tablet_id, storage, replica.ancient_history_mark(), min_rowsets
+                    )
+                    if not merged:
+                        break
 
-    async def _compact(self, tablet_id: str, storage: StorageEngine, history_mark: int) -> None:
-        """Merges one replica's rowsets off the event loop, dropping row versions older than
-        the ancient history mark (all but the newest at or before it, docs/consistency.md).
-        A failure is logged: the rowsets stay as they were."""
+    async def _compact(
+        self, tablet_id: str, storage: StorageEngine, history_mark: int, min_rowsets: int
+    ) -> bool:
+        """Merges the rowsets the policy picks off the event loop, dropping row versions
+        older than the ancient history mark among them (all but the newest at or before it,
+        docs/consistency.md). A failure is logged (the rowsets stay as they were): False."""
         try:
-            await asyncio.to_thread(storage.compact, history_mark)
+            return await asyncio.to_thread(storage.compact_some, history_mark, min_rowsets)
         except NyalaError as exc:
             log.warning("compaction of tablet %s failed: %s", tablet_id, exc)
+            return False
 
     async def _flush(self, tablet_id: str, storage: StorageEngine) -> None:
         """Flushes one replica's MemRowSet off the event loop. A failure is logged: the rows

@@ -77,8 +77,10 @@ class ServerSettings:
     # Each replica's MemRowSet is flushed at least this often, bounding WAL replay at restart
     # and letting WAL GC move on (size-triggered flushes happen in the storage engine).
     flush_interval_ms: int = 60_000
-    # After the periodic flush, a replica with at least this many rowsets has them merged
-    # into one, which also drops row history older than tablet_history_max_age_s. 0: never.
+    # After the periodic flush, a replica with at least this many rowsets has some of them
+    # merged (every one when the newer add up to the oldest; docs/storage-format.md,
+    # "Compaction"), which also drops row history older than tablet_history_max_age_s among
+    # them. 0: never.
     compaction_rowsets_min: int = 8
 
     # Hybrid time and row history (docs/consistency.md): row versions are kept this long

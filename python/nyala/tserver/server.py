@@ -136,6 +136,10 @@ _PER_REPLICA_COUNTERS: dict[str, tuple[str, Callable[[TabletReplica], float | No
         "Seconds spent in those compactions",
         _storage_stat("compaction_duration_us", scale=1e-6),
     ),
+    "nyala_compaction_written_bytes_total": (
+        "Bytes of the rowsets those compactions wrote (write amplification, next to the data)",
+        _storage_stat("compaction_bytes_written"),
+    ),
 }
 #: Gauges of each replica (labels table, tablet_id).
 _PER_REPLICA_GAUGES: dict[str, tuple[str, Callable[[TabletReplica], float | None]]] = {

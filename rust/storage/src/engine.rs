@@ -13,6 +13,7 @@
 //! job per engine; dropping an engine waits for its own flush only.
 
 use std::collections::HashMap;
+use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
@@ -21,6 +22,7 @@ use arrow::array::RecordBatch;
 use nyala_common::OpIndex;
 use parking_lot::{Condvar, Mutex, MutexGuard, RwLock};
 
+use crate::compaction;
 use crate::diskrowset::{self, DiskRowSet, RowSetRef, RowSetWriter, READ_BATCH_ROWS};
 use crate::error::{Result, StorageError};
 use crate::flush_pool;
@@ -128,6 +130,9 @@ pub struct EngineStats {
     pub compactions: u64,
     /// Time spent in those compactions, in microseconds.
     pub compaction_duration_us: u64,
+    /// Bytes of the rowsets those compactions wrote (against the data's size, their write
+    /// amplification).
+    pub compaction_bytes_written: u64,
 }
 
 /// What maintenance did since the engine opened (read by `Engine::stats`).
@@ -137,6 +142,7 @@ struct MaintenanceCounters {
     flush_duration_us: AtomicU64,
     compactions: AtomicU64,
     compaction_duration_us: AtomicU64,
+    compaction_bytes_written: AtomicU64,
 }
 
 impl MaintenanceCounters {
@@ -405,6 +411,7 @@ impl Engine {
             flush_duration_us: counters.flush_duration_us.load(Ordering::Relaxed),
             compactions: counters.compactions.load(Ordering::Relaxed),
             compaction_duration_us: counters.compaction_duration_us.load(Ordering::Relaxed),
+            compaction_bytes_written: counters.compaction_bytes_written.load(Ordering::Relaxed),
         }
     }
 
@@ -546,7 +553,40 @@ impl Engine {
     /// used (never below the previous one) becomes `history_gc_mark`.
     pub fn compact(&self, ancient_history_mark: u64) -> Result<bool> {
         let _compaction = self.shared.compaction.lock();
-        self.shared.compact_locked(ancient_history_mark)
+        self.shared
+            .compact_locked(ancient_history_mark, |disk| Some(0..disk.len()))
+    }
+
+    /// Merges the rowsets `run` (indexes in age order, oldest first, as `stats().rowsets`
+    /// counts them) as `compact_some` merges the run it picks. `InvalidArgument` for a run
+    /// past the rowsets there are; false for an empty one.
+    pub fn compact_run(&self, ancient_history_mark: u64, run: Range<usize>) -> Result<bool> {
+        let _compaction = self.shared.compaction.lock();
+        let count = self.shared.state.read().disk.len();
+        if run.end > count || run.start > run.end {
+            return Err(StorageError::InvalidArgument(format!(
+                "rowsets {}..{} to compact: the tablet has {count}",
+                run.start, run.end
+            )));
+        }
+        if run.is_empty() {
+            return Ok(false);
+        }
+        self.shared
+            .compact_locked(ancient_history_mark, |_| Some(run))
+    }
+
+    /// A compaction of the run of rowsets `compaction::pick` chooses (the background
+    /// policy: nothing below `min_rowsets` rowsets, every rowset when the newer ones add up
+    /// to the oldest, else the run that costs least per rowset it removes), collecting
+    /// history at `ancient_history_mark` among the rowsets it merges. A run that leaves the
+    /// oldest rowset out keeps its tombstones. False if the policy picked nothing.
+    pub fn compact_some(&self, ancient_history_mark: u64, min_rowsets: usize) -> Result<bool> {
+        let _compaction = self.shared.compaction.lock();
+        self.shared.compact_locked(ancient_history_mark, |disk| {
+            let sizes: Vec<u64> = disk.iter().map(|r| r.bytes()).collect();
+            compaction::pick(&sizes, min_rowsets)
+        })
     }
 
     /// Reads rows in key order from a consistent view of the tablet.
@@ -862,22 +902,34 @@ impl Shared {
         }
     }
 
-    /// Merges all DiskRowSets into one, collecting history at `ancient_history_mark` (raised
-    /// to the current `history_gc_mark` if below). Caller holds `compaction`; flushes go on
-    /// while the output is written, and their rowsets stay after it (they are newer).
-    fn compact_locked(&self, ancient_history_mark: u64) -> Result<bool> {
+    /// Merges the run of DiskRowSets `pick` chooses (given them oldest first) into one,
+    /// collecting history at `ancient_history_mark` (raised to the current
+    /// `history_gc_mark` if below). Caller holds `compaction`; flushes go on while the output
+    /// is written, and their rowsets stay after it (they are newer).
+    fn compact_locked(
+        &self,
+        ancient_history_mark: u64,
+        pick: impl FnOnce(&[RowSetRef]) -> Option<Range<usize>>,
+    ) -> Result<bool> {
         let started = std::time::Instant::now();
-        let (schema, inputs, id, mark) = {
+        let (schema, run, inputs, id, mark) = {
             let mut st = self.state.write();
+            let Some(run) = pick(&st.disk) else {
+                return Ok(false);
+            };
+            assert!(run.end <= st.disk.len(), "a run of the rowsets there are");
             let mark = ancient_history_mark.max(st.history_gc_mark);
-            let collects = mark > st.history_gc_mark && st.disk.iter().any(|r| r.multi_version());
-            let worth = st.disk.len() > 1 || st.disk.iter().any(|r| r.tombstones() > 0) || collects;
+            let inputs = &st.disk[run.clone()];
+            let collects = mark > st.history_gc_mark && inputs.iter().any(|r| r.multi_version());
+            let drops_tombstones = run.start == 0 && inputs.iter().any(|r| r.tombstones() > 0);
+            let worth = inputs.len() > 1 || drops_tombstones || collects;
             if !worth {
                 return Ok(false);
             }
+            let inputs = inputs.to_vec();
             let id = st.next_rowset_id;
             st.next_rowset_id += 1;
-            (st.schema.clone(), st.disk.clone(), id, mark)
+            (st.schema.clone(), run, inputs, id, mark)
         };
         self.fault(FaultPoint::BeforeRowSetWrite)?;
         let columns: Vec<usize> = (0..schema.columns().len()).collect();
@@ -898,33 +950,50 @@ impl Shared {
             mark,
             READ_BATCH_ROWS,
         );
+        // Older rowsets left out may hold versions a tombstone hides.
+        let merged = if run.start > 0 {
+            merged.keeping_tombstones()
+        } else {
+            merged
+        };
         let expected: usize = inputs.iter().map(|r| r.rows() as usize).sum();
         let output = self.write_rowset(id, &schema, expected, merged)?;
         let _maintenance = self.maintenance.lock();
-        let (manifest, flushed) = {
+        let (manifest, disk) = {
             let st = self.state.read();
             // Only flushes (appending newer rowsets) changed the set meanwhile: compactions
             // and schema changes wait for `compaction`.
-            let kept = st.disk.len() >= inputs.len()
-                && st.disk.iter().zip(&inputs).all(|(a, b)| a.id() == b.id());
+            let kept = st.disk.len() >= run.end
+                && st.disk[run.clone()]
+                    .iter()
+                    .zip(&inputs)
+                    .all(|(a, b)| a.id() == b.id());
             if !kept {
                 return Err(StorageError::IllegalState(
                     "the rowsets a compaction merged changed under it".to_string(),
                 ));
             }
-            let flushed: Vec<RowSetRef> = st.disk[inputs.len()..].to_vec();
+            let disk: Vec<RowSetRef> = st.disk[..run.start]
+                .iter()
+                .chain(&output)
+                .chain(&st.disk[run.end..])
+                .cloned()
+                .collect();
             let mut manifest = st.manifest();
-            manifest.rowsets = output.iter().chain(&flushed).map(|r| entry_of(r)).collect();
+            manifest.rowsets = disk.iter().map(|r| entry_of(r)).collect();
             manifest.history_gc_mark = mark;
-            (manifest, flushed)
+            (manifest, disk)
         };
         manifest.write(&self.dir)?;
         {
             let mut st = self.state.write();
-            st.disk = output.into_iter().chain(flushed).collect();
+            st.disk = disk;
             st.history_gc_mark = mark;
             let c = &self.counters;
             MaintenanceCounters::record(&c.compactions, &c.compaction_duration_us, started);
+            let written = output.as_ref().map_or(0, |r| r.bytes());
+            c.compaction_bytes_written
+                .fetch_add(written, Ordering::Relaxed);
         }
         for rowset in &inputs {
             rowset.mark_obsolete();

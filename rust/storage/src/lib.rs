@@ -7,6 +7,7 @@
 //! Background flushes of every engine in the process run on one shared pool (`flush_pool`).
 //! On-disk formats: docs/storage-format.md.
 
+pub mod compaction;
 pub mod diff;
 pub mod diskrowset;
 pub mod engine;

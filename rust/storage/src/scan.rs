@@ -624,8 +624,10 @@ impl<I> VersionSource<I> {
 /// are given newest first. The output has the same layout and order, in batches of at most
 /// `chunk_rows` rows. Per key it keeps every version newer than `ancient_history_mark` and
 /// the newest at or before it; of versions with equal timestamps only the newest (no
-/// snapshot can see the others); and no tombstone as the key's oldest kept version (nothing
-/// older is left for it to shadow: every rowset is merged).
+/// snapshot can see the others); and, when the sources are every rowset of the tablet back
+/// to its oldest, no tombstone as the key's oldest kept version (nothing older is left for it
+/// to shadow). A merge of newer rowsets only (`keep_tombstones`) keeps such a tombstone: an
+/// older rowset outside the merge may hold a version it hides.
 ///
 /// Memory is bounded by the sources' current batches and one output chunk, whatever the
 /// rowsets hold: a rowset is read a row group at a time as the merge reaches it, and a batch
@@ -638,6 +640,8 @@ pub(crate) struct VersionsMerge<I> {
     key_positions: Vec<usize>,
     mark: u64,
     chunk_rows: usize,
+    /// Whether a tombstone that is a key's oldest kept version stays (see above).
+    keep_tombstones: bool,
     /// Batches that picks or sources point into.
     live: Vec<RecordBatch>,
     /// How many picks point into each of `live`.
@@ -685,6 +689,7 @@ impl<I: Iterator<Item = Result<RecordBatch>>> VersionsMerge<I> {
             key_positions,
             mark: ancient_history_mark,
             chunk_rows: chunk_rows.max(1),
+            keep_tombstones: false,
             live: Vec::new(),
             live_picks: Vec::new(),
             picks: Vec::new(),
@@ -698,6 +703,13 @@ impl<I: Iterator<Item = Result<RecordBatch>>> VersionsMerge<I> {
             started: false,
             failed: false,
         }
+    }
+
+    /// A merge of some newer rowsets only (compaction of a range that leaves out the
+    /// tablet's oldest): a tombstone stays even as a key's oldest kept version.
+    pub(crate) fn keeping_tombstones(mut self) -> Self {
+        self.keep_tombstones = true;
+        self
     }
 
     /// A merge of sources holding one version per key each (a scan's, the newest visible,
@@ -777,7 +789,7 @@ impl<I: Iterator<Item = Result<RecordBatch>>> VersionsMerge<I> {
     /// only if a version of the key is kept after them.
     fn final_picks(&self) -> usize {
         let mut end = self.picks.len();
-        if self.in_key {
+        if self.in_key && !self.keep_tombstones {
             while end > self.key_start && self.is_tombstone(self.picks[end - 1]) {
                 end -= 1;
             }
@@ -875,7 +887,8 @@ impl<I: Iterator<Item = Result<RecordBatch>>> VersionsMerge<I> {
             return Ok(());
         }
         self.in_key = false;
-        while self.picks.len() > self.key_start
+        while !self.keep_tombstones
+            && self.picks.len() > self.key_start
             && self.is_tombstone(self.picks[self.picks.len() - 1])
         {
             let (b, _) = self.picks.pop().expect("checked");
@@ -1009,8 +1022,9 @@ mod tests {
     }
 
     /// The rule, key by key: every version newer than the mark and the newest at or before
-    /// it, one per timestamp (the newest source's), no tombstone as the oldest kept.
-    fn model(sources: &[Vec<Version>], mark: u64) -> Vec<Version> {
+    /// it, one per timestamp (the newest source's), no tombstone as the oldest kept unless
+    /// `keep_tombstones` (a merge that leaves older rowsets out).
+    fn model(sources: &[Vec<Version>], mark: u64, keep_tombstones: bool) -> Vec<Version> {
         let mut keys: Vec<i64> = sources.iter().flatten().map(|v| v.0).collect();
         keys.sort_unstable();
         keys.dedup();
@@ -1026,7 +1040,7 @@ mod tests {
                 below = version.2 <= mark;
                 out.push(*version);
             }
-            while out.len() > start && out[out.len() - 1].3 {
+            while !keep_tombstones && out.len() > start && out[out.len() - 1].3 {
                 out.pop();
             }
         }
@@ -1063,6 +1077,7 @@ mod tests {
         piece_rows: &[usize],
         mark: u64,
         chunk_rows: usize,
+        keep_tombstones: bool,
     ) -> Vec<RecordBatch> {
         let streams: Vec<_> = sources
             .iter()
@@ -1075,9 +1090,13 @@ mod tests {
                 pieces.into_iter()
             })
             .collect();
-        VersionsMerge::new(schema(), streams, vec![0], mark, chunk_rows)
-            .collect::<Result<Vec<_>>>()
-            .unwrap()
+        let merge = VersionsMerge::new(schema(), streams, vec![0], mark, chunk_rows);
+        let merge = if keep_tombstones {
+            merge.keeping_tombstones()
+        } else {
+            merge
+        };
+        merge.collect::<Result<Vec<_>>>().unwrap()
     }
 
     proptest! {
@@ -1087,12 +1106,15 @@ mod tests {
             pieces in prop::collection::vec(1usize..6, 1..4),
             mark in 0u64..45,
             chunk_rows in 1usize..8,
+            keep_tombstones in any::<bool>(),
         ) {
-            let expected = model(&sources, mark);
-            let whole: Vec<RecordBatch> = sources.iter().map(|s| batch(s)).collect();
-            let at_once = merge_versions(&whole, &[0], mark, 1 << 20).unwrap();
-            prop_assert_eq!(rows(&at_once), expected.clone());
-            let streamed = merged(&sources, &pieces, mark, chunk_rows);
+            let expected = model(&sources, mark, keep_tombstones);
+            if !keep_tombstones {
+                let whole: Vec<RecordBatch> = sources.iter().map(|s| batch(s)).collect();
+                let at_once = merge_versions(&whole, &[0], mark, 1 << 20).unwrap();
+                prop_assert_eq!(rows(&at_once), expected.clone());
+            }
+            let streamed = merged(&sources, &pieces, mark, chunk_rows, keep_tombstones);
             prop_assert!(streamed.iter().all(|b| b.num_rows() <= chunk_rows && b.num_rows() > 0));
             prop_assert_eq!(rows(&streamed), expected);
         }

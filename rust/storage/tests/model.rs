@@ -21,6 +21,8 @@ enum Action {
     Apply(Vec<(u8, i64, Option<i64>)>),
     Flush,
     Compact,
+    CompactSome(usize),
+    CompactRun(usize, usize),
     Reopen,
     AddColumn,
     DropColumn(usize),
@@ -34,6 +36,8 @@ fn action() -> impl Strategy<Value = Action> {
             .prop_map(Action::Apply),
         2 => Just(Action::Flush),
         1 => Just(Action::Compact),
+        2 => (2usize..5).prop_map(Action::CompactSome),
+        2 => (0usize..6, 0usize..4).prop_map(|(a, b)| Action::CompactRun(a, b)),
         1 => Just(Action::Reopen),
         1 => Just(Action::AddColumn),
         1 => (0usize..8).prop_map(Action::DropColumn),
@@ -245,6 +249,16 @@ impl Harness {
             }
             Action::Compact => {
                 self.engine().compact(0).unwrap();
+            }
+            Action::CompactSome(min_rowsets) => {
+                self.engine().compact_some(0, min_rowsets).unwrap();
+            }
+            Action::CompactRun(start, len) => {
+                // A run of newer rowsets: what the policy merges when the oldest is large.
+                let count = self.engine().stats().rowsets;
+                let start = start.min(count);
+                let end = (start + len).min(count);
+                self.engine().compact_run(0, start..end).unwrap();
             }
             Action::Reopen => self.reopen(),
             Action::AddColumn if schema.columns().len() < 6 => {

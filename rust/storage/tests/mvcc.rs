@@ -126,6 +126,56 @@ fn history_gc_keeps_the_newest_version_at_or_before_the_mark() {
     assert_history(&engine, 35);
 }
 
+/// A compaction of newer rowsets only (the background policy's usual pick) collects history
+/// among them, but keeps a tombstone as a key's oldest version there: the rowset left out
+/// still holds what it hides.
+#[test]
+fn a_compaction_of_newer_rowsets_keeps_the_tombstones_they_need() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = engine(dir.path());
+    let s = schema();
+    let many: Vec<_> = (0..2_000).map(|k| (Insert, k, Some(k), None)).collect();
+    let steps = [
+        (10, ops(&s, &many)),
+        (
+            20,
+            ops(&s, &[(Delete, 5, None, None), (Update, 6, Some(60), None)]),
+        ),
+        (30, ops(&s, &[(Update, 6, Some(61), None)])),
+        (40, ops(&s, &[(Update, 7, Some(70), None)])),
+    ];
+    for (i, (ts, batch)) in steps.iter().enumerate() {
+        let result = engine.apply_at(batch, i as u64 + 1, *ts).unwrap();
+        assert!(result.errors().next().is_none());
+        engine.flush().unwrap();
+    }
+    let before = engine.stats();
+    assert!(
+        !engine.compact_some(35, 5).unwrap(),
+        "four rowsets: below the threshold"
+    );
+    // The three small rowsets are much smaller than the first: they merge without it.
+    assert!(engine.compact_some(35, 4).unwrap());
+    let after = engine.stats();
+    assert_eq!((before.rowsets, after.rowsets), (4, 2));
+    assert_eq!(
+        after.disk_rows,
+        2_000 + 3,
+        "the first rowset; then key 5's tombstone, key 6 at 30 (20 collected), key 7"
+    );
+    assert!(after.compaction_bytes_written > 0);
+    assert_eq!(engine.history_gc_mark(), 35);
+    let latest = rows_at(&engine, None);
+    assert_eq!(latest.len(), 1_999, "key 5 stays deleted");
+    assert!(!latest.iter().any(|(k, _)| *k == 5));
+    assert!(latest.contains(&(6, Some(61))) && latest.contains(&(7, Some(70))));
+    assert_eq!(rows_at(&engine, Some(35)).len(), 1_999);
+    // Everything merged at a later mark: now the tombstone, the oldest of key 5, goes.
+    assert!(engine.compact(45).unwrap());
+    assert_eq!(engine.stats().disk_rows, 1_999);
+    assert_eq!(rows_at(&engine, None), latest);
+}
+
 #[test]
 fn equal_timestamps_keep_one_version_and_older_ones_are_refused() {
     let dir = tempfile::tempdir().unwrap();
