@@ -309,7 +309,7 @@ class StorageEngine:
         (none below ``min_rowsets`` rowsets; all of them when the newer ones add up to the
         oldest; else the run cheapest per rowset it removes), so a tablet is not rewritten
         whole every few flushes. History is collected at ``ancient_history_mark`` among the
-        rowsets merged; False if nothing was picked. docs/storage-format.md, "Compaction"."""
+        rowsets merged; False if nothing was picked. docs/storage-format.md, "Which rowsets"."""
         return self._native.compact_some(ancient_history_mark, min_rowsets)
 
     def alter_schema(self, schema: Schema, op_index: int) -> None:

@@ -340,7 +340,7 @@ class ServerBase:
     async def _compaction_loop(self, flushed: asyncio.Event) -> None:
         """After each flush round, merges each replica's rowsets as the storage engine's
         policy picks (``StorageEngine.compact_some``: nothing below
-        ``compaction_rowsets_min`` rowsets; docs/storage-format.md, "Compaction"), one
+        ``compaction_rowsets_min`` rowsets; docs/storage-format.md, "Which rowsets"), one
         replica and one merge at a time, until the policy picks nothing more there."""
         assert self.tablets is not None
         min_rowsets = self.server_settings.compaction_rowsets_min

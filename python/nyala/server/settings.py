@@ -79,7 +79,7 @@ class ServerSettings:
     flush_interval_ms: int = 60_000
     # After the periodic flush, a replica with at least this many rowsets has some of them
     # merged (every one when the newer add up to the oldest; docs/storage-format.md,
-    # "Compaction"), which also drops row history older than tablet_history_max_age_s among
+    # "Which rowsets"), which also drops row history older than tablet_history_max_age_s among
     # them. 0: never.
     compaction_rowsets_min: int = 8
 
