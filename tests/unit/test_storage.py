@@ -159,6 +159,26 @@ def test_flush_compact_reopen(tmp_path: Path) -> None:
         StorageEngine.open(tmp_path / "absent")
 
 
+def test_background_compaction_merges_newer_rowsets_and_keeps_their_tombstones(
+    tmp_path: Path,
+) -> None:
+    engine = StorageEngine.create(tmp_path / "tablet", SCHEMA, background_flush=False)
+    engine.write(_rows(np.arange(0, 20_000)), OpType.INSERT, 1)
+    engine.flush()
+    engine.write({"id": np.arange(0, 10)}, OpType.DELETE, 2)
+    engine.flush()
+    engine.write(_rows(np.arange(20_000, 20_010)), OpType.INSERT, 3)
+    engine.flush()
+    assert not engine.compact_some(0, 4)  # three rowsets: below the threshold
+    large = engine.stats()["data_bytes"]
+    assert engine.compact_some(0, 3)
+    stats = engine.stats()
+    assert stats["rowsets"] == 2, "the two small rowsets merged, the large one left alone"
+    assert 0 < stats["compaction_bytes_written"] < large / 10
+    assert stats["disk_rows"] == 20_000 + 10 + 10, "the 10 tombstones stay: they hide rows"
+    assert engine.scan(columns=["id"]).column("id").to_pylist() == list(range(10, 20_010))
+
+
 def test_schema_change_and_snapshot(engine: StorageEngine) -> None:
     engine.write(_rows(np.arange(5)), OpType.INSERT, 1)
     next_schema = engine.schema.add_column(Column("w", "int32", nullable=True)).rename_column(
