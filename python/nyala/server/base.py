@@ -331,6 +331,8 @@ class ServerBase:
                         continue
                     if storage.stats()["mem_rows"]:
                         await self._flush(replica.tablet_id, storage)
+                if compactions.done():
+                    compactions.result()  # its failure is this loop's, as it was before
                 flushed.set()
         finally:
             compactions.cancel()
