@@ -36,9 +36,30 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<ScanCursor>()?;
     m.add_function(wrap_pyfunction!(check_op_batch, m)?)?;
     m.add_function(wrap_pyfunction!(decode_write_entry, m)?)?;
+    m.add_function(wrap_pyfunction!(set_key_block_cache_bytes, m)?)?;
+    m.add_function(wrap_pyfunction!(key_block_cache_stats, m)?)?;
     m.add("CELL_BYTES_MAX", nyala_storage::ops::CELL_BYTES_MAX)?;
     m.add("ROW_BYTES_MAX", nyala_storage::ops::ROW_BYTES_MAX)?;
     Ok(())
+}
+
+/// Sets the budget of the process-wide cache of rowsets' key blocks, which presence checks
+/// (INSERT, UPDATE, DELETE against flushed rows) read (`nyala_storage::key_blocks`).
+#[pyfunction]
+fn set_key_block_cache_bytes(bytes: usize) {
+    nyala_storage::set_key_block_cache_bytes(bytes);
+}
+
+/// The key block cache: bytes, blocks, hits, misses.
+#[pyfunction]
+fn key_block_cache_stats(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
+    let (bytes, blocks, hits, misses) = nyala_storage::key_block_cache_stats();
+    let d = PyDict::new(py);
+    d.set_item("bytes", bytes)?;
+    d.set_item("blocks", blocks)?;
+    d.set_item("hits", hits)?;
+    d.set_item("misses", misses)?;
+    Ok(d)
 }
 
 /// The rows of an op batch (a pyarrow RecordBatch: columns by name, any left out, plus the op

@@ -110,6 +110,32 @@ write("update", np.arange(0, 50_000, 50), 10**6 + 1)  # 1,000 keys: each checked
 print(json.dumps({"rowsets": engine.stats()["rowsets"], "grown": status("VmHWM:") - before}))
 """
 
+_WRITE_KEYS = """
+directory, keys = sys.argv[1], int(sys.argv[2])
+engine = StorageEngine.create(directory, SCHEMA, background_flush=False)
+for op_index, start in enumerate(range(0, keys, 500_000), 1):
+    ids = np.arange(start, min(keys, start + 500_000)) * 3
+    batch = make_op_batch({"id": ids, "payload": ["p"] * len(ids)}, "insert", SCHEMA)
+    engine.apply(batch, op_index, op_index)
+engine.flush()
+"""
+
+_UPDATE_SPREAD = """
+from nyala import _native
+directory, keys, budget = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+_native.set_key_block_cache_bytes(budget)
+engine = StorageEngine.open(directory, background_flush=False)
+batch = make_op_batch({"id": np.array([-1]), "payload": ["y"]}, "upsert", SCHEMA)
+assert engine.apply(batch, 10**6, 10**6).ok  # the MemRowSet and the write path set up
+before = reset_peak()
+rng = np.random.default_rng(5)
+for round in range(5):  # 1,000 keys spread over the tablet each time: all are there
+    ids = np.sort(rng.choice(keys, 1_000, replace=False)) * 3
+    batch = make_op_batch({"id": ids, "payload": ["y"] * len(ids)}, "update", SCHEMA)
+    assert engine.apply(batch, 10**6 + 1 + round, 10**6 + 1 + round).ok
+print(json.dumps({"grown": status("VmHWM:") - before, **_native.key_block_cache_stats()}))
+"""
+
 
 def _run(script: str, *args: Any) -> dict[str, Any]:
     """Runs ``script`` in a fresh process; its last line, a JSON object (empty if none)."""
@@ -179,3 +205,21 @@ def test_an_update_of_a_hot_key_set_loads_a_key_index_of_its_keys_not_its_versio
     # versions); 3 M keys with their offsets and flags were several times the limit here.
     grown = figures["grown"]
     assert grown < 16 << 20, f"an update grew the process by {grown >> 20} MiB"
+
+
+def test_updates_spread_over_millions_of_keys_hold_the_key_block_cache_at_most(
+    tmp_path: Path,
+) -> None:
+    # One rowset of 4 M keys. Each key an UPDATE checks is looked up in the one block of
+    # 4,096 rows that may hold it, through a cache of 8 MiB here: 5,000 keys spread over the
+    # tablet touch most of its ~1,000 blocks. A rowset used to keep every key it held in
+    # memory once one key was checked (6 M keys: 92 MiB grown), and a cache as large as the
+    # blocks grows by 66 MiB here (tried).
+    keys, budget = 4_000_000, 8 << 20
+    tablet = tmp_path / "tablet"
+    _run(_WRITE_KEYS, tablet, keys)
+    figures = _run(_UPDATE_SPREAD, tablet, keys, budget)
+    assert figures["bytes"] <= budget
+    assert figures["misses"] > 500
+    grown = figures["grown"]
+    assert grown < 32 << 20, f"updates grew the process by {grown >> 20} MiB"

@@ -15,6 +15,7 @@ import logging
 import time
 from collections.abc import Callable
 
+from nyala import _native
 from nyala._proto import tserver_admin_pb2_grpc, tserver_pb2_grpc
 from nyala.common.process import resident_bytes, trim_heap
 from nyala.consensus.core import ReplicaStatus
@@ -206,6 +207,7 @@ class TabletServer(ServerBase):
         self._quarantine_task: asyncio.Task[None] | None = None
         self._copy_tasks: list[asyncio.Task[None]] = []
         self.scanners = ScannerRegistry(settings.scanner_ttl_ms)
+        _native.set_key_block_cache_bytes(settings.key_block_cache_mb * 1024 * 1024)
         self.memory = MemoryTracker(
             settings.memory_limit_bytes,
             settings.memory_pressure_percentage,

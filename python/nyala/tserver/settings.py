@@ -37,7 +37,13 @@ class TabletServerSettings(ServerSettings):
     scanner_ttl_ms: int = 60_000
     scan_batch_bytes_max: int = 8 * 1024 * 1024
 
+    # Key blocks: an INSERT, UPDATE or DELETE that a rowset's bloom filter cannot answer reads
+    # the one block of 4,096 rows that may hold the key; decoded blocks are cached up to this
+    # much, least recently used going first (Kudu's block cache plays this part).
+    key_block_cache_mb: int = 256
+
     POSITIVE_FIELDS: ClassVar[tuple[str, ...]] = (
+        "key_block_cache_mb",
         "master_heartbeat_interval_ms",
         "scanner_ttl_ms",
         "scan_batch_bytes_max",

@@ -21,7 +21,8 @@ use arrow::datatypes::{DataType as ArrowType, Field, Schema as ArrowSchema, Sche
 use parquet::arrow::arrow_reader::statistics::StatisticsConverter;
 use parquet::arrow::arrow_reader::{
     ArrowPredicate, ArrowPredicateFn, ArrowReaderMetadata, ArrowReaderOptions,
-    ParquetRecordBatchReader, ParquetRecordBatchReaderBuilder, RowFilter,
+    ParquetRecordBatchReader, ParquetRecordBatchReaderBuilder, RowFilter, RowSelection,
+    RowSelector,
 };
 use parquet::arrow::{ArrowWriter, ProjectionMask};
 use parquet::basic::Compression;
@@ -31,6 +32,7 @@ use parquet::schema::types::ColumnPath;
 
 use crate::error::{Result, StorageError};
 use crate::key::{encode_keys, EncodedKeys, KeyBloom};
+use crate::key_blocks::{self, KeyBlock, KEY_BLOCK_ROWS};
 use crate::memrowset::{Presence, DELETED_COLUMN, TS_COLUMN};
 use crate::predicate::{ColumnStats, Predicate};
 use crate::schema::{field_column_id, ColumnSchema, DataType, Schema};
@@ -92,10 +94,29 @@ impl ColumnFilter {
 /// Most threads one rowset read uses (row groups are split between them).
 const READ_THREADS_MAX: usize = 4;
 
-/// The sorted keys of a rowset and which of them are tombstones.
+/// Where each key block of a rowset starts, and its first row: a presence check finds the
+/// one block that may hold a key's newest version here, then reads that block (through the
+/// process-wide `key_blocks` cache). About 1/4096 of the keys: the memory does not grow with
+/// what the rowset holds as a full index did.
 struct KeyIndex {
-    keys: EncodedKeys,
-    deleted: Vec<bool>,
+    /// Per block: its first row's key and whether that row is a tombstone.
+    firsts: EncodedKeys,
+    first_deleted: Vec<bool>,
+    /// Per block: (row group, first row within the group, rows).
+    blocks: Vec<(usize, usize, usize)>,
+}
+
+impl KeyIndex {
+    /// The key blocks of a file with these row groups' row counts.
+    fn layout(group_rows: impl Iterator<Item = usize>) -> Vec<(usize, usize, usize)> {
+        let mut blocks = Vec::new();
+        for (group, rows) in group_rows.enumerate() {
+            for start in (0..rows).step_by(KEY_BLOCK_ROWS) {
+                blocks.push((group, start, KEY_BLOCK_ROWS.min(rows - start)));
+            }
+        }
+        blocks
+    }
 }
 
 /// Where an output column of a rowset read comes from.
@@ -201,6 +222,8 @@ pub struct DiskRowSet {
     bloom: KeyBloom,
     key_count: usize,
     key_index: OnceLock<KeyIndex>,
+    /// Names this rowset's blocks in the `key_blocks` cache.
+    owner: u64,
     /// Set when a compaction replaced this rowset: its files go when the last holder drops it.
     obsolete: AtomicBool,
 }
@@ -217,6 +240,7 @@ impl std::fmt::Debug for DiskRowSet {
 
 impl Drop for DiskRowSet {
     fn drop(&mut self) {
+        key_blocks::forget(self.owner);
         if self.obsolete.load(Ordering::Acquire) {
             // Best effort: a leftover is an orphan that the next open removes.
             let _ = std::fs::remove_file(&self.path);
@@ -236,8 +260,12 @@ impl DiskRowSet {
         let bloom_bytes = std::fs::metadata(&bloom_file)
             .map_err(|e| open_error(&bloom_file, e))?
             .len();
-        let metadata = ArrowReaderMetadata::load(&file, ArrowReaderOptions::new())
-            .map_err(|e| StorageError::parquet(&path, e))?;
+        let metadata = ArrowReaderMetadata::load(
+            &file,
+            ArrowReaderOptions::new()
+                .with_offset_index_policy(parquet::file::metadata::PageIndexPolicy::Optional),
+        )
+        .map_err(|e| StorageError::parquet(&path, e))?;
         let kv = |key: &str| -> Result<String> {
             metadata
                 .metadata()
@@ -305,6 +333,7 @@ impl DiskRowSet {
             bloom,
             key_count,
             key_index: OnceLock::new(),
+            owner: key_blocks::new_owner(),
             obsolete: AtomicBool::new(false),
         })
     }
@@ -362,7 +391,8 @@ impl DiskRowSet {
     }
 
     /// What this rowset says about `key`: the bloom filter answers most misses without I/O;
-    /// a possible hit loads (once) the exact key index.
+    /// a possible hit reads the key block that may hold it (`key_blocks`), found by the
+    /// sparse index (loaded once: one pass over the key columns).
     pub fn presence(&self, key: &[u8]) -> Result<Presence> {
         if key < self.min_key.as_slice() || key > self.max_key.as_slice() {
             return Ok(Presence::Unknown);
@@ -377,49 +407,122 @@ impl DiskRowSet {
                 self.key_index.get_or_init(|| loaded)
             }
         };
-        // The first row of a key is its newest version.
-        let (mut low, mut high) = (0usize, index.keys.len());
+        // Blocks whose first key is below `key`: the last of them holds the key's newest
+        // version (its first row) if the key starts there; else the key, if here, starts the
+        // next block.
+        let (mut low, mut high) = (0usize, index.firsts.len());
         while low < high {
             let mid = (low + high) / 2;
-            if index.keys.get(mid) < key {
+            if index.firsts.get(mid) < key {
                 low = mid + 1;
             } else {
                 high = mid;
             }
         }
-        if low == index.keys.len() || index.keys.get(low) != key {
-            return Ok(Presence::Unknown);
-        }
-        Ok(if index.deleted[low] {
+        let found = match low.checked_sub(1) {
+            None => None,
+            Some(block) => {
+                let keys = key_blocks::get_or_load(self.owner, block, || {
+                    self.read_key_block(index.blocks[block])
+                })?;
+                keys.find(key)
+            }
+        };
+        let deleted = match found {
+            Some(deleted) => deleted,
+            None if low < index.firsts.len() && index.firsts.get(low) == key => {
+                index.first_deleted[low]
+            }
+            None => return Ok(Presence::Unknown),
+        };
+        Ok(if deleted {
             Presence::Deleted
         } else {
             Presence::Live
         })
     }
 
-    /// The newest version's key and tombstone flag of every key, read a row group at a time:
-    /// a key's older versions (all of a hot key set's history) are not kept, so the index
-    /// holds what the rowset has distinct keys, not versions.
+    /// The first row of each key block, read a row group at a time (only those rows'
+    /// keys are encoded).
     fn load_key_index(&self) -> Result<KeyIndex> {
+        let groups = self.metadata.metadata().row_groups();
+        let blocks = KeyIndex::layout(groups.iter().map(|g| g.num_rows() as usize));
+        let mut group_starts = Vec::with_capacity(groups.len());
+        let mut total = 0usize;
+        for group in groups {
+            group_starts.push(total);
+            total += group.num_rows() as usize;
+        }
+        let mut starts = blocks
+            .iter()
+            .map(|&(group, start, _)| group_starts[group] + start);
         let deleted_at = self.metadata.schema().fields().len() - 1;
         let mut wanted: Vec<usize> = (0..self.key_count).collect();
         wanted.push(deleted_at);
-        let mut keys = EncodedKeys::default();
-        let mut deleted = Vec::new();
+        let mut firsts = EncodedKeys::default();
+        let mut first_deleted = Vec::with_capacity(blocks.len());
+        let mut next = starts.next();
+        let mut row = 0usize;
         for batch in self.reader(&wanted, &[], None, None)? {
             let batch = batch
                 .map_err(|e| StorageError::arrow_internal(&self.path.display().to_string(), e))?;
-            let batch_keys = encode_keys(&batch.columns()[..self.key_count])?;
+            while let Some(at) = next.filter(|at| *at < row + batch.num_rows()) {
+                let one = batch.slice(at - row, 1);
+                firsts.push(encode_keys(&one.columns()[..self.key_count])?.get(0));
+                first_deleted.push(one.column(self.key_count).as_boolean().value(0));
+                next = starts.next();
+            }
+            row += batch.num_rows();
+        }
+        if firsts.len() != blocks.len() {
+            return Err(StorageError::corruption(format!(
+                "{}: {} rows read for {} key blocks",
+                self.path.display(),
+                row,
+                blocks.len()
+            )));
+        }
+        Ok(KeyIndex {
+            firsts,
+            first_deleted,
+            blocks,
+        })
+    }
+
+    /// Block `(group, start, rows)`'s keys, each once (its first row in the block).
+    fn read_key_block(&self, (group, start, rows): (usize, usize, usize)) -> Result<KeyBlock> {
+        let deleted_at = self.metadata.schema().fields().len() - 1;
+        let mut wanted: Vec<usize> = (0..self.key_count).collect();
+        wanted.push(deleted_at);
+        let file = File::open(&self.path).map_err(|e| open_error(&self.path, e))?;
+        let parquet_schema = self.metadata.metadata().file_metadata().schema_descr_ptr();
+        let selection =
+            RowSelection::from(vec![RowSelector::skip(start), RowSelector::select(rows)]);
+        let reader =
+            ParquetRecordBatchReaderBuilder::new_with_metadata(file, self.metadata.clone())
+                .with_batch_size(KEY_BLOCK_ROWS)
+                .with_projection(ProjectionMask::roots(&parquet_schema, wanted))
+                .with_row_groups(vec![group])
+                .with_row_selection(selection)
+                .build()
+                .map_err(|e| StorageError::parquet(&self.path, e))?;
+        let mut block = KeyBlock::default();
+        for batch in reader {
+            let batch = batch
+                .map_err(|e| StorageError::arrow_internal(&self.path.display().to_string(), e))?;
+            let keys = encode_keys(&batch.columns()[..self.key_count])?;
             let flags = batch.column(self.key_count).as_boolean();
-            for i in 0..batch_keys.len() {
-                let key = batch_keys.get(i);
-                if keys.last() != Some(key) {
-                    keys.push(key); // the first row of a key is its newest version
-                    deleted.push(flags.value(i));
+            for i in 0..keys.len() {
+                let key = keys.get(i);
+                if block.keys.last() != Some(key) {
+                    block.keys.push(key); // the first row of a key is its newest version
+                    block.deleted.push(flags.value(i));
                 }
             }
         }
-        Ok(KeyIndex { keys, deleted })
+        block.keys.shrink_to_fit(); // cached as long as it is used: no spare capacity
+        block.deleted.shrink_to_fit();
+        Ok(block)
     }
 
     /// A reader of the columns at `file_columns` (positions in this file's schema), keeping
@@ -863,6 +966,8 @@ impl RowSetWriter {
         let mut props = WriterProperties::builder()
             .set_compression(Compression::SNAPPY)
             .set_max_row_group_row_count(Some(ROW_GROUP_ROWS))
+            // A key lookup decodes the pages under one key block, not a row group's.
+            .set_data_page_row_count_limit(KEY_BLOCK_ROWS)
             .set_dictionary_enabled(false)
             .set_dictionary_page_size_limit(DICTIONARY_PAGE_BYTES_MAX);
         for column in schema.columns() {

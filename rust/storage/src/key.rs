@@ -45,6 +45,17 @@ impl EncodedKeys {
         (!self.is_empty()).then(|| self.get(self.len() - 1))
     }
 
+    /// Bytes held on the heap.
+    pub fn heap_bytes(&self) -> usize {
+        self.bytes.capacity() + self.offsets.capacity() * std::mem::size_of::<usize>()
+    }
+
+    /// Gives back spare capacity.
+    pub fn shrink_to_fit(&mut self) {
+        self.bytes.shrink_to_fit();
+        self.offsets.shrink_to_fit();
+    }
+
     /// Appends `key` after the others.
     pub fn push(&mut self, key: &[u8]) {
         if self.offsets.is_empty() {

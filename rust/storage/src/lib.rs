@@ -14,6 +14,7 @@ pub mod engine;
 pub mod error;
 pub mod flush_pool;
 pub mod key;
+pub mod key_blocks;
 pub mod manifest;
 pub mod memrowset;
 pub mod ops;
@@ -33,6 +34,9 @@ pub use error::{Result, StorageError};
 pub use flush_pool::{
     configure_flush_pool, flush_pool_options, flush_pool_stats, FlushPoolOptions,
     FLUSH_THREAD_IDLE_EXIT_MS_DEFAULT,
+};
+pub use key_blocks::{
+    key_block_cache_stats, set_key_block_cache_bytes, KEY_BLOCK_CACHE_BYTES_DEFAULT,
 };
 pub use ops::{
     check_op_batch, encode_ipc, with_op_column, OpBatch, OpType, RowProblem, RowStatus,

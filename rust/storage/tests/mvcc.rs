@@ -197,3 +197,56 @@ fn equal_timestamps_keep_one_version_and_older_ones_are_refused() {
     assert!(matches!(err, StorageError::IllegalState(_)), "{err}");
     assert_eq!(engine.last_applied_index(), 2);
 }
+
+/// Presence checks read one key block of 4,096 rows: a key whose versions start just before,
+/// exactly at or just after a block's first row, runs of versions longer than a block, and
+/// tombstones, each answer as the key's newest version says.
+#[test]
+fn presence_checks_find_each_key_across_key_blocks() {
+    let s = schema();
+    for leading in [4_095i64, 4_096, 4_097] {
+        let dir = tempfile::tempdir().unwrap();
+        let engine = engine(dir.path());
+        let (mut op, mut ts) = (0u64, 0u64);
+        let mut apply = |rows: &[(nyala_storage::OpType, i64, Option<i64>, Option<&str>)]| {
+            op += 1;
+            ts += 10;
+            let result = engine.apply_at(&ops(&s, rows), op, ts).unwrap();
+            assert!(result.errors().next().is_none());
+        };
+        // Keys 0..leading one version each; then key `leading` with 9,000 versions (more
+        // than two blocks); then 10,000 more keys, every seventh deleted last.
+        let first: Vec<_> = (0..leading).map(|k| (Insert, k, Some(k), None)).collect();
+        apply(&first);
+        for v in 0..9_000 {
+            apply(&[(Upsert, leading, Some(v), None)]);
+        }
+        let rest: Vec<_> = (leading + 1..leading + 10_001)
+            .map(|k| (Insert, k, Some(k), None))
+            .collect();
+        apply(&rest);
+        let deletes: Vec<_> = (leading + 1..leading + 10_001)
+            .filter(|k| k % 7 == 3)
+            .map(|k| (Delete, k, None, None))
+            .collect();
+        apply(&deletes);
+        apply(&[(Delete, 0, None, None)]);
+        engine.flush().unwrap();
+        assert_eq!(engine.stats().rowsets, 1);
+        // An UPDATE of every key (and of keys never written) finds exactly the live ones.
+        let probe: Vec<i64> = (-3..leading + 10_004).collect();
+        let updates: Vec<_> = probe.iter().map(|&k| (Update, k, Some(-1), None)).collect();
+        op += 1;
+        let result = engine.apply_at(&ops(&s, &updates), op, ts + 10).unwrap();
+        for (&key, status) in probe.iter().zip(&result.statuses) {
+            let live = (1..=leading).contains(&key)
+                || (key > leading && key <= leading + 10_000 && key % 7 != 3);
+            let expected = if live {
+                nyala_storage::RowStatus::Ok
+            } else {
+                nyala_storage::RowStatus::NotFound
+            };
+            assert_eq!(*status, expected, "key {key}, {leading} leading keys");
+        }
+    }
+}
