@@ -165,7 +165,7 @@ def test_size_triggered_flushes_are_counted() -> None:
 
         _until(counted, timeout_s=30)
         memory = _by_label(lc, "nyala_memory_tracked_bytes", "kind")
-        assert set(memory) == {"MemRowSet", "log cache", "scanners", "untracked"}
+        assert set(memory) == {"MemRowSet", "log cache", "scanners", "key blocks", "untracked"}
         assert memory["untracked"] > 0  # an idle tserver's interpreter at least
         assert _by_label(lc, "nyala_tablet_copy_bytes_total", "direction") == {
             "fetched": 0.0,

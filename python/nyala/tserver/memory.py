@@ -1,10 +1,12 @@
 """A tablet server's tracked memory and its limit (Kudu's ``memory_limit_hard_bytes``).
 
 What is tracked: every replica's MemRowSets (the active one and one being flushed), every
-log cache, and the open scanners (each counted at its page bound, ``scan_batch_bytes_max``:
-the cursor holds about one decoded row group and one page). The rest of the process's resident
-memory counts too, as ``untracked``: the interpreter and its libraries (about 100 MiB in an
-idle tablet server), gRPC and Python buffers of requests in flight, heap not yet given back.
+log cache, the open scanners (each counted at its page bound, ``scan_batch_bytes_max``:
+the cursor holds about one decoded row group and one page), and the cache of rowsets' key
+blocks (``nyala_storage::key_blocks``, at most ``key_block_cache_mb``). The rest of the
+process's resident memory counts too, as ``untracked``: the interpreter and its libraries
+(about 100 MiB in an idle tablet server), gRPC and Python buffers of requests in flight, heap
+not yet given back.
 As in Kudu, the limit bounds the whole process, not only what a tracker sees: with only the
 tracked consumers counted, a 30M-row load at a 1 GiB limit peaked at 1,256 MiB of RSS
 (docs/performance.md). The server refreshes the figure every
@@ -38,12 +40,19 @@ class MemoryUsage:
     memrowsets_bytes: int = 0
     log_caches_bytes: int = 0
     scanners_bytes: int = 0
+    #: The cache of rowsets' key blocks (at most ``key_block_cache_mb``).
+    key_blocks_bytes: int = 0
     #: The process's resident memory that no consumer above accounts for.
     untracked_bytes: int = 0
 
     @property
     def tracked_bytes(self) -> int:
-        return self.memrowsets_bytes + self.log_caches_bytes + self.scanners_bytes
+        return (
+            self.memrowsets_bytes
+            + self.log_caches_bytes
+            + self.scanners_bytes
+            + self.key_blocks_bytes
+        )
 
     @property
     def total_bytes(self) -> int:

@@ -389,7 +389,10 @@ class TabletServer(ServerBase):
         )
         scanners = len(self.scanners) * self.settings.scan_batch_bytes_max
         tracked = MemoryUsage(
-            replicas.active_bytes + replicas.flushing_bytes, replicas.cache_bytes, scanners
+            replicas.active_bytes + replicas.flushing_bytes,
+            replicas.cache_bytes,
+            scanners,
+            _native.key_block_cache_stats()["bytes"],
         )
         self.memory.update(tracked.with_resident(resident_bytes()))
         return replicas.active_bytes, replicas.flushing_bytes
@@ -578,6 +581,7 @@ class TabletServer(ServerBase):
             ({"kind": "MemRowSet"}, float(usage.memrowsets_bytes)),
             ({"kind": "log cache"}, float(usage.log_caches_bytes)),
             ({"kind": "scanners"}, float(usage.scanners_bytes)),
+            ({"kind": "key blocks"}, float(usage.key_blocks_bytes)),
             ({"kind": "untracked"}, float(usage.untracked_bytes)),
         ]
 

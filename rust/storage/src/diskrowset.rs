@@ -1,5 +1,6 @@
 //! DiskRowSets: immutable Parquet files sorted by primary key, each with a key bloom filter
-//! in a sidecar file, min/max keys in the Parquet footer and a lazily loaded exact key index.
+//! in a sidecar file, min/max keys in the Parquet footer and a sparse key index (the first row
+//! of each key block; the blocks are read through `key_blocks`' cache).
 //!
 //! Files are named by rowset id (`rs-00000007.parquet`, `rs-00000007.bloom`). Columns are named
 //! as in the schema at write time and carry their column id in the Arrow field metadata; the
@@ -260,12 +261,8 @@ impl DiskRowSet {
         let bloom_bytes = std::fs::metadata(&bloom_file)
             .map_err(|e| open_error(&bloom_file, e))?
             .len();
-        let metadata = ArrowReaderMetadata::load(
-            &file,
-            ArrowReaderOptions::new()
-                .with_offset_index_policy(parquet::file::metadata::PageIndexPolicy::Optional),
-        )
-        .map_err(|e| StorageError::parquet(&path, e))?;
+        let metadata = ArrowReaderMetadata::load(&file, ArrowReaderOptions::new())
+            .map_err(|e| StorageError::parquet(&path, e))?;
         let kv = |key: &str| -> Result<String> {
             metadata
                 .metadata()
@@ -966,8 +963,6 @@ impl RowSetWriter {
         let mut props = WriterProperties::builder()
             .set_compression(Compression::SNAPPY)
             .set_max_row_group_row_count(Some(ROW_GROUP_ROWS))
-            // A key lookup decodes the pages under one key block, not a row group's.
-            .set_data_page_row_count_limit(KEY_BLOCK_ROWS)
             .set_dictionary_enabled(false)
             .set_dictionary_page_size_limit(DICTIONARY_PAGE_BYTES_MAX);
         for column in schema.columns() {
