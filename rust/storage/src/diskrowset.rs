@@ -407,15 +407,7 @@ impl DiskRowSet {
         // Blocks whose first key is below `key`: the last of them holds the key's newest
         // version (its first row) if the key starts there; else the key, if here, starts the
         // next block.
-        let (mut low, mut high) = (0usize, index.firsts.len());
-        while low < high {
-            let mid = (low + high) / 2;
-            if index.firsts.get(mid) < key {
-                low = mid + 1;
-            } else {
-                high = mid;
-            }
-        }
+        let low = index.firsts.lower_bound(key);
         let found = match low.checked_sub(1) {
             None => None,
             Some(block) => {

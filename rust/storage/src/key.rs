@@ -40,6 +40,20 @@ impl EncodedKeys {
         &self.bytes[self.offsets[i]..self.offsets[i + 1]]
     }
 
+    /// How many keys sort before `key` (the keys being in order): where it is or would go.
+    pub fn lower_bound(&self, key: &[u8]) -> usize {
+        let (mut low, mut high) = (0usize, self.len());
+        while low < high {
+            let mid = (low + high) / 2;
+            if self.get(mid) < key {
+                low = mid + 1;
+            } else {
+                high = mid;
+            }
+        }
+        low
+    }
+
     /// The last key, if any.
     pub fn last(&self) -> Option<&[u8]> {
         (!self.is_empty()).then(|| self.get(self.len() - 1))

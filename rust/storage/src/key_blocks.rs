@@ -35,15 +35,7 @@ impl KeyBlock {
 
     /// Whether `key` is here, and if so whether its row is a tombstone.
     pub fn find(&self, key: &[u8]) -> Option<bool> {
-        let (mut low, mut high) = (0usize, self.keys.len());
-        while low < high {
-            let mid = (low + high) / 2;
-            if self.keys.get(mid) < key {
-                low = mid + 1;
-            } else {
-                high = mid;
-            }
-        }
+        let low = self.keys.lower_bound(key);
         (low < self.keys.len() && self.keys.get(low) == key).then(|| self.deleted[low])
     }
 }
