@@ -355,7 +355,11 @@ class ServerBase:
                 storage = replica.storage
                 # Each merge leaves fewer rowsets; the bound only guards against a loop.
                 for _ in range(COMPACTIONS_PER_ROUND_MAX):
+                    # Below the threshold the policy picks nothing: no thread hop for it (a
+                    # server may hold thousands of replicas).
                     if storage is None or self._stopping:
+                        break
+                    if storage.stats()["rowsets"] < min_rowsets:
                         break
                     merged = await self._compact(
                         replica.tablet_id, storage, replica.ancient_history_mark(), min_rowsets
