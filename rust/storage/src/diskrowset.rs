@@ -445,14 +445,11 @@ impl DiskRowSet {
         let mut starts = blocks
             .iter()
             .map(|&(group, start, _)| group_starts[group] + start);
-        let deleted_at = self.metadata.schema().fields().len() - 1;
-        let mut wanted: Vec<usize> = (0..self.key_count).collect();
-        wanted.push(deleted_at);
         let mut firsts = EncodedKeys::default();
         let mut first_deleted = Vec::with_capacity(blocks.len());
         let mut next = starts.next();
         let mut row = 0usize;
-        for batch in self.reader(&wanted, &[], None, None)? {
+        for batch in self.reader(&self.key_columns(), &[], None, None)? {
             let batch = batch
                 .map_err(|e| StorageError::arrow_internal(&self.path.display().to_string(), e))?;
             while let Some(at) = next.filter(|at| *at < row + batch.num_rows()) {
@@ -480,21 +477,14 @@ impl DiskRowSet {
 
     /// Block `(group, start, rows)`'s keys, each once (its first row in the block).
     fn read_key_block(&self, (group, start, rows): (usize, usize, usize)) -> Result<KeyBlock> {
-        let deleted_at = self.metadata.schema().fields().len() - 1;
-        let mut wanted: Vec<usize> = (0..self.key_count).collect();
-        wanted.push(deleted_at);
-        let file = File::open(&self.path).map_err(|e| open_error(&self.path, e))?;
-        let parquet_schema = self.metadata.metadata().file_metadata().schema_descr_ptr();
         let selection =
             RowSelection::from(vec![RowSelector::skip(start), RowSelector::select(rows)]);
-        let reader =
-            ParquetRecordBatchReaderBuilder::new_with_metadata(file, self.metadata.clone())
-                .with_batch_size(KEY_BLOCK_ROWS)
-                .with_projection(ProjectionMask::roots(&parquet_schema, wanted))
-                .with_row_groups(vec![group])
-                .with_row_selection(selection)
-                .build()
-                .map_err(|e| StorageError::parquet(&self.path, e))?;
+        let reader = self
+            .builder(&self.key_columns())?
+            .with_row_groups(vec![group])
+            .with_row_selection(selection)
+            .build()
+            .map_err(|e| StorageError::parquet(&self.path, e))?;
         let mut block = KeyBlock::default();
         for batch in reader {
             let batch = batch
@@ -514,6 +504,28 @@ impl DiskRowSet {
         Ok(block)
     }
 
+    /// The file columns a key lookup reads: the key columns, then `__deleted`.
+    fn key_columns(&self) -> Vec<usize> {
+        let mut columns: Vec<usize> = (0..self.key_count).collect();
+        columns.push(self.metadata.schema().fields().len() - 1);
+        columns
+    }
+
+    /// A reader builder of the columns at `file_columns` (positions in this file's schema),
+    /// in batches of at most `READ_BATCH_ROWS`.
+    fn builder(&self, file_columns: &[usize]) -> Result<ParquetRecordBatchReaderBuilder<File>> {
+        let file = File::open(&self.path).map_err(|e| open_error(&self.path, e))?;
+        let parquet_schema = self.metadata.metadata().file_metadata().schema_descr_ptr();
+        Ok(
+            ParquetRecordBatchReaderBuilder::new_with_metadata(file, self.metadata.clone())
+                .with_batch_size(READ_BATCH_ROWS)
+                .with_projection(ProjectionMask::roots(
+                    &parquet_schema,
+                    file_columns.iter().copied(),
+                )),
+        )
+    }
+
     /// A reader of the columns at `file_columns` (positions in this file's schema), keeping
     /// only rows that pass `filters` (each over one file column), over row groups
     /// `row_groups` (all if None), stopping after `limit` rows. It decodes one row group at a
@@ -525,15 +537,8 @@ impl DiskRowSet {
         row_groups: Option<Vec<usize>>,
         limit: Option<usize>,
     ) -> Result<ParquetRecordBatchReader> {
-        let file = File::open(&self.path).map_err(|e| open_error(&self.path, e))?;
         let parquet_schema = self.metadata.metadata().file_metadata().schema_descr_ptr();
-        let mut builder =
-            ParquetRecordBatchReaderBuilder::new_with_metadata(file, self.metadata.clone())
-                .with_batch_size(READ_BATCH_ROWS)
-                .with_projection(ProjectionMask::roots(
-                    &parquet_schema,
-                    file_columns.iter().copied(),
-                ));
+        let mut builder = self.builder(file_columns)?;
         if let Some(groups) = row_groups {
             builder = builder.with_row_groups(groups);
         }
