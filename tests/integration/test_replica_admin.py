@@ -17,11 +17,13 @@ import pyarrow as pa
 import pytest
 
 import nyala
+from nyala import _native
 from nyala._proto import metadata_pb2
+from nyala.consensus.types import EntryKind
 from nyala.schema import Column, Schema
 from nyala.testing import MiniCluster
 from nyala.testing import master_ops as ops
-from nyala.testing.mini_cluster import FAST_TSERVER_FLAGS, fast_master_flags
+from nyala.testing.mini_cluster import FAST_TSERVER_FLAGS, ServerProcess, fast_master_flags
 from nyala.testing.replica_ops import committed_config, tablet_states, voters
 from nyala.testing.tablet_ops import scan, write_to_leader
 
@@ -70,6 +72,15 @@ class Writer(threading.Thread):
             self.error = exc
 
 
+def _config_entries(ts: ServerProcess, tablet_id: str) -> int:
+    """How many config entries ``ts``'s WAL of the tablet holds (read-only, from its files)."""
+    indexes = set()
+    for path in sorted((ts.fs_root / "wals" / tablet_id).glob("wal-0*")):
+        for _, _, entries, _ in _native.wal_dump_segment(str(path))[5]:
+            indexes.update(i for _, i, kind, _ in entries if kind == EntryKind.CONFIG_CHANGE)
+    return len(indexes)
+
+
 def test_move_replica_under_load_then_retire_the_target(cluster: MiniCluster) -> None:
     ops.call(cluster, "CreateTable", ops.create_table_request("mv", SCHEMA, buckets=1))
     ops.wait_create_done(cluster, "mv")
@@ -93,6 +104,10 @@ def test_move_replica_under_load_then_retire_the_target(cluster: MiniCluster) ->
         assert voters(config) == (members - {source}) | {str(spare.uuid)}
         assert len(config.peers) == 3
         assert scan(leader, tablet_id, SCHEMA).num_rows == writer.acked
+        # Three config entries: the new replica added with the old one marked (one entry, so
+        # the new one cannot be promoted before the old one is marked), the promotion, the
+        # eviction.
+        assert _config_entries(leader, tablet_id) == 3
         # Idempotent: the same move again is done at once, and changes nothing.
         message = client.admin.move_replica(tablet_id, source, str(spare.uuid), wait=False)
         assert "moved" in message

@@ -1,10 +1,12 @@
 """ChangeConfig on real tserver processes: a tablet on three of four servers; a stale CAS index
 is refused with the committed index, a follower refuses with the leader hint, and REMOVE_PEER of
 a follower commits a two-VOTER config that the remaining replicas report. ADD_PEER of an empty
-replica as a promotable NON_VOTER: the leader replays its WAL to it (no tablet copy), promotes
-it, and once elected it serves every row written before it joined. A promotable NON_VOTER that
-answers but lags far behind (its process stopped most of the time while the leader holds a
-backlog of many batches) is promoted only once it is within a batch of the commit index."""
+replica as a promotable NON_VOTER, with the voter it replaces marked in the same config entry
+(a request that swaps two voters at once is refused whole): the leader replays its WAL to it
+(no tablet copy), promotes it, and once elected it serves every row written before it joined.
+A promotable NON_VOTER that answers but lags far behind (its process stopped most of the time
+while the leader holds a backlog of many batches) is promoted only once it is within a batch of
+the commit index."""
 
 from __future__ import annotations
 
@@ -179,18 +181,36 @@ def test_add_peer_as_promotable_non_voter_catches_up_from_the_wal(cluster4: Mini
     joining.attrs.promote = True
     _create_replica(newcomer, config)
 
+    # More changes ride in the same config entry (as a move marks the voter it replaces), but
+    # all of them together add or remove one VOTER at most: a swap of voters is refused whole.
+    replaced = next(ts for ts in members if ts is not leader)
+    marked = metadata_pb2.RaftPeerPB(permanent_uuid=replaced.uuid, member_type=metadata_pb2.VOTER)
+    marked.attrs.replace = True
+    swap = consensus_pb2.ChangeConfigRequestPB(
+        dest_uuid=leader.uuid, tablet_id=TABLET, type=consensus_pb2.ADD_PEER, server=joining
+    )
+    swap.server.member_type = metadata_pb2.VOTER
+    swap.more_changes.add(
+        type=consensus_pb2.REMOVE_PEER,
+        server=metadata_pb2.RaftPeerPB(permanent_uuid=replaced.uuid),
+    )
+    before = _cstate(leader).committed_config
+    with pytest.raises(errors.InvalidArgumentError, match="one VOTER at a time"):
+        _retrying(lambda: _send_change(leader, swap))
+    assert _cstate(leader).committed_config == before
+
     request = consensus_pb2.ChangeConfigRequestPB(
         dest_uuid=leader.uuid, tablet_id=TABLET, type=consensus_pb2.ADD_PEER, server=joining
     )
-
-    def add() -> Any:
-        with leader.proxy() as proxy:
-            return proxy.call(proxy.consensus.ChangeConfig, request, timeout_ms=10_000)
-
-    response = _retrying(add)
+    request.more_changes.add(type=consensus_pb2.MODIFY_PEER, server=marked)
+    response = _retrying(lambda: _send_change(leader, request))
     added = next(p for p in response.new_config.peers if p.permanent_uuid == newcomer.uuid)
     assert added.member_type == metadata_pb2.NON_VOTER
     assert added.attrs.promote
+    flagged = next(p for p in response.new_config.peers if p.permanent_uuid == replaced.uuid)
+    assert flagged.attrs.replace
+    assert flagged.member_type == metadata_pb2.VOTER
+    assert flagged.last_known_addr.port == replaced.rpc_port  # MODIFY keeps the address
 
     # Caught up, the newcomer is promoted to VOTER by the leader; every replica agrees.
     deadline = time.monotonic() + DEADLINE_S
@@ -214,6 +234,11 @@ def test_add_peer_as_promotable_non_voter_catches_up_from_the_wal(cluster4: Mini
         assert time.monotonic() < deadline, "the newcomer did not win its election"
         time.sleep(0.05)
     assert _scan_ids(newcomer) == list(range(50))
+
+
+def _send_change(ts: ServerProcess, request: Any) -> Any:
+    with ts.proxy() as proxy:
+        return proxy.call(proxy.consensus.ChangeConfig, request, timeout_ms=10_000)
 
 
 def _committed_index(ts: ServerProcess) -> int:

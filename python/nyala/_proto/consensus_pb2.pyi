@@ -415,6 +415,7 @@ class ChangeConfigRequestPB(_message.Message):
     TYPE_FIELD_NUMBER: _builtins.int
     SERVER_FIELD_NUMBER: _builtins.int
     CAS_CONFIG_OPID_INDEX_FIELD_NUMBER: _builtins.int
+    MORE_CHANGES_FIELD_NUMBER: _builtins.int
     dest_uuid: _builtins.str
     tablet_id: _builtins.str
     type: Global___ChangeConfigType.ValueType
@@ -422,6 +423,14 @@ class ChangeConfigRequestPB(_message.Message):
     """Compare-and-set: fail with CAS_FAILED unless the committed config's op index equals this."""
     @_builtins.property
     def server(self) -> _metadata_pb2.RaftPeerPB: ...
+    @_builtins.property
+    def more_changes(self) -> _containers.RepeatedCompositeFieldContainer[Global___ConfigChangeItemPB]:
+        """More changes made in the same config entry, after `type`/`server` (Kudu's
+        BulkChangeConfig): no other change can come between them. Each names another peer, and
+        together they still add or remove at most one VOTER. A move adds its NON_VOTER and marks
+        the voter it replaces in one entry, so the new replica cannot be promoted in between.
+        """
+
     def __init__(
         self,
         *,
@@ -430,16 +439,42 @@ class ChangeConfigRequestPB(_message.Message):
         type: Global___ChangeConfigType.ValueType = ...,
         server: _metadata_pb2.RaftPeerPB | None = ...,
         cas_config_opid_index: _builtins.int | None = ...,
+        more_changes: _abc.Iterable[Global___ConfigChangeItemPB] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_cas_config_opid_index", b"_cas_config_opid_index", "cas_config_opid_index", b"cas_config_opid_index", "server", b"server"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_cas_config_opid_index", b"_cas_config_opid_index", "cas_config_opid_index", b"cas_config_opid_index", "dest_uuid", b"dest_uuid", "server", b"server", "tablet_id", b"tablet_id", "type", b"type"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_cas_config_opid_index", b"_cas_config_opid_index", "cas_config_opid_index", b"cas_config_opid_index", "dest_uuid", b"dest_uuid", "more_changes", b"more_changes", "server", b"server", "tablet_id", b"tablet_id", "type", b"type"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__cas_config_opid_index: _TypeAlias = _typing.Literal["cas_config_opid_index"]  # noqa: Y015
     _WhichOneofArgType__cas_config_opid_index: _TypeAlias = _typing.Literal["_cas_config_opid_index", b"_cas_config_opid_index"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType__cas_config_opid_index) -> _WhichOneofReturnType__cas_config_opid_index | None: ...
 
 Global___ChangeConfigRequestPB: _TypeAlias = ChangeConfigRequestPB  # noqa: Y015
+
+@_typing.final
+class ConfigChangeItemPB(_message.Message):
+    """One change of `ChangeConfigRequestPB.more_changes`."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TYPE_FIELD_NUMBER: _builtins.int
+    SERVER_FIELD_NUMBER: _builtins.int
+    type: Global___ChangeConfigType.ValueType
+    @_builtins.property
+    def server(self) -> _metadata_pb2.RaftPeerPB: ...
+    def __init__(
+        self,
+        *,
+        type: Global___ChangeConfigType.ValueType = ...,
+        server: _metadata_pb2.RaftPeerPB | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["server", b"server"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["server", b"server", "type", b"type"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ConfigChangeItemPB: _TypeAlias = ConfigChangeItemPB  # noqa: Y015
 
 @_typing.final
 class ChangeConfigResponsePB(_message.Message):

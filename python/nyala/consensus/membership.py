@@ -24,25 +24,54 @@ class ChangeType(enum.Enum):
 
 
 @dataclass(frozen=True, slots=True)
+class PeerChange:
+    """One change to one peer, made in the same config entry as a ``ConfigChange``'s own."""
+
+    change_type: ChangeType
+    peer: RaftPeer
+
+
+@dataclass(frozen=True, slots=True)
 class ConfigChange:
     """A ChangeConfig request.
 
     ADD_PEER needs ``peer`` (its member type and attrs as given); REMOVE_PEER needs only
     ``peer.uuid``; MODIFY_PEER replaces the member type and attrs of ``peer.uuid`` with those of
     ``peer`` (the address is kept). ``cas_config_opid_index``, when set, must equal the committed
-    config's op index or the change fails with ``CasFailedError``.
+    config's op index or the change fails with ``CasFailedError``. ``more`` are changes to other
+    peers made in the same config entry (Kudu's BulkChangeConfig).
     """
 
     change_type: ChangeType
     peer: RaftPeer
     cas_config_opid_index: int | None = None
+    more: tuple[PeerChange, ...] = ()
 
 
 def apply_change(config: RaftConfig, change: ConfigChange) -> RaftConfig:
-    """The config after ``change`` (its ``opid_index`` still the old one); raises if invalid.
+    """The config after ``change`` and its ``more`` (its ``opid_index`` still the old one);
+    raises if invalid.
 
-    At most one VOTER is added or removed per change (the one-by-one rule).
+    All of them together add or remove at most one VOTER (the one-by-one rule), and each names
+    a different peer.
     """
+    steps = (PeerChange(change.change_type, change.peer), *change.more)
+    seen: set[str] = set()
+    new = config
+    for step in steps:
+        if step.peer.uuid in seen:
+            raise InvalidArgumentError(f"a config change names peer {step.peer.uuid} twice")
+        seen.add(step.peer.uuid)
+        new = _apply_one(new, step)
+    moved = set(config.voters()) ^ set(new.voters())
+    if len(moved) > 1:
+        raise InvalidArgumentError(
+            f"a config change adds or removes one VOTER at a time, not {sorted(moved)}"
+        )
+    return new
+
+
+def _apply_one(config: RaftConfig, change: PeerChange) -> RaftConfig:
     uuid = change.peer.uuid
     current = config.peer(uuid)
     if change.change_type is ChangeType.ADD_PEER:

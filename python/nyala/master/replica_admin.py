@@ -9,13 +9,13 @@ tablet servers, which is a sys-catalog record (a new leader master loads it with
 so every operation is safe to retry after a master failover.
 
 Moves reuse re-replication: the new replica joins as a NON_VOTER with ``promote`` and the old
-one gets the ``replace`` attribute, which the policy evicts only once the replacement votes and
-only with a healthy majority left (``nyala.master.rereplication``).
+one gets the ``replace`` attribute in the same config entry (``more_changes``), and the policy
+evicts the old one only once the replacement votes and only with a healthy majority left
+(``nyala.master.rereplication``).
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Callable
@@ -26,6 +26,7 @@ import grpc
 
 from nyala._proto import consensus_pb2, consensus_pb2_grpc, master_pb2, metadata_pb2
 from nyala.errors import (
+    CasFailedError,
     IllegalStateError,
     InvalidArgumentError,
     NotFoundError,
@@ -43,7 +44,6 @@ _Resp = TypeVar("_Resp", bound=Answer)
 
 #: Deadline of one RPC to a tablet leader, in milliseconds.
 ADMIN_RPC_TIMEOUT_MS = 10_000
-_COMMIT_POLL_S = 0.05
 _VOTER = metadata_pb2.VOTER
 _NON_VOTER = metadata_pb2.NON_VOTER
 
@@ -124,32 +124,30 @@ class ReplicaAdmin:
             raise ServiceUnavailableError(f"tablet {tablet_id}: a config change is pending; retry")
         return _Tablet(tablet_id, leader, addr, cstate.committed_config)
 
-    async def _committed(self, tablet_id: str) -> _Tablet:
-        """``_tablet`` once the pending config change (if any) committed."""
-        deadline = time.monotonic() + ADMIN_RPC_TIMEOUT_MS / 1000
-        while True:
-            try:
-                return await self._tablet(tablet_id)
-            except ServiceUnavailableError:
-                if time.monotonic() > deadline:
-                    raise
-                await asyncio.sleep(_COMMIT_POLL_S)
-
     async def _change(
         self,
         tablet: _Tablet,
         kind: consensus_pb2.ChangeConfigType.ValueType,
         peer: metadata_pb2.RaftPeerPB,
         what: str,
+        more: tuple[consensus_pb2.ConfigChangeItemPB, ...] = (),
     ) -> Outcome:
+        """Sends one change (with ``more`` in the same config entry) with a CAS on the config
+        it was decided from. A config that moved on meanwhile is not an error: the caller
+        repeats, and the next call decides again from the newer config."""
         request = consensus_pb2.ChangeConfigRequestPB(
             dest_uuid=tablet.leader_uuid,
             tablet_id=tablet.tablet_id,
             type=kind,
             server=peer,
             cas_config_opid_index=tablet.cas,
+            more_changes=more,
         )
-        await self._call(tablet.leader_addr, lambda stub: stub.ChangeConfig, request)
+        try:
+            await self._call(tablet.leader_addr, lambda stub: stub.ChangeConfig, request)
+        except CasFailedError as exc:
+            log.info("tablet %s: %s not sent: %s", tablet.tablet_id, what, exc)
+            return Outcome(False, f"the config changed before {what}; repeat")
         log.info("tablet %s: %s", tablet.tablet_id, what)
         return Outcome(False, f"{what} (sent; repeat until done)")
 
@@ -247,19 +245,21 @@ class ReplicaAdmin:
             if new is None:
                 raise IllegalStateError(f"neither {from_uuid} nor {to_uuid} holds {tablet_id}")
             return Outcome(False, f"{to_uuid} is catching up")
+        marked = metadata_pb2.RaftPeerPB()
+        marked.CopyFrom(old)
+        marked.attrs.replace = True
+        mark = consensus_pb2.ConfigChangeItemPB(type=consensus_pb2.MODIFY_PEER, server=marked)
         if new is None:
+            # The new replica joins and the old one is marked in one config entry: were they
+            # two, the new one could be promoted in between, and re-replication would take the
+            # unmarked extra voter for over-replication (and might evict the new one).
             peer = self._new_peer(to_uuid, _NON_VOTER, promote=True)
-            await self._change(tablet, consensus_pb2.ADD_PEER, peer, f"adding {to_uuid}")
-            # Mark the old replica at once, while the new one is still being copied: once
-            # promoted, an unmarked extra voter could be taken for over-replication.
-            tablet = await self._committed(tablet_id)
-            old = tablet.peer(from_uuid)
-            if old is None or tablet.peer(to_uuid) is None:
-                return Outcome(False, f"adding {to_uuid}")
+            what = f"adding {to_uuid}"
+            if not old.attrs.replace:
+                what += f" and marking {from_uuid} for replacement"
+            more = () if old.attrs.replace else (mark,)
+            return await self._change(tablet, consensus_pb2.ADD_PEER, peer, what, more)
         if not old.attrs.replace:
-            marked = metadata_pb2.RaftPeerPB()
-            marked.CopyFrom(old)
-            marked.attrs.replace = True
             what = f"marking {from_uuid} for replacement"
             return await self._change(tablet, consensus_pb2.MODIFY_PEER, marked, what)
         self._m.wake.set()

@@ -17,7 +17,7 @@ import grpc
 
 from nyala import _native
 from nyala._proto import common_pb2, consensus_pb2, consensus_pb2_grpc, metadata_pb2
-from nyala.consensus.membership import ChangeType, ConfigChange
+from nyala.consensus.membership import ChangeType, ConfigChange, PeerChange
 from nyala.consensus.runtime import RaftRuntime, wire
 from nyala.consensus.runtime.peer_streams import PeerStreams
 from nyala.consensus.runtime.transport import GrpcTransport
@@ -216,24 +216,15 @@ class ConsensusService(ServiceBase, consensus_pb2_grpc.ConsensusServiceServicer)
         context: Context[consensus_pb2.ChangeConfigRequestPB, consensus_pb2.ChangeConfigResponsePB],
     ) -> consensus_pb2.ChangeConfigResponsePB:
         _, runtime, _ = self._raft(request.tablet_id)
-        change_type = _CHANGE_TYPES.get(request.type)
-        if change_type is None:
-            raise InvalidArgumentError(f"unknown ChangeConfig type {request.type}")
-        if not request.HasField("server"):
-            raise InvalidArgumentError("ChangeConfig needs the server it changes")
-        server = request.server
-        unset_type = server.member_type == metadata_pb2.MEMBER_TYPE_UNKNOWN
-        if change_type is ChangeType.ADD_PEER and unset_type:
-            # The default policy: a new peer learns the log as a NON_VOTER, promoted once
-            # caught up, so a slow copy never holds up the majority.
-            peer = peer_from_pb(server, default_member_type=MemberType.NON_VOTER)
-            peer = dataclasses.replace(peer, promote=True)
-        else:
-            # REMOVE_PEER uses only the uuid: any member type will do.
-            default = MemberType.VOTER if change_type is ChangeType.REMOVE_PEER else None
-            peer = peer_from_pb(server, default_member_type=default)
+        first = _peer_change(request.type, request.server if request.HasField("server") else None)
+        more = tuple(
+            _peer_change(item.type, item.server if item.HasField("server") else None)
+            for item in request.more_changes
+        )
         cas = request.cas_config_opid_index if request.HasField("cas_config_opid_index") else None
-        runtime.change_config(ConfigChange(change_type, peer, cas_config_opid_index=cas))
+        runtime.change_config(
+            ConfigChange(first.change_type, first.peer, cas_config_opid_index=cas, more=more)
+        )
         status = runtime.status()
         new_config = status.pending_config or status.committed_config
         return consensus_pb2.ChangeConfigResponsePB(new_config=config_to_pb(new_config))
@@ -261,3 +252,23 @@ class ConsensusService(ServiceBase, consensus_pb2_grpc.ConsensusServiceServicer)
         # election: at once when this replica is left as the sole voter).
         runtime.unsafe_change_config(voters)
         return consensus_pb2.UnsafeChangeConfigResponsePB()
+
+
+def _peer_change(
+    kind: consensus_pb2.ChangeConfigType.ValueType, server: metadata_pb2.RaftPeerPB | None
+) -> PeerChange:
+    """One change of a ChangeConfig request, checked."""
+    change_type = _CHANGE_TYPES.get(kind)
+    if change_type is None:
+        raise InvalidArgumentError(f"unknown ChangeConfig type {kind}")
+    if server is None:
+        raise InvalidArgumentError("ChangeConfig needs the server it changes")
+    unset_type = server.member_type == metadata_pb2.MEMBER_TYPE_UNKNOWN
+    if change_type is ChangeType.ADD_PEER and unset_type:
+        # The default policy: a new peer learns the log as a NON_VOTER, promoted once caught
+        # up, so a slow copy never holds up the majority.
+        peer = peer_from_pb(server, default_member_type=MemberType.NON_VOTER)
+        return PeerChange(change_type, dataclasses.replace(peer, promote=True))
+    # REMOVE_PEER uses only the uuid: any member type will do.
+    default = MemberType.VOTER if change_type is ChangeType.REMOVE_PEER else None
+    return PeerChange(change_type, peer_from_pb(server, default_member_type=default))
