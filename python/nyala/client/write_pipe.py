@@ -16,10 +16,12 @@ unchanged.
 
 The pipe has no thread of its own. A call is made, blocking, in the thread of one of the writers
 it carries: the writer whose request finds the pipe idle makes it at once; when a call ends, its
-maker answers the writers it carried and hands the writes queued meanwhile to the first of them,
-whose thread wakes and makes the next call. (A sync gRPC channel's ``future()`` started a polling
-thread whenever the channel had no call in flight; a blocking call needs none.) That writer may
-wait past its own deadline for the call it makes, which runs until the latest of its writes'.
+maker answers the writers it carried and hands the writes queued meanwhile to the one of them
+with the latest deadline, whose thread wakes and makes the next call. (A sync gRPC channel's
+``future()`` started a polling thread whenever the channel had no call in flight; a blocking
+call needs none.) A call runs until the latest deadline of its writes, so that writer is the
+one that waits for it: no writer waits past its own deadline, and the others time out at theirs
+with their outcome unknown.
 
 The writers a call answered are woken one at a time (``_native.Wake``): each is woken by a thread
 that is about to wait in the pipe (the previous writer, back with its next write, or a call's
@@ -196,9 +198,14 @@ class WritePipe:
         with self._lock:
             self._queue.append(pending)
             batch = self._take_locked()
+            maker = _maker(batch)
+            if maker is not None and maker is not pending:  # it waits longest: its call
+                maker.leads = (batch, lambda: self._answer(lambda: self._call(batch)))
         try:
-            if batch:  # the pipe was idle: this thread makes the call
+            if maker is pending:  # the pipe was idle: this thread makes the call
                 self._make_call(batch, lambda: self._answer(lambda: self._call(batch)), pending)
+            elif maker is not None:
+                maker.wake.set()
             while not pending.settled:
                 relay = self._relay_target()
                 woken = pending.wake.wait(
@@ -211,7 +218,7 @@ class WritePipe:
                     if led is None and not woken and not pending.settled:
                         pending.abandoned = True  # if still queued, it is never sent
                         break
-                if led:  # handed the next call: answered even past this write's deadline
+                if led:  # handed a call: it runs until this write's deadline at most
                     self._make_call(*led, pending)
         finally:
             pending.left = True
@@ -308,13 +315,15 @@ class WritePipe:
             if not following:
                 return
             presend = _Presend()
+            maker = _maker(following)
+            assert maker is not None
             # Set under the lock: a writer that wakes (its deadline passed, say) sees either
             # no call to make or this one, never neither once it was taken from the queue.
-            following[0].leads = (following, lambda: presend.call(self, following))
+            maker.leads = (following, lambda: presend.call(self, following))
         # Sent after the lock is released: a send may give up the CPU, and writers queueing
         # meanwhile would have waited for the lock, each at the cost of a thread switch.
         presend.send(self, following)
-        following[0].wake.set()
+        maker.wake.set()
 
     def _answer(self, call: Callable[[], _Answer]) -> tuple[_Answer | None, BaseException | None]:
         """``call``'s answer, or its failure as a ``nyala.errors`` exception."""
@@ -389,6 +398,14 @@ class _Sent:
     connection: _Connection
     deadline: float  # time.monotonic()
     timeout_s: float
+
+
+def _maker(batch: list[_Pending]) -> _Pending | None:
+    """The writer of ``batch`` whose thread makes its call: the one with the latest deadline
+    (the call runs until it), the first of them on a tie."""
+    if not batch:
+        return None
+    return max(batch, key=lambda p: p.deadline)
 
 
 def _timeout_s(batch: list[_Pending]) -> float:

@@ -25,13 +25,15 @@ LEADER = "f" * 32
 
 
 class _Server(tserver_pb2_grpc.TabletServiceServicer):  # type: ignore[misc]
-    """Answers each write by its tablet id: ``ok*`` succeed (op index = seq no),
-    ``follower*`` are NOT_THE_LEADER, and a call holding ``crash*`` fails as a whole.
-    Calls wait while ``gate`` is closed."""
+    """Answers each write by its tablet id: ``ok*`` and ``held*`` succeed (op index = seq
+    no), ``follower*`` are NOT_THE_LEADER, and a call holding ``crash*`` fails as a whole.
+    Calls wait while ``gate`` is closed, and a call holding ``held*`` while ``hold`` is."""
 
     def __init__(self) -> None:
         self.gate = threading.Event()
         self.gate.set()
+        self.hold = threading.Event()
+        self.hold.set()
         self.calls: list[list[str]] = []  # tablet ids of each call, in arrival order
         self.entered = threading.Semaphore(0)
         self.rows: list[tuple[str, bytes]] = []  # (tablet id, ops) of every write received
@@ -52,6 +54,8 @@ class _Server(tserver_pb2_grpc.TabletServiceServicer):  # type: ignore[misc]
         self.rows += [(r.tablet_id, r.ops) for r in requests]
         self.entered.release()
         self.gate.wait()
+        if any(r.tablet_id.startswith("held") for r in requests):
+            self.hold.wait()
         if any(r.tablet_id.startswith("crash") for r in requests):
             context.abort(grpc.StatusCode.UNAVAILABLE, "crashed")
 
@@ -77,6 +81,7 @@ def server() -> Iterator[tuple[_Server, str]]:
         yield servicer, f"127.0.0.1:{port}"
     finally:
         servicer.gate.set()
+        servicer.hold.set()
         grpc_server.stop(0)
 
 
@@ -285,6 +290,44 @@ def test_a_write_not_answered_in_time_times_out_and_a_queued_one_is_never_sent(
     assert held.join()[0].op_id.index == 2
     assert pipe.write(*_request("ok-after", 4), 5_000).op_id.index == 4
     assert all("ok-queued" not in c for c in servicer.calls)
+
+
+def test_a_shared_call_is_made_by_its_latest_deadline_and_no_writer_waits_past_its_own(
+    server: tuple[_Server, str], pool: ChannelPool
+) -> None:
+    servicer, addr = server
+    pipe = WritePipe(pool.get(addr), inflight_calls_max=1)
+    first = _hold_first_call(servicer, pipe, _request("ok-first", 100))
+    servicer.hold.clear()
+    outcomes: dict[str, tuple[Any, float]] = {}
+
+    def write(tablet: str, seq_no: int, timeout_ms: int) -> None:
+        start = time.monotonic()
+        try:
+            answer: Any = pipe.write(*_request(tablet, seq_no), timeout_ms)
+        except Exception as exc:
+            answer = exc
+        outcomes[tablet] = (answer, time.monotonic() - start)
+
+    # Queued first, with the earlier deadline: it used to make the shared call, and wait for
+    # it until the other write's deadline.
+    short = threading.Thread(target=write, args=("held-short", 1, 1_500))
+    short.start()
+    _wait_queued(pipe, 1)
+    long = threading.Thread(target=write, args=("held-long", 2, 20_000))
+    long.start()
+    _wait_queued(pipe, 2)
+    servicer.gate.set()  # the first call is answered; the shared one is held
+    first.join()
+    short.join(timeout=10)
+    assert not short.is_alive(), "the earlier deadline waited for the held call"
+    answer, took_s = outcomes["held-short"]
+    assert isinstance(answer, errors.TimedOutError)
+    assert took_s < 5
+    servicer.hold.set()
+    long.join(timeout=20)
+    assert outcomes["held-long"][0].op_id.index == 2
+    assert sorted(servicer.calls[1]) == ["held-long", "held-short"]  # it had been sent
 
 
 def test_a_writers_wake_up_behaves_as_an_event() -> None:
