@@ -1,6 +1,7 @@
 //! DiskRowSets: immutable Parquet files sorted by primary key, each with a key bloom filter
 //! in a sidecar file, min/max keys in the Parquet footer and a sparse key index (the first row
-//! of each key block; the blocks are read through `key_blocks`' cache).
+//! of each key block, stored after the filter; the blocks are read through `key_blocks`'
+//! cache).
 //!
 //! Files are named by rowset id (`rs-00000007.parquet`, `rs-00000007.bloom`). Columns are named
 //! as in the schema at write time and carry their column id in the Arrow field metadata; the
@@ -27,7 +28,7 @@ use parquet::arrow::arrow_reader::{
 };
 use parquet::arrow::{ArrowWriter, ProjectionMask};
 use parquet::basic::Compression;
-use parquet::file::metadata::KeyValue;
+use parquet::file::metadata::{KeyValue, RowGroupMetaData};
 use parquet::file::properties::WriterProperties;
 use parquet::schema::types::ColumnPath;
 
@@ -39,7 +40,9 @@ use crate::predicate::{ColumnStats, Predicate};
 use crate::schema::{field_column_id, ColumnSchema, DataType, Schema};
 
 const BLOOM_MAGIC: &[u8; 4] = b"NYBF";
-const BLOOM_VERSION: u16 = 1;
+/// 2: the first row of each key block follows the filter (version 1 files, the filter alone,
+/// are still read: their sparse index is built by a pass over the key columns).
+const BLOOM_VERSION: u16 = 2;
 /// Rows per Parquet row group: the unit of statistics pruning.
 pub const ROW_GROUP_ROWS: usize = 128 * 1024;
 /// Size at which a string or binary column chunk's dictionary falls back to plain encoding,
@@ -107,7 +110,59 @@ struct KeyIndex {
     blocks: Vec<(usize, usize, usize)>,
 }
 
+/// The first row of each key block as the writer saw it (every `KEY_BLOCK_ROWS`-th row of the
+/// file), kept in the bloom file.
+#[derive(Debug, Default)]
+struct BlockFirsts {
+    keys: EncodedKeys,
+    deleted: Vec<bool>,
+}
+
 impl KeyIndex {
+    /// The index the writer kept, if the file's blocks start where it noted rows: every row
+    /// group but the last a whole number of blocks, as the writer makes them. None otherwise
+    /// (a pass over the key columns builds it); a count that disagrees is corruption.
+    fn written(
+        metadata: &ArrowReaderMetadata,
+        firsts: BlockFirsts,
+        bloom_file: &Path,
+    ) -> Result<Option<KeyIndex>> {
+        let groups = metadata.metadata().row_groups();
+        let blocks = KeyIndex::layout(groups.iter().map(|g| g.num_rows() as usize));
+        let group_starts = KeyIndex::group_starts(groups);
+        let aligned = blocks
+            .iter()
+            .enumerate()
+            .all(|(i, &(group, start, _))| group_starts[group] + start == i * KEY_BLOCK_ROWS);
+        if !aligned {
+            return Ok(None);
+        }
+        if firsts.keys.len() != blocks.len() || firsts.deleted.len() != blocks.len() {
+            return Err(StorageError::corruption(format!(
+                "{}: {} key blocks noted for a file of {}",
+                bloom_file.display(),
+                firsts.keys.len(),
+                blocks.len()
+            )));
+        }
+        Ok(Some(KeyIndex {
+            firsts: firsts.keys,
+            first_deleted: firsts.deleted,
+            blocks,
+        }))
+    }
+
+    /// Each row group's first row in the file.
+    fn group_starts(groups: &[RowGroupMetaData]) -> Vec<usize> {
+        let mut starts = Vec::with_capacity(groups.len());
+        let mut total = 0usize;
+        for group in groups {
+            starts.push(total);
+            total += group.num_rows() as usize;
+        }
+        starts
+    }
+
     /// The key blocks of a file with these row groups' row counts.
     fn layout(group_rows: impl Iterator<Item = usize>) -> Vec<(usize, usize, usize)> {
         let mut blocks = Vec::new();
@@ -255,7 +310,7 @@ impl DiskRowSet {
     pub fn open(dir: &Path, id: u64, key_count: usize) -> Result<DiskRowSet> {
         let path = data_path(dir, id);
         let bloom_file = bloom_path(dir, id);
-        let bloom = read_bloom(&bloom_file)?;
+        let (bloom, firsts) = read_bloom(&bloom_file)?;
         let file = File::open(&path).map_err(|e| open_error(&path, e))?;
         let data_bytes = file.metadata().map_err(|e| open_error(&path, e))?.len();
         let bloom_bytes = std::fs::metadata(&bloom_file)
@@ -313,6 +368,12 @@ impl DiskRowSet {
         } else {
             (false, 0, 0)
         };
+        let key_index = OnceLock::new();
+        if let Some(firsts) = firsts {
+            if let Some(index) = KeyIndex::written(&metadata, firsts, &bloom_file)? {
+                let _ = key_index.set(index);
+            }
+        }
         Ok(DiskRowSet {
             id,
             path,
@@ -329,7 +390,7 @@ impl DiskRowSet {
             metadata,
             bloom,
             key_count,
-            key_index: OnceLock::new(),
+            key_index,
             owner: key_blocks::new_owner(),
             obsolete: AtomicBool::new(false),
         })
@@ -389,7 +450,8 @@ impl DiskRowSet {
 
     /// What this rowset says about `key`: the bloom filter answers most misses without I/O;
     /// a possible hit reads the key block that may hold it (`key_blocks`), found by the
-    /// sparse index (loaded once: one pass over the key columns).
+    /// sparse index (read with the bloom filter; for files written without it, built once by
+    /// a pass over the key columns).
     pub fn presence(&self, key: &[u8]) -> Result<Presence> {
         if key < self.min_key.as_slice() || key > self.max_key.as_slice() {
             return Ok(Presence::Unknown);
@@ -436,12 +498,7 @@ impl DiskRowSet {
     fn load_key_index(&self) -> Result<KeyIndex> {
         let groups = self.metadata.metadata().row_groups();
         let blocks = KeyIndex::layout(groups.iter().map(|g| g.num_rows() as usize));
-        let mut group_starts = Vec::with_capacity(groups.len());
-        let mut total = 0usize;
-        for group in groups {
-            group_starts.push(total);
-            total += group.num_rows() as usize;
-        }
+        let group_starts = KeyIndex::group_starts(groups);
         let mut starts = blocks
             .iter()
             .map(|&(group, start, _)| group_starts[group] + start);
@@ -930,6 +987,8 @@ pub struct RowSetWriter {
     key_count: usize,
     writer: Option<ArrowWriter<File>>,
     bloom: KeyBloom,
+    /// Every `KEY_BLOCK_ROWS`-th row's key and tombstone flag (the sparse key index).
+    firsts: BlockFirsts,
     rows: u64,
     tombstones: u64,
     min_key: Option<Vec<u8>>,
@@ -950,6 +1009,18 @@ impl RowSetWriter {
         schema: &Schema,
         expected_rows: usize,
     ) -> Result<RowSetWriter> {
+        Self::with_group_rows(dir, id, schema, expected_rows, ROW_GROUP_ROWS)
+    }
+
+    /// `create` with row groups of `group_rows` rows (tests: groups that are not a whole
+    /// number of key blocks).
+    fn with_group_rows(
+        dir: &Path,
+        id: u64,
+        schema: &Schema,
+        expected_rows: usize,
+        group_rows: usize,
+    ) -> Result<RowSetWriter> {
         let path = data_path(dir, id);
         let file = File::create(&path).map_err(|e| StorageError::io(&path, e))?;
         // Dictionary pages only for strings and binaries (Kudu's default too): on numeric
@@ -959,7 +1030,7 @@ impl RowSetWriter {
         // for it early while categorical ones keep it.
         let mut props = WriterProperties::builder()
             .set_compression(Compression::SNAPPY)
-            .set_max_row_group_row_count(Some(ROW_GROUP_ROWS))
+            .set_max_row_group_row_count(Some(group_rows))
             .set_dictionary_enabled(false)
             .set_dictionary_page_size_limit(DICTIONARY_PAGE_BYTES_MAX);
         for column in schema.columns() {
@@ -981,6 +1052,7 @@ impl RowSetWriter {
             key_count: schema.key_count(),
             writer: Some(writer),
             bloom: KeyBloom::with_capacity(expected_rows),
+            firsts: BlockFirsts::default(),
             rows: 0,
             tombstones: 0,
             min_key: None,
@@ -1002,6 +1074,13 @@ impl RowSetWriter {
         let ts = batch
             .column(batch.num_columns() - 2)
             .as_primitive::<UInt64Type>();
+        let deleted = batch.column(batch.num_columns() - 1).as_boolean();
+        let first_block_row = (self.rows as usize).next_multiple_of(KEY_BLOCK_ROWS);
+        for row in (first_block_row..self.rows as usize + keys.len()).step_by(KEY_BLOCK_ROWS) {
+            let i = row - self.rows as usize;
+            self.firsts.keys.push(keys.get(i));
+            self.firsts.deleted.push(deleted.value(i));
+        }
         for i in 0..keys.len() {
             let key = keys.get(i);
             let previous = match i {
@@ -1031,7 +1110,6 @@ impl RowSetWriter {
             self.min_key = Some(keys.get(0).to_vec());
         }
         self.max_key = Some(keys.get(keys.len() - 1).to_vec());
-        let deleted = batch.column(batch.num_columns() - 1).as_boolean();
         self.tombstones += deleted.true_count() as u64;
         self.rows += batch.num_rows() as u64;
         let path = data_path(&self.dir, self.id);
@@ -1076,13 +1154,56 @@ impl RowSetWriter {
             .into_inner()
             .map_err(|e| StorageError::parquet(&path, e))?;
         file.sync_all().map_err(|e| StorageError::io(&path, e))?;
-        write_bloom(&bloom_path(&self.dir, self.id), &self.bloom)?;
+        write_bloom(&bloom_path(&self.dir, self.id), &self.bloom, &self.firsts)?;
         Ok(Some((self.rows, self.tombstones)))
     }
 }
 
-fn write_bloom(path: &Path, bloom: &KeyBloom) -> Result<()> {
-    let body = bloom.to_bytes();
+/// The bloom file's body: the filter, then the key blocks' first rows (u32 count; per block
+/// u8 tombstone flag, u32 key length, the encoded key; little-endian).
+fn bloom_body(bloom: &KeyBloom, firsts: &BlockFirsts) -> Vec<u8> {
+    let mut body = bloom.to_bytes();
+    body.extend_from_slice(&(firsts.keys.len() as u32).to_le_bytes());
+    for (i, deleted) in firsts.deleted.iter().enumerate() {
+        let key = firsts.keys.get(i);
+        body.push(u8::from(*deleted));
+        body.extend_from_slice(&(key.len() as u32).to_le_bytes());
+        body.extend_from_slice(key);
+    }
+    body
+}
+
+/// `bloom_body`'s key blocks (what follows the filter); anything malformed is None.
+fn parse_firsts(mut data: &[u8]) -> Option<BlockFirsts> {
+    fn take<'a>(data: &mut &'a [u8], n: usize) -> Option<&'a [u8]> {
+        let (head, rest) = data.split_at_checked(n)?;
+        *data = rest;
+        Some(head)
+    }
+    let u32_at = |data: &mut &[u8]| -> Option<usize> {
+        Some(u32::from_le_bytes(take(data, 4)?.try_into().ok()?) as usize)
+    };
+    let count = u32_at(&mut data)?;
+    let mut firsts = BlockFirsts {
+        keys: EncodedKeys::default(),
+        deleted: Vec::with_capacity(count.min(data.len() / 5)),
+    };
+    for _ in 0..count {
+        let deleted = match take(&mut data, 1)?[0] {
+            0 => false,
+            1 => true,
+            _ => return None,
+        };
+        let len = u32_at(&mut data)?;
+        firsts.keys.push(take(&mut data, len)?);
+        firsts.deleted.push(deleted);
+    }
+    firsts.keys.shrink_to_fit();
+    data.is_empty().then_some(firsts)
+}
+
+fn write_bloom(path: &Path, bloom: &KeyBloom, firsts: &BlockFirsts) -> Result<()> {
+    let body = bloom_body(bloom, firsts);
     let mut image = Vec::with_capacity(12 + body.len());
     image.extend_from_slice(BLOOM_MAGIC);
     image.extend_from_slice(&BLOOM_VERSION.to_le_bytes());
@@ -1095,24 +1216,40 @@ fn write_bloom(path: &Path, bloom: &KeyBloom) -> Result<()> {
     file.sync_all().map_err(|e| StorageError::io(path, e))
 }
 
-fn read_bloom(path: &Path) -> Result<KeyBloom> {
+/// The filter and, in a version 2 file, the key blocks' first rows.
+fn read_bloom(path: &Path) -> Result<(KeyBloom, Option<BlockFirsts>)> {
     let image = std::fs::read(path).map_err(|e| open_error(path, e))?;
     let bad = |what: &str| StorageError::corruption(format!("{}: {what}", path.display()));
     if image.len() < 12 || &image[0..4] != BLOOM_MAGIC {
         return Err(bad("not a bloom filter file"));
     }
     let version = u16::from_le_bytes([image[4], image[5]]);
-    if version != BLOOM_VERSION {
+    if version != 1 && version != BLOOM_VERSION {
         return Err(StorageError::NotSupported(format!(
             "{}: bloom format version {version}",
             path.display()
         )));
     }
     let crc = u32::from_le_bytes(image[8..12].try_into().expect("4 bytes"));
-    if crc32c::crc32c(&image[12..]) != crc {
+    let body = &image[12..];
+    if crc32c::crc32c(body) != crc {
         return Err(bad("bloom filter checksum mismatch"));
     }
-    KeyBloom::from_bytes(&image[12..]).map_err(|_| bad("malformed bloom filter"))
+    if version == 1 {
+        let bloom = KeyBloom::from_bytes(body).map_err(|_| bad("malformed bloom filter"))?;
+        return Ok((bloom, None));
+    }
+    // The filter's own length: its header (hash count, word count) and the words.
+    let words = body
+        .get(4..8)
+        .map(|w| u32::from_le_bytes(w.try_into().expect("4 bytes")) as usize);
+    let filter_len = words.and_then(|w| w.checked_mul(8)?.checked_add(8));
+    let Some((filter, rest)) = filter_len.and_then(|n| body.split_at_checked(n)) else {
+        return Err(bad("malformed bloom filter"));
+    };
+    let bloom = KeyBloom::from_bytes(filter).map_err(|_| bad("malformed bloom filter"))?;
+    let firsts = parse_firsts(rest).ok_or_else(|| bad("malformed key block index"))?;
+    Ok((bloom, Some(firsts)))
 }
 
 fn open_error(path: &Path, err: std::io::Error) -> StorageError {
@@ -1141,3 +1278,171 @@ fn from_hex(text: &str, path: &Path) -> Result<Vec<u8>> {
 
 /// Shared handle to a rowset.
 pub type RowSetRef = Arc<DiskRowSet>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use arrow::array::Int64Array;
+
+    /// Rows of a rowset past two row groups: keys 0..150,000, key 70,000 with 6,000
+    /// versions (block starts fall among a key's versions), every 11th key's newest version
+    /// a tombstone; written in batches of 9,999 rows (block starts fall inside batches).
+    const KEYS: i64 = 150_000;
+    const HOT_KEY: i64 = 70_000;
+
+    fn schema() -> Schema {
+        Schema::build(
+            vec![
+                ("id".into(), DataType::Int64, false),
+                ("v".into(), DataType::Int64, true),
+            ],
+            &["id"],
+        )
+        .unwrap()
+    }
+
+    fn write_rowset(dir: &Path) {
+        write_rowset_in_groups(dir, ROW_GROUP_ROWS);
+    }
+
+    fn write_rowset_in_groups(dir: &Path, group_rows: usize) {
+        let schema = schema();
+        let arrow_schema = versions_schema(&schema, &[0, 1]);
+        let mut rows: Vec<(i64, u64, bool)> = Vec::new();
+        for key in 0..KEYS {
+            let versions = if key == HOT_KEY { 6_000 } else { 1 };
+            for v in 0..versions {
+                let deleted = v == 0 && key % 11 == 0;
+                rows.push((key, 1_000_000 - v as u64, deleted));
+            }
+        }
+        let mut writer =
+            RowSetWriter::with_group_rows(dir, 1, &schema, rows.len(), group_rows).unwrap();
+        for chunk in rows.chunks(9_999) {
+            let columns: Vec<ArrayRef> = vec![
+                Arc::new(Int64Array::from_iter_values(chunk.iter().map(|r| r.0))),
+                Arc::new(Int64Array::from_iter(
+                    chunk.iter().map(|r| (!r.2).then_some(r.0)),
+                )),
+                Arc::new(UInt64Array::from_iter_values(chunk.iter().map(|r| r.1))),
+                Arc::new(BooleanArray::from_iter(chunk.iter().map(|r| Some(r.2)))),
+            ];
+            let batch = RecordBatch::try_new(arrow_schema.clone(), columns).unwrap();
+            writer.write(&batch).unwrap();
+        }
+        writer.finish().unwrap().unwrap();
+    }
+
+    fn key(k: i64) -> Vec<u8> {
+        let column: ArrayRef = Arc::new(Int64Array::from(vec![k]));
+        encode_keys(&[column]).unwrap().get(0).to_vec()
+    }
+
+    /// Every key's answer, and a few keys around the hot key and past the ends.
+    fn check_presence(rowset: &DiskRowSet) {
+        for k in (-2..KEYS + 2).step_by(7).chain(HOT_KEY - 2..HOT_KEY + 3) {
+            let expected = if !(0..KEYS).contains(&k) {
+                Presence::Unknown
+            } else if k % 11 == 0 {
+                Presence::Deleted
+            } else {
+                Presence::Live
+            };
+            assert_eq!(rowset.presence(&key(k)).unwrap(), expected, "key {k}");
+        }
+    }
+
+    fn rewrite_bloom(dir: &Path, version: u16, body: &[u8]) {
+        let mut image = BLOOM_MAGIC.to_vec();
+        image.extend_from_slice(&version.to_le_bytes());
+        image.extend_from_slice(&0u16.to_le_bytes());
+        image.extend_from_slice(&crc32c::crc32c(body).to_le_bytes());
+        image.extend_from_slice(body);
+        std::fs::write(bloom_path(dir, 1), image).unwrap();
+    }
+
+    #[test]
+    fn the_key_index_comes_with_the_bloom_file_and_is_the_one_a_pass_builds() {
+        let dir = tempfile::tempdir().unwrap();
+        write_rowset(dir.path());
+        let rowset = DiskRowSet::open(dir.path(), 1, 1).unwrap();
+        assert!(rowset.metadata.metadata().num_row_groups() >= 2);
+        let written = rowset.key_index.get().expect("read with the bloom filter");
+        let built = rowset.load_key_index().unwrap();
+        assert_eq!(written.blocks, built.blocks);
+        assert_eq!(written.first_deleted, built.first_deleted);
+        assert_eq!(written.firsts.len(), built.firsts.len());
+        for i in 0..built.firsts.len() {
+            assert_eq!(written.firsts.get(i), built.firsts.get(i), "block {i}");
+        }
+        check_presence(&rowset);
+    }
+
+    #[test]
+    fn a_version_1_bloom_file_opens_and_a_pass_builds_the_key_index() {
+        let dir = tempfile::tempdir().unwrap();
+        write_rowset(dir.path());
+        let (bloom, _) = read_bloom(&bloom_path(dir.path(), 1)).unwrap();
+        rewrite_bloom(dir.path(), 1, &bloom.to_bytes());
+        let rowset = DiskRowSet::open(dir.path(), 1, 1).unwrap();
+        assert!(rowset.key_index.get().is_none());
+        check_presence(&rowset);
+        assert!(rowset.key_index.get().is_some());
+    }
+
+    #[test]
+    fn row_groups_that_are_not_whole_key_blocks_get_their_index_from_a_pass() {
+        let dir = tempfile::tempdir().unwrap();
+        write_rowset_in_groups(dir.path(), 5_000);
+        let rowset = DiskRowSet::open(dir.path(), 1, 1).unwrap();
+        assert!(rowset.metadata.metadata().num_row_groups() > 30);
+        assert!(rowset.key_index.get().is_none());
+        check_presence(&rowset);
+    }
+
+    #[test]
+    fn a_damaged_key_block_index_is_corruption() {
+        let dir = tempfile::tempdir().unwrap();
+        write_rowset(dir.path());
+        let path = bloom_path(dir.path(), 1);
+        let image = std::fs::read(&path).unwrap();
+        let corrupt = |dir: &Path| match DiskRowSet::open(dir, 1, 1) {
+            Err(StorageError::Corruption(message)) => message,
+            other => panic!("expected corruption, got {:?}", other.map(|r| r.id())),
+        };
+        // A flipped bit in the index: the checksum.
+        let mut flipped = image.clone();
+        *flipped.last_mut().unwrap() ^= 1;
+        std::fs::write(&path, &flipped).unwrap();
+        assert!(corrupt(dir.path()).contains("checksum"));
+        // Checksummed but cut short, or with a block fewer than the file has.
+        let (bloom, firsts) = read_bloom_image(&image);
+        let body = bloom_body(&bloom, &firsts);
+        rewrite_bloom(dir.path(), 2, &body[..body.len() - 1]);
+        assert!(corrupt(dir.path()).contains("malformed key block index"));
+        let fewer = BlockFirsts {
+            keys: {
+                let mut keys = EncodedKeys::default();
+                (0..firsts.keys.len() - 1).for_each(|i| keys.push(firsts.keys.get(i)));
+                keys
+            },
+            deleted: firsts.deleted[..firsts.deleted.len() - 1].to_vec(),
+        };
+        rewrite_bloom(dir.path(), 2, &bloom_body(&bloom, &fewer));
+        assert!(corrupt(dir.path()).contains("key blocks noted"));
+        // A version from the future is refused as such.
+        rewrite_bloom(dir.path(), 3, &body);
+        assert!(matches!(
+            DiskRowSet::open(dir.path(), 1, 1),
+            Err(StorageError::NotSupported(_))
+        ));
+    }
+
+    fn read_bloom_image(image: &[u8]) -> (KeyBloom, BlockFirsts) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("b");
+        std::fs::write(&path, image).unwrap();
+        let (bloom, firsts) = read_bloom(&path).unwrap();
+        (bloom, firsts.unwrap())
+    }
+}
