@@ -44,28 +44,33 @@ def test_a_move_adds_the_non_voter_and_marks_the_old_voter_in_one_config() -> No
     assert new.opid_index == CONFIG.opid_index  # the caller stamps the entry's index
 
 
-def test_changes_that_add_or_remove_two_voters_together_are_refused() -> None:
-    two_added = ConfigChange(
-        ChangeType.ADD_PEER,
-        RaftPeer(D, "d:1"),
-        more=(PeerChange(ChangeType.ADD_PEER, RaftPeer(E, "e:1")),),
-    )
+@pytest.mark.parametrize(
+    ("first", "more"),
+    [
+        # two voters added
+        (
+            PeerChange(ChangeType.ADD_PEER, RaftPeer(D, "d:1")),
+            PeerChange(ChangeType.ADD_PEER, RaftPeer(E, "e:1")),
+        ),
+        # one removed, another added: a swap
+        (
+            PeerChange(ChangeType.REMOVE_PEER, RaftPeer(C, "")),
+            PeerChange(ChangeType.ADD_PEER, RaftPeer(D, "d:1")),
+        ),
+        # one removed, another demoted
+        (
+            PeerChange(ChangeType.REMOVE_PEER, RaftPeer(C, "")),
+            PeerChange(ChangeType.MODIFY_PEER, _non_voter(B, promote=False)),
+        ),
+    ],
+    ids=["two-added", "swap", "removed-and-demoted"],
+)
+def test_changes_that_add_or_remove_two_voters_together_are_refused(
+    first: PeerChange, more: PeerChange
+) -> None:
+    change = ConfigChange(first.change_type, first.peer, more=(more,))
     with pytest.raises(InvalidArgumentError, match="one VOTER at a time"):
-        apply_change(CONFIG, two_added)
-    swapped = ConfigChange(
-        ChangeType.REMOVE_PEER,
-        RaftPeer(C, ""),
-        more=(PeerChange(ChangeType.ADD_PEER, RaftPeer(D, "d:1")),),
-    )
-    with pytest.raises(InvalidArgumentError, match="one VOTER at a time"):
-        apply_change(CONFIG, swapped)
-    promoted_and_removed = ConfigChange(
-        ChangeType.REMOVE_PEER,
-        RaftPeer(C, ""),
-        more=(PeerChange(ChangeType.MODIFY_PEER, _non_voter(B, promote=False)),),
-    )
-    with pytest.raises(InvalidArgumentError, match="one VOTER at a time"):
-        apply_change(CONFIG, promoted_and_removed)
+        apply_change(CONFIG, change)
 
 
 def test_one_voter_added_with_non_voters_changed_alongside_is_allowed() -> None:
