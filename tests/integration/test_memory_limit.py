@@ -67,6 +67,8 @@ def test_a_load_over_the_memory_limit_is_flushed_refused_retried_and_kept() -> N
     assert _sum(lines, "nyala_writes_refused_memory_total") > 0
     assert _sum(lines, 'nyala_memory_limit_bytes{threshold="hard"}') == 3 * LIMIT_BYTES
     assert any(line.startswith('nyala_memory_tracked_bytes{kind="MemRowSet"}') for line in lines)
+    # 160 MiB with pressure at 60 %: the key block cache gets a quarter of 96 MiB, not 256 MiB.
+    assert _sum(lines, "nyala_key_block_cache_capacity_bytes") == 3 * (LIMIT_BYTES * 60 // 100 // 4)
     assert _sum(lines, "nyala_flushes_total{") > 0  # flushed under pressure
 
 

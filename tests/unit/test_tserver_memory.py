@@ -143,3 +143,14 @@ def test_only_replicas_that_can_have_changed_are_measured_and_the_totals_stay_ex
     assert replicas.refresh(memory) == []
     replicas.refresh(memory, full=True)
     assert (memory.active_bytes, memory.cache_bytes) == (1000, 100)
+
+
+def test_the_key_block_cache_gets_at_most_a_quarter_of_the_pressure_threshold() -> None:
+    mib = 1 << 20
+    # 1 GiB limit: pressure at 60 % (614 MiB), so the cache may hold 153 MiB, not 256.
+    small = MemoryTracker(1024 * mib, pressure_percentage=60)
+    assert small.key_block_cache_bytes(256 * mib) == small.pressure_bytes // 4
+    assert small.key_block_cache_bytes(256 * mib) < 154 * mib
+    assert small.key_block_cache_bytes(64 * mib) == 64 * mib  # a smaller setting stands
+    # 8 GiB: the setting fits.
+    assert MemoryTracker(8192 * mib).key_block_cache_bytes(256 * mib) == 256 * mib

@@ -3,7 +3,8 @@
 What is tracked: every replica's MemRowSets (the active one and one being flushed), every
 log cache, the open scanners (each counted at its page bound, ``scan_batch_bytes_max``:
 the cursor holds about one decoded row group and one page), and the cache of rowsets' key
-blocks (``nyala_storage::key_blocks``, at most ``key_block_cache_mb``). The rest of the
+blocks (``nyala_storage::key_blocks``, at most ``key_block_cache_mb``, and at most a quarter
+of the pressure threshold below). The rest of the
 process's resident memory counts too, as ``untracked``: the interpreter and its libraries
 (about 100 MiB in an idle tablet server), gRPC and Python buffers of requests in flight, heap
 not yet given back.
@@ -31,6 +32,9 @@ from dataclasses import dataclass, replace
 
 from nyala.common.process import default_memory_limit_bytes
 from nyala.errors import ServiceUnavailableError
+
+#: The key block cache may hold at most this share of the pressure threshold (1/4).
+KEY_BLOCK_CACHE_PRESSURE_SHARE = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +113,14 @@ class MemoryTracker:
                 f"{self.limit_bytes >> 20} MiB); retry after the flushes under way"
             )
         self._admitted_bytes += size_bytes
+
+    def key_block_cache_bytes(self, configured_bytes: int) -> int:
+        """The key block cache's budget: ``configured_bytes`` (``key_block_cache_mb``), at
+        most a quarter of the pressure threshold. The cache counts against the limit, and
+        memory pressure flushes MemRowSets, not the cache: a cache that could fill most of
+        the threshold would leave the MemRowSets no room (flushes of a few rows each, and
+        writes refused), as Kudu refuses a block cache larger than its pressure threshold."""
+        return min(configured_bytes, self.pressure_bytes // KEY_BLOCK_CACHE_PRESSURE_SHARE)
 
     def memrowsets_budget_bytes(self) -> int:
         """What the MemRowSets may hold before flushes start: the pressure threshold less the

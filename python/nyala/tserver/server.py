@@ -207,12 +207,24 @@ class TabletServer(ServerBase):
         self._quarantine_task: asyncio.Task[None] | None = None
         self._copy_tasks: list[asyncio.Task[None]] = []
         self.scanners = ScannerRegistry(settings.scanner_ttl_ms)
-        _native.set_key_block_cache_bytes(settings.key_block_cache_mb * 1024 * 1024)
         self.memory = MemoryTracker(
             settings.memory_limit_bytes,
             settings.memory_pressure_percentage,
             settings.memory_limit_soft_percentage,
         )
+        configured = settings.key_block_cache_mb * 1024 * 1024
+        #: The key block cache's budget (``MemoryTracker.key_block_cache_bytes``).
+        self.key_block_cache_bytes = self.memory.key_block_cache_bytes(configured)
+        if self.key_block_cache_bytes < configured:
+            log.warning(
+                "key_block_cache_mb %d is more than a quarter of the memory pressure threshold "
+                "(%d MiB of memory_limit_bytes %d MiB): the cache holds at most %d MiB",
+                settings.key_block_cache_mb,
+                self.memory.pressure_bytes >> 20,
+                self.memory.limit_bytes >> 20,
+                self.key_block_cache_bytes >> 20,
+            )
+        _native.set_key_block_cache_bytes(self.key_block_cache_bytes)
         self._replica_memory = ReplicaMemory()  # each replica's last measured memory
         self._memory_checks = 0
         # Quiesced replicas whose WAL files may still be open (``_release_idle_files``).
@@ -599,6 +611,11 @@ class TabletServer(ServerBase):
                 ({"threshold": "pressure"}, float(memory.pressure_bytes)),
             ]
         )
+        self.metrics.gauge(
+            "nyala_key_block_cache_capacity_bytes",
+            "What the cache of rowsets' key blocks may hold (key_block_cache_mb, at most a "
+            "quarter of the pressure threshold)",
+        ).set_callback(lambda: [({}, float(self.key_block_cache_bytes))])
         self.metrics.observed_counter(
             "nyala_writes_refused_memory_total",
             "Writes refused above the soft memory limit",

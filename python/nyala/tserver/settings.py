@@ -39,7 +39,8 @@ class TabletServerSettings(ServerSettings):
 
     # Key blocks: an INSERT, UPDATE or DELETE that a rowset's bloom filter cannot answer reads
     # the one block of 4,096 rows that may hold the key; decoded blocks are cached up to this
-    # much, least recently used going first (Kudu's block cache plays this part).
+    # much, least recently used going first (Kudu's block cache plays this part), and at most
+    # a quarter of the memory pressure threshold (``MemoryTracker.key_block_cache_bytes``).
     key_block_cache_mb: int = 256
 
     POSITIVE_FIELDS: ClassVar[tuple[str, ...]] = (
