@@ -103,19 +103,11 @@ const READ_THREADS_MAX: usize = 4;
 /// process-wide `key_blocks` cache). About 1/4096 of the keys: the memory does not grow with
 /// what the rowset holds as a full index did.
 struct KeyIndex {
-    /// Per block: its first row's key and whether that row is a tombstone.
-    firsts: EncodedKeys,
-    first_deleted: Vec<bool>,
+    /// Per block: its first row's key and whether that row is a tombstone (the writer keeps
+    /// them in the bloom file: every `KEY_BLOCK_ROWS`-th row of the file).
+    firsts: KeyBlock,
     /// Per block: (row group, first row within the group, rows).
     blocks: Vec<(usize, usize, usize)>,
-}
-
-/// The first row of each key block as the writer saw it (every `KEY_BLOCK_ROWS`-th row of the
-/// file), kept in the bloom file.
-#[derive(Debug, Default)]
-struct BlockFirsts {
-    keys: EncodedKeys,
-    deleted: Vec<bool>,
 }
 
 impl KeyIndex {
@@ -124,7 +116,7 @@ impl KeyIndex {
     /// (a pass over the key columns builds it); a count that disagrees is corruption.
     fn written(
         metadata: &ArrowReaderMetadata,
-        firsts: BlockFirsts,
+        firsts: KeyBlock,
         bloom_file: &Path,
     ) -> Result<Option<KeyIndex>> {
         let groups = metadata.metadata().row_groups();
@@ -145,11 +137,7 @@ impl KeyIndex {
                 blocks.len()
             )));
         }
-        Ok(Some(KeyIndex {
-            firsts: firsts.keys,
-            first_deleted: firsts.deleted,
-            blocks,
-        }))
+        Ok(Some(KeyIndex { firsts, blocks }))
     }
 
     /// Each row group's first row in the file.
@@ -469,7 +457,7 @@ impl DiskRowSet {
         // Blocks whose first key is below `key`: the last of them holds the key's newest
         // version (its first row) if the key starts there; else the key, if here, starts the
         // next block.
-        let low = index.firsts.lower_bound(key);
+        let low = index.firsts.keys.lower_bound(key);
         let found = match low.checked_sub(1) {
             None => None,
             Some(block) => {
@@ -481,8 +469,8 @@ impl DiskRowSet {
         };
         let deleted = match found {
             Some(deleted) => deleted,
-            None if low < index.firsts.len() && index.firsts.get(low) == key => {
-                index.first_deleted[low]
+            None if low < index.firsts.keys.len() && index.firsts.keys.get(low) == key => {
+                index.firsts.deleted[low]
             }
             None => return Ok(Presence::Unknown),
         };
@@ -502,8 +490,7 @@ impl DiskRowSet {
         let mut starts = blocks
             .iter()
             .map(|&(group, start, _)| group_starts[group] + start);
-        let mut firsts = EncodedKeys::default();
-        let mut first_deleted = Vec::with_capacity(blocks.len());
+        let mut firsts = KeyBlock::default();
         let mut next = starts.next();
         let mut row = 0usize;
         for batch in self.reader(&self.key_columns(), &[], None, None)? {
@@ -511,13 +498,17 @@ impl DiskRowSet {
                 .map_err(|e| StorageError::arrow_internal(&self.path.display().to_string(), e))?;
             while let Some(at) = next.filter(|at| *at < row + batch.num_rows()) {
                 let one = batch.slice(at - row, 1);
-                firsts.push(encode_keys(&one.columns()[..self.key_count])?.get(0));
-                first_deleted.push(one.column(self.key_count).as_boolean().value(0));
+                firsts
+                    .keys
+                    .push(encode_keys(&one.columns()[..self.key_count])?.get(0));
+                firsts
+                    .deleted
+                    .push(one.column(self.key_count).as_boolean().value(0));
                 next = starts.next();
             }
             row += batch.num_rows();
         }
-        if firsts.len() != blocks.len() {
+        if firsts.keys.len() != blocks.len() {
             return Err(StorageError::corruption(format!(
                 "{}: {} rows read for {} key blocks",
                 self.path.display(),
@@ -525,11 +516,7 @@ impl DiskRowSet {
                 blocks.len()
             )));
         }
-        Ok(KeyIndex {
-            firsts,
-            first_deleted,
-            blocks,
-        })
+        Ok(KeyIndex { firsts, blocks })
     }
 
     /// Block `(group, start, rows)`'s keys, each once (its first row in the block).
@@ -988,7 +975,7 @@ pub struct RowSetWriter {
     writer: Option<ArrowWriter<File>>,
     bloom: KeyBloom,
     /// Every `KEY_BLOCK_ROWS`-th row's key and tombstone flag (the sparse key index).
-    firsts: BlockFirsts,
+    firsts: KeyBlock,
     rows: u64,
     tombstones: u64,
     min_key: Option<Vec<u8>>,
@@ -1052,7 +1039,7 @@ impl RowSetWriter {
             key_count: schema.key_count(),
             writer: Some(writer),
             bloom: KeyBloom::with_capacity(expected_rows),
-            firsts: BlockFirsts::default(),
+            firsts: KeyBlock::default(),
             rows: 0,
             tombstones: 0,
             min_key: None,
@@ -1161,7 +1148,7 @@ impl RowSetWriter {
 
 /// The bloom file's body: the filter, then the key blocks' first rows (u32 count; per block
 /// u8 tombstone flag, u32 key length, the encoded key; little-endian).
-fn bloom_body(bloom: &KeyBloom, firsts: &BlockFirsts) -> Vec<u8> {
+fn bloom_body(bloom: &KeyBloom, firsts: &KeyBlock) -> Vec<u8> {
     let mut body = bloom.to_bytes();
     body.extend_from_slice(&(firsts.keys.len() as u32).to_le_bytes());
     for (i, deleted) in firsts.deleted.iter().enumerate() {
@@ -1174,7 +1161,7 @@ fn bloom_body(bloom: &KeyBloom, firsts: &BlockFirsts) -> Vec<u8> {
 }
 
 /// `bloom_body`'s key blocks (what follows the filter); anything malformed is None.
-fn parse_firsts(mut data: &[u8]) -> Option<BlockFirsts> {
+fn parse_firsts(mut data: &[u8]) -> Option<KeyBlock> {
     fn take<'a>(data: &mut &'a [u8], n: usize) -> Option<&'a [u8]> {
         let (head, rest) = data.split_at_checked(n)?;
         *data = rest;
@@ -1184,7 +1171,7 @@ fn parse_firsts(mut data: &[u8]) -> Option<BlockFirsts> {
         Some(u32::from_le_bytes(take(data, 4)?.try_into().ok()?) as usize)
     };
     let count = u32_at(&mut data)?;
-    let mut firsts = BlockFirsts {
+    let mut firsts = KeyBlock {
         keys: EncodedKeys::default(),
         deleted: Vec::with_capacity(count.min(data.len() / 5)),
     };
@@ -1202,7 +1189,7 @@ fn parse_firsts(mut data: &[u8]) -> Option<BlockFirsts> {
     data.is_empty().then_some(firsts)
 }
 
-fn write_bloom(path: &Path, bloom: &KeyBloom, firsts: &BlockFirsts) -> Result<()> {
+fn write_bloom(path: &Path, bloom: &KeyBloom, firsts: &KeyBlock) -> Result<()> {
     let body = bloom_body(bloom, firsts);
     let mut image = Vec::with_capacity(12 + body.len());
     image.extend_from_slice(BLOOM_MAGIC);
@@ -1217,7 +1204,7 @@ fn write_bloom(path: &Path, bloom: &KeyBloom, firsts: &BlockFirsts) -> Result<()
 }
 
 /// The filter and, in a version 2 file, the key blocks' first rows.
-fn read_bloom(path: &Path) -> Result<(KeyBloom, Option<BlockFirsts>)> {
+fn read_bloom(path: &Path) -> Result<(KeyBloom, Option<KeyBlock>)> {
     let image = std::fs::read(path).map_err(|e| open_error(path, e))?;
     let bad = |what: &str| StorageError::corruption(format!("{}: {what}", path.display()));
     if image.len() < 12 || &image[0..4] != BLOOM_MAGIC {
@@ -1370,10 +1357,14 @@ mod tests {
         let written = rowset.key_index.get().expect("read with the bloom filter");
         let built = rowset.load_key_index().unwrap();
         assert_eq!(written.blocks, built.blocks);
-        assert_eq!(written.first_deleted, built.first_deleted);
-        assert_eq!(written.firsts.len(), built.firsts.len());
-        for i in 0..built.firsts.len() {
-            assert_eq!(written.firsts.get(i), built.firsts.get(i), "block {i}");
+        assert_eq!(written.firsts.deleted, built.firsts.deleted);
+        assert_eq!(written.firsts.keys.len(), built.firsts.keys.len());
+        for i in 0..built.firsts.keys.len() {
+            assert_eq!(
+                written.firsts.keys.get(i),
+                built.firsts.keys.get(i),
+                "block {i}"
+            );
         }
         check_presence(&rowset);
     }
@@ -1420,7 +1411,7 @@ mod tests {
         let body = bloom_body(&bloom, &firsts);
         rewrite_bloom(dir.path(), 2, &body[..body.len() - 1]);
         assert!(corrupt(dir.path()).contains("malformed key block index"));
-        let fewer = BlockFirsts {
+        let fewer = KeyBlock {
             keys: {
                 let mut keys = EncodedKeys::default();
                 (0..firsts.keys.len() - 1).for_each(|i| keys.push(firsts.keys.get(i)));
@@ -1438,7 +1429,7 @@ mod tests {
         ));
     }
 
-    fn read_bloom_image(image: &[u8]) -> (KeyBloom, BlockFirsts) {
+    fn read_bloom_image(image: &[u8]) -> (KeyBloom, KeyBlock) {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("b");
         std::fs::write(&path, image).unwrap();

@@ -20,8 +20,9 @@ pub const KEY_BLOCK_ROWS: usize = 4096;
 /// The cache's budget unless `set_key_block_cache_bytes` says otherwise.
 pub const KEY_BLOCK_CACHE_BYTES_DEFAULT: usize = 256 << 20;
 
-/// One block's keys, each once (its first row in the block, the newest version there), in
-/// order, and whether that row is a tombstone.
+/// Keys in order, each with whether its row is a tombstone: one block's keys each once (its
+/// first row in the block, the newest version there), or a rowset's sparse index (each block's
+/// first row).
 #[derive(Debug, Default)]
 pub struct KeyBlock {
     pub keys: EncodedKeys,
