@@ -199,11 +199,15 @@ class WritePipe:
             self._queue.append(pending)
             batch = self._take_locked()
             maker = _maker(batch)
+
+            def call() -> tuple[_Answer | None, BaseException | None]:
+                return self._answer(lambda: self._call(batch))
+
             if maker is not None and maker is not pending:  # it waits longest: its call
-                maker.leads = (batch, lambda: self._answer(lambda: self._call(batch)))
+                maker.leads = (batch, call)
         try:
             if maker is pending:  # the pipe was idle: this thread makes the call
-                self._make_call(batch, lambda: self._answer(lambda: self._call(batch)), pending)
+                self._make_call(batch, call, pending)
             elif maker is not None:
                 maker.wake.set()
             while not pending.settled:
