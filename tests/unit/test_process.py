@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from nyala.common.process import PARENT_PID_ENV
+from nyala.common.process import PARENT_PID_ENV, SERVER_MALLOC_ARENAS
 
 # The parent starts the child from a thread that ends at once, prints the child's pid, and waits
 # for a line on stdin before exiting.
@@ -101,6 +101,58 @@ def test_tuned_allocator_reuses_freed_large_buffers() -> None:
     untuned, tuned = faults("plain"), faults("tuned")
     assert untuned > 10 * 6 * 1000
     assert tuned < untuned // 10
+
+
+_HEAPS_SCRIPT = """
+import ctypes, os, re, sys, tempfile, threading
+from nyala.common.process import tune_allocator
+if sys.argv[1] == "tuned":
+    assert tune_allocator()
+libc = ctypes.CDLL("libc.so.6")
+libc.malloc.restype = ctypes.c_void_p
+libc.fopen.restype = ctypes.c_void_p
+libc.fopen.argtypes = [ctypes.c_char_p, ctypes.c_char_p]
+libc.malloc_info.argtypes = [ctypes.c_int, ctypes.c_void_p]
+libc.fclose.argtypes = [ctypes.c_void_p]
+started = threading.Barrier(9)
+done = threading.Event()
+def allocate():
+    blocks = [libc.malloc(4096) for _ in range(64)]  # the thread's first mallocs pick its heap
+    started.wait()
+    done.wait()
+threads = [threading.Thread(target=allocate) for _ in range(8)]
+for thread in threads:
+    thread.start()
+started.wait()
+path = os.path.join(tempfile.mkdtemp(), "info.xml")
+info = libc.fopen(path.encode(), b"w")
+libc.malloc_info(0, info)
+libc.fclose(info)
+done.set()
+print(len(re.findall(r'<heap nr="', open(path).read())))
+"""
+
+
+def _heaps_of_eight_threads(mode: str, env: dict[str, str] | None = None) -> int:
+    done = subprocess.run(
+        [sys.executable, "-c", _HEAPS_SCRIPT, mode],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={k: v for k, v in os.environ.items() if k != "MALLOC_ARENA_MAX"} | (env or {}),
+    )
+    return int(done.stdout.strip())
+
+
+def test_tuned_allocator_caps_the_heaps_its_threads_allocate_from() -> None:
+    # Eight threads that allocate at once get a heap each from plain glibc (its limit is eight
+    # per core); a tuned server's share SERVER_MALLOC_ARENAS, the main heap included.
+    assert _heaps_of_eight_threads("plain") >= 8
+    assert _heaps_of_eight_threads("tuned") == SERVER_MALLOC_ARENAS
+
+
+def test_an_operators_malloc_arena_max_wins_over_the_servers_cap() -> None:
+    assert _heaps_of_eight_threads("tuned", {"MALLOC_ARENA_MAX": "5"}) == 5
 
 
 def test_open_files_limit_is_raised_to_the_hard_limit() -> None:

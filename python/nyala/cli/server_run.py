@@ -67,9 +67,9 @@ def run_command(
         flagfile: Path | None,
         **tunables: Any,
     ) -> None:
+        tune_allocator()  # first: before any thread of ours has a heap
         die_with_parent_if_asked()
         raise_open_files_limit()
-        tune_allocator()
         logging.basicConfig(
             level=log_level.upper(),
             stream=sys.stderr,

@@ -52,11 +52,23 @@ def die_with_parent_if_asked() -> None:
 #: glibc ``mallopt`` parameters (malloc.h).
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
+_M_ARENA_MAX = -8
 #: Allocations up to this come from the heap and are reused after free. glibc's largest
 #: allowed value on 64-bit: a 16 MiB write request and its copies stay below it.
 SERVER_MMAP_THRESHOLD_BYTES = 32 << 20
 #: Free memory a server keeps at the top of a heap before giving it back to the kernel.
 SERVER_TRIM_THRESHOLD_BYTES = 512 << 20
+
+
+#: Heaps (glibc "arenas", the main one included) a server's threads allocate from. glibc's own
+#: limit is eight per core, and a thread's first allocation gets it a heap of its own while
+#: there are fewer; each heap keeps the free memory between its live blocks. A tablet
+#: server's storage threads allocate and free buffers of every size all day, so with many
+#: heaps its resident size grew with uptime: 1.4 times what two heaps held after 10 minutes
+#: (docs/performance.md, "Resident memory that grows with uptime"). ``MALLOC_ARENA_MAX`` in
+#: the environment wins over this.
+SERVER_MALLOC_ARENAS = 2
+ARENA_MAX_ENV = "MALLOC_ARENA_MAX"
 
 
 #: ``gc.set_threshold`` of a server (CPython's defaults: 700, 10, 10). See ``tune_gc``.
@@ -156,6 +168,10 @@ def tune_allocator() -> bool:
     tserver CPU during a bulk load. Kudu avoids this by linking tcmalloc; nyala sets glibc's
     thresholds instead (no second allocator to ship). Servers only: a library must not change
     its host process's allocator. Returns False where ``mallopt`` is not glibc's.
+
+    It also caps the number of heaps at ``SERVER_MALLOC_ARENAS`` unless the environment sets
+    ``MALLOC_ARENA_MAX`` (glibc reads that itself). Call it before the server starts threads:
+    a heap that exists stays.
     """
     mallopt = _libc_function("mallopt")
     if mallopt is None:
@@ -164,7 +180,8 @@ def tune_allocator() -> bool:
     mallopt.restype = ctypes.c_int
     trimmed = mallopt(_M_TRIM_THRESHOLD, SERVER_TRIM_THRESHOLD_BYTES)
     mapped = mallopt(_M_MMAP_THRESHOLD, SERVER_MMAP_THRESHOLD_BYTES)
-    return bool(trimmed and mapped)
+    capped = ARENA_MAX_ENV in os.environ or mallopt(_M_ARENA_MAX, SERVER_MALLOC_ARENAS)
+    return bool(trimmed and mapped and capped)
 
 
 def resident_bytes() -> int:
