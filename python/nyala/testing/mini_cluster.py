@@ -83,6 +83,8 @@ class ServerProcess:
         self.rpc_port = rpc_port
         self.http_port = http_port
         self.flags = list(flags)
+        # Variables added to the process's environment (taken by the next start).
+        self.env: dict[str, str] = {}
         # How the test process reaches it (with an admin's certificate on a secure cluster).
         self.rpc_settings = rpc_settings or RpcSettings()
         # Learned from Ping when the process is ready; changes only by ``wipe``.
@@ -174,7 +176,7 @@ class ServerProcess:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
                 # The child asks the kernel to SIGKILL it when we die (nyala.cli reads this).
-                env={**os.environ, PARENT_PID_ENV: str(os.getpid())},
+                env={**os.environ, **self.env, PARENT_PID_ENV: str(os.getpid())},
             )
         with _live_lock:
             _live_processes.add(proc)
