@@ -38,6 +38,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(decode_write_entry, m)?)?;
     m.add_function(wrap_pyfunction!(set_key_block_cache_bytes, m)?)?;
     m.add_function(wrap_pyfunction!(key_block_cache_stats, m)?)?;
+    m.add_function(wrap_pyfunction!(rowset_index_bytes, m)?)?;
     m.add("CELL_BYTES_MAX", nyala_storage::ops::CELL_BYTES_MAX)?;
     m.add("ROW_BYTES_MAX", nyala_storage::ops::ROW_BYTES_MAX)?;
     Ok(())
@@ -60,6 +61,13 @@ fn key_block_cache_stats(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     d.set_item("hits", hits)?;
     d.set_item("misses", misses)?;
     Ok(d)
+}
+
+/// Bytes the process's open rowsets hold in memory while open (bloom filters, Parquet
+/// footers, key ranges, sparse key indexes; `nyala_storage::diskrowset::index_bytes`).
+#[pyfunction]
+fn rowset_index_bytes() -> usize {
+    nyala_storage::diskrowset::index_bytes()
 }
 
 /// The rows of an op batch (a pyarrow RecordBatch: columns by name, any left out, plus the op

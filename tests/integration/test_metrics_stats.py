@@ -111,6 +111,9 @@ def test_metrics_and_statistics_reflect_a_load(rows: int) -> None:
         assert _total(lc, "nyala_data_rowsets", "m") >= 12
         assert _total(lc, "nyala_data_bytes", "m") > 3 * rows  # compressed, still > 1 B/row
         assert _total(lc, "nyala_memrowset_rows", "m") == 0
+        # What the rowsets hold while open counts against the memory limit: at least each
+        # replica's bloom filters, 10 bits a key.
+        _until(lambda: _tracked(lc, "rowset indexes") >= 3 * rows * 10 / 8, timeout_s=10)
 
         # A duplicate key fails its row on every replica, counted by its row status.
         assert not table.insert({"id": [0, 1]}).ok
@@ -135,6 +138,11 @@ def _leaders(cluster: LocalCluster) -> float:
         for metric, _, value in _scrape(ts.http_addr)
         if metric == "nyala_leaders"
     )
+
+
+def _tracked(cluster: LocalCluster, kind: str) -> float:
+    """``nyala_memory_tracked_bytes`` of ``kind``, summed over every tserver."""
+    return _by_label(cluster, "nyala_memory_tracked_bytes", "kind").get(kind, 0.0)
 
 
 def _by_label(cluster: LocalCluster, name: str, label: str) -> dict[str, float]:
@@ -165,7 +173,8 @@ def test_size_triggered_flushes_are_counted() -> None:
 
         _until(counted, timeout_s=30)
         memory = _by_label(lc, "nyala_memory_tracked_bytes", "kind")
-        assert set(memory) == {"MemRowSet", "log cache", "scanners", "key blocks", "untracked"}
+        kinds = {"MemRowSet", "log cache", "scanners", "key blocks", "rowset indexes", "untracked"}
+        assert set(memory) == kinds
         assert memory["untracked"] > 0  # an idle tserver's interpreter at least
         assert _by_label(lc, "nyala_tablet_copy_bytes_total", "direction") == {
             "fetched": 0.0,

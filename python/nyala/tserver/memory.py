@@ -2,9 +2,10 @@
 
 What is tracked: every replica's MemRowSets (the active one and one being flushed), every
 log cache, the open scanners (each counted at its page bound, ``scan_batch_bytes_max``:
-the cursor holds about one decoded row group and one page), and the cache of rowsets' key
+the cursor holds about one decoded row group and one page), the cache of rowsets' key
 blocks (``nyala_storage::key_blocks``, at most ``key_block_cache_mb``, and at most a quarter
-of the pressure threshold below). The rest of the
+of the pressure threshold below), and what open rowsets hold while open (bloom filters,
+footers, sparse key indexes: ``rowset indexes``, about 1.3 bytes a stored key). The rest of the
 process's resident memory counts too, as ``untracked``: the interpreter and its libraries
 (about 100 MiB in an idle tablet server), gRPC and Python buffers of requests in flight, heap
 not yet given back.
@@ -46,6 +47,11 @@ class MemoryUsage:
     scanners_bytes: int = 0
     #: The cache of rowsets' key blocks (at most ``key_block_cache_mb``).
     key_blocks_bytes: int = 0
+    #: What open rowsets hold while open: bloom filters (10 bits a key), Parquet footers, key
+    #: ranges and sparse key indexes (``_native.rowset_index_bytes``). Not a cache: it grows
+    #: with the keys the server stores, and only compaction (fewer footers) or dropping
+    #: tablets makes it smaller.
+    rowset_indexes_bytes: int = 0
     #: The process's resident memory that no consumer above accounts for.
     untracked_bytes: int = 0
 
@@ -56,6 +62,7 @@ class MemoryUsage:
             + self.log_caches_bytes
             + self.scanners_bytes
             + self.key_blocks_bytes
+            + self.rowset_indexes_bytes
         )
 
     @property

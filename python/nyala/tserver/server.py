@@ -405,6 +405,7 @@ class TabletServer(ServerBase):
             replicas.cache_bytes,
             scanners,
             _native.key_block_cache_stats()["bytes"],
+            _native.rowset_index_bytes(),
         )
         self.memory.update(tracked.with_resident(resident_bytes()))
         return replicas.active_bytes, replicas.flushing_bytes
@@ -594,6 +595,7 @@ class TabletServer(ServerBase):
             ({"kind": "log cache"}, float(usage.log_caches_bytes)),
             ({"kind": "scanners"}, float(usage.scanners_bytes)),
             ({"kind": "key blocks"}, float(usage.key_blocks_bytes)),
+            ({"kind": "rowset indexes"}, float(usage.rowset_indexes_bytes)),
             ({"kind": "untracked"}, float(usage.untracked_bytes)),
         ]
 

@@ -14,7 +14,7 @@
 use std::fs::File;
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use arrow::array::{ArrayRef, AsArray, BooleanArray, RecordBatch, UInt64Array};
@@ -98,6 +98,18 @@ impl ColumnFilter {
 /// Most threads one rowset read uses (row groups are split between them).
 const READ_THREADS_MAX: usize = 4;
 
+/// Bytes every open rowset of the process holds in memory for as long as it is open: its
+/// bloom filter (10 bits a key), its Parquet footer, its key range and its sparse key index
+/// (once read). Not a cache: they go only when the rowset is dropped (`index_bytes`).
+static OPEN_INDEX_BYTES: AtomicUsize = AtomicUsize::new(0);
+
+/// What the process's open rowsets hold in memory besides the key block cache: their bloom
+/// filters, Parquet footers, key ranges and sparse key indexes. A tablet server counts it
+/// against its memory limit.
+pub fn index_bytes() -> usize {
+    OPEN_INDEX_BYTES.load(Ordering::Relaxed)
+}
+
 /// Where each key block of a rowset starts, and its first row: a presence check finds the
 /// one block that may hold a key's newest version here, then reads that block (through the
 /// process-wide `key_blocks` cache). About 1/4096 of the keys: the memory does not grow with
@@ -111,6 +123,11 @@ struct KeyIndex {
 }
 
 impl KeyIndex {
+    /// Heap and inline bytes of the index.
+    fn bytes(&self) -> usize {
+        self.firsts.bytes() + self.blocks.capacity() * std::mem::size_of::<(usize, usize, usize)>()
+    }
+
     /// The index the writer kept, if the file's blocks start where it noted rows: every row
     /// group but the last a whole number of blocks, as the writer makes them. None otherwise
     /// (a pass over the key columns builds it); a count that disagrees is corruption.
@@ -266,6 +283,8 @@ pub struct DiskRowSet {
     bloom: KeyBloom,
     key_count: usize,
     key_index: OnceLock<KeyIndex>,
+    /// What this rowset added to `OPEN_INDEX_BYTES` (its drop takes it back).
+    counted: AtomicUsize,
     /// Names this rowset's blocks in the `key_blocks` cache.
     owner: u64,
     /// Set when a compaction replaced this rowset: its files go when the last holder drops it.
@@ -285,6 +304,7 @@ impl std::fmt::Debug for DiskRowSet {
 impl Drop for DiskRowSet {
     fn drop(&mut self) {
         key_blocks::forget(self.owner);
+        OPEN_INDEX_BYTES.fetch_sub(*self.counted.get_mut(), Ordering::Relaxed);
         if self.obsolete.load(Ordering::Acquire) {
             // Best effort: a leftover is an orphan that the next open removes.
             let _ = std::fs::remove_file(&self.path);
@@ -362,6 +382,12 @@ impl DiskRowSet {
                 let _ = key_index.set(index);
             }
         }
+        let resident = bloom.heap_bytes()
+            + metadata.metadata().memory_size()
+            + min_key.capacity()
+            + max_key.capacity();
+        let counted = resident + key_index.get().map_or(0, KeyIndex::bytes);
+        OPEN_INDEX_BYTES.fetch_add(counted, Ordering::Relaxed);
         Ok(DiskRowSet {
             id,
             path,
@@ -379,6 +405,7 @@ impl DiskRowSet {
             bloom,
             key_count,
             key_index,
+            counted: AtomicUsize::new(counted),
             owner: key_blocks::new_owner(),
             obsolete: AtomicBool::new(false),
         })
@@ -431,6 +458,12 @@ impl DiskRowSet {
         [&self.path, &self.bloom_file]
     }
 
+    /// Bytes this rowset holds while open (counted in `index_bytes`): its bloom filter,
+    /// footer, key range and, once read, its sparse key index.
+    pub fn index_bytes(&self) -> usize {
+        self.counted.load(Ordering::Relaxed)
+    }
+
     /// Marks the rowset replaced; its files are deleted when the last `Arc` drops.
     pub(crate) fn mark_obsolete(&self) {
         self.obsolete.store(true, Ordering::Release);
@@ -451,7 +484,12 @@ impl DiskRowSet {
             Some(index) => index,
             None => {
                 let loaded = self.load_key_index()?;
-                self.key_index.get_or_init(|| loaded)
+                let bytes = loaded.bytes();
+                if self.key_index.set(loaded).is_ok() {
+                    self.counted.fetch_add(bytes, Ordering::Relaxed);
+                    OPEN_INDEX_BYTES.fetch_add(bytes, Ordering::Relaxed);
+                }
+                self.key_index.get().expect("set by this thread or another")
             }
         };
         // Blocks whose first key is below `key`: the last of them holds the key's newest
@@ -1355,6 +1393,8 @@ mod tests {
         let rowset = DiskRowSet::open(dir.path(), 1, 1).unwrap();
         assert!(rowset.metadata.metadata().num_row_groups() >= 2);
         let written = rowset.key_index.get().expect("read with the bloom filter");
+        let counted = rowset.index_bytes();
+        assert!(counted >= rowset.bloom.heap_bytes() + written.bytes());
         let built = rowset.load_key_index().unwrap();
         assert_eq!(written.blocks, built.blocks);
         assert_eq!(written.firsts.deleted, built.firsts.deleted);
@@ -1377,8 +1417,17 @@ mod tests {
         rewrite_bloom(dir.path(), 1, &bloom.to_bytes());
         let rowset = DiskRowSet::open(dir.path(), 1, 1).unwrap();
         assert!(rowset.key_index.get().is_none());
+        let before = rowset.index_bytes();
+        assert!(before >= rowset.bloom.heap_bytes() + rowset.metadata.metadata().memory_size());
         check_presence(&rowset);
-        assert!(rowset.key_index.get().is_some());
+        let index = rowset
+            .key_index
+            .get()
+            .expect("built by the first possible hit");
+        // The index a pass built counts from then on, once.
+        assert_eq!(rowset.index_bytes(), before + index.bytes());
+        check_presence(&rowset);
+        assert_eq!(rowset.index_bytes(), before + index.bytes());
     }
 
     #[test]

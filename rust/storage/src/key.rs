@@ -262,6 +262,11 @@ impl KeyBloom {
         })
     }
 
+    /// Bytes the filter's bits take in memory.
+    pub fn heap_bytes(&self) -> usize {
+        self.bits.capacity() * std::mem::size_of::<u64>()
+    }
+
     /// Adds a key.
     pub fn insert(&mut self, key: &[u8]) {
         let positions = self.positions(key);

@@ -30,7 +30,8 @@ pub struct KeyBlock {
 }
 
 impl KeyBlock {
-    fn bytes(&self) -> usize {
+    /// Heap and inline bytes of the block.
+    pub(crate) fn bytes(&self) -> usize {
         self.keys.heap_bytes() + self.deleted.capacity() + std::mem::size_of::<Self>()
     }
 
