@@ -16,7 +16,8 @@ every server does (docs/performance.md, "Resident memory that grows with uptime"
 Each server's RSS is sampled every 15 s. Reported: ``rss_start_mib`` (the first sample, 30 s
 in) and ``rss_end_mib`` (the median of the last three) per server, ``growth_mib`` for the
 capped servers (their median) and ``growth_mib_default_heaps`` for the baseline,
-``growth_ratio`` (capped over baseline; below 1 is better), the writes done and ``errors``
+``growth_ratio`` (capped over baseline; below 1 is better), the master's RSS at the same
+two points (``master_rss_start_mib``, ``master_rss_end_mib``), the writes done and ``errors``
 (any failed write or scan; must be 0). The last line is one JSON object.
 """
 
@@ -143,11 +144,15 @@ def main() -> None:
                 thread.start()
             started = time.monotonic()
             samples: list[list[float]] = []
+            masters: list[float] = []  # the master's RSS (heartbeats, reports, no data)
+            master_pid = c.masters[0].pid
+            assert master_pid is not None
             next_sample = started + FIRST_SAMPLE_S
             while time.monotonic() - started < minutes * 60:
                 time.sleep(max(0.0, next_sample - time.monotonic()))
                 next_sample += SAMPLE_EVERY_S
                 samples.append([rss_mib(ts.pid) for ts in c.tservers if ts.pid is not None])
+                masters.append(rss_mib(master_pid))
                 print(
                     f"[{time.monotonic() - started:5.0f} s] {load.counts} RSS MiB "
                     + " ".join(f"{r:.0f}" for r in samples[-1]),
@@ -172,6 +177,8 @@ def main() -> None:
                 "growth_mib": round(capped, 1),
                 "growth_mib_default_heaps": round(growth[0], 1),
                 "growth_ratio": round(capped / growth[0], 3) if growth[0] > 0 else None,
+                "master_rss_start_mib": round(masters[0], 1),
+                "master_rss_end_mib": round(statistics.median(masters[-3:]), 1),
                 "single_writes": load.counts["single"],
                 "batches": load.counts["batch"],
                 "scans": load.counts["scan"],
