@@ -49,8 +49,8 @@ fn open_rowsets_count_their_filters_and_footers_until_dropped() {
         .unwrap();
     assert_eq!(index_bytes(), two);
 
-    // Compaction replaces both with one rowset of their keys: one footer instead of two, and
-    // the replaced rowsets give theirs back.
+    // The update's own rowset makes three; compaction replaces them with one rowset of
+    // their keys: one footer instead of three, and the replaced rowsets give theirs back.
     engine.flush().unwrap();
     let three = index_bytes();
     assert!(engine.compact(u64::MAX).unwrap());
