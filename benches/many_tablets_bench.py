@@ -33,7 +33,6 @@ import json
 import os
 import time
 import urllib.request
-from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -45,18 +44,10 @@ from nyala.partition import HashPartitioning
 from nyala.schema import Schema
 from nyala.testing import MiniCluster
 from nyala.testing.mini_cluster import ServerProcess
-from nyala.testing.procstat import cpu_seconds
+from nyala.testing.procstat import cpu_seconds, status_field
 
 SCHEMA = Schema.parse("id:int64, v:string?", key=["id"])
 CREATE_TIMEOUT_S = 1_800.0
-
-
-def status_field(pid: int, name: str) -> int:
-    """An integer field of /proc/PID/status (``Threads``, ``VmRSS`` in kB)."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith(name + ":"):
-            return int(line.split()[1])
-    raise KeyError(name)
 
 
 def terms(server: ServerProcess) -> dict[str, float]:

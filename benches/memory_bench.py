@@ -28,6 +28,7 @@ from typing import Any
 
 import nyala
 from nyala.testing import MiniCluster
+from nyala.testing.procstat import rss_kib
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 scan_bench: Any = importlib.import_module("scan_bench")
@@ -63,7 +64,7 @@ def load(rows: int, limit_bytes: int | None) -> dict[str, float]:
         )
         pids = [ts.pid for ts in cluster.tservers if ts.pid is not None]
         # An idle tserver (interpreter, pyarrow, gRPC, the replicas): untracked memory.
-        before_mib = max(scan_bench.rss_kib(pid) for pid in pids) / 1024
+        before_mib = max(rss_kib(pid) for pid in pids) / 1024
         acknowledged = 0
         with scan_bench.RssSampler(pids) as sampler:
             start = time.perf_counter()
@@ -73,7 +74,7 @@ def load(rows: int, limit_bytes: int | None) -> dict[str, float]:
                 acknowledged += result.applied
             load_s = time.perf_counter() - start
         time.sleep(IDLE_WAIT_S)
-        idle_mib = max(scan_bench.rss_kib(pid) for pid in pids) / 1024
+        idle_mib = max(rss_kib(pid) for pid in pids) / 1024
         found = sum(b.num_rows for b in table.scan(columns=["id"]).to_reader())
         refused = metric(cluster, "nyala_writes_refused_memory_total")
     return {

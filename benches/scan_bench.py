@@ -26,6 +26,7 @@ import pyarrow.parquet as pq
 
 import nyala
 from nyala.testing import MiniCluster, ServerProcess
+from nyala.testing.procstat import rss_kib
 
 SCHEMA = nyala.Schema.parse(
     "id:int64, a:int64, b:int64, c:int32, d:double, e:double, f:float, g:bool, s:string, t:string?",
@@ -64,13 +65,6 @@ def data(start: int, rows: int) -> pa.Table:
             "t": pa.array(np.char.add("w", (ids % 997).astype(str))),
         }
     )
-
-
-def rss_kib(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    raise KeyError("VmRSS")
 
 
 def term_sum(cluster: MiniCluster) -> int:

@@ -30,7 +30,6 @@ import random
 import statistics
 import threading
 import time
-from pathlib import Path
 
 import numpy as np
 
@@ -38,6 +37,7 @@ import nyala
 from nyala.errors import NyalaError
 from nyala.testing import MiniCluster
 from nyala.testing.mini_cluster import FAST_TSERVER_FLAGS, fast_master_flags
+from nyala.testing.procstat import rss_kib
 
 SCHEMA = nyala.Schema.parse("id:int64, v:int64?, s:string?", key=["id"])
 SAMPLE_EVERY_S = 15.0
@@ -47,10 +47,7 @@ GLIBC_ARENAS_PER_CORE = 8
 
 
 def rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    raise KeyError("VmRSS")
+    return rss_kib(pid) / 1024
 
 
 class Load:

@@ -25,6 +25,20 @@ def cpu_seconds(pids: Iterable[int]) -> float:
     return ticks / os.sysconf("SC_CLK_TCK")
 
 
+def status_field(pid: int, name: str) -> int:
+    """An integer field of ``/proc/PID/status`` (``Threads``; sizes such as ``VmRSS`` in KiB)."""
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith(name + ":"):
+                return int(line.split()[1])
+    raise KeyError(name)
+
+
+def rss_kib(pid: int) -> int:
+    """The resident memory of process ``pid`` in KiB."""
+    return status_field(pid, "VmRSS")
+
+
 def faulted_bytes(pids: Iterable[int]) -> int:
     """Memory the processes ``pids`` touched for the first time so far (minor faults × page
     size), which the kernel zero-fills: docs/performance.md, "Copies and first-touched
