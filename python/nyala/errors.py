@@ -22,7 +22,7 @@ kind names one class below. Keep ``ErrorKind::python_class`` and this module in 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
 
 
 class NyalaError(Exception):
@@ -202,6 +202,25 @@ RETRIABLE: tuple[type[NyalaError], ...] = (
 def is_retriable(error: BaseException) -> bool:
     """Whether ``error`` is one of ``RETRIABLE``."""
     return isinstance(error, RETRIABLE)
+
+
+_E = TypeVar("_E", bound=BaseException)
+
+
+def kept_as_answer(error: _E) -> _E:
+    """``error``, to be kept as a value (one write's answer among several), without its
+    traceback if it is a ``NyalaError``.
+
+    A traceback holds every frame the error passed through, and so their locals: the request
+    being served (tens of MB for a bulk write) and the list the error is kept in, which holds
+    the error. That cycle is freed only by Python's cyclic collector, which a server runs
+    rarely (``nyala.common.process.tune_gc``); a tablet server refusing bulk writes over its
+    soft memory limit kept 1 GB of refused requests alive so (docs/performance.md, "Refused
+    writes kept alive"). A ``NyalaError`` is the answer itself and its traceback is not
+    reported; any other error keeps its traceback for the log that reports it."""
+    if isinstance(error, NyalaError):
+        error.__traceback__ = None
+    return error
 
 
 __all__ = [

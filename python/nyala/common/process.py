@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import gc
 import os
 import resource
@@ -147,8 +148,11 @@ def raise_open_files_limit() -> int:
     return soft
 
 
+@functools.cache
 def _libc_function(name: str) -> Any:
-    """``name`` from the C library (a ctypes function), or None if it has none."""
+    """``name`` from the C library (a ctypes function), or None if it has none. Looked up once
+    per name: ``find_library`` runs ``ldconfig`` in a subprocess, and each ``CDLL`` is a cycle
+    of objects for the collector, while ``trim_heap`` runs every memory check under pressure."""
     library = ctypes.util.find_library("c")
     if library is None:
         return None

@@ -50,6 +50,7 @@ from nyala.errors import (
     StaleReplicaError,
     TabletNotRunningError,
     TimedOutError,
+    kept_as_answer,
 )
 from nyala.schema import Schema
 from nyala.storage import FLUSH_THRESHOLD_BYTES, Predicate, StorageEngine
@@ -548,7 +549,7 @@ class TabletReplica:
                     )
                     slots.append(len(results))
             except Exception as exc:  # refused before proposing: this request only
-                result = exc
+                result = kept_as_answer(exc)
             results.append(result)
         if payloads:
             try:
@@ -567,9 +568,9 @@ class TabletReplica:
                             try:
                                 results[slot] = self._collect(applier, future.result())
                             except IllegalStateError as exc:
-                                results[slot] = exc
+                                results[slot] = kept_as_answer(exc)
                         elif isinstance(error, Exception):
-                            results[slot] = error
+                            results[slot] = kept_as_answer(error)
                         else:
                             results[slot] = AbortedError(f"write {slot} abandoned: {error!r}")
             finally:

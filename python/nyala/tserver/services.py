@@ -29,7 +29,7 @@ from nyala._proto import (
 )
 from nyala._proto.metadata_pb2 import TabletDataState
 from nyala.common.clock import HybridClock
-from nyala.errors import InvalidArgumentError, NyalaError
+from nyala.errors import InvalidArgumentError, NyalaError, kept_as_answer
 from nyala.rpc import Context, RpcMetrics, ServiceBase, server_stream, unary
 from nyala.rpc.auth import Revocations, channel_caller, set_current_caller
 from nyala.rpc.errors import error_to_pb
@@ -229,7 +229,7 @@ class TabletService(ServiceBase, tserver_pb2_grpc.TabletServiceServicer):
                     self._authz.check_write(sub)
                 _observe(clock, sub.propagated_timestamp)
             except NyalaError as exc:
-                results[i] = exc
+                results[i] = kept_as_answer(exc)
                 continue
             by_tablet.setdefault(sub.tablet_id, []).append(i)
         groups = list(by_tablet.items())
@@ -241,7 +241,7 @@ class TabletService(ServiceBase, tserver_pb2_grpc.TabletServiceServicer):
             try:
                 answers = [await self._write_tablet(tablet_id, [subs[i] for i in slots])]
             except Exception as exc:
-                answers = [exc]
+                answers = [kept_as_answer(exc)]
         else:
             answers = await asyncio.gather(
                 *(
