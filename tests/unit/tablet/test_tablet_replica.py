@@ -469,7 +469,8 @@ async def _refused_writes_are_freed_without_the_cyclic_collector(tmp_path: Path)
                     assert [r.error.code for r in answer.responses] == [refused]
             gc.set_debug(gc.DEBUG_SAVEALL)
             gc.collect()
-            served = (errors.NyalaError, tserver_pb2.WriteMultiRequestPB, tserver_pb2.WriteRequestPB)
+            requests = (tserver_pb2.WriteMultiRequestPB, tserver_pb2.WriteRequestPB)
+            served = (errors.NyalaError, *requests)
             kept = [o for o in gc.garbage if isinstance(o, served)]
             assert kept == [], kept[:5]
         finally:
