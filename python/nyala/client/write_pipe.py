@@ -129,6 +129,12 @@ class _Pending:
         self.settled = True
         self.wake.set()
 
+    def take_error(self) -> BaseException:
+        """Its error, no longer held here."""
+        error, self.error = self.error, None
+        assert error is not None, "settled with an error"
+        return error
+
     def settle_asleep(self, response: tserver_pb2.WriteResponsePB) -> None:
         """Settles it without waking its writer (a relay does, ``WritePipe._relay_target``)."""
         self.response, self.error = response, None
@@ -190,6 +196,24 @@ class WritePipe:
         """``write`` of a request already serialized, without its ``ops`` (``head``, for
         server ``dest_uuid``: ``_native.write_request_head``)."""
         pending = _Pending(dest_uuid, head, ops, time.monotonic() + timeout_ms / 1000)
+        self._send_and_wait(pending)
+        if not pending.settled:
+            raise errors.TimedOutError(
+                f"write to {self.stubs.addr} not answered within {timeout_ms} ms "
+                "(its outcome is unknown)"
+            )
+        if pending.error is not None:
+            # Taken out of ``pending`` as it is raised: the error's traceback holds this
+            # frame, and a frame that led back to the error (a cycle) would keep the request
+            # alive until the cyclic collector runs (a client retrying refused bulk writes
+            # held each refused one so). Its batch's other writers share the error.
+            raise pending.take_error()
+        assert pending.response is not None, "settled with a response or an error"
+        return pending.response
+
+    def _send_and_wait(self, pending: _Pending) -> None:
+        """Queues ``pending``, makes the calls this thread is handed, and waits until it is
+        settled or its deadline passed."""
         local = self._local
         left_at = getattr(local, "left_at", None)
         # A thread that came back within RETURN_GAP_S of its last write is likely to come
@@ -228,15 +252,6 @@ class WritePipe:
             pending.left = True
             self._relay_on_leave(returns_fast)
             local.left_at = time.monotonic()
-        if not pending.settled:
-            raise errors.TimedOutError(
-                f"write to {self.stubs.addr} not answered within {timeout_ms} ms "
-                "(its outcome is unknown)"
-            )
-        if pending.error is not None:
-            raise pending.error
-        assert pending.response is not None, "settled with a response or an error"
-        return pending.response
 
     def close(self) -> None:
         """Closes the channel's connections (a call in flight fails)."""

@@ -3,6 +3,7 @@ one call, each write gets its own answer or error, and a failed call fails only 
 
 from __future__ import annotations
 
+import gc
 import signal
 import threading
 import time
@@ -272,6 +273,34 @@ def test_a_failed_call_fails_only_the_writes_it_carried(
     assert (ok_2.op_id.index, ok_3.op_id.index) == (2, 3)
     # The failed writes can simply be sent again (same request ids) and now go through.
     assert pipe.write(*_request("ok-1", 1), 5_000).op_id.index == 1
+
+
+def test_a_failed_write_leaves_no_cycle_that_holds_its_rows(
+    server: tuple[_Server, str], pool: ChannelPool
+) -> None:
+    """A write's error is raised from the writer's frame, so that frame must not lead back to
+    the error: the cycle would keep the write's rows alive until the cyclic collector runs (a
+    client retrying bulk writes refused over a server's memory limit held each one so)."""
+    _, addr = server
+    pipe = WritePipe(pool.get(addr))
+    gc.collect()
+    gc.disable()
+    try:
+        for tablet in ("follower-a", "crash-b"):  # answered with an error; the call failed
+            try:
+                pipe.write(*_request(tablet, 1), 5_000)
+            except errors.NyalaError:
+                pass
+            else:
+                pytest.fail(f"a write to {tablet} succeeded")
+        gc.set_debug(gc.DEBUG_SAVEALL)
+        gc.collect()
+        kept = [o for o in gc.garbage if isinstance(o, (_Pending, errors.NyalaError))]
+        assert kept == [], kept[:5]
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        gc.enable()
 
 
 def test_a_write_not_answered_in_time_times_out_and_a_queued_one_is_never_sent(
