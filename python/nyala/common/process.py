@@ -91,7 +91,10 @@ def tune_gc() -> None:
     follower of its leaders (issue "Thousands of tablet replicas per server"). So: objects
     created before serving (imported modules, settings) are frozen out of collection, and the
     thresholds (``SERVER_GC_THRESHOLDS``) let young objects die by reference counting before
-    they are promoted. Cycles are still collected, later. Servers only, like ``tune_allocator``."""
+    they are promoted. Cycles are still collected, later, so a server must not leave cycles
+    that hold large buffers: an error kept as a write's answer drops its traceback
+    (``errors.kept_as_answer``), which held the refused request. Servers only, like
+    ``tune_allocator``."""
     gc.freeze()
     gc.set_threshold(*SERVER_GC_THRESHOLDS)
 
