@@ -310,23 +310,6 @@ impl MemRowSet {
         self.history.truncate(history_before);
     }
 
-    /// The rows whose keys fall in `[lower, upper)`, in key order, as batches of at most
-    /// `chunk_rows` rows holding the columns at `columns` (positions in the storage schema)
-    /// followed by the `__deleted` flag.
-    /// The version visible at `snapshot_ts` of each key (None: the newest).
-    pub fn sorted_batches(
-        &self,
-        columns: &[usize],
-        lower: Option<&[u8]>,
-        upper: Option<&[u8]>,
-        chunk_rows: usize,
-        snapshot_ts: Option<u64>,
-    ) -> Result<Vec<RecordBatch>> {
-        self.rows_in(columns, lower, upper, snapshot_ts)
-            .into_chunks(chunk_rows)
-            .collect()
-    }
-
     /// Every kept version of every key, in (key ascending, timestamp descending) order, as
     /// `rows_in` does it plus a `__ts` column before `__deleted` (what flush writes). With
     /// `drop_oldest_tombstones` (nothing older exists on disk) a key's oldest versions that are

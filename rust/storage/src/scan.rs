@@ -456,16 +456,11 @@ impl ScanPlan {
         let (lower, upper) = self.bounds();
         let batches: Batches = match source {
             Source::Mem(rows, _, _) => Box::new(rows.into_chunks(READ_BATCH_ROWS)),
+            // Located now (it is immutable), gathered a chunk at a time as the merge pulls:
+            // gathered whole, it was a copy of a MemRowSet as large as the flush threshold.
             Source::Frozen(mem, _, _) => Box::new(
-                mem.sorted_batches(
-                    &self.work,
-                    lower,
-                    upper,
-                    READ_BATCH_ROWS,
-                    self.spec.snapshot_ts,
-                )?
-                .into_iter()
-                .map(Ok),
+                mem.rows_in(&self.work, lower, upper, self.spec.snapshot_ts)
+                    .into_chunks(READ_BATCH_ROWS),
             ),
             Source::Disk(rowset) if rowset.needs_versions(self.spec.snapshot_ts) => {
                 // No predicate pushed: the merge filters after picking versions.
