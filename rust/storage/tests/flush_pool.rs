@@ -7,13 +7,13 @@
 
 mod common;
 
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use common::{ids, ops, schema};
+use common::{ids, ops, schema, Gate};
 use nyala_storage::{
     configure_flush_pool, flush_pool_options, flush_pool_stats, Engine, EngineOptions,
-    FaultInjector, FaultPoint, FlushPoolOptions, OpType::*, ScanSpec,
+    FlushPoolOptions, OpType::*, ScanSpec,
 };
 
 static SERIAL: Mutex<()> = Mutex::new(());
@@ -97,35 +97,6 @@ fn many_engines_flush_on_the_bounded_pool() {
     configure_flush_pool(FlushPoolOptions::default()).unwrap();
 }
 
-/// A gate a flush blocks on (at `BeforeRowSetWrite`) until opened.
-#[derive(Default)]
-struct Gate {
-    open: Mutex<bool>,
-    opened: Condvar,
-    waiting: Mutex<usize>,
-}
-
-impl Gate {
-    fn injector(self: &Arc<Self>) -> FaultInjector {
-        let gate = Arc::clone(self);
-        Arc::new(move |point| {
-            if point == FaultPoint::BeforeRowSetWrite {
-                *gate.waiting.lock().unwrap() += 1;
-                let mut open = gate.open.lock().unwrap();
-                while !*open {
-                    open = gate.opened.wait(open).unwrap();
-                }
-            }
-            Ok(())
-        })
-    }
-
-    fn open(&self) {
-        *self.open.lock().unwrap() = true;
-        self.opened.notify_all();
-    }
-}
-
 /// With one flush worker held by a slow flush, dropping another engine whose flush is
 /// queued behind it returns at once (its job later finds it gone), while dropping the
 /// engine whose flush runs waits for that flush, which leaves consistent files.
@@ -139,6 +110,7 @@ fn dropping_an_engine_waits_for_its_own_running_flush_only() {
     .unwrap();
     let root = tempfile::tempdir().unwrap();
     let gate = Arc::new(Gate::default());
+    gate.arm();
     let slow_dir = root.path().join("slow");
     let slow = Engine::create(
         &slow_dir,
@@ -150,9 +122,7 @@ fn dropping_an_engine_waits_for_its_own_running_flush_only() {
     )
     .unwrap();
     upsert(&slow, 1, 0, 1000);
-    eventually("the slow flush to start", || {
-        *gate.waiting.lock().unwrap() == 1
-    });
+    eventually("the slow flush to start", || gate.waiting() == 1);
     let queued_dir = root.path().join("queued");
     let queued = Engine::create(&queued_dir, schema(), small_threshold()).unwrap();
     upsert(&queued, 1, 0, 1000);

@@ -10,11 +10,10 @@ mod common;
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
 
-use common::{ids, ops, schema};
-use nyala_storage::{Engine, EngineOptions, FaultInjector, FaultPoint, OpType::*, ScanSpec};
+use common::{ids, ops, schema, Gate};
+use nyala_storage::{Engine, EngineOptions, OpType::*, ScanSpec};
 
 struct Counting;
 
@@ -64,54 +63,6 @@ unsafe impl GlobalAlloc for Counting {
 
 #[global_allocator]
 static ALLOCATOR: Counting = Counting;
-
-/// Holds a flush at `BeforeRowSetWrite` while armed, until opened.
-#[derive(Default)]
-struct Gate {
-    state: Mutex<(bool, bool, usize)>, // (armed, open, flushes waiting)
-    changed: Condvar,
-}
-
-impl Gate {
-    fn injector(self: &Arc<Self>) -> FaultInjector {
-        let gate = Arc::clone(self);
-        Arc::new(move |point| {
-            if point == FaultPoint::BeforeRowSetWrite {
-                let mut state = gate.state.lock().unwrap();
-                if state.0 {
-                    state.2 += 1;
-                    gate.changed.notify_all();
-                    while !state.1 {
-                        state = gate.changed.wait(state).unwrap();
-                    }
-                }
-            }
-            Ok(())
-        })
-    }
-
-    fn arm(&self) {
-        self.state.lock().unwrap().0 = true;
-    }
-
-    fn wait_for_a_flush(&self) {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        let mut state = self.state.lock().unwrap();
-        while state.2 == 0 {
-            assert!(Instant::now() < deadline, "no flush reached the gate");
-            state = self
-                .changed
-                .wait_timeout(state, Duration::from_millis(50))
-                .unwrap()
-                .0;
-        }
-    }
-
-    fn open(&self) {
-        self.state.lock().unwrap().1 = true;
-        self.changed.notify_all();
-    }
-}
 
 const ROWS: i64 = 1_000_000;
 const BATCH_ROWS: usize = 100_000;

@@ -1,11 +1,12 @@
 //! Helpers shared by the engine's integration tests.
 #![allow(dead_code)]
 
-use std::sync::Arc;
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
 
 use arrow::array::{ArrayRef, Float64Array, Int64Array, RecordBatch, StringArray, UInt8Array};
 use arrow::datatypes::{DataType as ArrowType, Field, Schema as ArrowSchema};
-use nyala_storage::{DataType, OpBatch, OpType, Schema, OP_COLUMN};
+use nyala_storage::{DataType, FaultInjector, FaultPoint, OpBatch, OpType, Schema, OP_COLUMN};
 
 /// `id int64 key, v int64?, s string?`
 pub fn schema() -> Schema {
@@ -61,4 +62,69 @@ pub fn ids(batches: &[RecordBatch]) -> Vec<i64> {
 /// A double column for tests needing floats.
 pub fn doubles(values: &[f64]) -> ArrayRef {
     Arc::new(Float64Array::from(values.to_vec()))
+}
+
+/// A gate flushes block on at `BeforeRowSetWrite`, once armed, until it is opened.
+#[derive(Default)]
+pub struct Gate {
+    state: Mutex<GateState>,
+    changed: Condvar,
+}
+
+#[derive(Default)]
+struct GateState {
+    armed: bool,
+    open: bool,
+    /// Flushes that reached the gate while it was armed.
+    waiting: usize,
+}
+
+impl Gate {
+    /// The engine's fault injector that blocks on this gate.
+    pub fn injector(self: &Arc<Self>) -> FaultInjector {
+        let gate = Arc::clone(self);
+        Arc::new(move |point| {
+            if point == FaultPoint::BeforeRowSetWrite {
+                let mut state = gate.state.lock().unwrap();
+                if state.armed {
+                    state.waiting += 1;
+                    gate.changed.notify_all();
+                    while !state.open {
+                        state = gate.changed.wait(state).unwrap();
+                    }
+                }
+            }
+            Ok(())
+        })
+    }
+
+    /// Flushes from now on block until `open`.
+    pub fn arm(&self) {
+        self.state.lock().unwrap().armed = true;
+    }
+
+    /// How many flushes reached the armed gate.
+    pub fn waiting(&self) -> usize {
+        self.state.lock().unwrap().waiting
+    }
+
+    /// Waits (30 s at most) until a flush reached the armed gate.
+    pub fn wait_for_a_flush(&self) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let mut state = self.state.lock().unwrap();
+        while state.waiting == 0 {
+            assert!(Instant::now() < deadline, "no flush reached the gate");
+            state = self
+                .changed
+                .wait_timeout(state, Duration::from_millis(50))
+                .unwrap()
+                .0;
+        }
+    }
+
+    /// Lets every flush through.
+    pub fn open(&self) {
+        self.state.lock().unwrap().open = true;
+        self.changed.notify_all();
+    }
 }
