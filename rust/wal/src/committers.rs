@@ -39,7 +39,7 @@ use nyala_common::ErrorKind;
 use parking_lot::{Condvar, Mutex};
 
 use crate::active_segment::SyncTarget;
-use crate::appender::Appender;
+use crate::appender::{shrink_idle, shrink_idle_queue, Appender};
 use crate::error::{Result, WalError};
 use crate::options::SyncPolicy;
 use crate::pipeline::{GroupToSync, Pipeline};
@@ -194,6 +194,19 @@ impl Committers {
         self.submit(slot, Start::Grown);
     }
 
+    /// Bytes the log's buffers hold in capacity: the group buffers, both arenas and both
+    /// request queues (waits for a group being written).
+    pub(crate) fn retained_buffer_bytes(&self) -> usize {
+        let turn = self.turn.lock();
+        let mut bytes = turn.appender.retained_bytes()
+            + turn.arena.capacity()
+            + turn.requests.capacity() * mem::size_of::<Request>();
+        drop(turn);
+        let queue = self.shared.lock_queue();
+        bytes += queue.arena.capacity() + queue.requests.capacity() * mem::size_of::<Request>();
+        bytes
+    }
+
     /// The commit job of `slot`: groups until the queue is found empty or the log fails.
     fn run(self: Arc<Self>, slot: usize, mut start: Start) {
         let _guard = PanicGuard {
@@ -213,6 +226,11 @@ impl Committers {
                 ..
             } = &mut *turn;
             let Some(contended) = self.take_queued(requests, arena, slot, start) else {
+                // The log is idle: what its largest group grew goes back (the queue's own
+                // arena and requests in `take_queued`).
+                appender.release_idle_capacity();
+                shrink_idle(arena);
+                shrink_idle_queue(requests);
                 return;
             };
             start = Start::Resumed;
@@ -268,6 +286,8 @@ impl Committers {
             queue.commit_jobs_looking -= 1;
         }
         if queue.requests.is_empty() || shared.has_failed() {
+            shrink_idle(&mut queue.arena);
+            shrink_idle_queue(&mut queue.requests);
             release_slot(shared, &mut queue, slot);
             return None;
         }

@@ -39,6 +39,7 @@ mod recovery;
 mod segment;
 mod shared;
 
+pub use appender::IDLE_BUFFER_BYTES;
 pub use copy_image::SegmentImage;
 pub use entry::{Entry, EntryRef, EntryType};
 pub use error::{Result, WalError};

@@ -399,6 +399,13 @@ impl Log {
         gc::collect(&self.shared, self.min_anchor())
     }
 
+    /// Bytes the log's append buffers hold in capacity (its group buffers, arenas and request
+    /// queues). An idle log keeps at most `IDLE_BUFFER_BYTES` of each, whatever its largest
+    /// group was.
+    pub fn retained_buffer_bytes(&self) -> usize {
+        self.committers.retained_buffer_bytes()
+    }
+
     /// Counters since open.
     pub fn metrics(&self) -> MetricsSnapshot {
         self.shared.metrics.snapshot()

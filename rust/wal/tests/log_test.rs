@@ -6,7 +6,10 @@ use std::sync::Arc;
 
 use common::{append_range, entry, read_all, scratch_dir, small_options};
 use nyala_common::{Classify, ErrorKind, OpId};
-use nyala_wal::{Entry, EntryRef, EntryType, Log, LogOptions, Preallocation, SyncPolicy, WalError};
+use nyala_wal::{
+    Entry, EntryRef, EntryType, Log, LogOptions, Preallocation, SyncPolicy, WalError,
+    IDLE_BUFFER_BYTES,
+};
 
 /// `small_options` with GC'd segments recycled (`Preallocation::Recycle`).
 fn recycling_options(segment_size_bytes: u64) -> LogOptions {
@@ -521,4 +524,50 @@ fn a_bulk_group_prepares_the_most_segments_ahead_at_once() {
     assert_eq!(metrics.rollover_waits, 0, "{metrics:?}");
     assert!(metrics.segments_created <= 20 / 3 + 9 + 1, "{metrics:?}");
     assert_eq!(read_all(&log).len(), 20);
+}
+
+/// A burst of appends queued faster than the log writes them makes large groups, and the
+/// log's append buffers grow to the largest. Once the log is idle they keep at most
+/// `IDLE_BUFFER_BYTES` each: a tablet server keeps a log per replica for as long as the
+/// replica lives, and each used to keep its largest group's buffers.
+#[test]
+fn an_idle_log_gives_back_what_a_burst_grew() {
+    let dir = scratch_dir();
+    let log = Log::open(dir.path(), "tablet-burst", small_options(64 << 20)).unwrap();
+    // 8 KiB entries: too large for the queue's arena, small enough to be copied into the
+    // group's buffer (not written from their own).
+    let entries: Vec<Entry> = (1..=400)
+        .map(|index| Entry {
+            term: 1,
+            index,
+            entry_type: EntryType::Write,
+            payload: vec![index as u8; 8 << 10],
+        })
+        .collect();
+    let mut last = None;
+    for entry in &entries {
+        last = Some(log.append(&[entry.as_ref()]).unwrap());
+    }
+    log.wait(last.unwrap().ticket).unwrap();
+    assert!(
+        log.metrics().group_entries_max > 50,
+        "the appends made large groups: {:?}",
+        log.metrics().group_entries_max
+    );
+    // The commit job gives the buffers back when it finds the queue empty, just after it
+    // published the last group.
+    let bound = 6 * IDLE_BUFFER_BYTES;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let retained = log.retained_buffer_bytes();
+        if retained <= bound {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "an idle log holds {retained} bytes of append buffers (at most {bound} expected)"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    assert_eq!(read_all(&log), entries);
 }
