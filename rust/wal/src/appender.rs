@@ -47,16 +47,21 @@ const WHOLE_GROUP_SEGMENT_FRACTION: u64 = 4;
 const VECTORED_PAYLOAD_BYTES_MIN: usize = 64 << 10;
 
 /// What each of a log's buffers keeps while the log is idle (`shrink_idle`). A buffer grows
-/// to its largest group (the group's frames, its index changes, the queue's arena and its
-/// requests) and kept that capacity for the replica's life: 200 logs that each took one
-/// burst of 400 appends of 8 KiB held 3 MiB apiece until they were dropped, about 600 MiB
+/// to fit its largest group (the group's frames, its index changes, the queue's arena and its
+/// requests) and used to keep that capacity for the replica's life: 200 logs that each took
+/// one burst of 400 appends of 8 KiB held 3 MiB apiece until they were dropped, about 600 MiB
 /// (docs/wal-format.md, "Buffers of an idle log").
 pub const IDLE_BUFFER_BYTES: usize = 64 << 10;
+
+/// How many items of `T` an idle buffer holding `len` keeps room for.
+fn idle_keep<T>(len: usize) -> usize {
+    (IDLE_BUFFER_BYTES / mem::size_of::<T>().max(1)).max(len)
+}
 
 /// Gives back what `items` holds beyond `IDLE_BUFFER_BYTES` (or beyond its length, if
 /// longer). Called when the log goes idle, so a busy log reallocates at most once per burst.
 pub(crate) fn shrink_idle<T>(items: &mut Vec<T>) {
-    let keep = (IDLE_BUFFER_BYTES / mem::size_of::<T>().max(1)).max(items.len());
+    let keep = idle_keep::<T>(items.len());
     if items.capacity() > keep {
         items.shrink_to(keep);
     }
@@ -64,7 +69,7 @@ pub(crate) fn shrink_idle<T>(items: &mut Vec<T>) {
 
 /// `shrink_idle` for a queue of requests.
 pub(crate) fn shrink_idle_queue<T>(items: &mut VecDeque<T>) {
-    let keep = (IDLE_BUFFER_BYTES / mem::size_of::<T>().max(1)).max(items.len());
+    let keep = idle_keep::<T>(items.len());
     if items.capacity() > keep {
         items.shrink_to(keep);
     }
