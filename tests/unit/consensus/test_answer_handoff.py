@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import gc
 import socket
 from pathlib import Path
 
@@ -32,7 +33,7 @@ from nyala.consensus.messages import (
 from nyala.consensus.runtime import RaftRuntime, RuntimeOptions, wire
 from nyala.consensus.runtime.cmeta_store import FileCmetaStore
 from nyala.consensus.runtime.peer_streams import _ServedStream
-from nyala.consensus.runtime.transport import GrpcTransport, GrpcTransportOptions
+from nyala.consensus.runtime.transport import GrpcTransport, GrpcTransportOptions, _UpdateAnswer
 from nyala.consensus.runtime.wal_log import WalLog
 from nyala.consensus.types import EntryKind
 from nyala.errors import DiskError
@@ -142,6 +143,25 @@ def test_a_followers_answer_goes_from_the_committer(tmp_path: Path) -> None:
     assert answer.status is AppendStatus.OK
     assert answer.durable_index == 1  # durable when it went
     assert not stream.ready  # nothing left for the event loop to send
+
+
+def test_a_handed_answer_leaves_no_cycle_once_its_timer_fired(tmp_path: Path) -> None:
+    """The reply timer of an answer the log wrote fires later and finds nothing to do; the
+    fired handle keeps its callback, so it must not stay referenced by the answer it calls
+    (a cycle per AppendEntries, kept until a full collection: servers run those rarely)."""
+    gc.collect()
+    gc.disable()
+    try:
+        frames, _ = _scenario(tmp_path, sync_delay_s=0.05)
+        assert len(frames) == 1  # written by the committer; then the timer fired
+        gc.set_debug(gc.DEBUG_SAVEALL)
+        gc.collect()
+        kept = [o for o in gc.garbage if isinstance(o, _UpdateAnswer)]
+        assert kept == []
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        gc.enable()
 
 
 def test_a_sync_slower_than_the_reply_timeout_takes_the_answer_back(tmp_path: Path) -> None:

@@ -329,6 +329,9 @@ class _UpdateAnswer:
         self._finish(wire.append_response_to_pb(answer, durable_index=durable))
 
     def _timed_out(self) -> None:
+        # A fired handle keeps its callback (this method): cancelled, it lets go of this
+        # object, which holds it (a cycle per AppendEntries otherwise).
+        self._timer.cancel()
         if self._reply is None:
             return
         handed = self._handed
