@@ -217,9 +217,16 @@ def kept_as_answer(error: _E) -> _E:
     rarely (``nyala.common.process.tune_gc``); a tablet server refusing bulk writes over its
     soft memory limit kept 1 GB of refused requests alive so (docs/performance.md, "Refused
     writes kept alive"). A ``NyalaError`` is the answer itself and its traceback is not
-    reported; any other error keeps its traceback for the log that reports it."""
+    reported, nor are those of the errors it was raised from (``__cause__``, ``__context__``),
+    whose frames hold the same locals; any other error keeps its traceback for the log that
+    reports it."""
     if isinstance(error, NyalaError):
-        error.__traceback__ = None
+        chained: BaseException | None = error
+        seen: set[int] = set()
+        while chained is not None and id(chained) not in seen:
+            seen.add(id(chained))
+            chained.__traceback__ = None
+            chained = chained.__cause__ or chained.__context__
     return error
 
 

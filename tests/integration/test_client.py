@@ -5,6 +5,7 @@ One cluster serves the module; tests that kill servers bring them back before th
 
 from __future__ import annotations
 
+import gc
 import threading
 import time
 from collections.abc import Iterator
@@ -15,6 +16,7 @@ import pytest
 
 import nyala
 from nyala import errors
+from nyala.client.write import _Request
 from nyala.testing import MiniCluster, logs_on_failure
 from nyala.testing.mini_cluster import FAST_TSERVER_FLAGS, fast_master_flags
 
@@ -228,3 +230,34 @@ def test_master_failover_during_write_loop(cluster: MiniCluster, client: nyala.C
         assert client.table("mfail").count() == 2000
     finally:
         leader.restart()
+
+
+def test_a_write_that_fails_for_good_leaves_no_cycle_that_holds_its_rows(
+    cluster: MiniCluster, client: nyala.Client
+) -> None:
+    """A request that fails for good (here: its tablet's only replica is down past the write's
+    deadline) is answered by its error, kept among the other requests' outcomes; with its
+    traceback, which runs through the frame holding those outcomes, it would keep the rows in
+    a cycle until the cyclic collector runs."""
+    table = client.create_table("unreachable", SCHEMA, replicas=1)
+    assert table.insert(rows(0, 10)).ok
+    victim = _leader_process(cluster, table)
+    cluster.tservers[victim].kill()
+    gc.collect()
+    gc.disable()
+    try:
+        try:
+            table.insert(rows(10, 1_000), timeout_ms=1_500)
+        except errors.NyalaError:
+            pass
+        else:
+            pytest.fail("a write to a tablet with no live replica succeeded")
+        gc.set_debug(gc.DEBUG_SAVEALL)
+        gc.collect()
+        kept = [o for o in gc.garbage if isinstance(o, _Request)]
+        assert kept == [], kept[:3]
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        gc.enable()
+        cluster.tservers[victim].restart()

@@ -800,7 +800,9 @@ class Writer:
             try:
                 settled.append(_Settled(request, response=self._send(info, request, deadline)))
             except errors.NyalaError as exc:
-                settled.append(_failed(request, exc))
+                # Without its traceback: through this frame, it would keep ``settled`` (and
+                # every request's rows) in a cycle until the cyclic collector runs.
+                settled.append(_failed(request, errors.kept_as_answer(exc)))
             blocked = settled[-1].pending
         return settled
 
