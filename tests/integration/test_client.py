@@ -5,7 +5,6 @@ One cluster serves the module; tests that kill servers bring them back before th
 
 from __future__ import annotations
 
-import gc
 import threading
 import time
 from collections.abc import Iterator
@@ -18,6 +17,7 @@ import nyala
 from nyala import errors
 from nyala.client.write import _Request
 from nyala.testing import MiniCluster, logs_on_failure
+from nyala.testing.garbage import collector_off
 from nyala.testing.mini_cluster import FAST_TSERVER_FLAGS, fast_master_flags
 
 MASTER_FLAGS = fast_master_flags()
@@ -243,21 +243,15 @@ def test_a_write_that_fails_for_good_leaves_no_cycle_that_holds_its_rows(
     assert table.insert(rows(0, 10)).ok
     victim = _leader_process(cluster, table)
     cluster.tservers[victim].kill()
-    gc.collect()
-    gc.disable()
     try:
-        try:
-            table.insert(rows(10, 1_000), timeout_ms=1_500)
-        except errors.NyalaError:
-            pass
-        else:
-            pytest.fail("a write to a tablet with no live replica succeeded")
-        gc.set_debug(gc.DEBUG_SAVEALL)
-        gc.collect()
-        kept = [o for o in gc.garbage if isinstance(o, _Request)]
-        assert kept == [], kept[:3]
+        with collector_off() as left:
+            try:
+                table.insert(rows(10, 1_000), timeout_ms=1_500)
+            except errors.NyalaError:
+                pass
+            else:
+                pytest.fail("a write to a tablet with no live replica succeeded")
+            kept = left(_Request)
+            assert kept == [], kept[:3]
     finally:
-        gc.set_debug(0)
-        gc.garbage.clear()
-        gc.enable()
         cluster.tservers[victim].restart()

@@ -3,7 +3,6 @@ one call, each write gets its own answer or error, and a failed call fails only 
 
 from __future__ import annotations
 
-import gc
 import signal
 import threading
 import time
@@ -20,6 +19,7 @@ from nyala import _native, errors
 from nyala._proto import common_pb2, tserver_pb2, tserver_pb2_grpc
 from nyala.client.rpc import ChannelPool
 from nyala.client.write_pipe import WritePipe, _Pending, _request_parts
+from nyala.testing.garbage import collector_off
 
 UUID = "0123456789abcdef0123456789abcdef"
 LEADER = "f" * 32
@@ -283,9 +283,7 @@ def test_a_failed_write_leaves_no_cycle_that_holds_its_rows(
     client retrying bulk writes refused over a server's memory limit held each one so)."""
     _, addr = server
     pipe = WritePipe(pool.get(addr))
-    gc.collect()
-    gc.disable()
-    try:
+    with collector_off() as left:
         for tablet in ("follower-a", "crash-b"):  # answered with an error; the call failed
             try:
                 pipe.write(*_request(tablet, 1), 5_000)
@@ -293,14 +291,8 @@ def test_a_failed_write_leaves_no_cycle_that_holds_its_rows(
                 pass
             else:
                 pytest.fail(f"a write to {tablet} succeeded")
-        gc.set_debug(gc.DEBUG_SAVEALL)
-        gc.collect()
-        kept = [o for o in gc.garbage if isinstance(o, (_Pending, errors.NyalaError))]
+        kept = left((_Pending, errors.NyalaError))
         assert kept == [], kept[:5]
-    finally:
-        gc.set_debug(0)
-        gc.garbage.clear()
-        gc.enable()
 
 
 def test_a_write_not_answered_in_time_times_out_and_a_queued_one_is_never_sent(

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
-import gc
 import socket
 from pathlib import Path
 
@@ -37,6 +36,7 @@ from nyala.consensus.runtime.transport import GrpcTransport, GrpcTransportOption
 from nyala.consensus.runtime.wal_log import WalLog
 from nyala.consensus.types import EntryKind
 from nyala.errors import DiskError
+from nyala.testing.garbage import collector_off
 
 TABLET = "t" * 32
 REPLY_TIMEOUT_MS = 300
@@ -149,19 +149,10 @@ def test_a_handed_answer_leaves_no_cycle_once_its_timer_fired(tmp_path: Path) ->
     """The reply timer of an answer the log wrote fires later and finds nothing to do; the
     fired handle keeps its callback, so it must not stay referenced by the answer it calls
     (a cycle per AppendEntries, kept until a full collection: servers run those rarely)."""
-    gc.collect()
-    gc.disable()
-    try:
+    with collector_off() as left:
         frames, _ = _scenario(tmp_path, sync_delay_s=0.05)
         assert len(frames) == 1  # written by the committer; then the timer fired
-        gc.set_debug(gc.DEBUG_SAVEALL)
-        gc.collect()
-        kept = [o for o in gc.garbage if isinstance(o, _UpdateAnswer)]
-        assert kept == []
-    finally:
-        gc.set_debug(0)
-        gc.garbage.clear()
-        gc.enable()
+        assert left(_UpdateAnswer) == []
 
 
 def test_a_sync_slower_than_the_reply_timeout_takes_the_answer_back(tmp_path: Path) -> None:

@@ -5,7 +5,6 @@ bootstrap after a restart (storage at last_flushed_index, committed entries re-a
 from __future__ import annotations
 
 import asyncio
-import gc
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -36,6 +35,7 @@ from nyala.tablet.write_entry import (
     decode_write_entry,
     encode_write_entry,
 )
+from nyala.testing.garbage import collector_off
 from nyala.tserver.memory import MemoryTracker, MemoryUsage
 from nyala.tserver.scanners import ScannerRegistry
 from nyala.tserver.services import TabletService
@@ -450,9 +450,7 @@ async def _refused_writes_are_freed_without_the_cyclic_collector(tmp_path: Path)
             for admit in (full.admit_write, None)
         ]
         ops = _ops(list(range(2_000)))
-        gc.collect()
-        gc.disable()
-        try:
+        with collector_off() as left:
             for service, dest, version, refused in [
                 (services[0], uuid, 0, common_pb2.SERVICE_UNAVAILABLE),
                 (services[1], "d" * 32, 0, common_pb2.WRONG_SERVER_UUID),
@@ -467,14 +465,7 @@ async def _refused_writes_are_freed_without_the_cyclic_collector(tmp_path: Path)
                     multi = tserver_pb2.WriteMultiRequestPB(dest_uuid=uuid, requests=[sub])
                     answer = await service.WriteMulti(multi, cast(Any, None))
                     assert [r.error.code for r in answer.responses] == [refused]
-            gc.set_debug(gc.DEBUG_SAVEALL)
-            gc.collect()
             requests = (tserver_pb2.WriteMultiRequestPB, tserver_pb2.WriteRequestPB)
-            served = (errors.NyalaError, *requests)
-            kept = [o for o in gc.garbage if isinstance(o, served)]
+            kept = left((errors.NyalaError, *requests))
             assert kept == [], kept[:5]
-        finally:
-            gc.set_debug(0)
-            gc.garbage.clear()
-            gc.enable()
         assert full.writes_refused == 3
